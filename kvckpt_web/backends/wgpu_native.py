@@ -1,0 +1,135 @@
+"""Desktop device backend over wgpu-py (Vulkan, Metal, D3D12; Mesa lavapipe in CI)."""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from typing import Any
+
+from ..device import Buffer, Clear, Command, Copy, Device, DeviceInfo, Dispatch, Usage, grid
+from ..errors import DeviceError
+
+_UNIFORM_ALIGN = 256
+
+
+def _quiet_runtime_dir() -> None:
+    """Give wgpu/Mesa a private XDG_RUNTIME_DIR when none is set (silences a warning)."""
+    if not os.environ.get("XDG_RUNTIME_DIR"):
+        path = os.path.join(tempfile.gettempdir(), f"kvckpt-xdg-{os.getuid()}")
+        os.makedirs(path, mode=0o700, exist_ok=True)
+        os.environ["XDG_RUNTIME_DIR"] = path
+
+
+class WgpuDevice(Device):
+    """A :class:`~kvckpt_web.device.Device` on a wgpu-py adapter."""
+
+    def __init__(self, adapter: Any, device: Any) -> None:
+        super().__init__()
+        self._device = device
+        limits = device.limits
+        adapter_info = adapter.info
+        self.info = DeviceInfo(
+            backend="wgpu/" + str(adapter_info.get("backend_type", "")),
+            adapter=str(adapter_info.get("device", "")) or str(adapter_info.get("description", "")),
+            is_cpu=adapter_info.get("adapter_type") == "CPU",
+            features=frozenset(device.features),
+            max_storage_binding=int(limits["max-storage-buffer-binding-size"]),
+            max_buffer_size=int(limits["max-buffer-size"]),
+            max_workgroups_per_dim=int(limits["max-compute-workgroups-per-dimension"]),
+        )
+
+    @classmethod
+    def open(cls, power_preference: str = "high-performance") -> "WgpuDevice":
+        """Open the best adapter wgpu-py finds, with the adapter's largest buffer limits."""
+        _quiet_runtime_dir()
+        try:
+            import wgpu
+        except ImportError as exc:
+            raise DeviceError(f"the desktop backend needs wgpu-py: {exc}") from None
+        try:
+            adapter = wgpu.gpu.request_adapter_sync(power_preference=power_preference)
+        except Exception as exc:  # wgpu raises plain RuntimeError when no adapter exists
+            raise DeviceError(f"no WebGPU adapter available: {exc}") from None
+        if adapter is None:
+            raise DeviceError("no WebGPU adapter available")
+        wanted = ("max-storage-buffer-binding-size", "max-buffer-size")
+        limits = {name: adapter.limits[name] for name in wanted}
+        return cls(adapter, adapter.request_device_sync(required_limits=limits))
+
+    def _compile(self, source: str, entry: str) -> Any:
+        try:
+            module = self._device.create_shader_module(code=source)
+            return self._device.create_compute_pipeline(layout="auto", compute={"module": module, "entry_point": entry})
+        except Exception as exc:
+            raise DeviceError(f"WGSL compile of entry {entry!r} failed: {exc}") from None
+
+    def _create_buffer(self, size: int, usage: Usage, label: str) -> Any:
+        return self._device.create_buffer(size=size, usage=int(usage), label=label)
+
+    def destroy(self, buffer: Buffer) -> None:
+        buffer.native.destroy()
+
+    def write(self, buffer: Buffer, offset: int, data: bytes | bytearray | memoryview) -> None:
+        self._device.queue.write_buffer(buffer.native, offset, data)
+
+    def submit(self, commands: list[Command]) -> None:
+        if not commands:
+            return
+        dispatches = [c for c in commands if isinstance(c, Dispatch)]
+        params = None
+        if dispatches:
+            blob = bytearray()
+            for d in dispatches:
+                blob += d.params + bytes(-len(d.params) % _UNIFORM_ALIGN)
+            params = self._device.create_buffer_with_data(data=bytes(blob), usage=int(Usage.UNIFORM))
+        encoder = self._device.create_command_encoder()
+        slot = 0
+        for command in commands:
+            if isinstance(command, Copy):
+                encoder.copy_buffer_to_buffer(command.src.native, command.src_offset,
+                                              command.dst.native, command.dst_offset, command.size)
+            elif isinstance(command, Clear):
+                encoder.clear_buffer(command.buffer.native, command.offset, command.size)
+            else:
+                pipeline = command.kernel.native
+                size = len(command.params) + (-len(command.params) % _UNIFORM_ALIGN)
+                entries = [{"binding": 0, "resource": {"buffer": params, "offset": slot, "size": len(command.params)}}]
+                entries += [{"binding": i + 1, "resource": {"buffer": b.native, "offset": 0, "size": b.size}}
+                            for i, b in enumerate(command.buffers)]
+                slot += size
+                bind_group = self._device.create_bind_group(layout=pipeline.get_bind_group_layout(0), entries=entries)
+                x, y = grid(command.invocations, self.info.max_workgroups_per_dim)
+                compute = encoder.begin_compute_pass()
+                compute.set_pipeline(pipeline)
+                compute.set_bind_group(0, bind_group)
+                compute.dispatch_workgroups(x, y, 1)
+                compute.end()
+        self._device.queue.submit([encoder.finish()])
+
+    async def read(self, buffer: Buffer, offset: int, size: int, out: memoryview | None = None) -> memoryview:
+        if size == 0:
+            return memoryview(bytearray(0)) if out is None else out[:0]
+        mapped_offset = offset - offset % 8
+        mapped_size = -(-(offset + size - mapped_offset) // 4) * 4
+        await buffer.native.map_async("READ", mapped_offset, mapped_size)
+        try:
+            view = buffer.native.read_mapped(mapped_offset, mapped_size, copy=False)
+            start = offset - mapped_offset
+            if out is None:
+                out = memoryview(bytearray(size))
+            out[:size] = view.cast("B")[start:start + size]
+        finally:
+            buffer.native.unmap()
+        return out[:size]
+
+    async def upload(self, buffer: Buffer, offset: int, data: bytes | bytearray | memoryview) -> None:
+        data = memoryview(data).cast("B")
+        if len(data) == 0:
+            return
+        mapped_offset = offset - offset % 8
+        mapped_size = -(-(offset + len(data) - mapped_offset) // 4) * 4
+        await buffer.native.map_async("WRITE", mapped_offset, mapped_size)
+        try:
+            buffer.native.write_mapped(data, offset)
+        finally:
+            buffer.native.unmap()

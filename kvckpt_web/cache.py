@@ -1,0 +1,229 @@
+"""A paged K/V cache in WebGPU storage buffers.
+
+One storage buffer per layer holds ``[num_total_pages, 2, num_kv_heads, page_size,
+head_dim]`` elements. Sequences own lists of pages (``pool``); a forward pass
+reserves token slots (``begin_forward``), the caller appends each layer's K and V
+(``append_kv``, a WGSL kernel) and ends it (``end_forward``). The checkpoint
+primitives come from :class:`~kvckpt_web.checkpoint.CheckpointMixin`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from .checkpoint import CheckpointMixin
+from .device import Buffer, Command, Copy, Device, Usage
+from .errors import CapacityError, CheckpointStateError, SequenceError, TensorError
+from .layout import CacheLimits, KVLayout
+from .pool import PageCopy, SequenceTable
+from .shaders import kv_append
+from .tensors import HostTensor, as_bytes
+from .transfer import PATHS, PageMover, measure_path
+
+
+@dataclass(frozen=True)
+class _Forward:
+    seq_ids: tuple[int, ...]
+    lengths: tuple[int, ...]
+    num_tokens: int
+
+
+class PagedKVCache(CheckpointMixin):
+    """A TVM-compatible paged K/V cache on a :class:`~kvckpt_web.device.Device`."""
+
+    def __init__(self, device: Device, layout: KVLayout, limits: CacheLimits | None = None, *,
+                 transfer: str = "auto") -> None:
+        if transfer not in ("auto",) + PATHS:
+            raise TensorError("transfer", "'auto', 'kernel' or 'copy'", transfer)
+        self.device = device
+        self.layout = layout
+        self.limits = limits or CacheLimits()
+        self.num_total_pages = self.limits.num_total_pages(layout.page_size)
+        self.transfer = transfer
+        usage = Usage.STORAGE | Usage.COPY_SRC | Usage.COPY_DST
+        self.layers = [device.create_buffer(self.num_total_pages * layout.page_bytes, usage, f"kv.layer{i}")
+                       for i in range(layout.num_layers)]
+        self.seqs = SequenceTable(self.num_total_pages, layout.page_size)
+        self.mover = PageMover(device, layout)
+        self._forward: _Forward | None = None
+        self._buffers: dict[str, Buffer] = {}
+        CheckpointMixin.__init__(self)
+
+    # ----- buffers reused across calls -------------------------------------------------------------
+
+    def _buffer(self, name: str, size: int, usage: Usage) -> Buffer:
+        buf = self._buffers.get(name)
+        if buf is None or buf.size < size:
+            if buf is not None:
+                self.device.destroy(buf)
+            buf = self._buffers[name] = self.device.create_buffer(max(size, 256), usage, f"kvckpt.{name}")
+        return buf
+
+    def _upload_u32(self, name: str, values: list[int]) -> Buffer:
+        buf = self._buffer(name, 4 * len(values), Usage.STORAGE | Usage.COPY_DST)
+        if values:
+            self.device.write(buf, 0, b"".join(v.to_bytes(4, "little") for v in values))
+        return buf
+
+    def _page_path(self) -> str:
+        if self.transfer != "auto":
+            return self.transfer
+        return self.device.choices.get(f"page_transfer/{self.layout.page_bytes}", "kernel")
+
+    async def _resolve_page_path(self) -> str:
+        if self.transfer != "auto":
+            return self.transfer
+        return await measure_path(self.device, self.layout)
+
+    def _copy_pages(self, copies: list[PageCopy]) -> None:
+        """Copy whole pages on every layer (through scratch: a buffer cannot copy onto itself)."""
+        if not copies:
+            return
+        pb = self.layout.page_bytes
+        scratch = self.mover.scratch(pb)
+        commands: list[Command] = []
+        for layer in self.layers:
+            for src, dst in copies:
+                commands += [Copy(layer, src * pb, scratch, 0, pb), Copy(scratch, 0, layer, dst * pb, pb)]
+        self.device.submit(commands)
+
+    def close(self) -> None:
+        """Release every device buffer of this cache."""
+        for buf in self.layers + list(self._buffers.values()):
+            self.device.destroy(buf)
+        self.layers, self._buffers = [], {}
+        self.mover.close()
+
+    # ----- sequences --------------------------------------------------------------------------------
+
+    def _check_not_importing(self, operation: str) -> None:
+        if self._import is not None:
+            raise CheckpointStateError(f"{operation}: expected no checkpoint import in progress, got an import of "
+                                       f"seq_id {self._import.seq_id} (call finish_import or abort_import first)")
+
+    def add_sequence(self, seq_id: int) -> None:
+        """Create an empty sequence ``seq_id``."""
+        self._check_not_importing("add_sequence")
+        self.seqs.add(seq_id)
+
+    def remove_sequence(self, seq_id: int) -> None:
+        """Delete sequence ``seq_id`` and free its pages."""
+        self._check_not_importing("remove_sequence")
+        self.seqs.remove(seq_id)
+
+    def fork_sequence(self, parent_id: int, child_id: int, fork_pos: int = -1) -> None:
+        """Create ``child_id`` sharing the first ``fork_pos`` tokens of ``parent_id`` (-1: all)."""
+        self._check_not_importing("fork_sequence")
+        self._copy_pages(self.seqs.fork(parent_id, child_id, fork_pos))
+
+    def popn(self, seq_id: int, n: int) -> None:
+        """Drop the last ``n`` tokens of ``seq_id``."""
+        self._check_not_importing("popn")
+        self._copy_pages(self.seqs.popn(seq_id, n))
+
+    def sequence_ids(self) -> list[int]:
+        """Ids of the sequences in the cache, ascending."""
+        return sorted(self.seqs.seqs)
+
+    def get_num_available_pages(self) -> int:
+        """Pages no sequence uses."""
+        return self.seqs.pool.num_free
+
+    # ----- forward passes ---------------------------------------------------------------------------
+
+    def begin_forward(self, seq_ids: list[int], append_lengths: list[int]) -> None:
+        """Reserve slots for ``append_lengths[i]`` new tokens of each ``seq_ids[i]`` (all or nothing)."""
+        if self._import is not None:
+            raise CheckpointStateError("begin_forward: cannot begin a forward pass before checkpoint import is "
+                                       f"finished (seq_id {self._import.seq_id} is being imported)")
+        if self._forward is not None:
+            raise CheckpointStateError("begin_forward: expected no forward pass in progress, got one "
+                                       f"(seq_ids {list(self._forward.seq_ids)}); call end_forward first")
+        seq_ids, lengths = list(seq_ids), list(append_lengths)
+        if len(seq_ids) != len(lengths):
+            raise SequenceError(f"append_lengths: expected {len(seq_ids)} entries (one per seq_id), got {len(lengths)}")
+        if len(set(seq_ids)) != len(seq_ids):
+            raise SequenceError(f"seq_ids: expected distinct ids, got {seq_ids}")
+        if len(seq_ids) > self.limits.reserved_num_seqs:
+            raise CapacityError(f"seq_ids: expected at most reserved_num_seqs={self.limits.reserved_num_seqs} "
+                                f"sequences per forward, got {len(seq_ids)}")
+        for i, n in enumerate(lengths):
+            if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+                raise SequenceError(f"append_lengths[{i}]: expected a positive integer, got {n!r}")
+        total = sum(lengths)
+        if total > self.limits.prefill_chunk_size:
+            raise CapacityError(f"append_lengths: expected at most prefill_chunk_size={self.limits.prefill_chunk_size} "
+                                f"tokens per forward, got {total}")
+        positions = self.seqs.reserve(seq_ids, lengths)
+        self._upload_u32("positions", positions)
+        self._forward = _Forward(tuple(seq_ids), tuple(lengths), total)
+
+    def append_kv(self, layer: int, k: Any, v: Any) -> None:
+        """Write layer ``layer``'s K and V, each ``(num_tokens, num_kv_heads, head_dim)``, for the current forward."""
+        fwd = self._forward
+        if fwd is None:
+            raise CheckpointStateError("append_kv: expected a forward pass in progress (call begin_forward), got none")
+        lay = self.layout
+        if isinstance(layer, bool) or not isinstance(layer, int) or not 0 <= layer < lay.num_layers:
+            raise TensorError("layer", f"0..{lay.num_layers - 1}", layer)
+        nbytes = fwd.num_tokens * lay.num_kv_heads * lay.head_dim * lay.elem_bytes
+        k_bytes = as_bytes(k, "k", lay.dtype, nbytes)
+        v_bytes = as_bytes(v, "v", lay.dtype, nbytes)
+        kv = self._buffer("kv_in", 2 * nbytes, Usage.STORAGE | Usage.COPY_DST)
+        self.device.write(kv, 0, k_bytes)
+        self.device.write(kv, nbytes, v_bytes)
+        self.device.submit([kv_append(self.device, pages=self.layers[layer], positions=self._buffers["positions"],
+                                      kv=kv, num_tokens=fwd.num_tokens, num_kv_heads=lay.num_kv_heads,
+                                      head_dim=lay.head_dim, page_size=lay.page_size, elem_bytes=lay.elem_bytes)])
+
+    def end_forward(self) -> None:
+        """Finish the current forward pass."""
+        if self._forward is None:
+            raise CheckpointStateError("end_forward: expected a forward pass in progress, got none")
+        self._forward = None
+
+    # ----- reading K/V back -------------------------------------------------------------------------
+
+    async def read_pages(self, seq_id: int, page_begin: int, page_end: int,
+                         out: memoryview | None = None) -> list[memoryview]:
+        """Logical pages ``[page_begin, page_end)`` of every layer, densely, unused tail zeroed: one view per layer."""
+        seq = self.seqs.get(seq_id)
+        npages = len(seq.pages)
+        if not 0 <= page_begin <= page_end <= npages:
+            raise TensorError("page range", f"0 <= page_begin <= page_end <= {npages}", (page_begin, page_end))
+        path = await self._resolve_page_path()
+        pb, count = self.layout.page_bytes, page_end - page_begin
+        group = count * pb
+        total = group * len(self.layers)
+        staging = self._buffer("read_staging", total, Usage.MAP_READ | Usage.COPY_DST)
+        ids = seq.pages[page_begin:page_end]
+        table = self._upload_u32("table", ids)
+        tail = seq.length - (page_end - 1) * self.layout.page_size if page_end == npages else self.layout.page_size
+        commands: list[Command] = []
+        for g, layer in enumerate(self.layers):
+            commands += self.mover.pack(path, layer, table, ids, tail, staging, g * group)
+        self.device.submit(commands)
+        host = await self.device.read(staging, 0, total, out)
+        return [host[g * group:(g + 1) * group] for g in range(len(self.layers))]
+
+    async def debug_get_kv(self, seq_id: int, start: int, end: int) -> tuple[HostTensor, HostTensor]:
+        """K and V of tokens ``[start, end)``: two ``(num_layers, n, num_kv_heads, head_dim)`` tensors."""
+        seq = self.seqs.get(seq_id)
+        if not 0 <= start <= end <= seq.length:
+            raise TensorError("token range", f"0 <= start <= end <= {seq.length}", (start, end))
+        lay = self.layout
+        p = lay.page_size
+        first = start // p
+        groups = await self.read_pages(seq_id, first, -(-end // p))
+        row = lay.head_dim * lay.elem_bytes
+        k, v = bytearray(), bytearray()
+        for group in groups:
+            for pos in range(start, end):
+                page, slot = divmod(pos - first * p, p)
+                for which, out in ((0, k), (1, v)):
+                    for head in range(lay.num_kv_heads):
+                        offset = page * lay.page_bytes + (((which * lay.num_kv_heads) + head) * p + slot) * row
+                        out += group[offset:offset + row]
+        shape = (lay.num_layers, end - start, lay.num_kv_heads, lay.head_dim)
+        return HostTensor(bytes(k), shape, lay.dtype), HostTensor(bytes(v), shape, lay.dtype)

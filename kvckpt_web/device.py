@@ -1,0 +1,183 @@
+"""The narrow device interface every backend implements.
+
+Everything above this module (page pool, cache, checkpoint primitives, stores)
+talks to WebGPU only through :class:`Device`: create buffers, write small data,
+submit a batch of copy / clear / dispatch commands, and read or write mappable
+staging buffers asynchronously. Backends: ``backends.wgpu_native`` (desktop,
+wgpu-py) and ``backends.browser`` (Pyodide, ``navigator.gpu``).
+"""
+
+from __future__ import annotations
+
+import enum
+import sys
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+from typing import Any
+
+from .errors import DeviceError
+
+WORKGROUP_SIZE = 256
+#: Byte alignment of copy offsets and sizes in WebGPU.
+COPY_ALIGN = 4
+
+
+class Usage(enum.IntFlag):
+    """WebGPU buffer usage flags (same bit values as GPUBufferUsage)."""
+
+    MAP_READ = 0x0001
+    MAP_WRITE = 0x0002
+    COPY_SRC = 0x0004
+    COPY_DST = 0x0008
+    UNIFORM = 0x0040
+    STORAGE = 0x0080
+
+
+@dataclass(eq=False)
+class Buffer:
+    """A device buffer: its size, usage and the backend's native handle."""
+
+    size: int
+    usage: Usage
+    native: Any = field(repr=False)
+    label: str = ""
+
+
+@dataclass(frozen=True)
+class Copy:
+    """Copy ``size`` bytes from ``src`` at ``src_offset`` to ``dst`` at ``dst_offset``."""
+
+    src: Buffer
+    src_offset: int
+    dst: Buffer
+    dst_offset: int
+    size: int
+
+
+@dataclass(frozen=True)
+class Clear:
+    """Zero ``size`` bytes of ``buffer`` from ``offset``."""
+
+    buffer: Buffer
+    offset: int
+    size: int
+
+
+@dataclass(frozen=True)
+class Dispatch:
+    """Run ``kernel`` over ``invocations`` threads with uniform ``params`` (binding 0) and storage ``buffers`` (bindings 1..n)."""
+
+    kernel: "Kernel"
+    params: bytes
+    buffers: tuple[Buffer, ...]
+    invocations: int
+
+
+Command = Copy | Clear | Dispatch
+
+
+@dataclass(eq=False)
+class Kernel:
+    """A compiled compute pipeline (cached per device by its WGSL source)."""
+
+    name: str
+    native: Any = field(repr=False)
+
+
+@dataclass(frozen=True)
+class DeviceInfo:
+    """What the adapter is and what it allows."""
+
+    backend: str
+    adapter: str
+    is_cpu: bool
+    features: frozenset[str]
+    max_storage_binding: int
+    max_buffer_size: int
+    max_workgroups_per_dim: int
+
+
+def grid(invocations: int, max_per_dim: int) -> tuple[int, int]:
+    """Workgroup counts (x, y) covering ``invocations`` threads; shaders linearise ``x + y * num_workgroups.x``."""
+    groups = max(1, -(-invocations // WORKGROUP_SIZE))
+    if groups <= max_per_dim:
+        return groups, 1
+    y = -(-groups // max_per_dim)
+    if y > max_per_dim:
+        raise DeviceError(f"dispatch of {invocations} invocations exceeds {max_per_dim}^2 workgroups")
+    return -(-groups // y), y
+
+
+class Device(ABC):
+    """A WebGPU device as kvckpt_web uses it."""
+
+    info: DeviceInfo
+
+    def __init__(self) -> None:
+        self._kernels: dict[tuple[str, str], Kernel] = {}
+        #: Per-device memo of measured choices (e.g. the faster page-transfer path).
+        self.choices: dict[str, Any] = {}
+
+    def kernel(self, name: str, source: str, entry: str) -> Kernel:
+        """The compiled pipeline for ``entry`` of WGSL ``source``; compiled once per device."""
+        key = (source, entry)
+        if key not in self._kernels:
+            self._kernels[key] = Kernel(name=f"{name}.{entry}", native=self._compile(source, entry))
+        return self._kernels[key]
+
+    def check_buffer_size(self, size: int, usage: Usage, label: str) -> None:
+        """Raise :class:`DeviceError` if a buffer of ``size`` bytes cannot exist or be bound on this device."""
+        if size > self.info.max_buffer_size:
+            raise DeviceError(f"buffer {label!r}: expected at most {self.info.max_buffer_size} bytes "
+                              f"(adapter maxBufferSize), got {size}")
+        if usage & Usage.STORAGE and size > self.info.max_storage_binding:
+            raise DeviceError(f"buffer {label!r}: expected at most {self.info.max_storage_binding} bytes "
+                              f"(adapter maxStorageBufferBindingSize), got {size}")
+
+    def create_buffer(self, size: int, usage: Usage, label: str = "") -> Buffer:
+        """A zero-filled buffer of ``size`` bytes (rounded up to 4)."""
+        size = max(COPY_ALIGN, -(-size // COPY_ALIGN) * COPY_ALIGN)
+        self.check_buffer_size(size, usage, label)
+        return Buffer(size=size, usage=usage, native=self._create_buffer(size, usage, label), label=label)
+
+    @abstractmethod
+    def _compile(self, source: str, entry: str) -> Any:
+        """Compile one compute entry point; raise DeviceError on a shader error."""
+
+    @abstractmethod
+    def _create_buffer(self, size: int, usage: Usage, label: str) -> Any:
+        """Create the native buffer."""
+
+    @abstractmethod
+    def destroy(self, buffer: Buffer) -> None:
+        """Release ``buffer`` now."""
+
+    @abstractmethod
+    def write(self, buffer: Buffer, offset: int, data: bytes | bytearray | memoryview) -> None:
+        """Queue a write of small ``data`` into a COPY_DST buffer (ordered before later submits)."""
+
+    @abstractmethod
+    def submit(self, commands: list[Command]) -> None:
+        """Encode ``commands`` in order into one command buffer and submit it."""
+
+    @abstractmethod
+    async def read(self, buffer: Buffer, offset: int, size: int, out: memoryview | None = None) -> memoryview:
+        """Map a MAP_READ ``buffer`` after all submitted work and copy ``size`` bytes out (into ``out`` if given)."""
+
+    @abstractmethod
+    async def upload(self, buffer: Buffer, offset: int, data: bytes | bytearray | memoryview) -> None:
+        """Map a MAP_WRITE ``buffer``, copy ``data`` in at ``offset`` and unmap it."""
+
+
+def open_device(backend: str = "auto") -> Device:
+    """Open the WebGPU device of ``backend`` ("auto", "wgpu" or "browser"); DeviceError if none is usable."""
+    if backend == "auto":
+        backend = "browser" if sys.platform == "emscripten" else "wgpu"
+    if backend == "wgpu":
+        from .backends.wgpu_native import WgpuDevice
+
+        return WgpuDevice.open()
+    if backend == "browser":
+        raise DeviceError("the browser backend opens asynchronously: use `await BrowserDevice.open()`")
+    raise DeviceError(f"backend: expected 'auto', 'wgpu' or 'browser', got {backend!r}")
+

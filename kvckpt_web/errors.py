@@ -1,0 +1,79 @@
+"""The one exception hierarchy of kvckpt_web.
+
+Every error the library raises on purpose derives from :class:`KVCkptError`.
+Errors about a value carry the field it came from, what was expected and what
+was got, and say all three in their message.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+_MISSING = object()
+
+
+class KVCkptError(Exception):
+    """Base class of every error raised by kvckpt_web."""
+
+
+class FieldError(KVCkptError):
+    """A value does not match what it must be.
+
+    ``field`` names where the value came from (``"metadata.groups[3].nbytes"``),
+    ``expected`` and ``got`` are the two values; the message says all three.
+    """
+
+    def __init__(self, field: str, expected: Any, got: Any = _MISSING, detail: str = "") -> None:
+        self.field = field
+        self.expected = expected
+        self.got = None if got is _MISSING else got
+        message = f"{field}: expected {expected}"
+        if got is not _MISSING:
+            message += f", got {got!r}" if isinstance(got, str) else f", got {got}"
+        if detail:
+            message += f" ({detail})"
+        super().__init__(message)
+
+
+class UnsupportedLayoutError(KVCkptError):
+    """The cache layout cannot be checkpointed (same reasons as TVM)."""
+
+
+class MetadataError(FieldError):
+    """Checkpoint metadata is malformed or does not fit this cache."""
+
+
+class LayoutHashMismatch(MetadataError):
+    """The checkpoint was written by a cache of another layout."""
+
+
+class CheckpointStateError(KVCkptError):
+    """A checkpoint primitive was called in the wrong state (import not prepared, group twice, ...)."""
+
+
+class SequenceError(KVCkptError):
+    """A sequence id is unknown, taken, or cannot be used for this operation."""
+
+
+class CapacityError(KVCkptError):
+    """The cache has not enough free pages or sequence slots."""
+
+
+class TensorError(FieldError):
+    """A page group or K/V tensor has the wrong shape, dtype or size."""
+
+
+class DeviceError(KVCkptError):
+    """The WebGPU device is missing, lost, or refused an operation."""
+
+
+class FormatError(FieldError):
+    """A stored file or container does not follow its format specification."""
+
+
+class CorruptionError(KVCkptError):
+    """Stored bytes fail their checksum or are missing: the data is damaged."""
+
+
+class StoreError(KVCkptError):
+    """A store could not read, write or lock."""

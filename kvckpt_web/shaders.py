@@ -1,0 +1,59 @@
+"""The WGSL kernels and the Python side of their bindings.
+
+WGSL sources live in ``shaders/*.wgsl`` (inside the wheel at ``kvckpt_web/shaders``),
+one kernel family per file. Each function here builds a :class:`~kvckpt_web.device.Dispatch`
+whose uniform parameters match the ``Params`` struct of its file.
+"""
+
+from __future__ import annotations
+
+import functools
+import struct
+from importlib import resources
+from pathlib import Path
+
+from .device import Buffer, Device, Dispatch
+from .errors import DeviceError
+
+
+@functools.cache
+def source(name: str) -> str:
+    """The text of ``shaders/<name>.wgsl``, from the installed package or the source tree."""
+    packaged = resources.files("kvckpt_web").joinpath("shaders", f"{name}.wgsl")
+    if packaged.is_file():
+        return packaged.read_text(encoding="utf-8")
+    in_tree = Path(__file__).resolve().parent.parent / "shaders" / f"{name}.wgsl"
+    if in_tree.is_file():
+        return in_tree.read_text(encoding="utf-8")
+    raise DeviceError(f"shader {name}.wgsl: expected in the kvckpt_web package or ./shaders, got neither")
+
+
+def elem_shift(elem_bytes: int) -> int:
+    """log2 of elements per u32 word: 1 for 16-bit elements, 0 for 32-bit."""
+    return {2: 1, 4: 0}[elem_bytes]
+
+
+def _params(*values: int) -> bytes:
+    return struct.pack(f"<{len(values)}I", *values)
+
+
+def page_copy(device: Device, entry: str, *, pages: Buffer, page_table: Buffer, dense: Buffer, num_pages: int,
+              words_per_page: int, tail_tokens: int, elem_bytes: int, head_dim: int, page_size: int,
+              dense_word_offset: int, table_offset: int = 0) -> Dispatch:
+    """A ``pack`` or ``scatter`` dispatch of ``page_copy.wgsl`` over ``num_pages`` pages."""
+    kernel = device.kernel("page_copy", source("page_copy"), entry)
+    params = _params(num_pages, words_per_page, tail_tokens, elem_shift(elem_bytes), head_dim, page_size,
+                     dense_word_offset, table_offset)
+    return Dispatch(kernel, params, (pages, page_table, dense), num_pages * words_per_page)
+
+
+def kv_append(device: Device, *, pages: Buffer, positions: Buffer, kv: Buffer, num_tokens: int, num_kv_heads: int,
+              head_dim: int, page_size: int, elem_bytes: int) -> Dispatch:
+    """An ``append`` dispatch of ``kv_append.wgsl`` writing ``num_tokens`` K and V rows into ``pages``."""
+    kernel = device.kernel("kv_append", source("kv_append"), "append")
+    shift = elem_shift(elem_bytes)
+    aligned = (head_dim * elem_bytes) % 4 == 0
+    units = head_dim >> shift if aligned else head_dim
+    params = _params(num_tokens, num_kv_heads, head_dim, page_size, shift, int(aligned),
+                     num_tokens * num_kv_heads * head_dim, units)
+    return Dispatch(kernel, params, (pages, positions, kv), 2 * num_tokens * num_kv_heads * units)

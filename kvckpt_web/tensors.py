@@ -1,0 +1,51 @@
+"""Tensors at the API boundary: device arrays (TVM's Tensor arguments) and host byte tensors."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from .device import Buffer
+from .errors import TensorError
+
+
+@dataclass(frozen=True)
+class DeviceArray:
+    """A typed, shaped view of a device buffer (what TVM passes as a Tensor)."""
+
+    buffer: Buffer
+    shape: tuple[int, ...]
+    dtype: str
+    offset: int = 0
+
+
+def as_bytes(data: Any, field: str, dtype: str, nbytes: int) -> memoryview:
+    """``data`` (bytes-like or numpy array) as a flat byte view of exactly ``nbytes``; TensorError otherwise."""
+    got_dtype = getattr(data, "dtype", None)
+    if got_dtype is not None and str(got_dtype) != dtype:
+        raise TensorError(f"{field}.dtype", dtype, str(got_dtype))
+    try:
+        view = memoryview(data)
+    except TypeError:
+        raise TensorError(field, "a bytes-like object or array", type(data).__name__) from None
+    if not view.c_contiguous:
+        raise TensorError(field, "a C-contiguous buffer", "a strided view")
+    view = view.cast("B")
+    if len(view) != nbytes:
+        raise TensorError(f"{field}.nbytes", nbytes, len(view))
+    return view
+
+
+@dataclass(frozen=True)
+class HostTensor:
+    """Little-endian bytes with a shape and dtype; ``numpy()`` views them as an array."""
+
+    data: bytes
+    shape: tuple[int, ...]
+    dtype: str
+
+    def numpy(self) -> Any:
+        """A read-only numpy view (desktop only)."""
+        import numpy as np
+
+        return np.frombuffer(self.data, dtype=self.dtype).reshape(self.shape)

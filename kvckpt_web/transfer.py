@@ -1,0 +1,144 @@
+"""Moving pages between a layer's page buffer and a dense page group.
+
+Two interchangeable paths produce the same bytes:
+
+- ``"kernel"``: one ``page_copy.wgsl`` dispatch gathers (pack) or scatters the pages;
+- ``"copy"``: one copy command per run of physically consecutive pages, plus a one-page
+  ``pack`` dispatch for a partial last page (its unused tail must read as zeros).
+
+Which is faster depends on the adapter (a CPU rasteriser copies faster than it
+runs kernels; a discrete GPU prefers one dispatch to thousands of copies), so
+:func:`measure_path` times both once per device and page size.
+"""
+
+from __future__ import annotations
+
+import time
+
+from . import shaders
+from .device import Buffer, Command, Copy, Device, Usage
+from .layout import KVLayout
+
+PATHS = ("kernel", "copy")
+
+
+def page_runs(page_ids: list[int]) -> list[tuple[int, int, int]]:
+    """Runs of consecutive physical pages: (index of the first logical page, first physical page, length)."""
+    runs: list[tuple[int, int, int]] = []
+    for i, page in enumerate(page_ids):
+        if runs and runs[-1][1] + runs[-1][2] == page:
+            start, first, length = runs[-1]
+            runs[-1] = (start, first, length + 1)
+        else:
+            runs.append((i, page, 1))
+    return runs
+
+
+class PageMover:
+    """Builds the commands that pack pages into, or scatter pages from, a dense page group."""
+
+    def __init__(self, device: Device, layout: KVLayout) -> None:
+        self.device = device
+        self.layout = layout
+        self.page_bytes = layout.page_bytes
+        self._scratch: Buffer | None = None
+
+    def scratch(self, size: int) -> Buffer:
+        """A reusable storage buffer of at least ``size`` bytes."""
+        if self._scratch is None or self._scratch.size < size:
+            if self._scratch is not None:
+                self.device.destroy(self._scratch)
+            self._scratch = self.device.create_buffer(size, Usage.STORAGE | Usage.COPY_SRC | Usage.COPY_DST,
+                                                      "kvckpt.scratch")
+        return self._scratch
+
+    def _pack_dispatch(self, entry: str, layer: Buffer, table: Buffer, dense: Buffer, dense_offset: int,
+                       num_pages: int, table_offset: int, tail_tokens: int) -> Command:
+        lay = self.layout
+        return shaders.page_copy(self.device, entry, pages=layer, page_table=table, dense=dense,
+                                 num_pages=num_pages, words_per_page=self.page_bytes // 4, tail_tokens=tail_tokens,
+                                 elem_bytes=lay.elem_bytes, head_dim=lay.head_dim, page_size=lay.page_size,
+                                 dense_word_offset=dense_offset // 4, table_offset=table_offset)
+
+    def _via_storage(self, dst: Buffer, dst_offset: int, size: int, fill) -> list[Command]:
+        """Commands that let ``fill(buffer, offset)`` write ``size`` bytes destined for ``dst`` at ``dst_offset``."""
+        if dst.usage & Usage.STORAGE:
+            return [fill(dst, dst_offset)]
+        scratch = self.scratch(size)
+        return [fill(scratch, 0), Copy(scratch, 0, dst, dst_offset, size)]
+
+    def pack(self, path: str, layer: Buffer, table: Buffer, page_ids: list[int], tail_tokens: int,
+             dst: Buffer, dst_offset: int) -> list[Command]:
+        """Commands writing the pages ``page_ids`` of ``layer`` densely into ``dst`` at ``dst_offset``.
+
+        ``table`` holds ``page_ids`` on the device; ``tail_tokens`` is how many token slots of the last
+        page are valid (the rest is written as zeros).
+        """
+        n, pb = len(page_ids), self.page_bytes
+        if n == 0:
+            return []
+        if path == "kernel":
+            return self._via_storage(dst, dst_offset, n * pb, lambda buf, off: self._pack_dispatch(
+                "pack", layer, table, buf, off, n, 0, tail_tokens))
+        full = n if tail_tokens == self.layout.page_size else n - 1
+        commands: list[Command] = [Copy(layer, first * pb, dst, dst_offset + start * pb, length * pb)
+                                   for start, first, length in page_runs(page_ids[:full])]
+        if full < n:
+            commands += self._via_storage(dst, dst_offset + full * pb, pb, lambda buf, off: self._pack_dispatch(
+                "pack", layer, table, buf, off, 1, full, tail_tokens))
+        return commands
+
+    def scatter(self, path: str, src: Buffer, src_offset: int, table: Buffer, page_ids: list[int],
+                layer: Buffer) -> list[Command]:
+        """Commands writing the dense pages in ``src`` at ``src_offset`` into ``layer`` at ``page_ids`` (whole pages)."""
+        n, pb = len(page_ids), self.page_bytes
+        if n == 0:
+            return []
+        if path == "copy":
+            return [Copy(src, src_offset + start * pb, layer, first * pb, length * pb)
+                    for start, first, length in page_runs(page_ids)]
+        commands: list[Command] = []
+        if not src.usage & Usage.STORAGE:
+            scratch = self.scratch(n * pb)
+            commands.append(Copy(src, src_offset, scratch, 0, n * pb))
+            src, src_offset = scratch, 0
+        commands.append(self._pack_dispatch("scatter", layer, table, src, src_offset, n, 0, self.layout.page_size))
+        return commands
+
+    def close(self) -> None:
+        """Release the scratch buffer."""
+        if self._scratch is not None:
+            self.device.destroy(self._scratch)
+            self._scratch = None
+
+
+async def measure_path(device: Device, layout: KVLayout, num_pages: int = 64, repeats: int = 3) -> str:
+    """Time both paths on a fragmented page table and return the faster one (remembered per device)."""
+    key = f"page_transfer/{layout.page_bytes}"
+    if key in device.choices:
+        return device.choices[key]
+    mover = PageMover(device, layout)
+    pb = layout.page_bytes
+    num_pages = max(2, min(num_pages, device.info.max_storage_binding // pb))
+    layer = device.create_buffer(num_pages * pb, Usage.STORAGE | Usage.COPY_SRC | Usage.COPY_DST, "probe.layer")
+    table = device.create_buffer(num_pages * 4, Usage.STORAGE | Usage.COPY_DST, "probe.table")
+    staging = device.create_buffer(num_pages * pb, Usage.MAP_READ | Usage.COPY_DST, "probe.staging")
+    page_ids = list(range(num_pages))[::-2] + list(range(num_pages))[-2::-2]  # no two neighbours adjacent
+    device.write(table, 0, b"".join(p.to_bytes(4, "little") for p in page_ids))
+    best: dict[str, float] = {}
+    try:
+        for path in PATHS:
+            times = []
+            for _ in range(repeats + 1):  # the first run compiles the pipeline
+                start = time.perf_counter()
+                device.submit(mover.pack(path, layer, table, page_ids, max(1, layout.page_size - 1), staging, 0))
+                await device.read(staging, 0, 4)
+                times.append(time.perf_counter() - start)
+            best[path] = min(times[1:])
+    finally:
+        for buf in (layer, table, staging):
+            device.destroy(buf)
+        mover.close()
+    choice = min(best, key=best.get)
+    device.choices[key] = choice
+    return choice

@@ -1,0 +1,79 @@
+// Page copy kernels: move whole KV pages between one layer's page buffer and a dense page group.
+//
+//   pack:    dense[page i] = pages[page_table[i]], with every element of the last page whose token
+//            slot is >= tail_tokens set to zero (stale data of a reused page never leaves the cache).
+//   scatter: pages[page_table[i]] = dense[page i], whole pages (as TVM's import).
+//
+// Bindings (group 0):
+//   0  uniform              Params
+//   1  storage, read_write  pages       one layer: [num_total_pages, 2, num_kv_heads, page_size, head_dim]
+//   2  storage, read        page_table  physical page ids; page i of this call is page_table[table_offset + i]
+//   3  storage, read_write  dense       page group (1, num_logical_pages, 2, num_kv_heads, page_size, head_dim),
+//                                       page 0 of this call at word dense_word_offset
+// Elements are 16 or 32 bits wide; buffers are arrays of u32 words and values are never interpreted,
+// so float16/bfloat16 need no shader-f16. Invocation i handles word i of the call (2-D grid, linearised).
+
+struct Params {
+  num_pages: u32,          // logical pages in this call
+  words_per_page: u32,     // u32 words in one page of one layer
+  tail_tokens: u32,        // valid token slots in the last page of this call (page_size when full)
+  elem_shift: u32,         // log2(elements per word): 1 for 16-bit, 0 for 32-bit elements
+  head_dim: u32,
+  page_size: u32,
+  dense_word_offset: u32,
+  table_offset: u32,
+}
+
+@group(0) @binding(0) var<uniform> params: Params;
+@group(0) @binding(1) var<storage, read_write> pages: array<u32>;
+@group(0) @binding(2) var<storage, read> page_table: array<u32>;
+@group(0) @binding(3) var<storage, read_write> dense: array<u32>;
+
+fn invocation(gid: vec3<u32>, nwg: vec3<u32>) -> u32 {
+  return gid.x + gid.y * nwg.x * 256u;
+}
+
+// Bits of word w (within a page) that belong to token slots < tail_tokens.
+fn tail_mask(w: u32) -> u32 {
+  let per_word = 1u << params.elem_shift;
+  let bits = 32u >> params.elem_shift;
+  var mask = 0u;
+  for (var j = 0u; j < per_word; j = j + 1u) {
+    let elem = (w << params.elem_shift) + j;
+    let slot = (elem / params.head_dim) % params.page_size;
+    if (slot < params.tail_tokens) {
+      if (bits == 32u) {
+        mask = 0xffffffffu;
+      } else {
+        mask = mask | (((1u << bits) - 1u) << (j * bits));
+      }
+    }
+  }
+  return mask;
+}
+
+@compute @workgroup_size(256)
+fn pack(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
+  let i = invocation(gid, nwg);
+  if (i >= params.num_pages * params.words_per_page) {
+    return;
+  }
+  let page = i / params.words_per_page;
+  let w = i % params.words_per_page;
+  var word = pages[page_table[params.table_offset + page] * params.words_per_page + w];
+  if (page + 1u == params.num_pages && params.tail_tokens < params.page_size) {
+    word = word & tail_mask(w);
+  }
+  dense[params.dense_word_offset + i] = word;
+}
+
+@compute @workgroup_size(256)
+fn scatter(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
+  let i = invocation(gid, nwg);
+  if (i >= params.num_pages * params.words_per_page) {
+    return;
+  }
+  let page = i / params.words_per_page;
+  let w = i % params.words_per_page;
+  pages[page_table[params.table_offset + page] * params.words_per_page + w] = dense[params.dense_word_offset + i];
+}
