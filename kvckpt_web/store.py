@@ -1,0 +1,472 @@
+"""Async key/value stores of bytes: the durable layer under checkpoints.
+
+A store knows nothing about KV caches. Keys are ``'/'``-separated relative
+names whose segments use only ``[A-Za-z0-9._-]`` (``"."`` and ``".."`` are not
+segments). Values are bytes. :meth:`Store.set` is atomic: a reader sees the
+old value or the new one, never a mix.
+
+Backends:
+
+* :class:`MemoryStore` -- a dict; for tests and as a cache.
+* :class:`FileStore` -- a desktop directory, crash-safe (temp file, fsync,
+  rename, directory fsync), locked with ``fcntl.flock``.
+
+This module imports only what Pyodide has; the POSIX-only ``fcntl`` is
+imported inside :class:`FileStore` when it locks.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import re
+import secrets
+import time
+from abc import ABC, abstractmethod
+from collections.abc import AsyncIterator, Callable, MutableMapping
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
+from typing import Any
+
+from .errors import FormatError, StoreError
+
+__all__ = [
+    "FileStore",
+    "MemoryStore",
+    "Store",
+    "validate_key",
+    "validate_prefix",
+]
+
+MAX_SEGMENT_CHARS = 200
+"""Longest key segment; leaves room for FileStore's temp-name decoration within 255 bytes."""
+
+MAX_KEY_CHARS = 1024
+"""Longest key."""
+
+DEFAULT_LOCK_TIMEOUT = 10.0
+"""Seconds :meth:`Store.lock` waits for the lock unless told otherwise."""
+
+_SEGMENT_RE = re.compile(r"[A-Za-z0-9._-]+")
+_PARTIAL_RE = re.compile(r"[A-Za-z0-9._-]*")
+_KEY_RULE = "'/'-separated segments of [A-Za-z0-9._-], none '.' or '..'"
+
+
+def _is_segment(segment: str) -> bool:
+    return (
+        len(segment) <= MAX_SEGMENT_CHARS
+        and segment not in (".", "..")
+        and _SEGMENT_RE.fullmatch(segment) is not None
+    )
+
+
+def validate_key(key: str) -> str:
+    """Return ``key`` if it is a valid store key, else raise :class:`FormatError`."""
+    if not isinstance(key, str):
+        raise FormatError("key", "a str", type(key).__name__)
+    if not key or len(key) > MAX_KEY_CHARS:
+        raise FormatError("key", f"1 to {MAX_KEY_CHARS} characters", key)
+    for segment in key.split("/"):
+        if not _is_segment(segment):
+            raise FormatError("key", _KEY_RULE, key, f"bad segment {segment!r}")
+    return key
+
+
+def validate_prefix(prefix: str) -> str:
+    """Return ``prefix`` if it can start a key (``""`` starts every key), else raise :class:`FormatError`."""
+    if not isinstance(prefix, str):
+        raise FormatError("prefix", "a str", type(prefix).__name__)
+    if len(prefix) > MAX_KEY_CHARS:
+        raise FormatError("prefix", f"at most {MAX_KEY_CHARS} characters", prefix)
+    *dirs, last = prefix.split("/")
+    for segment in dirs:
+        if not _is_segment(segment):
+            raise FormatError("prefix", _KEY_RULE, prefix, f"bad segment {segment!r}")
+    if _PARTIAL_RE.fullmatch(last) is None:
+        raise FormatError("prefix", _KEY_RULE, prefix, f"bad segment {last!r}")
+    return prefix
+
+
+def _as_bytes(data: Any) -> bytes:
+    if isinstance(data, bytes):
+        return data
+    if isinstance(data, (bytearray, memoryview)):
+        return bytes(data)
+    raise FormatError("data", "bytes, bytearray or memoryview", type(data).__name__)
+
+
+class Store(ABC):
+    """An async store of bytes under validated keys.
+
+    The public methods validate keys, enforce ``read_only`` and count
+    ``bytes_written``; backends implement the underscored methods, which get
+    keys already validated.
+    """
+
+    def __init__(self, *, read_only: bool = False, lock_timeout: float = DEFAULT_LOCK_TIMEOUT) -> None:
+        self._read_only = bool(read_only)
+        self._lock_timeout = float(lock_timeout)
+        self._bytes_written = 0
+
+    @property
+    def read_only(self) -> bool:
+        """True if :meth:`set`, :meth:`delete` and :meth:`lock` refuse with :class:`StoreError`."""
+        return self._read_only
+
+    @property
+    def bytes_written(self) -> int:
+        """Total payload bytes of the successful :meth:`set` calls on this object."""
+        return self._bytes_written
+
+    def _check_writable(self, what: str) -> None:
+        if self._read_only:
+            raise StoreError(f"{what}: store {self!r} is read-only")
+
+    async def get(self, key: str) -> bytes | None:
+        """The value under ``key``, or None if there is none."""
+        return await self._get(validate_key(key))
+
+    async def set(self, key: str, data: bytes | bytearray | memoryview) -> None:
+        """Store ``data`` under ``key`` atomically, replacing any old value."""
+        validate_key(key)
+        payload = _as_bytes(data)
+        self._check_writable(f"set {key!r}")
+        await self._set(key, payload)
+        self._bytes_written += len(payload)
+
+    async def delete(self, key: str) -> None:
+        """Remove ``key``; a missing key is not an error."""
+        validate_key(key)
+        self._check_writable(f"delete {key!r}")
+        await self._delete(key)
+
+    async def exists(self, key: str) -> bool:
+        """Whether ``key`` holds a value."""
+        return await self._exists(validate_key(key))
+
+    async def list_prefix(self, prefix: str) -> list[str]:
+        """All keys that start with the string ``prefix``, sorted by code point."""
+        return sorted(await self._list_prefix(validate_prefix(prefix)))
+
+    def lock(self, timeout: float | None = None) -> AbstractAsyncContextManager[None]:
+        """An async context manager holding the writer lock of this store.
+
+        It excludes every other holder (another task, process or tab), is not
+        re-entrant, and raises :class:`StoreError` naming the lock if it cannot
+        be had within ``timeout`` seconds (the store's ``lock_timeout`` if None).
+        """
+        self._check_writable("lock")
+        return self._lock(self._lock_timeout if timeout is None else float(timeout))
+
+    @abstractmethod
+    async def _get(self, key: str) -> bytes | None: ...
+
+    @abstractmethod
+    async def _set(self, key: str, data: bytes) -> None: ...
+
+    @abstractmethod
+    async def _delete(self, key: str) -> None: ...
+
+    @abstractmethod
+    async def _exists(self, key: str) -> bool: ...
+
+    @abstractmethod
+    async def _list_prefix(self, prefix: str) -> list[str]: ...
+
+    @abstractmethod
+    def _lock(self, timeout: float) -> AbstractAsyncContextManager[None]: ...
+
+
+async def _poll_acquire(try_acquire: Callable[[], bool], timeout: float, lock_name: str) -> None:
+    """Call ``try_acquire`` until it returns True, or raise StoreError after ``timeout`` seconds."""
+    deadline = time.monotonic() + max(timeout, 0.0)
+    delay = 0.005
+    while not try_acquire():
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            raise StoreError(f"lock {lock_name}: not acquired within {timeout} s (held by another writer)")
+        await asyncio.sleep(min(delay, remaining))
+        delay = min(delay * 2, 0.1)
+
+
+class MemoryStore(Store):
+    """A store in a dict.
+
+    ``data``, if given, is used as the backing mapping (not copied), so two
+    MemoryStores may share it -- e.g. a read-only view of a writable one. The
+    lock belongs to this object.
+    """
+
+    def __init__(
+        self,
+        data: MutableMapping[str, bytes] | None = None,
+        *,
+        read_only: bool = False,
+        lock_timeout: float = DEFAULT_LOCK_TIMEOUT,
+    ) -> None:
+        super().__init__(read_only=read_only, lock_timeout=lock_timeout)
+        self._data: MutableMapping[str, bytes] = {} if data is None else data
+        self._locked = False
+
+    def __repr__(self) -> str:
+        return f"MemoryStore(<{len(self._data)} keys>, read_only={self.read_only})"
+
+    async def _get(self, key: str) -> bytes | None:
+        return self._data.get(key)
+
+    async def _set(self, key: str, data: bytes) -> None:
+        self._data[key] = data
+
+    async def _delete(self, key: str) -> None:
+        self._data.pop(key, None)
+
+    async def _exists(self, key: str) -> bool:
+        return key in self._data
+
+    async def _list_prefix(self, prefix: str) -> list[str]:
+        return [key for key in self._data if key.startswith(prefix)]
+
+    def _try_lock(self) -> bool:
+        if self._locked:
+            return False
+        self._locked = True
+        return True
+
+    @asynccontextmanager
+    async def _lock(self, timeout: float) -> AsyncIterator[None]:
+        await _poll_acquire(self._try_lock, timeout, f"memory:{id(self):#x}")
+        try:
+            yield
+        finally:
+            self._locked = False
+
+
+TEMP_PREFIX = "~tmp."
+"""FileStore temp files start with this; '~' is no key character, so no key can clash."""
+
+LOCK_NAME = "~kvckpt.lock"
+"""Name of FileStore's lock file in its directory."""
+
+FAULT_STEPS = ("write", "fsync", "rename", "dirsync")
+"""The steps of :meth:`FileStore.set`, in order, as passed to its ``fault`` hook."""
+
+
+def _fsync_dir(path: str) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+class FileStore(Store):
+    """A store in a directory of a POSIX desktop file system; each key is a file.
+
+    ``set`` writes a temp file beside the target, fsyncs it, renames it over
+    the target and fsyncs the directory, so a crash at any point leaves the old
+    or the new value, plus at worst a stray temp file that ``list_prefix``
+    never returns and :meth:`cleanup_temp` removes (as does taking
+    :meth:`lock`). ``fault``, if given, is called with each step name of
+    :data:`FAULT_STEPS` before that step, for fault-injection tests.
+
+    A key cannot both hold a value and be a directory of other keys (``a`` and
+    ``a/b``); such a ``set`` raises :class:`StoreError`. ``delete`` removes the
+    directories it leaves empty.
+    """
+
+    def __init__(
+        self,
+        directory: str | os.PathLike[str],
+        *,
+        read_only: bool = False,
+        lock_timeout: float = DEFAULT_LOCK_TIMEOUT,
+        fault: Callable[[str], None] | None = None,
+    ) -> None:
+        super().__init__(read_only=read_only, lock_timeout=lock_timeout)
+        self.directory = os.path.abspath(os.fspath(directory))
+        self.fault = fault
+        try:
+            if not read_only:
+                os.makedirs(self.directory, exist_ok=True)
+            is_dir = os.path.isdir(self.directory)
+        except OSError as exc:
+            raise StoreError(f"store directory {self.directory}: cannot create ({exc})") from exc
+        if not is_dir:
+            raise StoreError(f"store directory {self.directory}: expected a directory, got none")
+
+    def __repr__(self) -> str:
+        return f"FileStore({self.directory!r}, read_only={self.read_only})"
+
+    @property
+    def lock_path(self) -> str:
+        """Path of the lock file."""
+        return os.path.join(self.directory, LOCK_NAME)
+
+    def _path(self, key: str) -> str:
+        return os.path.join(self.directory, *key.split("/"))
+
+    def _step(self, name: str) -> None:
+        if self.fault is not None:
+            self.fault(name)
+
+    # -- blocking work, run in a worker thread -------------------------------
+
+    def _read(self, key: str) -> bytes | None:
+        try:
+            with open(self._path(key), "rb") as f:
+                return f.read()
+        except (FileNotFoundError, IsADirectoryError, NotADirectoryError):
+            return None
+        except OSError as exc:
+            raise StoreError(f"get {key!r}: cannot read {self._path(key)} ({exc})") from exc
+
+    def _makedirs(self, parent: str) -> None:
+        """Create ``parent`` and missing ancestors, fsyncing each new entry's directory."""
+        missing = []
+        while not os.path.isdir(parent):
+            missing.append(parent)
+            parent = os.path.dirname(parent)
+        for path in reversed(missing):
+            try:
+                os.mkdir(path)
+            except FileExistsError:
+                if not os.path.isdir(path):
+                    raise
+            _fsync_dir(os.path.dirname(path))
+
+    def _write(self, key: str, data: bytes) -> None:
+        path = self._path(key)
+        parent, base = os.path.split(path)
+        tmp = os.path.join(parent, f"{TEMP_PREFIX}{base}.{secrets.token_hex(8)}")
+        try:
+            for attempt in range(3):  # a concurrent delete may prune the fresh parent directory
+                try:
+                    self._makedirs(parent)
+                    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+                    break
+                except FileNotFoundError:
+                    if attempt == 2:
+                        raise
+            try:
+                self._step("write")
+                view = memoryview(data)
+                while view:
+                    view = view[os.write(fd, view) :]
+                self._step("fsync")
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+            self._step("rename")
+            os.replace(tmp, path)
+            self._step("dirsync")
+            _fsync_dir(parent)
+        except BaseException as exc:
+            try:
+                os.unlink(tmp)
+            except OSError:
+                pass
+            if isinstance(exc, OSError):
+                raise StoreError(f"set {key!r}: cannot write {path} ({exc})") from exc
+            raise
+
+    def _remove(self, key: str) -> None:
+        path = self._path(key)
+        try:
+            os.unlink(path)
+        except (FileNotFoundError, NotADirectoryError, IsADirectoryError):
+            return
+        except OSError as exc:
+            raise StoreError(f"delete {key!r}: cannot remove {path} ({exc})") from exc
+        try:
+            parent = os.path.dirname(path)
+            _fsync_dir(parent)
+            while parent != self.directory:  # prune directories left empty
+                try:
+                    os.rmdir(parent)
+                except OSError:
+                    break
+                parent = os.path.dirname(parent)
+                _fsync_dir(parent)
+        except OSError as exc:
+            raise StoreError(f"delete {key!r}: cannot fsync directory of {path} ({exc})") from exc
+
+    def _walk(self, prefix: str) -> list[str]:
+        base_key = prefix.rpartition("/")[0]
+        top = self._path(base_key) if base_key else self.directory
+        found = []
+        for root, dirs, files in os.walk(top, onerror=self._walk_error):
+            rel = os.path.relpath(root, self.directory)
+            parts = [] if rel == "." else rel.split(os.sep)
+            dirs[:] = [d for d in dirs if _is_segment(d)]
+            for name in files:
+                key = "/".join([*parts, name])
+                if _is_segment(name) and key.startswith(prefix):
+                    found.append(key)
+        return found
+
+    @staticmethod
+    def _walk_error(exc: OSError) -> None:
+        if not isinstance(exc, (FileNotFoundError, NotADirectoryError)):
+            raise StoreError(f"list: cannot read {exc.filename} ({exc})") from exc
+
+    def cleanup_temp(self) -> int:
+        """Remove the stray temp files of interrupted writes; return how many.
+
+        Call it only while no other writer is active, e.g. holding :meth:`lock`.
+        """
+        self._check_writable("cleanup_temp")
+        removed = 0
+        for root, dirs, files in os.walk(self.directory):
+            dirs[:] = [d for d in dirs if _is_segment(d)]
+            for name in files:
+                if name.startswith(TEMP_PREFIX):
+                    try:
+                        os.unlink(os.path.join(root, name))
+                        removed += 1
+                    except FileNotFoundError:
+                        pass
+                    except OSError as exc:
+                        raise StoreError(f"cleanup_temp: cannot remove {os.path.join(root, name)} ({exc})") from exc
+        return removed
+
+    # -- Store interface -----------------------------------------------------
+
+    async def _get(self, key: str) -> bytes | None:
+        return await asyncio.to_thread(self._read, key)
+
+    async def _set(self, key: str, data: bytes) -> None:
+        await asyncio.to_thread(self._write, key, data)
+
+    async def _delete(self, key: str) -> None:
+        await asyncio.to_thread(self._remove, key)
+
+    async def _exists(self, key: str) -> bool:
+        return await asyncio.to_thread(os.path.isfile, self._path(key))
+
+    async def _list_prefix(self, prefix: str) -> list[str]:
+        return await asyncio.to_thread(self._walk, prefix)
+
+    @asynccontextmanager
+    async def _lock(self, timeout: float) -> AsyncIterator[None]:
+        import fcntl  # POSIX only: keep the module importable in Pyodide
+
+        path = self.lock_path
+        try:
+            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        except OSError as exc:
+            raise StoreError(f"lock {path}: cannot open ({exc})") from exc
+
+        def try_lock() -> bool:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                return True
+            except BlockingIOError:
+                return False
+            except OSError as exc:
+                raise StoreError(f"lock {path}: flock failed ({exc})") from exc
+
+        try:
+            await _poll_acquire(try_lock, timeout, path)
+            await asyncio.to_thread(self.cleanup_temp)
+            yield
+        finally:
+            os.close(fd)  # closing the only descriptor releases the flock

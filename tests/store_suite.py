@@ -1,0 +1,308 @@
+"""The behaviour every Store backend must have, as one inheritable test class.
+
+A backend's test module subclasses :class:`StoreTests` (name it ``Test...``)
+and supplies only :meth:`StoreTests.open_store`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import tempfile
+from collections.abc import Awaitable
+from pathlib import Path
+from typing import Any, TypeVar
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from kvckpt_web.errors import FormatError, StoreError
+from kvckpt_web.store import Store
+
+T = TypeVar("T")
+
+BAD_KEYS = [
+    "",
+    "/abs",
+    "trailing/",
+    "a//b",
+    ".",
+    "..",
+    "a/../b",
+    "a/./b",
+    "../escape",
+    "sp ace",
+    "back\\slash",
+    "t~ilde",
+    "nul\x00",
+    "ünïcode",
+    "x" * 201,
+    "a/" * 600 + "b",
+]
+
+BAD_PREFIXES = ["/abs", "a//b", "../x", "a/../", "sp ace", "t~", "a/./b"]
+
+
+def run(coro: Awaitable[T]) -> T:
+    """Run one coroutine to completion on a fresh event loop."""
+    return asyncio.run(coro)  # type: ignore[arg-type]
+
+
+class StoreTests:
+    """Shared Store tests; subclasses define :meth:`open_store`."""
+
+    def open_store(self, location: Path, **kwargs: Any) -> Store:
+        """Open the backend at ``location``; stores opened at one location see the same data."""
+        raise NotImplementedError
+
+    @pytest.fixture
+    def store(self, tmp_path: Path) -> Store:
+        return self.open_store(tmp_path)
+
+    # -- get / set / delete / exists -------------------------------------------
+
+    def test_missing_key(self, store: Store) -> None:
+        async def body() -> None:
+            assert await store.get("nope") is None
+            assert await store.exists("nope") is False
+            await store.delete("nope")  # deleting a missing key is fine
+
+        run(body())
+
+    def test_set_get_overwrite_delete(self, store: Store) -> None:
+        async def body() -> None:
+            await store.set("a", b"one")
+            assert await store.get("a") == b"one"
+            assert await store.exists("a")
+            await store.set("a", b"two!")
+            assert await store.get("a") == b"two!"
+            await store.delete("a")
+            assert await store.get("a") is None
+            assert not await store.exists("a")
+
+        run(body())
+
+    def test_empty_and_binary_values(self, store: Store) -> None:
+        async def body() -> None:
+            await store.set("empty", b"")
+            assert await store.get("empty") == b""
+            assert await store.exists("empty")
+            blob = bytes(range(256)) * 1000
+            await store.set("blob", blob)
+            assert await store.get("blob") == blob
+
+        run(body())
+
+    def test_bytes_like_values(self, store: Store) -> None:
+        async def body() -> None:
+            await store.set("ba", bytearray(b"xyz"))
+            await store.set("mv", memoryview(b"abcdef")[1:4])
+            assert await store.get("ba") == b"xyz"
+            value = await store.get("mv")
+            assert value == b"bcd" and type(value) is bytes
+
+        run(body())
+
+    @pytest.mark.parametrize("data", ["text", 5, None, [1, 2]])
+    def test_non_bytes_value_rejected(self, store: Store, data: Any) -> None:
+        with pytest.raises(FormatError, match="data"):
+            run(store.set("k", data))
+
+    def test_nested_keys(self, store: Store) -> None:
+        async def body() -> None:
+            await store.set("manifests/seq-1/00000000000000000001", b"m1")
+            await store.set("chunks/" + "ab" * 32, b"c")
+            assert await store.get("manifests/seq-1/00000000000000000001") == b"m1"
+            # a directory of other keys holds no value itself
+            assert await store.get("manifests/seq-1") is None
+            assert not await store.exists("manifests")
+
+        run(body())
+
+    def test_values_survive_reopen(self, tmp_path: Path) -> None:
+        run(self.open_store(tmp_path).set("p/q", b"kept"))
+        assert run(self.open_store(tmp_path).get("p/q")) == b"kept"
+
+    def test_concurrent_sets(self, store: Store) -> None:
+        async def body() -> None:
+            await asyncio.gather(*(store.set(f"k/{i:03d}", bytes([i]) * i) for i in range(50)))
+            for i in range(50):
+                assert await store.get(f"k/{i:03d}") == bytes([i]) * i
+
+        run(body())
+
+    # -- keys ------------------------------------------------------------------
+
+    @pytest.mark.parametrize("key", BAD_KEYS)
+    def test_bad_keys_rejected(self, store: Store, key: str) -> None:
+        for call in (store.get(key), store.set(key, b"x"), store.delete(key), store.exists(key)):
+            with pytest.raises(FormatError) as info:
+                run(call)
+            assert info.value.field == "key"
+
+    @pytest.mark.parametrize("key", [None, 7, b"bytes"])
+    def test_non_str_key_rejected(self, store: Store, key: Any) -> None:
+        with pytest.raises(FormatError, match="key"):
+            run(store.get(key))
+
+    def test_odd_but_valid_keys(self, store: Store) -> None:
+        async def body() -> None:
+            for key in ["...", ".hidden", "-dash", "a.b_c-D9", "x" * 200]:
+                await store.set(key, key.encode())
+                assert await store.get(key) == key.encode()
+
+        run(body())
+
+    # -- list_prefix -----------------------------------------------------------
+
+    def test_list_prefix(self, store: Store) -> None:
+        keys = ["b", "a/2", "a/1", "a/10/x", "ab", "c/d/e/f", "manifests/s/01", "manifests/s2/01"]
+
+        async def body() -> None:
+            for key in keys:
+                await store.set(key, b"v")
+            assert await store.list_prefix("") == sorted(keys)
+            assert await store.list_prefix("a/") == ["a/1", "a/10/x", "a/2"]
+            assert await store.list_prefix("a") == ["a/1", "a/10/x", "a/2", "ab"]
+            assert await store.list_prefix("a/1") == ["a/1", "a/10/x"]
+            assert await store.list_prefix("manifests/s/") == ["manifests/s/01"]
+            assert await store.list_prefix("manifests/s") == ["manifests/s/01", "manifests/s2/01"]
+            assert await store.list_prefix("c/d/e/f") == ["c/d/e/f"]
+            assert await store.list_prefix("zzz") == []
+            assert await store.list_prefix("b/") == []  # "b" is a value, not a directory
+            await store.delete("a/1")
+            assert await store.list_prefix("a/") == ["a/10/x", "a/2"]
+
+        run(body())
+
+    @pytest.mark.parametrize("prefix", BAD_PREFIXES)
+    def test_bad_prefix_rejected(self, store: Store, prefix: str) -> None:
+        with pytest.raises(FormatError, match="prefix"):
+            run(store.list_prefix(prefix))
+
+    # -- read-only and byte counter --------------------------------------------
+
+    def test_read_only(self, tmp_path: Path) -> None:
+        run(self.open_store(tmp_path).set("k", b"v"))
+        ro = self.open_store(tmp_path, read_only=True)
+        assert ro.read_only
+        assert run(ro.get("k")) == b"v"
+        assert run(ro.list_prefix("")) == ["k"]
+        with pytest.raises(StoreError, match="read-only"):
+            run(ro.set("k", b"w"))
+        with pytest.raises(StoreError, match="read-only"):
+            run(ro.delete("k"))
+        with pytest.raises(StoreError, match="read-only"):
+            ro.lock()
+        assert run(ro.get("k")) == b"v"
+        assert ro.bytes_written == 0
+
+    def test_bytes_written(self, store: Store) -> None:
+        async def body() -> None:
+            assert store.bytes_written == 0
+            await store.set("a", b"12345")
+            await store.set("a", b"123")
+            await store.set("b", b"")
+            await store.get("a")
+            await store.delete("a")
+            assert store.bytes_written == 8
+            with pytest.raises(FormatError):
+                await store.set("../bad", b"xxxx")
+            assert store.bytes_written == 8
+
+        run(body())
+
+    # -- lock --------------------------------------------------------------------
+
+    def test_lock_acquire_release_reacquire(self, store: Store) -> None:
+        async def body() -> None:
+            async with store.lock(timeout=1):
+                await store.set("k", b"v")
+            async with store.lock(timeout=1):
+                pass
+
+        run(body())
+
+    def test_lock_excludes_second_holder(self, store: Store) -> None:
+        async def body() -> None:
+            async with store.lock(timeout=1):
+                with pytest.raises(StoreError, match="lock") as info:
+                    async with store.lock(timeout=0.05):
+                        pytest.fail("second holder got the lock")
+                assert "within" in str(info.value)
+            async with store.lock(timeout=0.05):
+                pass
+
+        run(body())
+
+    def test_lock_waiter_gets_it_after_release(self, store: Store) -> None:
+        events: list[str] = []
+
+        async def holder(started: asyncio.Event) -> None:
+            async with store.lock(timeout=1):
+                started.set()
+                events.append("A in")
+                await asyncio.sleep(0.1)
+                events.append("A out")
+
+        async def waiter(started: asyncio.Event) -> None:
+            await started.wait()
+            async with store.lock(timeout=5):
+                events.append("B in")
+
+        async def body() -> None:
+            started = asyncio.Event()
+            await asyncio.gather(holder(started), waiter(started))
+
+        run(body())
+        assert events == ["A in", "A out", "B in"]
+
+    def test_lock_released_on_exception(self, store: Store) -> None:
+        async def body() -> None:
+            with pytest.raises(RuntimeError):
+                async with store.lock(timeout=1):
+                    raise RuntimeError("boom")
+            async with store.lock(timeout=0.05):
+                pass
+
+        run(body())
+
+    # -- model-based -------------------------------------------------------------
+
+    # each backend subclass is its own executor of this one inherited test: that is intended
+    @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.differing_executors])
+    @given(
+        ops=st.lists(
+            st.tuples(
+                st.sampled_from(["set", "delete"]),
+                st.sampled_from(["a", "b", "a/x", "b/y/z", "c.d", "c-d/e"]),
+                st.binary(max_size=64),
+            ),
+            max_size=25,
+        )
+    )
+    def test_matches_dict_model(self, ops: list[tuple[str, str, bytes]]) -> None:
+        model: dict[str, bytes] = {}
+        written = 0
+        with tempfile.TemporaryDirectory() as tmp:
+            store = self.open_store(Path(tmp))
+
+            async def body() -> None:
+                nonlocal written
+                for op, key, data in ops:
+                    # a key may not be both a value and a directory; skip such ops
+                    if op == "set" and any(k.startswith(key + "/") or key.startswith(k + "/") for k in model):
+                        continue
+                    if op == "set":
+                        await store.set(key, data)
+                        model[key] = data
+                        written += len(data)
+                    else:
+                        await store.delete(key)
+                        model.pop(key, None)
+                assert await store.list_prefix("") == sorted(model)
+                for key, value in model.items():
+                    assert await store.get(key) == value
+                assert store.bytes_written == written
+
+            run(body())

@@ -1,0 +1,307 @@
+"""Store backends: the shared suite for each, then FileStore's crash-safety and locking."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import pytest
+from store_suite import StoreTests, run
+
+from kvckpt_web.errors import FormatError, StoreError
+from kvckpt_web.store import FAULT_STEPS, LOCK_NAME, TEMP_PREFIX, FileStore, MemoryStore, Store
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+class TestMemoryStore(StoreTests):
+    def setup_method(self) -> None:
+        self.backing: dict[Path, dict[str, bytes]] = {}
+
+    def open_store(self, location: Path, **kwargs: Any) -> Store:
+        return MemoryStore(self.backing.setdefault(location, {}), **kwargs)
+
+
+class TestFileStore(StoreTests):
+    def open_store(self, location: Path, **kwargs: Any) -> Store:
+        return FileStore(location / "store", **kwargs)
+
+
+# -- FileStore specifics ----------------------------------------------------------
+
+
+def temp_files(directory: Path) -> list[Path]:
+    return [p for p in directory.rglob("*") if p.name.startswith(TEMP_PREFIX)]
+
+
+class Boom(Exception):
+    pass
+
+
+def raise_at(step: str) -> Any:
+    def fault(name: str) -> None:
+        assert name in FAULT_STEPS
+        if name == step:
+            raise Boom(step)
+
+    return fault
+
+
+@pytest.mark.parametrize("step", FAULT_STEPS)
+def test_exception_mid_write_keeps_old_value(tmp_path: Path, step: str) -> None:
+    store = FileStore(tmp_path)
+    run(store.set("d/k", b"old"))
+    store.fault = raise_at(step)
+    with pytest.raises(Boom):
+        run(store.set("d/k", b"new"))
+    # before the rename the old value stays; after it the new one is already in place
+    expected = b"new" if step == "dirsync" else b"old"
+    assert run(store.get("d/k")) == expected
+    assert temp_files(tmp_path) == []
+    assert run(store.list_prefix("")) == ["d/k"]
+    assert store.bytes_written == 3  # the failed set is not counted
+
+
+def test_exception_mid_write_of_new_key(tmp_path: Path) -> None:
+    store = FileStore(tmp_path, fault=raise_at("rename"))
+    with pytest.raises(Boom):
+        run(store.set("fresh", b"new"))
+    assert run(store.get("fresh")) is None
+    assert temp_files(tmp_path) == []
+
+
+def test_os_error_becomes_store_error(tmp_path: Path) -> None:
+    def disk_full(step: str) -> None:
+        if step == "write":
+            raise OSError(28, "No space left on device")
+
+    store = FileStore(tmp_path, fault=disk_full)
+    with pytest.raises(StoreError, match="'k'.*No space left"):
+        run(store.set("k", b"data"))
+    assert temp_files(tmp_path) == []
+
+
+def test_fault_steps_in_order(tmp_path: Path) -> None:
+    seen: list[str] = []
+    run(FileStore(tmp_path, fault=seen.append).set("k", b"v"))
+    assert seen == list(FAULT_STEPS)
+
+
+def test_temp_files_hidden_and_swept(tmp_path: Path) -> None:
+    store = FileStore(tmp_path)
+    run(store.set("a/b", b"v"))
+    (tmp_path / f"{TEMP_PREFIX}x.123").write_bytes(b"junk")
+    (tmp_path / "a" / f"{TEMP_PREFIX}b.456").write_bytes(b"junk")
+    assert run(store.list_prefix("")) == ["a/b"]
+    assert store.cleanup_temp() == 2
+    assert temp_files(tmp_path) == []
+    assert run(store.get("a/b")) == b"v"
+
+
+def test_lock_sweeps_temp_files(tmp_path: Path) -> None:
+    store = FileStore(tmp_path)
+    (tmp_path / f"{TEMP_PREFIX}x.123").write_bytes(b"junk")
+
+    async def body() -> None:
+        async with store.lock(timeout=1):
+            assert temp_files(tmp_path) == []
+
+    run(body())
+
+
+def test_lock_file_not_listed(tmp_path: Path) -> None:
+    store = FileStore(tmp_path)
+
+    async def body() -> list[str]:
+        async with store.lock(timeout=1):
+            await store.set("k", b"v")
+        return await store.list_prefix("")
+
+    assert run(body()) == ["k"]
+    assert (tmp_path / LOCK_NAME).exists()
+
+
+def test_two_filestores_exclude_each_other(tmp_path: Path) -> None:
+    first, second = FileStore(tmp_path), FileStore(tmp_path)
+
+    async def body() -> None:
+        async with first.lock(timeout=1):
+            with pytest.raises(StoreError, match=LOCK_NAME):
+                async with second.lock(timeout=0.05):
+                    pass
+        async with second.lock(timeout=0.05):
+            pass
+
+    run(body())
+
+
+def test_key_that_is_a_directory_cannot_be_set(tmp_path: Path) -> None:
+    store = FileStore(tmp_path)
+    run(store.set("a/b", b"v"))
+    with pytest.raises(StoreError, match="'a'"):
+        run(store.set("a", b"v"))
+    with pytest.raises(StoreError, match="'a/b/c'"):
+        run(store.set("a/b/c", b"v"))
+
+
+def test_delete_prunes_empty_directories(tmp_path: Path) -> None:
+    store = FileStore(tmp_path)
+    run(store.set("a/b/c", b"v"))
+    run(store.set("a/d", b"v"))
+    run(store.delete("a/b/c"))
+    assert not (tmp_path / "a" / "b").exists()
+    assert (tmp_path / "a").is_dir()
+    run(store.delete("a/d"))
+    assert not (tmp_path / "a").exists()
+    run(store.set("a", b"now a value"))
+    assert run(store.get("a")) == b"now a value"
+
+
+def test_read_only_missing_directory(tmp_path: Path) -> None:
+    with pytest.raises(StoreError, match="nowhere"):
+        FileStore(tmp_path / "nowhere", read_only=True)
+
+
+def test_directory_is_a_file(tmp_path: Path) -> None:
+    (tmp_path / "f").write_bytes(b"")
+    with pytest.raises(StoreError, match="f"):
+        FileStore(tmp_path / "f")
+
+
+def test_bad_key_checked_before_read_only(tmp_path: Path) -> None:
+    with pytest.raises(FormatError):
+        run(FileStore(tmp_path, read_only=True).set("/etc/passwd", b""))
+
+
+# -- crashes and other processes ----------------------------------------------------
+
+
+def run_child(code: str, *args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+    env = dict(os.environ, PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    return subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(code), *args],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
+KILL_AT_STEP = """
+    import asyncio, os, sys
+    from kvckpt_web.store import FileStore
+
+    def fault(step):
+        if step == sys.argv[2]:
+            os._exit(137)  # like kill -9: no cleanup, no finally blocks
+
+    asyncio.run(FileStore(sys.argv[1], fault=fault).set("d/k", b"new" * 1000))
+"""
+
+
+@pytest.mark.parametrize("step", [*FAULT_STEPS, "never"])
+def test_kill_at_every_step_leaves_old_or_new(tmp_path: Path, step: str) -> None:
+    store = FileStore(tmp_path)
+    run(store.set("d/k", b"old"))
+    child = run_child(KILL_AT_STEP, str(tmp_path), step)
+    assert child.returncode == (0 if step == "never" else 137), child.stderr
+    expected = b"new" * 1000 if step in ("dirsync", "never") else b"old"
+    assert run(store.get("d/k")) == expected
+    assert run(store.list_prefix("")) == ["d/k"]  # a stray temp file is never listed
+    if step in ("write", "fsync"):
+        assert len(temp_files(tmp_path)) == 1
+    store.cleanup_temp()
+    assert temp_files(tmp_path) == []
+    assert run(store.get("d/k")) == expected
+
+
+TRY_LOCK = """
+    import asyncio, sys
+    from kvckpt_web.errors import StoreError
+    from kvckpt_web.store import FileStore
+
+    async def main():
+        async with FileStore(sys.argv[1]).lock(timeout=float(sys.argv[2])):
+            print("locked")
+
+    try:
+        asyncio.run(main())
+    except StoreError as exc:
+        print(exc)
+        sys.exit(3)
+"""
+
+HOLD_LOCK = """
+    import asyncio, sys
+    from kvckpt_web.store import FileStore
+
+    async def main():
+        async with FileStore(sys.argv[1]).lock(timeout=5):
+            print("locked", flush=True)
+            sys.stdin.readline()
+
+    asyncio.run(main())
+"""
+
+
+def test_lock_excludes_other_process(tmp_path: Path) -> None:
+    store = FileStore(tmp_path)
+
+    async def body() -> None:
+        async with store.lock(timeout=1):
+            child = run_child(TRY_LOCK, str(tmp_path), "0.2")
+            assert child.returncode == 3, child.stderr
+            assert str(tmp_path / LOCK_NAME) in child.stdout
+        child = run_child(TRY_LOCK, str(tmp_path), "5")
+        assert child.returncode == 0, child.stderr
+        assert child.stdout.strip() == "locked"
+
+    run(body())
+
+
+@contextmanager
+def lock_holder(directory: Path) -> Iterator[subprocess.Popen[str]]:
+    """A child process holding the lock of ``directory`` until it reads a line (or is killed)."""
+    env = dict(os.environ, PYTHONPATH=str(REPO))
+    with subprocess.Popen(
+        [sys.executable, "-c", textwrap.dedent(HOLD_LOCK), str(directory)],
+        env=env,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    ) as holder:
+        try:
+            assert holder.stdout is not None
+            assert holder.stdout.readline().strip() == "locked"
+            yield holder
+        finally:
+            if holder.poll() is None:
+                holder.kill()
+            holder.wait()
+
+
+async def take_lock(directory: Path, timeout: float) -> None:
+    async with FileStore(directory).lock(timeout=timeout):
+        pass
+
+
+def test_other_process_lock_excludes_us(tmp_path: Path) -> None:
+    with lock_holder(tmp_path) as holder:
+        with pytest.raises(StoreError, match=LOCK_NAME):
+            run(take_lock(tmp_path, 0.2))
+        holder.communicate("\n", timeout=30)
+        assert holder.returncode == 0
+    run(take_lock(tmp_path, 5))
+
+
+def test_lock_of_killed_process_is_released(tmp_path: Path) -> None:
+    with lock_holder(tmp_path) as holder:
+        holder.kill()  # SIGKILL: the kernel drops the flock with the process
+        holder.wait()
+    run(take_lock(tmp_path, 5))
