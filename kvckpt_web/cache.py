@@ -16,6 +16,7 @@ from .checkpoint import CheckpointMixin
 from .device import Buffer, Command, Copy, Device, Usage
 from .errors import CapacityError, CheckpointStateError, SequenceError, TensorError
 from .layout import CacheLimits, KVLayout
+from .metadata import limits_from_metadata, parse_metadata
 from .pool import PageCopy, SequenceTable
 from .shaders import kv_append
 from .tensors import HostTensor, as_bytes
@@ -50,6 +51,12 @@ class PagedKVCache(CheckpointMixin):
         self._buffers: dict[str, Buffer] = {}
         CheckpointMixin.__init__(self)
 
+    @classmethod
+    def from_metadata(cls, device: Device, metadata_json: str | bytes, *, transfer: str = "auto") -> "PagedKVCache":
+        """A new empty cache whose layout and limits are those of the cache that wrote ``metadata_json``."""
+        metadata = parse_metadata(metadata_json)
+        return cls(device, KVLayout.from_metadata(metadata), limits_from_metadata(metadata), transfer=transfer)
+
     # ----- buffers reused across calls -------------------------------------------------------------
 
     def _buffer(self, name: str, size: int, usage: Usage) -> Buffer:
@@ -66,7 +73,8 @@ class PagedKVCache(CheckpointMixin):
             self.device.write(buf, 0, b"".join(v.to_bytes(4, "little") for v in values))
         return buf
 
-    def _page_path(self) -> str:
+    def page_path(self) -> str:
+        """The page-transfer path in use: "kernel" or "copy" (measured per device when ``transfer="auto"``)."""
         if self.transfer != "auto":
             return self.transfer
         return self.device.choices.get(f"page_transfer/{self.layout.page_bytes}", "kernel")

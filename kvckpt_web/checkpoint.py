@@ -103,7 +103,7 @@ class CheckpointMixin:
         self._check_group_tensor(dst, len(seq.pages), "ExportPageGroup")
         table = self._upload_u32("table", seq.pages)
         tail = seq.length - (len(seq.pages) - 1) * self.layout.page_size
-        self.device.submit(self.mover.pack(self._page_path(), self.layers[group_id], table, seq.pages, tail,
+        self.device.submit(self.mover.pack(self.page_path(), self.layers[group_id], table, seq.pages, tail,
                                            dst.buffer, dst.offset))
 
     def prepare_import(self: "PagedKVCache", seq_id: int, metadata_json: str | bytes, *, exclusive: bool = True) -> None:
@@ -134,7 +134,7 @@ class CheckpointMixin:
             raise CheckpointStateError(f"import_page_group: checkpoint group {group_id} was already imported")
         self._check_group_tensor(src, len(state.seq.pages), "ImportPageGroup")
         table = self._upload_u32("table", state.seq.pages)
-        self.device.submit(self.mover.scatter(self._page_path(), src.buffer, src.offset, table, state.seq.pages,
+        self.device.submit(self.mover.scatter(self.page_path(), src.buffer, src.offset, table, state.seq.pages,
                                               self.layers[group_id]))
         state.imported[group_id] = True
 

@@ -1,0 +1,135 @@
+"""``kvckpt demo``: fill a cache in a worker, export it, kill the worker, restore in a fresh process.
+
+The K/V are a deterministic function of a seed, so the restoring process can
+check every byte without the crashed worker's help. The cache has
+SmolLM2-135M's layout (30 layers, 9 query / 3 KV heads, head_dim 64, page 16,
+float16).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any, Callable, Iterator
+
+from .cache import PagedKVCache
+from .device import open_device
+from .errors import KVCkptError
+from .layout import CacheLimits, KVLayout
+from .tvm_export import read_tvm_export, write_tvm_export
+
+SMOLLM2_LAYOUT = KVLayout(page_size=16, num_layers=30, num_qo_heads=9, num_kv_heads=3, qk_head_dim=64,
+                          dtype="float16", rope_mode="normal", rotary_theta=100000.0)
+CHUNK = 512
+
+
+def chunks_of_kv(seed: int, tokens: int, layout: KVLayout) -> Iterator[tuple[int, list[tuple[Any, Any]]]]:
+    """The demo's K/V: per chunk of up to CHUNK tokens, (length, [(k, v) per layer]); same seed, same values."""
+    import numpy as np
+
+    rng = np.random.default_rng(seed)
+    for start in range(0, tokens, CHUNK):
+        n = min(CHUNK, tokens - start)
+        shape = (n, layout.num_kv_heads, layout.head_dim)
+        yield n, [(rng.standard_normal(shape).astype(layout.dtype), rng.standard_normal(shape).astype(layout.dtype))
+                  for _ in range(layout.num_layers)]
+
+
+async def fill_and_export(out: Path, tokens: int, seed: int) -> dict[str, float]:
+    """Worker: append ``tokens`` tokens of seeded K/V to sequence 0 and write a TVM export directory."""
+    cache = PagedKVCache(open_device(), SMOLLM2_LAYOUT, CacheLimits(4, max(tokens, 16), CHUNK))
+    cache.add_sequence(0)
+    start = time.perf_counter()
+    for n, kv in chunks_of_kv(seed, tokens, SMOLLM2_LAYOUT):
+        cache.begin_forward([0], [n])
+        for layer, (k, v) in enumerate(kv):
+            cache.append_kv(layer, k, v)
+        cache.end_forward()
+    filled = time.perf_counter()
+    metadata = cache.get_checkpoint_metadata(0)
+    groups = await cache.export_groups(0)
+    exported = time.perf_counter()
+    write_tvm_export(out, metadata, groups, overwrite=True)
+    written = time.perf_counter()
+    return {"fill_s": filled - start, "export_s": exported - filled, "write_s": written - exported,
+            "bytes": sum(len(g) for g in groups)}
+
+
+async def restore_and_verify(path: Path, tokens: int, seed: int) -> dict[str, float]:
+    """Fresh process: import the export directory into a new cache and compare every K/V byte with the seeded values."""
+    import numpy as np
+
+    start = time.perf_counter()
+    export = read_tvm_export(path)
+    read = time.perf_counter()
+    cache = PagedKVCache.from_metadata(open_device(), export.metadata_json)
+    await cache.load_checkpoint(export.metadata_json, export.groups)
+    imported = time.perf_counter()
+    if cache.get_sequence_length(0) != tokens:
+        raise KVCkptError(f"seq_length: expected {tokens}, got {cache.get_sequence_length(0)}")
+    k, v = await cache.debug_get_kv(0, 0, tokens)
+    got_k, got_v = k.numpy(), v.numpy()
+    pos = 0
+    for n, kv in chunks_of_kv(seed, tokens, SMOLLM2_LAYOUT):
+        for layer, (want_k, want_v) in enumerate(kv):
+            for name, got, want in (("K", got_k, want_k), ("V", got_v, want_v)):
+                if got[layer, pos:pos + n].tobytes() != want.tobytes():
+                    raise KVCkptError(f"{name}[layer {layer}, tokens {pos}..{pos + n}): expected the seeded values, "
+                                      "got different bytes")
+        pos += n
+    tail = tokens % SMOLLM2_LAYOUT.page_size
+    if tail:
+        last = np.frombuffer(export.groups[0], dtype="float16").reshape(
+            SMOLLM2_LAYOUT.group_shape(len(export.groups[0]) // SMOLLM2_LAYOUT.page_bytes))[0, -1]
+        if np.any(last[:, :, tail:, :].view(np.uint16)):
+            raise KVCkptError("group_0 last page tail: expected zeros, got stale data")
+    verified = time.perf_counter()
+    return {"read_s": read - start, "import_s": imported - read, "verify_s": verified - imported}
+
+
+def _worker_command(*args: str) -> list[str]:
+    return [sys.executable, "-m", "kvckpt_web.cli", *args]
+
+
+def run_demo(tokens: int, seed: int, directory: Path | None, echo: Callable[[str], None] = print) -> None:
+    """Run the crash/restore demo and print what happened; KVCkptError if restored bytes differ."""
+    with tempfile.TemporaryDirectory(prefix="kvckpt-demo-") as tmp:
+        out = directory or Path(tmp) / "checkpoint"
+        echo(f"worker: filling {tokens} tokens of SmolLM2-135M-layout K/V (30 layers, 3 KV heads, head_dim 64, "
+             f"float16) on the GPU ...")
+        worker = subprocess.Popen(_worker_command("_demo-worker", str(out), str(tokens), str(seed)),
+                                  stdout=subprocess.PIPE, text=True)
+        line = worker.stdout.readline()
+        if not line:
+            worker.wait()
+            raise KVCkptError(f"demo worker: expected a report line, got exit code {worker.returncode}")
+        report = json.loads(line)
+        echo(f"worker: filled in {report['fill_s'] * 1e3:.0f} ms, exported {report['bytes'] / 2**20:.1f} MiB in "
+             f"{report['export_s'] * 1e3:.0f} ms, wrote + fsynced {out} in {report['write_s'] * 1e3:.0f} ms")
+        os.kill(worker.pid, signal.SIGKILL)
+        worker.wait()
+        echo(f"worker: killed with SIGKILL (exit status {worker.returncode}); its GPU state is gone")
+        result = subprocess.run(_worker_command("_demo-verify", str(out), str(tokens), str(seed)),
+                                stdout=subprocess.PIPE, text=True)
+        if result.returncode != 0:
+            raise KVCkptError(f"demo verifier: expected exit 0, got {result.returncode}")
+        check = json.loads(result.stdout.strip().splitlines()[-1])
+        echo(f"fresh process: read {check['read_s'] * 1e3:.0f} ms, import (prepare/import/finish) "
+             f"{check['import_s'] * 1e3:.0f} ms, verified every K/V byte of {tokens} tokens x 30 layers in "
+             f"{check['verify_s'] * 1e3:.0f} ms: identical")
+
+
+def worker_main(mode: str, path: str, tokens: int, seed: int) -> None:
+    """Entry of the demo's child processes: report one JSON line, then (worker) wait to be killed."""
+    if mode == "fill":
+        print(json.dumps(asyncio.run(fill_and_export(Path(path), tokens, seed))), flush=True)
+        signal.pause()
+    else:
+        print(json.dumps(asyncio.run(restore_and_verify(Path(path), tokens, seed))), flush=True)
