@@ -201,18 +201,20 @@ class PagedKVCache(CheckpointMixin):
         if not 0 <= page_begin <= page_end <= npages:
             raise TensorError("page range", f"0 <= page_begin <= page_end <= {npages}", (page_begin, page_end))
         path = await self._resolve_page_path()
-        pb, count = self.layout.page_bytes, page_end - page_begin
-        group = count * pb
+        count = page_end - page_begin
+        group = count * self.layout.page_bytes
         total = group * len(self.layers)
-        staging = self._buffer("read_staging", total, Usage.MAP_READ | Usage.COPY_DST)
+        host = memoryview(bytearray(total)) if out is None else out
         ids = seq.pages[page_begin:page_end]
         table = self._upload_u32("table", ids)
         tail = seq.length - (page_end - 1) * self.layout.page_size if page_end == npages else self.layout.page_size
-        commands: list[Command] = []
-        for g, layer in enumerate(self.layers):
-            commands += self.mover.pack(path, layer, table, ids, tail, staging, g * group)
-        self.device.submit(commands)
-        host = await self.device.read(staging, 0, total, out)
+        if total:
+            staging = self._buffer("read_staging", total, Usage.MAP_READ | Usage.COPY_DST)
+            commands: list[Command] = []
+            for g, layer in enumerate(self.layers):
+                commands += self.mover.pack(path, layer, table, ids, tail, staging, g * group)
+            self.device.submit(commands)
+            await self.device.read(staging, 0, total, host)
         return [host[g * group:(g + 1) * group] for g in range(len(self.layers))]
 
     async def debug_get_kv(self, seq_id: int, start: int, end: int) -> tuple[HostTensor, HostTensor]:

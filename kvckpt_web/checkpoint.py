@@ -19,6 +19,7 @@ from .errors import CheckpointStateError, SequenceError, TensorError
 from .metadata import parse_metadata, validate_import, write_metadata
 from .pool import Sequence
 from .tensors import DeviceArray, as_bytes
+from .transfer import UPLOAD_BATCHES, staging_batches
 
 if TYPE_CHECKING:
     from .cache import PagedKVCache
@@ -175,7 +176,7 @@ class CheckpointMixin:
         return bytes((await self.export_groups(seq_id))[group_id])
 
     async def import_groups(self: "PagedKVCache", seq_id: int, groups: dict[int, Any] | Seq[Any]) -> None:
-        """Import page groups from host bytes (a list of every group, or ``{group_id: bytes}``), in one upload."""
+        """Import page groups from host bytes (a list of every group, or ``{group_id: bytes}``)."""
         state = self._importing(seq_id, "import_groups")
         items = dict(groups) if isinstance(groups, dict) else dict(enumerate(groups))
         nbytes = len(state.seq.pages) * self.layout.page_bytes
@@ -190,14 +191,15 @@ class CheckpointMixin:
                 state.imported[group_id] = True
             return
         path = await self._resolve_page_path()
-        staging = self._buffer("write_staging", nbytes * len(views), Usage.MAP_WRITE | Usage.COPY_SRC)
-        for i, view in enumerate(views.values()):
-            await self.device.upload(staging, i * nbytes, view)
         table = self._upload_u32("table", state.seq.pages)
-        commands = []
-        for i, group_id in enumerate(views):
-            commands += self.mover.scatter(path, staging, i * nbytes, table, state.seq.pages, self.layers[group_id])
-        self.device.submit(commands)
+        ids = list(views)
+        for b, batch in enumerate(staging_batches(len(ids), UPLOAD_BATCHES)):  # the device scatters batch b while the host fills b + 1
+            staging = self._buffer(f"write_staging{b}", len(batch) * nbytes, Usage.MAP_WRITE | Usage.COPY_SRC)
+            await self.device.upload(staging, 0, [views[ids[i]] for i in batch])
+            commands = []
+            for j, i in enumerate(batch):
+                commands += self.mover.scatter(path, staging, j * nbytes, table, state.seq.pages, self.layers[ids[i]])
+            self.device.submit(commands)
         for group_id in views:
             state.imported[group_id] = True
 

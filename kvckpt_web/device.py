@@ -165,8 +165,8 @@ class Device(ABC):
         """Map a MAP_READ ``buffer`` after all submitted work and copy ``size`` bytes out (into ``out`` if given)."""
 
     @abstractmethod
-    async def upload(self, buffer: Buffer, offset: int, data: bytes | bytearray | memoryview) -> None:
-        """Map a MAP_WRITE ``buffer``, copy ``data`` in at ``offset`` and unmap it."""
+    async def upload(self, buffer: Buffer, offset: int, chunks: list[bytes | bytearray | memoryview]) -> None:
+        """Map a MAP_WRITE ``buffer`` once, copy ``chunks`` in back to back from ``offset`` and unmap it."""
 
 
 def open_device(backend: str = "auto") -> Device:

@@ -21,6 +21,16 @@ from .layout import KVLayout
 
 PATHS = ("kernel", "copy")
 
+#: Upload staging buffers per import: the device scatters one batch of layers while the host fills the next.
+#: (Reads use one staging buffer: on lavapipe every extra map of a read batch cost more than overlap saved.)
+UPLOAD_BATCHES = 4
+
+
+def staging_batches(count: int, batches: int) -> list[range]:
+    """``range(count)`` cut into at most ``batches`` consecutive batches."""
+    per = max(1, -(-count // batches))
+    return [range(i, min(i + per, count)) for i in range(0, count, per)]
+
 
 def page_runs(page_ids: list[int]) -> list[tuple[int, int, int]]:
     """Runs of consecutive physical pages: (index of the first logical page, first physical page, length)."""

@@ -21,7 +21,11 @@ def _quiet_runtime_dir() -> None:
 
 
 class WgpuDevice(Device):
-    """A :class:`~kvckpt_web.device.Device` on a wgpu-py adapter."""
+    """A :class:`~kvckpt_web.device.Device` on a wgpu-py adapter.
+
+    ``read`` and ``upload`` wait for their mapping synchronously: wgpu-py's awaitable map polls with
+    growing sleeps, which adds milliseconds per map; the interface stays async for the browser backend.
+    """
 
     def __init__(self, adapter: Any, device: Any) -> None:
         super().__init__()
@@ -111,7 +115,7 @@ class WgpuDevice(Device):
             return memoryview(bytearray(0)) if out is None else out[:0]
         mapped_offset = offset - offset % 8
         mapped_size = -(-(offset + size - mapped_offset) // 4) * 4
-        await buffer.native.map_async("READ", mapped_offset, mapped_size)
+        buffer.native.map_sync("READ", mapped_offset, mapped_size)
         try:
             view = buffer.native.read_mapped(mapped_offset, mapped_size, copy=False)
             start = offset - mapped_offset
@@ -122,14 +126,17 @@ class WgpuDevice(Device):
             buffer.native.unmap()
         return out[:size]
 
-    async def upload(self, buffer: Buffer, offset: int, data: bytes | bytearray | memoryview) -> None:
-        data = memoryview(data).cast("B")
-        if len(data) == 0:
+    async def upload(self, buffer: Buffer, offset: int, chunks: list[bytes | bytearray | memoryview]) -> None:
+        views = [memoryview(c).cast("B") for c in chunks]
+        size = sum(len(v) for v in views)
+        if size == 0:
             return
         mapped_offset = offset - offset % 8
-        mapped_size = -(-(offset + len(data) - mapped_offset) // 4) * 4
-        await buffer.native.map_async("WRITE", mapped_offset, mapped_size)
+        mapped_size = -(-(offset + size - mapped_offset) // 4) * 4
+        buffer.native.map_sync("WRITE", mapped_offset, mapped_size)
         try:
-            buffer.native.write_mapped(data, offset)
+            for view in views:
+                buffer.native.write_mapped(view, offset)
+                offset += len(view)
         finally:
             buffer.native.unmap()
