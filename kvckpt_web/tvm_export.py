@@ -73,7 +73,7 @@ def write_tvm_export(path: str | os.PathLike, metadata_json: str, groups: Sequen
         if memoryview(group).nbytes != size:
             raise FormatError(f"groups[{i}].nbytes", size, memoryview(group).nbytes)
     if path.exists() and not overwrite:
-        raise FormatError(str(path), "a path that does not exist yet (pass overwrite=True to replace it)", "existing")
+        raise FormatError(str(path), "a path that does not exist yet (replace it with --force, or overwrite=True)", "existing")
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.", dir=path.parent))
     try:
