@@ -10,7 +10,10 @@ from __future__ import annotations
 
 import json
 import math
+import re
+import sys
 from dataclasses import dataclass
+from decimal import Decimal
 from typing import Any
 
 from .errors import FieldError, LayoutHashMismatch, MetadataError
@@ -106,6 +109,55 @@ def _reject_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
     return obj
 
 
+@dataclass(frozen=True)
+class _OutOfRange:
+    """A number literal TVM's JSON parser refuses (``strtod`` range error); reported with its field after parsing."""
+
+    literal: str
+
+
+_DBL_MIN = Decimal(sys.float_info.min)
+_SURROGATE = re.compile(r"[\ud800-\udfff]")
+
+
+def _parse_float(literal: str) -> float | _OutOfRange:
+    # TVM reads numbers with strtod and refuses overflow and underflow (ERANGE: results that are
+    # infinite, subnormal, or zero from a non-zero literal); Python would give inf, a subnormal or 0.0.
+    value = float(literal)
+    if math.isinf(value) or (abs(value) < sys.float_info.min and 0 < Decimal(literal).copy_abs() < _DBL_MIN):
+        return _OutOfRange(literal)
+    return value
+
+
+def _parse_int(literal: str) -> int | _OutOfRange:
+    # TVM reads integers outside int64 as doubles, so it refuses those beyond the double range.
+    if len(literal) > 19 and math.isinf(float(literal)):
+        return _OutOfRange(literal)
+    return int(literal)
+
+
+def _check_representable(value: Any) -> None:
+    """Reject what TVM's parser refuses but Python's accepts: out-of-range numbers, lone surrogates."""
+    stack: list[tuple[str, Any]] = [("metadata", value)]
+    while stack:
+        path, item = stack.pop()
+        if isinstance(item, _OutOfRange):
+            raise MetadataError(path, "a number within the range of a double", item.literal[:40],
+                                "TVM's JSON parser rejects it")
+        if isinstance(item, str) and _SURROGATE.search(item):
+            raise MetadataError(path, "a string without lone UTF-16 surrogates", ascii(item)[1:-1][:40],
+                                "TVM's JSON parser rejects it")
+        if isinstance(item, dict):
+            for key, child in item.items():
+                name = f"{path}.{ascii(key)[1:-1]}"
+                if _SURROGATE.search(key):
+                    raise MetadataError(name, "a key without lone UTF-16 surrogates", ascii(key)[1:-1][:40],
+                                        "TVM's JSON parser rejects it")
+                stack.append((name, child))
+        elif isinstance(item, list):
+            stack.extend((f"{path}[{i}]", child) for i, child in enumerate(item))
+
+
 def parse_metadata(text: str | bytes) -> dict[str, Any]:
     """Parse metadata JSON text into an object (any JSON object; fields are checked later)."""
     if isinstance(text, (bytes, bytearray, memoryview)):
@@ -116,11 +168,15 @@ def parse_metadata(text: str | bytes) -> dict[str, Any]:
     if not isinstance(text, str):
         raise MetadataError("metadata", "JSON text", type(text).__name__)
     try:
-        value = json.loads(text, object_pairs_hook=_reject_duplicates)
+        value = json.loads(text, object_pairs_hook=_reject_duplicates, parse_float=_parse_float,
+                           parse_int=_parse_int)
     except json.JSONDecodeError as exc:
         raise MetadataError("metadata", "valid JSON", f"parse error: {exc.msg} at position {exc.pos}") from None
+    except RecursionError:
+        raise MetadataError("metadata", "JSON nested less deeply", "nesting deeper than the parser allows") from None
     if not isinstance(value, dict):
         raise MetadataError("metadata", "a JSON object", type(value).__name__)
+    _check_representable(value)
     return value
 
 
