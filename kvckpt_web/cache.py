@@ -17,7 +17,7 @@ from .device import Buffer, Command, Copy, Device, Usage
 from .errors import CapacityError, CheckpointStateError, SequenceError, TensorError
 from .layout import CacheLimits, KVLayout
 from .metadata import limits_from_metadata, parse_metadata
-from .pool import PageCopy, SequenceTable
+from .pool import PageCopy, SequenceState, SequenceTable
 from .shaders import kv_append
 from .tensors import HostTensor, as_bytes
 from .transfer import PATHS, PageMover, measure_path
@@ -138,6 +138,18 @@ class PagedKVCache(CheckpointMixin):
         """Pages no sequence uses."""
         return self.seqs.pool.num_free
 
+    def sequence_state(self, seq_id: int) -> SequenceState:
+        """A snapshot of ``seq_id`` for change tracking: which sequence object it is, its length and pop count."""
+        return self.seqs.get(seq_id).state()
+
+    def unchanged_prefix(self, seq_id: int, since: SequenceState) -> int:
+        """How many leading tokens of ``seq_id`` hold the same K/V as when ``since`` was taken.
+
+        0 if ``seq_id`` is no longer the sequence ``since`` describes (removed and added again, replaced by an
+        import); otherwise the lowest length it had since then (popn lowers it, appends never do).
+        """
+        return self.seqs.get(seq_id).unchanged_prefix(since)
+
     # ----- forward passes ---------------------------------------------------------------------------
 
     def begin_forward(self, seq_ids: list[int], append_lengths: list[int]) -> None:
@@ -179,8 +191,11 @@ class PagedKVCache(CheckpointMixin):
         k_bytes = as_bytes(k, "k", lay.dtype, nbytes)
         v_bytes = as_bytes(v, "v", lay.dtype, nbytes)
         kv = self._buffer("kv_in", 2 * nbytes, Usage.STORAGE | Usage.COPY_DST)
-        self.device.write(kv, 0, k_bytes)
-        self.device.write(kv, nbytes, v_bytes)
+        if nbytes % 4:  # an odd count of 16-bit elements: WebGPU writes whole words, so write K and V in one go
+            self.device.write(kv, 0, bytes(k_bytes) + bytes(v_bytes))
+        else:
+            self.device.write(kv, 0, k_bytes)
+            self.device.write(kv, nbytes, v_bytes)
         self.device.submit([kv_append(self.device, pages=self.layers[layer], positions=self._buffers["positions"],
                                       kv=kv, num_tokens=fwd.num_tokens, num_kv_heads=lay.num_kv_heads,
                                       head_dim=lay.head_dim, page_size=lay.page_size, elem_bytes=lay.elem_bytes)])

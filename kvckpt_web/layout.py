@@ -40,9 +40,9 @@ def cpp_double(value: float) -> str:
     return "%.17g" % value
 
 
-def _positive_int(name: str, value: object, minimum: int = 1) -> None:
+def _positive_int(name: str, value: object, minimum: int = 1, owner: str = "layout") -> None:
     if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise FieldError(f"layout.{name}", f"an integer >= {minimum}", value)
+        raise FieldError(f"{owner}.{name}", f"an integer >= {minimum}", value)
 
 
 @dataclass(frozen=True)
@@ -191,9 +191,9 @@ class CacheLimits:
     prefill_chunk_size: int = 2048
 
     def __post_init__(self) -> None:
-        _positive_int("reserved_num_seqs", self.reserved_num_seqs)
-        _positive_int("max_total_seq_len", self.max_total_seq_len, minimum=0)
-        _positive_int("prefill_chunk_size", self.prefill_chunk_size)
+        _positive_int("reserved_num_seqs", self.reserved_num_seqs, owner="limits")
+        _positive_int("max_total_seq_len", self.max_total_seq_len, minimum=0, owner="limits")
+        _positive_int("prefill_chunk_size", self.prefill_chunk_size, owner="limits")
 
     def num_total_pages(self, page_size: int) -> int:
         """Pages the cache allocates: ``ceil(max_total_seq_len / page_size) + 1``, as TVM."""

@@ -9,7 +9,9 @@ cache to perform on every layer.
 
 from __future__ import annotations
 
+import bisect
 import heapq
+import itertools
 from dataclasses import dataclass, field
 
 from .errors import CapacityError, SequenceError
@@ -18,13 +20,62 @@ from .errors import CapacityError, SequenceError
 PageCopy = tuple[int, int]
 
 
+#: Source of :attr:`Sequence.uid`: unique among every Sequence object of this process.
+_next_uid = itertools.count(1).__next__
+
+
+@dataclass(frozen=True)
+class SequenceState:
+    """What a sequence was at one moment, for change tracking (see :meth:`Sequence.unchanged_prefix`).
+
+    ``uid`` identifies the Sequence object (a new one for every add, fork and
+    import, so an id that was removed and added again is another sequence);
+    ``pops`` counts its ``popn`` calls so far.
+    """
+
+    seq_id: int
+    uid: int
+    length: int
+    pops: int
+
+
 @dataclass
 class Sequence:
-    """One sequence: its length in tokens and the physical page of each logical page."""
+    """One sequence: its length in tokens and the physical page of each logical page.
+
+    ``uid`` and the pop history exist so a checkpoint writer can tell which
+    tokens changed since it last saw the sequence; they never affect equality.
+    """
 
     seq_id: int
     length: int = 0
     pages: list[int] = field(default_factory=list)
+    uid: int = field(default_factory=_next_uid, compare=False)
+    pops: int = field(default=0, compare=False)
+    # (pop number, length popped to), lengths strictly increasing: a pop to a length <= an earlier entry's
+    # makes that entry irrelevant for every query, so the list stays at most `length` entries long.
+    _floors: list[tuple[int, int]] = field(default_factory=list, compare=False, repr=False)
+
+    def state(self) -> SequenceState:
+        """This sequence's :class:`SequenceState` now."""
+        return SequenceState(self.seq_id, self.uid, self.length, self.pops)
+
+    def record_pop(self) -> None:
+        """Note that the sequence was just popped to its current ``length``."""
+        self.pops += 1
+        while self._floors and self._floors[-1][1] >= self.length:
+            self._floors.pop()
+        self._floors.append((self.pops, self.length))
+
+    def unchanged_prefix(self, since: SequenceState) -> int:
+        """How many leading tokens hold the same K/V now as at ``since`` (0 if ``since`` is another sequence)."""
+        if since.uid != self.uid:
+            return 0
+        low = min(since.length, self.length)
+        i = bisect.bisect_right(self._floors, (since.pops, float("inf")))  # first pop after `since`
+        if i < len(self._floors):
+            low = min(low, self._floors[i][1])
+        return low
 
 
 class PagePool:
@@ -129,9 +180,16 @@ class SequenceTable:
             raise SequenceError(f"n: expected 0..{seq.length} tokens to pop, got {n!r}")
         new_length = seq.length - n
         keep = -(-new_length // self.page_size)
+        if new_length % self.page_size and self.pool.is_shared(seq.pages[keep - 1]):  # a copy will be needed:
+            freed = sum(1 for page in seq.pages[keep:] if not self.pool.is_shared(page))  # check before changing
+            if self.pool.num_free + freed < 1:
+                raise CapacityError(f"pages: expected 1 free page to unshare the last page of seq_id {seq_id}, "
+                                    "got 0 (the KV cache is full)")
         self.pool.release(seq.pages[keep:])
         del seq.pages[keep:]
         seq.length = new_length
+        if n:
+            seq.record_pop()
         copies: list[PageCopy] = []
         if new_length % self.page_size and self.pool.is_shared(seq.pages[-1]):
             (fresh,) = self.pool.allocate(1)

@@ -1,0 +1,66 @@
+"""Shared fixtures: one WebGPU device per session, and factories for caches and their K/V models.
+
+GPU tests take the ``device`` fixture (directly or through ``make_cache`` /
+``make_model``). Where no WebGPU adapter exists they are skipped, unless
+``KVCKPT_REQUIRE_GPU=1`` is set (CI sets it): then a missing adapter fails every
+test that needs one instead of skipping it.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+
+from kvckpt_web import CacheLimits, DeviceError, KVLayout, PagedKVCache, open_device
+from kvckpt_web.device import Device
+
+try:  # tests/ as a plain directory on sys.path (pytest's default import mode)
+    from kvmodel import KVModel, small_layout, small_limits
+except ImportError:  # tests/ as a package
+    from tests.kvmodel import KVModel, small_layout, small_limits
+
+
+def gpu_required() -> bool:
+    """Whether a missing WebGPU adapter is a failure (CI) rather than a reason to skip."""
+    return os.environ.get("KVCKPT_REQUIRE_GPU") == "1"
+
+
+@pytest.fixture(scope="session")
+def device() -> Device:
+    """The session's WebGPU device; skip without an adapter, fail instead when KVCKPT_REQUIRE_GPU=1."""
+    try:
+        return open_device()
+    except DeviceError as exc:
+        if gpu_required():
+            pytest.fail(f"KVCKPT_REQUIRE_GPU=1 but no WebGPU device could be opened: {exc}", pytrace=False)
+        pytest.skip(f"no WebGPU adapter on this machine: {exc}")
+
+
+@pytest.fixture
+def make_cache(device: Device) -> Iterator[Callable[..., PagedKVCache]]:
+    """``make_cache(layout=None, limits=None, transfer="kernel", **overrides)``: a cache, closed after the test."""
+    caches: list[PagedKVCache] = []
+
+    def make(layout: KVLayout | None = None, limits: CacheLimits | None = None, transfer: str = "kernel",
+             **overrides: Any) -> PagedKVCache:
+        cache = PagedKVCache(device, layout or small_layout(**overrides), limits or small_limits(), transfer=transfer)
+        caches.append(cache)
+        return cache
+
+    yield make
+    for cache in caches:
+        cache.close()
+
+
+@pytest.fixture
+def make_model(make_cache: Callable[..., PagedKVCache]) -> Callable[..., KVModel]:
+    """``make_model(layout=None, limits=None, transfer="kernel", seed=0, **layout_overrides)``: a :class:`KVModel`."""
+
+    def make(layout: KVLayout | None = None, limits: CacheLimits | None = None, transfer: str = "kernel",
+             seed: int = 0, **overrides: Any) -> KVModel:
+        return KVModel(make_cache(layout, limits, transfer, **overrides), seed)
+
+    return make

@@ -1,0 +1,699 @@
+"""Checkpoint primitives: export, import and their state machine, on our own cache.
+
+Ports TVM's checkpoint tests (group validation, all groups + explicit finish) and
+adds what TVM's tests do not check: exported bytes against a numpy model for every
+kind of page table (short, page-aligned, forked, popped, fragmented, reused pages),
+round trips followed by identical appends, transactional prepare_import, the
+extensions (any seq id, exclusive=False, abort_import), every dtype, and both
+page-transfer paths ("kernel" and "copy"), which must produce identical bytes.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+
+import numpy as np
+import pytest
+
+from kvckpt_web import (CapacityError, CheckpointStateError, DeviceArray, LayoutHashMismatch, MetadataError,
+                        SequenceError, TensorError, UnsupportedLayoutError)
+from kvckpt_web.device import Usage
+
+try:
+    from kvmodel import device_array_from, read_device_array, read_layer_page, run, small_limits
+except ImportError:
+    from tests.kvmodel import device_array_from, read_device_array, read_layer_page, run, small_limits
+
+TRANSFERS = ["kernel", "copy"]
+P = 4  # page size of the small layout
+
+
+@pytest.fixture(params=TRANSFERS)
+def transfer(request) -> str:
+    return request.param
+
+
+# ----- scenarios: ways to arrive at a page table ------------------------------------------------------
+# Each builds sequences on a model and returns the ids whose checkpoints the tests check.
+
+
+def _interleaved(model):
+    for s in (0, 1, 2):
+        model.add(s)
+    for n in (1, 5, 2, 4, 3):
+        model.append({0: n})
+        model.append({2: n + 2, 1: 1})
+    return [0, 1, 2]
+
+
+def _reused(model):
+    model.add(0, 12)
+    model.add(1, 5)
+    model.remove(0)  # frees pages 0-2, which still hold seq 0's data
+    model.add(2, 7)
+    return [1, 2]
+
+
+def _fork_mid_page(model):
+    model.add(0, 10)
+    model.fork(0, 1, 6)
+    model.append({1: 3})
+    model.append({0: 2})
+    return [0, 1]
+
+
+def _fork_at_boundary(model):
+    model.add(0, 10)
+    model.fork(0, 1, 8)
+    model.append({1: 5})
+    return [0, 1]
+
+
+def _popn_into_shared(model):
+    model.add(0, 8)
+    model.fork(0, 1)
+    model.popn(1, 3)
+    model.append({1: 2})
+    return [0, 1]
+
+
+SCENARIOS = {
+    "len0": lambda m: (m.add(0, 0), [0])[1],
+    "len1": lambda m: (m.add(0, 1), [0])[1],
+    "len_page-1": lambda m: (m.add(0, P - 1), [0])[1],
+    "len_page": lambda m: (m.add(0, P), [0])[1],
+    "len_page+1": lambda m: (m.add(0, P + 1), [0])[1],
+    "len_3_pages": lambda m: (m.add(0, 3 * P), [0])[1],
+    "len_3_pages+2": lambda m: (m.add(0, 3 * P + 2), [0])[1],
+    "fork_mid_page": _fork_mid_page,
+    "fork_at_page_boundary": _fork_at_boundary,
+    "popn_into_shared_page": _popn_into_shared,
+    "fragmented_interleaved": _interleaved,
+    "reused_pages": _reused,
+}
+
+
+@pytest.fixture(params=list(SCENARIOS))
+def scenario(request, make_model, transfer):
+    """(model, seq ids) after running one scenario on a cache using ``transfer``."""
+    model = make_model(transfer=transfer, seed=7)
+    return model, SCENARIOS[request.param](model)
+
+
+def tokens_of_group(model, group: bytes) -> tuple[np.ndarray, np.ndarray]:
+    """K and V rows ``(pages * page_size, H, D)`` of one exported page group."""
+    lay = model.layout
+    arr = np.frombuffer(group, model.bits).reshape(-1, 2, lay.num_kv_heads, lay.page_size, lay.head_dim)
+    kv = arr.transpose(1, 0, 3, 2, 4).reshape(2, -1, lay.num_kv_heads, lay.head_dim)
+    return kv[0], kv[1]
+
+
+def checkpoint(model, seq: int) -> tuple[str, list[bytes]]:
+    return model.cache.get_checkpoint_metadata(seq), model.export(seq)
+
+
+def import_host(cache, seq: int, metadata: str, groups: list[bytes], exclusive: bool = True) -> None:
+    cache.prepare_import(seq, metadata, exclusive=exclusive)
+    run(cache.import_groups(seq, groups))
+    cache.finish_import(seq)
+
+
+def state(model) -> tuple:
+    """Sequence ids and lengths, free pages, and every sequence's K/V bytes."""
+    cache = model.cache
+    seqs = {s: cache.get_sequence_length(s) for s in cache.sequence_ids()}
+    data = {s: tuple(t.data for t in run(cache.debug_get_kv(s, 0, n))) for s, n in seqs.items()}
+    return seqs, cache.get_num_available_pages(), data
+
+
+# ----- export ------------------------------------------------------------------------------------------
+
+
+def test_export_groups_hold_tvm_page_layout_with_zero_tail(scenario):
+    model, seqs = scenario
+    for seq in seqs:
+        assert model.export(seq) == model.expected_groups(seq)
+
+
+def test_export_equals_debug_get_kv_page_by_page(scenario):
+    model, seqs = scenario
+    for seq in seqs:
+        n = model.length(seq)
+        groups = model.export(seq)
+        for page in range(model.layout.num_logical_pages(n)):
+            start, end = page * P, min(n, (page + 1) * P)
+            k, v = run(model.stored_kv(seq, start, end))
+            for layer, group in enumerate(groups):
+                gk, gv = tokens_of_group(model, group)
+                np.testing.assert_array_equal(gk[start:end], k[layer])
+                np.testing.assert_array_equal(gv[start:end], v[layer])
+
+
+def test_export_page_group_into_a_device_tensor_equals_host_export(scenario):
+    model, seqs = scenario
+    cache = model.cache
+    for seq in seqs:
+        npages = model.layout.num_logical_pages(model.length(seq))
+        for g in range(model.layout.num_layers):
+            dst = cache.empty_group(npages)
+            cache.export_page_group(seq, g, dst)
+            assert run(read_device_array(cache.device, dst)) == run(cache.export_group_bytes(seq, g))
+
+
+def test_round_trip_then_identical_appends_give_identical_exports(scenario, make_model, transfer):
+    model, seqs = scenario
+    for seq in seqs:
+        metadata, groups = checkpoint(model, seq)
+        twin = make_model(transfer=transfer, limits=small_limits(reserved_num_seqs=8, max_total_seq_len=100))
+        import_host(twin.cache, seq, metadata, groups)
+        twin.ref[seq] = model.ref[seq]
+        assert twin.export(seq) == groups
+        twin.assert_holds(seq)
+        kv = model.random_kv(6)
+        model.append({seq: 6}, {seq: kv})
+        twin.append({seq: 6}, {seq: kv})
+        assert twin.export(seq) == model.export(seq) == model.expected_groups(seq)
+
+
+def test_import_page_group_from_device_tensors_equals_host_import(scenario, make_model, transfer):
+    model, seqs = scenario
+    for seq in seqs:
+        metadata, groups = checkpoint(model, seq)
+        npages = model.layout.num_logical_pages(model.length(seq))
+        target = make_model(transfer=transfer)
+        target.cache.prepare_import(seq, metadata)
+        for g, data in enumerate(groups):
+            target.cache.import_page_group(seq, g, device_array_from(target.cache, data, npages))
+        target.cache.finish_import(seq)
+        target.ref[seq] = model.ref[seq]
+        target.assert_holds(seq)
+        assert target.export(seq) == groups
+
+
+@pytest.mark.parametrize("name", list(SCENARIOS))
+def test_kernel_and_copy_paths_export_identical_bytes(make_model, name):
+    exports = {}
+    for path in TRANSFERS:
+        model = make_model(transfer=path, seed=11)
+        seqs = SCENARIOS[name](model)
+        device_groups = []
+        for seq in seqs:
+            npages = model.layout.num_logical_pages(model.length(seq))
+            for g in range(model.layout.num_layers):
+                dst = model.cache.empty_group(npages)
+                model.cache.export_page_group(seq, g, dst)
+                device_groups.append(run(read_device_array(model.cache.device, dst)))
+        exports[path] = ([model.export(s) for s in seqs], device_groups)
+    assert exports["kernel"] == exports["copy"]
+
+
+def test_stale_data_beyond_the_sequence_is_exported_as_zeros(make_model, transfer):
+    model = make_model(transfer=transfer)
+    model.add(0, 2 * P)  # pages 0, 1 full of random bits
+    model.remove(0)
+    model.add(1, P + 1)  # reuses pages 0, 1: page 1 holds one valid token and stale data
+    assert model.cache.seqs.get(1).pages == [0, 1]
+    stale = np.frombuffer(run(read_layer_page(model.cache, 0, 1)), model.bits).reshape(2, 2, P, 8)
+    assert stale[:, :, 1:].any()  # the stale tokens really are still in the page
+    groups = model.export(1)
+    for group in groups:
+        tail = np.frombuffer(group, model.bits).reshape(2, 2, 2, P, 8)[1, :, :, 1:]
+        assert not tail.any()
+    assert groups == model.expected_groups(1)
+
+
+def test_export_page_group_overwrites_the_tail_of_a_dirty_tensor_with_zeros(make_model, transfer):
+    model = make_model(transfer=transfer)
+    model.add(0, P + 1)
+    dst = model.cache.empty_group(2)
+    model.cache.device.write(dst.buffer, 0, b"\xff" * (2 * model.layout.page_bytes))
+    model.cache.export_page_group(0, 1, dst)
+    assert run(read_device_array(model.cache.device, dst)) == model.expected_group(0, 1)
+
+
+def test_export_page_group_at_an_offset_writes_only_its_bytes(make_model, transfer):
+    model = make_model(transfer=transfer)
+    model.add(0, 6)
+    pb = model.layout.page_bytes
+    buf = model.cache.device.create_buffer(256 + 2 * pb + 64, Usage.STORAGE | Usage.COPY_SRC | Usage.COPY_DST)
+    model.cache.device.write(buf, 0, b"\xab" * buf.size)
+    whole = DeviceArray(buf, (buf.size // 2,), "float16")
+    model.cache.export_page_group(0, 1, DeviceArray(buf, model.layout.group_shape(2), "float16", offset=256))
+    data = run(read_device_array(model.cache.device, whole))
+    assert data[:256] == b"\xab" * 256
+    assert data[256:256 + 2 * pb] == model.expected_group(0, 1)
+    assert data[256 + 2 * pb:] == b"\xab" * 64
+    model.cache.device.destroy(buf)
+
+
+def test_import_page_group_from_an_offset(make_model, transfer):
+    source = make_model(seed=3)
+    source.add(0, 6)
+    metadata, groups = checkpoint(source, 0)
+    target = make_model(transfer=transfer)
+    pb = target.layout.page_bytes
+    target.cache.prepare_import(0, metadata)
+    for g, data in enumerate(groups):
+        buf = target.cache.device.create_buffer(128 + 2 * pb, Usage.STORAGE | Usage.COPY_SRC | Usage.COPY_DST)
+        target.cache.device.write(buf, 0, b"\xcd" * 128 + data)
+        target.cache.import_page_group(0, g, DeviceArray(buf, target.layout.group_shape(2), "float16", offset=128))
+    target.cache.finish_import(0)
+    assert target.export(0) == groups
+
+
+def test_empty_group_is_a_device_tensor_of_the_group_shape_and_dtype(make_cache):
+    group = make_cache(dtype="float32").empty_group(3)
+    assert (group.shape, group.dtype, group.offset) == ((1, 3, 2, 2, P, 8), "float32", 0)
+    assert group.buffer.size >= 3 * 2 * 2 * P * 8 * 4
+
+
+# ----- dtypes ------------------------------------------------------------------------------------------
+
+DTYPES = {
+    "float16": dict(dtype="float16"),
+    "bfloat16": dict(dtype="bfloat16"),
+    "float32": dict(dtype="float32"),
+    "float16-head_dim33": dict(dtype="float16", qk_head_dim=33),
+    "bfloat16-head_dim7": dict(dtype="bfloat16", qk_head_dim=7, num_kv_heads=3),
+    "float32-head_dim5": dict(dtype="float32", qk_head_dim=5),
+}
+
+
+@pytest.mark.parametrize("name", DTYPES)
+def test_every_dtype_round_trips(make_model, transfer, name):
+    source = make_model(transfer=transfer, seed=5, **DTYPES[name])
+    source.add(0, 2)
+    source.add(1, 3)
+    source.append({0: 5, 1: 1})
+    target = make_model(transfer=transfer, **DTYPES[name])
+    for seq in (0, 1):
+        source.assert_holds(seq)
+        metadata, groups = checkpoint(source, seq)
+        assert groups == source.expected_groups(seq)
+        run(target.cache.load_checkpoint(metadata, groups, exclusive=False))
+        target.ref[seq] = source.ref[seq]
+        target.assert_holds(seq)
+        assert target.export(seq) == groups
+
+
+# ----- export / import argument validation (ports of TVM's tests) ---------------------------------------
+
+
+@pytest.fixture
+def exporting(make_model):
+    """A model whose sequence 0 holds 5 tokens (2 pages), and a correct group tensor for it."""
+    model = make_model()
+    model.add(0, P + 1)
+    return model.cache, model.cache.empty_group(2)
+
+
+@pytest.mark.parametrize("group_id", [2, -1, True, 0.0])
+def test_export_page_group_refuses_an_invalid_group_id(exporting, group_id):
+    cache, dst = exporting
+    with pytest.raises(TensorError, match="group id") as info:
+        cache.export_page_group(0, group_id, dst)
+    assert (info.value.field, info.value.got) == ("export_page_group.group_id", group_id)
+
+
+def bad_tensors(cache, good: DeviceArray) -> dict:
+    shape = list(good.shape)
+    shape[-1] += 1
+    return {
+        "head_dim": ("shape", dataclasses.replace(good, shape=tuple(shape)), tuple(shape)),
+        "pages": ("shape", cache.empty_group(3), (1, 3, 2, 2, P, 8)),
+        "rank": ("shape", dataclasses.replace(good, shape=good.shape[1:]), good.shape[1:]),
+        "dtype": ("dtype", dataclasses.replace(good, dtype="float32"), "float32"),
+        "offset_unaligned": ("offset", dataclasses.replace(good, offset=2), 2),
+        "buffer_too_small": ("offset", DeviceArray(cache.empty_group(1).buffer, good.shape, good.dtype), 0),
+    }
+
+
+BAD_TENSOR_NAMES = ["head_dim", "pages", "rank", "dtype", "offset_unaligned", "buffer_too_small"]
+
+
+@pytest.mark.parametrize("name", BAD_TENSOR_NAMES)
+def test_export_page_group_refuses_a_tensor_of_another_shape_dtype_or_size(exporting, name):
+    cache, dst = exporting
+    part, bad, got = bad_tensors(cache, dst)[name]
+    with pytest.raises(TensorError, match="ExportPageGroup expects" if part != "offset" else None) as info:
+        cache.export_page_group(0, 0, bad)
+    assert (info.value.field, info.value.got) == (f"ExportPageGroup.{part}", got)
+    if part == "dtype":
+        assert "dtype mismatches" in str(info.value) and info.value.expected == "float16"
+
+
+def test_export_page_group_refuses_a_host_array(exporting):
+    cache, _ = exporting
+    with pytest.raises(TensorError) as info:
+        cache.export_page_group(0, 0, np.zeros((1, 2, 2, 2, P, 8), np.float16))
+    assert (info.value.field, info.value.got) == ("ExportPageGroup", "ndarray")
+
+
+@pytest.fixture
+def importing(make_model):
+    """A fresh cache with an import of a 5-token sequence 0 prepared; the source groups as device tensors."""
+    source = make_model(seed=2)
+    source.add(0, P + 1)
+    metadata, groups = checkpoint(source, 0)
+    target = make_model()
+    target.cache.prepare_import(0, metadata)
+    tensors = [device_array_from(target.cache, g, 2) for g in groups]
+    return target, tensors, source
+
+
+@pytest.mark.parametrize("group_id", [2, -1, False])
+def test_import_page_group_refuses_an_invalid_group_id(importing, group_id):
+    target, tensors, _ = importing
+    with pytest.raises(TensorError, match="group id") as info:
+        target.cache.import_page_group(0, group_id, tensors[0])
+    assert (info.value.field, info.value.got) == ("import_page_group.group_id", group_id)
+
+
+@pytest.mark.parametrize("name", BAD_TENSOR_NAMES)
+def test_import_page_group_refuses_a_bad_tensor_and_still_accepts_a_good_one(importing, name):
+    target, tensors, source = importing
+    cache = target.cache
+    part, bad, got = bad_tensors(cache, tensors[0])[name]
+    with pytest.raises(TensorError, match="ImportPageGroup expects" if part != "offset" else None) as info:
+        cache.import_page_group(0, 0, bad)
+    assert (info.value.field, info.value.got) == (f"ImportPageGroup.{part}", got)
+    for g, tensor in enumerate(tensors):  # the rejected call did not count as importing group 0
+        cache.import_page_group(0, g, tensor)
+    cache.finish_import(0)
+    target.ref[0] = source.ref[0]
+    target.assert_holds(0)
+
+
+def test_import_groups_refuses_bytes_of_another_size(importing):
+    target, _, source = importing
+    groups = source.export(0)
+    with pytest.raises(TensorError) as info:
+        run(target.cache.import_groups(0, [groups[0], groups[1][:-2]]))
+    assert (info.value.field, info.value.expected, info.value.got) == ("groups[1].nbytes", len(groups[0]),
+                                                                        len(groups[0]) - 2)
+
+
+def test_import_groups_accepts_groups_one_at_a_time_in_any_order(importing):
+    target, _, source = importing
+    groups = source.export(0)
+    run(target.cache.import_group_bytes(0, 1, groups[1]))
+    run(target.cache.import_groups(0, {0: groups[0]}))
+    target.cache.finish_import(0)
+    target.ref[0] = source.ref[0]
+    target.assert_holds(0)
+
+
+# ----- the import state machine ------------------------------------------------------------------------
+
+
+def test_import_requires_all_groups_and_explicit_finish(importing):
+    """Port of TVM's test_checkpoint_import_requires_all_groups_and_explicit_finish."""
+    target, tensors, _ = importing
+    cache = target.cache
+    cache.import_page_group(0, 0, tensors[0])
+    with pytest.raises(CheckpointStateError, match="group 0 was already imported"):
+        cache.import_page_group(0, 0, tensors[0])
+    with pytest.raises(CheckpointStateError, match="missing group 1"):
+        cache.finish_import(0)
+    with pytest.raises(CheckpointStateError, match="before checkpoint import is finished"):
+        cache.begin_forward([0], [1])
+    cache.import_page_group(0, 1, tensors[1])
+    cache.finish_import(0)
+    with pytest.raises(CheckpointStateError, match="has not been prepared"):
+        cache.finish_import(0)
+
+
+def test_import_groups_refuses_a_group_already_imported(importing):
+    target, _, source = importing
+    groups = source.export(0)
+    run(target.cache.import_group_bytes(0, 0, groups[0]))
+    with pytest.raises(CheckpointStateError, match="group 0 was already imported"):
+        run(target.cache.import_groups(0, groups))
+
+
+def test_sequence_length_is_unavailable_until_finish(importing):
+    target, tensors, _ = importing
+    with pytest.raises(CheckpointStateError, match="until checkpoint import is finished"):
+        target.cache.get_sequence_length(0)
+    for g, tensor in enumerate(tensors):
+        target.cache.import_page_group(0, g, tensor)
+    target.cache.finish_import(0)
+    assert target.cache.get_sequence_length(0) == P + 1
+
+
+@pytest.mark.parametrize("operation", ["add_sequence", "remove_sequence", "fork_sequence", "popn", "prepare_import",
+                                       "get_checkpoint_metadata", "export_page_group", "export_groups"])
+def test_other_operations_are_refused_during_an_import(importing, operation):
+    target, tensors, source = importing
+    cache = target.cache
+    calls = {
+        "add_sequence": lambda: cache.add_sequence(5),
+        "remove_sequence": lambda: cache.remove_sequence(0),
+        "fork_sequence": lambda: cache.fork_sequence(0, 5),
+        "popn": lambda: cache.popn(0, 1),
+        "prepare_import": lambda: cache.prepare_import(0, source.cache.get_checkpoint_metadata(0)),
+        "get_checkpoint_metadata": lambda: cache.get_checkpoint_metadata(0),
+        "export_page_group": lambda: cache.export_page_group(0, 0, tensors[0]),
+        "export_groups": lambda: run(cache.export_groups(0)),
+    }
+    with pytest.raises(CheckpointStateError):
+        calls[operation]()
+
+
+@pytest.mark.parametrize("operation", ["import_page_group", "finish_import", "abort_import", "import_groups"])
+def test_import_steps_without_prepare_are_refused(make_model, operation):
+    cache = make_model().cache
+    calls = {
+        "import_page_group": lambda: cache.import_page_group(0, 0, cache.empty_group(1)),
+        "finish_import": lambda: cache.finish_import(0),
+        "abort_import": lambda: cache.abort_import(0),
+        "import_groups": lambda: run(cache.import_groups(0, [b"", b""])),
+    }
+    with pytest.raises(CheckpointStateError, match="has not been prepared"):
+        calls[operation]()
+
+
+@pytest.mark.parametrize("operation", ["import_page_group", "finish_import", "abort_import"])
+def test_import_steps_for_another_sequence_are_refused(importing, operation):
+    target, tensors, _ = importing
+    cache = target.cache
+    calls = {
+        "import_page_group": lambda: cache.import_page_group(1, 0, tensors[0]),
+        "finish_import": lambda: cache.finish_import(1),
+        "abort_import": lambda: cache.abort_import(1),
+    }
+    with pytest.raises(SequenceError, match="the sequence being imported"):
+        calls[operation]()
+
+
+def test_prepare_import_during_a_forward_is_refused(make_model):
+    source = make_model(seed=1)
+    source.add(0, 3)
+    model = make_model()
+    model.add(0, 2)
+    model.cache.begin_forward([0], [1])
+    with pytest.raises(CheckpointStateError, match="forward pass"):
+        model.cache.prepare_import(0, source.cache.get_checkpoint_metadata(0))
+    model.cache.end_forward()
+    assert model.cache.sequence_ids() == [0]
+
+
+# ----- sequence ids ------------------------------------------------------------------------------------
+
+
+def test_any_sequence_id_can_be_checkpointed_and_restored(make_model):
+    source = make_model(seed=4)
+    source.add(12345, 6)
+    metadata, groups = checkpoint(source, 12345)
+    assert json.loads(metadata)["seq_id"] == 12345
+    target = make_model()
+    run(target.cache.load_checkpoint(metadata, groups))
+    assert target.cache.sequence_ids() == [12345]
+    target.ref[12345] = source.ref[12345]
+    target.assert_holds(12345)
+
+
+@pytest.mark.parametrize("seq_id", [-1, True, "0", None])
+def test_prepare_import_refuses_ids_that_are_not_non_negative_integers(make_model, seq_id):
+    model = make_model()
+    model.add(0, 3)
+    before = state(model)
+    with pytest.raises(SequenceError):
+        model.cache.prepare_import(seq_id, model.cache.get_checkpoint_metadata(0))
+    assert state(model) == before
+
+
+@pytest.mark.parametrize("seq_id", [-1, 3])
+def test_export_of_a_missing_sequence_is_refused(make_model, seq_id):
+    model = make_model()
+    model.add(0, 3)
+    with pytest.raises(SequenceError):
+        model.cache.get_checkpoint_metadata(seq_id)
+    with pytest.raises(SequenceError):
+        model.cache.export_page_group(seq_id, 0, model.cache.empty_group(1))
+    with pytest.raises(SequenceError):
+        run(model.cache.export_groups(seq_id))
+
+
+# ----- transactional prepare_import, exclusive, abort ----------------------------------------------------
+
+
+@pytest.fixture
+def populated(make_model):
+    """A model with sequences 0 (6 tokens), 1 (3 tokens) and 3 (9 tokens), and a 7-token checkpoint of seq 1."""
+    source = make_model(seed=9)
+    source.add(1, 7)
+    model = make_model(seed=10)
+    model.add(0, 6)
+    model.add(1, 3)
+    model.add(3, 9)
+    return model, source, checkpoint(source, 1)
+
+
+def _mutate(metadata: str, **changes) -> str:
+    m = json.loads(metadata)
+    m.update(changes)
+    return json.dumps(m)
+
+
+BAD_IMPORTS = {
+    "layout_hash": (lambda m: _mutate(m, layout_hash="0" * 16), 1, LayoutHashMismatch),
+    "too_long_for_cache": (lambda m: _mutate(m, seq_length=100, num_total_pages=200), 1, MetadataError),
+    "malformed_json": (lambda m: m[:-1], 1, MetadataError),
+    "other_seq_id": (lambda m: m, 2, MetadataError),
+    "other_dtype": (lambda m: _mutate(m, dtype="float32"), 1, MetadataError),
+}
+
+
+@pytest.mark.parametrize("exclusive", [True, False], ids=["exclusive", "non_exclusive"])
+@pytest.mark.parametrize("name", BAD_IMPORTS)
+def test_rejected_prepare_import_leaves_the_cache_as_it_was(populated, name, exclusive):
+    model, _, (metadata, _) = populated
+    corrupt, seq_id, error = BAD_IMPORTS[name]
+    before = state(model)
+    with pytest.raises(error):
+        model.cache.prepare_import(seq_id, corrupt(metadata), exclusive=exclusive)
+    assert state(model) == before
+    model.append({0: 2, 3: 1})  # no import is in progress: the cache works on
+    for s in (0, 1, 3):
+        model.assert_holds(s)
+
+
+def test_non_exclusive_prepare_import_without_free_pages_changes_nothing(make_model):
+    source = make_model(seed=1)
+    source.add(1, 7)  # 2 pages
+    model = make_model(limits=small_limits(max_total_seq_len=16))  # 5 pages
+    model.add(0, 13)  # 4 pages
+    model.add(1, 1)  # 1 page
+    before = state(model)
+    with pytest.raises(CapacityError):
+        model.cache.prepare_import(1, source.cache.get_checkpoint_metadata(1), exclusive=False)
+    assert state(model) == before
+
+
+def test_exclusive_prepare_import_clears_every_other_sequence(populated):
+    model, source, (metadata, groups) = populated
+    cache = model.cache
+    cache.prepare_import(1, metadata)
+    assert cache.sequence_ids() == []
+    assert cache.get_num_available_pages() == cache.num_total_pages - 2
+    run(cache.import_groups(1, groups))
+    cache.finish_import(1)
+    assert cache.sequence_ids() == [1]
+    model.ref = {1: source.ref[1]}
+    model.assert_holds(1)
+
+
+def test_non_exclusive_import_keeps_other_sequences_and_replaces_only_at_finish(populated):
+    model, source, (metadata, groups) = populated
+    cache = model.cache
+    free = cache.get_num_available_pages()
+    cache.prepare_import(1, metadata, exclusive=False)
+    assert cache.sequence_ids() == [0, 1, 3]
+    k, _ = run(model.stored_kv(1))  # the old sequence 1 is still there until finish
+    np.testing.assert_array_equal(k, model.ref[1][0])
+    run(cache.import_groups(1, groups))
+    cache.finish_import(1)
+    model.ref[1] = source.ref[1]
+    for s in (0, 1, 3):
+        model.assert_holds(s)
+    assert cache.get_num_available_pages() == free - 2 + 1  # 7 tokens replaced 3
+
+
+def test_abort_of_a_non_exclusive_import_restores_the_cache(populated):
+    model, _, (metadata, groups) = populated
+    before = state(model)
+    model.cache.prepare_import(1, metadata, exclusive=False)
+    run(model.cache.import_groups(1, groups))  # data written into the reserved pages, then abandoned
+    model.cache.abort_import(1)
+    assert state(model) == before
+    model.append({1: 2})
+    model.assert_holds(1)
+
+
+def test_abort_of_an_exclusive_import_leaves_an_empty_usable_cache(populated):
+    model, _, (metadata, _) = populated
+    cache = model.cache
+    cache.prepare_import(1, metadata)
+    cache.abort_import(1)
+    assert cache.sequence_ids() == []
+    assert cache.get_num_available_pages() == cache.num_total_pages
+    model.ref = {}
+    model.add(4, 5)
+    model.assert_holds(4)
+
+
+def test_a_new_import_can_be_prepared_after_an_abort(populated):
+    model, source, (metadata, groups) = populated
+    model.cache.prepare_import(1, metadata, exclusive=False)
+    model.cache.abort_import(1)
+    import_host(model.cache, 1, metadata, groups, exclusive=False)
+    model.ref[1] = source.ref[1]
+    for s in (0, 1, 3):
+        model.assert_holds(s)
+
+
+def test_load_checkpoint_with_missing_groups_abandons_the_import(populated):
+    model, _, (metadata, groups) = populated
+    before = state(model)
+    with pytest.raises(TensorError) as info:
+        run(model.cache.load_checkpoint(metadata, groups[:1], exclusive=False))
+    assert (info.value.field, info.value.got) == ("groups", 1)
+    assert state(model) == before
+
+
+def test_load_checkpoint_imports_into_the_metadata_seq_id(populated):
+    model, source, (metadata, groups) = populated
+    run(model.cache.load_checkpoint(metadata, groups, exclusive=False))
+    model.ref[1] = source.ref[1]
+    for s in (0, 1, 3):
+        model.assert_holds(s)
+
+
+# ----- unsupported layouts at the cache ----------------------------------------------------------------
+
+UNSUPPORTED = {
+    "mla": (dict(attn_kinds=("mha", "mla")), "full-context MHA/GQA"),
+    "sliding_window": (dict(support_sliding_window=True), "sliding-window"),
+    "rope_ext_factors": (dict(has_rope_ext_factors=True), "RoPE extension factors"),
+    "kv_transfer": (dict(kv_transfer=True), "KV transfer"),
+    "v_head_dim": (dict(v_head_dim=4), "qk_head_dim to equal v_head_dim"),
+}
+
+
+@pytest.mark.parametrize("name", UNSUPPORTED)
+def test_cache_with_an_unsupported_layout_refuses_every_checkpoint_primitive(make_cache, name):
+    change, reason = UNSUPPORTED[name]
+    supported = make_cache()
+    supported.add_sequence(0)
+    metadata = supported.get_checkpoint_metadata(0)
+    cache = make_cache(**change)
+    cache.add_sequence(0)
+    calls = [cache.get_layout_hash, lambda: cache.get_checkpoint_metadata(0),
+             lambda: cache.export_page_group(0, 0, cache.empty_group(0)), lambda: run(cache.export_groups(0)),
+             lambda: cache.prepare_import(0, metadata)]
+    for call in calls:
+        with pytest.raises(UnsupportedLayoutError, match=reason):
+            call()
+    assert cache.sequence_ids() == [0]
