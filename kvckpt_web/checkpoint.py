@@ -56,11 +56,15 @@ class CheckpointMixin:
             raise TensorError(f"{operation}.group_id", f"0..{n - 1} (invalid group id; only {n} groups are available)",
                               group_id)
 
-    def _check_group_tensor(self: "PagedKVCache", tensor: DeviceArray, npages: int, operation: str) -> None:
+    def _check_group_tensor(self: "PagedKVCache", tensor: DeviceArray, npages: int, operation: str,
+                            usage: Usage) -> None:
         lay = self.layout
         where = f"{operation} expects the tensor in layout {_GROUP_LAYOUT}"
         if not isinstance(tensor, DeviceArray):
             raise TensorError(operation, "a DeviceArray", type(tensor).__name__, where)
+        if not tensor.buffer.usage & usage:
+            got = "|".join(flag.name for flag in Usage if flag & tensor.buffer.usage)
+            raise TensorError(f"{operation}.buffer.usage", f"a buffer with {usage.name} usage", got)
         if tensor.dtype != lay.dtype:
             raise TensorError(f"{operation}.dtype", lay.dtype, tensor.dtype, f"{where}; the dtype mismatches")
         shape = lay.group_shape(npages)
@@ -101,7 +105,7 @@ class CheckpointMixin:
         """Pack layer ``group_id`` of ``seq_id`` into ``dst`` (unused tail of the last page zeroed)."""
         seq = self._export_seq(seq_id, "export_page_group")
         self._check_group_id(group_id, "export_page_group")
-        self._check_group_tensor(dst, len(seq.pages), "ExportPageGroup")
+        self._check_group_tensor(dst, len(seq.pages), "ExportPageGroup", Usage.COPY_DST)
         table = self._upload_u32("table", seq.pages)
         tail = seq.length - (len(seq.pages) - 1) * self.layout.page_size
         self.device.submit(self.mover.pack(self.page_path(), self.layers[group_id], table, seq.pages, tail,
@@ -133,7 +137,7 @@ class CheckpointMixin:
         self._check_group_id(group_id, "import_page_group")
         if state.imported[group_id]:
             raise CheckpointStateError(f"import_page_group: checkpoint group {group_id} was already imported")
-        self._check_group_tensor(src, len(state.seq.pages), "ImportPageGroup")
+        self._check_group_tensor(src, len(state.seq.pages), "ImportPageGroup", Usage.COPY_SRC)
         table = self._upload_u32("table", state.seq.pages)
         self.device.submit(self.mover.scatter(self.page_path(), src.buffer, src.offset, table, state.seq.pages,
                                               self.layers[group_id]))

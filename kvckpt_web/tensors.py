@@ -45,7 +45,15 @@ class HostTensor:
     dtype: str
 
     def numpy(self) -> Any:
-        """A read-only numpy view (desktop only)."""
+        """A read-only numpy view (desktop only; bfloat16 needs the ``ml_dtypes`` package)."""
         import numpy as np
 
-        return np.frombuffer(self.data, dtype=self.dtype).reshape(self.shape)
+        dtype: Any = self.dtype
+        if dtype == "bfloat16":
+            try:
+                import ml_dtypes
+            except ImportError:
+                raise TensorError("dtype", "a dtype numpy knows (bfloat16 needs `pip install ml_dtypes`)",
+                                  "bfloat16") from None
+            dtype = ml_dtypes.bfloat16
+        return np.frombuffer(self.data, dtype=dtype).reshape(self.shape)
