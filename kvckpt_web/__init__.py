@@ -1,17 +1,17 @@
 """kvckpt_web: a crash-resumable, TVM-compatible paged KV cache on WebGPU."""
 
 from .cache import PagedKVCache
-from .device import Device, open_device
+from .device import Device, open_device, open_device_async
 from .errors import (CapacityError, CheckpointStateError, CorruptionError, DeviceError, FieldError, FormatError,
-                     KVCkptError, LayoutHashMismatch, MetadataError, SequenceError, StoreError, TensorError,
-                     UnsupportedLayoutError)
+                     KVCkptError, LayoutHashMismatch, MetadataError, NotFoundError, SequenceError, StoreError,
+                     TensorError, UnsupportedLayoutError)
 from .layout import CacheLimits, KVLayout
 from .tensors import DeviceArray, HostTensor
 
 __all__ = [
     "CacheLimits", "CapacityError", "CheckpointStateError", "CorruptionError", "Device", "DeviceArray",
     "DeviceError", "FieldError", "FormatError", "HostTensor", "KVCkptError", "KVLayout", "LayoutHashMismatch",
-    "MetadataError", "PagedKVCache", "SequenceError", "StoreError", "TensorError", "UnsupportedLayoutError",
-    "open_device",
+    "MetadataError", "NotFoundError", "PagedKVCache", "SequenceError", "StoreError", "TensorError",
+    "UnsupportedLayoutError", "open_device", "open_device_async",
 ]
 __version__ = "0.1.0"

@@ -143,8 +143,10 @@ async def bench_export(device: Device | None = None, repeats: int = 5, paths: tu
             chosen = cache.page_path()
             target = PagedKVCache(device, lay, limits, transfer=path)
 
+            export_host = memoryview(bytearray(cache.host_nbytes(0)))
+
             async def export() -> None:
-                await cache.export_groups(0, out=host)
+                await cache.export_groups(0, out=export_host)
 
             async def import_() -> None:
                 target.prepare_import(0, metadata)
@@ -166,11 +168,161 @@ async def bench_export(device: Device | None = None, repeats: int = 5, paths: tu
     return rows
 
 
-BENCHES = {"export": bench_export}
+SAVE_APPEND = 64
+"""Tokens appended between the full and the incremental save of ``kvckpt bench save``."""
 
 
-def run(names: list[str], repeats: int, paths: tuple[str, ...], echo: Callable[[str], None] = print) -> None:
-    """Run the named benchmarks and print their tables."""
+def _fill_unique(cache: PagedKVCache, seq: int, tokens: int) -> None:
+    """Append ``tokens`` tokens of random K/V (distinct chunks, so content addressing cannot skip any)."""
+    import os
+
+    lay = cache.layout
+    token_bytes = lay.num_kv_heads * lay.head_dim * lay.elem_bytes
+    for start in range(0, tokens, cache.limits.prefill_chunk_size):
+        n = min(cache.limits.prefill_chunk_size, tokens - start)
+        cache.begin_forward([seq], [n])
+        for layer in range(lay.num_layers):
+            cache.append_kv(layer, os.urandom(n * token_bytes), os.urandom(n * token_bytes))
+        cache.end_forward()
+
+
+async def bench_save(device: Device | None = None, repeats: int = 5, paths: tuple[str, ...] = ("auto",),
+                     echo: Callable[[str], None] = print, directory: str | None = None) -> list[Row]:
+    """Durable checkpoints of the export bench's 4096-token, 256 MiB sequence in a FileStore on disk.
+
+    Full save vs a raw write + fsync of the same bytes to one file; an incremental save after
+    +64 tokens vs the full save; restore vs a raw read of the same bytes + upload to the GPU.
+    """
+    import os
+    import shutil
+    import tempfile
+
+    from .persist import restore, save
+    from .store import FileStore
+
+    device = device or open_device()
+    lay = EXPORT_LAYOUT
+    nbytes = lay.num_layers * lay.num_logical_pages(EXPORT_TOKENS) * lay.page_bytes
+    write_staging = device.create_buffer(nbytes, Usage.MAP_WRITE | Usage.COPY_SRC, "bench.write_staging")
+    contiguous = device.create_buffer(nbytes, Usage.COPY_SRC | Usage.COPY_DST, "bench.contiguous")
+    probe = (device.create_buffer(4, Usage.COPY_SRC, "bench.probe"),
+             device.create_buffer(4, Usage.MAP_READ | Usage.COPY_DST, "bench.probe_read"))
+    host = memoryview(bytearray(nbytes))
+    root = tempfile.mkdtemp(prefix="kvckpt-bench-save.", dir=directory)
+    raw_path = os.path.join(root, "raw.bin")
+    rows: list[Row] = []
+    echo(f"adapter: {device.info.adapter} ({device.info.backend}); {EXPORT_TOKENS} tokens (+{SAVE_APPEND}), 16 layers, "
+         f"8 KV heads, head_dim 128, page 16, float16; FileStore in {root}; median of {repeats}\n")
+    echo(HEADER)
+    try:
+        for path in paths:
+            limits = CacheLimits(4, EXPORT_TOKENS + SAVE_APPEND, 2048)
+            cache = PagedKVCache(device, lay, limits, transfer=path)
+            target = PagedKVCache(device, lay, limits, transfer=path)
+            cache.add_sequence(0)
+            _fill_unique(cache, 0, EXPORT_TOKENS)
+            data = b"".join(await cache.export_groups(0))
+            host[:] = data
+            times: dict[str, list[float]] = {k: [] for k in ("raw", "save", "inc", "restore", "read")}
+
+            def raw_write() -> None:
+                fd = os.open(raw_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+                try:
+                    view = host
+                    while view:
+                        view = view[os.write(fd, view):]
+                    os.fsync(fd)
+                finally:
+                    os.close(fd)
+
+            async def raw_read_upload() -> None:
+                with open(raw_path, "rb") as f:
+                    f.readinto(host)
+                await device.upload(write_staging, 0, [host])
+                device.submit([Copy(write_staging, 0, contiguous, 0, nbytes)])
+                await _sync(device, probe)
+
+            async def timed(name: str, fn: Callable[[], Awaitable[object]], record: bool) -> None:
+                start = time.perf_counter()
+                await fn()
+                if record:
+                    times[name].append(time.perf_counter() - start)
+
+            for i in range(repeats + 1):
+                store = FileStore(os.path.join(root, f"store{i}"))
+                record = i > 0  # the first round warms up
+
+                async def full() -> None:
+                    await save(cache, 0, store, "bench")
+
+                async def raw() -> None:
+                    await asyncio.to_thread(raw_write)
+
+                for name, fn in ((("raw", raw), ("save", full)) if i % 2 else (("save", full), ("raw", raw))):
+                    await timed(name, fn, record)
+                _fill_unique(cache, 0, SAVE_APPEND)
+                await timed("inc", lambda: save(cache, 0, store, "bench"), record)
+                cache.popn(0, SAVE_APPEND)
+                if 0 in target.sequence_ids():
+                    target.remove_sequence(0)
+
+                async def load() -> None:
+                    await restore(store, "bench", target, generation=1)
+                    await _sync(device, probe)
+
+                for name, fn in ((("read", raw_read_upload), ("restore", load)) if i % 2
+                                 else (("restore", load), ("read", raw_read_upload))):
+                    await timed(name, fn, record)
+                shutil.rmtree(store.directory)
+                os.unlink(raw_path)
+            if bytes(b"".join(await target.export_groups(0))) != data:
+                raise AssertionError("bench save: the restored sequence differs from the saved one")
+            med = {k: statistics.median(v) for k, v in times.items()}
+            label = f"{cache.page_path()} path"
+            rows.append(Row(f"save, full, to disk ({label})", nbytes, med["save"], "raw write+fsync", med["raw"]))
+            echo(rows[-1].format())
+            rows.append(Row(f"save, incremental +{SAVE_APPEND} tokens ({label})", nbytes, med["inc"], "full save",
+                            med["save"]))
+            echo(rows[-1].format())
+            rows.append(Row(f"restore from disk ({label})", nbytes, med["restore"], "raw read+upload", med["read"]))
+            echo(rows[-1].format())
+            cache.close()
+            target.close()
+        echo("\ntargets: full save >= 0.8x raw write+fsync; incremental save <= 5% of the full save's time "
+             "(ratio >= 20); GB/s of an incremental save counts the whole sequence")
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+        for buf in (write_staging, contiguous) + probe:
+            device.destroy(buf)
+    return rows
+
+
+async def bench_soak(device: Device | None = None, repeats: int = 0, paths: tuple[str, ...] = (),
+                     echo: Callable[[str], None] = print, trials: int = 200) -> list[Row]:
+    """kill -9 trials of processes that are saving (see :mod:`kvckpt_web.soak`); raises if any trial failed."""
+    import sys
+
+    from .soak import run_soak
+
+    started = time.perf_counter()
+    result = await run_soak(trials, device=device, echo=lambda line: print(line, file=sys.stderr, flush=True))
+    echo(f"{result.trials} trials in {time.perf_counter() - started:.0f} s: worker killed while saving "
+         f"{result.kills['killed']}, save finished first {result.kills['completed']}; restored the previous "
+         f"generation {result.restored[2]}, the new one {result.restored[3]}; failures {len(result.failures)}")
+    for failure in result.failures:
+        echo(f"FAILED: {failure}")
+    if result.failures:
+        raise AssertionError(f"soak: {len(result.failures)} of {result.trials} trials failed")
+    return []
+
+
+BENCHES = {"export": bench_export, "save": bench_save, "soak": bench_soak}
+
+
+def run(names: list[str], repeats: int, paths: tuple[str, ...], echo: Callable[[str], None] = print, *,
+        trials: int = 200) -> None:
+    """Run the named benchmarks and print their tables (``trials``: of the soak benchmark)."""
     for name in names:
         echo(f"## kvckpt bench {name}\n")
-        asyncio.run(BENCHES[name](repeats=repeats, paths=paths, echo=echo))
+        extra = {"trials": trials} if name == "soak" else {}
+        asyncio.run(BENCHES[name](repeats=repeats, paths=paths, echo=echo, **extra))

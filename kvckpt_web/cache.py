@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .checkpoint import CheckpointMixin
-from .device import Buffer, Command, Copy, Device, Usage
+from .device import Buffer, Command, Copy, Device, Region, Usage
 from .errors import CapacityError, CheckpointStateError, SequenceError, TensorError
 from .layout import CacheLimits, KVLayout
 from .metadata import limits_from_metadata, parse_metadata
@@ -42,9 +42,7 @@ class PagedKVCache(CheckpointMixin):
         self.limits = limits or CacheLimits()
         self.num_total_pages = self.limits.num_total_pages(layout.page_size)
         self.transfer = transfer
-        usage = Usage.STORAGE | Usage.COPY_SRC | Usage.COPY_DST
-        self.layers = [device.create_buffer(self.num_total_pages * layout.page_bytes, usage, f"kv.layer{i}")
-                       for i in range(layout.num_layers)]
+        self.layers = self._allocate_layers()
         self.seqs = SequenceTable(self.num_total_pages, layout.page_size)
         self.mover = PageMover(device, layout)
         self._forward: _Forward | None = None
@@ -56,6 +54,26 @@ class PagedKVCache(CheckpointMixin):
         """A new empty cache whose layout and limits are those of the cache that wrote ``metadata_json``."""
         metadata = parse_metadata(metadata_json)
         return cls(device, KVLayout.from_metadata(metadata), limits_from_metadata(metadata), transfer=transfer)
+
+    def _allocate_layers(self) -> list[Region]:
+        """One region per layer, packed into as few buffers ("arenas") as the adapter allows.
+
+        Layers sit ``stride`` bytes apart (the layer size rounded up to the storage offset alignment), so
+        the same run of pages in consecutive layers can move in one copy.
+        """
+        info = self.device.info
+        size = self.num_total_pages * self.layout.page_bytes
+        self.device.check_binding_size(size, "kv layer")
+        align = info.storage_offset_alignment
+        stride = -(-size // align) * align
+        per_arena = max(1, min(self.layout.num_layers, info.max_buffer_size // stride))
+        usage = Usage.STORAGE | Usage.COPY_SRC | Usage.COPY_DST
+        layers: list[Region] = []
+        for first in range(0, self.layout.num_layers, per_arena):
+            count = min(per_arena, self.layout.num_layers - first)
+            arena = self.device.create_buffer((count - 1) * stride + size, usage, f"kv.layers{first}-{first + count - 1}")
+            layers += [Region(arena, i * stride, size) for i in range(count)]
+        return layers
 
     # ----- buffers reused across calls -------------------------------------------------------------
 
@@ -93,12 +111,15 @@ class PagedKVCache(CheckpointMixin):
         commands: list[Command] = []
         for layer in self.layers:
             for src, dst in copies:
-                commands += [Copy(layer, src * pb, scratch, 0, pb), Copy(scratch, 0, layer, dst * pb, pb)]
+                commands += [Copy(layer.buffer, layer.offset + src * pb, scratch, 0, pb),
+                             Copy(scratch, 0, layer.buffer, layer.offset + dst * pb, pb)]
         self.device.submit(commands)
 
     def close(self) -> None:
         """Release every device buffer of this cache."""
-        for buf in self.layers + list(self._buffers.values()):
+        for buf in {id(layer.buffer): layer.buffer for layer in self.layers}.values():
+            self.device.destroy(buf)
+        for buf in self._buffers.values():
             self.device.destroy(buf)
         self.layers, self._buffers = [], {}
         self.mover.close()
@@ -208,29 +229,46 @@ class PagedKVCache(CheckpointMixin):
 
     # ----- reading K/V back -------------------------------------------------------------------------
 
-    async def read_pages(self, seq_id: int, page_begin: int, page_end: int,
-                         out: memoryview | None = None) -> list[memoryview]:
-        """Logical pages ``[page_begin, page_end)`` of every layer, densely, unused tail zeroed: one view per layer."""
+    def _page_range(self, seq_id: int, page_begin: int, page_end: int | None) -> tuple[list[int], int]:
         seq = self.seqs.get(seq_id)
         npages = len(seq.pages)
+        page_end = npages if page_end is None else page_end
         if not 0 <= page_begin <= page_end <= npages:
             raise TensorError("page range", f"0 <= page_begin <= page_end <= {npages}", (page_begin, page_end))
-        path = await self._resolve_page_path()
-        count = page_end - page_begin
-        group = count * self.layout.page_bytes
-        total = group * len(self.layers)
-        host = memoryview(bytearray(total)) if out is None else out
-        ids = seq.pages[page_begin:page_end]
-        table = self._upload_u32("table", ids)
         tail = seq.length - (page_end - 1) * self.layout.page_size if page_end == npages else self.layout.page_size
+        return seq.pages[page_begin:page_end], tail
+
+    def host_nbytes(self, seq_id: int, page_begin: int = 0, page_end: int | None = None) -> int:
+        """Size of an ``out`` buffer that lets :meth:`read_pages` move every layer in one copy when it can."""
+        ids, _ = self._page_range(seq_id, page_begin, page_end)
+        group = len(ids) * self.layout.page_bytes
+        stride = self.mover.span_stride("copy", self.layers, ids) or group
+        return (len(self.layers) - 1) * stride + group if ids else 0
+
+    async def read_pages(self, seq_id: int, page_begin: int = 0, page_end: int | None = None,
+                         out: memoryview | None = None) -> list[memoryview]:
+        """Logical pages ``[page_begin, page_end)`` of every layer, densely, unused tail zeroed: one view per layer.
+
+        The views share one host buffer (``out`` if given: at least ``num_layers`` groups, or
+        :meth:`host_nbytes` to allow the one-copy path); bytes between them are zero.
+        """
+        ids, tail = self._page_range(seq_id, page_begin, page_end)
+        path = await self._resolve_page_path()
+        group = len(ids) * self.layout.page_bytes
+        layers = len(self.layers)
+        stride = self.mover.span_stride(path, self.layers, ids) or group
+        if out is not None and len(out) < (layers - 1) * stride + group:
+            stride = group
+            if len(out) < layers * group:
+                raise TensorError("out.nbytes", f"at least {layers * group}", len(out))
+        total = (layers - 1) * stride + group if group else 0
+        host = memoryview(bytearray(total)) if out is None else out
         if total:
+            table = self._upload_u32("table", ids)
             staging = self._buffer("read_staging", total, Usage.MAP_READ | Usage.COPY_DST)
-            commands: list[Command] = []
-            for g, layer in enumerate(self.layers):
-                commands += self.mover.pack(path, layer, table, ids, tail, staging, g * group)
-            self.device.submit(commands)
+            self.device.submit(self.mover.pack_layers(path, self.layers, table, ids, tail, staging, stride))
             await self.device.read(staging, 0, total, host)
-        return [host[g * group:(g + 1) * group] for g in range(len(self.layers))]
+        return [host[g * stride:g * stride + group] for g in range(layers)]
 
     async def debug_get_kv(self, seq_id: int, start: int, end: int) -> tuple[HostTensor, HostTensor]:
         """K and V of tokens ``[start, end)``: two ``(num_layers, n, num_kv_heads, head_dim)`` tensors."""

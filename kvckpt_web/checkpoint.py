@@ -19,7 +19,6 @@ from .errors import CheckpointStateError, SequenceError, TensorError
 from .metadata import parse_metadata, validate_import, write_metadata
 from .pool import Sequence
 from .tensors import DeviceArray, as_bytes
-from .transfer import UPLOAD_BATCHES, staging_batches
 
 if TYPE_CHECKING:
     from .cache import PagedKVCache
@@ -190,20 +189,24 @@ class CheckpointMixin:
             if state.imported[group_id]:
                 raise CheckpointStateError(f"import_groups: checkpoint group {group_id} was already imported")
             views[group_id] = as_bytes(data, f"groups[{group_id}]", self.layout.dtype, nbytes)
-        if nbytes == 0:
+        if nbytes == 0 or not views:
             for group_id in views:
                 state.imported[group_id] = True
             return
         path = await self._resolve_page_path()
-        table = self._upload_u32("table", state.seq.pages)
+        pages = state.seq.pages
+        table = self._upload_u32("table", pages)
+        # One copy may carry several layers when no other page of the cache is in use (the bytes
+        # between the layers' runs then land in free pages only).
+        others_free = self.seqs.pool.num_free == self.num_total_pages - len(pages)
         ids = list(views)
-        for b, batch in enumerate(staging_batches(len(ids), UPLOAD_BATCHES)):  # the device scatters batch b while the host fills b + 1
-            staging = self._buffer(f"write_staging{b}", len(batch) * nbytes, Usage.MAP_WRITE | Usage.COPY_SRC)
-            await self.device.upload(staging, 0, [views[ids[i]] for i in batch])
-            commands = []
-            for j, i in enumerate(batch):
-                commands += self.mover.scatter(path, staging, j * nbytes, table, state.seq.pages, self.layers[ids[i]])
-            self.device.submit(commands)
+        layers = [self.layers[g] for g in ids]
+        consecutive = ids[-1] - ids[0] == len(ids) - 1
+        stride = (self.mover.span_stride(path, layers, pages) if others_free and consecutive else None) or nbytes
+        staging = self._buffer("write_staging", (len(ids) - 1) * stride + nbytes, Usage.MAP_WRITE | Usage.COPY_SRC)
+        gap = bytes(stride - nbytes)
+        await self.device.upload(staging, 0, [part for g in ids for part in (views[g], gap)][:-1])
+        self.device.submit(self.mover.scatter_layers(path, staging, table, pages, layers, stride))
         for group_id in views:
             state.imported[group_id] = True
 

@@ -64,12 +64,22 @@ class Clear:
 
 
 @dataclass(frozen=True)
+class Region:
+    """``size`` bytes of ``buffer`` from ``offset``: a binding of part of a buffer, or one layer of an arena."""
+
+    buffer: Buffer
+    offset: int
+    size: int
+
+
+@dataclass(frozen=True)
 class Dispatch:
-    """Run ``kernel`` over ``invocations`` threads with uniform ``params`` (binding 0) and storage ``buffers`` (bindings 1..n)."""
+    """Run ``kernel`` over ``invocations`` threads with uniform ``params`` (binding 0) and storage ``buffers``
+    (bindings 1..n: whole buffers or regions)."""
 
     kernel: "Kernel"
     params: bytes
-    buffers: tuple[Buffer, ...]
+    buffers: tuple[Buffer | Region, ...]
     invocations: int
 
 
@@ -95,6 +105,8 @@ class DeviceInfo:
     max_storage_binding: int
     max_buffer_size: int
     max_workgroups_per_dim: int
+    #: minStorageBufferOffsetAlignment: where a storage binding may start.
+    storage_offset_alignment: int = 256
 
 
 def grid(invocations: int, max_per_dim: int) -> tuple[int, int]:
@@ -125,19 +137,31 @@ class Device(ABC):
             self._kernels[key] = Kernel(name=f"{name}.{entry}", native=self._compile(source, entry))
         return self._kernels[key]
 
-    def check_buffer_size(self, size: int, usage: Usage, label: str) -> None:
-        """Raise :class:`DeviceError` if a buffer of ``size`` bytes cannot exist or be bound on this device."""
+    def check_buffer_size(self, size: int, label: str) -> None:
+        """Raise :class:`DeviceError` if a buffer of ``size`` bytes cannot exist on this device."""
         if size > self.info.max_buffer_size:
             raise DeviceError(f"buffer {label!r}: expected at most {self.info.max_buffer_size} bytes "
                               f"(adapter maxBufferSize), got {size}")
-        if usage & Usage.STORAGE and size > self.info.max_storage_binding:
-            raise DeviceError(f"buffer {label!r}: expected at most {self.info.max_storage_binding} bytes "
+
+    def check_binding_size(self, size: int, label: str) -> None:
+        """Raise :class:`DeviceError` if ``size`` bytes cannot be bound as one storage buffer on this device."""
+        if size > self.info.max_storage_binding:
+            raise DeviceError(f"binding {label!r}: expected at most {self.info.max_storage_binding} bytes "
                               f"(adapter maxStorageBufferBindingSize), got {size}")
+
+    def binding(self, target: Buffer | Region) -> tuple[Any, int, int]:
+        """The (native buffer, offset, size) of a dispatch binding; DeviceError if it cannot be bound."""
+        region = target if isinstance(target, Region) else Region(target, 0, target.size)
+        self.check_binding_size(region.size, region.buffer.label)
+        if region.offset % self.info.storage_offset_alignment:
+            raise DeviceError(f"binding {region.buffer.label!r}: expected an offset that is a multiple of "
+                              f"{self.info.storage_offset_alignment}, got {region.offset}")
+        return region.buffer.native, region.offset, region.size
 
     def create_buffer(self, size: int, usage: Usage, label: str = "") -> Buffer:
         """A zero-filled buffer of ``size`` bytes (rounded up to 4)."""
         size = max(COPY_ALIGN, -(-size // COPY_ALIGN) * COPY_ALIGN)
-        self.check_buffer_size(size, usage, label)
+        self.check_buffer_size(size, label)
         return Buffer(size=size, usage=usage, native=self._create_buffer(size, usage, label), label=label)
 
     @abstractmethod
@@ -178,6 +202,18 @@ def open_device(backend: str = "auto") -> Device:
 
         return WgpuDevice.open()
     if backend == "browser":
-        raise DeviceError("the browser backend opens asynchronously: use `await BrowserDevice.open()`")
+        raise DeviceError("the browser backend opens asynchronously: use `await open_device_async()` "
+                          "or `await BrowserDevice.open()`")
     raise DeviceError(f"backend: expected 'auto', 'wgpu' or 'browser', got {backend!r}")
+
+
+async def open_device_async(backend: str = "auto") -> Device:
+    """Like :func:`open_device`, but also opens the browser backend (``navigator.gpu`` in Pyodide)."""
+    if backend == "auto":
+        backend = "browser" if sys.platform == "emscripten" else "wgpu"
+    if backend == "browser":
+        from .backends.browser import BrowserDevice
+
+        return await BrowserDevice.open()
+    return open_device(backend)
 

@@ -12,7 +12,7 @@ import struct
 from importlib import resources
 from pathlib import Path
 
-from .device import Buffer, Device, Dispatch
+from .device import Buffer, Device, Dispatch, Region
 from .errors import DeviceError
 
 
@@ -37,7 +37,7 @@ def _params(*values: int) -> bytes:
     return struct.pack(f"<{len(values)}I", *values)
 
 
-def page_copy(device: Device, entry: str, *, pages: Buffer, page_table: Buffer, dense: Buffer, num_pages: int,
+def page_copy(device: Device, entry: str, *, pages: Buffer | Region, page_table: Buffer, dense: Buffer, num_pages: int,
               words_per_page: int, tail_tokens: int, elem_bytes: int, head_dim: int, page_size: int,
               dense_word_offset: int, table_offset: int = 0) -> Dispatch:
     """A ``pack`` or ``scatter`` dispatch of ``page_copy.wgsl`` over ``num_pages`` pages."""
@@ -47,7 +47,7 @@ def page_copy(device: Device, entry: str, *, pages: Buffer, page_table: Buffer, 
     return Dispatch(kernel, params, (pages, page_table, dense), num_pages * words_per_page)
 
 
-def kv_append(device: Device, *, pages: Buffer, positions: Buffer, kv: Buffer, num_tokens: int, num_kv_heads: int,
+def kv_append(device: Device, *, pages: Buffer | Region, positions: Buffer, kv: Buffer, num_tokens: int, num_kv_heads: int,
               head_dim: int, page_size: int, elem_bytes: int) -> Dispatch:
     """An ``append`` dispatch of ``kv_append.wgsl`` writing ``num_tokens`` K and V rows into ``pages``."""
     kernel = device.kernel("kv_append", source("kv_append"), "append")

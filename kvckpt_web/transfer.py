@@ -16,21 +16,10 @@ from __future__ import annotations
 import time
 
 from . import shaders
-from .device import Buffer, Command, Copy, Device, Usage
+from .device import Buffer, Clear, Command, Copy, Device, Region, Usage
 from .layout import KVLayout
 
 PATHS = ("kernel", "copy")
-
-#: Upload staging buffers per import: the device scatters one batch of layers while the host fills the next.
-#: (Reads use one staging buffer: on lavapipe every extra map of a read batch cost more than overlap saved.)
-UPLOAD_BATCHES = 4
-
-
-def staging_batches(count: int, batches: int) -> list[range]:
-    """``range(count)`` cut into at most ``batches`` consecutive batches."""
-    per = max(1, -(-count // batches))
-    return [range(i, min(i + per, count)) for i in range(0, count, per)]
-
 
 def page_runs(page_ids: list[int]) -> list[tuple[int, int, int]]:
     """Runs of consecutive physical pages: (index of the first logical page, first physical page, length)."""
@@ -45,7 +34,7 @@ def page_runs(page_ids: list[int]) -> list[tuple[int, int, int]]:
 
 
 class PageMover:
-    """Builds the commands that pack pages into, or scatter pages from, a dense page group."""
+    """Builds the commands that pack pages into, or scatter pages from, dense page groups."""
 
     def __init__(self, device: Device, layout: KVLayout) -> None:
         self.device = device
@@ -62,7 +51,7 @@ class PageMover:
                                                       "kvckpt.scratch")
         return self._scratch
 
-    def _pack_dispatch(self, entry: str, layer: Buffer, table: Buffer, dense: Buffer, dense_offset: int,
+    def _pack_dispatch(self, entry: str, layer: Region, table: Buffer, dense: Buffer, dense_offset: int,
                        num_pages: int, table_offset: int, tail_tokens: int) -> Command:
         lay = self.layout
         return shaders.page_copy(self.device, entry, pages=layer, page_table=table, dense=dense,
@@ -77,7 +66,13 @@ class PageMover:
         scratch = self.scratch(size)
         return [fill(scratch, 0), Copy(scratch, 0, dst, dst_offset, size)]
 
-    def pack(self, path: str, layer: Buffer, table: Buffer, page_ids: list[int], tail_tokens: int,
+    def _pack_tail(self, layer: Region, table: Buffer, index: int, tail_tokens: int, dst: Buffer,
+                   dst_offset: int) -> list[Command]:
+        """Commands packing logical page ``index`` (the last, partial one) with its unused slots zeroed."""
+        return self._via_storage(dst, dst_offset, self.page_bytes, lambda buf, off: self._pack_dispatch(
+            "pack", layer, table, buf, off, 1, index, tail_tokens))
+
+    def pack(self, path: str, layer: Region, table: Buffer, page_ids: list[int], tail_tokens: int,
              dst: Buffer, dst_offset: int) -> list[Command]:
         """Commands writing the pages ``page_ids`` of ``layer`` densely into ``dst`` at ``dst_offset``.
 
@@ -91,21 +86,59 @@ class PageMover:
             return self._via_storage(dst, dst_offset, n * pb, lambda buf, off: self._pack_dispatch(
                 "pack", layer, table, buf, off, n, 0, tail_tokens))
         full = n if tail_tokens == self.layout.page_size else n - 1
-        commands: list[Command] = [Copy(layer, first * pb, dst, dst_offset + start * pb, length * pb)
-                                   for start, first, length in page_runs(page_ids[:full])]
+        commands: list[Command] = [Copy(layer.buffer, layer.offset + first * pb, dst, dst_offset + start * pb,
+                                        length * pb) for start, first, length in page_runs(page_ids[:full])]
         if full < n:
-            commands += self._via_storage(dst, dst_offset + full * pb, pb, lambda buf, off: self._pack_dispatch(
-                "pack", layer, table, buf, off, 1, full, tail_tokens))
+            commands += self._pack_tail(layer, table, full, tail_tokens, dst, dst_offset + full * pb)
+        return commands
+
+    def span_stride(self, path: str, layers: list[Region], page_ids: list[int]) -> int | None:
+        """The distance between layers when one copy can carry every layer's pages, else None.
+
+        That needs the copy path, one physical run of pages, layers evenly spaced in one buffer, and
+        at most 1/8 more bytes moved than the pages themselves.
+        """
+        if path != "copy" or not page_ids or len(page_runs(page_ids)) != 1 or len(layers) < 2:
+            return None
+        stride = layers[1].offset - layers[0].offset
+        if any(b.buffer is not layers[0].buffer or b.offset - a.offset != stride for a, b in zip(layers, layers[1:])):
+            return None
+        group = len(page_ids) * self.page_bytes
+        return stride if (stride - group) * 8 <= group else None
+
+    def pack_layers(self, path: str, layers: list[Region], table: Buffer, page_ids: list[int], tail_tokens: int,
+                    dst: Buffer, stride: int) -> list[Command]:
+        """Commands packing the pages of every layer into ``dst``, layer g's group at ``g * stride``.
+
+        With the ``stride`` that :meth:`span_stride` returned, one copy moves all layers and the bytes
+        between groups are cleared; otherwise ``stride`` is the group size and each layer is packed alone.
+        """
+        n, pb = len(page_ids), self.page_bytes
+        if n == 0:
+            return []
+        if stride != self.span_stride(path, layers, page_ids):
+            commands: list[Command] = []
+            for g, layer in enumerate(layers):
+                commands += self.pack(path, layer, table, page_ids, tail_tokens, dst, g * stride)
+            return commands
+        full = n if tail_tokens == self.layout.page_size else n - 1
+        span = (len(layers) - 1) * stride + full * pb
+        commands = [Copy(layers[0].buffer, layers[0].offset + page_ids[0] * pb, dst, 0, span)] if span else []
+        for g, layer in enumerate(layers):
+            if full < n:
+                commands += self._pack_tail(layer, table, full, tail_tokens, dst, g * stride + full * pb)
+            if g + 1 < len(layers) and stride > n * pb:  # other sequences' pages: never let them out
+                commands.append(Clear(dst, g * stride + n * pb, stride - n * pb))
         return commands
 
     def scatter(self, path: str, src: Buffer, src_offset: int, table: Buffer, page_ids: list[int],
-                layer: Buffer) -> list[Command]:
+                layer: Region) -> list[Command]:
         """Commands writing the dense pages in ``src`` at ``src_offset`` into ``layer`` at ``page_ids`` (whole pages)."""
         n, pb = len(page_ids), self.page_bytes
         if n == 0:
             return []
         if path == "copy":
-            return [Copy(src, src_offset + start * pb, layer, first * pb, length * pb)
+            return [Copy(src, src_offset + start * pb, layer.buffer, layer.offset + first * pb, length * pb)
                     for start, first, length in page_runs(page_ids)]
         commands: list[Command] = []
         if not src.usage & Usage.STORAGE:
@@ -113,6 +146,24 @@ class PageMover:
             commands.append(Copy(src, src_offset, scratch, 0, n * pb))
             src, src_offset = scratch, 0
         commands.append(self._pack_dispatch("scatter", layer, table, src, src_offset, n, 0, self.layout.page_size))
+        return commands
+
+    def scatter_layers(self, path: str, src: Buffer, table: Buffer, page_ids: list[int], layers: list[Region],
+                       stride: int) -> list[Command]:
+        """Commands scattering layer g's group, at ``g * stride`` in ``src``, into the pages of each layer.
+
+        With the ``stride`` that :meth:`span_stride` returned, one copy moves all layers, and the bytes
+        between groups land in the pages between the runs: the caller passes it only when those are free.
+        """
+        n, pb = len(page_ids), self.page_bytes
+        if n == 0:
+            return []
+        if stride == self.span_stride(path, layers, page_ids):
+            span = (len(layers) - 1) * stride + n * pb
+            return [Copy(src, 0, layers[0].buffer, layers[0].offset + page_ids[0] * pb, span)]
+        commands: list[Command] = []
+        for g, layer in enumerate(layers):
+            commands += self.scatter(path, src, g * stride, table, page_ids, layer)
         return commands
 
     def close(self) -> None:
@@ -130,7 +181,8 @@ async def measure_path(device: Device, layout: KVLayout, num_pages: int = 64, re
     mover = PageMover(device, layout)
     pb = layout.page_bytes
     num_pages = max(2, min(num_pages, device.info.max_storage_binding // pb))
-    layer = device.create_buffer(num_pages * pb, Usage.STORAGE | Usage.COPY_SRC | Usage.COPY_DST, "probe.layer")
+    layer_buffer = device.create_buffer(num_pages * pb, Usage.STORAGE | Usage.COPY_SRC | Usage.COPY_DST, "probe.layer")
+    layer = Region(layer_buffer, 0, layer_buffer.size)
     table = device.create_buffer(num_pages * 4, Usage.STORAGE | Usage.COPY_DST, "probe.table")
     staging = device.create_buffer(num_pages * pb, Usage.MAP_READ | Usage.COPY_DST, "probe.staging")
     page_ids = list(range(num_pages))[::-2] + list(range(num_pages))[-2::-2]  # no two neighbours adjacent
@@ -146,7 +198,7 @@ async def measure_path(device: Device, layout: KVLayout, num_pages: int = 64, re
                 times.append(time.perf_counter() - start)
             best[path] = min(times[1:])
     finally:
-        for buf in (layer, table, staging):
+        for buf in (layer_buffer, table, staging):
             device.destroy(buf)
         mover.close()
     choice = min(best, key=best.get)

@@ -73,7 +73,8 @@ async def read_layer_page(cache: PagedKVCache, layer: int, page: int) -> bytes:
     pb = cache.layout.page_bytes
     staging = cache.device.create_buffer(pb, Usage.MAP_READ | Usage.COPY_DST, "test.page")
     try:
-        cache.device.submit([Copy(cache.layers[layer], page * pb, staging, 0, pb)])
+        region = cache.layers[layer]
+        cache.device.submit([Copy(region.buffer, region.offset + page * pb, staging, 0, pb)])
         return bytes(await cache.device.read(staging, 0, pb))
     finally:
         cache.device.destroy(staging)

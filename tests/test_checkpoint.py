@@ -208,6 +208,72 @@ def test_kernel_and_copy_paths_export_identical_bytes(make_model, name):
     assert exports["kernel"] == exports["copy"]
 
 
+@pytest.mark.parametrize("tokens", [16 * P, 16 * P - 1])
+def test_a_sequence_filling_the_cache_exports_all_layers_in_one_copy(make_model, tokens):
+    model = make_model(transfer="copy", num_layers=3)
+    model.add(0, tokens)  # 16 of the 17 pages: the layers' runs are one span of the arena
+    cache = model.cache
+    assert cache.mover.span_stride("copy", cache.layers, cache.seqs.get(0).pages) is not None
+    assert model.export(0) == model.expected_groups(0)
+    out = memoryview(bytearray(cache.host_nbytes(0)))
+    assert [bytes(g) for g in run(cache.export_groups(0, out=out))] == model.expected_groups(0)
+
+
+def test_one_copy_export_never_lets_other_sequences_bytes_out(make_model):
+    model = make_model(limits=small_limits(max_total_seq_len=32 * P, prefill_chunk_size=32 * P), transfer="copy",
+                       num_layers=3)
+    model.add(0, 30 * P)
+    model.add(1, P)  # page 30 of 33, inside the span that one copy of sequence 0 moves
+    cache = model.cache
+    assert cache.mover.span_stride("copy", cache.layers, cache.seqs.get(0).pages) is not None
+    out = memoryview(bytearray(cache.host_nbytes(0)))
+    groups = run(cache.export_groups(0, out=out))
+    assert [bytes(g) for g in groups] == model.expected_groups(0)
+    group = len(groups[0])
+    stride = (len(out) - group) // 2
+    for g in range(2):
+        assert not any(out[g * stride + group:(g + 1) * stride])
+
+
+def test_export_into_an_out_buffer_too_small_for_one_copy_falls_back_to_dense_groups(make_model):
+    model = make_model(transfer="copy", num_layers=3)
+    model.add(0, 16 * P)
+    group = 16 * model.layout.page_bytes
+    out = memoryview(bytearray(3 * group))
+    assert [bytes(g) for g in run(model.cache.export_groups(0, out=out))] == model.expected_groups(0)
+    with pytest.raises(TensorError) as info:
+        run(model.cache.export_groups(0, out=memoryview(bytearray(3 * group - 4))))
+    assert (info.value.field, info.value.got) == ("out.nbytes", 3 * group - 4)
+
+
+@pytest.mark.parametrize("tokens", [16 * P, 16 * P - 1])
+def test_import_into_an_empty_cache_restores_every_layer_through_one_copy(make_model, tokens):
+    source = make_model(transfer="copy", num_layers=3, seed=4)
+    source.add(0, tokens)
+    metadata, groups = checkpoint(source, 0)
+    target = make_model(transfer="copy", num_layers=3)
+    target.cache.prepare_import(0, metadata)
+    cache = target.cache
+    assert cache.mover.span_stride("copy", cache.layers, cache._import.seq.pages) is not None
+    run(cache.import_groups(0, groups))
+    cache.finish_import(0)
+    target.ref[0] = source.ref[0]
+    target.assert_holds(0)
+
+
+def test_import_beside_another_sequence_leaves_its_pages_untouched(make_model):
+    limits = small_limits(max_total_seq_len=32 * P, prefill_chunk_size=32 * P)
+    source = make_model(limits=limits, transfer="copy", num_layers=3, seed=4)
+    source.add(0, 30 * P)
+    metadata, groups = checkpoint(source, 0)
+    target = make_model(limits=limits, transfer="copy", num_layers=3)
+    target.add(5, P)  # page 0; the import then takes pages 1..30, and a one-layer-span copy would cover page 0
+    run(target.cache.load_checkpoint(metadata, groups, exclusive=False))
+    target.ref[0] = source.ref[0]
+    target.assert_holds(0)
+    target.assert_holds(5)
+
+
 def test_stale_data_beyond_the_sequence_is_exported_as_zeros(make_model, transfer):
     model = make_model(transfer=transfer)
     model.add(0, 2 * P)  # pages 0, 1 full of random bits

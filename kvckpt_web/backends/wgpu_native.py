@@ -40,6 +40,7 @@ class WgpuDevice(Device):
             max_storage_binding=int(limits["max-storage-buffer-binding-size"]),
             max_buffer_size=int(limits["max-buffer-size"]),
             max_workgroups_per_dim=int(limits["max-compute-workgroups-per-dimension"]),
+            storage_offset_alignment=int(limits["min-storage-buffer-offset-alignment"]),
         )
 
     @classmethod
@@ -96,11 +97,11 @@ class WgpuDevice(Device):
                 encoder.clear_buffer(command.buffer.native, command.offset, command.size)
             else:
                 pipeline = command.kernel.native
-                size = len(command.params) + (-len(command.params) % _UNIFORM_ALIGN)
                 entries = [{"binding": 0, "resource": {"buffer": params, "offset": slot, "size": len(command.params)}}]
-                entries += [{"binding": i + 1, "resource": {"buffer": b.native, "offset": 0, "size": b.size}}
-                            for i, b in enumerate(command.buffers)]
-                slot += size
+                for i, target in enumerate(command.buffers):
+                    native, offset, size = self.binding(target)
+                    entries.append({"binding": i + 1, "resource": {"buffer": native, "offset": offset, "size": size}})
+                slot += len(command.params) + (-len(command.params) % _UNIFORM_ALIGN)
                 bind_group = self._device.create_bind_group(layout=pipeline.get_bind_group_layout(0), entries=entries)
                 x, y = grid(command.invocations, self.info.max_workgroups_per_dim)
                 compute = encoder.begin_compute_pass()
@@ -136,7 +137,8 @@ class WgpuDevice(Device):
         buffer.native.map_sync("WRITE", mapped_offset, mapped_size)
         try:
             for view in views:
-                buffer.native.write_mapped(view, offset)
-                offset += len(view)
+                if len(view):
+                    buffer.native.write_mapped(view, offset)
+                    offset += len(view)
         finally:
             buffer.native.unmap()
