@@ -1,9 +1,8 @@
-"""The ``kvckpt`` command line: demo, inspect, convert, bench."""
+"""The ``kvckpt`` command line: demo, inspect, verify, convert, gc, bench."""
 
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
 import sys
 from pathlib import Path
@@ -36,6 +35,10 @@ def _describe_tvm_export(path: Path) -> dict[str, Any]:
 
 
 def cmd_inspect(args: argparse.Namespace) -> None:
+    from .cli_store import cmd_inspect_store, is_store
+
+    if is_store(args.path):
+        return cmd_inspect_store(args)
     info = _describe_tvm_export(Path(args.path))
     if args.json:
         print(json.dumps(info, indent=2))
@@ -53,25 +56,10 @@ def cmd_inspect(args: argparse.Namespace) -> None:
           f"{limits['num_total_pages']}, prefill_chunk_size {limits['prefill_chunk_size']}")
 
 
-async def _convert_to_tvm(src: Path, dst: Path, force: bool) -> dict[str, Any]:
-    from .cache import PagedKVCache
-    from .device import open_device
-    from .tvm_export import read_tvm_export, write_tvm_export
-
-    export = read_tvm_export(src)
-    seq_id = export.metadata.get("seq_id")
-    cache = PagedKVCache.from_metadata(open_device(), export.metadata_json)
-    await cache.load_checkpoint(export.metadata_json, export.groups, seq_id=seq_id)
-    metadata = cache.get_checkpoint_metadata(seq_id)
-    groups = await cache.export_groups(seq_id)
-    write_tvm_export(dst, metadata, groups, overwrite=force)
-    return {"seq_length": cache.get_sequence_length(seq_id), "groups": len(groups)}
-
-
 def cmd_convert(args: argparse.Namespace) -> None:
-    result = asyncio.run(_convert_to_tvm(Path(args.src), Path(args.dst), args.force))
-    print(f"converted {args.src} -> {args.dst} (tvm): {result['seq_length']} tokens, {result['groups']} page groups "
-          "loaded into a GPU cache and exported again")
+    from .cli_store import cmd_convert as convert
+
+    convert(args)
 
 
 def cmd_demo(args: argparse.Namespace) -> None:
@@ -84,7 +72,25 @@ def cmd_bench(args: argparse.Namespace) -> None:
     from .bench import run
 
     paths = ("kernel", "copy") if args.path == "both" else (args.path,)
-    run(args.names, args.repeats, paths)
+    run(args.names, args.repeats, paths, trials=args.trials)
+
+
+def cmd_serve(args: argparse.Namespace) -> None:
+    import os
+
+    from .serve import DEFAULT_PYODIDE, DEFAULT_WHEELS, make_server
+
+    pyodide = args.pyodide or os.environ.get("KVCKPT_PYODIDE") or DEFAULT_PYODIDE
+    wheels = args.wheels or [os.environ.get("KVCKPT_WHEELS") or DEFAULT_WHEELS]
+    server = make_server(pyodide, wheels, host=args.host, port=args.port)
+    host, port = server.server_address[:2]
+    print(f"kvckpt_web browser runtime on http://{host}:{port}/ (Ctrl-C to stop)", flush=True)
+    try:
+        server.serve_forever()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        server.server_close()
 
 
 def cmd_demo_worker(args: argparse.Namespace) -> None:
@@ -105,24 +111,46 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--dir", help="where to write the TVM export directory (default: a temporary directory)")
     p.set_defaults(func=cmd_demo)
 
-    p = sub.add_parser("inspect", help="summarise and validate a TVM export directory")
+    p = sub.add_parser("inspect", help="summarise and validate a TVM export directory or a checkpoint store "
+                       "(names, generations, sizes, chunk sharing)")
     p.add_argument("path")
     p.add_argument("--json", action="store_true", help="print the summary as JSON")
     p.set_defaults(func=cmd_inspect)
 
-    p = sub.add_parser("convert", help="load a checkpoint into a GPU cache and export it again")
-    p.add_argument("src")
-    p.add_argument("dst")
-    p.add_argument("--to", choices=["tvm"], required=True, help="output format")
-    p.add_argument("--force", action="store_true", help="replace DST if it exists")
+    p = sub.add_parser("convert", help="load a checkpoint (TVM export directory or store) into a GPU cache and write "
+                       "it as a TVM export directory or into a store")
+    p.add_argument("src", help="a TVM export directory or a checkpoint store")
+    p.add_argument("dst", help="the TVM export directory to write, or the store to save into")
+    p.add_argument("--to", choices=["tvm", "kvckpt"], required=True, help="output format")
+    p.add_argument("--name", help="sequence name in the store (SRC: needed if it holds several; DST: default the "
+                   "source's name, else seq0)")
+    p.add_argument("--generation", type=int, help="generation to read from a store SRC (default: the newest)")
+    p.add_argument("--keep", type=int, default=2, help="generations of the name a store DST keeps (default 2)")
+    p.add_argument("--force", action="store_true", help="replace a TVM export directory DST if it exists")
     p.set_defaults(func=cmd_convert)
 
     p = sub.add_parser("bench", help="throughput vs raw transfers of the same bytes, measured in the same run")
-    p.add_argument("names", nargs="*", default=["export"], choices=["export"], help="benchmarks to run")
+    p.add_argument("names", nargs="*", default=["export"], choices=["export", "save", "soak"],
+                   help="benchmarks to run (soak: kill -9 trials of processes that are saving)")
     p.add_argument("--repeats", type=int, default=5)
+    p.add_argument("--trials", type=int, default=200, help="trials of the soak benchmark (default 200)")
     p.add_argument("--path", choices=["auto", "kernel", "copy", "both"], default="both",
                    help="page-transfer path(s) to measure (default: both)")
     p.set_defaults(func=cmd_bench)
+
+    from .cli_store import add_parsers
+
+    add_parsers(sub)
+
+    p = sub.add_parser("serve", help="serve the browser runtime (page, kvckpt.mjs, pinned Pyodide, wheels) offline "
+                       "on 127.0.0.1")
+    p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1: a secure context)")
+    p.add_argument("--port", type=int, default=8000, help="port (default 8000; 0 picks a free one)")
+    p.add_argument("--pyodide", default=None, help="the npm package pyodide directory "
+                   "(default: $KVCKPT_PYODIDE or build/web/node_modules/pyodide)")
+    p.add_argument("--wheels", action="append", default=None, help="directory of wheels to serve under /wheels/ "
+                   "(repeatable; default: $KVCKPT_WHEELS or build/web/wheels)")
+    p.set_defaults(func=cmd_serve)
 
     for name in ("_demo-worker", "_demo-verify"):
         p = sub.add_parser(name)
@@ -137,11 +165,10 @@ def main(argv: list[str] | None = None) -> int:
     """Run ``kvckpt``; returns the exit status (1 with a one-line error for any checkpoint error)."""
     args = build_parser().parse_args(argv)
     try:
-        args.func(args)
+        return args.func(args) or 0
     except KVCkptError as exc:
         print(f"kvckpt: error: {exc}", file=sys.stderr)
         return 1
-    return 0
 
 
 if __name__ == "__main__":

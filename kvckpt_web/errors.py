@@ -77,3 +77,7 @@ class CorruptionError(KVCkptError):
 
 class StoreError(KVCkptError):
     """A store could not read, write or lock."""
+
+
+class NotFoundError(KVCkptError):
+    """A store holds no checkpoint of the requested name or generation."""

@@ -1,0 +1,809 @@
+"""Durable checkpoints of named sequences in a :class:`~kvckpt_web.store.Store`: save, restore, gc, verify.
+
+A checkpoint is one generation of one named sequence, in the container format
+of ``FORMAT.md`` (content-addressed chunks plus a manifest). The functions here
+use the cache only through its public API (``get_checkpoint_metadata``,
+``read_pages``, ``sequence_state`` / ``unchanged_prefix``, and
+``prepare_import`` / ``import_groups`` / ``finish_import`` / ``abort_import``)
+and the store only through the :class:`~kvckpt_web.store.Store` API, so they
+run unchanged wherever both do (desktop, Pyodide).
+
+Commit protocol (all under ``store.lock()``): write every new chunk (each
+``set`` is atomic and durable), then the manifest of generation
+``newest + 1``; only after that manifest is committed, drop manifests beyond
+the newest ``keep`` of that name and delete the chunks no remaining manifest
+of any name uses. A crash at any instant therefore leaves the previous or the
+new generation restorable, plus at worst unreferenced chunks that :func:`gc`
+removes.
+
+Incremental saves: full pages are immutable once written, so a save rewrites
+only the chunks holding pages that changed since this process last saved (or
+restored) that name in that store object: pages past the length saved last,
+the partial last page, and pages a ``popn`` reached. Only those pages are read
+back from the GPU. Without such a record (a new process) every page is read
+and hashed, but chunks already in the store are still not written again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import sys
+import weakref
+from collections import OrderedDict
+from collections.abc import Awaitable, Callable, Iterable
+from contextlib import AbstractAsyncContextManager, nullcontext
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from .container import (ChunkRef, Manifest, chunk_digest, chunk_key, decode_manifest, encode_manifest,
+                        manifest_key, manifest_prefix, parse_manifest_key, plan_chunks, validate_name, verify_chunk)
+from .errors import (CheckpointStateError, CorruptionError, FieldError, FormatError, KVCkptError, LayoutHashMismatch,
+                     NotFoundError)
+from .metadata import dump_tvm_json, parse_metadata, validate_import
+
+if TYPE_CHECKING:
+    from .cache import PagedKVCache
+    from .device import Device
+    from .pool import SequenceState
+    from .store import Store
+
+__all__ = [
+    "DEFAULT_CHUNK_BYTES",
+    "DEFAULT_KEEP",
+    "GcResult",
+    "GenerationInfo",
+    "RestoreResult",
+    "SaveResult",
+    "VerifyReport",
+    "forget",
+    "gc",
+    "list_generations",
+    "list_names",
+    "load_manifest",
+    "restore",
+    "save",
+    "verify",
+]
+
+DEFAULT_KEEP = 2
+"""Generations of each name a save keeps (the new one and the one before)."""
+
+DEFAULT_CHUNK_BYTES = 1 << 20
+"""Target chunk size when ``pages_per_chunk`` is not given: ``max(1, DEFAULT_CHUNK_BYTES // page_bytes)`` pages."""
+
+READ_BATCH_BYTES = 32 << 20
+"""Bytes (all groups together) read back from the GPU per step of a save, while the previous step is written."""
+
+IO_CONCURRENCY = 8
+"""Chunk reads or writes (with their hashing) in flight at once."""
+
+LIST_THRESHOLD = 32
+"""A save storing more chunks than this lists the store's chunks once instead of asking for each."""
+
+MANIFESTS = "manifests/"
+CHUNKS = "chunks/"
+
+#: ``progress(phase, done, total)``: called as a long operation advances.
+Progress = Callable[[str, int, int], None]
+
+
+# ----- results --------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class SaveResult:
+    """What one :func:`save` did."""
+
+    name: str
+    generation: int
+    key: str
+    seq_id: int
+    seq_length: int
+    num_chunks: int
+    """Chunks the new manifest references (all groups)."""
+    chunks_written: int
+    """Chunks this save stored (the others were unchanged or already in the store)."""
+    bytes_written: int
+    """Payload bytes this save stored: new chunks plus the manifest."""
+    pages_read: int
+    """Logical pages per group read back from the GPU."""
+    deleted_manifests: tuple[str, ...] = ()
+    deleted_chunks: int = 0
+    warnings: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class RestoreResult:
+    """What one :func:`restore` loaded."""
+
+    name: str
+    generation: int
+    key: str
+    seq_id: int
+    seq_length: int
+    app_state: dict[str, Any]
+    num_chunks: int
+    nbytes: int
+    """Bytes of page-group data imported (all groups)."""
+
+
+@dataclass(frozen=True)
+class GenerationInfo:
+    """One manifest in a store, as :func:`list_generations` found it."""
+
+    name: str
+    generation: int
+    key: str
+    manifest_bytes: int
+    error: str | None = None
+    """Why the manifest cannot be used; None if it decodes and matches its key."""
+    created_ms: int | None = None
+    seq_id: int | None = None
+    seq_length: int | None = None
+    num_groups: int | None = None
+    num_logical_pages: int | None = None
+    pages_per_chunk: int | None = None
+    chunk_keys: tuple[str, ...] = ()
+    """Every chunk key of the manifest, group by group (repeats kept)."""
+    chunk_nbytes: tuple[int, ...] = ()
+    """The size of each chunk of ``chunk_keys``."""
+    nbytes: int = 0
+    """Page-group bytes the checkpoint holds (all groups)."""
+    app_state: dict[str, Any] | None = None
+
+
+@dataclass(frozen=True)
+class GcResult:
+    """What :func:`gc` kept and deleted."""
+
+    kept_manifests: tuple[str, ...]
+    deleted_manifests: tuple[str, ...]
+    deleted_chunks: int
+    freed_bytes: int
+    damaged_manifests: tuple[str, ...] = ()
+    """Manifests that could not be read; while any is kept, no chunk is deleted."""
+
+
+@dataclass
+class VerifyReport:
+    """What :func:`verify` checked and found; ``ok`` only if nothing is wrong."""
+
+    manifests_checked: list[str] = field(default_factory=list)
+    chunks_checked: int = 0
+    bytes_checked: int = 0
+    loaded: list[str] = field(default_factory=list)
+    """Manifests restored into a GPU cache and read back identical."""
+    unreferenced_chunks: list[str] = field(default_factory=list)
+    problems: list[str] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        """True if every manifest and chunk is intact (unreferenced chunks are not a problem)."""
+        return not self.problems
+
+
+# ----- what this process saved last, per store object and name ----------------------------------------
+
+
+@dataclass(frozen=True)
+class _Saved:
+    key: str
+    envelope: bytes
+    state: "SequenceState"
+    page_bytes: int
+    pages_per_chunk: int
+    chunks: tuple[tuple[ChunkRef, ...], ...]
+
+
+_MEMORY: "weakref.WeakKeyDictionary[Store, dict[str, _Saved]]" = weakref.WeakKeyDictionary()
+
+
+def forget(store: "Store", name: str | None = None) -> None:
+    """Drop what this process remembers of its saves to ``store`` (one name or all): the next save reads every page."""
+    if name is None:
+        _MEMORY.pop(store, None)
+    else:
+        _MEMORY.get(store, {}).pop(name, None)
+
+
+def _remember(store: "Store", name: str, saved: _Saved) -> None:
+    _MEMORY.setdefault(store, {})[name] = saved
+
+
+_CACHE_LOCKS: "weakref.WeakKeyDictionary[Any, tuple[asyncio.AbstractEventLoop, asyncio.Lock]]" = \
+    weakref.WeakKeyDictionary()
+
+
+def _cache_lock(cache: "PagedKVCache") -> asyncio.Lock:
+    """One lock per cache (and event loop): a cache's readback and import buffers serve one transfer at a time."""
+    loop = asyncio.get_running_loop()
+    entry = _CACHE_LOCKS.get(cache)
+    if entry is None or entry[0] is not loop:
+        entry = _CACHE_LOCKS[cache] = (loop, asyncio.Lock())
+    return entry[1]
+
+
+# ----- helpers --------------------------------------------------------------------------------------
+
+
+_IN_BROWSER = sys.platform == "emscripten"
+
+
+async def _offload(fn: Callable[..., Any], *args: Any) -> Any:
+    """Run CPU-heavy ``fn`` (hashing, which releases the GIL) in a worker thread where threads exist."""
+    if _IN_BROWSER:
+        return fn(*args)
+    return await asyncio.to_thread(fn, *args)
+
+
+async def _run_bounded(jobs: Iterable[Callable[[], Awaitable[None]]], limit: int) -> None:
+    """Run the jobs, at most ``limit`` at once; on the first error start no more, wait for those running, re-raise."""
+    pending: set[asyncio.Future[None]] = set()
+    jobs = iter(jobs)
+    try:
+        while True:
+            while len(pending) < limit:
+                job = next(jobs, None)
+                if job is None:
+                    break
+                pending.add(asyncio.ensure_future(job()))
+            if not pending:
+                return
+            done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+            # retrieve every task's outcome (an unretrieved one is logged at garbage collection), raise the first
+            errors = [asyncio.CancelledError() if task.cancelled() else task.exception() for task in done]
+            for error in errors:
+                if error is not None:
+                    raise error
+    finally:
+        if pending:  # never leave a write running after the caller has released the store lock
+            await asyncio.wait(pending)
+            for task in pending:
+                if not task.cancelled():
+                    task.exception()  # mark retrieved
+
+
+def _where(exc: KVCkptError, where: str) -> KVCkptError:
+    """``exc`` with ``where`` (a store key) in front of its message, same type."""
+    if isinstance(exc, FieldError):
+        return type(exc)(f"{where}: {exc.field}", exc.expected, exc.got)
+    return type(exc)(f"{where}: {exc}")
+
+
+async def _manifest_keys(store: "Store", name: str | None = None) -> list[tuple[str, int, str]]:
+    """(name, generation, key) of every manifest key (of ``name``), by name then generation; junk keys skipped."""
+    prefix = manifest_prefix(name) if name is not None else MANIFESTS
+    out = []
+    for key in await store.list_prefix(prefix):
+        try:
+            key_name, generation = parse_manifest_key(key)
+        except FormatError:
+            continue
+        out.append((key_name, generation, key))
+    return sorted(out)
+
+
+async def list_names(store: "Store") -> list[str]:
+    """Names with at least one manifest in ``store``, sorted."""
+    return sorted({n for n, _, _ in await _manifest_keys(store)})
+
+
+def _decode_at(key: str, data: bytes | None) -> Manifest:
+    """Decode the manifest stored under ``key``; errors name the key; a manifest under another key is corruption."""
+    if data is None:
+        raise NotFoundError(f"{key}: no such manifest")
+    try:
+        manifest = decode_manifest(data)
+    except (FormatError, CorruptionError) as exc:
+        raise _where(exc, key) from None
+    name, generation = parse_manifest_key(key)
+    if (manifest.name, manifest.generation) != (name, generation):
+        raise CorruptionError(f"{key}: holds the manifest of name {manifest.name!r} generation "
+                              f"{manifest.generation}, expected name {name!r} generation {generation}")
+    return manifest
+
+
+async def load_manifest(store: "Store", name: str, generation: int | None = None) -> tuple[Manifest, bytes]:
+    """The decoded manifest of ``name`` (its newest generation unless told) and its envelope bytes.
+
+    Raises :class:`NotFoundError` if there is none, :class:`CorruptionError` or :class:`FormatError`
+    (both naming the key) if it is damaged.
+    """
+    validate_name(name)
+    if generation is None:
+        keys = await _manifest_keys(store, name)
+        if not keys:
+            raise NotFoundError(f"{manifest_prefix(name)}: no checkpoint named {name!r} in {store!r}")
+        key = keys[-1][2]
+    else:
+        key = manifest_key(name, generation)
+    data = await store.get(key)
+    if data is None and generation is not None:
+        have = [g for _, g, _ in await _manifest_keys(store, name)]
+        raise NotFoundError(f"{key}: no generation {generation} of {name!r} (generations in store: {have})")
+    return _decode_at(key, data), data
+
+
+_REFS: "OrderedDict[bytes, frozenset[str]]" = OrderedDict()
+_REFS_MAX = 64
+
+
+async def _refs_of(store: "Store", key: str) -> frozenset[str] | None:
+    """The chunk keys the manifest under ``key`` uses; None if it is missing or cannot be decoded.
+
+    Decoded reference sets are remembered by the SHA-256 of the envelope bytes, so a result is
+    never stale.
+    """
+    data = await store.get(key)
+    if data is None:
+        return None
+    digest = hashlib.sha256(data).digest()
+    refs = _REFS.get(digest)
+    if refs is None:
+        try:
+            refs = frozenset(_decode_at(key, data).chunk_keys())
+        except KVCkptError:
+            return None
+        _REFS[digest] = refs
+        while len(_REFS) > _REFS_MAX:
+            _REFS.popitem(last=False)
+    else:
+        _REFS.move_to_end(digest)
+    return refs
+
+
+def _cache_refs(envelope: bytes, manifest: Manifest) -> None:
+    _REFS[hashlib.sha256(envelope).digest()] = frozenset(manifest.chunk_keys())
+    while len(_REFS) > _REFS_MAX:
+        _REFS.popitem(last=False)
+
+
+async def _referenced(store: "Store") -> tuple[set[str], list[str]]:
+    """Every chunk key used by a manifest of any name, and the keys of manifests that could not be read."""
+    used: set[str] = set()
+    damaged = []
+    for _, _, key in await _manifest_keys(store):
+        refs = await _refs_of(store, key)
+        if refs is None:
+            damaged.append(key)
+        else:
+            used |= refs
+    return used, damaged
+
+
+def _check_keep(keep: int) -> int:
+    if isinstance(keep, bool) or not isinstance(keep, int) or keep < 1:
+        raise FieldError("keep", "an integer >= 1", keep)
+    return keep
+
+
+async def _retain(store: "Store", name: str, keep: int) -> tuple[list[str], int, list[str]]:
+    """Drop manifests of ``name`` beyond the newest ``keep``, then the chunks only they used. Lock held."""
+    keys = [key for _, _, key in await _manifest_keys(store, name)]
+    drop = keys[:-keep]
+    if not drop:
+        return [], 0, []
+    candidates: set[str] = set()
+    for key in drop:
+        candidates |= await _refs_of(store, key) or frozenset()
+    for key in drop:
+        await store.delete(key)
+    if not candidates:
+        return drop, 0, []
+    used, damaged = await _referenced(store)
+    if damaged:
+        return drop, 0, [f"chunks not deleted: cannot tell which chunks damaged manifests use: {', '.join(damaged)}"]
+    unused = sorted(candidates - used)
+    for key in unused:
+        await store.delete(key)
+    return drop, len(unused), []
+
+
+# ----- save -----------------------------------------------------------------------------------------
+
+
+async def save(cache: "PagedKVCache", seq_id: int, store: "Store", name: str, *,
+               app_state: dict[str, Any] | None = None, keep: int = DEFAULT_KEEP, pages_per_chunk: int | None = None,
+               progress: Progress | None = None) -> SaveResult:
+    """Checkpoint sequence ``seq_id`` of ``cache`` as the next generation of ``name`` in ``store``.
+
+    Writes only chunks whose pages changed since this process last saved or restored ``name`` with
+    this ``store`` object (and, even then, none the store already holds), then the manifest; then keeps
+    the newest ``keep`` generations of ``name`` and deletes chunks no kept manifest of any name uses.
+    ``app_state`` (a JSON object) is stored verbatim in the manifest. ``pages_per_chunk`` defaults to
+    about :data:`DEFAULT_CHUNK_BYTES` per chunk. The sequence must not change while the save runs
+    (:class:`CheckpointStateError` if it did; nothing is committed then). If anything fails before the
+    manifest is committed, the store still holds the previous generations intact; a failure of the
+    clean-up after the commit is reported in ``warnings`` instead.
+    """
+    validate_name(name)
+    _check_keep(keep)
+    app_state = {} if app_state is None else app_state
+    if not isinstance(app_state, dict):
+        raise FormatError("app_state", "a JSON object (dict)", type(app_state).__name__)
+    lay = cache.layout
+    page_bytes, num_groups = lay.page_bytes, lay.num_layers
+    if pages_per_chunk is None:
+        pages_per_chunk = max(1, DEFAULT_CHUNK_BYTES // page_bytes)
+    if isinstance(pages_per_chunk, bool) or not isinstance(pages_per_chunk, int) or pages_per_chunk < 1:
+        raise FieldError("pages_per_chunk", "an integer >= 1", pages_per_chunk)
+    ppc = pages_per_chunk
+    # refuse an app_state no manifest can hold before anything is written
+    encode_manifest(Manifest(name, 1, "{}", page_bytes, ppc, 0, ((),) * num_groups, app_state))
+
+    async with store.lock():
+        state = cache.sequence_state(seq_id)
+        metadata = cache.get_checkpoint_metadata(seq_id)
+        npages = lay.num_logical_pages(state.length)
+        plan = plan_chunks(npages, ppc)
+        existing = await _manifest_keys(store, name)
+        generation = existing[-1][1] + 1 if existing else 1
+        written_before = store.bytes_written
+
+        # What can be kept from this process's last save of `name`: chunks whose pages are all unchanged.
+        prev = _MEMORY.get(store, {}).get(name)
+        reuse, known = 0, set()
+        if prev is not None and (prev.page_bytes, prev.pages_per_chunk, len(prev.chunks)) == (page_bytes, ppc,
+                                                                                                num_groups):
+            if await store.get(prev.key) == prev.envelope:  # its chunks are still kept
+                known = {ref.key for group in prev.chunks for ref in group}
+                unchanged_pages = cache.unchanged_prefix(seq_id, prev.state) // lay.page_size
+                reuse = min(unchanged_pages // ppc, len(prev.chunks[0]), len(plan))
+        table: list[list[ChunkRef | None]] = [
+            list(prev.chunks[g][:reuse]) + [None] * (len(plan) - reuse) if reuse else [None] * len(plan)
+            for g in range(num_groups)
+        ]
+
+        # Read the changed pages back in batches of whole chunk columns; write one batch while reading the next.
+        column_bytes = ppc * page_bytes * num_groups
+        per_batch = max(1, READ_BATCH_BYTES // column_bytes)
+        batches = [list(range(c, min(c + per_batch, len(plan)))) for c in range(reuse, len(plan), per_batch)]
+        first_page = reuse * ppc
+        claimed: set[str] = set()
+        counts = {"written": 0, "done": reuse * num_groups}
+        total_chunks = len(plan) * num_groups
+        # Many chunks to store: one listing answers every "is it there already?" (the lock keeps it true).
+        present = (set(await store.list_prefix(CHUNKS))
+                   if (len(plan) - reuse) * num_groups > LIST_THRESHOLD else None)
+
+        async def put(g: int, i: int, data: memoryview) -> None:
+            first, count = plan[i]
+            digest = await _offload(chunk_digest, data)
+            key = chunk_key(digest)
+            table[g][i] = ChunkRef(g, first, count, len(data), digest)
+            if key not in known and key not in claimed:
+                claimed.add(key)
+                if not (key in present if present is not None else await store.exists(key)):
+                    await store.set(key, data)
+                    counts["written"] += 1
+            counts["done"] += 1
+            if progress is not None:
+                progress("save", counts["done"], total_chunks)
+
+        async def read_locked(p0: int, p1: int) -> list[memoryview]:
+            async with _cache_lock(cache):
+                return await cache.read_pages(seq_id, p0, p1)
+
+        def read(batch: list[int]) -> asyncio.Future[list[memoryview]]:
+            return asyncio.ensure_future(read_locked(plan[batch[0]][0], plan[batch[-1]][0] + plan[batch[-1]][1]))
+
+        def jobs(batch: list[int], views: list[memoryview]) -> Iterable[Callable[[], Awaitable[None]]]:
+            base = plan[batch[0]][0]
+            for i in batch:
+                first, count = plan[i]
+                lo, hi = (first - base) * page_bytes, (first - base + count) * page_bytes
+                for g in range(num_groups):
+                    yield lambda g=g, i=i, d=views[g][lo:hi]: put(g, i, d)
+
+        if progress is not None:
+            progress("save", counts["done"], total_chunks)
+        reading = read(batches[0]) if batches else None
+        try:
+            for b, batch in enumerate(batches):
+                views = await reading
+                reading = read(batches[b + 1]) if b + 1 < len(batches) else None
+                await _run_bounded(jobs(batch, views), IO_CONCURRENCY)
+        finally:
+            if reading is not None:  # a read still in flight uses the cache's staging buffer: let it end
+                await asyncio.wait([reading])
+                if not reading.cancelled():
+                    reading.exception()
+        if cache.sequence_state(seq_id) != state:
+            raise CheckpointStateError(f"save {name!r}: sequence {seq_id} changed while it was being saved; "
+                                       "nothing was committed")
+
+        chunks = tuple(tuple(group) for group in table)
+        manifest = Manifest(name, generation, metadata, page_bytes, ppc, npages, chunks, app_state)
+        envelope = encode_manifest(manifest)
+        await store.set(manifest.key, envelope)  # the commit point
+        _cache_refs(envelope, manifest)
+        _remember(store, name, _Saved(manifest.key, envelope, state, page_bytes, ppc, chunks))
+        written = store.bytes_written - written_before
+        try:
+            dropped, deleted, warnings = await _retain(store, name, keep)
+        except KVCkptError as exc:  # the checkpoint is committed: report, do not fail the save
+            dropped, deleted, warnings = [], 0, [f"retention after the commit failed (kvckpt gc retries): {exc}"]
+    return SaveResult(name, generation, manifest.key, seq_id, state.length, total_chunks, counts["written"], written,
+                      npages - first_page, tuple(dropped), deleted, tuple(warnings))
+
+
+# ----- restore --------------------------------------------------------------------------------------
+
+
+def _metadata_for(text: str, seq_id: int | None) -> tuple[str, int]:
+    """The metadata text to import and the target seq id: the stored text verbatim unless another seq id is asked."""
+    meta = parse_metadata(text)
+    stored = meta.get("seq_id")
+    if seq_id is None:
+        if isinstance(stored, bool) or not isinstance(stored, int) or stored < 0:
+            raise FormatError("tvm_metadata.seq_id", "a non-negative integer", stored)
+        return text, stored
+    if isinstance(seq_id, bool) or not isinstance(seq_id, int) or seq_id < 0:
+        raise FieldError("seq_id", "a non-negative integer", seq_id)
+    if stored == seq_id and not isinstance(stored, bool):
+        return text, seq_id
+    meta["seq_id"] = seq_id  # same key, same position: only this field's text changes
+    return dump_tvm_json(meta), seq_id
+
+
+def _check_fits(manifest: Manifest, metadata: str, cache: "PagedKVCache", seq_id: int, key: str) -> None:
+    """Everything about ``manifest`` that can be checked against ``cache`` without touching it."""
+    lay = cache.layout
+    try:
+        got_hash = parse_metadata(metadata).get("layout_hash")
+        if got_hash != lay.layout_hash():
+            raise LayoutHashMismatch("tvm_metadata.layout_hash", lay.layout_hash(), got_hash,
+                                     "the checkpoint was written by a cache of another layout")
+        plan = validate_import(metadata, lay, cache.limits, seq_id)
+    except FieldError as exc:
+        raise _where(exc, key) from None
+    for what, expected, got in (("page_bytes", lay.page_bytes, manifest.page_bytes),
+                                ("num_groups", lay.num_layers, manifest.num_groups),
+                                ("num_logical_pages", plan.num_logical_pages, manifest.num_logical_pages)):
+        if expected != got:
+            raise FormatError(f"{key}: {what}", f"{expected} (from tvm_metadata and the cache layout)", got)
+
+
+async def _fetch_groups(store: "Store", manifest: Manifest, key: str, progress: Progress | None,
+                        phase: str = "restore") -> list[bytearray]:
+    """Every group's bytes, each chunk fetched and verified (size and SHA-256); CorruptionError names the chunk."""
+    pb = manifest.page_bytes
+    groups = [bytearray(manifest.num_logical_pages * pb) for _ in range(manifest.num_groups)]
+    refs = list(manifest.chunk_refs())
+    done = [0]
+
+    async def fetch(ref: ChunkRef) -> None:
+        data = await store.get(ref.key)
+        try:
+            data = await _offload(verify_chunk, ref, data)
+        except CorruptionError as exc:
+            raise _where(exc, key) from None
+        groups[ref.group][ref.first_page * pb:ref.first_page * pb + ref.nbytes] = data
+        done[0] += 1
+        if progress is not None:
+            progress(phase, done[0], len(refs))
+
+    await _run_bounded((lambda r=r: fetch(r) for r in refs), IO_CONCURRENCY)
+    return groups
+
+
+async def restore(store: "Store", name: str, cache: "PagedKVCache", *, seq_id: int | None = None,
+                  generation: int | None = None, progress: Progress | None = None) -> RestoreResult:
+    """Load generation ``generation`` (default: the newest) of ``name`` into ``cache`` as ``seq_id``.
+
+    ``seq_id`` defaults to the one the checkpoint was taken from. The manifest, its TVM metadata
+    against this cache's layout and limits, and every chunk's size and SHA-256 are verified before
+    the cache is touched; then prepare_import (non-exclusive: other sequences stay), import_groups
+    and finish_import run, and on any error the import is aborted, leaving ``cache`` as it was. An
+    existing ``seq_id`` is replaced only when the import finishes (the cache needs free pages for the
+    checkpoint meanwhile). A damaged newest generation is an error, never a silent fallback: pass
+    ``generation`` to load an older one. Holds the store's lock unless the store is read-only, so no
+    save or gc changes the checkpoint while it is read. Raises :class:`NotFoundError`,
+    :class:`CorruptionError` / :class:`FormatError` naming the damaged key, :class:`MetadataError`
+    (:class:`LayoutHashMismatch`) or :class:`CapacityError`.
+    """
+    async with _reading(store):
+        return await _restore(store, name, cache, seq_id, generation, progress, remember=True)
+
+
+def _reading(store: "Store") -> AbstractAsyncContextManager[None]:
+    """The writer lock if ``store`` is writable (no save or gc changes it meanwhile), else nothing."""
+    return nullcontext() if store.read_only else store.lock()
+
+
+async def _restore(store: "Store", name: str, cache: "PagedKVCache", seq_id: int | None, generation: int | None,
+                   progress: Progress | None, *, remember: bool) -> RestoreResult:
+    manifest, envelope = await load_manifest(store, name, generation)
+    key = manifest.key
+    metadata, target = _metadata_for(manifest.tvm_metadata, seq_id)
+    _check_fits(manifest, metadata, cache, target, key)
+    groups = await _fetch_groups(store, manifest, key, progress)
+    async with _cache_lock(cache):
+        cache.prepare_import(target, metadata, exclusive=False)
+        try:
+            await cache.import_groups(target, groups)
+            cache.finish_import(target)
+        except BaseException:
+            cache.abort_import(target)
+            raise
+    if remember:
+        _remember(store, name, _Saved(key, envelope, cache.sequence_state(target), manifest.page_bytes,
+                                      manifest.pages_per_chunk, manifest.chunks))
+    seq_length = cache.get_sequence_length(target)
+    return RestoreResult(name, manifest.generation, key, target, seq_length, manifest.app_state,
+                         sum(len(g) for g in manifest.chunks), sum(len(g) for g in groups))
+
+
+# ----- listing, gc, verify --------------------------------------------------------------------------
+
+
+def _describe(name: str, generation: int, key: str, data: bytes | None) -> GenerationInfo:
+    size = len(data) if data is not None else 0
+    try:
+        m = _decode_at(key, data)
+        meta = parse_metadata(m.tvm_metadata)
+    except KVCkptError as exc:
+        return GenerationInfo(name, generation, key, size, error=str(exc))
+    ints = {k: meta.get(k) if isinstance(meta.get(k), int) and not isinstance(meta.get(k), bool) else None
+            for k in ("seq_id", "seq_length")}
+    return GenerationInfo(name, generation, key, size, None, m.created_ms, ints["seq_id"], ints["seq_length"],
+                          m.num_groups, m.num_logical_pages, m.pages_per_chunk,
+                          tuple(ref.key for ref in m.chunk_refs()), tuple(ref.nbytes for ref in m.chunk_refs()),
+                          m.num_groups * m.num_logical_pages * m.page_bytes, m.app_state)
+
+
+async def list_generations(store: "Store", name: str | None = None) -> list[GenerationInfo]:
+    """Every manifest in ``store`` (of ``name``, or of all names), by name then generation; damaged ones say why."""
+    if name is not None:
+        validate_name(name)
+    return [_describe(n, g, key, await store.get(key)) for n, g, key in await _manifest_keys(store, name)]
+
+
+async def gc(store: "Store", *, keep: int | None = DEFAULT_KEEP, names: Iterable[str] | None = None,
+             progress: Progress | None = None) -> GcResult:
+    """Keep the newest ``keep`` manifests of each name (``names``: only those; ``keep=None``: all), then delete
+    every chunk no remaining manifest uses, including those of interrupted saves.
+
+    While a kept manifest cannot be read, no chunk is deleted (it is reported in ``damaged_manifests``).
+    """
+    if keep is not None:
+        _check_keep(keep)
+    only = None if names is None else {validate_name(n) for n in names}
+    async with store.lock():
+        entries = await _manifest_keys(store)
+        by_name: dict[str, list[str]] = {}
+        for n, _, key in entries:
+            by_name.setdefault(n, []).append(key)
+        drop = [key for n, keys in by_name.items() if keep is not None and (only is None or n in only)
+                for key in keys[:-keep]]
+        for key in drop:
+            await store.delete(key)
+        used, damaged = await _referenced(store)
+        kept = tuple(key for _, _, key in await _manifest_keys(store))
+        if damaged:
+            return GcResult(kept, tuple(drop), 0, 0, tuple(damaged))
+        chunks = await store.list_prefix(CHUNKS)
+        unused = [key for key in chunks if key not in used and _is_chunk_key(key)]
+        freed = 0
+        for i, key in enumerate(unused):
+            data = await store.get(key)
+            freed += len(data) if data is not None else 0
+            await store.delete(key)
+            if progress is not None:
+                progress("gc", i + 1, len(unused))
+    return GcResult(kept, tuple(drop), len(unused), freed)
+
+
+def _is_chunk_key(key: str) -> bool:
+    try:
+        return chunk_key(key[len(CHUNKS):]) == key
+    except FormatError:
+        return False
+
+
+async def verify(store: "Store", *, name: str | None = None, device: "Device | None" = None,
+                 progress: Progress | None = None) -> VerifyReport:
+    """Check everything in ``store`` (or only the manifests of ``name`` and their chunks).
+
+    Decodes every manifest and checks it against its key and its TVM metadata; re-hashes every chunk
+    (all of them when ``name`` is None, also those no manifest uses); with a ``device``, restores
+    every intact generation into a fresh GPU cache of its layout and checks that it reads back
+    byte-identical. Never raises for damage: it is listed in ``problems``. Holds the store's lock
+    unless the store is read-only.
+    """
+    if name is not None:
+        validate_name(name)
+    async with _reading(store):
+        return await _verify(store, name, device, progress)
+
+
+async def _verify(store: "Store", name: str | None, device: "Device | None", progress: Progress | None) -> VerifyReport:
+    from .cache import PagedKVCache
+    from .layout import CacheLimits, KVLayout
+    from .metadata import limits_from_metadata
+
+    report = VerifyReport()
+    manifests: list[tuple[str, Manifest]] = []
+    for _, _, key in await _manifest_keys(store, name):
+        report.manifests_checked.append(key)
+        try:
+            m = _decode_at(key, await store.get(key))
+            meta = parse_metadata(m.tvm_metadata)
+            layout = KVLayout.from_metadata(meta)
+            seq_id = meta.get("seq_id")
+            limits = limits_from_metadata(meta)
+            _check_fits(m, m.tvm_metadata, _Shape(layout, limits), seq_id, key)
+        except KVCkptError as exc:
+            report.problems.append(str(exc) if str(exc).startswith(key) else f"{key}: {exc}")
+            continue
+        manifests.append((key, m))
+
+    # Every chunk: the referenced ones against their refs, the others against their own key.
+    refs: dict[str, ChunkRef] = {}
+    users: dict[str, list[str]] = {}
+    for key, m in manifests:
+        for ref in m.chunk_refs():
+            refs.setdefault(ref.key, ref)
+            users.setdefault(ref.key, []).append(key)
+    listed = set(await store.list_prefix(CHUNKS)) if name is None else set()
+    todo = sorted(set(refs) | {k for k in listed if _is_chunk_key(k)})
+    bad: set[str] = set()
+    done = [0]
+
+    async def check(ckey: str) -> None:
+        data = await store.get(ckey)
+        ref = refs.get(ckey)
+        if ref is None:
+            report.unreferenced_chunks.append(ckey)
+            digest = None if data is None else await _offload(chunk_digest, data)
+            if digest is not None and chunk_key(digest) != ckey:
+                report.problems.append(f"{ckey}: unreferenced chunk: sha256 expected {ckey[len(CHUNKS):]}, "
+                                       f"got {digest}")
+                bad.add(ckey)
+        else:
+            try:
+                await _offload(verify_chunk, ref, data)
+            except CorruptionError as exc:
+                bad.add(ckey)
+                report.problems.append(f"{exc} (used by {', '.join(users[ckey])})")
+        report.chunks_checked += 1
+        report.bytes_checked += len(data) if data is not None else 0
+        done[0] += 1
+        if progress is not None:
+            progress("verify chunks", done[0], len(todo))
+
+    await _run_bounded(((lambda k=k: check(k)) for k in todo), IO_CONCURRENCY)
+    report.unreferenced_chunks.sort()
+
+    if device is not None:
+        intact = [(key, m) for key, m in manifests if not any(ref.key in bad for ref in m.chunk_refs())]
+        for i, (key, m) in enumerate(intact):
+            meta = parse_metadata(m.tvm_metadata)
+            layout = KVLayout.from_metadata(meta)
+            pages = max(1, m.num_logical_pages)
+            limits = limits_from_metadata(meta)
+            cache = PagedKVCache(device, layout, CacheLimits(1, pages * layout.page_size, limits.prefill_chunk_size))
+            try:
+                result = await _restore(store, m.name, cache, None, m.generation, None, remember=False)
+                back = await cache.read_pages(result.seq_id, 0, m.num_logical_pages)
+                for ref in m.chunk_refs():
+                    lo = ref.first_page * m.page_bytes
+                    if chunk_digest(back[ref.group][lo:lo + ref.nbytes]) != ref.sha256:
+                        raise CorruptionError(f"{key}: {ref.describe()} reads back different from the GPU cache")
+                report.loaded.append(key)
+            except KVCkptError as exc:
+                report.problems.append(str(exc) if str(exc).startswith(key) else f"{key}: {exc}")
+            finally:
+                cache.close()
+            if progress is not None:
+                progress("verify load", i + 1, len(intact))
+    return report
+
+
+@dataclass(frozen=True)
+class _Shape:
+    """The layout and limits :func:`_check_fits` reads, for checking a manifest without a cache."""
+
+    layout: Any
+    limits: Any

@@ -1,0 +1,159 @@
+"""The kvckpt commands on checkpoint stores: convert --to kvckpt|tvm, inspect, verify, gc; progress on stderr."""
+
+from __future__ import annotations
+
+import asyncio
+import io
+import json
+from pathlib import Path
+
+import pytest
+
+from kvckpt_web.cli import main
+from kvckpt_web.cli_store import progress_printer
+from kvckpt_web.persist import list_generations
+from kvckpt_web.store import FileStore
+from kvckpt_web.tvm_export import read_tvm_export, write_tvm_export
+
+
+@pytest.fixture
+def export_dir(tmp_path, make_model) -> Path:
+    """A TVM export directory of sequence 2 of a 2-layer cache, 23 tokens of random K/V."""
+    model = make_model()
+    model.add(2, 23)
+    return write_tvm_export(tmp_path / "src", model.cache.get_checkpoint_metadata(2),
+                            asyncio.run(model.cache.export_groups(2)))
+
+
+@pytest.fixture
+def store_dir(export_dir, tmp_path) -> Path:
+    """A store holding the export as 'a' (generation 1)."""
+    assert main(["convert", str(export_dir), str(tmp_path / "store"), "--to", "kvckpt", "--name", "a"]) == 0
+    return tmp_path / "store"
+
+
+def generations(store: Path) -> list[tuple[str, int]]:
+    return [(i.name, i.generation) for i in asyncio.run(list_generations(FileStore(store, read_only=True)))]
+
+
+def test_convert_to_kvckpt_and_back_to_tvm_is_byte_identical(export_dir, store_dir, tmp_path, capsys):
+    assert main(["convert", str(store_dir), str(tmp_path / "back"), "--to", "tvm"]) == 0
+    src, back = read_tvm_export(export_dir), read_tvm_export(tmp_path / "back")
+    assert back.metadata_json == src.metadata_json
+    assert back.groups == src.groups
+
+
+def test_convert_to_kvckpt_names_the_sequence_seq0_by_default(export_dir, tmp_path, capsys):
+    assert main(["convert", str(export_dir), str(tmp_path / "store"), "--to", "kvckpt"]) == 0
+    assert generations(tmp_path / "store") == [("seq0", 1)]
+    assert "as 'seq0' generation 1" in capsys.readouterr().out
+
+
+def test_converting_again_adds_a_generation_and_stores_no_chunk_twice(export_dir, store_dir, capsys):
+    capsys.readouterr()
+    assert main(["convert", str(export_dir), str(store_dir), "--to", "kvckpt", "--name", "a"]) == 0
+    assert "generation 2 (0 chunks written)" in capsys.readouterr().out
+    assert generations(store_dir) == [("a", 1), ("a", 2)]
+
+
+def test_convert_from_a_store_reads_the_generation_asked_for(export_dir, store_dir, tmp_path, make_model):
+    model = make_model(seed=9)
+    model.add(2, 5)
+    write_tvm_export(tmp_path / "other", model.cache.get_checkpoint_metadata(2),
+                     asyncio.run(model.cache.export_groups(2)))
+    assert main(["convert", str(tmp_path / "other"), str(store_dir), "--to", "kvckpt", "--name", "a"]) == 0
+    assert main(["convert", str(store_dir), str(tmp_path / "g1"), "--to", "tvm", "--generation", "1"]) == 0
+    assert main(["convert", str(store_dir), str(tmp_path / "g2"), "--to", "tvm"]) == 0
+    assert read_tvm_export(tmp_path / "g1").groups == read_tvm_export(export_dir).groups
+    assert read_tvm_export(tmp_path / "g2").groups == read_tvm_export(tmp_path / "other").groups
+
+
+def test_convert_from_a_store_of_several_names_needs_a_name(export_dir, store_dir, tmp_path, capsys):
+    assert main(["convert", str(export_dir), str(store_dir), "--to", "kvckpt", "--name", "b"]) == 0
+    capsys.readouterr()
+    assert main(["convert", str(store_dir), str(tmp_path / "out"), "--to", "tvm"]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("kvckpt: error: ") and "--name" in err and "['a', 'b']" in err
+    assert main(["convert", str(store_dir), str(tmp_path / "out"), "--to", "tvm", "--name", "b"]) == 0
+
+
+def test_inspect_json_lists_names_generations_sizes_and_sharing(export_dir, store_dir, capsys):
+    assert main(["convert", str(export_dir), str(store_dir), "--to", "kvckpt", "--name", "b"]) == 0
+    capsys.readouterr()
+    assert main(["inspect", str(store_dir), "--json"]) == 0
+    info = json.loads(capsys.readouterr().out)
+    assert info["kind"] == "kvckpt-store" and sorted(info["names"]) == ["a", "b"]
+    (a,) = info["names"]["a"]
+    export = read_tvm_export(export_dir)
+    assert (a["generation"], a["seq_id"], a["seq_length"]) == (1, 2, 23)
+    assert a["nbytes"] == sum(len(g) for g in export.groups)
+    assert a["shared_chunks"] == a["distinct_chunks"] == 2  # 'b' holds the same bytes
+    assert info["chunks"]["referenced_nbytes"] == a["nbytes"] and info["chunks"]["logical_nbytes"] == 2 * a["nbytes"]
+
+
+def test_inspect_summarises_a_store(store_dir, capsys):
+    assert main(["inspect", str(store_dir)]) == 0
+    out = capsys.readouterr().out
+    assert "1 names, 1 manifests, 2 chunks" in out
+    assert "generation 1" in out and "seq 2, 23 tokens" in out
+
+
+def test_verify_exits_0_for_an_intact_store_after_loading_it(store_dir, capsys):
+    assert main(["verify", str(store_dir)]) == 0
+    out = capsys.readouterr().out
+    assert "1 checkpoints loaded into a GPU cache" in out and out.rstrip().endswith("intact")
+
+
+def test_verify_exits_1_naming_a_damaged_chunk(store_dir, capsys):
+    chunk = sorted((store_dir / "chunks").iterdir())[0]
+    data = bytearray(chunk.read_bytes())
+    data[7] ^= 0x10
+    chunk.write_bytes(bytes(data))
+    assert main(["verify", str(store_dir)]) == 1
+    out = capsys.readouterr().out
+    assert f"chunks/{chunk.name}" in out and "DAMAGED" in out
+
+
+def test_verify_exits_1_for_a_name_the_store_does_not_hold(store_dir, capsys):
+    assert main(["verify", str(store_dir), "--name", "zzz", "--no-load"]) == 1
+    assert "no checkpoint named 'zzz'" in capsys.readouterr().out
+
+
+def test_gc_keeps_the_newest_generations_and_deletes_unused_chunks(export_dir, store_dir, tmp_path, make_model, capsys):
+    model = make_model(seed=4)
+    model.add(2, 30)
+    write_tvm_export(tmp_path / "other", model.cache.get_checkpoint_metadata(2),
+                     asyncio.run(model.cache.export_groups(2)))
+    for _ in range(2):
+        assert main(["convert", str(tmp_path / "other"), str(store_dir), "--to", "kvckpt", "--name", "a",
+                     "--keep", "5"]) == 0
+    assert generations(store_dir) == [("a", 1), ("a", 2), ("a", 3)]
+    capsys.readouterr()
+    assert main(["gc", str(store_dir), "--keep", "1"]) == 0
+    assert "deleted 2 manifests and 2 unreferenced chunks" in capsys.readouterr().out
+    assert generations(store_dir) == [("a", 3)]
+    assert main(["verify", str(store_dir), "--no-load"]) == 0
+
+
+def test_gc_exits_1_and_deletes_no_chunk_while_a_manifest_is_damaged(store_dir, capsys):
+    manifest = store_dir / "manifests" / "a" / f"{1:020d}"
+    manifest.write_bytes(manifest.read_bytes()[:-1])
+    chunks = sorted((store_dir / "chunks").iterdir())
+    assert main(["gc", str(store_dir)]) == 1
+    assert "damaged manifests" in capsys.readouterr().err
+    assert sorted((store_dir / "chunks").iterdir()) == chunks
+
+
+def test_progress_lines_go_to_the_stream_for_long_operations():
+    stream = io.StringIO()
+    show = progress_printer(stream, delay=0.0, every=0.0)
+    for done in range(1, 4):
+        show("save", done, 3)
+    assert stream.getvalue() == "save: 1/3\nsave: 2/3\nsave: 3/3\n"
+
+
+def test_progress_stays_quiet_for_short_operations():
+    stream = io.StringIO()
+    show = progress_printer(stream)
+    show("save", 1, 1)
+    assert stream.getvalue() == ""

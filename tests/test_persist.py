@@ -1,0 +1,521 @@
+"""Durable checkpoints (kvckpt_web.persist): save, restore, incremental saves, retention, gc, verify.
+
+Every restore is checked byte for byte against the numpy model of what the
+sequence held when it was saved.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+from kvckpt_web import CapacityError, CheckpointStateError, LayoutHashMismatch
+from kvckpt_web.container import decode_manifest
+from kvckpt_web.errors import FieldError, FormatError, NotFoundError
+from kvckpt_web.persist import (DEFAULT_CHUNK_BYTES, forget, gc, list_generations, list_names, restore, save,
+                                verify)
+from kvckpt_web.store import FileStore, MemoryStore, Store
+
+try:  # tests/ as a plain directory on sys.path (pytest's default import mode)
+    from kvmodel import KVModel, run, small_limits
+except ImportError:  # tests/ as a package
+    from tests.kvmodel import KVModel, run, small_limits
+
+PPC = 4  # pages per chunk in these tests: 16 tokens, 1 KiB per chunk with the small layout
+BIG = small_limits(max_total_seq_len=2 * 4160 + 64, prefill_chunk_size=4096)
+
+
+@pytest.fixture
+def model(make_model: Callable[..., KVModel]) -> KVModel:
+    return make_model(limits=BIG, seed=1)
+
+
+@pytest.fixture
+def target(make_cache: Callable[..., Any]) -> Any:
+    """An empty second cache of the same layout to restore into."""
+    return make_cache(limits=BIG)
+
+
+def saved(model: KVModel, store: Store, name: str = "s", seq: int = 0, **kwargs: Any):
+    return run(save(model.cache, seq, store, name, pages_per_chunk=kwargs.pop("pages_per_chunk", PPC), **kwargs))
+
+
+def restored(store: Store, cache: Any, name: str = "s", **kwargs: Any) -> tuple[Any, list[bytes]]:
+    result = run(restore(store, name, cache, **kwargs))
+    return result, [bytes(g) for g in run(cache.export_groups(result.seq_id))]
+
+
+def chunk_keys(store: MemoryStore) -> set[str]:
+    return set(run(store.list_prefix("chunks/")))
+
+
+def manifest_bytes(store: Store, name: str, generation: int) -> int:
+    return len(run(store.get(f"manifests/{name}/{generation:020d}")))
+
+
+# ----- save and restore --------------------------------------------------------------------------------
+
+
+def test_restore_gives_back_the_saved_kv_and_app_state(model, target):
+    model.add(0, 37)
+    store = MemoryStore()
+    saved(model, store, app_state={"tokens": [1, 2, 3], "rng": "abc"})
+    result, groups = restored(store, target)
+    assert groups == model.expected_groups(0)
+    assert result.app_state == {"tokens": [1, 2, 3], "rng": "abc"}
+    assert (result.seq_id, result.seq_length, result.generation) == (0, 37, 1)
+    assert target.get_sequence_length(0) == 37
+
+
+def test_restore_into_another_seq_id_keeps_the_other_sequences(model):
+    model.add(0, 21)
+    model.add(1, 9)
+    store = MemoryStore()
+    saved(model, store)
+    result, groups = restored(store, model.cache, seq_id=5)
+    assert result.seq_id == 5 and groups == model.expected_groups(0)
+    model.assert_holds(0)
+    model.assert_holds(1)
+
+
+def test_restore_replaces_an_existing_sequence_and_nothing_else(model):
+    model.add(0, 30)
+    model.add(1, 11)
+    store = MemoryStore()
+    saved(model, store)
+    expected = model.expected_groups(0)
+    model.append({0: 5})
+    model.popn(0, 20)
+    _, groups = restored(store, model.cache)
+    assert groups == expected
+    model.assert_holds(1)
+
+
+def test_a_sequence_of_any_id_round_trips(model, target):
+    model.add(3, 13)
+    store = MemoryStore()
+    saved(model, store, seq=3)
+    result, groups = restored(store, target)
+    assert result.seq_id == 3 and groups == model.expected_groups(3)
+
+
+def test_an_empty_sequence_round_trips(model, target):
+    model.add(0)
+    store = MemoryStore()
+    result = saved(model, store)
+    assert result.num_chunks == 0
+    restored_result, groups = restored(store, target)
+    assert restored_result.seq_length == 0 and groups == [b"", b""]
+
+
+def test_restore_works_from_a_read_only_store(model, target, tmp_path):
+    model.add(0, 19)
+    saved(model, FileStore(tmp_path))
+    _, groups = restored(FileStore(tmp_path, read_only=True), target)
+    assert groups == model.expected_groups(0)
+
+
+def test_generations_count_up_from_one_per_name(model):
+    model.add(0, 5)
+    store = MemoryStore()
+    assert [saved(model, store, "a").generation for _ in range(3)] == [1, 2, 3]
+    assert saved(model, store, "b").generation == 1
+
+
+def test_restore_picks_an_older_generation_on_request(model, target):
+    model.add(0, 10)
+    store = MemoryStore()
+    saved(model, store)
+    first = model.expected_groups(0)
+    model.append({0: 10})
+    saved(model, store)
+    result, groups = restored(store, target, generation=1)
+    assert result.generation == 1 and groups == first
+
+
+def test_app_state_must_be_a_json_object(model):
+    model.add(0, 5)
+    with pytest.raises(FormatError, match="app_state"):
+        saved(model, MemoryStore(), app_state=[1, 2])
+
+
+def test_an_app_state_json_cannot_hold_is_refused_before_anything_is_written(model):
+    model.add(0, 5)
+    store = MemoryStore()
+    for bad in ({"x": float("nan")}, {"x": object()}):
+        with pytest.raises(FormatError):
+            saved(model, store, app_state=bad)
+    assert store.bytes_written == 0
+
+
+def test_default_chunks_hold_about_one_mib(model):
+    model.add(0, 5)
+    store = MemoryStore()
+    run(save(model.cache, 0, store, "s"))
+    manifest = decode_manifest(run(store.get("manifests/s/00000000000000000001")))
+    assert manifest.pages_per_chunk == DEFAULT_CHUNK_BYTES // model.layout.page_bytes
+
+
+# ----- incremental saves -------------------------------------------------------------------------------
+
+
+def test_saving_64_more_tokens_after_4096_writes_only_the_changed_chunks(model, target):
+    model.add(0, 4096)
+    store = MemoryStore()
+    first = saved(model, store)
+    gen1 = model.expected_groups(0)
+    model.append({0: 64})
+    before = store.bytes_written
+    second = saved(model, store)
+    chunk_bytes = PPC * model.layout.page_bytes
+    new_chunks = 64 // (PPC * model.layout.page_size) * model.layout.num_layers
+    assert second.chunks_written == new_chunks
+    assert store.bytes_written - before == new_chunks * chunk_bytes + manifest_bytes(store, "s", 2)
+    assert second.pages_read == 64 // model.layout.page_size
+    assert first.chunks_written == 4096 // (PPC * model.layout.page_size) * model.layout.num_layers
+    _, groups = restored(store, target, generation=2)
+    assert groups == model.expected_groups(0)
+    target.remove_sequence(0)
+    _, groups = restored(store, target, generation=1)
+    assert groups == gen1
+
+
+def test_a_partial_last_page_is_rewritten_with_its_chunk_only(model, target):
+    model.add(0, 4 * PPC * 3 + 5)  # 3 full chunks + a chunk with a partial page
+    store = MemoryStore()
+    saved(model, store)
+    model.append({0: 1})
+    result = saved(model, store)
+    assert result.chunks_written == model.layout.num_layers  # the last chunk of each group
+    assert result.pages_read == 2  # the last chunk's pages: one full, one partial
+    _, groups = restored(store, target)
+    assert groups == model.expected_groups(0)
+
+
+def test_a_pop_rewrites_the_chunks_from_the_popped_page_on(model, target):
+    model.add(0, 200)  # 50 pages, chunks of 4 pages: 13 chunks per group
+    store = MemoryStore()
+    saved(model, store)
+    model.popn(0, 100)  # to 100 tokens: page 25, in chunk 6
+    model.append({0: 100})  # the same length again, different K/V
+    result = saved(model, store)
+    assert result.pages_read == 50 - 6 * PPC
+    assert result.chunks_written == (13 - 6) * model.layout.num_layers
+    _, groups = restored(store, target)
+    assert groups == model.expected_groups(0)
+
+
+def test_a_sequence_removed_and_added_again_is_read_again_in_full(model, target):
+    model.add(0, 40)
+    store = MemoryStore()
+    saved(model, store)
+    model.remove(0)
+    model.add(0, 40)
+    result = saved(model, store)
+    assert result.pages_read == 10
+    _, groups = restored(store, target)
+    assert groups == model.expected_groups(0)
+
+
+def test_a_new_process_reads_every_page_but_stores_only_the_manifest(model):
+    model.add(0, 64)
+    store = MemoryStore()
+    saved(model, store)
+    forget(store)  # what a new process knows
+    before = store.bytes_written
+    result = saved(model, store)
+    assert result.pages_read == 16 and result.chunks_written == 0
+    assert store.bytes_written - before == manifest_bytes(store, "s", 2)
+
+
+def test_a_save_after_restore_is_incremental(model, target):
+    model.add(0, 64)
+    store = MemoryStore()
+    saved(model, store)
+    restored(store, target)
+    moved = KVModel(target)
+    moved.ref[0] = model.ref[0]
+    moved.append({0: 3})
+    result = run(save(target, 0, store, "s", pages_per_chunk=PPC))
+    assert result.pages_read == 1 and result.chunks_written == 2
+    _, groups = restored(store, model.cache, seq_id=7)
+    assert groups == moved.expected_groups(0)
+
+
+def test_concurrent_saves_and_restores_on_one_cache_do_not_interfere(model, target):
+    model.add(0, 40)
+    model.add(1, 33)
+    first, second = MemoryStore(), MemoryStore()
+
+    async def saves() -> None:
+        await asyncio.gather(save(model.cache, 0, first, "x", pages_per_chunk=1),
+                             save(model.cache, 1, second, "y", pages_per_chunk=1))
+
+    async def restores() -> None:
+        await asyncio.gather(restore(first, "x", target), restore(second, "y", target))
+
+    run(saves())
+    run(restores())
+    assert [bytes(g) for g in run(target.export_groups(0))] == model.expected_groups(0)
+    assert [bytes(g) for g in run(target.export_groups(1))] == model.expected_groups(1)
+
+
+def test_a_sequence_changed_during_its_save_is_not_committed(model):
+    model.add(0, 40)
+
+    class Meddling(MemoryStore):
+        async def _set(self, key: str, data: bytes) -> None:
+            if key.startswith("chunks/") and model.length(0) == 40:
+                model.append({0: 1})
+            await super()._set(key, data)
+
+    store = Meddling()
+    with pytest.raises(CheckpointStateError, match="changed while it was being saved"):
+        saved(model, store)
+    assert run(list_generations(store)) == []
+
+
+# ----- names, retention, sharing, gc -------------------------------------------------------------------
+
+
+def test_names_in_one_store_are_independent(model, target):
+    model.add(0, 20)
+    model.add(1, 33)
+    store = MemoryStore()
+    saved(model, store, "first", seq=0)
+    saved(model, store, "second", seq=1)
+    assert run(list_names(store)) == ["first", "second"]
+    _, groups = restored(store, target, "second")
+    assert groups == model.expected_groups(1)
+    _, groups = restored(store, target, "first")
+    assert groups == model.expected_groups(0)
+
+
+def test_a_save_keeps_the_newest_k_generations(model, target):
+    model.add(0, 8)
+    store = MemoryStore()
+    expected = {}
+    for generation in range(1, 6):
+        model.append({0: 7})
+        saved(model, store, keep=3)
+        expected[generation] = model.expected_groups(0)
+    assert [g.generation for g in run(list_generations(store, "s"))] == [3, 4, 5]
+    for generation in (3, 4, 5):
+        if 0 in target.sequence_ids():
+            target.remove_sequence(0)
+        assert restored(store, target, generation=generation)[1] == expected[generation]
+
+
+def test_retention_deletes_exactly_the_chunks_no_kept_manifest_uses(model):
+    model.add(0, 50)
+    store = MemoryStore()
+    for _ in range(4):
+        model.popn(0, 30)  # rewrite most chunks each time
+        model.append({0: 30})
+        saved(model, store, keep=2)
+    used = set()
+    for info in run(list_generations(store)):
+        used |= set(info.chunk_keys)
+    assert chunk_keys(store) == used
+
+
+def test_forked_sequences_share_their_common_chunks(model, target):
+    model.add(0, 64)
+    model.fork(0, 1, 48)
+    model.append({1: 20})
+    store = MemoryStore()
+    parent = saved(model, store, "parent", seq=0)
+    child = saved(model, store, "child", seq=1)
+    assert parent.chunks_written == 8
+    assert child.chunks_written == 2 * 2  # 68 tokens = 17 pages: chunks 3 and 4 differ from the parent's
+    infos = {i.name: set(i.chunk_keys) for i in run(list_generations(store))}
+    assert len(infos["parent"] & infos["child"]) == 3 * 2
+    _, groups = restored(store, target, "child")
+    assert groups == model.expected_groups(1)
+
+
+def test_gc_never_removes_a_chunk_a_committed_manifest_uses(model, target):
+    model.add(0, 64)
+    model.fork(0, 1, 40)
+    store = MemoryStore()
+    saved(model, store, "child", seq=1)
+    child = model.expected_groups(1)
+    for _ in range(3):  # the parent moves on; its old chunks, shared with the child, lose its references
+        model.popn(0, 60)
+        model.append({0: 60})
+        saved(model, store, "parent", seq=0, keep=1)
+    run(gc(store, keep=1))
+    report = run(verify(store))
+    assert report.ok and not report.unreferenced_chunks
+    _, groups = restored(store, target, "child")
+    assert groups == child
+    target.remove_sequence(1)
+    _, groups = restored(store, target, "parent")
+    assert groups == model.expected_groups(0)
+
+
+def test_gc_removes_the_chunks_of_interrupted_saves(model):
+    model.add(0, 16)
+    store = MemoryStore()
+    saved(model, store)
+    used = chunk_keys(store)
+    orphan = "chunks/" + "ab" * 32
+    run(store.set(orphan, b"left by a save that never committed"))
+    result = run(gc(store))
+    assert result.deleted_chunks == 1 and chunk_keys(store) == used
+
+
+def test_gc_keeps_every_chunk_while_a_manifest_is_damaged(model):
+    model.add(0, 16)
+    store = MemoryStore()
+    saved(model, store, "a")
+    saved(model, store, "b")
+    run(store.set("chunks/" + "cd" * 32, b"orphan"))
+    run(store.set("manifests/b/00000000000000000001", b"garbage"))
+    before = chunk_keys(store)
+    result = run(gc(store))
+    assert result.damaged_manifests == ("manifests/b/00000000000000000001",)
+    assert result.deleted_chunks == 0 and chunk_keys(store) == before
+
+
+def test_gc_keep_applies_per_name(model):
+    model.add(0, 4)
+    store = MemoryStore()
+    for name in ("a", "a", "a", "b", "b"):
+        saved(model, store, name, keep=5)
+    result = run(gc(store, keep=1))
+    assert result.kept_manifests == ("manifests/a/00000000000000000003", "manifests/b/00000000000000000002")
+
+
+def test_a_failure_after_the_commit_is_a_warning_not_a_failed_save(model, target):
+    model.add(0, 12)
+
+    class NoDeletes(MemoryStore):
+        async def _delete(self, key: str) -> None:
+            from kvckpt_web.errors import StoreError
+            raise StoreError(f"delete {key!r}: permission denied")
+
+    store = NoDeletes()
+    saved(model, store, keep=1)
+    model.append({0: 9})
+    result = saved(model, store, keep=1)
+    assert result.generation == 2 and result.deleted_manifests == ()
+    assert "retention after the commit failed" in result.warnings[0]
+    _, groups = restored(store, target)
+    assert groups == model.expected_groups(0)
+
+
+def test_keep_must_be_at_least_one(model):
+    model.add(0, 4)
+    with pytest.raises(FieldError, match="keep"):
+        saved(model, MemoryStore(), keep=0)
+
+
+def test_a_failed_manifest_write_commits_nothing_and_deletes_nothing(model, target):
+    model.add(0, 24)
+
+    class FailingManifests(MemoryStore):
+        fail = False
+
+        async def _set(self, key: str, data: bytes) -> None:
+            if self.fail and key.startswith("manifests/"):
+                raise OSError("disk full")
+            await super()._set(key, data)
+
+    store = FailingManifests()
+    saved(model, store, keep=1)
+    expected = model.expected_groups(0)
+    before = dict(store._data)
+    model.popn(0, 20)
+    model.append({0: 30})
+    store.fail = True
+    with pytest.raises(OSError):
+        saved(model, store, keep=1)
+    assert set(before) <= set(store._data)  # nothing deleted; only new chunks added
+    assert all(store._data[k] == v for k, v in before.items())
+    _, groups = restored(store, target)
+    assert groups == expected
+
+
+# ----- restore refuses what does not fit, before touching the cache ------------------------------------
+
+
+def cache_snapshot(cache: Any) -> tuple:
+    return (tuple((s, cache.sequence_state(s)) for s in cache.sequence_ids()), cache.get_num_available_pages())
+
+
+def test_restore_into_another_layout_raises_layout_hash_mismatch_and_changes_nothing(model, make_cache):
+    model.add(0, 12)
+    store = MemoryStore()
+    saved(model, store)
+    other = make_cache(limits=BIG, num_kv_heads=1, num_qo_heads=2)
+    other.add_sequence(0)
+    before = cache_snapshot(other)
+    with pytest.raises(LayoutHashMismatch, match="manifests/s/00000000000000000001: tvm_metadata.layout_hash"):
+        run(restore(store, "s", other))
+    assert cache_snapshot(other) == before
+    other.begin_forward([0], [1])  # still usable: no import left pending
+    other.end_forward()
+
+
+def test_restore_without_room_raises_capacity_error_and_changes_nothing(model, make_cache):
+    model.add(0, 40)
+    store = MemoryStore()
+    saved(model, store)
+    small = make_cache(limits=small_limits(max_total_seq_len=48))
+    small.add_sequence(0)
+    small.begin_forward([0], [30])
+    small.end_forward()
+    before = cache_snapshot(small)
+    with pytest.raises(CapacityError):
+        run(restore(store, "s", small, seq_id=1))
+    assert cache_snapshot(small) == before
+
+
+def test_restore_of_an_unknown_name_or_generation_raises_not_found(model, target):
+    model.add(0, 4)
+    store = MemoryStore()
+    saved(model, store)
+    with pytest.raises(NotFoundError, match="no checkpoint named 'nope'"):
+        run(restore(store, "nope", target))
+    with pytest.raises(NotFoundError, match="no generation 7 of 's'"):
+        run(restore(store, "s", target, generation=7))
+    assert target.sequence_ids() == []
+
+
+# ----- listing and verify ------------------------------------------------------------------------------
+
+
+def test_list_generations_describes_each_manifest(model):
+    model.add(2, 21)
+    store = MemoryStore()
+    saved(model, store, app_state={"step": 1}, seq=2)
+    (info,) = run(list_generations(store))
+    assert (info.name, info.generation, info.seq_id, info.seq_length, info.error) == ("s", 1, 2, 21, None)
+    assert info.num_logical_pages == 6 and len(info.chunk_keys) == 2 * 2
+    assert info.nbytes == 2 * 6 * model.layout.page_bytes and info.app_state == {"step": 1}
+
+
+def test_verify_passes_an_intact_store_and_loads_every_generation(model, device):
+    model.add(0, 30)
+    store = MemoryStore()
+    saved(model, store)
+    model.append({0: 3})
+    saved(model, store)
+    report = run(verify(store, device=device))
+    assert report.ok, report.problems
+    assert report.loaded == ["manifests/s/00000000000000000001", "manifests/s/00000000000000000002"]
+
+
+def test_verify_reports_a_damaged_chunk_no_manifest_uses(model):
+    model.add(0, 8)
+    store = MemoryStore()
+    saved(model, store)
+    key = "chunks/" + "ef" * 32
+    run(store.set(key, b"not what its name says"))
+    report = run(verify(store))
+    assert not report.ok and report.unreferenced_chunks == [key]
+    assert any(p.startswith(key) for p in report.problems)
