@@ -72,7 +72,7 @@ DEFAULT_KEEP = 2
 DEFAULT_CHUNK_BYTES = 1 << 20
 """Target chunk size when ``pages_per_chunk`` is not given: ``max(1, DEFAULT_CHUNK_BYTES // page_bytes)`` pages."""
 
-READ_BATCH_BYTES = 32 << 20
+READ_BATCH_BYTES = 64 << 20
 """Bytes (all groups together) read back from the GPU per step of a save, while the previous step is written."""
 
 IO_CONCURRENCY = 8
@@ -211,17 +211,33 @@ def _remember(store: "Store", name: str, saved: _Saved) -> None:
     _MEMORY.setdefault(store, {})[name] = saved
 
 
-_CACHE_LOCKS: "weakref.WeakKeyDictionary[Any, tuple[asyncio.AbstractEventLoop, asyncio.Lock]]" = \
+_CACHE_LOCKS: "weakref.WeakKeyDictionary[Any, dict[str, tuple[asyncio.AbstractEventLoop, asyncio.Lock]]]" = \
     weakref.WeakKeyDictionary()
 
 
-def _cache_lock(cache: "PagedKVCache") -> asyncio.Lock:
-    """One lock per cache (and event loop): a cache's readback and import buffers serve one transfer at a time."""
+def _cache_lock(cache: "PagedKVCache", purpose: str = "transfer") -> asyncio.Lock:
+    """One lock per cache, purpose and event loop: "transfer" guards the cache's staging buffers for one
+    readback or import at a time; "host" guards the host readback buffers for one save at a time."""
     loop = asyncio.get_running_loop()
-    entry = _CACHE_LOCKS.get(cache)
+    locks = _CACHE_LOCKS.setdefault(cache, {})
+    entry = locks.get(purpose)
     if entry is None or entry[0] is not loop:
-        entry = _CACHE_LOCKS[cache] = (loop, asyncio.Lock())
+        entry = locks[purpose] = (loop, asyncio.Lock())
     return entry[1]
+
+
+_HOST: "weakref.WeakKeyDictionary[Any, list[bytearray]]" = weakref.WeakKeyDictionary()
+
+
+def _host_buffer(cache: "PagedKVCache", slot: int, size: int) -> memoryview:
+    """Readback memory of ``cache`` kept between saves (slot 0 or 1: one is written out while the other fills).
+
+    A fresh 256 MiB bytearray is zeroed and faulted in page by page, which cost as much as the readback itself.
+    """
+    slots = _HOST.setdefault(cache, [bytearray(), bytearray()])
+    if len(slots[slot]) < size:
+        slots[slot] = bytearray(size)
+    return memoryview(slots[slot])
 
 
 # ----- helpers --------------------------------------------------------------------------------------
@@ -481,12 +497,15 @@ async def save(cache: "PagedKVCache", seq_id: int, store: "Store", name: str, *,
             if progress is not None:
                 progress("save", counts["done"], total_chunks)
 
-        async def read_locked(p0: int, p1: int) -> list[memoryview]:
+        async def read_locked(p0: int, p1: int, slot: int) -> list[memoryview]:
             async with _cache_lock(cache):
-                return await cache.read_pages(seq_id, p0, p1)
+                out = _host_buffer(cache, slot, cache.host_nbytes(seq_id, p0, p1))
+                return await cache.read_pages(seq_id, p0, p1, out)
 
-        def read(batch: list[int]) -> asyncio.Future[list[memoryview]]:
-            return asyncio.ensure_future(read_locked(plan[batch[0]][0], plan[batch[-1]][0] + plan[batch[-1]][1]))
+        def read(b: int) -> asyncio.Future[list[memoryview]]:
+            batch = batches[b]
+            return asyncio.ensure_future(read_locked(plan[batch[0]][0], plan[batch[-1]][0] + plan[batch[-1]][1],
+                                                     b % 2))
 
         def jobs(batch: list[int], views: list[memoryview]) -> Iterable[Callable[[], Awaitable[None]]]:
             base = plan[batch[0]][0]
@@ -498,17 +517,18 @@ async def save(cache: "PagedKVCache", seq_id: int, store: "Store", name: str, *,
 
         if progress is not None:
             progress("save", counts["done"], total_chunks)
-        reading = read(batches[0]) if batches else None
-        try:
-            for b, batch in enumerate(batches):
-                views = await reading
-                reading = read(batches[b + 1]) if b + 1 < len(batches) else None
-                await _run_bounded(jobs(batch, views), IO_CONCURRENCY)
-        finally:
-            if reading is not None:  # a read still in flight uses the cache's staging buffer: let it end
-                await asyncio.wait([reading])
-                if not reading.cancelled():
-                    reading.exception()
+        async with _cache_lock(cache, "host"):  # the host readback buffers serve one save at a time
+            reading = read(0) if batches else None
+            try:
+                for b, batch in enumerate(batches):
+                    views = await reading
+                    reading = read(b + 1) if b + 1 < len(batches) else None
+                    await _run_bounded(jobs(batch, views), IO_CONCURRENCY)
+            finally:
+                if reading is not None:  # a read still in flight uses the cache's staging buffer: let it end
+                    await asyncio.wait([reading])
+                    if not reading.cancelled():
+                        reading.exception()
         if cache.sequence_state(seq_id) != state:
             raise CheckpointStateError(f"save {name!r}: sequence {seq_id} changed while it was being saved; "
                                        "nothing was committed")

@@ -86,11 +86,9 @@ def validate_prefix(prefix: str) -> str:
     return prefix
 
 
-def _as_bytes(data: Any) -> bytes:
-    if isinstance(data, bytes):
-        return data
-    if isinstance(data, (bytearray, memoryview)):
-        return bytes(data)
+def _as_view(data: Any) -> memoryview:
+    if isinstance(data, (bytes, bytearray, memoryview)):
+        return memoryview(data).cast("B")
     raise FormatError("data", "bytes, bytearray or memoryview", type(data).__name__)
 
 
@@ -128,7 +126,7 @@ class Store(ABC):
     async def set(self, key: str, data: bytes | bytearray | memoryview) -> None:
         """Store ``data`` under ``key`` atomically, replacing any old value."""
         validate_key(key)
-        payload = _as_bytes(data)
+        payload = _as_view(data)  # backends that keep it copy it; the caller's buffer is only read during set
         self._check_writable(f"set {key!r}")
         await self._set(key, payload)
         self._bytes_written += len(payload)
@@ -161,7 +159,7 @@ class Store(ABC):
     async def _get(self, key: str) -> bytes | None: ...
 
     @abstractmethod
-    async def _set(self, key: str, data: bytes) -> None: ...
+    async def _set(self, key: str, data: memoryview) -> None: ...
 
     @abstractmethod
     async def _delete(self, key: str) -> None: ...
@@ -213,8 +211,8 @@ class MemoryStore(Store):
     async def _get(self, key: str) -> bytes | None:
         return self._data.get(key)
 
-    async def _set(self, key: str, data: bytes) -> None:
-        self._data[key] = data
+    async def _set(self, key: str, data: memoryview) -> None:
+        self._data[key] = bytes(data)
 
     async def _delete(self, key: str) -> None:
         self._data.pop(key, None)
@@ -333,7 +331,7 @@ class FileStore(Store):
                     raise
             _fsync_dir(os.path.dirname(path))
 
-    def _write(self, key: str, data: bytes) -> None:
+    def _write(self, key: str, data: memoryview) -> None:
         path = self._path(key)
         parent, base = os.path.split(path)
         tmp = os.path.join(parent, f"{TEMP_PREFIX}{base}.{secrets.token_hex(8)}")
@@ -433,7 +431,7 @@ class FileStore(Store):
     async def _get(self, key: str) -> bytes | None:
         return await asyncio.to_thread(self._read, key)
 
-    async def _set(self, key: str, data: bytes) -> None:
+    async def _set(self, key: str, data: memoryview) -> None:
         await asyncio.to_thread(self._write, key, data)
 
     async def _delete(self, key: str) -> None:

@@ -108,6 +108,15 @@ class StoreTests:
         with pytest.raises(FormatError, match="data"):
             run(store.set("k", data))
 
+    def test_value_is_a_snapshot_of_the_callers_buffer(self, store: Store) -> None:
+        async def body() -> None:
+            buffer = bytearray(b"first")
+            await store.set("a", memoryview(buffer))
+            buffer[:] = b"later"
+            assert await store.get("a") == b"first"
+
+        run(body())
+
     def test_nested_keys(self, store: Store) -> None:
         async def body() -> None:
             await store.set("manifests/seq-1/00000000000000000001", b"m1")
