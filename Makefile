@@ -11,7 +11,7 @@ TVM    := apache-tvm==0.27.0.post1
 
 export XDG_RUNTIME_DIR ?= /tmp/kvckpt-xdg-$(shell id -u)
 
-.PHONY: setup system-deps demo test bench clean
+.PHONY: setup system-deps demo test bench clean web-deps test-browser serve bench-browser
 
 setup: system-deps $(STAMP)
 
@@ -29,11 +29,52 @@ $(STAMP): pyproject.toml
 	$(BIN)/python -m pip install -q -e ".[test]" "$(TVM)"
 	touch $(STAMP)
 
+# The browser runtime (issue 4): system Chromium (WebGPU on SwiftShader, driven by Python Playwright;
+# `playwright install` is never run), the pinned npm package pyodide and the pure wheels served beside it.
+PYODIDE_VERSION := 314.0.7
+WEB        := build/web
+WEB_STAMP  := $(WEB)/.web-deps-$(PYODIDE_VERSION)
+BROWSER_STAMP := $(VENV)/.kvckpt-browser
+WEB_WHEELS := micropip==0.11.1 packaging==26.4 pytest==9.2.0 pluggy==1.7.0 iniconfig==2.3.1 pygments==2.21.0 \
+              hypothesis==6.155.7 attrs==26.1.0 sortedcontainers==2.4.0
+
+web-deps: $(STAMP) $(BROWSER_STAMP) $(WEB_STAMP)
+
+$(BROWSER_STAMP): $(STAMP)
+	$(BIN)/python -m pip install -q "playwright>=1.50,<2" "hatchling>=1.21"
+	touch $(BROWSER_STAMP)
+
+$(WEB_STAMP):
+	@if ! command -v chromium >/dev/null 2>&1; then \
+	  echo "installing chromium"; \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; \
+	fi
+	@if ! command -v npm >/dev/null 2>&1; then \
+	  echo "installing nodejs, npm"; \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq nodejs npm >/dev/null; \
+	fi
+	mkdir -p $(WEB)/wheels
+	npm install --silent --no-audit --no-fund --prefix $(WEB) pyodide@$(PYODIDE_VERSION)
+	$(BIN)/python -m pip download -q --no-deps --only-binary=:all: --python-version 3.14 --platform any \
+	  --implementation py -d $(WEB)/wheels $(WEB_WHEELS)
+	touch $(WEB_STAMP)
+
+test-browser: setup web-deps
+	$(BIN)/python -m pytest -q tests/browser
+
+serve: setup web-deps
+	$(BIN)/python -m pip wheel -q --no-deps --no-build-isolation -w $(WEB)/wheels .
+	$(BIN)/kvckpt serve
+
+bench-browser: setup web-deps
+	$(BIN)/python tests/browser/bench_browser.py
+
 demo: setup
 	$(BIN)/kvckpt demo
 
+# The browser tests (tests/browser) run under `make test-browser` until they have proven reliable in CI.
 test: setup
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q --ignore=tests/browser
 
 bench: setup
 	$(BIN)/kvckpt bench export

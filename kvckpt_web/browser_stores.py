@@ -1,0 +1,360 @@
+"""Browser stores: :class:`IndexedDBStore` and :class:`OPFSStore` (Pyodide only).
+
+Both implement :class:`~kvckpt_web.store.Store`, so :mod:`kvckpt_web.persist` runs
+on them unchanged.
+
+* :class:`IndexedDBStore` -- one object store of ``key -> Uint8Array``; every
+  ``set`` / ``delete`` is one ``readwrite`` transaction with
+  ``durability: "strict"``, awaited until ``complete`` (so it is on disk).
+* :class:`OPFSStore` -- the Origin Private File System; each key is a file under
+  a per-store directory, written with ``createWritable()``, whose ``close()``
+  replaces the file atomically (an aborted or failed write leaves the old one).
+
+Writer locks use the Web Locks API (``navigator.locks``), which excludes other
+tabs and workers of the same origin as well as other tasks of this one. Both
+``open`` classmethods ask for persistent storage (``navigator.storage.persist()``;
+the answer is in ``.persisted``). A full quota raises :class:`StoreError`; the
+failed write changes nothing, so the last committed checkpoint stays intact.
+
+IndexedDB transactions auto-commit when control returns to the event loop with
+no request pending, so each transaction here issues all its requests before
+awaiting anything.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+from .errors import StoreError
+from .store import DEFAULT_LOCK_TIMEOUT, Store
+
+__all__ = ["IndexedDBStore", "OPFSStore", "request_persistence"]
+
+_JS_HELPERS = r"""
+({
+  req(r) {
+    return new Promise((resolve, reject) => {
+      r.onsuccess = () => resolve(r.result);
+      r.onerror = () => reject(r.error);
+    });
+  },
+  tx(t) {
+    return new Promise((resolve, reject) => {
+      t.oncomplete = () => resolve(true);
+      t.onerror = () => reject(t.error);
+      t.onabort = () => reject(t.error || new DOMException("transaction aborted", "AbortError"));
+    });
+  },
+  open(name, objectStore) {
+    return new Promise((resolve, reject) => {
+      const r = indexedDB.open(name, 1);
+      r.onupgradeneeded = () => r.result.createObjectStore(objectStore);
+      r.onsuccess = () => resolve(r.result);
+      r.onerror = () => reject(r.error);
+      r.onblocked = () => reject(new DOMException("open blocked by another connection", "InvalidStateError"));
+    });
+  },
+  // Resolves to a release function once the Web Lock `name` is held; rejects after timeoutMs.
+  lock(name, timeoutMs) {
+    return new Promise((resolve, reject) => {
+      const ctrl = new AbortController();
+      const timer = setTimeout(() => ctrl.abort(), Math.max(0, timeoutMs));
+      navigator.locks.request(name, { mode: "exclusive", signal: ctrl.signal }, () => {
+        clearTimeout(timer);
+        return new Promise((release) => resolve(() => release()));
+      }).catch(reject);
+    });
+  },
+  async listFiles(dir, prefix, out) {
+    for await (const [name, handle] of dir.entries()) {
+      if (handle.kind === "directory") await this.listFiles(handle, prefix + name + "/", out);
+      else out.push(prefix + name);
+    }
+    return out;
+  },
+  async bytes(file) {
+    return new Uint8Array(await file.arrayBuffer());
+  },
+})
+"""
+
+_helpers: Any = None
+
+
+def _js() -> tuple[Any, Any, Any]:
+    global _helpers
+    try:
+        import js  # type: ignore[import-not-found]
+        from pyodide.code import run_js  # type: ignore[import-not-found]
+        from pyodide.ffi import JsException  # type: ignore[import-not-found]
+    except ImportError:
+        raise StoreError("browser stores need Pyodide in a browser (no `js` module here)") from None
+    if _helpers is None:
+        _helpers = run_js(_JS_HELPERS)
+    return js, _helpers, JsException
+
+
+def _obj(value: dict[str, Any]) -> Any:
+    import js  # type: ignore[import-not-found]
+    from pyodide.ffi import to_js  # type: ignore[import-not-found]
+
+    return to_js(value, dict_converter=js.Object.fromEntries)
+
+
+def _u8(data: bytes) -> Any:
+    import js  # type: ignore[import-not-found]
+
+    arr = js.Uint8Array.new(len(data))
+    if data:
+        arr.assign(data)
+    return arr
+
+
+def _to_bytes(arr: Any) -> bytes:
+    out = bytearray(arr.byteLength)
+    if out:
+        arr.assign_to(out)
+    return bytes(out)
+
+
+def _error(what: str, exc: BaseException) -> StoreError:
+    text = str(exc)
+    if "QuotaExceeded" in text or "quota" in text.lower():
+        return StoreError(f"{what}: storage quota exceeded ({text}); nothing was written, the last committed "
+                          "checkpoint is intact")
+    return StoreError(f"{what}: {text}")
+
+
+async def request_persistence() -> bool:
+    """Ask the browser to keep this origin's storage under pressure; True if granted."""
+    js, _, JsException = _js()
+    storage = getattr(js.navigator, "storage", None)
+    if storage is None or not hasattr(storage, "persist"):
+        return False
+    try:
+        return bool(await storage.persist())
+    except JsException:
+        return False
+
+
+class _WebLockMixin:
+    _lock_name: str
+
+    @asynccontextmanager
+    async def _lock(self, timeout: float) -> AsyncIterator[None]:
+        js, helpers, JsException = _js()
+        if getattr(js.navigator, "locks", None) is None:
+            raise StoreError(f"lock {self._lock_name}: the Web Locks API is unavailable")
+        try:
+            release = await helpers.lock(self._lock_name, int(timeout * 1000))
+        except JsException as exc:
+            raise StoreError(f"lock {self._lock_name}: not acquired within {timeout} s (held by another writer, "
+                             f"tab or worker: {exc})") from None
+        try:
+            yield
+        finally:
+            release()
+
+
+class IndexedDBStore(_WebLockMixin, Store):
+    """A :class:`~kvckpt_web.store.Store` in one IndexedDB database of this origin.
+
+    Open with ``store = await IndexedDBStore.open("name")``.
+    """
+
+    OBJECT_STORE = "kv"
+
+    def __init__(self, db: Any, name: str, *, read_only: bool = False,
+                 lock_timeout: float = DEFAULT_LOCK_TIMEOUT, persisted: bool = False) -> None:
+        super().__init__(read_only=read_only, lock_timeout=lock_timeout)
+        self._db = db
+        self.name = name
+        self.persisted = persisted
+        self._lock_name = f"kvckpt:indexeddb:{name}"
+
+    def __repr__(self) -> str:
+        return f"IndexedDBStore({self.name!r}, read_only={self.read_only})"
+
+    @classmethod
+    async def open(cls, name: str = "kvckpt", *, read_only: bool = False, lock_timeout: float = DEFAULT_LOCK_TIMEOUT,
+                   persist: bool = True) -> "IndexedDBStore":
+        """Open (creating) database ``name``; ``persist`` requests persistent storage first."""
+        _, helpers, JsException = _js()
+        persisted = await request_persistence() if persist else False
+        try:
+            db = await helpers.open(name, cls.OBJECT_STORE)
+        except JsException as exc:
+            raise _error(f"open IndexedDB {name!r}", exc) from None
+        return cls(db, name, read_only=read_only, lock_timeout=lock_timeout, persisted=persisted)
+
+    def close(self) -> None:
+        """Close the database connection."""
+        self._db.close()
+
+    def _tx(self, mode: str) -> tuple[Any, Any]:
+        options = {"durability": "strict"} if mode == "readwrite" else {}
+        tx = self._db.transaction(self.OBJECT_STORE, mode, _obj(options))
+        return tx, tx.objectStore(self.OBJECT_STORE)
+
+    async def _get(self, key: str) -> bytes | None:
+        _, helpers, JsException = _js()
+        try:
+            _, os_ = self._tx("readonly")
+            value = await helpers.req(os_.get(key))
+        except JsException as exc:
+            raise _error(f"get {key!r}", exc) from None
+        if value is None:
+            return None
+        return _to_bytes(value)
+
+    async def _set(self, key: str, data: bytes) -> None:
+        _, helpers, JsException = _js()
+        value = _u8(data)  # convert before the transaction starts: nothing may await inside it
+        try:
+            tx, os_ = self._tx("readwrite")
+            os_.put(value, key)
+            await helpers.tx(tx)
+        except JsException as exc:
+            raise _error(f"set {key!r}", exc) from None
+
+    async def _delete(self, key: str) -> None:
+        _, helpers, JsException = _js()
+        try:
+            tx, os_ = self._tx("readwrite")
+            os_.delete(key)
+            await helpers.tx(tx)
+        except JsException as exc:
+            raise _error(f"delete {key!r}", exc) from None
+
+    async def _exists(self, key: str) -> bool:
+        _, helpers, JsException = _js()
+        try:
+            _, os_ = self._tx("readonly")
+            return int(await helpers.req(os_.count(key))) > 0
+        except JsException as exc:
+            raise _error(f"exists {key!r}", exc) from None
+
+    async def _list_prefix(self, prefix: str) -> list[str]:
+        js, helpers, JsException = _js()
+        try:
+            _, os_ = self._tx("readonly")
+            if prefix:
+                keys = await helpers.req(os_.getAllKeys(js.IDBKeyRange.bound(prefix, prefix + "\uffff")))
+            else:
+                keys = await helpers.req(os_.getAllKeys())
+        except JsException as exc:
+            raise _error(f"list {prefix!r}", exc) from None
+        return [str(k) for k in keys if str(k).startswith(prefix)]
+
+
+class OPFSStore(_WebLockMixin, Store):
+    """A :class:`~kvckpt_web.store.Store` in a directory of the Origin Private File System.
+
+    Open with ``store = await OPFSStore.open("name")``; keys map to nested files under ``/name/``.
+    """
+
+    def __init__(self, root: Any, name: str, *, read_only: bool = False,
+                 lock_timeout: float = DEFAULT_LOCK_TIMEOUT, persisted: bool = False) -> None:
+        super().__init__(read_only=read_only, lock_timeout=lock_timeout)
+        self._root = root
+        self.name = name
+        self.persisted = persisted
+        self._lock_name = f"kvckpt:opfs:{name}"
+
+    def __repr__(self) -> str:
+        return f"OPFSStore({self.name!r}, read_only={self.read_only})"
+
+    @classmethod
+    async def open(cls, name: str = "kvckpt", *, read_only: bool = False, lock_timeout: float = DEFAULT_LOCK_TIMEOUT,
+                   persist: bool = True) -> "OPFSStore":
+        """Open (creating) directory ``name`` of the OPFS; ``persist`` requests persistent storage first."""
+        js, _, JsException = _js()
+        persisted = await request_persistence() if persist else False
+        try:
+            top = await js.navigator.storage.getDirectory()
+            root = await top.getDirectoryHandle(name, _obj({"create": True}))
+        except JsException as exc:
+            raise _error(f"open OPFS directory {name!r}", exc) from None
+        return cls(root, name, read_only=read_only, lock_timeout=lock_timeout, persisted=persisted)
+
+    async def _dir(self, parts: list[str], create: bool) -> Any:
+        d = self._root
+        for part in parts:
+            d = await d.getDirectoryHandle(part, _obj({"create": create}))
+        return d
+
+    @staticmethod
+    def _missing(exc: BaseException) -> bool:
+        text = str(exc)
+        return "NotFoundError" in text or "TypeMismatchError" in text or "TypeError" in text
+
+    async def _get(self, key: str) -> bytes | None:
+        _, helpers, JsException = _js()
+        *dirs, base = key.split("/")
+        try:
+            d = await self._dir(dirs, False)
+            handle = await d.getFileHandle(base)
+            return _to_bytes(await helpers.bytes(await handle.getFile()))
+        except JsException as exc:
+            if self._missing(exc):
+                return None
+            raise _error(f"get {key!r}", exc) from None
+
+    async def _set(self, key: str, data: bytes) -> None:
+        *dirs, base = key.split("/")
+        _, _, JsException = _js()
+        writable = None
+        try:
+            d = await self._dir(dirs, True)
+            handle = await d.getFileHandle(base, _obj({"create": True}))
+            writable = await handle.createWritable(_obj({"keepExistingData": False}))
+            await writable.write(_u8(data))
+            await writable.close()  # atomically replaces the file's contents
+            writable = None
+        except JsException as exc:
+            if writable is not None:
+                try:
+                    await writable.abort()
+                except JsException:
+                    pass
+            raise _error(f"set {key!r}", exc) from None
+
+    async def _delete(self, key: str) -> None:
+        *dirs, base = key.split("/")
+        _, _, JsException = _js()
+        try:
+            chain = [self._root]
+            for part in dirs:
+                chain.append(await chain[-1].getDirectoryHandle(part))
+            await chain[-1].removeEntry(base)
+        except JsException as exc:
+            if self._missing(exc):
+                return
+            raise _error(f"delete {key!r}", exc) from None
+        for i in range(len(dirs), 0, -1):  # prune directories left empty
+            try:
+                await chain[i - 1].removeEntry(dirs[i - 1])  # fails unless empty (no recursive option)
+            except JsException:
+                break
+
+    async def _exists(self, key: str) -> bool:
+        *dirs, base = key.split("/")
+        _, _, JsException = _js()
+        try:
+            d = await self._dir(dirs, False)
+            await d.getFileHandle(base)
+            return True
+        except JsException as exc:
+            if self._missing(exc):
+                return False
+            raise _error(f"exists {key!r}", exc) from None
+
+    async def _list_prefix(self, prefix: str) -> list[str]:
+        js, helpers, JsException = _js()
+        try:
+            keys = await helpers.listFiles(self._root, "", js.Array.new())
+        except JsException as exc:
+            raise _error(f"list {prefix!r}", exc) from None
+        return [str(k) for k in keys if str(k).startswith(prefix)]

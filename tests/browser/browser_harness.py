@@ -1,0 +1,230 @@
+"""The browser test harness (its fixtures are re-exported by conftest.py): a local server, headless
+Chromium (SwiftShader WebGPU) driven by Python Playwright, and a page that boots Pyodide and installs
+the kvckpt_web wheel built from this tree.
+
+Needs: a ``chromium`` binary (``KVCKPT_CHROMIUM`` or on PATH), the npm package pyodide
+(``KVCKPT_PYODIDE`` or ``build/web/node_modules/pyodide``), pure wheels of micropip and packaging
+(``KVCKPT_WHEELS`` or ``build/web/wheels``; ``make web-deps`` fetches all three) and Python
+``playwright``. Without them the browser tests are skipped -- or fail when ``KVCKPT_REQUIRE_GPU=1``.
+Playwright's own browser downloads are never used: Chromium is the system one.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import textwrap
+import time
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+HERE = Path(__file__).resolve().parent
+
+#: Flags verified for headless Chromium here (see the project notes): WebGPU on SwiftShader, offline.
+CHROMIUM_FLAGS = [
+    "--enable-unsafe-webgpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--disable-quic",
+    "--no-first-run",
+    "--no-default-browser-check",
+    "--disable-dev-shm-usage",
+]
+if hasattr(os, "geteuid") and os.geteuid() == 0:
+    CHROMIUM_FLAGS.append("--no-sandbox")
+
+BOOT_TIMEOUT_MS = 120_000
+
+
+def gpu_required() -> bool:
+    return os.environ.get("KVCKPT_REQUIRE_GPU") == "1"
+
+
+def unavailable(reason: str) -> None:
+    """Skip (developer machine) or fail (CI, KVCKPT_REQUIRE_GPU=1) for a missing browser prerequisite."""
+    if gpu_required():
+        pytest.fail(f"KVCKPT_REQUIRE_GPU=1 but the browser tests cannot run: {reason}", pytrace=False)
+    pytest.skip(f"browser tests need {reason}")
+
+
+def find_chromium() -> str | None:
+    env = os.environ.get("KVCKPT_CHROMIUM")
+    if env:
+        return env if os.path.exists(env) else None
+    for name in ("chromium", "chromium-browser", "google-chrome"):
+        path = shutil.which(name)
+        if path:
+            return path
+    return None
+
+
+def pyodide_dir() -> Path:
+    return Path(os.environ.get("KVCKPT_PYODIDE") or REPO / "build/web/node_modules/pyodide")
+
+
+def wheels_dir() -> Path:
+    return Path(os.environ.get("KVCKPT_WHEELS") or REPO / "build/web/wheels")
+
+
+def build_wheel(out: Path) -> Path:
+    """The kvckpt_web wheel of this source tree (hatchling, no network)."""
+    out.mkdir(parents=True, exist_ok=True)
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation", "-w", str(out),
+                    str(REPO)], check=True, capture_output=True, text=True)
+    return next(out.glob("kvckpt_web-*.whl"))
+
+
+@pytest.fixture(scope="session")
+def browser_prereqs() -> dict[str, Any]:
+    chromium = find_chromium()
+    if chromium is None:
+        unavailable("a chromium binary (apt-get install chromium, or set KVCKPT_CHROMIUM)")
+    pyo = pyodide_dir()
+    if not (pyo / "pyodide.mjs").is_file():
+        unavailable(f"the npm package pyodide in {pyo} (make web-deps)")
+    wheels = wheels_dir()
+    for name in ("micropip", "packaging"):
+        if not list(wheels.glob(f"{name}-*.whl")):
+            unavailable(f"a {name} wheel in {wheels} (make web-deps)")
+    try:
+        import playwright.sync_api  # noqa: F401
+    except ImportError:
+        unavailable("Python playwright (pip install playwright; never `playwright install`)")
+    try:
+        import hatchling  # noqa: F401
+    except ImportError:
+        unavailable("hatchling in this environment (to build the kvckpt_web wheel offline)")
+    return {"chromium": chromium, "pyodide": pyo, "wheels": wheels}
+
+
+@pytest.fixture(scope="session")
+def web_server(browser_prereqs, tmp_path_factory) -> str:
+    """Base URL of a `kvckpt serve` server on 127.0.0.1 serving Pyodide and a fresh kvckpt_web wheel."""
+    from kvckpt_web.serve import serve_in_thread
+
+    fresh = tmp_path_factory.mktemp("wheel")
+    build_wheel(fresh)
+    server, url = serve_in_thread(browser_prereqs["pyodide"], [fresh, browser_prereqs["wheels"]], port=0)
+    yield url
+    server.shutdown()
+
+
+@pytest.fixture(scope="session")
+def playwright_instance(browser_prereqs):
+    from playwright.sync_api import sync_playwright
+
+    pw = sync_playwright().start()
+    yield pw
+    pw.stop()
+
+
+@pytest.fixture(scope="session")
+def browser_context(playwright_instance, browser_prereqs, tmp_path_factory):
+    """A headless Chromium with a persistent profile (storage survives navigation)."""
+    profile = tmp_path_factory.mktemp("profile")
+    ctx = playwright_instance.chromium.launch_persistent_context(
+        str(profile), executable_path=browser_prereqs["chromium"], headless=True, args=CHROMIUM_FLAGS)
+    yield ctx
+    ctx.close()
+
+
+class PyPage:
+    """A page running kvckpt_web in Pyodide; :meth:`run` executes Python there and returns its ``result``."""
+
+    def __init__(self, page, base_url: str) -> None:
+        self.page = page
+        self.base_url = base_url
+        self.console: list[str] = []
+        page.on("console", lambda msg: self.console.append(f"{msg.type}: {msg.text}"))
+        page.on("pageerror", lambda err: self.console.append(f"pageerror: {err}"))
+
+    def boot(self) -> "PyPage":
+        """(Re)load the page, wait for Pyodide + kvckpt_web, install the ``kvtest`` helpers."""
+        self.page.goto(self.base_url, timeout=BOOT_TIMEOUT_MS)
+        try:
+            self.page.evaluate("() => window.kvckpt.then(() => true)")
+        except Exception as exc:
+            raise RuntimeError(f"page boot failed: {exc}\nconsole:\n" + "\n".join(self.console[-30:])) from None
+        self.page.evaluate("""async (src) => { const kv = await window.kvckpt;
+            kv.pyodide.FS.writeFile('/home/pyodide/kvtest.py', src); }""", (HERE / "kvtest.py").read_text())
+        self.run("import sys, importlib\nif '/home/pyodide' not in sys.path: sys.path.insert(0, '/home/pyodide')\n"
+                 "importlib.invalidate_caches()\nimport kvtest")
+        return self
+
+    def run(self, body: str) -> Any:
+        """Run ``body`` (top-level ``await`` allowed) in the page; return the JSON value of its ``result``."""
+        src = "import json as _json\nresult = None\n" + textwrap.dedent(body).strip("\n") + "\n_json.dumps(result)\n"
+        return self.page.evaluate("(src) => window.runPy(src)", src)
+
+
+@pytest.fixture(scope="session")
+def py_page(browser_context, web_server) -> PyPage:
+    """One booted page for the session, with ``dev`` (a BrowserDevice) opened in its Python globals."""
+    page = PyPage(browser_context.new_page(), web_server).boot()
+    page.run("""
+        from kvckpt_web.backends.browser import BrowserDevice
+        dev = await BrowserDevice.open()
+    """)
+    return page
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class CDPChromium:
+    """A Chromium we start ourselves (so we can SIGKILL it), driven over CDP by Playwright."""
+
+    def __init__(self, chromium: str, profile: Path, playwright) -> None:
+        self.port = free_port()
+        self.proc = subprocess.Popen(
+            [chromium, "--headless", *CHROMIUM_FLAGS, f"--user-data-dir={profile}",
+             "--remote-debugging-address=127.0.0.1", f"--remote-debugging-port={self.port}", "about:blank"],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/json/version", timeout=2) as r:
+                    json.load(r)
+                break
+            except OSError:
+                if time.monotonic() > deadline or self.proc.poll() is not None:
+                    self.kill()
+                    raise RuntimeError("chromium with remote debugging did not come up")
+                time.sleep(0.2)
+        self.browser = playwright.chromium.connect_over_cdp(f"http://127.0.0.1:{self.port}")
+        self.context = self.browser.contexts[0]
+
+    def kill(self) -> None:
+        """SIGKILL the browser process (then its leftover children, all started by us)."""
+        if self.proc.poll() is None:
+            os.kill(self.proc.pid, signal.SIGKILL)
+        try:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+        self.proc.wait(timeout=30)
+
+    def close(self) -> None:
+        try:
+            self.browser.close()
+        except Exception:
+            pass
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                self.kill()

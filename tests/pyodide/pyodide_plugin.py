@@ -1,0 +1,48 @@
+"""pytest plugin for running the suite inside Pyodide under Node (used instead of tests/conftest.py).
+
+There is no WebGPU (and no numpy) in Node's Pyodide, so the GPU fixtures skip.
+"""
+
+import pytest
+
+
+@pytest.fixture
+def device():
+    pytest.skip("no WebGPU device in Pyodide under Node")
+
+
+@pytest.fixture
+def make_cache(device):
+    pytest.skip("no WebGPU device in Pyodide under Node")
+
+
+@pytest.fixture
+def make_model(device):
+    pytest.skip("no WebGPU device in Pyodide under Node")
+
+
+def _stub_kvmodel() -> None:
+    """tests/kvmodel.py needs numpy (absent here); its helpers serve GPU tests only, which skip anyway."""
+    import asyncio
+    import sys
+    import types
+
+    try:
+        import numpy  # noqa: F401
+        return
+    except ImportError:
+        pass
+    stub = types.ModuleType("kvmodel", "numpy-free stand-in for tests/kvmodel.py inside Pyodide")
+    stub.run = asyncio.run
+
+    def _missing(name):
+        def helper(*args, **kwargs):
+            pytest.skip(f"kvmodel.{name} needs numpy (not in Pyodide)")
+        return helper
+
+    stub.__getattr__ = _missing
+    for name in ("kvmodel", "tests.kvmodel"):
+        sys.modules.setdefault(name, stub)
+
+
+_stub_kvmodel()
