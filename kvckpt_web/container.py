@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .errors import CorruptionError, FormatError
+from .jsontext import MAX_NESTING, nesting_depth
 
 __all__ = [
     "FORMAT_VERSION",
@@ -379,11 +380,14 @@ def _dumps(value: Any, field_name: str) -> str:
 
 
 def _loads(text: str, field_name: str) -> Any:
+    depth = nesting_depth(text)
+    if depth > MAX_NESTING:
+        raise FormatError(field_name, f"JSON nested at most {MAX_NESTING} deep", f"{depth} levels")
     try:
         return json.loads(
             text, object_pairs_hook=_unique_keys, parse_constant=_reject_constant, parse_float=_finite_float
         )
-    except (ValueError, RecursionError) as exc:
+    except ValueError as exc:
         raise FormatError(field_name, "valid JSON", str(exc)) from exc
 
 
@@ -397,6 +401,9 @@ def encode_manifest(manifest: Manifest) -> bytes:
         raise FormatError("body", "text encodable as UTF-8", str(exc)) from exc
     if len(raw) > MAX_BODY_BYTES:
         raise FormatError("body length", f"at most {MAX_BODY_BYTES} bytes", len(raw))
+    depth = nesting_depth(raw.decode("utf-8"))
+    if depth > MAX_NESTING:
+        raise FormatError("app_state", f"JSON nested at most {MAX_NESTING} deep (with the body)", f"{depth} levels")
     head = _PREFIX.pack(MAGIC, FORMAT_VERSION, len(raw)) + raw
     return head + hashlib.sha256(head).digest()
 

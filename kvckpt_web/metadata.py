@@ -17,6 +17,7 @@ from decimal import Decimal
 from typing import Any
 
 from .errors import FieldError, LayoutHashMismatch, MetadataError
+from .jsontext import MAX_NESTING, nesting_depth
 from .layout import CACHE_TYPE, FORMAT_VERSION, PAGE_GROUP_LAYOUT, CacheLimits, KVLayout
 
 _INT64 = (-(1 << 63), (1 << 63) - 1)
@@ -167,13 +168,14 @@ def parse_metadata(text: str | bytes) -> dict[str, Any]:
             raise MetadataError("metadata", "UTF-8 JSON text", f"undecodable bytes ({exc.reason})") from None
     if not isinstance(text, str):
         raise MetadataError("metadata", "JSON text", type(text).__name__)
+    depth = nesting_depth(text)
+    if depth > MAX_NESTING:
+        raise MetadataError("metadata", f"JSON nested at most {MAX_NESTING} deep", f"{depth} levels")
     try:
         value = json.loads(text, object_pairs_hook=_reject_duplicates, parse_float=_parse_float,
                            parse_int=_parse_int)
     except json.JSONDecodeError as exc:
         raise MetadataError("metadata", "valid JSON", f"parse error: {exc.msg} at position {exc.pos}") from None
-    except RecursionError:
-        raise MetadataError("metadata", "JSON nested less deeply", "nesting deeper than the parser allows") from None
     if not isinstance(value, dict):
         raise MetadataError("metadata", "a JSON object", type(value).__name__)
     _check_representable(value)

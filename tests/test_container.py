@@ -32,6 +32,7 @@ from kvckpt_web.container import (
     verify_chunk,
 )
 from kvckpt_web.errors import CorruptionError, FormatError, KVCkptError
+from kvckpt_web.jsontext import MAX_NESTING
 from kvckpt_web.store import validate_key
 
 C0, C1 = bytes(range(16)), bytes(range(16, 24))
@@ -120,6 +121,34 @@ def test_unicode_and_nested_app_state() -> None:
     data = encode_manifest(m)
     assert "héllo ✓".encode() in data  # UTF-8, not \u escapes
     assert decode_manifest(data) == m
+
+
+def _nested(depth: int) -> Any:
+    value: Any = 0
+    for _ in range(depth):
+        value = [value]
+    return value
+
+
+def test_app_state_nested_to_the_limit_round_trips() -> None:
+    # the body adds one level around app_state
+    m = Manifest("s", 1, "{}", 4, 1, 0, [[]], {"deep": _nested(MAX_NESTING - 2)}, 5)
+    assert decode_manifest(encode_manifest(m)) == m
+
+
+def test_app_state_nested_past_the_limit_is_refused_by_the_writer() -> None:
+    m = Manifest("s", 1, "{}", 4, 1, 0, [[]], {"deep": _nested(MAX_NESTING)}, 5)
+    with pytest.raises(FormatError) as info:
+        encode_manifest(m)
+    assert info.value.field == "app_state"
+
+
+def test_a_body_nested_past_the_limit_is_refused_before_parsing() -> None:
+    body = small_body()
+    body["app_state"] = {"deep": _nested(MAX_NESTING)}
+    with pytest.raises(FormatError) as info:
+        decode_manifest(seal(body))
+    assert info.value.field == "body" and f"at most {MAX_NESTING}" in str(info.value)
 
 
 json_values = st.recursive(
