@@ -9,8 +9,6 @@ from browser_harness import REPO, build_wheel, pyodide_dir, unavailable, wheels_
 
 PURE_TESTS = ["tests/test_layout.py", "tests/test_metadata.py", "tests/test_container.py", "tests/test_pool.py",
               "tests/test_store.py::TestMemoryStore"]
-#: 100 000 nested JSON arrays overflow the WASM stack: a fatal Pyodide error, not a RecursionError (reported).
-DESELECT = ["tests/test_container.py::test_json_level_rejections[body7-body]"]
 WHEELS = ["pytest", "pluggy", "iniconfig", "packaging", "pygments", "hypothesis", "attrs", "sortedcontainers"]
 
 
@@ -33,8 +31,6 @@ def test_pure_python_suite_in_pyodide_under_node(tmp_path):
         wheels.append(str(found[-1]))
     ours = build_wheel(tmp_path / "wheel")
     args = ["-q", "--noconftest", "-p", "tests.pyodide.pyodide_plugin", *PURE_TESTS]
-    for node_id in DESELECT:
-        args += ["--deselect", node_id]
     proc = subprocess.run([node, "--experimental-wasm-stack-switching", str(REPO / "tests/pyodide/run_tests.mjs"),
                            str(pyo), str(REPO / "tests"), str(ours), *wheels, "--", *args],
                           cwd=REPO, capture_output=True, text=True, timeout=300)
