@@ -5,8 +5,14 @@
 //
 //   import { boot } from "/kvckpt.mjs";
 //   const kv = await boot();                       // Pyodide + micropip + kvckpt_web from this origin
-//   const r = await kv.runJSON("import json; json.dumps({'ok': 1})");
-//   (checkpoint()/restore() wrappers over kvckpt_web.persist are not written yet: use runJSON)
+//   const cache = await kv.createCache({page_size: 16, num_layers: 30, num_qo_heads: 9, num_kv_heads: 3,
+//                                       qk_head_dim: 64, dtype: "float16"}, {max_total_seq_len: 4096});
+//   cache.addSequence(0);
+//   cache.append([0], [n], layers);                // layers[i] = [kBytes, vBytes] (typed arrays) of layer i
+//   await cache.checkpoint({seqId: 0, store: "indexeddb", storeName: "kv", name: "chat", appState: {...}});
+//   ... after a crash, in a fresh page:
+//   const {appState} = await cache.restore({store: "indexeddb", storeName: "kv", name: "chat"});
+//   const r = await kv.runJSON("import json; json.dumps({'ok': 1})");   // or any Python
 //
 // Served by `kvckpt serve` (routes /pyodide/, /wheels/ and /wheels/index.json).
 
@@ -39,11 +45,51 @@ export async function boot({ base = here.href, packages = [], log = () => {} } =
 export class KVCkpt {
   constructor(pyodide) {
     this.pyodide = pyodide;
+    this.api = pyodide.pyimport("kvckpt_web.js_api");
+  }
+
+  // A paged KV cache on this page's WebGPU device. `layout` and `limits` take the field names of
+  // kvckpt_web.KVLayout and kvckpt_web.CacheLimits.
+  async createCache(layout, limits = {}, transfer = "auto") {
+    return new KVCache(this.api, await this.api.create_cache(layout, limits, transfer));
   }
 
   // Run Python source (top-level await allowed); its last expression must be a JSON string.
   async runJSON(source) {
     const out = await this.pyodide.runPythonAsync(source);
     return typeof out === "string" ? JSON.parse(out) : out;
+  }
+}
+
+// One cache, driven through kvckpt_web.js_api (the Python API does the work).
+export class KVCache {
+  constructor(api, handle) {
+    this.api = api;
+    this.handle = handle;
+  }
+
+  addSequence(seqId) { this.api.add_sequence(this.handle, seqId); }
+  removeSequence(seqId) { this.api.remove_sequence(this.handle, seqId); }
+  sequenceLength(seqId) { return this.api.sequence_length(this.handle, seqId); }
+  close() { this.api.close_cache(this.handle); }
+
+  // One forward pass: lengths[i] new tokens for seqIds[i]; layers[l] = [k, v], the raw K and V bytes of
+  // layer l for all new tokens, (tokens, num_kv_heads, head_dim) each, tokens in batch order.
+  append(seqIds, lengths, layers) { this.api.append(this.handle, seqIds, lengths, layers); }
+
+  // {k, v}: Uint8Arrays (num_layers, end - start, num_kv_heads, head_dim) of tokens [start, end).
+  async readKV(seqId, start, end) {
+    const pair = await this.api.read_kv(this.handle, seqId, start, end);
+    return { k: pair[0], v: pair[1] };
+  }
+
+  // Save sequence seqId as the next generation of `name` in an IndexedDB or OPFS store.
+  async checkpoint({ seqId = 0, store = "indexeddb", storeName = "kvckpt", name, appState = {} }) {
+    return JSON.parse(await this.api.checkpoint(this.handle, seqId, store, storeName, name, appState));
+  }
+
+  // Load the newest generation of `name`; returns {name, generation, seq_id, seq_length, app_state}.
+  async restore({ store = "indexeddb", storeName = "kvckpt", name, seqId = null }) {
+    return JSON.parse(await this.api.restore(this.handle, store, storeName, name, seqId ?? undefined));
   }
 }
