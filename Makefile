@@ -11,7 +11,7 @@ TVM    := apache-tvm==0.27.0.post1
 
 export XDG_RUNTIME_DIR ?= /tmp/kvckpt-xdg-$(shell id -u)
 
-.PHONY: setup system-deps demo test bench clean web-deps test-browser serve bench-browser
+.PHONY: setup system-deps demo test bench soak clean web-deps test-browser serve bench-browser
 
 setup: system-deps $(STAMP)
 
@@ -41,7 +41,7 @@ WEB_WHEELS := micropip==0.11.1 packaging==26.4 pytest==9.2.0 pluggy==1.7.0 inico
 web-deps: $(STAMP) $(BROWSER_STAMP) $(WEB_STAMP)
 
 $(BROWSER_STAMP): $(STAMP)
-	$(BIN)/python -m pip install -q "playwright>=1.50,<2" "hatchling>=1.21"
+	$(BIN)/python -m pip install -q "playwright>=1.50,<2" "hatchling>=1.21" "pytest-rerunfailures>=14"
 	touch $(BROWSER_STAMP)
 
 $(WEB_STAMP):
@@ -59,8 +59,10 @@ $(WEB_STAMP):
 	  --implementation py -d $(WEB)/wheels $(WEB_WHEELS)
 	touch $(WEB_STAMP)
 
+# Headless Chromium on a shared 2-core machine occasionally misses a timeout: a failed browser test is
+# retried once (the retry is reported); a real defect fails both times.
 test-browser: setup web-deps
-	$(BIN)/python -m pytest -q tests/browser
+	$(BIN)/python -m pytest -q --reruns 1 tests/browser
 
 serve: setup web-deps
 	$(BIN)/python -m pip wheel -q --no-deps --no-build-isolation -w $(WEB)/wheels .
@@ -72,12 +74,15 @@ bench-browser: setup web-deps
 demo: setup
 	$(BIN)/kvckpt demo
 
-# The browser tests (tests/browser) run under `make test-browser` until they have proven reliable in CI.
-test: setup
+test: setup web-deps
 	$(BIN)/python -m pytest -q --ignore=tests/browser
+	$(MAKE) --no-print-directory test-browser
 
 bench: setup
-	$(BIN)/kvckpt bench export
+	$(BIN)/kvckpt bench export save
+
+soak: setup
+	$(BIN)/kvckpt bench soak --trials 200
 
 clean:
 	rm -rf $(VENV) build dist *.egg-info .pytest_cache .hypothesis

@@ -103,7 +103,7 @@ def build_parser() -> argparse.ArgumentParser:
     """The argument parser of ``kvckpt``."""
     parser = argparse.ArgumentParser(prog="kvckpt", description="Crash-resumable, TVM-compatible KV cache checkpoints "
                                      "on WebGPU.")
-    sub = parser.add_subparsers(dest="command", required=True)
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     p = sub.add_parser("demo", help="fill a SmolLM2-layout cache in a worker, export, SIGKILL it, restore and verify")
     p.add_argument("--tokens", type=int, default=3000, help="tokens to fill (default 3000)")
@@ -152,7 +152,7 @@ def build_parser() -> argparse.ArgumentParser:
                    "(repeatable; default: $KVCKPT_WHEELS or build/web/wheels)")
     p.set_defaults(func=cmd_serve)
 
-    for name in ("_demo-worker", "_demo-verify"):
+    for name in ("_demo-worker", "_demo-verify"):  # the demo's child processes, not for people
         p = sub.add_parser(name)
         p.add_argument("path")
         p.add_argument("tokens", type=int)
