@@ -109,6 +109,27 @@ class DeviceInfo:
     storage_offset_alignment: int = 256
 
 
+UNIFORM_ALIGN = 256
+
+
+def uniform_params(commands: list["Command"]) -> tuple[bytes, list[int]]:
+    """The uniform parameters of every Dispatch in ``commands`` in one blob, and each one's offset in it
+    (multiples of minUniformBufferOffsetAlignment, 256)."""
+    blob, offsets = bytearray(), []
+    for command in commands:
+        if isinstance(command, Dispatch):
+            offsets.append(len(blob))
+            blob += command.params + bytes(-len(command.params) % UNIFORM_ALIGN)
+    return bytes(blob), offsets
+
+
+def map_window(offset: int, size: int) -> tuple[int, int]:
+    """The (offset, size) to map so that bytes ``[offset, offset + size)`` are covered (WebGPU wants map
+    offsets in multiples of 8 and sizes in multiples of 4)."""
+    start = offset - offset % 8
+    return start, -(-(offset + size - start) // 4) * 4
+
+
 def grid(invocations: int, max_per_dim: int) -> tuple[int, int]:
     """Workgroup counts (x, y) covering ``invocations`` threads; shaders linearise ``x + y * num_workgroups.x``."""
     groups = max(1, -(-invocations // WORKGROUP_SIZE))
@@ -149,14 +170,20 @@ class Device(ABC):
             raise DeviceError(f"binding {label!r}: expected at most {self.info.max_storage_binding} bytes "
                               f"(adapter maxStorageBufferBindingSize), got {size}")
 
-    def binding(self, target: Buffer | Region) -> tuple[Any, int, int]:
-        """The (native buffer, offset, size) of a dispatch binding; DeviceError if it cannot be bound."""
-        region = target if isinstance(target, Region) else Region(target, 0, target.size)
-        self.check_binding_size(region.size, region.buffer.label)
-        if region.offset % self.info.storage_offset_alignment:
-            raise DeviceError(f"binding {region.buffer.label!r}: expected an offset that is a multiple of "
-                              f"{self.info.storage_offset_alignment}, got {region.offset}")
-        return region.buffer.native, region.offset, region.size
+    def bind_entries(self, params: Any, params_offset: int, dispatch: Dispatch) -> list[dict[str, Any]]:
+        """The bind group entries of ``dispatch`` (WebGPU's shape): its uniform parameters at ``params_offset``
+        of the native buffer ``params``, then its storage bindings; DeviceError if one cannot be bound."""
+        entries = [{"binding": 0, "resource": {"buffer": params, "offset": params_offset,
+                                               "size": len(dispatch.params)}}]
+        for i, target in enumerate(dispatch.buffers):
+            region = target if isinstance(target, Region) else Region(target, 0, target.size)
+            self.check_binding_size(region.size, region.buffer.label)
+            if region.offset % self.info.storage_offset_alignment:
+                raise DeviceError(f"binding {region.buffer.label!r}: expected an offset that is a multiple of "
+                                  f"{self.info.storage_offset_alignment}, got {region.offset}")
+            entries.append({"binding": i + 1, "resource": {"buffer": region.buffer.native, "offset": region.offset,
+                                                           "size": region.size}})
+        return entries
 
     def create_buffer(self, size: int, usage: Usage, label: str = "") -> Buffer:
         """A zero-filled buffer of ``size`` bytes (rounded up to 4)."""

@@ -19,10 +19,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..device import Buffer, Clear, Command, Copy, Device, DeviceInfo, Dispatch, Usage, grid
+from ..device import Buffer, Clear, Command, Copy, Device, DeviceInfo, Usage, grid, map_window, uniform_params
 from ..errors import DeviceError
 
-_UNIFORM_ALIGN = 256
 _MAP_READ = 1  # GPUMapMode.READ
 _MAP_WRITE = 2  # GPUMapMode.WRITE
 
@@ -148,18 +147,15 @@ class BrowserDevice(Device):
     def submit(self, commands: list[Command]) -> None:
         if not commands:
             return
-        dispatches = [c for c in commands if isinstance(c, Dispatch)]
+        blob, offsets = uniform_params(commands)
         params = None
-        if dispatches:
-            blob = bytearray()
-            for d in dispatches:
-                blob += d.params + bytes(-len(d.params) % _UNIFORM_ALIGN)
+        if blob:
             params = self._params_buffer(len(blob))
             arr = self._u8(blob)
             # queue writes are ordered before the submit below, so one params buffer serves every submit
             self._queue.writeBuffer(params, 0, arr, 0, arr.length)
+        slots = iter(offsets)
         encoder = self._device.createCommandEncoder()
-        slot = 0
         for command in commands:
             if isinstance(command, Copy):
                 encoder.copyBufferToBuffer(command.src.native, command.src_offset,
@@ -168,11 +164,7 @@ class BrowserDevice(Device):
                 encoder.clearBuffer(command.buffer.native, command.offset, command.size)
             else:
                 pipeline = command.kernel.native
-                entries = [{"binding": 0, "resource": {"buffer": params, "offset": slot, "size": len(command.params)}}]
-                for i, target in enumerate(command.buffers):
-                    native, offset, size = self.binding(target)
-                    entries.append({"binding": i + 1, "resource": {"buffer": native, "offset": offset, "size": size}})
-                slot += len(command.params) + (-len(command.params) % _UNIFORM_ALIGN)
+                entries = self.bind_entries(params, next(slots), command)
                 bind_group = self._device.createBindGroup(
                     _obj({"layout": pipeline.getBindGroupLayout(0), "entries": entries}))
                 x, y = grid(command.invocations, self.info.max_workgroups_per_dim)
@@ -196,8 +188,7 @@ class BrowserDevice(Device):
         self.check_errors()
         if size == 0:
             return memoryview(bytearray(0)) if out is None else out[:0]
-        mapped_offset = offset - offset % 8
-        mapped_size = -(-(offset + size - mapped_offset) // 4) * 4
+        mapped_offset, mapped_size = map_window(offset, size)
         mapped = await self._map(buffer, _MAP_READ, mapped_offset, mapped_size)
         try:
             start = offset - mapped_offset
@@ -215,8 +206,7 @@ class BrowserDevice(Device):
         size = sum(len(v) for v in views)
         if size == 0:
             return
-        mapped_offset = offset - offset % 8
-        mapped_size = -(-(offset + size - mapped_offset) // 4) * 4
+        mapped_offset, mapped_size = map_window(offset, size)
         mapped = await self._map(buffer, _MAP_WRITE, mapped_offset, mapped_size)
         try:
             pos = offset - mapped_offset

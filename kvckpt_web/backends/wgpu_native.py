@@ -6,10 +6,8 @@ import os
 import tempfile
 from typing import Any
 
-from ..device import Buffer, Clear, Command, Copy, Device, DeviceInfo, Dispatch, Usage, grid
+from ..device import Buffer, Clear, Command, Copy, Device, DeviceInfo, Usage, grid, map_window, uniform_params
 from ..errors import DeviceError
-
-_UNIFORM_ALIGN = 256
 
 
 def _quiet_runtime_dir() -> None:
@@ -80,15 +78,10 @@ class WgpuDevice(Device):
     def submit(self, commands: list[Command]) -> None:
         if not commands:
             return
-        dispatches = [c for c in commands if isinstance(c, Dispatch)]
-        params = None
-        if dispatches:
-            blob = bytearray()
-            for d in dispatches:
-                blob += d.params + bytes(-len(d.params) % _UNIFORM_ALIGN)
-            params = self._device.create_buffer_with_data(data=bytes(blob), usage=int(Usage.UNIFORM))
+        blob, offsets = uniform_params(commands)
+        params = self._device.create_buffer_with_data(data=blob, usage=int(Usage.UNIFORM)) if blob else None
+        slots = iter(offsets)
         encoder = self._device.create_command_encoder()
-        slot = 0
         for command in commands:
             if isinstance(command, Copy):
                 encoder.copy_buffer_to_buffer(command.src.native, command.src_offset,
@@ -97,11 +90,7 @@ class WgpuDevice(Device):
                 encoder.clear_buffer(command.buffer.native, command.offset, command.size)
             else:
                 pipeline = command.kernel.native
-                entries = [{"binding": 0, "resource": {"buffer": params, "offset": slot, "size": len(command.params)}}]
-                for i, target in enumerate(command.buffers):
-                    native, offset, size = self.binding(target)
-                    entries.append({"binding": i + 1, "resource": {"buffer": native, "offset": offset, "size": size}})
-                slot += len(command.params) + (-len(command.params) % _UNIFORM_ALIGN)
+                entries = self.bind_entries(params, next(slots), command)
                 bind_group = self._device.create_bind_group(layout=pipeline.get_bind_group_layout(0), entries=entries)
                 x, y = grid(command.invocations, self.info.max_workgroups_per_dim)
                 compute = encoder.begin_compute_pass()
@@ -114,8 +103,7 @@ class WgpuDevice(Device):
     async def read(self, buffer: Buffer, offset: int, size: int, out: memoryview | None = None) -> memoryview:
         if size == 0:
             return memoryview(bytearray(0)) if out is None else out[:0]
-        mapped_offset = offset - offset % 8
-        mapped_size = -(-(offset + size - mapped_offset) // 4) * 4
+        mapped_offset, mapped_size = map_window(offset, size)
         buffer.native.map_sync("READ", mapped_offset, mapped_size)
         try:
             view = buffer.native.read_mapped(mapped_offset, mapped_size, copy=False)
@@ -132,8 +120,7 @@ class WgpuDevice(Device):
         size = sum(len(v) for v in views)
         if size == 0:
             return
-        mapped_offset = offset - offset % 8
-        mapped_size = -(-(offset + size - mapped_offset) // 4) * 4
+        mapped_offset, mapped_size = map_window(offset, size)
         buffer.native.map_sync("WRITE", mapped_offset, mapped_size)
         try:
             for view in views:
