@@ -69,7 +69,7 @@ serve: setup web-deps
 	$(BIN)/kvckpt serve
 
 bench-browser: setup web-deps
-	$(BIN)/python tests/browser/bench_browser.py
+	$(BIN)/python bench/browser.py
 
 demo: setup
 	$(BIN)/kvckpt demo

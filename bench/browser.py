@@ -4,7 +4,7 @@
   upload of the same bytes (target >= 0.8x);
 * IndexedDBStore vs OPFSStore save and restore throughput of that 64 MiB checkpoint (persist.save/restore).
 
-Run from the repository root: ``.venv/bin/python tests/browser/bench_browser.py [--repeats N]``.
+Run from the repository root: ``.venv/bin/python bench/browser.py [--repeats N]``.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-HERE = Path(__file__).resolve().parent
+HERE = Path(__file__).resolve().parent.parent / "tests" / "browser"  # the page harness the tests use
 sys.path.insert(0, str(HERE))
 
 import browser_harness as conftest  # noqa: E402
