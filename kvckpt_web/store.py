@@ -248,7 +248,8 @@ FAULT_STEPS = ("write", "fsync", "rename", "dirsync")
 """The steps of :meth:`FileStore.set`, in order, as passed to its ``fault`` hook."""
 
 
-def _fsync_dir(path: str) -> None:
+def fsync_dir(path: str | os.PathLike) -> None:
+    """Make a directory's entries (a rename, a new file) durable (desktop file systems)."""
     fd = os.open(path, os.O_RDONLY)
     try:
         os.fsync(fd)
@@ -329,7 +330,7 @@ class FileStore(Store):
             except FileExistsError:
                 if not os.path.isdir(path):
                     raise
-            _fsync_dir(os.path.dirname(path))
+            fsync_dir(os.path.dirname(path))
 
     def _write(self, key: str, data: memoryview) -> None:
         path = self._path(key)
@@ -356,7 +357,7 @@ class FileStore(Store):
             self._step("rename")
             os.replace(tmp, path)
             self._step("dirsync")
-            _fsync_dir(parent)
+            fsync_dir(parent)
         except BaseException as exc:
             try:
                 os.unlink(tmp)
@@ -376,14 +377,14 @@ class FileStore(Store):
             raise StoreError(f"delete {key!r}: cannot remove {path} ({exc})") from exc
         try:
             parent = os.path.dirname(path)
-            _fsync_dir(parent)
+            fsync_dir(parent)
             while parent != self.directory:  # prune directories left empty
                 try:
                     os.rmdir(parent)
                 except OSError:
                     break
                 parent = os.path.dirname(parent)
-                _fsync_dir(parent)
+                fsync_dir(parent)
         except OSError as exc:
             raise StoreError(f"delete {key!r}: cannot fsync directory of {path} ({exc})") from exc
 

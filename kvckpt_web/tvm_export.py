@@ -18,6 +18,7 @@ from typing import Any, Sequence
 
 from .errors import FormatError, MetadataError
 from .metadata import parse_metadata
+from .store import fsync_dir
 
 METADATA_FILE = "metadata.json"
 _GROUP_FILE = re.compile(r"group_(\d+)\.bin")
@@ -39,14 +40,6 @@ class TVMExport:
     def metadata(self) -> dict[str, Any]:
         """The parsed metadata object."""
         return parse_metadata(self.metadata_json)
-
-
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def _group_sizes(metadata: dict[str, Any]) -> list[int]:
@@ -83,11 +76,11 @@ def write_tvm_export(path: str | os.PathLike, metadata_json: str, groups: Sequen
                 f.write(data)
                 f.flush()
                 os.fsync(f.fileno())
-        _fsync_dir(tmp)
+        fsync_dir(tmp)
         if path.exists():
             shutil.rmtree(path)
         os.rename(tmp, path)
-        _fsync_dir(path.parent)
+        fsync_dir(path.parent)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
