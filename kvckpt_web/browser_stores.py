@@ -139,8 +139,19 @@ async def request_persistence() -> bool:
         return False
 
 
-class _WebLockMixin:
-    _lock_name: str
+class _BrowserStore(Store):
+    """What both browser stores share: a name, the persistence answer, and a Web Lock named for them."""
+
+    KIND = ""
+
+    def __init__(self, name: str, *, read_only: bool, lock_timeout: float, persisted: bool) -> None:
+        super().__init__(read_only=read_only, lock_timeout=lock_timeout)
+        self.name = name
+        self.persisted = persisted
+        self._lock_name = f"kvckpt:{self.KIND.lower()}:{name}"
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.name!r}, read_only={self.read_only})"
 
     @asynccontextmanager
     async def _lock(self, timeout: float) -> AsyncIterator[None]:
@@ -158,24 +169,19 @@ class _WebLockMixin:
             release()
 
 
-class IndexedDBStore(_WebLockMixin, Store):
+class IndexedDBStore(_BrowserStore):
     """A :class:`~kvckpt_web.store.Store` in one IndexedDB database of this origin.
 
     Open with ``store = await IndexedDBStore.open("name")``.
     """
 
+    KIND = "IndexedDB"
     OBJECT_STORE = "kv"
 
     def __init__(self, db: Any, name: str, *, read_only: bool = False,
                  lock_timeout: float = DEFAULT_LOCK_TIMEOUT, persisted: bool = False) -> None:
-        super().__init__(read_only=read_only, lock_timeout=lock_timeout)
+        super().__init__(name, read_only=read_only, lock_timeout=lock_timeout, persisted=persisted)
         self._db = db
-        self.name = name
-        self.persisted = persisted
-        self._lock_name = f"kvckpt:indexeddb:{name}"
-
-    def __repr__(self) -> str:
-        return f"IndexedDBStore({self.name!r}, read_only={self.read_only})"
 
     @classmethod
     async def open(cls, name: str = "kvckpt", *, read_only: bool = False, lock_timeout: float = DEFAULT_LOCK_TIMEOUT,
@@ -249,22 +255,18 @@ class IndexedDBStore(_WebLockMixin, Store):
         return [str(k) for k in keys if str(k).startswith(prefix)]
 
 
-class OPFSStore(_WebLockMixin, Store):
+class OPFSStore(_BrowserStore):
     """A :class:`~kvckpt_web.store.Store` in a directory of the Origin Private File System.
 
     Open with ``store = await OPFSStore.open("name")``; keys map to nested files under ``/name/``.
     """
 
+    KIND = "OPFS"
+
     def __init__(self, root: Any, name: str, *, read_only: bool = False,
                  lock_timeout: float = DEFAULT_LOCK_TIMEOUT, persisted: bool = False) -> None:
-        super().__init__(read_only=read_only, lock_timeout=lock_timeout)
+        super().__init__(name, read_only=read_only, lock_timeout=lock_timeout, persisted=persisted)
         self._root = root
-        self.name = name
-        self.persisted = persisted
-        self._lock_name = f"kvckpt:opfs:{name}"
-
-    def __repr__(self) -> str:
-        return f"OPFSStore({self.name!r}, read_only={self.read_only})"
 
     @classmethod
     async def open(cls, name: str = "kvckpt", *, read_only: bool = False, lock_timeout: float = DEFAULT_LOCK_TIMEOUT,
