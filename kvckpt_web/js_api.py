@@ -7,6 +7,7 @@ K/V bytes as ``Uint8Array``.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from typing import Any
 
@@ -26,6 +27,17 @@ def _py(value: Any) -> Any:
 
 def _bytes(value: Any) -> bytes:
     return value.to_bytes() if hasattr(value, "to_bytes") else bytes(value)
+
+
+def _fields(what: str, value: Any, cls: type) -> dict[str, Any]:
+    """``value`` as keyword arguments of dataclass ``cls``; FieldError naming an unknown field."""
+    if not isinstance(value, dict):
+        raise FieldError(what, "an object of fields", type(value).__name__)
+    known = {f.name for f in dataclasses.fields(cls)}
+    for key in value:
+        if key not in known:
+            raise FieldError(f"{what}.{key}", f"one of {sorted(known)}", "an unknown field")
+    return dict(value)
 
 
 def _cache(handle: int) -> PagedKVCache:
@@ -54,10 +66,10 @@ async def create_cache(layout: Any, limits: Any = None, transfer: str = "auto") 
         from .device import open_device_async
 
         _device = await open_device_async()
-    lay = _py(layout)
+    lay, lim = _fields("layout", _py(layout), KVLayout), _fields("limits", _py(limits) or {}, CacheLimits)
     if isinstance(lay.get("attn_kinds"), list):
         lay["attn_kinds"] = tuple(lay["attn_kinds"])
-    cache = PagedKVCache(_device, KVLayout(**lay), CacheLimits(**(_py(limits) or {})), transfer=transfer)
+    cache = PagedKVCache(_device, KVLayout(**lay), CacheLimits(**lim), transfer=transfer)
     handle = max(_caches, default=0) + 1
     _caches[handle] = cache
     return handle

@@ -41,3 +41,13 @@ def test_js_errors_name_the_field(py_page):
         catch (e) {{ return String(e.message); }}
     }}""")
     assert "layers: expected 2 [k, v] pairs, got 1" in message
+
+
+def test_js_create_cache_names_an_unknown_layout_field(py_page):
+    message = py_page.page.evaluate("""async () => {
+        const kv = await window.kvckpt;
+        try { await kv.createCache({page_size: 4, num_layers: 2, num_qo_heads: 4, num_kv_heads: 2,
+                                    qk_head_dim: 8, head_size: 8}); return "accepted"; }
+        catch (e) { return String(e.message); }
+    }""")
+    assert "layout.head_size: expected one of" in message
