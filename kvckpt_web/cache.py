@@ -10,7 +10,7 @@ primitives come from :class:`~kvckpt_web.checkpoint.CheckpointMixin`.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable
 
 from .checkpoint import CheckpointMixin
 from .device import Buffer, Command, Copy, Device, Region, Usage
@@ -28,6 +28,20 @@ class _Forward:
     seq_ids: tuple[int, ...]
     lengths: tuple[int, ...]
     num_tokens: int
+
+
+class MappedPages:
+    """Page groups viewed in mapped device memory (see :meth:`PagedKVCache.map_pages`)."""
+
+    def __init__(self, groups: list[memoryview], unmap: Callable[[], None] | None) -> None:
+        self.groups = groups
+        self._unmap = unmap
+
+    def release(self) -> None:
+        """Unmap; the group views must no longer be used. Calling it again does nothing."""
+        unmap, self._unmap = self._unmap, None
+        if unmap is not None:
+            unmap()
 
 
 class PagedKVCache(CheckpointMixin):
@@ -245,6 +259,20 @@ class PagedKVCache(CheckpointMixin):
         stride = self.mover.span_stride("copy", self.layers, ids) or group
         return (len(self.layers) - 1) * stride + group if ids else 0
 
+    async def _pack_pages(self, ids: list[int], tail: int, staging_name: str, stride: int | None = None
+                          ) -> tuple[Buffer, int, int]:
+        """Submit the packing of pages ``ids`` of every layer into a staging buffer: (buffer, bytes, layer stride)."""
+        path = await self._resolve_page_path()
+        group = len(ids) * self.layout.page_bytes
+        if stride is None:
+            stride = self.mover.span_stride(path, self.layers, ids) or group
+        total = (len(self.layers) - 1) * stride + group if group else 0
+        staging = self._buffer(staging_name, total, Usage.MAP_READ | Usage.COPY_DST)
+        if total:
+            table = self._upload_u32("table", ids)
+            self.device.submit(self.mover.pack_layers(path, self.layers, table, ids, tail, staging, stride))
+        return staging, total, stride
+
     async def read_pages(self, seq_id: int, page_begin: int = 0, page_end: int | None = None,
                          out: memoryview | None = None) -> list[memoryview]:
         """Logical pages ``[page_begin, page_end)`` of every layer, densely, unused tail zeroed: one view per layer.
@@ -253,22 +281,33 @@ class PagedKVCache(CheckpointMixin):
         :meth:`host_nbytes` to allow the one-copy path); bytes between them are zero.
         """
         ids, tail = self._page_range(seq_id, page_begin, page_end)
-        path = await self._resolve_page_path()
         group = len(ids) * self.layout.page_bytes
         layers = len(self.layers)
-        stride = self.mover.span_stride(path, self.layers, ids) or group
-        if out is not None and len(out) < (layers - 1) * stride + group:
+        stride = None
+        if out is not None and len(out) < self.host_nbytes(seq_id, page_begin, page_end):
             stride = group
             if len(out) < layers * group:
                 raise TensorError("out.nbytes", f"at least {layers * group}", len(out))
-        total = (layers - 1) * stride + group if group else 0
+        staging, total, stride = await self._pack_pages(ids, tail, "read_staging", stride)
         host = memoryview(bytearray(total)) if out is None else out
         if total:
-            table = self._upload_u32("table", ids)
-            staging = self._buffer("read_staging", total, Usage.MAP_READ | Usage.COPY_DST)
-            self.device.submit(self.mover.pack_layers(path, self.layers, table, ids, tail, staging, stride))
             await self.device.read(staging, 0, total, host)
         return [host[g * stride:g * stride + group] for g in range(layers)]
+
+    async def map_pages(self, seq_id: int, page_begin: int = 0, page_end: int | None = None, *,
+                        slot: int = 0) -> "MappedPages":
+        """Like :meth:`read_pages`, without a host copy: views into a mapped staging buffer (one per ``slot``).
+
+        The views are valid until :meth:`MappedPages.release`; a slot serves one mapping at a time.
+        """
+        ids, tail = self._page_range(seq_id, page_begin, page_end)
+        group = len(ids) * self.layout.page_bytes
+        staging, total, stride = await self._pack_pages(ids, tail, f"map_staging{slot}")
+        if not total:
+            return MappedPages([memoryview(b"")] * len(self.layers), None)
+        view = await self.device.map_read(staging, 0, total)
+        return MappedPages([view[g * stride:g * stride + group] for g in range(len(self.layers))],
+                           lambda: self.device.unmap(staging))
 
     async def debug_get_kv(self, seq_id: int, start: int, end: int) -> tuple[HostTensor, HostTensor]:
         """K and V of tokens ``[start, end)``: two ``(num_layers, n, num_kv_heads, head_dim)`` tensors."""

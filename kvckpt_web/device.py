@@ -216,6 +216,17 @@ class Device(ABC):
         """Map a MAP_READ ``buffer`` after all submitted work and copy ``size`` bytes out (into ``out`` if given)."""
 
     @abstractmethod
+    async def map_read(self, buffer: Buffer, offset: int, size: int) -> memoryview:
+        """Map ``size`` > 0 bytes of a MAP_READ ``buffer`` after all submitted work; a read-only view of them.
+
+        The view is valid until :meth:`unmap`; the buffer may not be used by a submit before then.
+        """
+
+    @abstractmethod
+    def unmap(self, buffer: Buffer) -> None:
+        """End the mapping :meth:`map_read` made; its view must no longer be used."""
+
+    @abstractmethod
     async def upload(self, buffer: Buffer, offset: int, chunks: list[bytes | bytearray | memoryview]) -> None:
         """Map a MAP_WRITE ``buffer`` once, copy ``chunks`` in back to back from ``offset`` and unmap it."""
 

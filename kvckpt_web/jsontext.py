@@ -2,28 +2,27 @@
 
 from __future__ import annotations
 
+import re
+
 #: Deepest array/object nesting a reader accepts. Python's recursive parser would otherwise exhaust the
 #: stack on hostile input, and in Pyodide that kills the whole interpreter instead of raising.
 MAX_NESTING = 128
 
 
+_STRING = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*"', re.DOTALL)
+_BRACKET = re.compile(r"[\[\]{}]")
+
+
 def nesting_depth(text: str) -> int:
     """The deepest nesting of arrays and objects in JSON ``text`` (brackets inside strings do not count)."""
+    bare = _STRING.sub("", text)
+    if '"' in bare:  # an unterminated string: everything after its quote is inside it
+        bare = bare[:bare.index('"')]
     depth = deepest = 0
-    in_string = escaped = False
-    for char in text:
-        if in_string:
-            if escaped:
-                escaped = False
-            elif char == "\\":
-                escaped = True
-            elif char == '"':
-                in_string = False
-        elif char == '"':
-            in_string = True
-        elif char in "[{":
+    for bracket in _BRACKET.findall(bare):
+        if bracket in "[{":
             depth += 1
             deepest = max(deepest, depth)
-        elif char in "]}":
+        else:
             depth -= 1
     return deepest

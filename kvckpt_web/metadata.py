@@ -87,18 +87,18 @@ def write_metadata(layout: KVLayout, limits: CacheLimits, seq_id: int, seq_lengt
     metadata["layout_hash"] = layout.layout_hash()
     metadata["seq_id"] = seq_id
     metadata["seq_length"] = seq_length
-    metadata["logical_pages"] = [
-        {"logical_page_index": i, "start_pos": i * layout.page_size,
-         "length": min(layout.page_size, seq_length - i * layout.page_size)}
-        for i in range(npages)
-    ]
-    metadata["groups"] = [
+    p = layout.page_size
+    # one entry per page, all integers: formatted directly (dump_tvm_json would print them alike, 20x slower)
+    pages = ",".join(f'{{"logical_page_index":{i},"start_pos":{i * p},"length":{min(p, seq_length - i * p)}}}'
+                     for i in range(npages))
+    groups = [
         {"group_index": g, "layer_begin": layout.layer_begin + g, "layer_end": layout.layer_begin + g + 1,
          "num_logical_pages": npages, "dtype": layout.dtype, "shape": list(layout.group_shape(npages)),
          "nbytes": npages * layout.page_bytes}
         for g in range(layout.num_layers)
     ]
-    return dump_tvm_json(metadata)
+    return f'{dump_tvm_json(metadata)[:-1]},"logical_pages":[{pages}],"groups":{dump_tvm_json(groups)}}}'
+
 
 
 def _reject_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import os
 import sys
 import weakref
 from collections import OrderedDict
@@ -43,7 +44,7 @@ from .errors import (CheckpointStateError, CorruptionError, FieldError, FormatEr
 from .metadata import dump_tvm_json, parse_metadata, validate_import
 
 if TYPE_CHECKING:
-    from .cache import PagedKVCache
+    from .cache import MappedPages, PagedKVCache
     from .device import Device
     from .pool import SequenceState
     from .store import Store
@@ -72,10 +73,16 @@ DEFAULT_KEEP = 2
 DEFAULT_CHUNK_BYTES = 1 << 20
 """Target chunk size when ``pages_per_chunk`` is not given: ``max(1, DEFAULT_CHUNK_BYTES // page_bytes)`` pages."""
 
-READ_BATCH_BYTES = 64 << 20
-"""Bytes (all groups together) read back from the GPU per step of a save, while the previous step is written."""
+READ_BATCH_BYTES = 32 << 20
+"""Bytes (all groups together) a save maps from the GPU per batch."""
 
-IO_CONCURRENCY = 8
+READ_SLOTS = 4
+"""Batches a save keeps mapped at once: the next ones are read back while earlier ones are hashed and written."""
+
+HASH_THREADS = max(1, min(8, os.cpu_count() or 1))
+"""Threads that hash one mapped batch of a save together (hashlib releases the GIL)."""
+
+IO_CONCURRENCY = 16
 """Chunk reads or writes (with their hashing) in flight at once."""
 
 LIST_THRESHOLD = 32
@@ -217,27 +224,13 @@ _CACHE_LOCKS: "weakref.WeakKeyDictionary[Any, dict[str, tuple[asyncio.AbstractEv
 
 def _cache_lock(cache: "PagedKVCache", purpose: str = "transfer") -> asyncio.Lock:
     """One lock per cache, purpose and event loop: "transfer" guards the cache's staging buffers for one
-    readback or import at a time; "host" guards the host readback buffers for one save at a time."""
+    readback or import at a time; "slots" guards the staging slots a save maps for one save at a time."""
     loop = asyncio.get_running_loop()
     locks = _CACHE_LOCKS.setdefault(cache, {})
     entry = locks.get(purpose)
     if entry is None or entry[0] is not loop:
         entry = locks[purpose] = (loop, asyncio.Lock())
     return entry[1]
-
-
-_HOST: "weakref.WeakKeyDictionary[Any, list[bytearray]]" = weakref.WeakKeyDictionary()
-
-
-def _host_buffer(cache: "PagedKVCache", slot: int, size: int) -> memoryview:
-    """Readback memory of ``cache`` kept between saves (slot 0 or 1: one is written out while the other fills).
-
-    A fresh 256 MiB bytearray is zeroed and faulted in page by page, which cost as much as the readback itself.
-    """
-    slots = _HOST.setdefault(cache, [bytearray(), bytearray()])
-    if len(slots[slot]) < size:
-        slots[slot] = bytearray(size)
-    return memoryview(slots[slot])
 
 
 # ----- helpers --------------------------------------------------------------------------------------
@@ -267,11 +260,12 @@ async def _run_bounded(jobs: Iterable[Callable[[], Awaitable[None]]], limit: int
             if not pending:
                 return
             done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
-            # retrieve every task's outcome (an unretrieved one is logged at garbage collection), raise the first
+            # retrieve every task's outcome (an unretrieved one is logged at garbage collection); raise a
+            # failure rather than a cancellation it caused
             errors = [asyncio.CancelledError() if task.cancelled() else task.exception() for task in done]
-            for error in errors:
-                if error is not None:
-                    raise error
+            errors = sorted((e for e in errors if e is not None), key=lambda e: isinstance(e, asyncio.CancelledError))
+            if errors:
+                raise errors[0]
     finally:
         if pending:  # never leave a write running after the caller has released the store lock
             await asyncio.wait(pending)
@@ -403,20 +397,118 @@ async def _retain(store: "Store", name: str, keep: int) -> tuple[list[str], int,
     candidates: set[str] = set()
     for key in drop:
         candidates |= await _refs_of(store, key) or frozenset()
-    for key in drop:
-        await store.delete(key)
+    await _run_bounded(((lambda k=k: store.delete(k)) for k in drop), IO_CONCURRENCY)
     if not candidates:
         return drop, 0, []
     used, damaged = await _referenced(store)
     if damaged:
         return drop, 0, [f"chunks not deleted: cannot tell which chunks damaged manifests use: {', '.join(damaged)}"]
     unused = sorted(candidates - used)
-    for key in unused:
-        await store.delete(key)
+    await _run_bounded(((lambda k=k: store.delete(k)) for k in unused), IO_CONCURRENCY)
     return drop, len(unused), []
 
 
 # ----- save -----------------------------------------------------------------------------------------
+
+
+class _MappedBatches:
+    """The changed pages of a save, mapped from the GPU batch by batch and hashed chunk by chunk.
+
+    Batches (whole chunk columns) are mapped in :data:`READ_SLOTS` staging slots, so later batches
+    are read back while earlier ones are written; each mapped batch is hashed on
+    :data:`HASH_THREADS` threads, in order, and every chunk's digest is handed over as soon as it
+    exists. Batch ``b + READ_SLOTS`` is mapped once every chunk of batch ``b`` is :meth:`done`.
+    """
+
+    def __init__(self, cache: "PagedKVCache", seq_id: int, plan: list[tuple[int, int]],
+                 batches: list[list[int]]) -> None:
+        self._cache, self._seq_id, self._plan, self._batches = cache, seq_id, plan, batches
+        self._groups = cache.layout.num_layers
+        self._page_bytes = cache.layout.page_bytes
+        self._loop = asyncio.get_running_loop()
+        self._unfinished = [len(batch) * self._groups for batch in batches]
+        self._slot_free = [asyncio.Event() for _ in batches]
+        self._hashing = asyncio.Lock()
+        self._hashers: list[asyncio.Future[None]] = []
+        self._closed = False
+        self._reads = [asyncio.ensure_future(self._read(b)) for b in range(len(batches))]
+
+    def _view(self, mapped: "MappedPages", b: int, i: int, g: int) -> memoryview:
+        first, count = self._plan[i]
+        base = self._plan[self._batches[b][0]][0]
+        return mapped.groups[g][(first - base) * self._page_bytes:(first - base + count) * self._page_bytes]
+
+    async def _read(self, b: int) -> "tuple[MappedPages, dict[tuple[int, int], asyncio.Future[str]]] | None":
+        if b >= READ_SLOTS:
+            await self._slot_free[b - READ_SLOTS].wait()
+        if self._closed:
+            return None
+        plan, batch = self._plan, self._batches[b]
+        async with _cache_lock(self._cache):
+            mapped = await self._cache.map_pages(self._seq_id, plan[batch[0]][0], plan[batch[-1]][0] + plan[batch[-1]][1],
+                                                 slot=b % READ_SLOTS)
+        digests = {(i, g): self._loop.create_future() for i in batch for g in range(self._groups)}
+        self._hashers.append(asyncio.ensure_future(self._hash(mapped, b, digests)))
+        return mapped, digests
+
+    async def _hash(self, mapped: "MappedPages", b: int, digests: dict[tuple[int, int], "asyncio.Future[str]"]) -> None:
+        cells = list(digests)
+        parts = [cells[k::HASH_THREADS] for k in range(HASH_THREADS) if cells[k::HASH_THREADS]]
+
+        def hash_part(part: list[tuple[int, int]]) -> None:
+            for cell in part:
+                digest = chunk_digest(self._view(mapped, b, *cell))
+                self._loop.call_soon_threadsafe(_resolve, digests[cell], digest)
+
+        try:
+            async with self._hashing:
+                await asyncio.gather(*(_offload(hash_part, part) for part in parts))
+        except BaseException as exc:
+            for future in digests.values():
+                if not future.done():
+                    future.set_exception(exc if isinstance(exc, Exception) else asyncio.CancelledError())
+            raise
+
+    async def chunk(self, b: int, i: int, g: int) -> tuple[memoryview, str]:
+        """Chunk ``i`` of group ``g`` (in batch ``b``) in mapped memory, and its digest."""
+        result = await self._reads[b]
+        if result is None:
+            raise asyncio.CancelledError()
+        mapped, digests = result
+        return self._view(mapped, b, i, g), await digests[i, g]
+
+    def done(self, b: int) -> None:
+        """One chunk of batch ``b`` is stored; the last one unmaps the batch and frees its slot."""
+        self._unfinished[b] -= 1
+        if not self._unfinished[b]:
+            self._reads[b].result()[0].release()
+            self._slot_free[b].set()
+
+    def stop(self) -> None:
+        """Map no more batches; chunks of batches not mapped yet raise CancelledError."""
+        self._closed = True
+        for event in self._slot_free:
+            event.set()
+
+    async def close(self) -> None:
+        """:meth:`stop`; wait for mapping and hashing in flight, then unmap every batch still mapped."""
+        self.stop()
+        if self._reads:
+            await asyncio.wait(self._reads)
+        if self._hashers:
+            await asyncio.wait(self._hashers)
+        for task in self._hashers:
+            if not task.cancelled():
+                task.exception()  # retrieved: a failure already reached the chunks waiting for digests
+        for task in self._reads:
+            if not task.cancelled() and task.exception() is None and task.result() is not None:
+                task.result()[0].release()
+
+
+def _resolve(future: "asyncio.Future[str]", value: str) -> None:
+    if not future.done():
+        future.set_result(value)
+
 
 
 async def save(cache: "PagedKVCache", seq_id: int, store: "Store", name: str, *,
@@ -471,7 +563,6 @@ async def save(cache: "PagedKVCache", seq_id: int, store: "Store", name: str, *,
             for g in range(num_groups)
         ]
 
-        # Read the changed pages back in batches of whole chunk columns; write one batch while reading the next.
         column_bytes = ppc * page_bytes * num_groups
         per_batch = max(1, READ_BATCH_BYTES // column_bytes)
         batches = [list(range(c, min(c + per_batch, len(plan)))) for c in range(reuse, len(plan), per_batch)]
@@ -483,52 +574,34 @@ async def save(cache: "PagedKVCache", seq_id: int, store: "Store", name: str, *,
         present = (set(await store.list_prefix(CHUNKS))
                    if (len(plan) - reuse) * num_groups > LIST_THRESHOLD else None)
 
-        async def put(g: int, i: int, data: memoryview) -> None:
-            first, count = plan[i]
-            digest = await _offload(chunk_digest, data)
-            key = chunk_key(digest)
-            table[g][i] = ChunkRef(g, first, count, len(data), digest)
-            if key not in known and key not in claimed:
-                claimed.add(key)
-                if not (key in present if present is not None else await store.exists(key)):
-                    await store.set(key, data)
-                    counts["written"] += 1
+        async def put(b: int, i: int, g: int) -> None:
+            try:
+                data, digest = await mapped.chunk(b, i, g)
+                key = chunk_key(digest)
+                table[g][i] = ChunkRef(g, plan[i][0], plan[i][1], len(data), digest)
+                if key not in known and key not in claimed:
+                    claimed.add(key)
+                    if not (key in present if present is not None else await store.exists(key)):
+                        await store.set(key, data)
+                        counts["written"] += 1
+            except BaseException:
+                mapped.stop()  # chunks waiting for a batch that will never be mapped give up
+                raise
             counts["done"] += 1
+            mapped.done(b)
             if progress is not None:
                 progress("save", counts["done"], total_chunks)
 
-        async def read_locked(p0: int, p1: int, slot: int) -> list[memoryview]:
-            async with _cache_lock(cache):
-                out = _host_buffer(cache, slot, cache.host_nbytes(seq_id, p0, p1))
-                return await cache.read_pages(seq_id, p0, p1, out)
-
-        def read(b: int) -> asyncio.Future[list[memoryview]]:
-            batch = batches[b]
-            return asyncio.ensure_future(read_locked(plan[batch[0]][0], plan[batch[-1]][0] + plan[batch[-1]][1],
-                                                     b % 2))
-
-        def jobs(batch: list[int], views: list[memoryview]) -> Iterable[Callable[[], Awaitable[None]]]:
-            base = plan[batch[0]][0]
-            for i in batch:
-                first, count = plan[i]
-                lo, hi = (first - base) * page_bytes, (first - base + count) * page_bytes
-                for g in range(num_groups):
-                    yield lambda g=g, i=i, d=views[g][lo:hi]: put(g, i, d)
-
+        jobs = ((lambda b=b, i=i, g=g: put(b, i, g)) for b, batch in enumerate(batches) for i in batch
+                for g in range(num_groups))
         if progress is not None:
             progress("save", counts["done"], total_chunks)
-        async with _cache_lock(cache, "host"):  # the host readback buffers serve one save at a time
-            reading = read(0) if batches else None
+        async with _cache_lock(cache, "slots"):  # the staging slots serve one save at a time
+            mapped = _MappedBatches(cache, seq_id, plan, batches)
             try:
-                for b, batch in enumerate(batches):
-                    views = await reading
-                    reading = read(b + 1) if b + 1 < len(batches) else None
-                    await _run_bounded(jobs(batch, views), IO_CONCURRENCY)
+                await _run_bounded(jobs, IO_CONCURRENCY)
             finally:
-                if reading is not None:  # a read still in flight uses the cache's staging buffer: let it end
-                    await asyncio.wait([reading])
-                    if not reading.cancelled():
-                        reading.exception()
+                await mapped.close()
         if cache.sequence_state(seq_id) != state:
             raise CheckpointStateError(f"save {name!r}: sequence {seq_id} changed while it was being saved; "
                                        "nothing was committed")

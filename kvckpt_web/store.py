@@ -18,6 +18,7 @@ imported inside :class:`FileStore` when it locks.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import os
 import re
 import secrets
@@ -247,6 +248,19 @@ LOCK_NAME = "~kvckpt.lock"
 FAULT_STEPS = ("write", "fsync", "rename", "dirsync")
 """The steps of :meth:`FileStore.set`, in order, as passed to its ``fault`` hook."""
 
+IO_THREADS = 16
+"""Worker threads shared by every FileStore: enough blocking writes and fsyncs in flight to keep a disk busy."""
+
+_io_pool: concurrent.futures.ThreadPoolExecutor | None = None
+
+
+def _run_io(fn: Callable[..., Any], *args: Any) -> "asyncio.Future[Any]":
+    """Run blocking file work on the FileStore thread pool (not the loop's default one, kept for CPU work)."""
+    global _io_pool
+    if _io_pool is None:
+        _io_pool = concurrent.futures.ThreadPoolExecutor(IO_THREADS, thread_name_prefix="kvckpt-filestore")
+    return asyncio.get_running_loop().run_in_executor(_io_pool, fn, *args)
+
 
 def fsync_dir(path: str | os.PathLike) -> None:
     """Make a directory's entries (a rename, a new file) durable (desktop file systems)."""
@@ -263,9 +277,10 @@ class FileStore(Store):
     ``set`` writes a temp file beside the target, fsyncs it, renames it over
     the target and fsyncs the directory, so a crash at any point leaves the old
     or the new value, plus at worst a stray temp file that ``list_prefix``
-    never returns and :meth:`cleanup_temp` removes (as does taking
-    :meth:`lock`). ``fault``, if given, is called with each step name of
-    :data:`FAULT_STEPS` before that step, for fault-injection tests.
+    never returns and :meth:`cleanup_temp` removes (as does the first
+    :meth:`lock` taken through each FileStore object). ``fault``, if given, is
+    called with each step name of :data:`FAULT_STEPS` before that step, for
+    fault-injection tests.
 
     A key cannot both hold a value and be a directory of other keys (``a`` and
     ``a/b``); such a ``set`` raises :class:`StoreError`. ``delete`` removes the
@@ -283,6 +298,7 @@ class FileStore(Store):
         super().__init__(read_only=read_only, lock_timeout=lock_timeout)
         self.directory = os.path.abspath(os.fspath(directory))
         self.fault = fault
+        self._swept = False  # temp files of crashed writers are removed under the first lock
         try:
             if not read_only:
                 os.makedirs(self.directory, exist_ok=True)
@@ -430,19 +446,19 @@ class FileStore(Store):
     # -- Store interface -----------------------------------------------------
 
     async def _get(self, key: str) -> bytes | None:
-        return await asyncio.to_thread(self._read, key)
+        return await _run_io(self._read, key)
 
     async def _set(self, key: str, data: memoryview) -> None:
-        await asyncio.to_thread(self._write, key, data)
+        await _run_io(self._write, key, data)
 
     async def _delete(self, key: str) -> None:
-        await asyncio.to_thread(self._remove, key)
+        await _run_io(self._remove, key)
 
     async def _exists(self, key: str) -> bool:
-        return await asyncio.to_thread(os.path.isfile, self._path(key))
+        return await _run_io(os.path.isfile, self._path(key))
 
     async def _list_prefix(self, prefix: str) -> list[str]:
-        return await asyncio.to_thread(self._walk, prefix)
+        return await _run_io(self._walk, prefix)
 
     @asynccontextmanager
     async def _lock(self, timeout: float) -> AsyncIterator[None]:
@@ -465,7 +481,9 @@ class FileStore(Store):
 
         try:
             await _poll_acquire(try_lock, timeout, path)
-            await asyncio.to_thread(self.cleanup_temp)
+            if not self._swept:
+                await _run_io(self.cleanup_temp)
+                self._swept = True
             yield
         finally:
             os.close(fd)  # closing the only descriptor releases the flock

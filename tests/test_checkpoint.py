@@ -246,6 +246,34 @@ def test_export_into_an_out_buffer_too_small_for_one_copy_falls_back_to_dense_gr
     assert (info.value.field, info.value.got) == ("out.nbytes", 3 * group - 4)
 
 
+@pytest.mark.parametrize("transfer", ["kernel", "copy"])
+@pytest.mark.parametrize("pages", [(0, None), (2, 5), (3, 3)])
+def test_mapped_pages_equal_the_pages_read_back(make_model, transfer, pages):
+    model = make_model(transfer=transfer, num_layers=3)
+    model.add(0, 6 * P - 1)
+    model.add(1, 3 * P)  # interleave nothing, but keep other pages in use
+    cache = model.cache
+    read = [bytes(g) for g in run(cache.read_pages(0, *pages))]
+    mapped = run(cache.map_pages(0, *pages, slot=1))
+    try:
+        assert [bytes(g) for g in mapped.groups] == read
+    finally:
+        mapped.release()
+
+
+def test_a_released_mapping_frees_its_slot_and_releasing_twice_does_nothing(make_model):
+    model = make_model(transfer="copy", num_layers=3)
+    model.add(0, 5 * P)
+    first = run(model.cache.map_pages(0, slot=0))
+    first.release()
+    first.release()
+    again = run(model.cache.map_pages(0, slot=0))
+    assert [bytes(g) for g in again.groups] == model.expected_groups(0)
+    again.release()
+    model.append({0: 3})  # the cache still runs forward passes
+    model.assert_holds(0)
+
+
 @pytest.mark.parametrize("tokens", [16 * P, 16 * P - 1])
 def test_import_into_an_empty_cache_restores_every_layer_through_one_copy(make_model, tokens):
     source = make_model(transfer="copy", num_layers=3, seed=4)

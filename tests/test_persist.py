@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 
 from kvckpt_web import CapacityError, CheckpointStateError, LayoutHashMismatch
+from kvckpt_web import persist
 from kvckpt_web.container import decode_manifest
 from kvckpt_web.errors import FieldError, FormatError, NotFoundError
 from kvckpt_web.persist import (DEFAULT_CHUNK_BYTES, forget, gc, list_generations, list_names, restore, save,
@@ -438,6 +439,48 @@ def test_a_failed_manifest_write_commits_nothing_and_deletes_nothing(model, targ
     assert all(store._data[k] == v for k, v in before.items())
     _, groups = restored(store, target)
     assert groups == expected
+
+
+@pytest.fixture
+def small_batches(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Saves map one chunk column per batch, two batches at a time: slots are reused within one save."""
+    monkeypatch.setattr(persist, "READ_BATCH_BYTES", 1)
+    monkeypatch.setattr(persist, "READ_SLOTS", 2)
+
+
+def test_a_save_in_many_batches_through_reused_slots_round_trips(model, target, small_batches):
+    model.add(0, 40 * 4 + 3)
+    store = MemoryStore()
+    result = saved(model, store)
+    assert result.chunks_written == -(-41 // PPC) * model.layout.num_layers
+    _, groups = restored(store, target)
+    assert groups == model.expected_groups(0)
+
+
+@pytest.mark.parametrize("fail_at", [1, 7, 15])
+def test_a_chunk_write_failing_mid_save_commits_nothing_and_leaves_the_cache_usable(model, target, small_batches,
+                                                                                      fail_at):
+    model.add(0, 40 * 4 + 3)
+
+    class FailingChunks(MemoryStore):
+        writes = 0
+
+        async def _set(self, key: str, data: bytes) -> None:
+            if key.startswith("chunks/"):
+                self.writes += 1
+                if self.writes == fail_at:
+                    raise OSError("disk full")
+            await super()._set(key, data)
+
+    store = FailingChunks()
+    with pytest.raises(OSError):
+        saved(model, store)
+    assert run(store.list_prefix("manifests/")) == []
+    model.append({0: 5})  # the staging slots were unmapped: forward passes and saves go on
+    good = MemoryStore()
+    saved(model, good)
+    _, groups = restored(good, target)
+    assert groups == model.expected_groups(0)
 
 
 # ----- restore refuses what does not fit, before touching the cache ------------------------------------

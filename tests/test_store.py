@@ -104,7 +104,7 @@ def test_temp_files_hidden_and_swept(tmp_path: Path) -> None:
     assert run(store.get("a/b")) == b"v"
 
 
-def test_lock_sweeps_temp_files(tmp_path: Path) -> None:
+def test_first_lock_sweeps_temp_files(tmp_path: Path) -> None:
     store = FileStore(tmp_path)
     (tmp_path / f"{TEMP_PREFIX}x.123").write_bytes(b"junk")
 

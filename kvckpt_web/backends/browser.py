@@ -200,6 +200,16 @@ class BrowserDevice(Device):
         self.check_errors()
         return out[:size]
 
+    async def map_read(self, buffer: Buffer, offset: int, size: int) -> memoryview:
+        self.check_errors()
+        mapped_offset, mapped_size = map_window(offset, size)
+        mapped = await self._map(buffer, _MAP_READ, mapped_offset, mapped_size)
+        start = offset - mapped_offset
+        return memoryview(mapped.subarray(start, start + size).to_bytes())  # Python cannot see JS memory: a copy
+
+    def unmap(self, buffer: Buffer) -> None:
+        buffer.native.unmap()
+
     async def upload(self, buffer: Buffer, offset: int, chunks: list[bytes | bytearray | memoryview]) -> None:
         self.check_errors()
         views = [memoryview(c).cast("B") for c in chunks]

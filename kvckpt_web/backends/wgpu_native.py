@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
 import tempfile
 from typing import Any
@@ -21,8 +22,8 @@ def _quiet_runtime_dir() -> None:
 class WgpuDevice(Device):
     """A :class:`~kvckpt_web.device.Device` on a wgpu-py adapter.
 
-    ``read`` and ``upload`` wait for their mapping synchronously: wgpu-py's awaitable map polls with
-    growing sleeps, which adds milliseconds per map; the interface stays async for the browser backend.
+    Mappings are awaited with ``map_sync`` (in a worker thread for reads, inline for uploads): wgpu-py's
+    awaitable map polls with growing sleeps, which adds milliseconds per map.
     """
 
     def __init__(self, adapter: Any, device: Any) -> None:
@@ -103,17 +104,24 @@ class WgpuDevice(Device):
     async def read(self, buffer: Buffer, offset: int, size: int, out: memoryview | None = None) -> memoryview:
         if size == 0:
             return memoryview(bytearray(0)) if out is None else out[:0]
-        mapped_offset, mapped_size = map_window(offset, size)
-        buffer.native.map_sync("READ", mapped_offset, mapped_size)
+        view = await self.map_read(buffer, offset, size)
         try:
-            view = buffer.native.read_mapped(mapped_offset, mapped_size, copy=False)
-            start = offset - mapped_offset
             if out is None:
                 out = memoryview(bytearray(size))
-            out[:size] = view.cast("B")[start:start + size]
+            out[:size] = view
         finally:
-            buffer.native.unmap()
+            self.unmap(buffer)
         return out[:size]
+
+    async def map_read(self, buffer: Buffer, offset: int, size: int) -> memoryview:
+        mapped_offset, mapped_size = map_window(offset, size)
+        # wait in a worker thread, so the event loop runs on while the GPU finishes
+        await asyncio.to_thread(buffer.native.map_sync, "READ", mapped_offset, mapped_size)
+        start = offset - mapped_offset
+        return buffer.native.read_mapped(mapped_offset, mapped_size, copy=False).cast("B")[start:start + size]
+
+    def unmap(self, buffer: Buffer) -> None:
+        buffer.native.unmap()
 
     async def upload(self, buffer: Buffer, offset: int, chunks: list[bytes | bytearray | memoryview]) -> None:
         views = [memoryview(c).cast("B") for c in chunks]
