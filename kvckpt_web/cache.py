@@ -278,7 +278,9 @@ class PagedKVCache(CheckpointMixin):
         """Logical pages ``[page_begin, page_end)`` of every layer, densely, unused tail zeroed: one view per layer.
 
         The views share one host buffer (``out`` if given: at least ``num_layers`` groups, or
-        :meth:`host_nbytes` to allow the one-copy path); bytes between them are zero.
+        :meth:`host_nbytes` to allow the one-copy path); bytes between them are zero. Unless one copy
+        moves every layer, layers come back in steps of ``mover.batch_bytes``: the GPU packs
+        the next step while the host copies the last one out.
         """
         ids, tail = self._page_range(seq_id, page_begin, page_end)
         group = len(ids) * self.layout.page_bytes
@@ -288,11 +290,46 @@ class PagedKVCache(CheckpointMixin):
             stride = group
             if len(out) < layers * group:
                 raise TensorError("out.nbytes", f"at least {layers * group}", len(out))
-        staging, total, stride = await self._pack_pages(ids, tail, "read_staging", stride)
+        path = await self._resolve_page_path()
+        if stride is None:
+            stride = self.mover.span_stride(path, self.layers, ids) or group
+        total = (layers - 1) * stride + group if group else 0
         host = memoryview(bytearray(total)) if out is None else out
-        if total:
-            await self.device.read(staging, 0, total, host)
+        per = max(1, self.mover.batch_bytes // group) if group else layers
+        if stride != group or per >= layers:
+            staging, total, stride = await self._pack_pages(ids, tail, "read_staging", stride)
+            if total:
+                await self.device.read(staging, 0, total, host)
+        elif group:
+            await self._read_in_steps(path, ids, tail, per, host)
         return [host[g * stride:g * stride + group] for g in range(layers)]
+
+    async def _read_in_steps(self, path: str, ids: list[int], tail: int, per: int, host: memoryview) -> None:
+        """Pack ``per`` layers at a time into two staging slots, copying one out while the GPU fills the other."""
+        group = len(ids) * self.layout.page_bytes
+        table = self._upload_u32("table", ids)
+        steps = [self.layers[first:first + per] for first in range(0, len(self.layers), per)]
+
+        def encode(k: int) -> tuple[Buffer, Any]:
+            staging = self._buffer(f"read_staging{k % 2}", per * group, Usage.MAP_READ | Usage.COPY_DST)
+            return staging, self.device.encode(self.mover.pack_layers(path, steps[k], table, ids, tail, staging, group))
+
+        staging, encoded = encode(0)
+        self.device.commit(encoded)
+        following = encode(1)
+        for k, step in enumerate(steps):
+            # map before committing the next step: a map resolves once everything committed before it is done
+            view = await self.device.map_read(staging, 0, len(step) * group)
+            try:
+                if k + 1 < len(steps):
+                    self.device.commit(following[1])
+                at = k * per * group
+                host[at:at + len(step) * group] = view
+            finally:
+                self.device.unmap(staging)
+            if k + 1 < len(steps):
+                staging = following[0]
+                following = encode(k + 2) if k + 2 < len(steps) else None
 
     async def map_pages(self, seq_id: int, page_begin: int = 0, page_end: int | None = None, *,
                         slot: int = 0) -> "MappedPages":

@@ -200,15 +200,21 @@ class CheckpointMixin:
         # between the layers' runs then land in free pages only).
         others_free = self.seqs.pool.num_free == self.num_total_pages - len(pages)
         ids = list(views)
-        layers = [self.layers[g] for g in ids]
-        consecutive = ids[-1] - ids[0] == len(ids) - 1
-        stride = (self.mover.span_stride(path, layers, pages) if others_free and consecutive else None) or nbytes
-        staging = self._buffer("write_staging", (len(ids) - 1) * stride + nbytes, Usage.MAP_WRITE | Usage.COPY_SRC)
-        gap = bytes(stride - nbytes)
-        await self.device.upload(staging, 0, [part for g in ids for part in (views[g], gap)][:-1])
-        self.device.submit(self.mover.scatter_layers(path, staging, table, pages, layers, stride))
-        for group_id in views:
-            state.imported[group_id] = True
+        # Steps of mover.batch_bytes (at least two layers, which one copy may carry) through two staging
+        # slots: the host fills one while the GPU scatters the other.
+        per = max(2, self.mover.batch_bytes // nbytes)
+        for k, first in enumerate(range(0, len(ids), per)):
+            step = ids[first:first + per]
+            layers = [self.layers[g] for g in step]
+            consecutive = step[-1] - step[0] == len(step) - 1
+            stride = (self.mover.span_stride(path, layers, pages) if others_free and consecutive else None) or nbytes
+            staging = self._buffer(f"write_staging{k % 2}", (len(step) - 1) * stride + nbytes,
+                                   Usage.MAP_WRITE | Usage.COPY_SRC)
+            gap = bytes(stride - nbytes)
+            await self.device.upload(staging, 0, [part for g in step for part in (views[g], gap)][:-1])
+            self.device.submit(self.mover.scatter_layers(path, staging, table, pages, layers, stride))
+            for group_id in step:
+                state.imported[group_id] = True
 
     async def import_group_bytes(self: "PagedKVCache", seq_id: int, group_id: int, data: Any) -> None:
         """Import page group ``group_id`` from host bytes."""

@@ -207,9 +207,21 @@ class Device(ABC):
     def write(self, buffer: Buffer, offset: int, data: bytes | bytearray | memoryview) -> None:
         """Queue a write of small ``data`` into a COPY_DST buffer (ordered before later submits)."""
 
-    @abstractmethod
     def submit(self, commands: list[Command]) -> None:
         """Encode ``commands`` in order into one command buffer and submit it."""
+        if commands:
+            self.commit(self.encode(commands))
+
+    @abstractmethod
+    def encode(self, commands: list[Command]) -> Any:
+        """Encode non-empty ``commands`` in order into one command buffer, to :meth:`commit` later.
+
+        Commit each encoded buffer before encoding the next (kernel parameters are written at encoding).
+        """
+
+    @abstractmethod
+    def commit(self, encoded: Any) -> None:
+        """Submit a command buffer :meth:`encode` returned."""
 
     @abstractmethod
     async def read(self, buffer: Buffer, offset: int, size: int, out: memoryview | None = None) -> memoryview:

@@ -21,6 +21,10 @@ from .layout import KVLayout
 
 PATHS = ("kernel", "copy")
 
+TRANSFER_BATCH_BYTES = 32 << 20
+"""Bytes per step of a pipelined export or import: the GPU packs or scatters one step while the host copies
+another. An export that one copy moves whole is not split."""
+
 def page_runs(page_ids: list[int]) -> list[tuple[int, int, int]]:
     """Runs of consecutive physical pages: (index of the first logical page, first physical page, length)."""
     runs: list[tuple[int, int, int]] = []
@@ -40,6 +44,8 @@ class PageMover:
         self.device = device
         self.layout = layout
         self.page_bytes = layout.page_bytes
+        #: Bytes per step of a pipelined export or import (see :data:`TRANSFER_BATCH_BYTES`).
+        self.batch_bytes = TRANSFER_BATCH_BYTES
         self._scratch: Buffer | None = None
 
     def scratch(self, size: int) -> Buffer:

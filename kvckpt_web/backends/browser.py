@@ -144,15 +144,13 @@ class BrowserDevice(Device):
                 Usage.UNIFORM | Usage.COPY_DST), "label": "kvckpt.params"}))
         return self._params
 
-    def submit(self, commands: list[Command]) -> None:
-        if not commands:
-            return
+    def encode(self, commands: list[Command]) -> Any:
         blob, offsets = uniform_params(commands)
         params = None
         if blob:
             params = self._params_buffer(len(blob))
             arr = self._u8(blob)
-            # queue writes are ordered before the submit below, so one params buffer serves every submit
+            # queue writes are ordered before the next submit, so one params buffer serves every commit
             self._queue.writeBuffer(params, 0, arr, 0, arr.length)
         slots = iter(offsets)
         encoder = self._device.createCommandEncoder()
@@ -173,7 +171,10 @@ class BrowserDevice(Device):
                 compute.setBindGroup(0, bind_group)
                 compute.dispatchWorkgroups(x, y, 1)
                 compute.end()
-        self._queue.submit(self._js.Array.of(encoder.finish()))
+        return encoder.finish()
+
+    def commit(self, encoded: Any) -> None:
+        self._queue.submit(self._js.Array.of(encoded))
 
     async def _map(self, buffer: Buffer, mode: int, offset: int, size: int) -> Any:
         _, _, JsException = _ffi()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import os
 import tempfile
 from typing import Any
@@ -29,6 +30,8 @@ class WgpuDevice(Device):
     def __init__(self, adapter: Any, device: Any) -> None:
         super().__init__()
         self._device = device
+        self._premapped: dict[Any, Any] = {}  # upload staging buffer -> its pending WRITE map
+        self._helper = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="kvckpt-wgpu-map")
         limits = device.limits
         adapter_info = adapter.info
         self.info = DeviceInfo(
@@ -71,22 +74,27 @@ class WgpuDevice(Device):
         return self._device.create_buffer(size=size, usage=int(usage), label=label)
 
     def destroy(self, buffer: Buffer) -> None:
+        premapped = self._premapped.pop(buffer.native, None)
+        if premapped is not None:  # let the map finish: wgpu-py reports an aborted one from its callback
+            premapped.sync_wait()
+            buffer.native.unmap()
         buffer.native.destroy()
 
     def write(self, buffer: Buffer, offset: int, data: bytes | bytearray | memoryview) -> None:
         self._device.queue.write_buffer(buffer.native, offset, data)
 
-    def submit(self, commands: list[Command]) -> None:
-        if not commands:
-            return
+    def encode(self, commands: list[Command]) -> tuple[Any, list[Buffer]]:
         blob, offsets = uniform_params(commands)
         params = self._device.create_buffer_with_data(data=blob, usage=int(Usage.UNIFORM)) if blob else None
         slots = iter(offsets)
         encoder = self._device.create_command_encoder()
+        staged: list[Buffer] = []
         for command in commands:
             if isinstance(command, Copy):
                 encoder.copy_buffer_to_buffer(command.src.native, command.src_offset,
                                               command.dst.native, command.dst_offset, command.size)
+                if command.src.usage & Usage.MAP_WRITE and command.src not in staged:
+                    staged.append(command.src)
             elif isinstance(command, Clear):
                 encoder.clear_buffer(command.buffer.native, command.offset, command.size)
             else:
@@ -99,7 +107,18 @@ class WgpuDevice(Device):
                 compute.set_bind_group(0, bind_group)
                 compute.dispatch_workgroups(x, y, 1)
                 compute.end()
-        self._device.queue.submit([encoder.finish()])
+        return encoder.finish(), staged
+
+    def commit(self, encoded: tuple[Any, list[Buffer]]) -> None:
+        command_buffer, staged = encoded
+        self._device.queue.submit([command_buffer])
+        # Map upload staging again at once: wgpu-native resolves a map when every submission made before
+        # the request is done, so a request made later (after the next submit) would wait for that one too.
+        # Requested from a thread without an event loop: wgpu-py binds a promise to the running loop,
+        # which may be closed by the time the map resolves.
+        if staged:
+            self._premapped.update(self._helper.submit(
+                lambda: {b.native: b.native.map_async("WRITE", 0, b.size) for b in staged}).result())
 
     async def read(self, buffer: Buffer, offset: int, size: int, out: memoryview | None = None) -> memoryview:
         if size == 0:
@@ -126,10 +145,13 @@ class WgpuDevice(Device):
     async def upload(self, buffer: Buffer, offset: int, chunks: list[bytes | bytearray | memoryview]) -> None:
         views = [memoryview(c).cast("B") for c in chunks]
         size = sum(len(v) for v in views)
-        if size == 0:
+        premapped = self._premapped.pop(buffer.native, None)
+        if premapped is not None:
+            premapped.sync_wait()  # the whole buffer, mapped once the GPU had read it
+        elif size == 0:
             return
-        mapped_offset, mapped_size = map_window(offset, size)
-        buffer.native.map_sync("WRITE", mapped_offset, mapped_size)
+        else:
+            buffer.native.map_sync("WRITE", *map_window(offset, size))
         try:
             for view in views:
                 if len(view):
