@@ -261,6 +261,7 @@ async def bench_save(device: Device | None = None, repeats: int = 5, paths: tupl
                 for name, fn in ((("raw", raw), ("save", full)) if i % 2 else (("save", full), ("raw", raw))):
                     await timed(name, fn, record)
                 _fill_unique(cache, 0, SAVE_APPEND)
+                await _sync(device, probe)  # time the save, not the end of the forward pass before it
                 await timed("inc", lambda: save(cache, 0, store, "bench"), record)
                 cache.popn(0, SAVE_APPEND)
                 if 0 in target.sequence_ids():

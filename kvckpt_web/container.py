@@ -162,8 +162,8 @@ class ChunkRef:
 
     @property
     def key(self) -> str:
-        """The store key of this chunk."""
-        return chunk_key(self.sha256)
+        """The store key of this chunk (a store refuses it if ``sha256`` is not 64 hex digits)."""
+        return _CHUNK_PREFIX + self.sha256
 
     def describe(self) -> str:
         """``chunks/<hex> (group G, pages A..B)`` for messages."""
@@ -303,6 +303,12 @@ def _parse_table(raw: Any, num_groups: int, num_pages: int, page_bytes: int, per
             )
         refs = []
         for i, (entry, (first, count)) in enumerate(zip(entries, plan)):
+            if (type(entry) is dict and entry.keys() == _CHUNK_KEYS and type(entry["first_page"]) is int
+                    and entry["first_page"] == first and type(entry["num_pages"]) is int and entry["num_pages"] == count
+                    and type(entry["nbytes"]) is int and entry["nbytes"] == count * page_bytes
+                    and type(entry["sha256"]) is str and _HEX64_RE.fullmatch(entry["sha256"])):
+                refs.append(ChunkRef(g, first, count, count * page_bytes, entry["sha256"]))  # all as planned
+                continue
             at = f"{where}[{i}]"
             if not isinstance(entry, dict):
                 raise FormatError(at, "an object", type(entry).__name__)
@@ -401,7 +407,8 @@ def encode_manifest(manifest: Manifest) -> bytes:
         raise FormatError("body", "text encodable as UTF-8", str(exc)) from exc
     if len(raw) > MAX_BODY_BYTES:
         raise FormatError("body length", f"at most {MAX_BODY_BYTES} bytes", len(raw))
-    depth = nesting_depth(raw.decode("utf-8"))
+    # Only app_state nests deeply: the rest of the body is at most 4 levels, far below MAX_NESTING.
+    depth = 1 + nesting_depth(_dumps(body["app_state"], "app_state"))
     if depth > MAX_NESTING:
         raise FormatError("app_state", f"JSON nested at most {MAX_NESTING} deep (with the body)", f"{depth} levels")
     head = _PREFIX.pack(MAGIC, FORMAT_VERSION, len(raw)) + raw

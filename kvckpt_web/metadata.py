@@ -88,16 +88,16 @@ def write_metadata(layout: KVLayout, limits: CacheLimits, seq_id: int, seq_lengt
     metadata["seq_id"] = seq_id
     metadata["seq_length"] = seq_length
     p = layout.page_size
-    # one entry per page, all integers: formatted directly (dump_tvm_json would print them alike, 20x slower)
+    # One entry per page and per group, of integers and the dtype name: formatted directly, as
+    # dump_tvm_json would print them (20x slower).
     pages = ",".join(f'{{"logical_page_index":{i},"start_pos":{i * p},"length":{min(p, seq_length - i * p)}}}'
                      for i in range(npages))
-    groups = [
-        {"group_index": g, "layer_begin": layout.layer_begin + g, "layer_end": layout.layer_begin + g + 1,
-         "num_logical_pages": npages, "dtype": layout.dtype, "shape": list(layout.group_shape(npages)),
-         "nbytes": npages * layout.page_bytes}
-        for g in range(layout.num_layers)
-    ]
-    return f'{dump_tvm_json(metadata)[:-1]},"logical_pages":[{pages}],"groups":{dump_tvm_json(groups)}}}'
+    shape = ",".join(str(d) for d in layout.group_shape(npages))
+    dtype = json.dumps(layout.dtype)
+    groups = ",".join(f'{{"group_index":{g},"layer_begin":{layout.layer_begin + g},'
+                      f'"layer_end":{layout.layer_begin + g + 1},"num_logical_pages":{npages},"dtype":{dtype},'
+                      f'"shape":[{shape}],"nbytes":{npages * layout.page_bytes}}}' for g in range(layout.num_layers))
+    return f'{dump_tvm_json(metadata)[:-1]},"logical_pages":[{pages}],"groups":[{groups}]}}'
 
 
 
