@@ -2,9 +2,10 @@
 
 Everything above this module (page pool, cache, checkpoint primitives, stores)
 talks to WebGPU only through :class:`Device`: create buffers, write small data,
-submit a batch of copy / clear / dispatch commands, and read or write mappable
-staging buffers asynchronously. Backends: ``backends.wgpu_native`` (desktop,
-wgpu-py) and ``backends.browser`` (Pyodide, ``navigator.gpu``).
+submit a batch of copy / clear / dispatch commands (or encode it now and commit
+it later), and read (copied out, or viewed in place until unmapped) or write
+mappable staging buffers asynchronously. Backends: ``backends.wgpu_native``
+(desktop, wgpu-py) and ``backends.browser`` (Pyodide, ``navigator.gpu``).
 """
 
 from __future__ import annotations
