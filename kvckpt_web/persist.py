@@ -3,7 +3,7 @@
 A checkpoint is one generation of one named sequence, in the container format
 of ``FORMAT.md`` (content-addressed chunks plus a manifest). The functions here
 use the cache only through its public API (``get_checkpoint_metadata``,
-``read_pages``, ``sequence_state`` / ``unchanged_prefix``, and
+``map_pages`` / ``read_pages``, ``sequence_state`` / ``unchanged_prefix``, and
 ``prepare_import`` / ``import_groups`` / ``finish_import`` / ``abort_import``)
 and the store only through the :class:`~kvckpt_web.store.Store` API, so they
 run unchanged wherever both do (desktop, Pyodide).
@@ -444,9 +444,9 @@ class _MappedBatches:
         if self._closed:
             return None
         plan, batch = self._plan, self._batches[b]
+        first, end = plan[batch[0]][0], plan[batch[-1]][0] + plan[batch[-1]][1]
         async with _cache_lock(self._cache):
-            mapped = await self._cache.map_pages(self._seq_id, plan[batch[0]][0], plan[batch[-1]][0] + plan[batch[-1]][1],
-                                                 slot=b % READ_SLOTS)
+            mapped = await self._cache.map_pages(self._seq_id, first, end, slot=b % READ_SLOTS)
         digests = {(i, g): self._loop.create_future() for i in batch for g in range(self._groups)}
         self._hashers.append(asyncio.ensure_future(self._hash(mapped, b, digests)))
         return mapped, digests
