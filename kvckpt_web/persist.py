@@ -29,7 +29,9 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import os
+import queue
 import sys
+import threading
 import weakref
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Iterable
@@ -80,7 +82,7 @@ READ_SLOTS = 4
 """Batches a save keeps mapped at once: the next ones are read back while earlier ones are hashed and written."""
 
 HASH_THREADS = max(1, min(8, os.cpu_count() or 1))
-"""Threads that hash one mapped batch of a save together (hashlib releases the GIL)."""
+"""Threads a save hashes its chunks on (hashlib releases the GIL)."""
 
 IO_CONCURRENCY = 16
 """Chunk reads or writes (with their hashing) in flight at once."""
@@ -411,13 +413,51 @@ async def _retain(store: "Store", name: str, keep: int) -> tuple[list[str], int,
 # ----- save -----------------------------------------------------------------------------------------
 
 
+class _Hasher:
+    """SHA-256 of chunks, in order, on :data:`HASH_THREADS` worker threads (inline where there are none)."""
+
+    def __init__(self) -> None:
+        self._loop = asyncio.get_running_loop()
+        self._queue: "queue.SimpleQueue[tuple[memoryview, asyncio.Future[str]] | None]" = queue.SimpleQueue()
+        self._threads = [] if _IN_BROWSER else [threading.Thread(target=self._work, daemon=True, name="kvckpt-hash")
+                                                for _ in range(HASH_THREADS)]
+        for thread in self._threads:
+            thread.start()
+
+    def digest(self, data: memoryview) -> "asyncio.Future[str]":
+        """A future of the hex digest of ``data``, which must stay valid until the future is done."""
+        future = self._loop.create_future()
+        if self._threads:
+            self._queue.put((data, future))
+        else:
+            future.set_result(chunk_digest(data))
+        return future
+
+    def _work(self) -> None:
+        while (item := self._queue.get()) is not None:
+            data, future = item
+            if future.cancelled():  # the save was abandoned
+                continue
+            try:
+                self._loop.call_soon_threadsafe(_resolve, future, chunk_digest(data))
+            except BaseException as exc:  # noqa: BLE001 - handed to the waiting chunk
+                self._loop.call_soon_threadsafe(_fail, future, exc)
+
+    async def close(self) -> None:
+        """Stop the threads once the queued chunks are hashed (or skipped, if their futures were cancelled)."""
+        for _ in self._threads:
+            self._queue.put(None)
+        for thread in self._threads:
+            await asyncio.to_thread(thread.join)
+
+
 class _MappedBatches:
     """The changed pages of a save, mapped from the GPU batch by batch and hashed chunk by chunk.
 
     Batches (whole chunk columns) are mapped in :data:`READ_SLOTS` staging slots, so later batches
-    are read back while earlier ones are written; each mapped batch is hashed on
-    :data:`HASH_THREADS` threads, in order, and every chunk's digest is handed over as soon as it
-    exists. Batch ``b + READ_SLOTS`` is mapped once every chunk of batch ``b`` is :meth:`done`.
+    are read back while earlier ones are written; the chunks of each mapped batch are queued, in
+    order, to a :class:`_Hasher`, and every chunk's digest is handed over as soon as it exists.
+    Batch ``b + READ_SLOTS`` is mapped once every chunk of batch ``b`` is :meth:`done`.
     """
 
     def __init__(self, cache: "PagedKVCache", seq_id: int, plan: list[tuple[int, int]],
@@ -425,11 +465,9 @@ class _MappedBatches:
         self._cache, self._seq_id, self._plan, self._batches = cache, seq_id, plan, batches
         self._groups = cache.layout.num_layers
         self._page_bytes = cache.layout.page_bytes
-        self._loop = asyncio.get_running_loop()
         self._unfinished = [len(batch) * self._groups for batch in batches]
         self._slot_free = [asyncio.Event() for _ in batches]
-        self._hashing = asyncio.Lock()
-        self._hashers: list[asyncio.Future[None]] = []
+        self._hasher = _Hasher()
         self._closed = False
         self._reads = [asyncio.ensure_future(self._read(b)) for b in range(len(batches))]
 
@@ -447,27 +485,8 @@ class _MappedBatches:
         first, end = plan[batch[0]][0], plan[batch[-1]][0] + plan[batch[-1]][1]
         async with _cache_lock(self._cache):
             mapped = await self._cache.map_pages(self._seq_id, first, end, slot=b % READ_SLOTS)
-        digests = {(i, g): self._loop.create_future() for i in batch for g in range(self._groups)}
-        self._hashers.append(asyncio.ensure_future(self._hash(mapped, b, digests)))
+        digests = {(i, g): self._hasher.digest(self._view(mapped, b, i, g)) for i in batch for g in range(self._groups)}
         return mapped, digests
-
-    async def _hash(self, mapped: "MappedPages", b: int, digests: dict[tuple[int, int], "asyncio.Future[str]"]) -> None:
-        cells = list(digests)
-        parts = [cells[k::HASH_THREADS] for k in range(HASH_THREADS) if cells[k::HASH_THREADS]]
-
-        def hash_part(part: list[tuple[int, int]]) -> None:
-            for cell in part:
-                digest = chunk_digest(self._view(mapped, b, *cell))
-                self._loop.call_soon_threadsafe(_resolve, digests[cell], digest)
-
-        try:
-            async with self._hashing:
-                await asyncio.gather(*(_offload(hash_part, part) for part in parts))
-        except BaseException as exc:
-            for future in digests.values():
-                if not future.done():
-                    future.set_exception(exc if isinstance(exc, Exception) else asyncio.CancelledError())
-            raise
 
     async def chunk(self, b: int, i: int, g: int) -> tuple[memoryview, str]:
         """Chunk ``i`` of group ``g`` (in batch ``b``) in mapped memory, and its digest."""
@@ -495,11 +514,11 @@ class _MappedBatches:
         self.stop()
         if self._reads:
             await asyncio.wait(self._reads)
-        if self._hashers:
-            await asyncio.wait(self._hashers)
-        for task in self._hashers:
-            if not task.cancelled():
-                task.exception()  # retrieved: a failure already reached the chunks waiting for digests
+        for task in self._reads:
+            if not task.cancelled() and task.exception() is None and task.result() is not None:
+                for future in task.result()[1].values():
+                    future.cancel()  # not hashed yet: skipped
+        await self._hasher.close()  # no thread reads mapped memory after this
         for task in self._reads:
             if not task.cancelled() and task.exception() is None and task.result() is not None:
                 task.result()[0].release()
@@ -508,6 +527,11 @@ class _MappedBatches:
 def _resolve(future: "asyncio.Future[str]", value: str) -> None:
     if not future.done():
         future.set_result(value)
+
+
+def _fail(future: "asyncio.Future[str]", exc: BaseException) -> None:
+    if not future.done():
+        future.set_exception(exc if isinstance(exc, Exception) else RuntimeError(repr(exc)))
 
 
 
