@@ -250,30 +250,28 @@ async def _offload(fn: Callable[..., Any], *args: Any) -> Any:
 
 async def _run_bounded(jobs: Iterable[Callable[[], Awaitable[None]]], limit: int) -> None:
     """Run the jobs, at most ``limit`` at once; on the first error start no more, wait for those running, re-raise."""
-    pending: set[asyncio.Future[None]] = set()
     jobs = iter(jobs)
-    try:
-        while True:
-            while len(pending) < limit:
-                job = next(jobs, None)
-                if job is None:
-                    break
-                pending.add(asyncio.ensure_future(job()))
-            if not pending:
-                return
-            done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
-            # retrieve every task's outcome (an unretrieved one is logged at garbage collection); raise a
-            # failure rather than a cancellation it caused
-            errors = [asyncio.CancelledError() if task.cancelled() else task.exception() for task in done]
-            errors = sorted((e for e in errors if e is not None), key=lambda e: isinstance(e, asyncio.CancelledError))
+    errors: list[BaseException] = []
+
+    async def worker() -> None:
+        for job in jobs:  # one shared iterator: each job is taken once
             if errors:
-                raise errors[0]
+                return
+            try:
+                await job()
+            except BaseException as exc:  # noqa: BLE001 - re-raised below, after the others stopped
+                errors.append(exc)
+                return
+
+    workers = [asyncio.ensure_future(worker()) for _ in range(limit)]
+    try:
+        await asyncio.wait(workers)
     finally:
-        if pending:  # never leave a write running after the caller has released the store lock
-            await asyncio.wait(pending)
-            for task in pending:
-                if not task.cancelled():
-                    task.exception()  # mark retrieved
+        if not all(w.done() for w in workers):  # we were cancelled: start no more jobs, let the running ones end
+            errors.append(asyncio.CancelledError())
+            await asyncio.wait(workers)  # never leave a write running after the caller has released the store lock
+    if errors:  # a failure rather than a cancellation it caused
+        raise min(errors, key=lambda e: isinstance(e, asyncio.CancelledError))
 
 
 def _where(exc: KVCkptError, where: str) -> KVCkptError:

@@ -353,14 +353,14 @@ class FileStore(Store):
         parent, base = os.path.split(path)
         tmp = os.path.join(parent, f"{TEMP_PREFIX}{base}.{secrets.token_hex(8)}")
         try:
-            for attempt in range(3):  # a concurrent delete may prune the fresh parent directory
+            for attempt in range(3):  # create the parent if missing; a concurrent delete may prune it again
                 try:
-                    self._makedirs(parent)
                     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
                     break
                 except FileNotFoundError:
                     if attempt == 2:
                         raise
+                    self._makedirs(parent)
             try:
                 self._step("write")
                 view = memoryview(data)
