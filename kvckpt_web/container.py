@@ -42,6 +42,8 @@ __all__ = [
     "plan_chunks",
     "split_group",
     "validate_name",
+    "check_chunk_digest",
+    "check_chunk_size",
     "verify_chunk",
 ]
 
@@ -190,16 +192,25 @@ def split_group(
     return out
 
 
-def verify_chunk(ref: ChunkRef, data: bytes | bytearray | memoryview | None) -> bytes:
-    """Return ``data`` as bytes if it is the chunk ``ref`` names, else raise :class:`CorruptionError`."""
-    if data is None:
+def check_chunk_size(ref: ChunkRef, nbytes: int | None) -> None:
+    """Raise :class:`CorruptionError` unless a stored chunk of ``nbytes`` (None: missing) can be ``ref``."""
+    if nbytes is None:
         raise CorruptionError(f"{ref.describe()}: expected {ref.nbytes} bytes, got a missing chunk")
-    data = bytes(data)
-    if len(data) != ref.nbytes:
-        raise CorruptionError(f"{ref.describe()}: nbytes expected {ref.nbytes}, got {len(data)}")
-    digest = chunk_digest(data)
+    if nbytes != ref.nbytes:
+        raise CorruptionError(f"{ref.describe()}: nbytes expected {ref.nbytes}, got {nbytes}")
+
+
+def check_chunk_digest(ref: ChunkRef, digest: str) -> None:
+    """Raise :class:`CorruptionError` unless ``digest`` is the sha256 ``ref`` names."""
     if digest != ref.sha256:
         raise CorruptionError(f"{ref.describe()}: sha256 expected {ref.sha256}, got {digest}")
+
+
+def verify_chunk(ref: ChunkRef, data: bytes | bytearray | memoryview | None) -> bytes:
+    """Return ``data`` as bytes if it is the chunk ``ref`` names, else raise :class:`CorruptionError`."""
+    check_chunk_size(ref, None if data is None else len(memoryview(data).cast("B")))
+    data = bytes(data)
+    check_chunk_digest(ref, chunk_digest(data))
     return data
 
 

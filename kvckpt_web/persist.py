@@ -39,8 +39,9 @@ from contextlib import AbstractAsyncContextManager, nullcontext
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from .container import (ChunkRef, Manifest, chunk_digest, chunk_key, decode_manifest, encode_manifest,
-                        manifest_key, manifest_prefix, parse_manifest_key, plan_chunks, validate_name, verify_chunk)
+from .container import (ChunkRef, Manifest, check_chunk_digest, check_chunk_size, chunk_digest, chunk_key,
+                        decode_manifest, encode_manifest, manifest_key, manifest_prefix, parse_manifest_key,
+                        plan_chunks, validate_name, verify_chunk)
 from .errors import (CheckpointStateError, CorruptionError, FieldError, FormatError, KVCkptError, LayoutHashMismatch,
                      NotFoundError)
 from .metadata import dump_tvm_json, parse_metadata, validate_import
@@ -682,24 +683,28 @@ def _check_fits(manifest: Manifest, metadata: str, cache: "PagedKVCache", seq_id
 
 async def _fetch_groups(store: "Store", manifest: Manifest, key: str, progress: Progress | None,
                         phase: str = "restore") -> list[bytearray]:
-    """Every group's bytes, each chunk fetched and verified (size and SHA-256); CorruptionError names the chunk."""
+    """Every group's bytes, each chunk read in place and verified (size and SHA-256); CorruptionError names it."""
     pb = manifest.page_bytes
     groups = [bytearray(manifest.num_logical_pages * pb) for _ in range(manifest.num_groups)]
     refs = list(manifest.chunk_refs())
     done = [0]
+    hasher = _Hasher()
 
     async def fetch(ref: ChunkRef) -> None:
-        data = await store.get(ref.key)
+        view = memoryview(groups[ref.group])[ref.first_page * pb:ref.first_page * pb + ref.nbytes]
         try:
-            data = await _offload(verify_chunk, ref, data)
+            check_chunk_size(ref, await store.get_into(ref.key, view))
+            check_chunk_digest(ref, await hasher.digest(view))
         except CorruptionError as exc:
             raise _where(exc, key) from None
-        groups[ref.group][ref.first_page * pb:ref.first_page * pb + ref.nbytes] = data
         done[0] += 1
         if progress is not None:
             progress(phase, done[0], len(refs))
 
-    await _run_bounded((lambda r=r: fetch(r) for r in refs), IO_CONCURRENCY)
+    try:
+        await _run_bounded((lambda r=r: fetch(r) for r in refs), IO_CONCURRENCY)
+    finally:
+        await hasher.close()
     return groups
 
 

@@ -124,6 +124,13 @@ class Store(ABC):
         """The value under ``key``, or None if there is none."""
         return await self._get(validate_key(key))
 
+    async def get_into(self, key: str, out: memoryview) -> int | None:
+        """The length of the value under ``key`` (None if there is none), read into ``out`` if it is that long.
+
+        If the lengths differ, ``out`` is left as it was.
+        """
+        return await self._get_into(validate_key(key), out)
+
     async def set(self, key: str, data: bytes | bytearray | memoryview) -> None:
         """Store ``data`` under ``key`` atomically, replacing any old value."""
         validate_key(key)
@@ -158,6 +165,12 @@ class Store(ABC):
 
     @abstractmethod
     async def _get(self, key: str) -> bytes | None: ...
+
+    async def _get_into(self, key: str, out: memoryview) -> int | None:
+        data = await self._get(key)
+        if data is not None and len(data) == len(out):
+            out[:] = data
+        return None if data is None else len(data)
 
     @abstractmethod
     async def _set(self, key: str, data: memoryview) -> None: ...
@@ -334,6 +347,23 @@ class FileStore(Store):
         except OSError as exc:
             raise StoreError(f"get {key!r}: cannot read {self._path(key)} ({exc})") from exc
 
+    def _read_into(self, key: str, out: memoryview) -> int | None:
+        try:
+            with open(self._path(key), "rb", buffering=0) as f:
+                size = os.fstat(f.fileno()).st_size
+                if size == len(out):
+                    view = out
+                    while view:
+                        got = f.readinto(view)
+                        if not got:
+                            return size - len(view)  # shrank while being read
+                        view = view[got:]
+                return size
+        except (FileNotFoundError, IsADirectoryError, NotADirectoryError):
+            return None
+        except OSError as exc:
+            raise StoreError(f"get {key!r}: cannot read {self._path(key)} ({exc})") from exc
+
     def _makedirs(self, parent: str) -> None:
         """Create ``parent`` and missing ancestors, fsyncing each new entry's directory."""
         missing = []
@@ -447,6 +477,9 @@ class FileStore(Store):
 
     async def _get(self, key: str) -> bytes | None:
         return await _run_io(self._read, key)
+
+    async def _get_into(self, key: str, out: memoryview) -> int | None:
+        return await _run_io(self._read_into, key, out)
 
     async def _set(self, key: str, data: memoryview) -> None:
         await _run_io(self._write, key, data)

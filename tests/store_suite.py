@@ -103,6 +103,29 @@ class StoreTests:
 
         run(body())
 
+    def test_get_into_reads_a_value_of_the_buffers_length_in_place(self, store: Store) -> None:
+        async def body() -> None:
+            blob = bytes(range(256)) * 40
+            await store.set("blob", blob)
+            out = bytearray(len(blob) + 8)
+            assert await store.get_into("blob", memoryview(out)[4:-4]) == len(blob)
+            assert out == bytes(4) + blob + bytes(4)
+
+        run(body())
+
+    @pytest.mark.parametrize("size", [0, 9, 11])
+    def test_get_into_reports_another_length_and_leaves_the_buffer_alone(self, store: Store, size: int) -> None:
+        async def body() -> None:
+            await store.set("ten", b"0123456789")
+            out = bytearray(b"\xee" * size)
+            assert await store.get_into("ten", memoryview(out)) == 10
+            assert out == b"\xee" * size
+
+        run(body())
+
+    def test_get_into_of_a_missing_key_is_none(self, store: Store) -> None:
+        assert run(store.get_into("nope", memoryview(bytearray(3)))) is None
+
     @pytest.mark.parametrize("data", ["text", 5, None, [1, 2]])
     def test_non_bytes_value_rejected(self, store: Store, data: Any) -> None:
         with pytest.raises(FormatError, match="data"):
