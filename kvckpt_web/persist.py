@@ -28,10 +28,6 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
-import os
-import queue
-import sys
-import threading
 import weakref
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Iterable
@@ -45,9 +41,10 @@ from .container import (ChunkRef, Manifest, check_chunk_digest, check_chunk_size
 from .errors import (CheckpointStateError, CorruptionError, FieldError, FormatError, KVCkptError, LayoutHashMismatch,
                      NotFoundError)
 from .metadata import dump_tvm_json, parse_metadata, validate_import
+from .pipeline import Hasher, MappedBatches, cache_lock, offload, run_bounded
 
 if TYPE_CHECKING:
-    from .cache import MappedPages, PagedKVCache
+    from .cache import PagedKVCache
     from .device import Device
     from .pool import SequenceState
     from .store import Store
@@ -78,12 +75,6 @@ DEFAULT_CHUNK_BYTES = 1 << 20
 
 READ_BATCH_BYTES = 32 << 20
 """Bytes (all groups together) a save maps from the GPU per batch."""
-
-READ_SLOTS = 4
-"""Batches a save keeps mapped at once: the next ones are read back while earlier ones are hashed and written."""
-
-HASH_THREADS = max(1, min(8, os.cpu_count() or 1))
-"""Threads a save hashes its chunks on (hashlib releases the GIL)."""
 
 IO_CONCURRENCY = 16
 """Chunk reads or writes (with their hashing) in flight at once."""
@@ -221,58 +212,7 @@ def _remember(store: "Store", name: str, saved: _Saved) -> None:
     _MEMORY.setdefault(store, {})[name] = saved
 
 
-_CACHE_LOCKS: "weakref.WeakKeyDictionary[Any, dict[str, tuple[asyncio.AbstractEventLoop, asyncio.Lock]]]" = \
-    weakref.WeakKeyDictionary()
-
-
-def _cache_lock(cache: "PagedKVCache", purpose: str = "transfer") -> asyncio.Lock:
-    """One lock per cache, purpose and event loop: "transfer" guards the cache's staging buffers for one
-    readback or import at a time; "slots" guards the staging slots a save maps for one save at a time."""
-    loop = asyncio.get_running_loop()
-    locks = _CACHE_LOCKS.setdefault(cache, {})
-    entry = locks.get(purpose)
-    if entry is None or entry[0] is not loop:
-        entry = locks[purpose] = (loop, asyncio.Lock())
-    return entry[1]
-
-
 # ----- helpers --------------------------------------------------------------------------------------
-
-
-_IN_BROWSER = sys.platform == "emscripten"
-
-
-async def _offload(fn: Callable[..., Any], *args: Any) -> Any:
-    """Run CPU-heavy ``fn`` (hashing, which releases the GIL) in a worker thread where threads exist."""
-    if _IN_BROWSER:
-        return fn(*args)
-    return await asyncio.to_thread(fn, *args)
-
-
-async def _run_bounded(jobs: Iterable[Callable[[], Awaitable[None]]], limit: int) -> None:
-    """Run the jobs, at most ``limit`` at once; on the first error start no more, wait for those running, re-raise."""
-    jobs = iter(jobs)
-    errors: list[BaseException] = []
-
-    async def worker() -> None:
-        for job in jobs:  # one shared iterator: each job is taken once
-            if errors:
-                return
-            try:
-                await job()
-            except BaseException as exc:  # noqa: BLE001 - re-raised below, after the others stopped
-                errors.append(exc)
-                return
-
-    workers = [asyncio.ensure_future(worker()) for _ in range(limit)]
-    try:
-        await asyncio.wait(workers)
-    finally:
-        if not all(w.done() for w in workers):  # we were cancelled: start no more jobs, let the running ones end
-            errors.append(asyncio.CancelledError())
-            await asyncio.wait(workers)  # never leave a write running after the caller has released the store lock
-    if errors:  # a failure rather than a cancellation it caused
-        raise min(errors, key=lambda e: isinstance(e, asyncio.CancelledError))
 
 
 def _where(exc: KVCkptError, where: str) -> KVCkptError:
@@ -398,140 +338,18 @@ async def _retain(store: "Store", name: str, keep: int) -> tuple[list[str], int,
     candidates: set[str] = set()
     for key in drop:
         candidates |= await _refs_of(store, key) or frozenset()
-    await _run_bounded(((lambda k=k: store.delete(k)) for k in drop), IO_CONCURRENCY)
+    await run_bounded(((lambda k=k: store.delete(k)) for k in drop), IO_CONCURRENCY)
     if not candidates:
         return drop, 0, []
     used, damaged = await _referenced(store)
     if damaged:
         return drop, 0, [f"chunks not deleted: cannot tell which chunks damaged manifests use: {', '.join(damaged)}"]
     unused = sorted(candidates - used)
-    await _run_bounded(((lambda k=k: store.delete(k)) for k in unused), IO_CONCURRENCY)
+    await run_bounded(((lambda k=k: store.delete(k)) for k in unused), IO_CONCURRENCY)
     return drop, len(unused), []
 
 
 # ----- save -----------------------------------------------------------------------------------------
-
-
-class _Hasher:
-    """SHA-256 of chunks, in order, on :data:`HASH_THREADS` worker threads (inline where there are none)."""
-
-    def __init__(self) -> None:
-        self._loop = asyncio.get_running_loop()
-        self._queue: "queue.SimpleQueue[tuple[memoryview, asyncio.Future[str]] | None]" = queue.SimpleQueue()
-        self._threads = [] if _IN_BROWSER else [threading.Thread(target=self._work, daemon=True, name="kvckpt-hash")
-                                                for _ in range(HASH_THREADS)]
-        for thread in self._threads:
-            thread.start()
-
-    def digest(self, data: memoryview) -> "asyncio.Future[str]":
-        """A future of the hex digest of ``data``, which must stay valid until the future is done."""
-        future = self._loop.create_future()
-        if self._threads:
-            self._queue.put((data, future))
-        else:
-            future.set_result(chunk_digest(data))
-        return future
-
-    def _work(self) -> None:
-        while (item := self._queue.get()) is not None:
-            data, future = item
-            if future.cancelled():  # the save was abandoned
-                continue
-            try:
-                self._loop.call_soon_threadsafe(_resolve, future, chunk_digest(data))
-            except BaseException as exc:  # noqa: BLE001 - handed to the waiting chunk
-                self._loop.call_soon_threadsafe(_fail, future, exc)
-
-    async def close(self) -> None:
-        """Stop the threads once the queued chunks are hashed (or skipped, if their futures were cancelled)."""
-        for _ in self._threads:
-            self._queue.put(None)
-        for thread in self._threads:
-            await asyncio.to_thread(thread.join)
-
-
-class _MappedBatches:
-    """The changed pages of a save, mapped from the GPU batch by batch and hashed chunk by chunk.
-
-    Batches (whole chunk columns) are mapped in :data:`READ_SLOTS` staging slots, so later batches
-    are read back while earlier ones are written; the chunks of each mapped batch are queued, in
-    order, to a :class:`_Hasher`, and every chunk's digest is handed over as soon as it exists.
-    Batch ``b + READ_SLOTS`` is mapped once every chunk of batch ``b`` is :meth:`done`.
-    """
-
-    def __init__(self, cache: "PagedKVCache", seq_id: int, plan: list[tuple[int, int]],
-                 batches: list[list[int]]) -> None:
-        self._cache, self._seq_id, self._plan, self._batches = cache, seq_id, plan, batches
-        self._groups = cache.layout.num_layers
-        self._page_bytes = cache.layout.page_bytes
-        self._unfinished = [len(batch) * self._groups for batch in batches]
-        self._slot_free = [asyncio.Event() for _ in batches]
-        self._hasher = _Hasher()
-        self._closed = False
-        self._reads = [asyncio.ensure_future(self._read(b)) for b in range(len(batches))]
-
-    def _view(self, mapped: "MappedPages", b: int, i: int, g: int) -> memoryview:
-        first, count = self._plan[i]
-        base = self._plan[self._batches[b][0]][0]
-        return mapped.groups[g][(first - base) * self._page_bytes:(first - base + count) * self._page_bytes]
-
-    async def _read(self, b: int) -> "tuple[MappedPages, dict[tuple[int, int], asyncio.Future[str]]] | None":
-        if b >= READ_SLOTS:
-            await self._slot_free[b - READ_SLOTS].wait()
-        if self._closed:
-            return None
-        plan, batch = self._plan, self._batches[b]
-        first, end = plan[batch[0]][0], plan[batch[-1]][0] + plan[batch[-1]][1]
-        async with _cache_lock(self._cache):
-            mapped = await self._cache.map_pages(self._seq_id, first, end, slot=b % READ_SLOTS)
-        digests = {(i, g): self._hasher.digest(self._view(mapped, b, i, g)) for i in batch for g in range(self._groups)}
-        return mapped, digests
-
-    async def chunk(self, b: int, i: int, g: int) -> tuple[memoryview, str]:
-        """Chunk ``i`` of group ``g`` (in batch ``b``) in mapped memory, and its digest."""
-        result = await self._reads[b]
-        if result is None:
-            raise asyncio.CancelledError()
-        mapped, digests = result
-        return self._view(mapped, b, i, g), await digests[i, g]
-
-    def done(self, b: int) -> None:
-        """One chunk of batch ``b`` is stored; the last one unmaps the batch and frees its slot."""
-        self._unfinished[b] -= 1
-        if not self._unfinished[b]:
-            self._reads[b].result()[0].release()
-            self._slot_free[b].set()
-
-    def stop(self) -> None:
-        """Map no more batches; chunks of batches not mapped yet raise CancelledError."""
-        self._closed = True
-        for event in self._slot_free:
-            event.set()
-
-    async def close(self) -> None:
-        """:meth:`stop`; wait for mapping and hashing in flight, then unmap every batch still mapped."""
-        self.stop()
-        if self._reads:
-            await asyncio.wait(self._reads)
-        for task in self._reads:
-            if not task.cancelled() and task.exception() is None and task.result() is not None:
-                for future in task.result()[1].values():
-                    future.cancel()  # not hashed yet: skipped
-        await self._hasher.close()  # no thread reads mapped memory after this
-        for task in self._reads:
-            if not task.cancelled() and task.exception() is None and task.result() is not None:
-                task.result()[0].release()
-
-
-def _resolve(future: "asyncio.Future[str]", value: str) -> None:
-    if not future.done():
-        future.set_result(value)
-
-
-def _fail(future: "asyncio.Future[str]", exc: BaseException) -> None:
-    if not future.done():
-        future.set_exception(exc if isinstance(exc, Exception) else RuntimeError(repr(exc)))
-
 
 
 async def save(cache: "PagedKVCache", seq_id: int, store: "Store", name: str, *,
@@ -619,10 +437,10 @@ async def save(cache: "PagedKVCache", seq_id: int, store: "Store", name: str, *,
                 for g in range(num_groups))
         if progress is not None:
             progress("save", counts["done"], total_chunks)
-        async with _cache_lock(cache, "slots"):  # the staging slots serve one save at a time
-            mapped = _MappedBatches(cache, seq_id, plan, batches)
+        async with cache_lock(cache, "slots"):  # the staging slots serve one save at a time
+            mapped = MappedBatches(cache, seq_id, plan, batches)
             try:
-                await _run_bounded(jobs, IO_CONCURRENCY)
+                await run_bounded(jobs, IO_CONCURRENCY)
             finally:
                 await mapped.close()
         if cache.sequence_state(seq_id) != state:
@@ -688,7 +506,7 @@ async def _fetch_groups(store: "Store", manifest: Manifest, key: str, progress: 
     groups = [bytearray(manifest.num_logical_pages * pb) for _ in range(manifest.num_groups)]
     refs = list(manifest.chunk_refs())
     done = [0]
-    hasher = _Hasher()
+    hasher = Hasher()
 
     async def fetch(ref: ChunkRef) -> None:
         view = memoryview(groups[ref.group])[ref.first_page * pb:ref.first_page * pb + ref.nbytes]
@@ -702,7 +520,7 @@ async def _fetch_groups(store: "Store", manifest: Manifest, key: str, progress: 
             progress(phase, done[0], len(refs))
 
     try:
-        await _run_bounded((lambda r=r: fetch(r) for r in refs), IO_CONCURRENCY)
+        await run_bounded((lambda r=r: fetch(r) for r in refs), IO_CONCURRENCY)
     finally:
         await hasher.close()
     return groups
@@ -739,7 +557,7 @@ async def _restore(store: "Store", name: str, cache: "PagedKVCache", seq_id: int
     metadata, target = _metadata_for(manifest.tvm_metadata, seq_id)
     _check_fits(manifest, metadata, cache, target, key)
     groups = await _fetch_groups(store, manifest, key, progress)
-    async with _cache_lock(cache):
+    async with cache_lock(cache):
         cache.prepare_import(target, metadata, exclusive=False)
         try:
             await cache.import_groups(target, groups)
@@ -876,14 +694,14 @@ async def _verify(store: "Store", name: str | None, device: "Device | None", pro
         ref = refs.get(ckey)
         if ref is None:
             report.unreferenced_chunks.append(ckey)
-            digest = None if data is None else await _offload(chunk_digest, data)
+            digest = None if data is None else await offload(chunk_digest, data)
             if digest is not None and chunk_key(digest) != ckey:
                 report.problems.append(f"{ckey}: unreferenced chunk: sha256 expected {ckey[len(CHUNKS):]}, "
                                        f"got {digest}")
                 bad.add(ckey)
         else:
             try:
-                await _offload(verify_chunk, ref, data)
+                await offload(verify_chunk, ref, data)
             except CorruptionError as exc:
                 bad.add(ckey)
                 report.problems.append(f"{exc} (used by {', '.join(users[ckey])})")
@@ -893,7 +711,7 @@ async def _verify(store: "Store", name: str | None, device: "Device | None", pro
         if progress is not None:
             progress("verify chunks", done[0], len(todo))
 
-    await _run_bounded(((lambda k=k: check(k)) for k in todo), IO_CONCURRENCY)
+    await run_bounded(((lambda k=k: check(k)) for k in todo), IO_CONCURRENCY)
     report.unreferenced_chunks.sort()
 
     if device is not None:

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from kvckpt_web import CapacityError, CheckpointStateError, LayoutHashMismatch
-from kvckpt_web import persist
+from kvckpt_web import persist, pipeline
 from kvckpt_web.container import decode_manifest
 from kvckpt_web.errors import FieldError, FormatError, NotFoundError
 from kvckpt_web.persist import (DEFAULT_CHUNK_BYTES, forget, gc, list_generations, list_names, restore, save,
@@ -445,7 +445,7 @@ def test_a_failed_manifest_write_commits_nothing_and_deletes_nothing(model, targ
 def small_batches(monkeypatch: pytest.MonkeyPatch) -> None:
     """Saves map one chunk column per batch, two batches at a time: slots are reused within one save."""
     monkeypatch.setattr(persist, "READ_BATCH_BYTES", 1)
-    monkeypatch.setattr(persist, "READ_SLOTS", 2)
+    monkeypatch.setattr(pipeline, "READ_SLOTS", 2)
 
 
 def test_a_save_in_many_batches_through_reused_slots_round_trips(model, target, small_batches):
