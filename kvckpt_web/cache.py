@@ -61,6 +61,7 @@ class PagedKVCache(CheckpointMixin):
         self.mover = PageMover(device, layout)
         self._forward: _Forward | None = None
         self._buffers: dict[str, Buffer] = {}
+        self._mapped_slots: set[int] = set()
         CheckpointMixin.__init__(self)
 
     @classmethod
@@ -337,14 +338,26 @@ class PagedKVCache(CheckpointMixin):
 
         The views are valid until :meth:`MappedPages.release`; a slot serves one mapping at a time.
         """
+        if slot in self._mapped_slots:
+            raise CheckpointStateError(f"map_pages: staging slot {slot} is still mapped; release its MappedPages "
+                                       "first or use another slot")
         ids, tail = self._page_range(seq_id, page_begin, page_end)
         group = len(ids) * self.layout.page_bytes
         staging, total, stride = await self._pack_pages(ids, tail, f"map_staging{slot}")
         if not total:
             return MappedPages([memoryview(b"")] * len(self.layers), None)
-        view = await self.device.map_read(staging, 0, total)
-        return MappedPages([view[g * stride:g * stride + group] for g in range(len(self.layers))],
-                           lambda: self.device.unmap(staging))
+        self._mapped_slots.add(slot)
+        try:
+            view = await self.device.map_read(staging, 0, total)
+        except BaseException:
+            self._mapped_slots.discard(slot)
+            raise
+
+        def unmap() -> None:
+            self.device.unmap(staging)
+            self._mapped_slots.discard(slot)
+
+        return MappedPages([view[g * stride:g * stride + group] for g in range(len(self.layers))], unmap)
 
     async def debug_get_kv(self, seq_id: int, start: int, end: int) -> tuple[HostTensor, HostTensor]:
         """K and V of tokens ``[start, end)``: two ``(num_layers, n, num_kv_heads, head_dim)`` tensors."""

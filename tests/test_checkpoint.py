@@ -295,6 +295,18 @@ def test_mapped_pages_equal_the_pages_read_back(make_model, transfer, pages):
         mapped.release()
 
 
+def test_mapping_a_slot_still_mapped_is_refused_and_changes_nothing(make_model):
+    model = make_model(transfer="copy", num_layers=3)
+    model.add(0, 5 * P)
+    first = run(model.cache.map_pages(0, slot=2))
+    with pytest.raises(CheckpointStateError, match="slot 2 is still mapped"):
+        run(model.cache.map_pages(0, 1, 3, slot=2))
+    assert [bytes(g) for g in first.groups] == model.expected_groups(0)
+    first.release()
+    other = run(model.cache.map_pages(0, slot=2))
+    other.release()
+
+
 def test_a_released_mapping_frees_its_slot_and_releasing_twice_does_nothing(make_model):
     model = make_model(transfer="copy", num_layers=3)
     model.add(0, 5 * P)

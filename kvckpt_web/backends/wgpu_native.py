@@ -76,8 +76,11 @@ class WgpuDevice(Device):
     def destroy(self, buffer: Buffer) -> None:
         premapped = self._premapped.pop(buffer.native, None)
         if premapped is not None:  # let the map finish: wgpu-py reports an aborted one from its callback
-            premapped.sync_wait()
-            buffer.native.unmap()
+            try:
+                premapped.sync_wait()
+                buffer.native.unmap()
+            except RuntimeError:
+                pass  # the buffer goes anyway
         buffer.native.destroy()
 
     def write(self, buffer: Buffer, offset: int, data: bytes | bytearray | memoryview) -> None:
@@ -147,7 +150,10 @@ class WgpuDevice(Device):
         size = sum(len(v) for v in views)
         premapped = self._premapped.pop(buffer.native, None)
         if premapped is not None:
-            premapped.sync_wait()  # the whole buffer, mapped once the GPU had read it
+            try:
+                premapped.sync_wait()  # the whole buffer, mapped once the GPU had read it
+            except RuntimeError as exc:
+                raise DeviceError(f"mapping upload buffer {buffer.label!r} failed: {exc}") from None
         elif size == 0:
             return
         else:
