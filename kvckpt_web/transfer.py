@@ -25,6 +25,7 @@ TRANSFER_BATCH_BYTES = 32 << 20
 """Bytes per step of a pipelined export or import: the GPU packs or scatters one step while the host copies
 another. An export that one copy moves whole is not split."""
 
+
 def page_runs(page_ids: list[int]) -> list[tuple[int, int, int]]:
     """Runs of consecutive physical pages: (index of the first logical page, first physical page, length)."""
     runs: list[tuple[int, int, int]] = []
