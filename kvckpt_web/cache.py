@@ -319,15 +319,12 @@ class PagedKVCache(CheckpointMixin):
         self.device.commit(encoded)
         following = encode(1)
         for k, step in enumerate(steps):
-            # map before committing the next step: a map resolves once everything committed before it is done
-            view = await self.device.map_read(staging, 0, len(step) * group)
-            try:
-                if k + 1 < len(steps):
-                    self.device.commit(following[1])
-                at = k * per * group
-                host[at:at + len(step) * group] = view
-            finally:
-                self.device.unmap(staging)
+            # the next step is committed once this one is mapped: a map resolves when everything
+            # committed before it is done
+            commit_next = (lambda encoded=following[1]: self.device.commit(encoded)) if k + 1 < len(steps) else None
+            at = k * per * group
+            await self.device.read(staging, 0, len(step) * group, host[at:at + len(step) * group],
+                                   on_mapped=commit_next)
             if k + 1 < len(steps):
                 staging = following[0]
                 following = encode(k + 2) if k + 2 < len(steps) else None

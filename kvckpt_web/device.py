@@ -14,7 +14,7 @@ import enum
 import sys
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable
 
 from .errors import DeviceError
 
@@ -225,8 +225,12 @@ class Device(ABC):
         """Submit a command buffer :meth:`encode` returned."""
 
     @abstractmethod
-    async def read(self, buffer: Buffer, offset: int, size: int, out: memoryview | None = None) -> memoryview:
-        """Map a MAP_READ ``buffer`` after all submitted work and copy ``size`` bytes out (into ``out`` if given)."""
+    async def read(self, buffer: Buffer, offset: int, size: int, out: memoryview | None = None, *,
+                   on_mapped: Callable[[], None] | None = None) -> memoryview:
+        """Map a MAP_READ ``buffer`` after all submitted work and copy ``size`` bytes out (into ``out`` if given).
+
+        ``on_mapped`` runs once the buffer is mapped, before the copy: work submitted there overlaps it.
+        """
 
     @abstractmethod
     async def map_read(self, buffer: Buffer, offset: int, size: int) -> memoryview:

@@ -17,7 +17,7 @@ Open it with ``device = await BrowserDevice.open()`` (or
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Callable
 
 from ..device import Buffer, Clear, Command, Copy, Device, DeviceInfo, Usage, grid, map_window, uniform_params
 from ..errors import DeviceError
@@ -185,13 +185,16 @@ class BrowserDevice(Device):
             raise DeviceError(f"mapAsync of buffer {buffer.label!r} failed: {exc}") from None
         return self._js.Uint8Array.new(buffer.native.getMappedRange(offset, size))
 
-    async def read(self, buffer: Buffer, offset: int, size: int, out: memoryview | None = None) -> memoryview:
+    async def read(self, buffer: Buffer, offset: int, size: int, out: memoryview | None = None, *,
+                   on_mapped: Callable[[], None] | None = None) -> memoryview:
         self.check_errors()
         if size == 0:
             return memoryview(bytearray(0)) if out is None else out[:0]
         mapped_offset, mapped_size = map_window(offset, size)
         mapped = await self._map(buffer, _MAP_READ, mapped_offset, mapped_size)
         try:
+            if on_mapped is not None:
+                on_mapped()
             start = offset - mapped_offset
             if out is None:
                 out = memoryview(bytearray(size))

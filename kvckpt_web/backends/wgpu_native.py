@@ -6,7 +6,7 @@ import asyncio
 import concurrent.futures
 import os
 import tempfile
-from typing import Any
+from typing import Any, Callable
 
 from ..device import Buffer, Clear, Command, Copy, Device, DeviceInfo, Usage, grid, map_window, uniform_params
 from ..errors import DeviceError
@@ -123,11 +123,14 @@ class WgpuDevice(Device):
             self._premapped.update(self._helper.submit(
                 lambda: {b.native: b.native.map_async("WRITE", 0, b.size) for b in staged}).result())
 
-    async def read(self, buffer: Buffer, offset: int, size: int, out: memoryview | None = None) -> memoryview:
+    async def read(self, buffer: Buffer, offset: int, size: int, out: memoryview | None = None, *,
+                   on_mapped: Callable[[], None] | None = None) -> memoryview:
         if size == 0:
             return memoryview(bytearray(0)) if out is None else out[:0]
         view = await self.map_read(buffer, offset, size)
         try:
+            if on_mapped is not None:
+                on_mapped()
             if out is None:
                 out = memoryview(bytearray(size))
             out[:size] = view
