@@ -415,11 +415,22 @@ async def save(cache: "PagedKVCache", seq_id: int, store: "Store", name: str, *,
         present = (set(await store.list_prefix(CHUNKS))
                    if (len(plan) - reuse) * num_groups > LIST_THRESHOLD else None)
 
+        unknown = [(len(plan) - reuse) * num_groups]  # chunk refs still to learn
+        manifest_ready: list[tuple[Manifest, bytes]] = []
+
+        def build_manifest() -> tuple[Manifest, bytes]:
+            chunks = tuple(tuple(group) for group in table)
+            manifest = Manifest(name, generation, metadata, page_bytes, ppc, npages, chunks, app_state)
+            return manifest, encode_manifest(manifest)
+
         async def put(b: int, i: int, g: int) -> None:
             try:
                 data, digest = await mapped.chunk(b, i, g)
                 key = chunk_key(digest)
                 table[g][i] = ChunkRef(g, plan[i][0], plan[i][1], len(data), digest)
+                unknown[0] -= 1
+                if not unknown[0]:  # every ref known: encode the manifest while the last chunks are written
+                    manifest_ready.append(build_manifest())
                 if key not in known and key not in claimed:
                     claimed.add(key)
                     if not (key in present if present is not None else await store.exists(key)):
@@ -447,12 +458,10 @@ async def save(cache: "PagedKVCache", seq_id: int, store: "Store", name: str, *,
             raise CheckpointStateError(f"save {name!r}: sequence {seq_id} changed while it was being saved; "
                                        "nothing was committed")
 
-        chunks = tuple(tuple(group) for group in table)
-        manifest = Manifest(name, generation, metadata, page_bytes, ppc, npages, chunks, app_state)
-        envelope = encode_manifest(manifest)
+        manifest, envelope = manifest_ready[0] if manifest_ready else build_manifest()
         await store.set(manifest.key, envelope)  # the commit point
         _cache_refs(envelope, manifest)
-        _remember(store, name, _Saved(manifest.key, envelope, state, page_bytes, ppc, chunks))
+        _remember(store, name, _Saved(manifest.key, envelope, state, page_bytes, ppc, manifest.chunks))
         written = store.bytes_written - written_before
         try:
             dropped, deleted, warnings = await _retain(store, name, keep)
