@@ -284,16 +284,14 @@ class PagedKVCache(CheckpointMixin):
         the next step while the host copies the last one out.
         """
         ids, tail = self._page_range(seq_id, page_begin, page_end)
+        path = await self._resolve_page_path()
         group = len(ids) * self.layout.page_bytes
         layers = len(self.layers)
-        stride = None
-        if out is not None and len(out) < self.host_nbytes(seq_id, page_begin, page_end):
+        stride = self.mover.span_stride(path, self.layers, ids) or group
+        if out is not None and len(out) < (layers - 1) * stride + group:
             stride = group
             if len(out) < layers * group:
                 raise TensorError("out.nbytes", f"at least {layers * group}", len(out))
-        path = await self._resolve_page_path()
-        if stride is None:
-            stride = self.mover.span_stride(path, self.layers, ids) or group
         total = (layers - 1) * stride + group if group else 0
         host = memoryview(bytearray(total)) if out is None else out
         per = max(1, self.mover.batch_bytes // group) if group else layers

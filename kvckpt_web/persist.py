@@ -26,11 +26,10 @@ and hashed, but chunks already in the store are still not written again.
 
 from __future__ import annotations
 
-import asyncio
 import hashlib
 import weakref
 from collections import OrderedDict
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Callable, Iterable
 from contextlib import AbstractAsyncContextManager, nullcontext
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any

@@ -178,14 +178,14 @@ class MappedBatches:
         self.stop()
         if self._reads:
             await asyncio.wait(self._reads)
-        for task in self._reads:
-            if not task.cancelled() and task.exception() is None and task.result() is not None:
-                for future in task.result()[1].values():
-                    future.cancel()  # not hashed yet: skipped
+        batches = [task.result() for task in self._reads
+                   if not task.cancelled() and task.exception() is None and task.result() is not None]
+        for _, digests in batches:
+            for future in digests.values():
+                future.cancel()  # not hashed yet: skipped
         await self._hasher.close()  # no thread reads mapped memory after this
-        for task in self._reads:
-            if not task.cancelled() and task.exception() is None and task.result() is not None:
-                task.result()[0].release()
+        for mapped, _ in batches:
+            mapped.release()
 
 
 def _resolve(future: "asyncio.Future[str]", value: str) -> None:
