@@ -333,6 +333,8 @@ class PagedKVCache(CheckpointMixin):
 
         The views are valid until :meth:`MappedPages.release`; a slot serves one mapping at a time.
         """
+        if isinstance(slot, bool) or not isinstance(slot, int) or slot < 0:
+            raise TensorError("map_pages.slot", "a non-negative integer", slot)
         if slot in self._mapped_slots:
             raise CheckpointStateError(f"map_pages: staging slot {slot} is still mapped; release its MappedPages "
                                        "first or use another slot")

@@ -129,7 +129,10 @@ class Store(ABC):
 
         If the lengths differ, ``out`` is left as it was.
         """
-        return await self._get_into(validate_key(key), out)
+        validate_key(key)
+        if not isinstance(out, (bytearray, memoryview)) or memoryview(out).readonly:
+            raise FormatError("out", "a writable bytearray or memoryview", type(out).__name__)
+        return await self._get_into(key, memoryview(out).cast("B"))
 
     async def set(self, key: str, data: bytes | bytearray | memoryview) -> None:
         """Store ``data`` under ``key`` atomically, replacing any old value."""

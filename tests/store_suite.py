@@ -126,6 +126,14 @@ class StoreTests:
     def test_get_into_of_a_missing_key_is_none(self, store: Store) -> None:
         assert run(store.get_into("nope", memoryview(bytearray(3)))) is None
 
+    @pytest.mark.parametrize("out", [b"abc", memoryview(b"abc"), "abc", None])
+    def test_get_into_refuses_a_buffer_it_cannot_write(self, store: Store, out: Any) -> None:
+        run(store.set("k", b"abc"))
+        with pytest.raises(FormatError) as info:
+            run(store.get_into("k", out))
+        assert info.value.field == "out"
+        assert run(store.get("k")) == b"abc"
+
     @pytest.mark.parametrize("data", ["text", 5, None, [1, 2]])
     def test_non_bytes_value_rejected(self, store: Store, data: Any) -> None:
         with pytest.raises(FormatError, match="data"):

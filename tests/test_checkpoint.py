@@ -307,6 +307,18 @@ def test_mapping_a_slot_still_mapped_is_refused_and_changes_nothing(make_model):
     other.release()
 
 
+@pytest.mark.parametrize("slot", [-1, 1.5, "0", True])
+def test_map_pages_refuses_a_slot_that_is_not_a_non_negative_integer(make_model, slot):
+    model = make_model(transfer="copy", num_layers=3)
+    model.add(0, 5 * P)
+    with pytest.raises(TensorError) as info:
+        run(model.cache.map_pages(0, slot=slot))
+    assert (info.value.field, info.value.got) == ("map_pages.slot", slot)
+    mapped = run(model.cache.map_pages(0, slot=0))  # nothing was left mapped
+    assert [bytes(g) for g in mapped.groups] == model.expected_groups(0)
+    mapped.release()
+
+
 def test_a_released_mapping_frees_its_slot_and_releasing_twice_does_nothing(make_model):
     model = make_model(transfer="copy", num_layers=3)
     model.add(0, 5 * P)
