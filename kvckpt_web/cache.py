@@ -262,7 +262,11 @@ class PagedKVCache(CheckpointMixin):
 
     async def _pack_pages(self, ids: list[int], tail: int, staging_name: str, stride: int | None = None
                           ) -> tuple[Buffer, int, int]:
-        """Submit the packing of pages ``ids`` of every layer into a staging buffer: (buffer, bytes, layer stride)."""
+        """Submit the packing of pages ``ids`` of every layer into a staging buffer: (buffer, bytes, layer stride).
+
+        Unless one copy moves every layer, layers go in submits of ``mover.batch_bytes``, each encoded
+        while the GPU packs the one before.
+        """
         path = await self._resolve_page_path()
         group = len(ids) * self.layout.page_bytes
         if stride is None:
@@ -271,7 +275,10 @@ class PagedKVCache(CheckpointMixin):
         staging = self._buffer(staging_name, total, Usage.MAP_READ | Usage.COPY_DST)
         if total:
             table = self._upload_u32("table", ids)
-            self.device.submit(self.mover.pack_layers(path, self.layers, table, ids, tail, staging, stride))
+            per = max(1, self.mover.batch_bytes // group) if stride == group else len(self.layers)
+            for first in range(0, len(self.layers), per):
+                self.device.submit(self.mover.pack_layers(path, self.layers[first:first + per], table, ids, tail,
+                                                          staging, stride, first * stride))
         return staging, total, stride
 
     async def read_pages(self, seq_id: int, page_begin: int = 0, page_end: int | None = None,
@@ -279,9 +286,9 @@ class PagedKVCache(CheckpointMixin):
         """Logical pages ``[page_begin, page_end)`` of every layer, densely, unused tail zeroed: one view per layer.
 
         The views share one host buffer (``out`` if given: at least ``num_layers`` groups, or
-        :meth:`host_nbytes` to allow the one-copy path); bytes between them are zero. Unless one copy
-        moves every layer, layers come back in steps of ``mover.batch_bytes``: the GPU packs
-        the next step while the host copies the last one out.
+        :meth:`host_nbytes` to allow the one-copy path); bytes between them are zero. Every layer is
+        packed into one staging buffer that comes back in one host copy: on this project's CPU adapter one
+        large copy outran copies in steps overlapped with the packing (they compete for memory bandwidth).
         """
         ids, tail = self._page_range(seq_id, page_begin, page_end)
         path = await self._resolve_page_path()
@@ -292,40 +299,11 @@ class PagedKVCache(CheckpointMixin):
             stride = group
             if len(out) < layers * group:
                 raise TensorError("out.nbytes", f"at least {layers * group}", len(out))
-        total = (layers - 1) * stride + group if group else 0
+        staging, total, stride = await self._pack_pages(ids, tail, "read_staging", stride)
         host = memoryview(bytearray(total)) if out is None else out
-        per = max(1, self.mover.batch_bytes // group) if group else layers
-        if stride != group or per >= layers:
-            staging, total, stride = await self._pack_pages(ids, tail, "read_staging", stride)
-            if total:
-                await self.device.read(staging, 0, total, host)
-        elif group:
-            await self._read_in_steps(path, ids, tail, per, host)
+        if total:
+            await self.device.read(staging, 0, total, host)
         return [host[g * stride:g * stride + group] for g in range(layers)]
-
-    async def _read_in_steps(self, path: str, ids: list[int], tail: int, per: int, host: memoryview) -> None:
-        """Pack ``per`` layers at a time into two staging slots, copying one out while the GPU fills the other."""
-        group = len(ids) * self.layout.page_bytes
-        table = self._upload_u32("table", ids)
-        steps = [self.layers[first:first + per] for first in range(0, len(self.layers), per)]
-
-        def encode(k: int) -> tuple[Buffer, Any]:
-            staging = self._buffer(f"read_staging{k % 2}", per * group, Usage.MAP_READ | Usage.COPY_DST)
-            return staging, self.device.encode(self.mover.pack_layers(path, steps[k], table, ids, tail, staging, group))
-
-        staging, encoded = encode(0)
-        self.device.commit(encoded)
-        following = encode(1)
-        for k, step in enumerate(steps):
-            # the next step is committed once this one is mapped: a map resolves when everything
-            # committed before it is done
-            commit_next = (lambda encoded=following[1]: self.device.commit(encoded)) if k + 1 < len(steps) else None
-            at = k * per * group
-            await self.device.read(staging, 0, len(step) * group, host[at:at + len(step) * group],
-                                   on_mapped=commit_next)
-            if k + 1 < len(steps):
-                staging = following[0]
-                following = encode(k + 2) if k + 2 < len(steps) else None
 
     async def map_pages(self, seq_id: int, page_begin: int = 0, page_end: int | None = None, *,
                         slot: int = 0) -> "MappedPages":

@@ -10,11 +10,12 @@ mappable staging buffers asynchronously. Backends: ``backends.wgpu_native``
 
 from __future__ import annotations
 
+import asyncio
 import enum
 import sys
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 from .errors import DeviceError
 
@@ -56,6 +57,16 @@ class Copy:
 
 
 @dataclass(frozen=True)
+class CopyRuns:
+    """Many copies from ``src`` to ``dst`` as one command: ``size`` bytes from ``src_offset`` to ``dst_offset``
+    for each ``(src_offset, dst_offset, size)`` in ``runs``."""
+
+    src: Buffer
+    dst: Buffer
+    runs: tuple[tuple[int, int, int], ...]
+
+
+@dataclass(frozen=True)
 class Clear:
     """Zero ``size`` bytes of ``buffer`` from ``offset``."""
 
@@ -84,7 +95,7 @@ class Dispatch:
     invocations: int
 
 
-Command = Copy | Clear | Dispatch
+Command = Copy | CopyRuns | Clear | Dispatch
 
 
 @dataclass(eq=False)
@@ -129,6 +140,13 @@ def map_window(offset: int, size: int) -> tuple[int, int]:
     offsets in multiples of 8 and sizes in multiples of 4)."""
     start = offset - offset % 8
     return start, -(-(offset + size - start) // 4) * 4
+
+
+def done(value: Any) -> "asyncio.Future[Any]":
+    """A future that already holds ``value`` (what a read of zero bytes returns)."""
+    future = asyncio.get_running_loop().create_future()
+    future.set_result(value)
+    return future
 
 
 def grid(invocations: int, max_per_dim: int) -> tuple[int, int]:
@@ -225,16 +243,18 @@ class Device(ABC):
         """Submit a command buffer :meth:`encode` returned."""
 
     @abstractmethod
-    async def read(self, buffer: Buffer, offset: int, size: int, out: memoryview | None = None, *,
-                   on_mapped: Callable[[], None] | None = None) -> memoryview:
-        """Map a MAP_READ ``buffer`` after all submitted work and copy ``size`` bytes out (into ``out`` if given).
+    def read(self, buffer: Buffer, offset: int, size: int,
+             out: memoryview | None = None) -> "asyncio.Future[memoryview]":
+        """Copy ``size`` bytes of a MAP_READ ``buffer`` out (into ``out`` if given); a future of them.
 
-        ``on_mapped`` runs once the buffer is mapped, before the copy: work submitted there overlaps it.
+        The map is requested now, so it waits for the work submitted so far and for nothing submitted
+        later: commands for the next readback may be committed while this one is in flight.
         """
 
     @abstractmethod
-    async def map_read(self, buffer: Buffer, offset: int, size: int) -> memoryview:
-        """Map ``size`` > 0 bytes of a MAP_READ ``buffer`` after all submitted work; a read-only view of them.
+    def map_read(self, buffer: Buffer, offset: int, size: int) -> "asyncio.Future[memoryview]":
+        """Map ``size`` > 0 bytes of a MAP_READ ``buffer``, requested now as :meth:`read` is; a future of a
+        read-only view of them.
 
         The view is valid until :meth:`unmap`; the buffer may not be used by a submit before then.
         """

@@ -16,14 +16,15 @@ from __future__ import annotations
 import time
 
 from . import shaders
-from .device import Buffer, Clear, Command, Copy, Device, Region, Usage
+from .device import Buffer, Clear, Command, Copy, CopyRuns, Device, Region, Usage
 from .layout import KVLayout
 
 PATHS = ("kernel", "copy")
 
 TRANSFER_BATCH_BYTES = 32 << 20
-"""Bytes per step of a pipelined export or import: the GPU packs or scatters one step while the host copies
-another. An export that one copy moves whole is not split."""
+"""Bytes per step of an export or import: an export submits its packing in steps (each encoded while the
+GPU packs the one before); an import scatters one step while the host fills the next. An export that one
+copy moves whole is not split."""
 
 
 def page_runs(page_ids: list[int]) -> list[tuple[int, int, int]]:
@@ -45,7 +46,7 @@ class PageMover:
         self.device = device
         self.layout = layout
         self.page_bytes = layout.page_bytes
-        #: Bytes per step of a pipelined export or import (see :data:`TRANSFER_BATCH_BYTES`).
+        #: Bytes per step of an export or import (see :data:`TRANSFER_BATCH_BYTES`).
         self.batch_bytes = TRANSFER_BATCH_BYTES
         self._scratch: Buffer | None = None
 
@@ -80,11 +81,12 @@ class PageMover:
             "pack", layer, table, buf, off, 1, index, tail_tokens))
 
     def pack(self, path: str, layer: Region, table: Buffer, page_ids: list[int], tail_tokens: int,
-             dst: Buffer, dst_offset: int) -> list[Command]:
+             dst: Buffer, dst_offset: int, runs: list[tuple[int, int, int]] | None = None) -> list[Command]:
         """Commands writing the pages ``page_ids`` of ``layer`` densely into ``dst`` at ``dst_offset``.
 
         ``table`` holds ``page_ids`` on the device; ``tail_tokens`` is how many token slots of the last
-        page are valid (the rest is written as zeros).
+        page are valid (the rest is written as zeros). ``runs``: the :func:`page_runs` of the full pages
+        among ``page_ids``, where the caller has them already.
         """
         n, pb = len(page_ids), self.page_bytes
         if n == 0:
@@ -93,11 +95,22 @@ class PageMover:
             return self._via_storage(dst, dst_offset, n * pb, lambda buf, off: self._pack_dispatch(
                 "pack", layer, table, buf, off, n, 0, tail_tokens))
         full = n if tail_tokens == self.layout.page_size else n - 1
-        commands: list[Command] = [Copy(layer.buffer, layer.offset + first * pb, dst, dst_offset + start * pb,
-                                        length * pb) for start, first, length in page_runs(page_ids[:full])]
+        if runs is None:
+            runs = page_runs(page_ids[:full])
+        commands: list[Command] = [self._copy_runs(layer.buffer, layer.offset, dst, dst_offset, runs, swap=False)]
         if full < n:
             commands += self._pack_tail(layer, table, full, tail_tokens, dst, dst_offset + full * pb)
         return commands
+
+    def _copy_runs(self, pages: Buffer, pages_offset: int, dense: Buffer, dense_offset: int,
+                   runs: list[tuple[int, int, int]], swap: bool) -> CopyRuns:
+        """One command copying page ``runs`` from pages to dense (pack) or, with ``swap``, back (scatter)."""
+        pb = self.page_bytes
+        if swap:
+            return CopyRuns(dense, pages, tuple((dense_offset + start * pb, pages_offset + first * pb, length * pb)
+                                                for start, first, length in runs))
+        return CopyRuns(pages, dense, tuple((pages_offset + first * pb, dense_offset + start * pb, length * pb)
+                                            for start, first, length in runs))
 
     def span_stride(self, path: str, layers: list[Region], page_ids: list[int]) -> int | None:
         """The distance between layers when one copy can carry every layer's pages, else None.
@@ -114,8 +127,8 @@ class PageMover:
         return stride if (stride - group) * 8 <= group else None
 
     def pack_layers(self, path: str, layers: list[Region], table: Buffer, page_ids: list[int], tail_tokens: int,
-                    dst: Buffer, stride: int) -> list[Command]:
-        """Commands packing the pages of every layer into ``dst``, layer g's group at ``g * stride``.
+                    dst: Buffer, stride: int, dst_offset: int = 0) -> list[Command]:
+        """Commands packing the pages of every layer into ``dst``, layer g's group at ``dst_offset + g * stride``.
 
         With the ``stride`` that :meth:`span_stride` returned, one copy moves all layers and the bytes
         between groups are cleared; otherwise ``stride`` is the group size and each layer is packed alone.
@@ -123,30 +136,33 @@ class PageMover:
         n, pb = len(page_ids), self.page_bytes
         if n == 0:
             return []
+        full = n if tail_tokens == self.layout.page_size else n - 1
         if stride != self.span_stride(path, layers, page_ids):
+            runs = page_runs(page_ids[:full])
             commands: list[Command] = []
             for g, layer in enumerate(layers):
-                commands += self.pack(path, layer, table, page_ids, tail_tokens, dst, g * stride)
+                commands += self.pack(path, layer, table, page_ids, tail_tokens, dst, dst_offset + g * stride, runs)
             return commands
-        full = n if tail_tokens == self.layout.page_size else n - 1
         span = (len(layers) - 1) * stride + full * pb
-        commands = [Copy(layers[0].buffer, layers[0].offset + page_ids[0] * pb, dst, 0, span)] if span else []
+        commands = [Copy(layers[0].buffer, layers[0].offset + page_ids[0] * pb, dst, dst_offset, span)] if span else []
         for g, layer in enumerate(layers):
+            at = dst_offset + g * stride
             if full < n:
-                commands += self._pack_tail(layer, table, full, tail_tokens, dst, g * stride + full * pb)
+                commands += self._pack_tail(layer, table, full, tail_tokens, dst, at + full * pb)
             if g + 1 < len(layers) and stride > n * pb:  # other sequences' pages: never let them out
-                commands.append(Clear(dst, g * stride + n * pb, stride - n * pb))
+                commands.append(Clear(dst, at + n * pb, stride - n * pb))
         return commands
 
     def scatter(self, path: str, src: Buffer, src_offset: int, table: Buffer, page_ids: list[int],
-                layer: Region) -> list[Command]:
-        """Commands writing the dense pages in ``src`` at ``src_offset`` into ``layer`` at ``page_ids`` (whole pages)."""
+                layer: Region, runs: list[tuple[int, int, int]] | None = None) -> list[Command]:
+        """Commands writing the dense pages in ``src`` at ``src_offset`` into ``layer`` at ``page_ids`` (whole
+        pages); ``runs``: their :func:`page_runs`, where the caller has them already."""
         n, pb = len(page_ids), self.page_bytes
         if n == 0:
             return []
         if path == "copy":
-            return [Copy(src, src_offset + start * pb, layer.buffer, layer.offset + first * pb, length * pb)
-                    for start, first, length in page_runs(page_ids)]
+            runs = page_runs(page_ids) if runs is None else runs
+            return [self._copy_runs(layer.buffer, layer.offset, src, src_offset, runs, swap=True)]
         commands: list[Command] = []
         if not src.usage & Usage.STORAGE:
             scratch = self.scratch(n * pb)
@@ -168,9 +184,10 @@ class PageMover:
         if stride == self.span_stride(path, layers, page_ids):
             span = (len(layers) - 1) * stride + n * pb
             return [Copy(src, 0, layers[0].buffer, layers[0].offset + page_ids[0] * pb, span)]
+        runs = page_runs(page_ids)
         commands: list[Command] = []
         for g, layer in enumerate(layers):
-            commands += self.scatter(path, src, g * stride, table, page_ids, layer)
+            commands += self.scatter(path, src, g * stride, table, page_ids, layer, runs)
         return commands
 
     def close(self) -> None:

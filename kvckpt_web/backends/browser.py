@@ -17,9 +17,11 @@ Open it with ``device = await BrowserDevice.open()`` (or
 
 from __future__ import annotations
 
-from typing import Any, Callable
+import asyncio
+from typing import Any
 
-from ..device import Buffer, Clear, Command, Copy, Device, DeviceInfo, Usage, grid, map_window, uniform_params
+from ..device import (Buffer, Clear, Command, Copy, CopyRuns, Device, DeviceInfo, Usage, done, grid, map_window,
+                      uniform_params)
 from ..errors import DeviceError
 
 _MAP_READ = 1  # GPUMapMode.READ
@@ -154,10 +156,14 @@ class BrowserDevice(Device):
             self._queue.writeBuffer(params, 0, arr, 0, arr.length)
         slots = iter(offsets)
         encoder = self._device.createCommandEncoder()
+        copy = encoder.copyBufferToBuffer
         for command in commands:
             if isinstance(command, Copy):
-                encoder.copyBufferToBuffer(command.src.native, command.src_offset,
-                                           command.dst.native, command.dst_offset, command.size)
+                copy(command.src.native, command.src_offset, command.dst.native, command.dst_offset, command.size)
+            elif isinstance(command, CopyRuns):
+                src, dst = command.src.native, command.dst.native
+                for src_offset, dst_offset, size in command.runs:
+                    copy(src, src_offset, dst, dst_offset, size)
             elif isinstance(command, Clear):
                 encoder.clearBuffer(command.buffer.native, command.offset, command.size)
             else:
@@ -176,40 +182,53 @@ class BrowserDevice(Device):
     def commit(self, encoded: Any) -> None:
         self._queue.submit(self._js.Array.of(encoded))
 
-    async def _map(self, buffer: Buffer, mode: int, offset: int, size: int) -> Any:
+    def _map(self, buffer: Buffer, mode: int, offset: int, size: int) -> Any:
+        """Request the map now; a coroutine that waits for it and returns the mapped bytes (a Uint8Array)."""
         _, _, JsException = _ffi()
-        try:
-            await buffer.native.mapAsync(mode, offset, size)
-        except JsException as exc:
-            self.check_errors()
-            raise DeviceError(f"mapAsync of buffer {buffer.label!r} failed: {exc}") from None
-        return self._js.Uint8Array.new(buffer.native.getMappedRange(offset, size))
+        promise = buffer.native.mapAsync(mode, offset, size)
 
-    async def read(self, buffer: Buffer, offset: int, size: int, out: memoryview | None = None, *,
-                   on_mapped: Callable[[], None] | None = None) -> memoryview:
+        async def mapped() -> Any:
+            try:
+                await promise
+            except JsException as exc:
+                self.check_errors()
+                raise DeviceError(f"mapAsync of buffer {buffer.label!r} failed: {exc}") from None
+            return self._js.Uint8Array.new(buffer.native.getMappedRange(offset, size))
+
+        return mapped()
+
+    def read(self, buffer: Buffer, offset: int, size: int,
+             out: memoryview | None = None) -> "asyncio.Future[memoryview]":
         self.check_errors()
         if size == 0:
-            return memoryview(bytearray(0)) if out is None else out[:0]
+            return done(memoryview(bytearray(0)) if out is None else out[:0])
         mapped_offset, mapped_size = map_window(offset, size)
-        mapped = await self._map(buffer, _MAP_READ, mapped_offset, mapped_size)
-        try:
-            if on_mapped is not None:
-                on_mapped()
-            start = offset - mapped_offset
-            if out is None:
-                out = memoryview(bytearray(size))
-            mapped.subarray(start, start + size).assign_to(memoryview(out).cast("B")[:size])
-        finally:
-            buffer.native.unmap()
-        self.check_errors()
-        return out[:size]
+        mapping = self._map(buffer, _MAP_READ, mapped_offset, mapped_size)
 
-    async def map_read(self, buffer: Buffer, offset: int, size: int) -> memoryview:
+        async def copy_out() -> memoryview:
+            mapped = await mapping
+            try:
+                start = offset - mapped_offset
+                target = memoryview(bytearray(size)) if out is None else out
+                mapped.subarray(start, start + size).assign_to(memoryview(target).cast("B")[:size])
+            finally:
+                buffer.native.unmap()
+            self.check_errors()
+            return target[:size]
+
+        return asyncio.ensure_future(copy_out())
+
+    def map_read(self, buffer: Buffer, offset: int, size: int) -> "asyncio.Future[memoryview]":
         self.check_errors()
         mapped_offset, mapped_size = map_window(offset, size)
-        mapped = await self._map(buffer, _MAP_READ, mapped_offset, mapped_size)
-        start = offset - mapped_offset
-        return memoryview(mapped.subarray(start, start + size).to_bytes())  # Python cannot see JS memory: a copy
+        mapping = self._map(buffer, _MAP_READ, mapped_offset, mapped_size)
+
+        async def view() -> memoryview:
+            mapped = await mapping
+            start = offset - mapped_offset
+            return memoryview(mapped.subarray(start, start + size).to_bytes())  # Python cannot see JS memory: a copy
+
+        return asyncio.ensure_future(view())
 
     def unmap(self, buffer: Buffer) -> None:
         buffer.native.unmap()

@@ -6,9 +6,12 @@ import asyncio
 import concurrent.futures
 import os
 import tempfile
-from typing import Any, Callable
+from typing import Any
 
-from ..device import Buffer, Clear, Command, Copy, Device, DeviceInfo, Usage, grid, map_window, uniform_params
+import numpy
+
+from ..device import (Buffer, Clear, Command, Copy, CopyRuns, Device, DeviceInfo, Usage, done, grid, map_window,
+                      uniform_params)
 from ..errors import DeviceError
 
 
@@ -23,14 +26,19 @@ def _quiet_runtime_dir() -> None:
 class WgpuDevice(Device):
     """A :class:`~kvckpt_web.device.Device` on a wgpu-py adapter.
 
-    Mappings are awaited with ``map_sync`` (in a worker thread for reads, inline for uploads): wgpu-py's
-    awaitable map polls with growing sleeps, which adds milliseconds per map.
+    wgpu-native resolves a map once every submission made before the request is done, so each map is
+    requested as early as it can be, and waited for with ``sync_wait`` (in a worker thread for reads,
+    inline for uploads): wgpu-py's awaitable map polls with growing sleeps, which adds milliseconds per
+    map. Read maps are requested on the caller's thread and always waited for while its event loop runs;
+    upload maps, which can outlive that loop, from a helper thread without one (wgpu-py binds a promise
+    to the running loop).
     """
 
     def __init__(self, adapter: Any, device: Any) -> None:
         super().__init__()
         self._device = device
         self._premapped: dict[Any, Any] = {}  # upload staging buffer -> its pending WRITE map
+        self._unsubmitted_writes = False  # queue writes made since the last submit
         self._helper = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="kvckpt-wgpu-map")
         limits = device.limits
         adapter_info = adapter.info
@@ -85,6 +93,7 @@ class WgpuDevice(Device):
 
     def write(self, buffer: Buffer, offset: int, data: bytes | bytearray | memoryview) -> None:
         self._device.queue.write_buffer(buffer.native, offset, data)
+        self._unsubmitted_writes = True
 
     def encode(self, commands: list[Command]) -> tuple[Any, list[Buffer]]:
         blob, offsets = uniform_params(commands)
@@ -92,10 +101,15 @@ class WgpuDevice(Device):
         slots = iter(offsets)
         encoder = self._device.create_command_encoder()
         staged: list[Buffer] = []
+        copy = encoder.copy_buffer_to_buffer
         for command in commands:
-            if isinstance(command, Copy):
-                encoder.copy_buffer_to_buffer(command.src.native, command.src_offset,
-                                              command.dst.native, command.dst_offset, command.size)
+            if isinstance(command, (Copy, CopyRuns)):
+                src, dst = command.src.native, command.dst.native
+                if isinstance(command, Copy):
+                    copy(src, command.src_offset, dst, command.dst_offset, command.size)
+                else:
+                    for src_offset, dst_offset, size in command.runs:
+                        copy(src, src_offset, dst, dst_offset, size)
                 if command.src.usage & Usage.MAP_WRITE and command.src not in staged:
                     staged.append(command.src)
             elif isinstance(command, Clear):
@@ -115,35 +129,58 @@ class WgpuDevice(Device):
     def commit(self, encoded: tuple[Any, list[Buffer]]) -> None:
         command_buffer, staged = encoded
         self._device.queue.submit([command_buffer])
-        # Map upload staging again at once: wgpu-native resolves a map when every submission made before
-        # the request is done, so a request made later (after the next submit) would wait for that one too.
-        # Requested from a thread without an event loop: wgpu-py binds a promise to the running loop,
-        # which may be closed by the time the map resolves.
+        self._unsubmitted_writes = False
+        # Map upload staging again at once: a request made after the next submit would wait for that one too.
         if staged:
             self._premapped.update(self._helper.submit(
                 lambda: {b.native: b.native.map_async("WRITE", 0, b.size) for b in staged}).result())
 
-    async def read(self, buffer: Buffer, offset: int, size: int, out: memoryview | None = None, *,
-                   on_mapped: Callable[[], None] | None = None) -> memoryview:
-        if size == 0:
-            return memoryview(bytearray(0)) if out is None else out[:0]
-        view = await self.map_read(buffer, offset, size)
-        try:
-            if on_mapped is not None:
-                on_mapped()
-            if out is None:
-                out = memoryview(bytearray(size))
-            out[:size] = view
-        finally:
-            self.unmap(buffer)
-        return out[:size]
-
-    async def map_read(self, buffer: Buffer, offset: int, size: int) -> memoryview:
+    def _request_read(self, buffer: Buffer, offset: int, size: int) -> tuple[Any, int, int]:
+        """Request a READ map now: (wgpu-py promise, mapped offset, mapped size)."""
         mapped_offset, mapped_size = map_window(offset, size)
-        # wait in a worker thread, so the event loop runs on while the GPU finishes
-        await asyncio.to_thread(buffer.native.map_sync, "READ", mapped_offset, mapped_size)
-        start = offset - mapped_offset
-        return buffer.native.read_mapped(mapped_offset, mapped_size, copy=False).cast("B")[start:start + size]
+        # wgpu-py's plain "READ" first submits an empty command buffer, to flush queue writes that no submit
+        # has carried yet; on lavapipe a submit waits for the one before it, so skip that when there are none.
+        mode = "READ" if self._unsubmitted_writes else "READ_NOSYNC"
+        promise = buffer.native.map_async(mode, mapped_offset, mapped_size)
+        self._unsubmitted_writes = False
+        return promise, mapped_offset, mapped_size
+
+    @staticmethod
+    def _wait_mapped(buffer: Buffer, promise: Any) -> None:
+        try:
+            promise.sync_wait()
+        except RuntimeError as exc:
+            raise DeviceError(f"mapping buffer {buffer.label!r} for reading failed: {exc}") from None
+
+    def read(self, buffer: Buffer, offset: int, size: int,
+             out: memoryview | None = None) -> "asyncio.Future[memoryview]":
+        if size == 0:
+            return done(memoryview(bytearray(0)) if out is None else out[:0])
+        promise, mapped_offset, mapped_size = self._request_read(buffer, offset, size)
+        target = memoryview(bytearray(size)) if out is None else out
+        dst = memoryview(target).cast("B")[:size]
+
+        def copy_out() -> memoryview:  # on a worker thread: numpy copies without holding the GIL
+            self._wait_mapped(buffer, promise)
+            try:
+                start = offset - mapped_offset
+                src = buffer.native.read_mapped(mapped_offset, mapped_size, copy=False).cast("B")[start:start + size]
+                numpy.copyto(numpy.frombuffer(dst, numpy.uint8), numpy.frombuffer(src, numpy.uint8))
+            finally:
+                buffer.native.unmap()
+            return target[:size]
+
+        return asyncio.get_running_loop().run_in_executor(None, copy_out)
+
+    def map_read(self, buffer: Buffer, offset: int, size: int) -> "asyncio.Future[memoryview]":
+        promise, mapped_offset, mapped_size = self._request_read(buffer, offset, size)
+
+        def view() -> memoryview:
+            self._wait_mapped(buffer, promise)
+            start = offset - mapped_offset
+            return buffer.native.read_mapped(mapped_offset, mapped_size, copy=False).cast("B")[start:start + size]
+
+        return asyncio.get_running_loop().run_in_executor(None, view)
 
     def unmap(self, buffer: Buffer) -> None:
         buffer.native.unmap()
