@@ -1,0 +1,59 @@
+"""The device interface on the desktop backend: copy runs and reads."""
+
+from __future__ import annotations
+
+import asyncio
+
+from kvckpt_web.device import CopyRuns, Usage
+
+
+def _buffers(device, size):
+    src = device.create_buffer(size, Usage.COPY_SRC | Usage.COPY_DST, "test.src")
+    dst = device.create_buffer(size, Usage.MAP_READ | Usage.COPY_DST, "test.dst")
+    return src, dst
+
+
+def test_copy_runs_copies_every_run_and_nothing_else(device):
+    src, dst = _buffers(device, 64)
+    try:
+        device.write(src, 0, bytes(range(64)))
+        device.submit([CopyRuns(src, dst, ((0, 32, 8), (40, 0, 12), (16, 48, 4)))])
+        got = bytes(asyncio.run(_read(device, dst, 0, 64)))
+        expected = bytearray(64)
+        expected[32:40], expected[0:12], expected[48:52] = bytes(range(8)), bytes(range(40, 52)), bytes(range(16, 20))
+        assert got == bytes(expected)
+    finally:
+        device.destroy(src)
+        device.destroy(dst)
+
+
+async def _read(device, buffer, offset, size, out=None):
+    return await device.read(buffer, offset, size, out)
+
+
+def test_read_fills_the_given_buffer_at_an_unaligned_offset(device):
+    src, dst = _buffers(device, 64)
+    try:
+        device.write(src, 0, bytes(range(64)))
+        device.submit([CopyRuns(src, dst, ((0, 0, 64),))])
+        out = memoryview(bytearray(10))
+        got = asyncio.run(_read(device, dst, 13, 10, out))
+        assert bytes(out) == bytes(range(13, 23)) and bytes(got) == bytes(out)
+    finally:
+        device.destroy(src)
+        device.destroy(dst)
+
+
+def test_read_of_zero_bytes_is_done_at_once(device):
+    src, dst = _buffers(device, 16)
+
+    async def read_nothing():
+        future = device.read(dst, 0, 0)
+        assert future.done()
+        return await future
+
+    try:
+        assert bytes(asyncio.run(read_nothing())) == b""
+    finally:
+        device.destroy(src)
+        device.destroy(dst)
