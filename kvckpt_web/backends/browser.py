@@ -183,9 +183,12 @@ class BrowserDevice(Device):
         self._queue.submit(self._js.Array.of(encoded))
 
     def _map(self, buffer: Buffer, mode: int, offset: int, size: int) -> Any:
-        """Request the map now; a coroutine that waits for it and returns the mapped bytes (a Uint8Array)."""
+        """Request a map of ``size`` > 0 bytes at ``offset`` now (the window WebGPU allows around them); a
+        coroutine that waits for it and returns exactly those bytes (a Uint8Array over the mapped range)."""
         _, _, JsException = _ffi()
-        promise = buffer.native.mapAsync(mode, offset, size)
+        self.check_errors()
+        mapped_offset, mapped_size = map_window(offset, size)
+        promise = buffer.native.mapAsync(mode, mapped_offset, mapped_size)
 
         async def mapped() -> Any:
             try:
@@ -193,24 +196,24 @@ class BrowserDevice(Device):
             except JsException as exc:
                 self.check_errors()
                 raise DeviceError(f"mapAsync of buffer {buffer.label!r} failed: {exc}") from None
-            return self._js.Uint8Array.new(buffer.native.getMappedRange(offset, size))
+            start = offset - mapped_offset
+            return self._js.Uint8Array.new(buffer.native.getMappedRange(mapped_offset, mapped_size)).subarray(
+                start, start + size)
 
         return mapped()
 
     def read(self, buffer: Buffer, offset: int, size: int,
              out: memoryview | None = None) -> "asyncio.Future[memoryview]":
-        self.check_errors()
         if size == 0:
+            self.check_errors()
             return done(memoryview(bytearray(0)) if out is None else out[:0])
-        mapped_offset, mapped_size = map_window(offset, size)
-        mapping = self._map(buffer, _MAP_READ, mapped_offset, mapped_size)
+        mapping = self._map(buffer, _MAP_READ, offset, size)
 
         async def copy_out() -> memoryview:
             mapped = await mapping
             try:
-                start = offset - mapped_offset
                 target = memoryview(bytearray(size)) if out is None else out
-                mapped.subarray(start, start + size).assign_to(memoryview(target).cast("B")[:size])
+                mapped.assign_to(memoryview(target).cast("B")[:size])
             finally:
                 buffer.native.unmap()
             self.check_errors()
@@ -219,14 +222,10 @@ class BrowserDevice(Device):
         return asyncio.ensure_future(copy_out())
 
     def map_read(self, buffer: Buffer, offset: int, size: int) -> "asyncio.Future[memoryview]":
-        self.check_errors()
-        mapped_offset, mapped_size = map_window(offset, size)
-        mapping = self._map(buffer, _MAP_READ, mapped_offset, mapped_size)
+        mapping = self._map(buffer, _MAP_READ, offset, size)
 
         async def view() -> memoryview:
-            mapped = await mapping
-            start = offset - mapped_offset
-            return memoryview(mapped.subarray(start, start + size).to_bytes())  # Python cannot see JS memory: a copy
+            return memoryview((await mapping).to_bytes())  # Python cannot see JS memory: a copy
 
         return asyncio.ensure_future(view())
 
@@ -239,10 +238,9 @@ class BrowserDevice(Device):
         size = sum(len(v) for v in views)
         if size == 0:
             return
-        mapped_offset, mapped_size = map_window(offset, size)
-        mapped = await self._map(buffer, _MAP_WRITE, mapped_offset, mapped_size)
+        mapped = await self._map(buffer, _MAP_WRITE, offset, size)
         try:
-            pos = offset - mapped_offset
+            pos = 0
             for view in views:
                 if len(view):
                     mapped.subarray(pos, pos + len(view)).assign(view)

@@ -6,7 +6,7 @@ import asyncio
 import concurrent.futures
 import os
 import tempfile
-from typing import Any
+from typing import Any, Callable
 
 import numpy
 
@@ -145,26 +145,32 @@ class WgpuDevice(Device):
         self._unsubmitted_writes = False
         return promise, mapped_offset, mapped_size
 
-    @staticmethod
-    def _wait_mapped(buffer: Buffer, promise: Any) -> None:
-        try:
-            promise.sync_wait()
-        except RuntimeError as exc:
-            raise DeviceError(f"mapping buffer {buffer.label!r} for reading failed: {exc}") from None
+    def _request_view(self, buffer: Buffer, offset: int, size: int) -> Callable[[], memoryview]:
+        """Request a READ map of ``size`` bytes at ``offset`` now; a blocking call that waits for it and
+        returns a view of exactly those bytes."""
+        promise, mapped_offset, mapped_size = self._request_read(buffer, offset, size)
+
+        def view() -> memoryview:
+            try:
+                promise.sync_wait()
+            except RuntimeError as exc:
+                raise DeviceError(f"mapping buffer {buffer.label!r} for reading failed: {exc}") from None
+            start = offset - mapped_offset
+            return buffer.native.read_mapped(mapped_offset, mapped_size, copy=False).cast("B")[start:start + size]
+
+        return view
 
     def read(self, buffer: Buffer, offset: int, size: int,
              out: memoryview | None = None) -> "asyncio.Future[memoryview]":
         if size == 0:
             return done(memoryview(bytearray(0)) if out is None else out[:0])
-        promise, mapped_offset, mapped_size = self._request_read(buffer, offset, size)
+        view = self._request_view(buffer, offset, size)
         target = memoryview(bytearray(size)) if out is None else out
         dst = memoryview(target).cast("B")[:size]
 
         def copy_out() -> memoryview:  # on a worker thread: numpy copies without holding the GIL
-            self._wait_mapped(buffer, promise)
+            src = view()
             try:
-                start = offset - mapped_offset
-                src = buffer.native.read_mapped(mapped_offset, mapped_size, copy=False).cast("B")[start:start + size]
                 numpy.copyto(numpy.frombuffer(dst, numpy.uint8), numpy.frombuffer(src, numpy.uint8))
             finally:
                 buffer.native.unmap()
@@ -173,14 +179,7 @@ class WgpuDevice(Device):
         return asyncio.get_running_loop().run_in_executor(None, copy_out)
 
     def map_read(self, buffer: Buffer, offset: int, size: int) -> "asyncio.Future[memoryview]":
-        promise, mapped_offset, mapped_size = self._request_read(buffer, offset, size)
-
-        def view() -> memoryview:
-            self._wait_mapped(buffer, promise)
-            start = offset - mapped_offset
-            return buffer.native.read_mapped(mapped_offset, mapped_size, copy=False).cast("B")[start:start + size]
-
-        return asyncio.get_running_loop().run_in_executor(None, view)
+        return asyncio.get_running_loop().run_in_executor(None, self._request_view(buffer, offset, size))
 
     def unmap(self, buffer: Buffer) -> None:
         buffer.native.unmap()
