@@ -8,11 +8,11 @@ use the cache only through its public API (``get_checkpoint_metadata``,
 and the store only through the :class:`~kvckpt_web.store.Store` API, so they
 run unchanged wherever both do (desktop, Pyodide).
 
-Commit protocol (all under ``store.lock()``): write every new chunk (each
-``set`` is atomic and durable), then the manifest of generation
-``newest + 1``; only after that manifest is committed, drop manifests beyond
-the newest ``keep`` of that name and delete the chunks no remaining manifest
-of any name uses. A crash at any instant therefore leaves the previous or the
+Commit protocol (all under ``store.lock()``): write every new chunk in one
+``store.batch()`` (each ``set`` atomic, all durable when the batch ends), then
+the manifest of generation ``newest + 1``; only after that manifest is
+committed, drop manifests beyond the newest ``keep`` of that name (durably)
+and then delete the chunks no remaining manifest of any name uses. A crash at any instant therefore leaves the previous or the
 new generation restorable, plus at worst unreferenced chunks that :func:`gc`
 removes.
 
@@ -337,14 +337,16 @@ async def _retain(store: "Store", name: str, keep: int) -> tuple[list[str], int,
     candidates: set[str] = set()
     for key in drop:
         candidates |= await _refs_of(store, key) or frozenset()
-    await run_bounded(((lambda k=k: store.delete(k)) for k in drop), IO_CONCURRENCY)
+    async with store.batch():  # the manifests are gone for good before any chunk they used is deleted
+        await run_bounded(((lambda k=k: store.delete(k)) for k in drop), IO_CONCURRENCY)
     if not candidates:
         return drop, 0, []
     used, damaged = await _referenced(store)
     if damaged:
         return drop, 0, [f"chunks not deleted: cannot tell which chunks damaged manifests use: {', '.join(damaged)}"]
     unused = sorted(candidates - used)
-    await run_bounded(((lambda k=k: store.delete(k)) for k in unused), IO_CONCURRENCY)
+    async with store.batch():
+        await run_bounded(((lambda k=k: store.delete(k)) for k in unused), IO_CONCURRENCY)
     return drop, len(unused), []
 
 
@@ -414,22 +416,11 @@ async def save(cache: "PagedKVCache", seq_id: int, store: "Store", name: str, *,
         present = (set(await store.list_prefix(CHUNKS))
                    if (len(plan) - reuse) * num_groups > LIST_THRESHOLD else None)
 
-        unknown = [(len(plan) - reuse) * num_groups]  # chunk refs still to learn
-        manifest_ready: list[tuple[Manifest, bytes]] = []
-
-        def build_manifest() -> tuple[Manifest, bytes]:
-            chunks = tuple(tuple(group) for group in table)
-            manifest = Manifest(name, generation, metadata, page_bytes, ppc, npages, chunks, app_state)
-            return manifest, encode_manifest(manifest)
-
         async def put(b: int, i: int, g: int) -> None:
             try:
                 data, digest = await mapped.chunk(b, i, g)
                 key = chunk_key(digest)
                 table[g][i] = ChunkRef(g, plan[i][0], plan[i][1], len(data), digest)
-                unknown[0] -= 1
-                if not unknown[0]:  # every ref known: encode the manifest while the last chunks are written
-                    manifest_ready.append(build_manifest())
                 if key not in known and key not in claimed:
                     claimed.add(key)
                     if not (key in present if present is not None else await store.exists(key)):
@@ -450,14 +441,18 @@ async def save(cache: "PagedKVCache", seq_id: int, store: "Store", name: str, *,
         async with cache_lock(cache, "slots"):  # the staging slots serve one save at a time
             mapped = MappedBatches(cache, seq_id, plan, batches)
             try:
-                await run_bounded(jobs, IO_CONCURRENCY)
+                async with store.batch():  # every chunk durable before the manifest is written
+                    await run_bounded(jobs, IO_CONCURRENCY)
             finally:
                 await mapped.close()
         if cache.sequence_state(seq_id) != state:
             raise CheckpointStateError(f"save {name!r}: sequence {seq_id} changed while it was being saved; "
                                        "nothing was committed")
 
-        manifest, envelope = manifest_ready[0] if manifest_ready else build_manifest()
+        # encoded once the chunk writes are done: Python work on the loop meanwhile holds up the writer threads
+        manifest = Manifest(name, generation, metadata, page_bytes, ppc, npages,
+                            tuple(tuple(group) for group in table), app_state)  # type: ignore[arg-type]
+        envelope = encode_manifest(manifest)
         await store.set(manifest.key, envelope)  # the commit point
         _cache_refs(envelope, manifest)
         _remember(store, name, _Saved(manifest.key, envelope, state, page_bytes, ppc, manifest.chunks))
@@ -623,8 +618,9 @@ async def gc(store: "Store", *, keep: int | None = DEFAULT_KEEP, names: Iterable
             by_name.setdefault(n, []).append(key)
         drop = [key for n, keys in by_name.items() if keep is not None and (only is None or n in only)
                 for key in keys[:-keep]]
-        for key in drop:
-            await store.delete(key)
+        async with store.batch():  # the manifests are gone for good before any chunk they used is deleted
+            for key in drop:
+                await store.delete(key)
         used, damaged = await _referenced(store)
         kept = tuple(key for _, _, key in await _manifest_keys(store))
         if damaged:
@@ -632,12 +628,13 @@ async def gc(store: "Store", *, keep: int | None = DEFAULT_KEEP, names: Iterable
         chunks = await store.list_prefix(CHUNKS)
         unused = [key for key in chunks if key not in used and _is_chunk_key(key)]
         freed = 0
-        for i, key in enumerate(unused):
-            data = await store.get(key)
-            freed += len(data) if data is not None else 0
-            await store.delete(key)
-            if progress is not None:
-                progress("gc", i + 1, len(unused))
+        async with store.batch():
+            for i, key in enumerate(unused):
+                data = await store.get(key)
+                freed += len(data) if data is not None else 0
+                await store.delete(key)
+                if progress is not None:
+                    progress("gc", i + 1, len(unused))
     return GcResult(kept, tuple(drop), len(unused), freed)
 
 

@@ -22,10 +22,11 @@ import concurrent.futures
 import os
 import re
 import secrets
+import threading
 import time
 from abc import ABC, abstractmethod
 from collections.abc import AsyncIterator, Callable, MutableMapping
-from contextlib import AbstractAsyncContextManager, asynccontextmanager
+from contextlib import AbstractAsyncContextManager, asynccontextmanager, nullcontext
 from typing import Any
 
 from .errors import FormatError, StoreError
@@ -166,6 +167,16 @@ class Store(ABC):
         self._check_writable("lock")
         return self._lock(self._lock_timeout if timeout is None else float(timeout))
 
+    def batch(self) -> AbstractAsyncContextManager[None]:
+        """An async context manager in which each :meth:`set` and :meth:`delete` stays atomic but may leave
+        making itself durable to the end of the batch.
+
+        When it exits (also by an error), every set and delete that completed inside it is durable,
+        so a group of writes costs one durability barrier instead of one each: a save writes its
+        chunks in one batch and commits its manifest after it. Writes must complete before it exits.
+        """
+        return self._batch()
+
     @abstractmethod
     async def _get(self, key: str) -> bytes | None: ...
 
@@ -189,6 +200,9 @@ class Store(ABC):
 
     @abstractmethod
     def _lock(self, timeout: float) -> AbstractAsyncContextManager[None]: ...
+
+    def _batch(self) -> AbstractAsyncContextManager[None]:
+        return nullcontext()  # backends whose writes are durable when they return
 
 
 async def _poll_acquire(try_acquire: Callable[[], bool], timeout: float, lock_name: str) -> None:
@@ -262,7 +276,8 @@ LOCK_NAME = "~kvckpt.lock"
 """Name of FileStore's lock file in its directory."""
 
 FAULT_STEPS = ("write", "fsync", "rename", "dirsync")
-"""The steps of :meth:`FileStore.set`, in order, as passed to its ``fault`` hook."""
+"""The steps of :meth:`FileStore.set`, in order, as passed to its ``fault`` hook (in a :meth:`~Store.batch`,
+"dirsync" comes once per directory when the batch exits)."""
 
 IO_THREADS = 16
 """Worker threads shared by every FileStore: enough blocking writes and fsyncs in flight to keep a disk busy."""
@@ -294,7 +309,9 @@ class FileStore(Store):
     the target and fsyncs the directory, so a crash at any point leaves the old
     or the new value, plus at worst a stray temp file that ``list_prefix``
     never returns and :meth:`cleanup_temp` removes (as does the first
-    :meth:`lock` taken through each FileStore object). ``fault``, if given, is
+    :meth:`lock` taken through each FileStore object). In a :meth:`~Store.batch`
+    the directory fsyncs wait for the end of the batch, one per directory.
+    ``fault``, if given, is
     called with each step name of :data:`FAULT_STEPS` before that step, for
     fault-injection tests.
 
@@ -315,6 +332,9 @@ class FileStore(Store):
         self.directory = os.path.abspath(os.fspath(directory))
         self.fault = fault
         self._swept = False  # temp files of crashed writers are removed under the first lock
+        self._batches = 0  # open batch() contexts
+        self._unsynced: set[str] = set()  # directories whose entries a batch changed, not fsynced yet
+        self._unsynced_lock = threading.Lock()
         try:
             if not read_only:
                 os.makedirs(self.directory, exist_ok=True)
@@ -405,8 +425,7 @@ class FileStore(Store):
                 os.close(fd)
             self._step("rename")
             os.replace(tmp, path)
-            self._step("dirsync")
-            fsync_dir(parent)
+            self._entries_changed(parent)
         except BaseException as exc:
             try:
                 os.unlink(tmp)
@@ -426,16 +445,37 @@ class FileStore(Store):
             raise StoreError(f"delete {key!r}: cannot remove {path} ({exc})") from exc
         try:
             parent = os.path.dirname(path)
-            fsync_dir(parent)
+            self._entries_changed(parent)
             while parent != self.directory:  # prune directories left empty
                 try:
                     os.rmdir(parent)
                 except OSError:
                     break
                 parent = os.path.dirname(parent)
-                fsync_dir(parent)
+                self._entries_changed(parent)
         except OSError as exc:
             raise StoreError(f"delete {key!r}: cannot fsync directory of {path} ({exc})") from exc
+
+    def _entries_changed(self, directory: str) -> None:
+        """Make a changed directory durable now, or at the end of the open batch."""
+        if self._batches:
+            with self._unsynced_lock:
+                self._unsynced.add(directory)
+            return
+        self._step("dirsync")
+        fsync_dir(directory)
+
+    def _sync_unsynced(self) -> None:
+        with self._unsynced_lock:
+            directories, self._unsynced = sorted(self._unsynced), set()
+        for directory in directories:
+            self._step("dirsync")
+            try:
+                fsync_dir(directory)
+            except FileNotFoundError:  # pruned after the change: its parent's entry is what counts
+                pass
+            except OSError as exc:
+                raise StoreError(f"batch: cannot fsync directory {directory} ({exc})") from exc
 
     def _walk(self, prefix: str) -> list[str]:
         base_key = prefix.rpartition("/")[0]
@@ -495,6 +535,15 @@ class FileStore(Store):
 
     async def _list_prefix(self, prefix: str) -> list[str]:
         return await _run_io(self._walk, prefix)
+
+    @asynccontextmanager
+    async def _batch(self) -> AsyncIterator[None]:
+        self._batches += 1
+        try:
+            yield
+        finally:
+            self._batches -= 1
+            await _run_io(self._sync_unsynced)
 
     @asynccontextmanager
     async def _lock(self, timeout: float) -> AsyncIterator[None]:

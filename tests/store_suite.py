@@ -252,6 +252,17 @@ class StoreTests:
 
         run(body())
 
+    def test_batch_writes_are_read_back_inside_and_after_it(self, store: Store) -> None:
+        async def body() -> tuple[bytes | None, list[str]]:
+            async with store.batch():
+                await store.set("b/1", b"one")
+                await store.set("b/2", b"two")
+                await store.delete("b/1")
+                inside = await store.get("b/2")
+            return inside, await store.list_prefix("b/")
+
+        assert run(body()) == (b"two", ["b/2"])
+
     # -- lock --------------------------------------------------------------------
 
     def test_lock_acquire_release_reacquire(self, store: Store) -> None:

@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 from store_suite import StoreTests, run
 
+from kvckpt_web import store as store_module
 from kvckpt_web.errors import FormatError, StoreError
 from kvckpt_web.store import FAULT_STEPS, LOCK_NAME, TEMP_PREFIX, FileStore, MemoryStore, Store
 
@@ -90,6 +91,74 @@ def test_os_error_becomes_store_error(tmp_path: Path) -> None:
 def test_fault_steps_in_order(tmp_path: Path) -> None:
     seen: list[str] = []
     run(FileStore(tmp_path, fault=seen.append).set("k", b"v"))
+    assert seen == list(FAULT_STEPS)
+
+
+def test_batch_fsyncs_each_directory_once_when_it_ends(tmp_path: Path) -> None:
+    seen: list[str] = []
+    store = FileStore(tmp_path, fault=seen.append)
+
+    async def two_sets() -> None:
+        async with store.batch():
+            await store.set("d/a", b"1")
+            await store.set("d/b", b"2")
+            assert "dirsync" not in seen  # nothing waits for the directory inside the batch
+
+    run(two_sets())
+    assert seen == ["write", "fsync", "rename"] * 2 + ["dirsync"]
+    assert run(store.get("d/a")) == b"1" and run(store.get("d/b")) == b"2"
+
+
+def test_batch_fsyncs_every_changed_directory_at_its_end(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    store = FileStore(tmp_path)
+    run(store.set("x/old", b"v"))
+    synced: list[str] = []
+    real = store_module.fsync_dir
+
+    def recording(path: str) -> None:
+        real(path)
+        synced.append(os.fspath(path))
+
+    monkeypatch.setattr(store_module, "fsync_dir", recording)
+
+    async def changes() -> None:
+        async with store.batch():
+            await store.set("a/k", b"1")
+            await store.set("b/k", b"2")
+            await store.delete("x/old")  # x/ is left empty and pruned
+            synced.append("<end of body>")
+
+    run(changes())
+    at_end = set(synced[synced.index("<end of body>") + 1:])
+    assert at_end == {str(tmp_path / "a"), str(tmp_path / "b"), str(tmp_path)}
+
+
+def test_batch_still_syncs_when_its_body_fails(tmp_path: Path) -> None:
+    seen: list[str] = []
+    store = FileStore(tmp_path, fault=seen.append)
+
+    async def failing() -> None:
+        async with store.batch():
+            await store.set("k", b"v")
+            raise Boom("after the set")
+
+    with pytest.raises(Boom):
+        run(failing())
+    assert seen[-1] == "dirsync"
+    assert run(store.get("k")) == b"v"
+
+
+def test_set_outside_a_batch_is_durable_at_once_again(tmp_path: Path) -> None:
+    seen: list[str] = []
+    store = FileStore(tmp_path, fault=seen.append)
+
+    async def batch_then_set() -> None:
+        async with store.batch():
+            await store.set("a", b"1")
+        seen.clear()
+        await store.set("b", b"2")
+
+    run(batch_then_set())
     assert seen == list(FAULT_STEPS)
 
 

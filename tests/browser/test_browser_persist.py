@@ -45,12 +45,17 @@ def test_store_contract(py_page, kind):
             await ro.set("z", b""); r["ro"] = "accepted"
         except StoreError:
             r["ro"] = "StoreError"
+        async with s.batch():
+            await s.set("in/batch", b"b")
+        r["batch"] = (await s.get("in/batch")).decode()
+        await s.delete("in/batch")
         r["bytes_written"] = s.bytes_written
         result = r
     """)
     assert out == {"missing": None, "get": "two", "big": 70000, "exists": [True, False, False],
                    "list": ["a/b", "a/c/d"], "list_all": ["a/b", "a/c/d", "top"], "after_delete": ["a/b", "top"],
-                   "bad_key": "FormatError", "ro": "StoreError", "bytes_written": 3 + 3 + 70000 + 1}
+                   "bad_key": "FormatError", "ro": "StoreError", "batch": "b",
+                   "bytes_written": 3 + 3 + 70000 + 1 + 1}
 
 
 @pytest.mark.parametrize("kind", STORES)
