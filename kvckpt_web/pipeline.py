@@ -78,41 +78,82 @@ async def run_bounded(jobs: Iterable[Callable[[], Awaitable[None]]], limit: int)
 
 
 class Hasher:
-    """SHA-256 of chunks, in order, on :data:`HASH_THREADS` worker threads (inline where there are none)."""
+    """SHA-256 of chunks, in order, on the :data:`HASH_THREADS` shared worker threads (inline where there are none)."""
 
     def __init__(self) -> None:
         self._loop = asyncio.get_running_loop()
-        self._queue: "queue.SimpleQueue[tuple[memoryview, asyncio.Future[str]] | None]" = queue.SimpleQueue()
-        self._threads = [] if _IN_BROWSER else [threading.Thread(target=self._work, daemon=True, name="kvckpt-hash")
-                                                for _ in range(HASH_THREADS)]
-        for thread in self._threads:
-            thread.start()
+        self._outstanding = 0  # queued items no worker has finished or skipped yet
+        self._idle = asyncio.Event()
+        self._idle.set()
 
     def digest(self, data: memoryview) -> "asyncio.Future[str]":
-        """A future of the hex digest of ``data``, which must stay valid until the future is done."""
+        """A future of the hex digest of ``data``, which must stay valid until :meth:`close` returns.
+
+        Cancelling the future before a worker reaches it skips the hashing.
+        """
         future = self._loop.create_future()
-        if self._threads:
-            self._queue.put((data, future))
-        else:
+        if _IN_BROWSER:
             future.set_result(chunk_digest(data))
+            return future
+        self._outstanding += 1
+        self._idle.clear()
+        _hash_queue().put((data, future, self))
         return future
 
-    def _work(self) -> None:
-        while (item := self._queue.get()) is not None:
-            data, future = item
-            if future.cancelled():  # the save was abandoned
-                continue
-            try:
-                self._loop.call_soon_threadsafe(_resolve, future, chunk_digest(data))
-            except BaseException as exc:  # noqa: BLE001 - handed to the waiting chunk
-                self._loop.call_soon_threadsafe(_fail, future, exc)
+    def _finished(self, future: "asyncio.Future[str]", digest: str | None, exc: BaseException | None) -> None:
+        """Called on the loop once a worker is done with one item."""
+        if not future.done():
+            if exc is None:
+                future.set_result(digest)  # type: ignore[arg-type]
+            else:
+                future.set_exception(exc if isinstance(exc, Exception) else RuntimeError(repr(exc)))
+        self._outstanding -= 1
+        if not self._outstanding:
+            self._idle.set()
 
     async def close(self) -> None:
-        """Stop the threads once the queued chunks are hashed (or skipped, if their futures were cancelled)."""
-        for _ in self._threads:
-            self._queue.put(None)
-        for thread in self._threads:
-            await asyncio.to_thread(thread.join)
+        """Wait until no worker reads any data queued here (each item hashed, or skipped if cancelled)."""
+        await self._idle.wait()
+
+
+_HASH_QUEUE: "queue.SimpleQueue[tuple[memoryview, asyncio.Future[str], Hasher]] | None" = None
+_HASH_QUEUE_LOCK = threading.Lock()
+
+
+def _hash_queue() -> "queue.SimpleQueue[tuple[memoryview, asyncio.Future[str], Hasher]]":
+    """The queue of the hashing threads, started on first use and shared by every save and restore."""
+    global _HASH_QUEUE
+    with _HASH_QUEUE_LOCK:
+        if _HASH_QUEUE is None:
+            _HASH_QUEUE = queue.SimpleQueue()
+            for _ in range(HASH_THREADS):
+                threading.Thread(target=_hash_worker, args=(_HASH_QUEUE,), daemon=True, name="kvckpt-hash").start()
+        return _HASH_QUEUE
+
+
+def _forget_hash_threads() -> None:
+    global _HASH_QUEUE
+    _HASH_QUEUE = None  # a forked child has none of its parent's threads: it starts its own
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forget_hash_threads)
+
+
+def _hash_worker(work: "queue.SimpleQueue[tuple[memoryview, asyncio.Future[str], Hasher]]") -> None:
+    while True:
+        data, future, hasher = work.get()
+        digest, exc = None, None
+        if not future.cancelled():  # a save that was abandoned
+            try:
+                digest = chunk_digest(data)
+            except BaseException as error:  # noqa: BLE001 - handed to the waiting chunk
+                exc = error
+        del data
+        try:
+            hasher._loop.call_soon_threadsafe(hasher._finished, future, digest, exc)
+        except RuntimeError:  # that event loop is closed: nobody waits for this item any more
+            pass
 
 
 class MappedBatches:
@@ -186,13 +227,3 @@ class MappedBatches:
         await self._hasher.close()  # no thread reads mapped memory after this
         for mapped, _ in batches:
             mapped.release()
-
-
-def _resolve(future: "asyncio.Future[str]", value: str) -> None:
-    if not future.done():
-        future.set_result(value)
-
-
-def _fail(future: "asyncio.Future[str]", exc: BaseException) -> None:
-    if not future.done():
-        future.set_exception(exc if isinstance(exc, Exception) else RuntimeError(repr(exc)))
