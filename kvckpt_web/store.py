@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextvars
 import os
 import re
 import secrets
@@ -174,6 +175,8 @@ class Store(ABC):
         When it exits (also by an error), every set and delete that completed inside it is durable,
         so a group of writes costs one durability barrier instead of one each: a save writes its
         chunks in one batch and commits its manifest after it. Writes must complete before it exits.
+        A batch covers the task that opens it and the tasks started inside it; other tasks' writes
+        stay durable when they return.
         """
         return self._batch()
 
@@ -332,8 +335,8 @@ class FileStore(Store):
         self.directory = os.path.abspath(os.fspath(directory))
         self.fault = fault
         self._swept = False  # temp files of crashed writers are removed under the first lock
-        self._batches = 0  # open batch() contexts
-        self._unsynced: set[str] = set()  # directories whose entries a batch changed, not fsynced yet
+        # directories whose entries the calling task's open batch changed, not fsynced yet (None: no batch)
+        self._unsynced: contextvars.ContextVar[set[str] | None] = contextvars.ContextVar("unsynced", default=None)
         self._unsynced_lock = threading.Lock()
         try:
             if not read_only:
@@ -401,7 +404,7 @@ class FileStore(Store):
                     raise
             fsync_dir(os.path.dirname(path))
 
-    def _write(self, key: str, data: memoryview) -> None:
+    def _write(self, key: str, data: memoryview, unsynced: set[str] | None) -> None:
         path = self._path(key)
         parent, base = os.path.split(path)
         tmp = os.path.join(parent, f"{TEMP_PREFIX}{base}.{secrets.token_hex(8)}")
@@ -425,7 +428,7 @@ class FileStore(Store):
                 os.close(fd)
             self._step("rename")
             os.replace(tmp, path)
-            self._entries_changed(parent)
+            self._entries_changed(parent, unsynced)
         except BaseException as exc:
             try:
                 os.unlink(tmp)
@@ -435,7 +438,7 @@ class FileStore(Store):
                 raise StoreError(f"set {key!r}: cannot write {path} ({exc})") from exc
             raise
 
-    def _remove(self, key: str) -> None:
+    def _remove(self, key: str, unsynced: set[str] | None) -> None:
         path = self._path(key)
         try:
             os.unlink(path)
@@ -445,29 +448,29 @@ class FileStore(Store):
             raise StoreError(f"delete {key!r}: cannot remove {path} ({exc})") from exc
         try:
             parent = os.path.dirname(path)
-            self._entries_changed(parent)
+            self._entries_changed(parent, unsynced)
             while parent != self.directory:  # prune directories left empty
                 try:
                     os.rmdir(parent)
                 except OSError:
                     break
                 parent = os.path.dirname(parent)
-                self._entries_changed(parent)
+                self._entries_changed(parent, unsynced)
         except OSError as exc:
             raise StoreError(f"delete {key!r}: cannot fsync directory of {path} ({exc})") from exc
 
-    def _entries_changed(self, directory: str) -> None:
-        """Make a changed directory durable now, or at the end of the open batch."""
-        if self._batches:
+    def _entries_changed(self, directory: str, unsynced: set[str] | None) -> None:
+        """Make a changed directory durable now, or (``unsynced``: the caller's open batch) at the batch's end."""
+        if unsynced is not None:
             with self._unsynced_lock:
-                self._unsynced.add(directory)
+                unsynced.add(directory)
             return
         self._step("dirsync")
         fsync_dir(directory)
 
-    def _sync_unsynced(self) -> None:
+    def _sync_dirs(self, unsynced: set[str]) -> None:
         with self._unsynced_lock:
-            directories, self._unsynced = sorted(self._unsynced), set()
+            directories = sorted(unsynced)
         for directory in directories:
             self._step("dirsync")
             try:
@@ -525,10 +528,10 @@ class FileStore(Store):
         return await _run_io(self._read_into, key, out)
 
     async def _set(self, key: str, data: memoryview) -> None:
-        await _run_io(self._write, key, data)
+        await _run_io(self._write, key, data, self._unsynced.get())
 
     async def _delete(self, key: str) -> None:
-        await _run_io(self._remove, key)
+        await _run_io(self._remove, key, self._unsynced.get())
 
     async def _exists(self, key: str) -> bool:
         return await _run_io(os.path.isfile, self._path(key))
@@ -538,12 +541,13 @@ class FileStore(Store):
 
     @asynccontextmanager
     async def _batch(self) -> AsyncIterator[None]:
-        self._batches += 1
+        unsynced: set[str] = set()
+        token = self._unsynced.set(unsynced)  # the batch covers this task and the tasks it starts inside it
         try:
             yield
         finally:
-            self._batches -= 1
-            await _run_io(self._sync_unsynced)
+            self._unsynced.reset(token)
+            await _run_io(self._sync_dirs, unsynced)
 
     @asynccontextmanager
     async def _lock(self, timeout: float) -> AsyncIterator[None]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
 import subprocess
 import sys
@@ -160,6 +161,32 @@ def test_set_outside_a_batch_is_durable_at_once_again(tmp_path: Path) -> None:
 
     run(batch_then_set())
     assert seen == list(FAULT_STEPS)
+
+
+def test_batch_does_not_defer_writes_of_tasks_outside_it(tmp_path: Path) -> None:
+    seen: list[str] = []
+    store = FileStore(tmp_path, fault=seen.append)
+
+    async def other_task_during_a_batch() -> None:
+        go, done = asyncio.Event(), asyncio.Event()
+
+        async def outsider() -> None:  # started before the batch opens
+            await go.wait()
+            seen.append("<outsider>")
+            await store.set("o", b"2")
+            seen.append("</outsider>")
+            done.set()
+
+        task = asyncio.create_task(outsider())
+        async with store.batch():
+            await store.set("a", b"1")
+            go.set()
+            await done.wait()
+        await task
+
+    run(other_task_during_a_batch())
+    outsider = seen[seen.index("<outsider>") + 1:seen.index("</outsider>")]
+    assert outsider == list(FAULT_STEPS)  # its set was durable when it returned
 
 
 def test_temp_files_hidden_and_swept(tmp_path: Path) -> None:
