@@ -78,7 +78,7 @@ async def run_bounded(jobs: Iterable[Callable[[], Awaitable[None]]], limit: int)
 
 
 class Hasher:
-    """SHA-256 of chunks, in order, on the :data:`HASH_THREADS` shared worker threads (inline where there are none)."""
+    """SHA-256 of chunks on the :data:`HASH_THREADS` shared worker threads (inline where there are none)."""
 
     def __init__(self) -> None:
         self._loop = asyncio.get_running_loop()
@@ -132,8 +132,9 @@ def _hash_queue() -> "queue.SimpleQueue[tuple[memoryview, asyncio.Future[str], H
 
 
 def _forget_hash_threads() -> None:
-    global _HASH_QUEUE
+    global _HASH_QUEUE, _HASH_QUEUE_LOCK
     _HASH_QUEUE = None  # a forked child has none of its parent's threads: it starts its own
+    _HASH_QUEUE_LOCK = threading.Lock()  # and a lock another thread held at the fork would never be released
 
 
 if hasattr(os, "register_at_fork"):
