@@ -12,9 +12,9 @@ Commit protocol (all under ``store.lock()``): write every new chunk in one
 ``store.batch()`` (each ``set`` atomic, all durable when the batch ends), then
 the manifest of generation ``newest + 1``; only after that manifest is
 committed, drop manifests beyond the newest ``keep`` of that name (durably)
-and then delete the chunks no remaining manifest of any name uses. A crash at any instant therefore leaves the previous or the
-new generation restorable, plus at worst unreferenced chunks that :func:`gc`
-removes.
+and then delete the chunks no remaining manifest of any name uses. A crash at
+any instant therefore leaves the previous or the new generation restorable,
+plus at worst unreferenced chunks that :func:`gc` removes.
 
 Incremental saves: full pages are immutable once written, so a save rewrites
 only the chunks holding pages that changed since this process last saved (or
