@@ -296,6 +296,10 @@ def _run_io(fn: Callable[..., Any], *args: Any) -> "asyncio.Future[Any]":
     return asyncio.get_running_loop().run_in_executor(_io_pool, fn, *args)
 
 
+_BATCHES: "contextvars.ContextVar[dict[FileStore, set[str]]]" = contextvars.ContextVar("kvckpt_batches", default={})
+"""Per task: each FileStore with an open batch, and the directories that batch changed, not fsynced yet."""
+
+
 def fsync_dir(path: str | os.PathLike) -> None:
     """Make a directory's entries (a rename, a new file) durable (desktop file systems)."""
     fd = os.open(path, os.O_RDONLY)
@@ -314,9 +318,8 @@ class FileStore(Store):
     never returns and :meth:`cleanup_temp` removes (as does the first
     :meth:`lock` taken through each FileStore object). In a :meth:`~Store.batch`
     the directory fsyncs wait for the end of the batch, one per directory.
-    ``fault``, if given, is
-    called with each step name of :data:`FAULT_STEPS` before that step, for
-    fault-injection tests.
+    ``fault``, if given, is called with each step name of :data:`FAULT_STEPS`
+    before that step, for fault-injection tests.
 
     A key cannot both hold a value and be a directory of other keys (``a`` and
     ``a/b``); such a ``set`` raises :class:`StoreError`. ``delete`` removes the
@@ -335,8 +338,6 @@ class FileStore(Store):
         self.directory = os.path.abspath(os.fspath(directory))
         self.fault = fault
         self._swept = False  # temp files of crashed writers are removed under the first lock
-        # directories whose entries the calling task's open batch changed, not fsynced yet (None: no batch)
-        self._unsynced: contextvars.ContextVar[set[str] | None] = contextvars.ContextVar("unsynced", default=None)
         self._unsynced_lock = threading.Lock()
         try:
             if not read_only:
@@ -528,10 +529,10 @@ class FileStore(Store):
         return await _run_io(self._read_into, key, out)
 
     async def _set(self, key: str, data: memoryview) -> None:
-        await _run_io(self._write, key, data, self._unsynced.get())
+        await _run_io(self._write, key, data, _BATCHES.get().get(self))
 
     async def _delete(self, key: str) -> None:
-        await _run_io(self._remove, key, self._unsynced.get())
+        await _run_io(self._remove, key, _BATCHES.get().get(self))
 
     async def _exists(self, key: str) -> bool:
         return await _run_io(os.path.isfile, self._path(key))
@@ -542,11 +543,11 @@ class FileStore(Store):
     @asynccontextmanager
     async def _batch(self) -> AsyncIterator[None]:
         unsynced: set[str] = set()
-        token = self._unsynced.set(unsynced)  # the batch covers this task and the tasks it starts inside it
+        token = _BATCHES.set({**_BATCHES.get(), self: unsynced})  # this task and the tasks it starts inside it
         try:
             yield
         finally:
-            self._unsynced.reset(token)
+            _BATCHES.reset(token)
             await _run_io(self._sync_dirs, unsynced)
 
     @asynccontextmanager
