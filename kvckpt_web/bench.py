@@ -14,6 +14,7 @@ from typing import Awaitable, Callable
 
 from .cache import PagedKVCache
 from .device import Copy, Device, Usage, open_device
+from .errors import FieldError
 from .layout import CacheLimits, KVLayout
 
 EXPORT_LAYOUT = KVLayout(page_size=16, num_layers=16, num_qo_heads=32, num_kv_heads=8, qk_head_dim=128,
@@ -23,33 +24,49 @@ EXPORT_TOKENS = 4096
 
 @dataclass(frozen=True)
 class Row:
-    """One benchmark line: an operation, its median time, and its baseline's."""
+    """One benchmark line: an operation's median time, its baseline's, and the ratio of each round."""
 
     name: str
     nbytes: int
     seconds: float
     baseline: str
     baseline_seconds: float
+    round_ratios: tuple[float, ...] = ()
+    """Baseline time / operation time of each round, both timed back to back in that round."""
+
+    @classmethod
+    def of_rounds(cls, name: str, nbytes: int, times: list[float], baseline: str,
+                  baseline_times: list[float]) -> "Row":
+        """The row of paired rounds: ``times[i]`` and ``baseline_times[i]`` were measured together."""
+        if not times or len(times) != len(baseline_times):
+            raise FieldError(f"{name}: rounds timed (operation, baseline)", "the same number, at least 1",
+                             (len(times), len(baseline_times)))
+        return cls(name, nbytes, statistics.median(times), baseline, statistics.median(baseline_times),
+                   tuple(b / t for t, b in zip(times, baseline_times)))
 
     @property
     def ratio(self) -> float:
-        """Throughput relative to the baseline (1.0 = as fast as the raw transfer)."""
+        """Throughput relative to the baseline (1.0 = as fast as the raw transfer), of the medians."""
         return self.baseline_seconds / self.seconds
 
     def format(self) -> str:
-        """A table row."""
+        """A table row; the ratio is followed by the range of the rounds' ratios when there are several."""
         gbs = lambda s: self.nbytes / s / 1e9  # noqa: E731
+        spread = (f" ({min(self.round_ratios):.2f}-{max(self.round_ratios):.2f})"
+                  if len(self.round_ratios) > 1 else "")
         return (f"| {self.name} | {self.nbytes / 2**20:.0f} MiB | {self.seconds * 1e3:.1f} ms ({gbs(self.seconds):.2f} GB/s)"
                 f" | {self.baseline} {self.baseline_seconds * 1e3:.1f} ms ({gbs(self.baseline_seconds):.2f} GB/s)"
-                f" | {self.ratio:.2f} |")
+                f" | {self.ratio:.2f}{spread} |")
 
 
-HEADER = "| operation | bytes | time (median) | baseline, same run | ratio |\n|---|---|---|---|---|"
+HEADER = ("| operation | bytes | time (median) | baseline, same run | ratio (range over rounds) |\n"
+          "|---|---|---|---|---|")
 
 
-async def _median_pair(op: Callable[[], Awaitable[None]], base: Callable[[], Awaitable[None]],
-                       repeats: int) -> tuple[float, float]:
-    """Median seconds of ``op`` and ``base``, run alternately after one warm-up each."""
+async def _paired_rounds(op: Callable[[], Awaitable[None]], base: Callable[[], Awaitable[None]],
+                         repeats: int) -> tuple[list[float], list[float]]:
+    """Seconds of ``op`` and ``base`` in each of ``repeats`` rounds, after one warm-up round; within a
+    round both run back to back, in an order that alternates from round to round."""
     times: tuple[list[float], list[float]] = ([], [])
     for i in range(repeats + 1):
         for fn, bucket in ((op, times[0]), (base, times[1])) if i % 2 else ((base, times[1]), (op, times[0])):
@@ -57,7 +74,7 @@ async def _median_pair(op: Callable[[], Awaitable[None]], base: Callable[[], Awa
             await fn()
             if i:
                 bucket.append(time.perf_counter() - start)
-    return statistics.median(times[0]), statistics.median(times[1])
+    return times
 
 
 def _fill(cache: PagedKVCache, seq_ids: list[int], tokens: int, interleave: bool) -> None:
@@ -124,11 +141,13 @@ async def bench_export(device: Device | None = None, repeats: int = 5, paths: tu
     echo(HEADER)
     # What the adapter charges for moving the same bytes in one copy per layer instead of one copy in all:
     # a floor for any per-layer cache layout, ours and TVM's alike.
-    t_split, t_one = await _median_pair(raw_readback_per_layer, raw_readback, repeats)
-    rows.append(Row("raw readback, one copy per layer (adapter floor)", nbytes, t_split, "raw readback", t_one))
+    t_split, t_one = await _paired_rounds(raw_readback_per_layer, raw_readback, repeats)
+    rows.append(Row.of_rounds("raw readback, one copy per layer (adapter floor)", nbytes, t_split, "raw readback",
+                              t_one))
     echo(rows[-1].format())
-    t_split, t_one = await _median_pair(raw_upload_per_layer, raw_upload, repeats)
-    rows.append(Row("raw upload, one copy per layer (adapter floor)", nbytes, t_split, "raw upload", t_one))
+    t_split, t_one = await _paired_rounds(raw_upload_per_layer, raw_upload, repeats)
+    rows.append(Row.of_rounds("raw upload, one copy per layer (adapter floor)", nbytes, t_split, "raw upload",
+                              t_one))
     echo(rows[-1].format())
     for table in ("contiguous", "fragmented"):
         seqs = [0, 1] if table == "fragmented" else [0]
@@ -155,11 +174,11 @@ async def bench_export(device: Device | None = None, repeats: int = 5, paths: tu
                 await _sync(device, probe)
 
             label = f"{table} page table, {chosen} path"
-            t_exp, t_read = await _median_pair(export, raw_readback, repeats)
-            rows.append(Row(f"export ({label})", nbytes, t_exp, "raw readback", t_read))
+            t_exp, t_read = await _paired_rounds(export, raw_readback, repeats)
+            rows.append(Row.of_rounds(f"export ({label})", nbytes, t_exp, "raw readback", t_read))
             echo(rows[-1].format())
-            t_imp, t_up = await _median_pair(import_, raw_upload, repeats)
-            rows.append(Row(f"import ({label})", nbytes, t_imp, "raw upload", t_up))
+            t_imp, t_up = await _paired_rounds(import_, raw_upload, repeats)
+            rows.append(Row.of_rounds(f"import ({label})", nbytes, t_imp, "raw upload", t_up))
             echo(rows[-1].format())
             cache.close()
             target.close()
@@ -278,14 +297,15 @@ async def bench_save(device: Device | None = None, repeats: int = 5, paths: tupl
                 os.unlink(raw_path)
             if bytes(b"".join(await target.export_groups(0))) != data:
                 raise AssertionError("bench save: the restored sequence differs from the saved one")
-            med = {k: statistics.median(v) for k, v in times.items()}
             label = f"{cache.page_path()} path"
-            rows.append(Row(f"save, full, to disk ({label})", nbytes, med["save"], "raw write+fsync", med["raw"]))
+            rows.append(Row.of_rounds(f"save, full, to disk ({label})", nbytes, times["save"], "raw write+fsync",
+                                      times["raw"]))
             echo(rows[-1].format())
-            rows.append(Row(f"save, incremental +{SAVE_APPEND} tokens ({label})", nbytes, med["inc"], "full save",
-                            med["save"]))
+            rows.append(Row.of_rounds(f"save, incremental +{SAVE_APPEND} tokens ({label})", nbytes, times["inc"],
+                                      "full save", times["save"]))
             echo(rows[-1].format())
-            rows.append(Row(f"restore from disk ({label})", nbytes, med["restore"], "raw read+upload", med["read"]))
+            rows.append(Row.of_rounds(f"restore from disk ({label})", nbytes, times["restore"], "raw read+upload",
+                                      times["read"]))
             echo(rows[-1].format())
             cache.close()
             target.close()
