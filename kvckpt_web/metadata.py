@@ -102,11 +102,13 @@ def write_metadata(layout: KVLayout, limits: CacheLimits, seq_id: int, seq_lengt
 
 
 def _reject_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-    obj: dict[str, Any] = {}
-    for key, value in pairs:
-        if key in obj:
-            raise MetadataError(f"metadata.{key}", "a key that appears once", "a duplicate key")
-        obj[key] = value
+    obj = dict(pairs)
+    if len(obj) != len(pairs):
+        seen: set[str] = set()
+        for key, _ in pairs:
+            if key in seen:
+                raise MetadataError(f"metadata.{key}", "a key that appears once", "a duplicate key")
+            seen.add(key)
     return obj
 
 
@@ -121,20 +123,30 @@ _DBL_MIN = Decimal(sys.float_info.min)
 _SURROGATE = re.compile(r"[\ud800-\udfff]")
 
 
-def _parse_float(literal: str) -> float | _OutOfRange:
-    # TVM reads numbers with strtod and refuses overflow and underflow (ERANGE: results that are
-    # infinite, subnormal, or zero from a non-zero literal); Python would give inf, a subnormal or 0.0.
-    value = float(literal)
-    if math.isinf(value) or (abs(value) < sys.float_info.min and 0 < Decimal(literal).copy_abs() < _DBL_MIN):
-        return _OutOfRange(literal)
-    return value
+class _Numbers:
+    """Number hooks for one ``json.loads``: literals TVM's parser refuses become :class:`_OutOfRange`
+    markers, and ``refused`` counts them."""
 
+    def __init__(self) -> None:
+        self.refused = 0
 
-def _parse_int(literal: str) -> int | _OutOfRange:
-    # TVM reads integers outside int64 as doubles, so it refuses those beyond the double range.
-    if len(literal) > 19 and math.isinf(float(literal)):
+    def _refuse(self, literal: str) -> _OutOfRange:
+        self.refused += 1
         return _OutOfRange(literal)
-    return int(literal)
+
+    def float(self, literal: str) -> float | _OutOfRange:
+        # TVM reads numbers with strtod and refuses overflow and underflow (ERANGE: results that are
+        # infinite, subnormal, or zero from a non-zero literal); Python would give inf, a subnormal or 0.0.
+        value = float(literal)
+        if math.isinf(value) or (abs(value) < sys.float_info.min and 0 < Decimal(literal).copy_abs() < _DBL_MIN):
+            return self._refuse(literal)
+        return value
+
+    def int(self, literal: str) -> int | _OutOfRange:
+        # TVM reads integers outside int64 as doubles, so it refuses those beyond the double range.
+        if len(literal) > 19 and math.isinf(float(literal)):
+            return self._refuse(literal)
+        return int(literal)
 
 
 def _check_representable(value: Any) -> None:
@@ -172,13 +184,15 @@ def parse_metadata(text: str | bytes) -> dict[str, Any]:
     if depth > MAX_NESTING:
         raise MetadataError("metadata", f"JSON nested at most {MAX_NESTING} deep", f"{depth} levels")
     try:
-        value = json.loads(text, object_pairs_hook=_reject_duplicates, parse_float=_parse_float,
-                           parse_int=_parse_int)
+        numbers = _Numbers()
+        value = json.loads(text, object_pairs_hook=_reject_duplicates, parse_float=numbers.float,
+                           parse_int=numbers.int)
     except json.JSONDecodeError as exc:
         raise MetadataError("metadata", "valid JSON", f"parse error: {exc.msg} at position {exc.pos}") from None
     if not isinstance(value, dict):
         raise MetadataError("metadata", "a JSON object", type(value).__name__)
-    _check_representable(value)
+    if numbers.refused or "\\u" in text or _SURROGATE.search(text):  # something to find and name
+        _check_representable(value)
     return value
 
 
@@ -325,12 +339,13 @@ def validate_import(metadata_json: str | bytes, layout: KVLayout, limits: CacheL
                             f"requires {npages} logical pages)", len(pages))
     start = 0
     for i, page in enumerate(pages):
-        p = _Reader(page, f"metadata.logical_pages[{i}]")
-        length = min(layout.page_size, seq_length - start)
-        p.expect("int", "logical_page_index", i)
-        p.expect("int", "start_pos", start)
-        p.expect("int", "length", length)
-        start += length
+        want = (("logical_page_index", i), ("start_pos", start), ("length", min(layout.page_size, seq_length - start)))
+        # The check of _Reader.expect("int", ...), inline for the common case; _Reader names what differs.
+        if type(page) is not dict or not all(type(page.get(k)) is int and page[k] == v for k, v in want):
+            p = _Reader(page, f"metadata.logical_pages[{i}]")
+            for name, expected in want:
+                p.expect("int", name, expected)
+        start += want[2][1]
 
     groups = m.list("groups")
     if len(groups) != layout.num_layers:
