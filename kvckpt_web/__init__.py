@@ -6,12 +6,12 @@ from .errors import (CapacityError, CheckpointStateError, CorruptionError, Devic
                      KVCkptError, LayoutHashMismatch, MetadataError, NotFoundError, SequenceError, StoreError,
                      TensorError, UnsupportedLayoutError)
 from .layout import CacheLimits, KVLayout
-from .tensors import DeviceArray, HostTensor
+from .tensors import DeviceArray, HostTensor, PageGroups
 
 __all__ = [
     "CacheLimits", "CapacityError", "CheckpointStateError", "CorruptionError", "Device", "DeviceArray",
     "DeviceError", "FieldError", "FormatError", "HostTensor", "KVCkptError", "KVLayout", "LayoutHashMismatch",
-    "MetadataError", "NotFoundError", "PagedKVCache", "SequenceError", "StoreError", "TensorError",
+    "MetadataError", "NotFoundError", "PageGroups", "PagedKVCache", "SequenceError", "StoreError", "TensorError",
     "UnsupportedLayoutError", "open_device", "open_device_async",
 ]
 __version__ = "0.1.0"

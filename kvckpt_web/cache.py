@@ -19,7 +19,7 @@ from .layout import CacheLimits, KVLayout
 from .metadata import limits_from_metadata, parse_metadata
 from .pool import PageCopy, SequenceState, SequenceTable
 from .shaders import kv_append
-from .tensors import HostTensor, as_bytes
+from .tensors import HostTensor, PageGroups, as_bytes
 from .transfer import PATHS, PageMover, measure_path
 
 
@@ -260,6 +260,12 @@ class PagedKVCache(CheckpointMixin):
         stride = self.mover.span_stride("copy", self.layers, ids) or group
         return (len(self.layers) - 1) * stride + group if ids else 0
 
+    def host_groups(self, num_logical_pages: int) -> PageGroups:
+        """Zeroed host page groups of ``num_logical_pages`` pages, to fill and pass to :meth:`import_groups`;
+        spaced like the layers where one copy may then carry them all."""
+        group = num_logical_pages * self.layout.page_bytes
+        return PageGroups.zeros(len(self.layers), group, self.mover.layer_stride(self.layers, group) or group)
+
     async def _pack_pages(self, ids: list[int], tail: int, staging_name: str, stride: int | None = None
                           ) -> tuple[Buffer, int, int]:
         """Submit the packing of pages ``ids`` of every layer into a staging buffer: (buffer, bytes, layer stride).
@@ -282,7 +288,7 @@ class PagedKVCache(CheckpointMixin):
         return staging, total, stride
 
     async def read_pages(self, seq_id: int, page_begin: int = 0, page_end: int | None = None,
-                         out: memoryview | None = None) -> list[memoryview]:
+                         out: memoryview | None = None) -> PageGroups:
         """Logical pages ``[page_begin, page_end)`` of every layer, densely, unused tail zeroed: one view per layer.
 
         The views share one host buffer (``out`` if given: at least ``num_layers`` groups, or
@@ -303,7 +309,7 @@ class PagedKVCache(CheckpointMixin):
         host = memoryview(bytearray(total)) if out is None else out
         if total:
             await self.device.read(staging, 0, total, host)
-        return [host[g * stride:g * stride + group] for g in range(layers)]
+        return PageGroups(host, group, layers, stride)
 
     async def map_pages(self, seq_id: int, page_begin: int = 0, page_end: int | None = None, *,
                         slot: int = 0) -> "MappedPages":

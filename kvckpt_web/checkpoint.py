@@ -18,7 +18,7 @@ from .device import Usage
 from .errors import CheckpointStateError, SequenceError, TensorError
 from .metadata import parse_metadata, validate_import, write_metadata
 from .pool import Sequence
-from .tensors import DeviceArray, as_bytes
+from .tensors import DeviceArray, PageGroups, as_bytes
 
 if TYPE_CHECKING:
     from .cache import PagedKVCache
@@ -168,7 +168,7 @@ class CheckpointMixin:
 
     # ----- host helpers -----------------------------------------------------------------------------
 
-    async def export_groups(self: "PagedKVCache", seq_id: int, out: memoryview | None = None) -> list[memoryview]:
+    async def export_groups(self: "PagedKVCache", seq_id: int, out: memoryview | None = None) -> PageGroups:
         """Every page group of ``seq_id`` as bytes (TVM's raw little-endian group tensors), in one readback."""
         seq = self._export_seq(seq_id, "export_groups")
         return await self.read_pages(seq_id, 0, len(seq.pages), out)
@@ -179,7 +179,12 @@ class CheckpointMixin:
         return bytes((await self.export_groups(seq_id))[group_id])
 
     async def import_groups(self: "PagedKVCache", seq_id: int, groups: dict[int, Any] | Seq[Any]) -> None:
-        """Import page groups from host bytes (a list of every group, or ``{group_id: bytes}``)."""
+        """Import page groups from host bytes (a list of every group, or ``{group_id: bytes}``).
+
+        Every group as one :class:`~kvckpt_web.tensors.PageGroups` (what :meth:`export_groups` returns)
+        goes up in one host copy; other groups in steps of ``mover.batch_bytes`` through two staging
+        slots, the host filling one while the GPU scatters the other.
+        """
         state = self._importing(seq_id, "import_groups")
         items = dict(groups) if isinstance(groups, dict) else dict(enumerate(groups))
         nbytes = len(state.seq.pages) * self.layout.page_bytes
@@ -199,20 +204,29 @@ class CheckpointMixin:
         # One copy may carry several layers when no other page of the cache is in use (the bytes
         # between the layers' runs then land in free pages only).
         others_free = self.seqs.pool.num_free == self.num_total_pages - len(pages)
+
+        def span(step: list[int]) -> int | None:
+            if not others_free or step[-1] - step[0] != len(step) - 1:
+                return None
+            return self.mover.span_stride(path, [self.layers[g] for g in step], pages)
+
         ids = list(views)
-        # Steps of mover.batch_bytes (at least two layers, which one copy may carry) through two staging
-        # slots: the host fills one while the GPU scatters the other.
-        per = max(2, self.mover.batch_bytes // nbytes)
-        for k, first in enumerate(range(0, len(ids), per)):
-            step = ids[first:first + per]
-            layers = [self.layers[g] for g in step]
-            consecutive = step[-1] - step[0] == len(step) - 1
-            stride = (self.mover.span_stride(path, layers, pages) if others_free and consecutive else None) or nbytes
+        if isinstance(groups, PageGroups) and len(ids) == len(self.layers):
+            steps = [(ids, groups.stride, [groups.host])]
+        else:  # at least two layers per step, which one copy may carry
+            per = max(2, self.mover.batch_bytes // nbytes)
+            steps = []
+            for first in range(0, len(ids), per):
+                step = ids[first:first + per]
+                stride = span(step) or nbytes
+                gap = bytes(stride - nbytes)
+                steps.append((step, stride, [part for g in step for part in (views[g], gap)][:-1]))
+        for k, (step, stride, parts) in enumerate(steps):
             staging = self._buffer(f"write_staging{k % 2}", (len(step) - 1) * stride + nbytes,
                                    Usage.MAP_WRITE | Usage.COPY_SRC)
-            gap = bytes(stride - nbytes)
-            await self.device.upload(staging, 0, [part for g in step for part in (views[g], gap)][:-1])
-            self.device.submit(self.mover.scatter_layers(path, staging, table, pages, layers, stride))
+            await self.device.upload(staging, 0, parts)
+            self.device.submit(self.mover.scatter_layers(path, staging, table, pages, [self.layers[g] for g in step],
+                                                         stride, one_copy=span(step) == stride))
             for group_id in step:
                 state.imported[group_id] = True
 

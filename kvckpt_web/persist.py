@@ -41,6 +41,7 @@ from .errors import (CheckpointStateError, CorruptionError, FieldError, FormatEr
                      NotFoundError)
 from .metadata import dump_tvm_json, parse_metadata, validate_import
 from .pipeline import Hasher, MappedBatches, cache_lock, offload, run_bounded
+from .tensors import PageGroups
 
 if TYPE_CHECKING:
     from .cache import PagedKVCache
@@ -502,17 +503,17 @@ def _check_fits(manifest: Manifest, metadata: str, cache: "PagedKVCache", seq_id
             raise FormatError(f"{key}: {what}", f"{expected} (from tvm_metadata and the cache layout)", got)
 
 
-async def _fetch_groups(store: "Store", manifest: Manifest, key: str, progress: Progress | None,
-                        phase: str = "restore") -> list[bytearray]:
-    """Every group's bytes, each chunk read in place and verified (size and SHA-256); CorruptionError names it."""
+async def _fetch_groups(store: "Store", manifest: Manifest, key: str, groups: PageGroups,
+                        progress: Progress | None) -> PageGroups:
+    """Every group's bytes read into ``groups``, each chunk in place and verified (size and SHA-256);
+    CorruptionError names a damaged one."""
     pb = manifest.page_bytes
-    groups = [bytearray(manifest.num_logical_pages * pb) for _ in range(manifest.num_groups)]
     refs = list(manifest.chunk_refs())
     done = [0]
     hasher = Hasher()
 
     async def fetch(ref: ChunkRef) -> None:
-        view = memoryview(groups[ref.group])[ref.first_page * pb:ref.first_page * pb + ref.nbytes]
+        view = groups[ref.group][ref.first_page * pb:ref.first_page * pb + ref.nbytes]
         try:
             check_chunk_size(ref, await store.get_into(ref.key, view))
             check_chunk_digest(ref, await hasher.digest(view))
@@ -520,7 +521,7 @@ async def _fetch_groups(store: "Store", manifest: Manifest, key: str, progress: 
             raise _where(exc, key) from None
         done[0] += 1
         if progress is not None:
-            progress(phase, done[0], len(refs))
+            progress("restore", done[0], len(refs))
 
     try:
         await run_bounded((lambda r=r: fetch(r) for r in refs), IO_CONCURRENCY)
@@ -559,7 +560,7 @@ async def _restore(store: "Store", name: str, cache: "PagedKVCache", seq_id: int
     key = manifest.key
     metadata, target = _metadata_for(manifest.tvm_metadata, seq_id)
     _check_fits(manifest, metadata, cache, target, key)
-    groups = await _fetch_groups(store, manifest, key, progress)
+    groups = await _fetch_groups(store, manifest, key, cache.host_groups(manifest.num_logical_pages), progress)
     async with cache_lock(cache):
         cache.prepare_import(target, metadata, exclusive=False)
         try:

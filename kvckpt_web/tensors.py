@@ -36,6 +36,35 @@ def as_bytes(data: Any, field: str, dtype: str, nbytes: int) -> memoryview:
     return view
 
 
+class PageGroups(tuple):
+    """Page groups as views into one host buffer, group g at ``g * stride`` (what ``export_groups`` returns).
+
+    ``host`` spans every group and the bytes between them; ``import_groups`` uploads it in one host
+    copy. A tuple, so the views and ``host`` cannot drift apart.
+    """
+
+    host: memoryview
+    stride: int
+    group_bytes: int
+
+    def __new__(cls, host: memoryview, group_bytes: int, count: int, stride: int | None = None) -> "PageGroups":
+        stride = group_bytes if stride is None else stride
+        span = (count - 1) * stride + group_bytes if count else 0
+        if stride < group_bytes or len(host) < span:
+            raise TensorError("PageGroups.host.nbytes", f"at least {span} ({count} groups of {group_bytes} bytes "
+                              f"every {stride} bytes)", len(host))
+        self = super().__new__(cls, (host[g * stride:g * stride + group_bytes] for g in range(count)))
+        self.host, self.stride, self.group_bytes = host[:span], stride, group_bytes
+        return self
+
+    @classmethod
+    def zeros(cls, count: int, group_bytes: int, stride: int | None = None) -> "PageGroups":
+        """``count`` zeroed groups in a new host buffer."""
+        stride = group_bytes if stride is None else stride
+        return cls(memoryview(bytearray((count - 1) * stride + group_bytes if count else 0)), group_bytes, count,
+                   stride)
+
+
 @dataclass(frozen=True)
 class HostTensor:
     """Little-endian bytes with a shape and dtype; ``numpy()`` views them as an array."""

@@ -17,6 +17,7 @@ import time
 
 from . import shaders
 from .device import Buffer, Clear, Command, Copy, CopyRuns, Device, Region, Usage
+from .errors import TensorError
 from .layout import KVLayout
 
 PATHS = ("kernel", "copy")
@@ -115,16 +116,22 @@ class PageMover:
     def span_stride(self, path: str, layers: list[Region], page_ids: list[int]) -> int | None:
         """The distance between layers when one copy can carry every layer's pages, else None.
 
-        That needs the copy path, one physical run of pages, layers evenly spaced in one buffer, and
-        at most 1/8 more bytes moved than the pages themselves.
+        That needs the copy path, one physical run of pages and a :meth:`layer_stride`.
         """
-        if path != "copy" or not page_ids or len(page_runs(page_ids)) != 1 or len(layers) < 2:
+        if path != "copy" or not page_ids or len(page_runs(page_ids)) != 1:
+            return None
+        return self.layer_stride(layers, len(page_ids) * self.page_bytes)
+
+    @staticmethod
+    def layer_stride(layers: list[Region], group_bytes: int) -> int | None:
+        """The distance between layers if one copy may carry a run of ``group_bytes`` from each, else None:
+        at least two layers, evenly spaced in one buffer, and at most 1/8 more bytes moved than the pages."""
+        if len(layers) < 2:
             return None
         stride = layers[1].offset - layers[0].offset
         if any(b.buffer is not layers[0].buffer or b.offset - a.offset != stride for a, b in zip(layers, layers[1:])):
             return None
-        group = len(page_ids) * self.page_bytes
-        return stride if (stride - group) * 8 <= group else None
+        return stride if 0 <= stride - group_bytes and (stride - group_bytes) * 8 <= group_bytes else None
 
     def pack_layers(self, path: str, layers: list[Region], table: Buffer, page_ids: list[int], tail_tokens: int,
                     dst: Buffer, stride: int, dst_offset: int = 0) -> list[Command]:
@@ -172,16 +179,19 @@ class PageMover:
         return commands
 
     def scatter_layers(self, path: str, src: Buffer, table: Buffer, page_ids: list[int], layers: list[Region],
-                       stride: int) -> list[Command]:
+                       stride: int, one_copy: bool = False) -> list[Command]:
         """Commands scattering layer g's group, at ``g * stride`` in ``src``, into the pages of each layer.
 
-        With the ``stride`` that :meth:`span_stride` returned, one copy moves all layers, and the bytes
-        between groups land in the pages between the runs: the caller passes it only when those are free.
+        ``one_copy`` (only with the ``stride`` that :meth:`span_stride` returned, and only when the pages
+        between the runs are free: the bytes between the groups land there) moves all layers in one copy.
         """
         n, pb = len(page_ids), self.page_bytes
         if n == 0:
             return []
-        if stride == self.span_stride(path, layers, page_ids):
+        if one_copy:
+            if stride != self.span_stride(path, layers, page_ids):
+                raise TensorError("scatter_layers.stride", self.span_stride(path, layers, page_ids), stride,
+                                  "one copy needs the layers' own stride")
             span = (len(layers) - 1) * stride + n * pb
             return [Copy(src, 0, layers[0].buffer, layers[0].offset + page_ids[0] * pb, span)]
         runs = page_runs(page_ids)

@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 from kvckpt_web import (CapacityError, CheckpointStateError, DeviceArray, LayoutHashMismatch, MetadataError,
-                        SequenceError, TensorError, UnsupportedLayoutError)
+                        PageGroups, SequenceError, TensorError, UnsupportedLayoutError)
 from kvckpt_web.device import Usage
 
 try:
@@ -343,6 +343,73 @@ def test_import_into_an_empty_cache_restores_every_layer_through_one_copy(make_m
     assert cache.mover.span_stride("copy", cache.layers, cache._import.seq.pages) is not None
     run(cache.import_groups(0, groups))
     cache.finish_import(0)
+    target.ref[0] = source.ref[0]
+    target.assert_holds(0)
+
+
+def _count_uploads(monkeypatch, cache) -> list[list[int]]:
+    """The chunk sizes of every ``device.upload`` the cache makes from now on."""
+    calls: list[list[int]] = []
+    upload = cache.device.upload
+
+    async def counting(buffer, offset, chunks):
+        calls.append([len(memoryview(c).cast("B")) for c in chunks])
+        await upload(buffer, offset, chunks)
+
+    monkeypatch.setattr(cache.device, "upload", counting)
+    return calls
+
+
+@pytest.mark.parametrize("beside", [False, True], ids=["empty-cache", "beside-another-sequence"])
+def test_import_of_exported_page_groups_goes_up_in_one_host_copy(make_model, monkeypatch, beside):
+    limits = small_limits(max_total_seq_len=32 * P, prefill_chunk_size=32 * P)
+    source = make_model(limits=limits, transfer="copy", num_layers=3, seed=4)
+    source.add(0, 30 * P - 1)  # 30 of 33 pages: the groups come back at the layers' stride, gaps included
+    out = memoryview(bytearray(source.cache.host_nbytes(0)))
+    groups = run(source.cache.export_groups(0, out=out))
+    assert isinstance(groups, PageGroups) and len(groups.host) == len(out) and groups.stride > groups.group_bytes
+    target = make_model(limits=limits, transfer="copy", num_layers=3)
+    if beside:
+        target.add(5, P)  # page 0: one copy of every layer would cover it, so each layer goes alone
+    calls = _count_uploads(monkeypatch, target.cache)
+    run(target.cache.load_checkpoint(source.cache.get_checkpoint_metadata(0), groups, exclusive=False))
+    assert [sizes for sizes in calls if sum(sizes) > 4 * 16] == [[len(out)]]  # beyond the page-table upload
+    target.ref[0] = source.ref[0]
+    target.assert_holds(0)
+    if beside:
+        target.assert_holds(5)
+
+
+@pytest.mark.parametrize("pages, spaced", [(30, True), (16, False)])
+def test_host_groups_are_spaced_like_the_layers_only_where_one_copy_may_carry_them(make_model, pages, spaced):
+    cache = make_model(limits=small_limits(max_total_seq_len=32 * P, prefill_chunk_size=32 * P), transfer="copy",
+                       num_layers=3).cache
+    groups = cache.host_groups(pages)
+    group = pages * cache.layout.page_bytes
+    assert groups.group_bytes == group and len(groups) == 3 and not any(groups.host)
+    layer_stride = cache.layers[1].offset - cache.layers[0].offset
+    assert groups.stride == (layer_stride if spaced else group)
+
+
+def test_one_copy_scatter_refuses_a_stride_other_than_the_layers(make_model):
+    cache = make_model(transfer="copy", num_layers=3).cache
+    group = 16 * cache.layout.page_bytes  # 16 of the 17 pages: one copy may carry them, at the layers' stride
+    with pytest.raises(TensorError) as info:
+        cache.mover.scatter_layers("copy", cache.layers[0].buffer, cache.layers[0].buffer, list(range(16)),
+                                   cache.layers, group, one_copy=True)
+    layer_stride = cache.layers[1].offset - cache.layers[0].offset
+    assert (info.value.field, info.value.expected, info.value.got) == ("scatter_layers.stride", layer_stride, group)
+
+
+def test_import_of_separate_group_buffers_goes_up_in_steps(make_model, monkeypatch):
+    source = make_model(transfer="copy", num_layers=3, seed=4)
+    source.add(0, 8 * P)
+    metadata, groups = checkpoint(source, 0)
+    target = make_model(transfer="copy", num_layers=3)
+    target.cache.mover.batch_bytes = 2 * len(groups[0])
+    calls = _count_uploads(monkeypatch, target.cache)
+    import_host(target.cache, 0, metadata, groups)
+    assert len([sizes for sizes in calls if sum(sizes) > 4 * 8]) == 2  # layers 0-1, then layer 2
     target.ref[0] = source.ref[0]
     target.assert_holds(0)
 
