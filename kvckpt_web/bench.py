@@ -162,6 +162,10 @@ async def bench_export(device: Device | None = None, repeats: int = 5, paths: tu
             separate = [bytes(g) for g in groups]
             chosen = cache.page_path()
             target = PagedKVCache(device, lay, limits, transfer=path)
+            if table == "fragmented":  # sequence 1 keeps every other page: the import gets the pages between
+                for seq in seqs:
+                    target.add_sequence(seq)
+                _fill(target, seqs, EXPORT_TOKENS, interleave=True)
 
             export_host = memoryview(bytearray(cache.host_nbytes(0)))
 
@@ -170,7 +174,9 @@ async def bench_export(device: Device | None = None, repeats: int = 5, paths: tu
 
             def import_from(host_groups: Any) -> Callable[[], Awaitable[None]]:
                 async def import_() -> None:
-                    target.prepare_import(0, metadata)
+                    if 0 in target.sequence_ids():
+                        target.remove_sequence(0)
+                    target.prepare_import(0, metadata, exclusive=False)
                     await target.import_groups(0, host_groups)
                     target.finish_import(0)
                     await _sync(device, probe)
@@ -242,6 +248,10 @@ async def bench_save(device: Device | None = None, repeats: int = 5, paths: tupl
             limits = CacheLimits(4, EXPORT_TOKENS + SAVE_APPEND, 2048)
             cache = PagedKVCache(device, lay, limits, transfer=path)
             target = PagedKVCache(device, lay, limits, transfer=path)
+            if table == "fragmented":  # sequence 1 keeps every other page: the import gets the pages between
+                for seq in seqs:
+                    target.add_sequence(seq)
+                _fill(target, seqs, EXPORT_TOKENS, interleave=True)
             cache.add_sequence(0)
             _fill_unique(cache, 0, EXPORT_TOKENS)
             data = b"".join(await cache.export_groups(0))
