@@ -99,11 +99,11 @@ async def _sync(device: Device, probe) -> None:
 
 
 async def bench_export(device: Device | None = None, repeats: int = 5, paths: tuple[str, ...] = ("auto",),
-                       echo: Callable[[str], None] = print) -> list[Row]:
-    """Export and import of a 4096-token, 256 MiB sequence vs raw readback / upload of one contiguous buffer."""
+                       echo: Callable[[str], None] = print, tokens: int = EXPORT_TOKENS) -> list[Row]:
+    """Export and import of a sequence of ``tokens`` (4096: 256 MiB) vs raw readback / upload of one buffer."""
     device = device or open_device()
     lay = EXPORT_LAYOUT
-    nbytes = lay.num_layers * lay.num_logical_pages(EXPORT_TOKENS) * lay.page_bytes
+    nbytes = lay.num_layers * lay.num_logical_pages(tokens) * lay.page_bytes
     contiguous = device.create_buffer(nbytes, Usage.COPY_SRC | Usage.COPY_DST, "bench.contiguous")
     read_staging = device.create_buffer(nbytes, Usage.MAP_READ | Usage.COPY_DST, "bench.read_staging")
     write_staging = device.create_buffer(nbytes, Usage.MAP_WRITE | Usage.COPY_SRC, "bench.write_staging")
@@ -136,7 +136,7 @@ async def bench_export(device: Device | None = None, repeats: int = 5, paths: tu
 
     await raw_upload()  # never-written memory reads as the shared zero page: fill it so the baseline is honest
     rows: list[Row] = []
-    echo(f"adapter: {device.info.adapter} ({device.info.backend}); {EXPORT_TOKENS} tokens, 16 layers, 8 KV heads, "
+    echo(f"adapter: {device.info.adapter} ({device.info.backend}); {tokens} tokens, 16 layers, 8 KV heads, "
          f"head_dim 128, page 16, float16; median of {repeats}\n")
     echo(HEADER)
     # What the adapter charges for moving the same bytes in one copy per layer instead of one copy in all:
@@ -151,12 +151,12 @@ async def bench_export(device: Device | None = None, repeats: int = 5, paths: tu
     echo(rows[-1].format())
     for table in ("contiguous", "fragmented"):
         seqs = [0, 1] if table == "fragmented" else [0]
-        limits = CacheLimits(4, EXPORT_TOKENS * len(seqs), 2048)
+        limits = CacheLimits(4, tokens * len(seqs), 2048)
         for path in paths:
             cache = PagedKVCache(device, lay, limits, transfer=path)
             for seq in seqs:
                 cache.add_sequence(seq)
-            _fill(cache, seqs, EXPORT_TOKENS, interleave=table == "fragmented")
+            _fill(cache, seqs, tokens, interleave=table == "fragmented")
             metadata = cache.get_checkpoint_metadata(0)
             groups = await cache.export_groups(0)  # one host buffer, as an export leaves it
             separate = [bytes(g) for g in groups]
@@ -165,7 +165,7 @@ async def bench_export(device: Device | None = None, repeats: int = 5, paths: tu
             if table == "fragmented":  # sequence 1 keeps every other page: the import gets the pages between
                 for seq in seqs:
                     target.add_sequence(seq)
-                _fill(target, seqs, EXPORT_TOKENS, interleave=True)
+                _fill(target, seqs, tokens, interleave=True)
 
             export_host = memoryview(bytearray(cache.host_nbytes(0)))
 
@@ -216,8 +216,9 @@ def _fill_unique(cache: PagedKVCache, seq: int, tokens: int) -> None:
 
 
 async def bench_save(device: Device | None = None, repeats: int = 5, paths: tuple[str, ...] = ("auto",),
-                     echo: Callable[[str], None] = print, directory: str | None = None) -> list[Row]:
-    """Durable checkpoints of the export bench's 4096-token, 256 MiB sequence in a FileStore on disk.
+                     echo: Callable[[str], None] = print, directory: str | None = None,
+                     tokens: int = EXPORT_TOKENS) -> list[Row]:
+    """Durable checkpoints of the export bench's sequence (``tokens``; 4096: 256 MiB) in a FileStore on disk.
 
     Full save vs a raw write + fsync of the same bytes to one file; an incremental save after
     +64 tokens vs the full save; restore vs a raw read of the same bytes + upload to the GPU.
@@ -231,7 +232,7 @@ async def bench_save(device: Device | None = None, repeats: int = 5, paths: tupl
 
     device = device or open_device()
     lay = EXPORT_LAYOUT
-    nbytes = lay.num_layers * lay.num_logical_pages(EXPORT_TOKENS) * lay.page_bytes
+    nbytes = lay.num_layers * lay.num_logical_pages(tokens) * lay.page_bytes
     write_staging = device.create_buffer(nbytes, Usage.MAP_WRITE | Usage.COPY_SRC, "bench.write_staging")
     contiguous = device.create_buffer(nbytes, Usage.COPY_SRC | Usage.COPY_DST, "bench.contiguous")
     probe = (device.create_buffer(4, Usage.COPY_SRC, "bench.probe"),
@@ -240,20 +241,16 @@ async def bench_save(device: Device | None = None, repeats: int = 5, paths: tupl
     root = tempfile.mkdtemp(prefix="kvckpt-bench-save.", dir=directory)
     raw_path = os.path.join(root, "raw.bin")
     rows: list[Row] = []
-    echo(f"adapter: {device.info.adapter} ({device.info.backend}); {EXPORT_TOKENS} tokens (+{SAVE_APPEND}), 16 layers, "
+    echo(f"adapter: {device.info.adapter} ({device.info.backend}); {tokens} tokens (+{SAVE_APPEND}), 16 layers, "
          f"8 KV heads, head_dim 128, page 16, float16; FileStore in {root}; median of {repeats}\n")
     echo(HEADER)
     try:
         for path in paths:
-            limits = CacheLimits(4, EXPORT_TOKENS + SAVE_APPEND, 2048)
+            limits = CacheLimits(4, tokens + SAVE_APPEND, 2048)
             cache = PagedKVCache(device, lay, limits, transfer=path)
             target = PagedKVCache(device, lay, limits, transfer=path)
-            if table == "fragmented":  # sequence 1 keeps every other page: the import gets the pages between
-                for seq in seqs:
-                    target.add_sequence(seq)
-                _fill(target, seqs, EXPORT_TOKENS, interleave=True)
             cache.add_sequence(0)
-            _fill_unique(cache, 0, EXPORT_TOKENS)
+            _fill_unique(cache, 0, tokens)
             data = b"".join(await cache.export_groups(0))
             host[:] = data
             times: dict[str, list[float]] = {k: [] for k in ("raw", "save", "inc", "restore", "read")}

@@ -1,0 +1,31 @@
+"""`kvckpt bench export` and `save` run end to end on the device (a small sequence; nothing here is timed)."""
+
+from __future__ import annotations
+
+import asyncio
+
+from kvckpt_web.bench import bench_export, bench_save
+
+TOKENS = 64  # 4 pages of each of 16 layers: 4 MiB
+
+
+def test_bench_export_prints_every_export_and_import_row_next_to_its_baseline(device):
+    lines: list[str] = []
+    rows = asyncio.run(bench_export(device, repeats=1, paths=("copy",), echo=lines.append, tokens=TOKENS))
+    names = [row.name for row in rows]
+    for table in ("contiguous", "fragmented"):
+        assert f"export ({table} page table, copy path)" in names
+        assert f"import ({table} page table, copy path)" in names
+        assert f"import ({table} page table, copy path, one buffer per group)" in names
+    assert all(row.nbytes == 4 << 20 and row.ratio > 0 for row in rows)
+    assert [line for line in lines if line.startswith("| export")] == [row.format() for row in rows
+                                                                       if row.name.startswith("export")]
+
+
+def test_bench_save_prints_full_incremental_and_restore_rows(device, tmp_path):
+    rows = asyncio.run(bench_save(device, repeats=1, paths=("copy",), echo=lambda line: None,
+                                  directory=str(tmp_path), tokens=TOKENS))
+    assert [row.name.split(" (")[0] for row in rows] == ["save, full, to disk", "save, incremental +64 tokens",
+                                                         "restore from disk"]
+    assert [row.baseline for row in rows] == ["raw write+fsync", "full save", "raw read+upload"]
+    assert not list(tmp_path.iterdir())  # the benchmark removes what it wrote
