@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .errors import CorruptionError, FormatError
-from .jsontext import MAX_NESTING, nesting_depth
+from .jsontext import MAX_NESTING, nesting_depth, unique_keys
 
 __all__ = [
     "FORMAT_VERSION",
@@ -380,15 +380,6 @@ def _finite_float(token: str) -> float:
     return value
 
 
-def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for key, value in pairs:
-        if key in out:
-            raise ValueError(f"duplicate key {key!r}")
-        out[key] = value
-    return out
-
-
 def _dumps(value: Any, field_name: str) -> str:
     try:
         return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
@@ -402,7 +393,7 @@ def _loads(text: str, field_name: str) -> Any:
         raise FormatError(field_name, f"JSON nested at most {MAX_NESTING} deep", f"{depth} levels")
     try:
         return json.loads(
-            text, object_pairs_hook=_unique_keys, parse_constant=_reject_constant, parse_float=_finite_float
+            text, object_pairs_hook=unique_keys, parse_constant=_reject_constant, parse_float=_finite_float
         )
     except ValueError as exc:
         raise FormatError(field_name, "valid JSON", str(exc)) from exc

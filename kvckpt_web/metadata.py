@@ -17,7 +17,7 @@ from decimal import Decimal
 from typing import Any
 
 from .errors import FieldError, LayoutHashMismatch, MetadataError
-from .jsontext import MAX_NESTING, nesting_depth
+from .jsontext import MAX_NESTING, DuplicateKeyError, nesting_depth, unique_keys
 from .layout import CACHE_TYPE, FORMAT_VERSION, PAGE_GROUP_LAYOUT, CacheLimits, KVLayout
 
 _INT64 = (-(1 << 63), (1 << 63) - 1)
@@ -100,18 +100,6 @@ def write_metadata(layout: KVLayout, limits: CacheLimits, seq_id: int, seq_lengt
     return f'{dump_tvm_json(metadata)[:-1]},"logical_pages":[{pages}],"groups":[{groups}]}}'
 
 
-
-def _reject_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-    obj = dict(pairs)
-    if len(obj) != len(pairs):
-        seen: set[str] = set()
-        for key, _ in pairs:
-            if key in seen:
-                raise MetadataError(f"metadata.{key}", "a key that appears once", "a duplicate key")
-            seen.add(key)
-    return obj
-
-
 @dataclass(frozen=True)
 class _OutOfRange:
     """A number literal TVM's JSON parser refuses (``strtod`` range error); reported with its field after parsing."""
@@ -185,8 +173,9 @@ def parse_metadata(text: str | bytes) -> dict[str, Any]:
         raise MetadataError("metadata", f"JSON nested at most {MAX_NESTING} deep", f"{depth} levels")
     try:
         numbers = _Numbers()
-        value = json.loads(text, object_pairs_hook=_reject_duplicates, parse_float=numbers.float,
-                           parse_int=numbers.int)
+        value = json.loads(text, object_pairs_hook=unique_keys, parse_float=numbers.float, parse_int=numbers.int)
+    except DuplicateKeyError as exc:
+        raise MetadataError(f"metadata.{exc.key}", "a key that appears once", "a duplicate key") from None
     except json.JSONDecodeError as exc:
         raise MetadataError("metadata", "valid JSON", f"parse error: {exc.msg} at position {exc.pos}") from None
     if not isinstance(value, dict):
