@@ -220,14 +220,17 @@ async def bench_save(device: Device | None = None, repeats: int = 5, paths: tupl
                      tokens: int = EXPORT_TOKENS) -> list[Row]:
     """Durable checkpoints of the export bench's sequence (``tokens``; 4096: 256 MiB) in a FileStore on disk.
 
-    Full save vs a raw write + fsync of the same bytes to one file; an incremental save after
+    Full save vs a raw write + fsync of the same bytes to one file (and the save's chunk files written
+    alone, the floor of its file layout, vs the same); an incremental save after
     +64 tokens vs the full save; restore vs a raw read of the same bytes + upload to the GPU.
     """
     import os
     import shutil
     import tempfile
 
-    from .persist import restore, save
+    from .container import plan_chunks
+    from .persist import DEFAULT_CHUNK_BYTES, IO_CONCURRENCY, restore, save
+    from .pipeline import run_bounded
     from .store import FileStore
 
     device = device or open_device()
@@ -253,7 +256,10 @@ async def bench_save(device: Device | None = None, repeats: int = 5, paths: tupl
             _fill_unique(cache, 0, tokens)
             data = b"".join(await cache.export_groups(0))
             host[:] = data
-            times: dict[str, list[float]] = {k: [] for k in ("raw", "save", "inc", "restore", "read")}
+            times: dict[str, list[float]] = {k: [] for k in ("raw", "floor", "save", "inc", "restore", "read")}
+            npages = lay.num_logical_pages(tokens)  # each group's chunks, cut as save() cuts them
+            chunk_spans = [((g * npages + first) * lay.page_bytes, count * lay.page_bytes) for g in range(lay.num_layers)
+                           for first, count in plan_chunks(npages, max(1, DEFAULT_CHUNK_BYTES // lay.page_bytes))]
 
             def raw_write() -> None:
                 fd = os.open(raw_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
@@ -280,6 +286,7 @@ async def bench_save(device: Device | None = None, repeats: int = 5, paths: tupl
 
             for i in range(repeats + 1):
                 store = FileStore(os.path.join(root, f"store{i}"))
+                floor_store = FileStore(os.path.join(root, f"floor{i}"))
                 record = i > 0  # the first round warms up
 
                 async def full() -> None:
@@ -288,8 +295,15 @@ async def bench_save(device: Device | None = None, repeats: int = 5, paths: tupl
                 async def raw() -> None:
                     await asyncio.to_thread(raw_write)
 
-                for name, fn in ((("raw", raw), ("save", full)) if i % 2 else (("save", full), ("raw", raw))):
+                async def floor() -> None:  # the save's chunk files alone: no GPU, no hashing, no manifest
+                    async with floor_store.batch():
+                        await run_bounded((lambda k=k, at=at, n=n: floor_store.set(f"raw/{k}", host[at:at + n])
+                                           for k, (at, n) in enumerate(chunk_spans)), IO_CONCURRENCY)
+
+                order = [("raw", raw), ("floor", floor), ("save", full)]
+                for name, fn in order[i % 3:] + order[:i % 3]:
                     await timed(name, fn, record)
+                shutil.rmtree(floor_store.directory)
                 _fill_unique(cache, 0, SAVE_APPEND)
                 await _sync(device, probe)  # time the save, not the end of the forward pass before it
                 await timed("inc", lambda: save(cache, 0, store, "bench"), record)
@@ -309,6 +323,9 @@ async def bench_save(device: Device | None = None, repeats: int = 5, paths: tupl
             if bytes(b"".join(await target.export_groups(0))) != data:
                 raise AssertionError("bench save: the restored sequence differs from the saved one")
             label = f"{cache.page_path()} path"
+            rows.append(Row.of_rounds("chunk files alone, one FileStore set each (store floor)", nbytes,
+                                      times["floor"], "raw write+fsync", times["raw"]))
+            echo(rows[-1].format())
             rows.append(Row.of_rounds(f"save, full, to disk ({label})", nbytes, times["save"], "raw write+fsync",
                                       times["raw"]))
             echo(rows[-1].format())
