@@ -1,10 +1,13 @@
-"""The device interface on the desktop backend: copy runs and reads."""
+"""The device interface on the desktop backend: copy runs, reads and upload staging."""
 
 from __future__ import annotations
 
 import asyncio
 
-from kvckpt_web.device import CopyRuns, Usage
+import pytest
+
+from kvckpt_web import DeviceError
+from kvckpt_web.device import Copy, CopyRuns, Usage
 
 
 def _buffers(device, size):
@@ -57,3 +60,42 @@ def test_read_of_zero_bytes_is_done_at_once(device):
     finally:
         device.destroy(src)
         device.destroy(dst)
+
+
+def _staging(device, size):
+    return device.create_buffer(size, Usage.MAP_WRITE | Usage.COPY_SRC, "test.staging")
+
+
+def test_several_submits_may_read_what_one_upload_wrote(device):
+    staging = _staging(device, 64)
+    src, dst = _buffers(device, 64)
+    try:
+        asyncio.run(device.upload(staging, 0, [bytes(range(64))]))
+        device.submit([Copy(staging, 0, dst, 0, 32)])
+        device.submit([Copy(staging, 32, dst, 32, 32)])  # the same staging again, before another upload
+        assert bytes(asyncio.run(_read(device, dst, 0, 64))) == bytes(range(64))
+        asyncio.run(device.upload(staging, 0, [bytes(64)]))  # and it takes the next upload
+        device.submit([Copy(staging, 0, dst, 0, 64)])
+        assert bytes(asyncio.run(_read(device, dst, 0, 64))) == bytes(64)
+    finally:
+        for buffer in (staging, src, dst):
+            device.destroy(buffer)
+
+
+def test_reading_staging_that_is_mapped_for_its_next_upload_is_refused_and_harmless(device):
+    staging = _staging(device, 64)
+    src, dst = _buffers(device, 64)
+    spare, other = _buffers(device, 64)
+    try:
+        asyncio.run(device.upload(staging, 0, [bytes(range(64))]))
+        device.submit([Copy(staging, 0, dst, 0, 64)])
+        device.submit([Copy(src, 0, other, 0, 64)])  # another submit: the staging is mapped for its next upload
+        with pytest.raises(DeviceError, match="test.staging"):
+            device.submit([Copy(staging, 0, dst, 0, 64)])
+        assert bytes(asyncio.run(_read(device, dst, 0, 64))) == bytes(range(64))
+        asyncio.run(device.upload(staging, 0, [bytes(64)]))
+        device.submit([Copy(staging, 0, dst, 0, 64)])
+        assert bytes(asyncio.run(_read(device, dst, 0, 64))) == bytes(64)
+    finally:
+        for buffer in (staging, src, dst, spare, other):
+            device.destroy(buffer)

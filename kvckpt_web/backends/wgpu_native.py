@@ -31,13 +31,15 @@ class WgpuDevice(Device):
     inline for uploads): wgpu-py's awaitable map polls with growing sleeps, which adds milliseconds per
     map. Read maps are requested on the caller's thread and always waited for while its event loop runs;
     upload maps, which can outlive that loop, from a helper thread without one (wgpu-py binds a promise
-    to the running loop).
+    to the running loop). An upload buffer's map is requested at the first submit after its last reader
+    (so several submits may read what one upload wrote), or by the upload itself if none came.
     """
 
     def __init__(self, adapter: Any, device: Any) -> None:
         super().__init__()
         self._device = device
         self._premapped: dict[Any, Any] = {}  # upload staging buffer -> its pending WRITE map
+        self._unmapped: list[Buffer] = []  # upload staging the last submit read: mapped again at the next one
         self._unsubmitted_writes = False  # queue writes made since the last submit
         self._helper = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="kvckpt-wgpu-map")
         limits = device.limits
@@ -82,6 +84,7 @@ class WgpuDevice(Device):
         return self._device.create_buffer(size=size, usage=int(usage), label=label)
 
     def destroy(self, buffer: Buffer) -> None:
+        self._unmapped = [b for b in self._unmapped if b is not buffer]
         premapped = self._premapped.pop(buffer.native, None)
         if premapped is not None:  # let the map finish: wgpu-py reports an aborted one from its callback
             try:
@@ -128,12 +131,19 @@ class WgpuDevice(Device):
 
     def commit(self, encoded: tuple[Any, list[Buffer]]) -> None:
         command_buffer, staged = encoded
+        for b in staged:
+            if b.native in self._premapped:  # wgpu-native would abort the process on this submit
+                raise DeviceError(f"submit: upload buffer {b.label!r} is being mapped for its next upload; "
+                                  "upload into it again before submitting commands that read it")
+        # Upload staging that earlier submits read and this one does not is mapped again now, before this
+        # submit: a request made after it would wait for it too. Staging this submit reads waits for the next.
+        again = [b for b in self._unmapped if b not in staged]
+        if again:
+            self._premapped.update(self._helper.submit(
+                lambda: {b.native: b.native.map_async("WRITE", 0, b.size) for b in again}).result())
+        self._unmapped = list(staged)
         self._device.queue.submit([command_buffer])
         self._unsubmitted_writes = False
-        # Map upload staging again at once: a request made after the next submit would wait for that one too.
-        if staged:
-            self._premapped.update(self._helper.submit(
-                lambda: {b.native: b.native.map_async("WRITE", 0, b.size) for b in staged}).result())
 
     def _request_read(self, buffer: Buffer, offset: int, size: int) -> tuple[Any, int, int]:
         """Request a READ map now: (wgpu-py promise, mapped offset, mapped size)."""
@@ -187,6 +197,7 @@ class WgpuDevice(Device):
     async def upload(self, buffer: Buffer, offset: int, chunks: list[bytes | bytearray | memoryview]) -> None:
         views = [memoryview(c).cast("B") for c in chunks]
         size = sum(len(v) for v in views)
+        self._unmapped = [b for b in self._unmapped if b is not buffer]
         premapped = self._premapped.pop(buffer.native, None)
         if premapped is not None:
             try:
