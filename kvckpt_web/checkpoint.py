@@ -183,7 +183,8 @@ class CheckpointMixin:
 
         Every group as one :class:`~kvckpt_web.tensors.PageGroups` (what :meth:`export_groups` returns)
         goes up in one host copy; other groups in steps of ``mover.batch_bytes`` through two staging
-        slots, the host filling one while the GPU scatters the other.
+        slots, the host filling one while the GPU scatters the other. Scatters that one copy cannot
+        carry are submitted in steps of ``mover.batch_bytes``.
         """
         state = self._importing(seq_id, "import_groups")
         items = dict(groups) if isinstance(groups, dict) else dict(enumerate(groups))
@@ -211,22 +212,26 @@ class CheckpointMixin:
             return self.mover.span_stride(path, [self.layers[g] for g in step], pages)
 
         ids = list(views)
+        per = max(2, self.mover.batch_bytes // nbytes)  # layers per step (at least two, which one copy may carry)
         if isinstance(groups, PageGroups) and len(ids) == len(self.layers):
-            steps = [(ids, groups.stride, [groups.host])]
-        else:  # at least two layers per step, which one copy may carry
-            per = max(2, self.mover.batch_bytes // nbytes)
-            steps = []
+            uploads = [(ids, groups.stride, [groups.host])]
+        else:
+            uploads = []
             for first in range(0, len(ids), per):
                 step = ids[first:first + per]
                 stride = span(step) or nbytes
                 gap = bytes(stride - nbytes)
-                steps.append((step, stride, [part for g in step for part in (views[g], gap)][:-1]))
-        for k, (step, stride, parts) in enumerate(steps):
+                uploads.append((step, stride, [part for g in step for part in (views[g], gap)][:-1]))
+        for k, (step, stride, parts) in enumerate(uploads):
             staging = self._buffer(f"write_staging{k % 2}", (len(step) - 1) * stride + nbytes,
                                    Usage.MAP_WRITE | Usage.COPY_SRC)
             await self.device.upload(staging, 0, parts)
-            self.device.submit(self.mover.scatter_layers(path, staging, table, pages, [self.layers[g] for g in step],
-                                                         stride, one_copy=span(step) == stride))
+            whole = span(step) == stride
+            size = len(step) if whole else per  # scatters beyond one copy are submitted in steps, each
+            for first in range(0, len(step), size):  # encoded while the GPU scatters the one before
+                layers = [self.layers[g] for g in step[first:first + size]]
+                self.device.submit(self.mover.scatter_layers(path, staging, table, pages, layers, stride,
+                                                             one_copy=whole, src_offset=first * stride))
             for group_id in step:
                 state.imported[group_id] = True
 

@@ -179,8 +179,8 @@ class PageMover:
         return commands
 
     def scatter_layers(self, path: str, src: Buffer, table: Buffer, page_ids: list[int], layers: list[Region],
-                       stride: int, one_copy: bool = False) -> list[Command]:
-        """Commands scattering layer g's group, at ``g * stride`` in ``src``, into the pages of each layer.
+                       stride: int, one_copy: bool = False, src_offset: int = 0) -> list[Command]:
+        """Commands scattering layer g's group, at ``src_offset + g * stride`` in ``src``, into each layer's pages.
 
         ``one_copy`` (only with the ``stride`` that :meth:`span_stride` returned, and only when the pages
         between the runs are free: the bytes between the groups land there) moves all layers in one copy.
@@ -193,11 +193,11 @@ class PageMover:
                 raise TensorError("scatter_layers.stride", self.span_stride(path, layers, page_ids), stride,
                                   "one copy needs the layers' own stride")
             span = (len(layers) - 1) * stride + n * pb
-            return [Copy(src, 0, layers[0].buffer, layers[0].offset + page_ids[0] * pb, span)]
+            return [Copy(src, src_offset, layers[0].buffer, layers[0].offset + page_ids[0] * pb, span)]
         runs = page_runs(page_ids)
         commands: list[Command] = []
         for g, layer in enumerate(layers):
-            commands += self.scatter(path, src, g * stride, table, page_ids, layer, runs)
+            commands += self.scatter(path, src, src_offset + g * stride, table, page_ids, layer, runs)
         return commands
 
     def close(self) -> None:

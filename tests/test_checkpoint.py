@@ -401,6 +401,30 @@ def test_one_copy_scatter_refuses_a_stride_other_than_the_layers(make_model):
     assert (info.value.field, info.value.expected, info.value.got) == ("scatter_layers.stride", layer_stride, group)
 
 
+def test_import_of_page_groups_scatters_in_steps_from_its_one_upload(make_model, monkeypatch):
+    limits = small_limits(max_total_seq_len=32 * P, prefill_chunk_size=32 * P)
+    source = make_model(limits=limits, transfer="copy", num_layers=3, seed=4)
+    source.add(0, 8 * P)
+    groups = run(source.cache.export_groups(0))
+    target = make_model(limits=limits, transfer="copy", num_layers=3)
+    target.add(5, P)  # no one copy for all layers: each layer's scatter is its own command
+    cache = target.cache
+    cache.mover.batch_bytes = 2 * groups.group_bytes
+    uploads = _count_uploads(monkeypatch, cache)
+    submits: list[int] = []
+    submit = cache.device.submit
+    monkeypatch.setattr(cache.device, "submit", lambda commands: (submits.append(len(commands)), submit(commands)))
+    cache.prepare_import(0, source.cache.get_checkpoint_metadata(0), exclusive=False)
+    submits.clear()
+    run(cache.import_groups(0, groups))
+    cache.finish_import(0)
+    assert [sizes for sizes in uploads if sum(sizes) > 4 * 8] == [[len(groups.host)]]
+    assert submits == [2, 1]  # layers 0-1, then layer 2, all read from the one upload
+    target.ref[0] = source.ref[0]
+    target.assert_holds(0)
+    target.assert_holds(5)
+
+
 def test_import_of_separate_group_buffers_goes_up_in_steps(make_model, monkeypatch):
     source = make_model(transfer="copy", num_layers=3, seed=4)
     source.add(0, 8 * P)
