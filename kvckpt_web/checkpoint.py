@@ -183,8 +183,8 @@ class CheckpointMixin:
 
         Every group as one :class:`~kvckpt_web.tensors.PageGroups` (what :meth:`export_groups` returns)
         goes up in one host copy; other groups in steps of ``mover.batch_bytes`` through two staging
-        slots, the host filling one while the GPU scatters the other. Scatters that one copy cannot
-        carry are submitted in steps of ``mover.batch_bytes``.
+        slots, the host filling one while the GPU scatters the other. A scatter that one copy cannot
+        carry is submitted in such steps too, each encoded while the GPU runs the one before.
         """
         state = self._importing(seq_id, "import_groups")
         items = dict(groups) if isinstance(groups, dict) else dict(enumerate(groups))
@@ -227,8 +227,8 @@ class CheckpointMixin:
                                    Usage.MAP_WRITE | Usage.COPY_SRC)
             await self.device.upload(staging, 0, parts)
             whole = span(step) == stride
-            size = len(step) if whole else per  # scatters beyond one copy are submitted in steps, each
-            for first in range(0, len(step), size):  # encoded while the GPU scatters the one before
+            size = len(step) if whole else per
+            for first in range(0, len(step), size):
                 layers = [self.layers[g] for g in step[first:first + size]]
                 self.device.submit(self.mover.scatter_layers(path, staging, table, pages, layers, stride,
                                                              one_copy=whole, src_offset=first * stride))

@@ -122,7 +122,7 @@ class _Numbers:
         self.refused += 1
         return _OutOfRange(literal)
 
-    def float(self, literal: str) -> float | _OutOfRange:
+    def parse_float(self, literal: str) -> float | _OutOfRange:
         # TVM reads numbers with strtod and refuses overflow and underflow (ERANGE: results that are
         # infinite, subnormal, or zero from a non-zero literal); Python would give inf, a subnormal or 0.0.
         value = float(literal)
@@ -130,7 +130,7 @@ class _Numbers:
             return self._refuse(literal)
         return value
 
-    def int(self, literal: str) -> int | _OutOfRange:
+    def parse_int(self, literal: str) -> int | _OutOfRange:
         # TVM reads integers outside int64 as doubles, so it refuses those beyond the double range.
         if len(literal) > 19 and math.isinf(float(literal)):
             return self._refuse(literal)
@@ -173,7 +173,8 @@ def parse_metadata(text: str | bytes) -> dict[str, Any]:
         raise MetadataError("metadata", f"JSON nested at most {MAX_NESTING} deep", f"{depth} levels")
     try:
         numbers = _Numbers()
-        value = json.loads(text, object_pairs_hook=unique_keys, parse_float=numbers.float, parse_int=numbers.int)
+        value = json.loads(text, object_pairs_hook=unique_keys, parse_float=numbers.parse_float,
+                           parse_int=numbers.parse_int)
     except DuplicateKeyError as exc:
         raise MetadataError(f"metadata.{exc.key}", "a key that appears once", "a duplicate key") from None
     except json.JSONDecodeError as exc:
