@@ -19,7 +19,7 @@ from .layout import CacheLimits, KVLayout
 from .metadata import limits_from_metadata, parse_metadata
 from .pool import PageCopy, SequenceState, SequenceTable
 from .shaders import kv_append
-from .tensors import HostTensor, PageGroups, as_bytes
+from .tensors import HostTensor, PageGroups, as_bytes, zeroed
 from .transfer import PATHS, PageMover, measure_path
 
 
@@ -306,7 +306,7 @@ class PagedKVCache(CheckpointMixin):
             if len(out) < layers * group:
                 raise TensorError("out.nbytes", f"at least {layers * group}", len(out))
         staging, total, stride = await self._pack_pages(ids, tail, "read_staging", stride)
-        host = memoryview(bytearray(total)) if out is None else out
+        host = zeroed(total) if out is None else out
         if total:
             await self.device.read(staging, 0, total, host)
         return PageGroups(host, group, layers, stride)

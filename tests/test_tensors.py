@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from kvckpt_web import HostTensor, PageGroups, TensorError
-from kvckpt_web.tensors import as_bytes
+from kvckpt_web.tensors import as_bytes, zeroed
 
 
 def test_host_tensor_numpy_views_its_bytes_with_shape_and_dtype():
@@ -66,3 +66,12 @@ def test_page_groups_refuse_a_host_buffer_too_small_for_their_groups():
 def test_page_groups_zeros_are_dense_by_default():
     groups = PageGroups.zeros(3, 4)
     assert groups.stride == 4 and bytes(groups.host) == bytes(12)
+
+
+@pytest.mark.parametrize("nbytes", [0, 1, 5000, 3 << 20])
+def test_zeroed_is_a_writable_buffer_of_that_many_zero_bytes(nbytes):
+    buffer = zeroed(nbytes)
+    assert len(buffer) == nbytes and not buffer.readonly and not any(buffer)
+    if nbytes:
+        buffer[nbytes - 1] = 7
+        assert buffer[nbytes - 1] == 7
