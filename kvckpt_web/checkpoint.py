@@ -213,8 +213,8 @@ class CheckpointMixin:
 
         ids = list(views)
         per = max(2, self.mover.batch_bytes // nbytes)  # layers per step (at least two, which one copy may carry)
-        if isinstance(groups, PageGroups) and len(ids) == len(self.layers):
-            uploads = [(ids, groups.stride, [groups.host])]
+        if isinstance(groups, PageGroups) and len(ids) == len(self.layers) and groups.stride % 4 == 0:
+            uploads = [(ids, groups.stride, [groups.host])]  # copies move whole 4-byte words
         else:
             uploads = []
             for first in range(0, len(ids), per):

@@ -425,6 +425,32 @@ def test_import_of_page_groups_scatters_in_steps_from_its_one_upload(make_model,
     target.assert_holds(5)
 
 
+def test_page_groups_at_a_stride_copies_cannot_use_still_import(make_model):
+    source = make_model(transfer="copy", num_layers=3, seed=4)
+    source.add(0, 8 * P)
+    group = len(source.export(0)[0])
+    host = memoryview(bytearray(3 * (group + 2)))
+    for g, data in enumerate(source.export(0)):
+        host[g * (group + 2):g * (group + 2) + group] = data
+    target = make_model(transfer="copy", num_layers=3)
+    run(target.cache.load_checkpoint(source.cache.get_checkpoint_metadata(0), PageGroups(host, group, 3, group + 2)))
+    target.ref[0] = source.ref[0]
+    target.assert_holds(0)
+
+
+def test_page_groups_of_another_length_are_refused_naming_the_group(make_model):
+    source = make_model(transfer="copy", num_layers=3, seed=4)
+    source.add(0, 8 * P)
+    shorter = make_model(transfer="copy", num_layers=3, seed=4)
+    shorter.add(0, 4 * P)
+    target = make_model(transfer="copy", num_layers=3)
+    with pytest.raises(TensorError) as info:
+        run(target.cache.load_checkpoint(source.cache.get_checkpoint_metadata(0),
+                                         run(shorter.cache.export_groups(0))))
+    assert info.value.field == "groups[0].nbytes"
+    assert target.cache.sequence_ids() == [] and target.cache._import is None
+
+
 def test_import_of_separate_group_buffers_goes_up_in_steps(make_model, monkeypatch):
     source = make_model(transfer="copy", num_layers=3, seed=4)
     source.add(0, 8 * P)
