@@ -229,7 +229,7 @@ async def bench_save(device: Device | None = None, repeats: int = 5, paths: tupl
     import tempfile
 
     from .container import plan_chunks
-    from .persist import DEFAULT_CHUNK_BYTES, IO_CONCURRENCY, restore, save
+    from .persist import IO_CONCURRENCY, default_pages_per_chunk, restore, save
     from .pipeline import run_bounded
     from .store import FileStore
 
@@ -259,7 +259,7 @@ async def bench_save(device: Device | None = None, repeats: int = 5, paths: tupl
             times: dict[str, list[float]] = {k: [] for k in ("raw", "floor", "save", "inc", "restore", "read")}
             npages = lay.num_logical_pages(tokens)  # each group's chunks, cut as save() cuts them
             chunk_spans = [((g * npages + first) * lay.page_bytes, count * lay.page_bytes) for g in range(lay.num_layers)
-                           for first, count in plan_chunks(npages, max(1, DEFAULT_CHUNK_BYTES // lay.page_bytes))]
+                           for first, count in plan_chunks(npages, default_pages_per_chunk(lay.page_bytes))]
 
             def raw_write() -> None:
                 fd = os.open(raw_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)

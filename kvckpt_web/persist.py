@@ -57,6 +57,7 @@ __all__ = [
     "RestoreResult",
     "SaveResult",
     "VerifyReport",
+    "default_pages_per_chunk",
     "forget",
     "gc",
     "list_generations",
@@ -71,7 +72,13 @@ DEFAULT_KEEP = 2
 """Generations of each name a save keeps (the new one and the one before)."""
 
 DEFAULT_CHUNK_BYTES = 1 << 20
-"""Target chunk size when ``pages_per_chunk`` is not given: ``max(1, DEFAULT_CHUNK_BYTES // page_bytes)`` pages."""
+"""Target chunk size when ``pages_per_chunk`` is not given (see :func:`default_pages_per_chunk`)."""
+
+
+def default_pages_per_chunk(page_bytes: int) -> int:
+    """Pages per chunk of a save that does not say: about :data:`DEFAULT_CHUNK_BYTES`, at least one page."""
+    return max(1, DEFAULT_CHUNK_BYTES // page_bytes)
+
 
 READ_BATCH_BYTES = 32 << 20
 """Bytes (all groups together) a save maps from the GPU per batch."""
@@ -376,7 +383,7 @@ async def save(cache: "PagedKVCache", seq_id: int, store: "Store", name: str, *,
     lay = cache.layout
     page_bytes, num_groups = lay.page_bytes, lay.num_layers
     if pages_per_chunk is None:
-        pages_per_chunk = max(1, DEFAULT_CHUNK_BYTES // page_bytes)
+        pages_per_chunk = default_pages_per_chunk(page_bytes)
     if isinstance(pages_per_chunk, bool) or not isinstance(pages_per_chunk, int) or pages_per_chunk < 1:
         raise FieldError("pages_per_chunk", "an integer >= 1", pages_per_chunk)
     ppc = pages_per_chunk
