@@ -19,7 +19,7 @@ from .layout import CacheLimits, KVLayout
 from .metadata import limits_from_metadata, parse_metadata
 from .pool import PageCopy, SequenceState, SequenceTable
 from .shaders import kv_append
-from .tensors import HostTensor, PageGroups, as_bytes, zeroed
+from .tensors import HostTensor, PageGroups, as_bytes, span_bytes, zeroed
 from .transfer import PATHS, PageMover, measure_path
 
 
@@ -86,7 +86,7 @@ class PagedKVCache(CheckpointMixin):
         layers: list[Region] = []
         for first in range(0, self.layout.num_layers, per_arena):
             count = min(per_arena, self.layout.num_layers - first)
-            arena = self.device.create_buffer((count - 1) * stride + size, usage, f"kv.layers{first}-{first + count - 1}")
+            arena = self.device.create_buffer(span_bytes(count, size, stride), usage, f"kv.layers{first}-{first + count - 1}")
             layers += [Region(arena, i * stride, size) for i in range(count)]
         return layers
 
@@ -258,7 +258,7 @@ class PagedKVCache(CheckpointMixin):
         ids, _ = self._page_range(seq_id, page_begin, page_end)
         group = len(ids) * self.layout.page_bytes
         stride = self.mover.span_stride("copy", self.layers, ids) or group
-        return (len(self.layers) - 1) * stride + group if ids else 0
+        return span_bytes(len(self.layers), group, stride)
 
     def host_groups(self, num_logical_pages: int) -> PageGroups:
         """Zeroed host page groups of ``num_logical_pages`` pages, to fill and pass to :meth:`import_groups`;
@@ -277,7 +277,7 @@ class PagedKVCache(CheckpointMixin):
         group = len(ids) * self.layout.page_bytes
         if stride is None:
             stride = self.mover.span_stride(path, self.layers, ids) or group
-        total = (len(self.layers) - 1) * stride + group if group else 0
+        total = span_bytes(len(self.layers), group, stride)
         staging = self._buffer(staging_name, total, Usage.MAP_READ | Usage.COPY_DST)
         if total:
             table = self._upload_u32("table", ids)
@@ -301,7 +301,7 @@ class PagedKVCache(CheckpointMixin):
         group = len(ids) * self.layout.page_bytes
         layers = len(self.layers)
         stride = self.mover.span_stride(path, self.layers, ids) or group
-        if out is not None and len(out) < (layers - 1) * stride + group:
+        if out is not None and len(out) < span_bytes(layers, group, stride):
             stride = group
             if len(out) < layers * group:
                 raise TensorError("out.nbytes", f"at least {layers * group}", len(out))

@@ -18,7 +18,7 @@ from .device import Usage
 from .errors import CheckpointStateError, SequenceError, TensorError
 from .metadata import parse_metadata, validate_import, write_metadata
 from .pool import Sequence
-from .tensors import DeviceArray, PageGroups, as_bytes
+from .tensors import DeviceArray, PageGroups, as_bytes, span_bytes
 
 if TYPE_CHECKING:
     from .cache import PagedKVCache
@@ -213,20 +213,21 @@ class CheckpointMixin:
 
         ids = list(views)
         per = max(2, self.mover.batch_bytes // nbytes)  # layers per step (at least two, which one copy may carry)
+        # (layers, their stride in staging, whether one copy carries them all, the host bytes to upload)
         if isinstance(groups, PageGroups) and len(ids) == len(self.layers) and groups.stride % 4 == 0:
-            uploads = [(ids, groups.stride, [groups.host])]  # copies move whole 4-byte words
+            uploads = [(ids, groups.stride, span(ids) == groups.stride, [groups.host])]  # copies move whole words
         else:
             uploads = []
             for first in range(0, len(ids), per):
                 step = ids[first:first + per]
-                stride = span(step) or nbytes
+                one = span(step)
+                stride = one or nbytes
                 gap = bytes(stride - nbytes)
-                uploads.append((step, stride, [part for g in step for part in (views[g], gap)][:-1]))
-        for k, (step, stride, parts) in enumerate(uploads):
-            staging = self._buffer(f"write_staging{k % 2}", (len(step) - 1) * stride + nbytes,
+                uploads.append((step, stride, one is not None, [part for g in step for part in (views[g], gap)][:-1]))
+        for k, (step, stride, whole, parts) in enumerate(uploads):
+            staging = self._buffer(f"write_staging{k % 2}", span_bytes(len(step), nbytes, stride),
                                    Usage.MAP_WRITE | Usage.COPY_SRC)
             await self.device.upload(staging, 0, parts)
-            whole = span(step) == stride
             size = len(step) if whole else per
             for first in range(0, len(step), size):
                 layers = [self.layers[g] for g in step[first:first + size]]

@@ -37,6 +37,12 @@ def as_bytes(data: Any, field: str, dtype: str, nbytes: int) -> memoryview:
     return view
 
 
+def span_bytes(count: int, size: int, stride: int) -> int:
+    """Bytes from the start of the first of ``count`` blocks of ``size`` bytes, ``stride`` apart, to the end of
+    the last (0 for no blocks)."""
+    return (count - 1) * stride + size if count else 0
+
+
 def zeroed(nbytes: int) -> memoryview:
     """A new writable host buffer of ``nbytes`` zero bytes.
 
@@ -66,7 +72,7 @@ class PageGroups(tuple):
 
     def __new__(cls, host: memoryview, group_bytes: int, count: int, stride: int | None = None) -> "PageGroups":
         stride = group_bytes if stride is None else stride
-        span = (count - 1) * stride + group_bytes if count else 0
+        span = span_bytes(count, group_bytes, stride)
         if stride < group_bytes or len(host) < span:
             raise TensorError("PageGroups.host.nbytes", f"at least {span} ({count} groups of {group_bytes} bytes "
                               f"every {stride} bytes)", len(host))
@@ -78,7 +84,7 @@ class PageGroups(tuple):
     def zeros(cls, count: int, group_bytes: int, stride: int | None = None) -> "PageGroups":
         """``count`` zeroed groups in a new host buffer."""
         stride = group_bytes if stride is None else stride
-        return cls(zeroed((count - 1) * stride + group_bytes if count else 0), group_bytes, count, stride)
+        return cls(zeroed(span_bytes(count, group_bytes, stride)), group_bytes, count, stride)
 
 
 @dataclass(frozen=True)

@@ -19,6 +19,7 @@ from . import shaders
 from .device import Buffer, Clear, Command, Copy, CopyRuns, Device, Region, Usage
 from .errors import TensorError
 from .layout import KVLayout
+from .tensors import span_bytes
 
 PATHS = ("kernel", "copy")
 
@@ -150,7 +151,7 @@ class PageMover:
             for g, layer in enumerate(layers):
                 commands += self.pack(path, layer, table, page_ids, tail_tokens, dst, dst_offset + g * stride, runs)
             return commands
-        span = (len(layers) - 1) * stride + full * pb
+        span = span_bytes(len(layers), full * pb, stride)
         commands = [Copy(layers[0].buffer, layers[0].offset + page_ids[0] * pb, dst, dst_offset, span)] if span else []
         for g, layer in enumerate(layers):
             at = dst_offset + g * stride
@@ -192,7 +193,7 @@ class PageMover:
             if stride != self.span_stride(path, layers, page_ids):
                 raise TensorError("scatter_layers.stride", self.span_stride(path, layers, page_ids), stride,
                                   "one copy needs the layers' own stride")
-            span = (len(layers) - 1) * stride + n * pb
+            span = span_bytes(len(layers), n * pb, stride)
             return [Copy(src, src_offset, layers[0].buffer, layers[0].offset + page_ids[0] * pb, span)]
         runs = page_runs(page_ids)
         commands: list[Command] = []
