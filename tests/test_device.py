@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import asyncio
+import os
 
+import numpy as np
 import pytest
 
 from kvckpt_web import DeviceError
+from kvckpt_web.backends import wgpu_native
 from kvckpt_web.device import Copy, CopyRuns, Usage
 
 
@@ -45,6 +48,23 @@ def test_read_fills_the_given_buffer_at_an_unaligned_offset(device):
     finally:
         device.destroy(src)
         device.destroy(dst)
+
+
+def _at_page_offset(buffer: bytearray, offset: int, size: int) -> np.ndarray:
+    """``size`` bytes of ``buffer`` starting ``offset`` bytes into one of its 4 KiB pages."""
+    whole = np.frombuffer(buffer, np.uint8)
+    start = (offset - whole.ctypes.data) % 4096
+    return whole[start:start + size]
+
+
+@pytest.mark.parametrize("trail", [16, 4000], ids=["destination-16-bytes-past-source", "far-apart"])
+def test_host_copy_copies_every_byte_whatever_the_page_offsets(monkeypatch, trail):
+    monkeypatch.setattr(wgpu_native, "ALIASED_PIECE_BYTES", 4096)  # several pieces and a remainder
+    size = 3 * 4096 + 123
+    src = _at_page_offset(bytearray(os.urandom(size + 8192)), 0, size)
+    dst = _at_page_offset(bytearray(size + 8192), trail, size)
+    wgpu_native.host_copy(dst, src)
+    assert dst.tobytes() == src.tobytes()
 
 
 def test_read_of_zero_bytes_is_done_at_once(device):

@@ -23,6 +23,28 @@ def _quiet_runtime_dir() -> None:
         os.environ["XDG_RUNTIME_DIR"] = path
 
 
+ALIASED_PIECE_BYTES = 1 << 20
+"""Piece size of a host copy whose destination trails its source by less than :data:`ALIAS_WINDOW` bytes
+modulo 4 KiB (see :func:`host_copy`)."""
+
+ALIAS_WINDOW = 512
+
+
+def host_copy(dst: numpy.ndarray, src: numpy.ndarray) -> None:
+    """``dst[:] = src`` for two byte arrays of one length.
+
+    A destination 1-511 bytes past its source modulo 4 KiB (a bytearray, 16 bytes into its page,
+    filled from a page-aligned mapping) is copied in pieces of :data:`ALIASED_PIECE_BYTES`: one
+    large copy takes glibc's non-temporal loop, whose loads then alias its pending stores (4K
+    aliasing); measured here for 256 MiB: 72-80 ms in one copy, 40-44 ms in 1 MiB pieces, 22 ms
+    when source and destination share their page offset.
+    """
+    size = len(src)
+    step = ALIASED_PIECE_BYTES if 0 < (dst.ctypes.data - src.ctypes.data) % 4096 < ALIAS_WINDOW else size
+    for at in range(0, size, max(step, 1)):
+        numpy.copyto(dst[at:at + step], src[at:at + step])
+
+
 class WgpuDevice(Device):
     """A :class:`~kvckpt_web.device.Device` on a wgpu-py adapter.
 
@@ -181,7 +203,7 @@ class WgpuDevice(Device):
         def copy_out() -> memoryview:  # on a worker thread: numpy copies without holding the GIL
             src = view()
             try:
-                numpy.copyto(numpy.frombuffer(dst, numpy.uint8), numpy.frombuffer(src, numpy.uint8))
+                host_copy(numpy.frombuffer(dst, numpy.uint8), numpy.frombuffer(src, numpy.uint8))
             finally:
                 buffer.native.unmap()
             return target[:size]
