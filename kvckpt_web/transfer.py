@@ -3,8 +3,9 @@
 Two interchangeable paths produce the same bytes:
 
 - ``"kernel"``: one ``page_copy.wgsl`` dispatch gathers (pack) or scatters the pages;
-- ``"copy"``: one copy command per run of physically consecutive pages, plus a one-page
-  ``pack`` dispatch for a partial last page (its unused tail must read as zeros).
+- ``"copy"``: one copy command per run of physically consecutive pages; a partial last page is
+  copied whole and its unused token slots cleared (they must read as zeros), or, where those slots
+  are not whole 32-bit words, packed by a one-page ``pack`` dispatch.
 
 Which is faster depends on the adapter (a CPU rasteriser copies faster than it
 runs kernels; a discrete GPU prefers one dispatch to thousands of copies), so
@@ -76,9 +77,29 @@ class PageMover:
         scratch = self.scratch(size)
         return [fill(scratch, 0), Copy(scratch, 0, dst, dst_offset, size)]
 
-    def _pack_tail(self, layer: Region, table: Buffer, index: int, tail_tokens: int, dst: Buffer,
-                   dst_offset: int) -> list[Command]:
-        """Commands packing logical page ``index`` (the last, partial one) with its unused slots zeroed."""
+    def _tail_ranges(self, tail_tokens: int) -> list[tuple[int, int]] | None:
+        """(offset in a page, bytes) of each run of token slots from ``tail_tokens`` on, one per K/V head;
+        None unless every run is whole 32-bit words (what a clear writes)."""
+        lay = self.layout
+        row = lay.head_dim * lay.elem_bytes
+        start, size = tail_tokens * row, (lay.page_size - tail_tokens) * row
+        if start % 4 or size % 4:
+            return None
+        return [(block * lay.page_size * row + start, size) for block in range(2 * lay.num_kv_heads)]
+
+    def copied_pages(self, num_pages: int, tail_tokens: int) -> int:
+        """How many of ``num_pages`` pages the copy path copies whole: all of them, unless the last is
+        partial and its unused slots cannot be cleared (then a ``pack`` dispatch writes that page)."""
+        if tail_tokens == self.layout.page_size or self._tail_ranges(tail_tokens) is not None:
+            return num_pages
+        return num_pages - 1
+
+    def _finish_tail(self, copied: bool, layer: Region, table: Buffer, index: int, tail_tokens: int, dst: Buffer,
+                     dst_offset: int) -> list[Command]:
+        """Commands leaving logical page ``index`` (the last, partial one) at ``dst_offset`` with its unused
+        slots zeroed: clears over the copied page, or (not ``copied``) a ``pack`` dispatch of it."""
+        if copied:
+            return [Clear(dst, dst_offset + offset, size) for offset, size in self._tail_ranges(tail_tokens) or ()]
         return self._via_storage(dst, dst_offset, self.page_bytes, lambda buf, off: self._pack_dispatch(
             "pack", layer, table, buf, off, 1, index, tail_tokens))
 
@@ -87,8 +108,8 @@ class PageMover:
         """Commands writing the pages ``page_ids`` of ``layer`` densely into ``dst`` at ``dst_offset``.
 
         ``table`` holds ``page_ids`` on the device; ``tail_tokens`` is how many token slots of the last
-        page are valid (the rest is written as zeros). ``runs``: the :func:`page_runs` of the full pages
-        among ``page_ids``, where the caller has them already.
+        page are valid (the rest is written as zeros). ``runs``: the :func:`page_runs` of the
+        :meth:`copied_pages` among ``page_ids``, where the caller has them already.
         """
         n, pb = len(page_ids), self.page_bytes
         if n == 0:
@@ -97,11 +118,12 @@ class PageMover:
             return self._via_storage(dst, dst_offset, n * pb, lambda buf, off: self._pack_dispatch(
                 "pack", layer, table, buf, off, n, 0, tail_tokens))
         full = n if tail_tokens == self.layout.page_size else n - 1
+        copied = self.copied_pages(n, tail_tokens)
         if runs is None:
-            runs = page_runs(page_ids[:full])
+            runs = page_runs(page_ids[:copied])
         commands: list[Command] = [self._copy_runs(layer.buffer, layer.offset, dst, dst_offset, runs, swap=False)]
         if full < n:
-            commands += self._pack_tail(layer, table, full, tail_tokens, dst, dst_offset + full * pb)
+            commands += self._finish_tail(copied == n, layer, table, full, tail_tokens, dst, dst_offset + full * pb)
         return commands
 
     def _copy_runs(self, pages: Buffer, pages_offset: int, dense: Buffer, dense_offset: int,
@@ -145,18 +167,19 @@ class PageMover:
         if n == 0:
             return []
         full = n if tail_tokens == self.layout.page_size else n - 1
+        copied = self.copied_pages(n, tail_tokens)
         if stride != self.span_stride(path, layers, page_ids):
-            runs = page_runs(page_ids[:full])
+            runs = page_runs(page_ids[:copied])
             commands: list[Command] = []
             for g, layer in enumerate(layers):
                 commands += self.pack(path, layer, table, page_ids, tail_tokens, dst, dst_offset + g * stride, runs)
             return commands
-        span = span_bytes(len(layers), full * pb, stride)
+        span = span_bytes(len(layers), copied * pb, stride)
         commands = [Copy(layers[0].buffer, layers[0].offset + page_ids[0] * pb, dst, dst_offset, span)] if span else []
         for g, layer in enumerate(layers):
             at = dst_offset + g * stride
             if full < n:
-                commands += self._pack_tail(layer, table, full, tail_tokens, dst, at + full * pb)
+                commands += self._finish_tail(copied == n, layer, table, full, tail_tokens, dst, at + full * pb)
             if g + 1 < len(layers) and stride > n * pb:  # other sequences' pages: never let them out
                 commands.append(Clear(dst, at + n * pb, stride - n * pb))
         return commands
