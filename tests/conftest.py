@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from kvckpt_web import CacheLimits, DeviceError, KVLayout, PagedKVCache, open_device
+from kvckpt_web import CacheLimits, DeviceError, KVLayout, PagedKVCache, open_device, shaders
 from kvckpt_web.device import Device
 
 try:  # tests/ as a plain directory on sys.path (pytest's default import mode)
@@ -64,3 +64,17 @@ def make_model(make_cache: Callable[..., PagedKVCache]) -> Callable[..., KVModel
         return KVModel(make_cache(layout, limits, transfer, **overrides), seed)
 
     return make
+
+
+@pytest.fixture
+def page_copy_dispatches(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The entry point ("pack" or "scatter") of every page_copy dispatch built during the test."""
+    calls: list[str] = []
+    real = shaders.page_copy
+
+    def spy(device: Device, entry: str, **kwargs: Any) -> Any:
+        calls.append(entry)
+        return real(device, entry, **kwargs)
+
+    monkeypatch.setattr(shaders, "page_copy", spy)
+    return calls

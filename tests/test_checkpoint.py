@@ -18,7 +18,6 @@ import pytest
 
 from kvckpt_web import (CapacityError, CheckpointStateError, DeviceArray, LayoutHashMismatch, MetadataError,
                         PageGroups, SequenceError, TensorError, UnsupportedLayoutError)
-from kvckpt_web import shaders
 from kvckpt_web.device import Usage
 
 try:
@@ -493,36 +492,28 @@ def test_stale_data_beyond_the_sequence_is_exported_as_zeros(make_model, transfe
     assert groups == model.expected_groups(1)
 
 
-def _page_copy_spy(monkeypatch) -> list[str]:
-    """Record the entry point of every page_copy dispatch built from now on."""
-    calls: list[str] = []
-    real = shaders.page_copy
-    monkeypatch.setattr(shaders, "page_copy", lambda device, entry, **kw: calls.append(entry) or real(device, entry, **kw))
-    return calls
-
-
-def test_copy_path_zeroes_the_unused_slots_of_a_partial_last_page_without_a_kernel(make_model, monkeypatch):
+def test_copy_path_zeroes_the_unused_slots_of_a_partial_last_page_without_a_kernel(make_model,
+                                                                                   page_copy_dispatches):
     model = make_model(transfer="copy")
     model.add(0, 2 * P)
     model.remove(0)
     model.add(1, P + 1)  # page 1: one valid token, then stale data
-    calls = _page_copy_spy(monkeypatch)
     assert model.export(1) == model.expected_groups(1)
     for g, expected in enumerate(model.expected_groups(1)):
         dst = model.cache.empty_group(2)
         model.cache.export_page_group(1, g, dst)
         assert run(read_device_array(model.cache.device, dst)) == expected
-    assert calls == []
+    assert page_copy_dispatches == []
 
 
-def test_copy_path_packs_a_partial_last_page_whose_unused_slots_are_not_whole_words(make_model, monkeypatch):
+def test_copy_path_packs_a_partial_last_page_whose_unused_slots_are_not_whole_words(make_model,
+                                                                                    page_copy_dispatches):
     model = make_model(transfer="copy", qk_head_dim=33)  # float16: the unused slots start 66 bytes into a row block
     model.add(0, 2 * P)
     model.remove(0)
     model.add(1, P + 1)
-    calls = _page_copy_spy(monkeypatch)
     assert model.export(1) == model.expected_groups(1)
-    assert calls and set(calls) == {"pack"}
+    assert page_copy_dispatches and set(page_copy_dispatches) == {"pack"}
 
 
 def test_export_page_group_overwrites_the_tail_of_a_dirty_tensor_with_zeros(make_model, transfer):

@@ -7,22 +7,12 @@ import dataclasses
 
 import pytest
 
-from kvckpt_web import shaders
 from kvckpt_web.transfer import PATHS, measure_path
 
 try:
     from kvmodel import small_layout
 except ImportError:  # run from the repository root
     from tests.kvmodel import small_layout
-
-
-@pytest.fixture
-def dispatches(monkeypatch) -> list[str]:
-    """The entry point of every page_copy dispatch built during the test."""
-    calls: list[str] = []
-    real = shaders.page_copy
-    monkeypatch.setattr(shaders, "page_copy", lambda device, entry, **kw: calls.append(entry) or real(device, entry, **kw))
-    return calls
 
 
 def as_adapter(monkeypatch, device, is_cpu: bool):
@@ -32,18 +22,18 @@ def as_adapter(monkeypatch, device, is_cpu: bool):
     return device
 
 
-def test_a_cpu_adapter_takes_the_copy_path_without_running_a_kernel(device, monkeypatch, dispatches):
+def test_a_cpu_adapter_takes_the_copy_path_without_running_a_kernel(device, monkeypatch, page_copy_dispatches):
     cpu = as_adapter(monkeypatch, device, is_cpu=True)
     assert asyncio.run(measure_path(cpu, small_layout())) == "copy"
-    assert dispatches == []
+    assert page_copy_dispatches == []
 
 
-def test_another_adapter_times_both_paths_and_remembers_the_faster(device, monkeypatch, dispatches):
+def test_another_adapter_times_both_paths_and_remembers_the_faster(device, monkeypatch, page_copy_dispatches):
     gpu = as_adapter(monkeypatch, device, is_cpu=False)
     layout = small_layout()
     choice = asyncio.run(measure_path(gpu, layout))
-    assert choice in PATHS and "pack" in dispatches
-    timed = len(dispatches)
+    assert choice in PATHS and "pack" in page_copy_dispatches
+    timed = len(page_copy_dispatches)
     assert asyncio.run(measure_path(gpu, layout)) == choice
-    assert len(dispatches) == timed  # the second call measured nothing
+    assert len(page_copy_dispatches) == timed  # the second call measured nothing
     assert gpu.choices == {f"page_transfer/{layout.page_bytes}": choice}
