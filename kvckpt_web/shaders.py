@@ -40,11 +40,13 @@ def _params(*values: int) -> bytes:
 def page_copy(device: Device, entry: str, *, pages: Buffer | Region, page_table: Buffer, dense: Buffer, num_pages: int,
               words_per_page: int, tail_tokens: int, elem_bytes: int, head_dim: int, page_size: int,
               dense_word_offset: int, table_offset: int = 0) -> Dispatch:
-    """A ``pack`` or ``scatter`` dispatch of ``page_copy.wgsl`` over ``num_pages`` pages."""
-    kernel = device.kernel("page_copy", source("page_copy"), entry)
+    """A ``pack`` or ``scatter`` dispatch of ``page_copy.wgsl`` over ``num_pages`` pages: its vec4 form
+    (``pack4``/``scatter4``) where the pages and ``dense_word_offset`` are whole 16-byte units."""
+    per_invocation = 4 if words_per_page % 4 == 0 and dense_word_offset % 4 == 0 else 1
+    kernel = device.kernel("page_copy", source("page_copy"), entry + ("4" if per_invocation == 4 else ""))
     params = _params(num_pages, words_per_page, tail_tokens, elem_shift(elem_bytes), head_dim, page_size,
                      dense_word_offset, table_offset)
-    return Dispatch(kernel, params, (pages, page_table, dense), num_pages * words_per_page)
+    return Dispatch(kernel, params, (pages, page_table, dense), num_pages * words_per_page // per_invocation)
 
 
 def kv_append(device: Device, *, pages: Buffer | Region, positions: Buffer, kv: Buffer, num_tokens: int, num_kv_heads: int,

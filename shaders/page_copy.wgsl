@@ -10,8 +10,11 @@
 //   2  storage, read        page_table  physical page ids; page i of this call is page_table[table_offset + i]
 //   3  storage, read_write  dense       page group (1, num_logical_pages, 2, num_kv_heads, page_size, head_dim),
 //                                       page 0 of this call at word dense_word_offset
-// Elements are 16 or 32 bits wide; buffers are arrays of u32 words and values are never interpreted,
-// so float16/bfloat16 need no shader-f16. Invocation i handles word i of the call (2-D grid, linearised).
+// Elements are 16 or 32 bits wide; values are never interpreted, so float16/bfloat16 need no shader-f16.
+// pack and scatter see the buffers as arrays of u32 words, invocation i handling word i of the call;
+// pack4 and scatter4 (for pages of a multiple of 4 words and a dense offset of a multiple of 4 words)
+// bind the same buffers as arrays of vec4<u32>, invocation i handling words 4i..4i+3: a quarter of the
+// invocations and of their index arithmetic. Params stay in words for all four. 2-D grid, linearised.
 
 struct Params {
   num_pages: u32,          // logical pages in this call
@@ -28,6 +31,9 @@ struct Params {
 @group(0) @binding(1) var<storage, read_write> pages: array<u32>;
 @group(0) @binding(2) var<storage, read> page_table: array<u32>;
 @group(0) @binding(3) var<storage, read_write> dense: array<u32>;
+// The same bindings as vec4 units, for pack4 and scatter4 (an entry point uses one view or the other).
+@group(0) @binding(1) var<storage, read_write> pages4: array<vec4<u32>>;
+@group(0) @binding(3) var<storage, read_write> dense4: array<vec4<u32>>;
 
 fn invocation(gid: vec3<u32>, nwg: vec3<u32>) -> u32 {
   return gid.x + gid.y * nwg.x * 256u;
@@ -76,4 +82,33 @@ fn scatter(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroup
   let page = i / params.words_per_page;
   let w = i % params.words_per_page;
   pages[page_table[params.table_offset + page] * params.words_per_page + w] = dense[params.dense_word_offset + i];
+}
+
+@compute @workgroup_size(256)
+fn pack4(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
+  let i = invocation(gid, nwg);
+  let units_per_page = params.words_per_page >> 2u;
+  if (i >= params.num_pages * units_per_page) {
+    return;
+  }
+  let page = i / units_per_page;
+  let u = i - page * units_per_page;
+  var unit = pages4[page_table[params.table_offset + page] * units_per_page + u];
+  if (page + 1u == params.num_pages && params.tail_tokens < params.page_size) {
+    let w = u << 2u;
+    unit = unit & vec4<u32>(tail_mask(w), tail_mask(w + 1u), tail_mask(w + 2u), tail_mask(w + 3u));
+  }
+  dense4[(params.dense_word_offset >> 2u) + i] = unit;
+}
+
+@compute @workgroup_size(256)
+fn scatter4(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
+  let i = invocation(gid, nwg);
+  let units_per_page = params.words_per_page >> 2u;
+  if (i >= params.num_pages * units_per_page) {
+    return;
+  }
+  let page = i / units_per_page;
+  let u = i - page * units_per_page;
+  pages4[page_table[params.table_offset + page] * units_per_page + u] = dense4[(params.dense_word_offset >> 2u) + i];
 }

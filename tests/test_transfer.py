@@ -7,6 +7,8 @@ import dataclasses
 
 import pytest
 
+from kvckpt_web import shaders
+from kvckpt_web.device import Usage
 from kvckpt_web.transfer import PATHS, measure_path
 
 try:
@@ -37,3 +39,19 @@ def test_another_adapter_times_both_paths_and_remembers_the_faster(device, monke
     assert asyncio.run(measure_path(gpu, layout)) == choice
     assert len(page_copy_dispatches) == timed  # the second call measured nothing
     assert gpu.choices == {f"page_transfer/{layout.page_bytes}": choice}
+
+
+@pytest.mark.parametrize(("words_per_page", "dense_word_offset", "entry", "per_invocation"),
+                         [(64, 0, "pack4", 4), (64, 8, "pack4", 4), (42, 0, "pack", 1), (64, 2, "pack", 1)],
+                         ids=["whole-vec4-pages", "vec4-offset", "pages-of-42-words", "offset-of-2-words"])
+def test_page_copy_moves_vec4_units_where_pages_and_offset_allow(device, words_per_page, dense_word_offset, entry,
+                                                                 per_invocation):
+    buffer = device.create_buffer(3 * 4 * words_per_page + 4 * dense_word_offset, Usage.STORAGE, "test.pages")
+    try:
+        dispatch = shaders.page_copy(device, "pack", pages=buffer, page_table=buffer, dense=buffer, num_pages=3,
+                                     words_per_page=words_per_page, tail_tokens=4, elem_bytes=2, head_dim=8,
+                                     page_size=4, dense_word_offset=dense_word_offset)
+    finally:
+        device.destroy(buffer)
+    assert dispatch.kernel.name == f"page_copy.{entry}"
+    assert dispatch.invocations == 3 * words_per_page // per_invocation
