@@ -9,7 +9,7 @@ Two interchangeable paths produce the same bytes:
 
 Which is faster depends on the adapter: a discrete GPU prefers one dispatch to thousands of
 copies, so :func:`measure_path` times both once per device and page size. A CPU adapter runs
-copies as memcpy and emulates kernels (on lavapipe the kernel path measured 10-16x slower), so
+copies as memcpy and emulates kernels (on lavapipe the kernel path measured over 10x slower), so
 there the copy path is taken untimed: timing it would JIT-compile the kernel (~0.5 s here).
 """
 
