@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Any, Awaitable, Callable
 
 from .cache import PagedKVCache
-from .device import Copy, Device, Usage, open_device
+from .device import Copy, CopyRuns, Device, Usage, open_device
 from .errors import FieldError
 from .layout import CacheLimits, KVLayout
 from .tensors import zeroed
@@ -122,34 +122,38 @@ async def bench_export(device: Device | None = None, repeats: int = 5, paths: tu
         device.submit([Copy(write_staging, 0, contiguous, 0, nbytes)])
         await _sync(device, probe)
 
-    layer_bytes = nbytes // lay.num_layers
+    def pieces(piece: int) -> CopyRuns:
+        """The contiguous buffer's bytes as copies of ``piece`` bytes, from it (to staging, swapped below)."""
+        return CopyRuns(contiguous, read_staging, tuple((at, at, piece) for at in range(0, nbytes, piece)))
 
-    async def raw_readback_per_layer() -> None:
-        device.submit([Copy(contiguous, g * layer_bytes, read_staging, g * layer_bytes, layer_bytes)
-                       for g in range(lay.num_layers)])
-        await device.read(read_staging, 0, nbytes, host)
+    def raw_readback_in(piece: int) -> Callable[[], Awaitable[None]]:
+        async def readback() -> None:
+            device.submit([pieces(piece)])
+            await device.read(read_staging, 0, nbytes, host)
+        return readback
 
-    async def raw_upload_per_layer() -> None:
-        await device.upload(write_staging, 0, [source])
-        device.submit([Copy(write_staging, g * layer_bytes, contiguous, g * layer_bytes, layer_bytes)
-                       for g in range(lay.num_layers)])
-        await _sync(device, probe)
+    def raw_upload_in(piece: int) -> Callable[[], Awaitable[None]]:
+        async def upload() -> None:
+            await device.upload(write_staging, 0, [source])
+            device.submit([CopyRuns(write_staging, contiguous, pieces(piece).runs)])
+            await _sync(device, probe)
+        return upload
 
     await raw_upload()  # never-written memory reads as the shared zero page: fill it so the baseline is honest
     rows: list[Row] = []
     echo(f"adapter: {device.info.adapter} ({device.info.backend}); {tokens} tokens, 16 layers, 8 KV heads, "
          f"head_dim 128, page 16, float16; median of {repeats}\n")
     echo(HEADER)
-    # What the adapter charges for moving the same bytes in one copy per layer instead of one copy in all:
-    # a floor for any per-layer cache layout, ours and TVM's alike.
-    t_split, t_one = await _paired_rounds(raw_readback_per_layer, raw_readback, repeats)
-    rows.append(Row.of_rounds("raw readback, one copy per layer (adapter floor)", nbytes, t_split, "raw readback",
-                              t_one))
-    echo(rows[-1].format())
-    t_split, t_one = await _paired_rounds(raw_upload_per_layer, raw_upload, repeats)
-    rows.append(Row.of_rounds("raw upload, one copy per layer (adapter floor)", nbytes, t_split, "raw upload",
-                              t_one))
-    echo(rows[-1].format())
+    # What the adapter charges for moving the same bytes in one copy per layer, or per page, instead of one
+    # copy in all: the floor of any per-layer cache layout (ours and TVM's alike), and of a page table
+    # whose pages are all apart.
+    for piece, what in ((nbytes // lay.num_layers, "layer (adapter floor)"),
+                        (lay.page_bytes, "page (floor of a fragmented table)")):
+        for name, split, whole in (("raw readback", raw_readback_in, raw_readback), ("raw upload", raw_upload_in,
+                                                                                        raw_upload)):
+            t_split, t_one = await _paired_rounds(split(piece), whole, repeats)
+            rows.append(Row.of_rounds(f"{name}, one copy per {what}", nbytes, t_split, name, t_one))
+            echo(rows[-1].format())
     for table in ("contiguous", "fragmented"):
         seqs = [0, 1] if table == "fragmented" else [0]
         limits = CacheLimits(4, tokens * len(seqs), 2048)

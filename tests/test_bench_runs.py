@@ -13,6 +13,10 @@ def test_bench_export_prints_every_export_and_import_row_next_to_its_baseline(de
     lines: list[str] = []
     rows = asyncio.run(bench_export(device, repeats=1, paths=("copy",), echo=lines.append, tokens=TOKENS))
     names = [row.name for row in rows]
+    assert names[:4] == ["raw readback, one copy per layer (adapter floor)",
+                         "raw upload, one copy per layer (adapter floor)",
+                         "raw readback, one copy per page (floor of a fragmented table)",
+                         "raw upload, one copy per page (floor of a fragmented table)"]
     for table in ("contiguous", "fragmented"):
         assert f"export ({table} page table, copy path)" in names
         assert f"import ({table} page table, copy path)" in names
