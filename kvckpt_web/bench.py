@@ -123,7 +123,8 @@ async def bench_export(device: Device | None = None, repeats: int = 5, paths: tu
         await _sync(device, probe)
 
     def pieces(piece: int) -> CopyRuns:
-        """The contiguous buffer's bytes as copies of ``piece`` bytes, from it (to staging, swapped below)."""
+        """Copies of ``piece`` bytes covering the contiguous buffer, each to the same offset in the read
+        staging (an upload runs the same copies from the write staging into the contiguous buffer)."""
         return CopyRuns(contiguous, read_staging, tuple((at, at, piece) for at in range(0, nbytes, piece)))
 
     def raw_readback_in(piece: int) -> Callable[[], Awaitable[None]]:

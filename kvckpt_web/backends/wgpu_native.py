@@ -28,6 +28,7 @@ ALIASED_PIECE_BYTES = 1 << 20
 modulo 4 KiB (see :func:`host_copy`)."""
 
 ALIAS_WINDOW = 512
+"""Bytes past the source (modulo 4 KiB) within which a destination makes one large host copy slow."""
 
 
 def host_copy(dst: numpy.ndarray, src: numpy.ndarray) -> None:
