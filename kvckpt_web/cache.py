@@ -107,7 +107,8 @@ class PagedKVCache(CheckpointMixin):
         return buf
 
     def page_path(self) -> str:
-        """The page-transfer path in use: "kernel" or "copy" (measured per device when ``transfer="auto"``)."""
+        """The page-transfer path in use: "kernel" or "copy" (with ``transfer="auto"``, chosen per device by
+        :func:`~kvckpt_web.transfer.measure_path`)."""
         if self.transfer != "auto":
             return self.transfer
         return self.device.choices.get(f"page_transfer/{self.layout.page_bytes}", "kernel")
