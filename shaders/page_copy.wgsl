@@ -58,57 +58,74 @@ fn tail_mask(w: u32) -> u32 {
   return mask;
 }
 
+// Where an invocation lands when pages hold `per_page` units (words, or vec4s): unit `i` of the call,
+// unit `offset` of the call's logical page `page`; `inside` is false past the call's last page.
+struct Unit {
+  i: u32,
+  page: u32,
+  offset: u32,
+  inside: bool,
+}
+
+fn locate(gid: vec3<u32>, nwg: vec3<u32>, per_page: u32) -> Unit {
+  let i = invocation(gid, nwg);
+  let page = i / per_page;
+  return Unit(i, page, i - page * per_page, page < params.num_pages);
+}
+
+// Index of unit `u` in the layer's page buffer.
+fn paged(u: Unit, per_page: u32) -> u32 {
+  return page_table[params.table_offset + u.page] * per_page + u.offset;
+}
+
+// Whether `u` lies in the call's last page and that page has unused token slots.
+fn in_partial_page(u: Unit) -> bool {
+  return u.page + 1u == params.num_pages && params.tail_tokens < params.page_size;
+}
+
 @compute @workgroup_size(256)
 fn pack(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
-  let i = invocation(gid, nwg);
-  if (i >= params.num_pages * params.words_per_page) {
+  let u = locate(gid, nwg, params.words_per_page);
+  if (!u.inside) {
     return;
   }
-  let page = i / params.words_per_page;
-  let w = i % params.words_per_page;
-  var word = pages[page_table[params.table_offset + page] * params.words_per_page + w];
-  if (page + 1u == params.num_pages && params.tail_tokens < params.page_size) {
-    word = word & tail_mask(w);
+  var word = pages[paged(u, params.words_per_page)];
+  if (in_partial_page(u)) {
+    word = word & tail_mask(u.offset);
   }
-  dense[params.dense_word_offset + i] = word;
+  dense[params.dense_word_offset + u.i] = word;
 }
 
 @compute @workgroup_size(256)
 fn scatter(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
-  let i = invocation(gid, nwg);
-  if (i >= params.num_pages * params.words_per_page) {
+  let u = locate(gid, nwg, params.words_per_page);
+  if (!u.inside) {
     return;
   }
-  let page = i / params.words_per_page;
-  let w = i % params.words_per_page;
-  pages[page_table[params.table_offset + page] * params.words_per_page + w] = dense[params.dense_word_offset + i];
+  pages[paged(u, params.words_per_page)] = dense[params.dense_word_offset + u.i];
 }
 
 @compute @workgroup_size(256)
 fn pack4(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
-  let i = invocation(gid, nwg);
-  let units_per_page = params.words_per_page >> 2u;
-  if (i >= params.num_pages * units_per_page) {
+  let per_page = params.words_per_page >> 2u;
+  let u = locate(gid, nwg, per_page);
+  if (!u.inside) {
     return;
   }
-  let page = i / units_per_page;
-  let u = i - page * units_per_page;
-  var unit = pages4[page_table[params.table_offset + page] * units_per_page + u];
-  if (page + 1u == params.num_pages && params.tail_tokens < params.page_size) {
-    let w = u << 2u;
+  var unit = pages4[paged(u, per_page)];
+  if (in_partial_page(u)) {
+    let w = u.offset << 2u;
     unit = unit & vec4<u32>(tail_mask(w), tail_mask(w + 1u), tail_mask(w + 2u), tail_mask(w + 3u));
   }
-  dense4[(params.dense_word_offset >> 2u) + i] = unit;
+  dense4[(params.dense_word_offset >> 2u) + u.i] = unit;
 }
 
 @compute @workgroup_size(256)
 fn scatter4(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
-  let i = invocation(gid, nwg);
-  let units_per_page = params.words_per_page >> 2u;
-  if (i >= params.num_pages * units_per_page) {
+  let per_page = params.words_per_page >> 2u;
+  let u = locate(gid, nwg, per_page);
+  if (!u.inside) {
     return;
   }
-  let page = i / units_per_page;
-  let u = i - page * units_per_page;
-  pages4[page_table[params.table_offset + page] * units_per_page + u] = dense4[(params.dense_word_offset >> 2u) + i];
+  pages4[paged(u, per_page)] = dense4[(params.dense_word_offset >> 2u) + u.i];
 }
