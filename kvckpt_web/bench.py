@@ -21,6 +21,12 @@ from .tensors import zeroed
 EXPORT_LAYOUT = KVLayout(page_size=16, num_layers=16, num_qo_heads=32, num_kv_heads=8, qk_head_dim=128,
                          dtype="float16")
 EXPORT_TOKENS = 4096
+TABLES = {
+    "contiguous": "one sequence in an empty cache: one run of pages",
+    "interleaved": "two sequences appended in turns, a page at a time: placement gives each its own run",
+    "scattered": "every other page held by short sequences: each of the sequence's pages stands alone",
+}
+"""The page tables ``kvckpt bench export`` measures, and how each is made."""
 
 
 @dataclass(frozen=True)
@@ -93,6 +99,22 @@ def _fill(cache: PagedKVCache, seq_ids: list[int], tokens: int, interleave: bool
             cache.end_forward()
 
 
+def scatter_free_pages(cache: PagedKVCache, first_id: int) -> None:
+    """Hold every other free page with a one-token sequence (ids from ``first_id``), so that the pages a
+    sequence gets from now on all stand apart: the worst page table, as many short sequences leave it."""
+    ids = list(range(first_id, first_id + cache.get_num_available_pages()))
+    batch = min(cache.limits.reserved_num_seqs, cache.limits.prefill_chunk_size)
+    for at in range(0, len(ids), batch):
+        step = ids[at:at + batch]
+        for seq in step:
+            cache.add_sequence(seq)
+        cache.begin_forward(step, [1] * len(step))  # a page each; their K/V are never read
+        cache.end_forward()
+    for seq in ids:
+        if cache.seqs.get(seq).pages[0] % 2:
+            cache.remove_sequence(seq)
+
+
 async def _sync(device: Device, probe) -> None:
     """Wait until the device has finished all submitted work."""
     device.submit([Copy(probe[0], 0, probe[1], 0, 4)])
@@ -143,35 +165,45 @@ async def bench_export(device: Device | None = None, repeats: int = 5, paths: tu
     await raw_upload()  # never-written memory reads as the shared zero page: fill it so the baseline is honest
     rows: list[Row] = []
     echo(f"adapter: {device.info.adapter} ({device.info.backend}); {tokens} tokens, 16 layers, 8 KV heads, "
-         f"head_dim 128, page 16, float16; median of {repeats}\n")
+         f"head_dim 128, page 16, float16; median of {repeats}")
+    echo("page tables: " + "; ".join(f"{name}: {how}" for name, how in TABLES.items()) + "\n")
     echo(HEADER)
     # What the adapter charges for moving the same bytes in one copy per layer, or per page, instead of one
-    # copy in all: the floor of any per-layer cache layout (ours and TVM's alike), and of a page table
-    # whose pages are all apart.
+    # copy in all: the floor of any per-layer cache layout (ours and TVM's alike), and of a scattered table.
     for piece, what in ((nbytes // lay.num_layers, "layer (adapter floor)"),
-                        (lay.page_bytes, "page (floor of a fragmented table)")):
+                        (lay.page_bytes, "page (floor of a scattered table)")):
         for name, split, whole in (("raw readback", raw_readback_in, raw_readback), ("raw upload", raw_upload_in,
                                                                                         raw_upload)):
             t_split, t_one = await _paired_rounds(split(piece), whole, repeats)
             rows.append(Row.of_rounds(f"{name}, one copy per {what}", nbytes, t_split, name, t_one))
             echo(rows[-1].format())
-    for table in ("contiguous", "fragmented"):
-        seqs = [0, 1] if table == "fragmented" else [0]
-        limits = CacheLimits(4, tokens * len(seqs), 2048)
+
+    def build(table: str, limits: CacheLimits, path: str, fill: bool) -> PagedKVCache:
+        """A cache holding the page table ``table``; sequence 0 holds ``tokens`` if ``fill``, else its pages
+        are free for an import."""
+        cache = PagedKVCache(device, lay, limits, transfer=path)
+        if table == "scattered":
+            scatter_free_pages(cache, first_id=2)
+        if table == "interleaved":
+            cache.add_sequence(0)
+            cache.add_sequence(1)
+            _fill(cache, [0, 1], tokens, interleave=True)
+            if not fill:
+                cache.remove_sequence(0)
+        elif fill:
+            cache.add_sequence(0)
+            _fill(cache, [0], tokens, interleave=False)
+        return cache
+
+    for table in TABLES:
+        limits = CacheLimits(4, tokens * (1 if table == "contiguous" else 2), 2048)
         for path in paths:
-            cache = PagedKVCache(device, lay, limits, transfer=path)
-            for seq in seqs:
-                cache.add_sequence(seq)
-            _fill(cache, seqs, tokens, interleave=table == "fragmented")
+            cache = build(table, limits, path, fill=True)
             metadata = cache.get_checkpoint_metadata(0)
             groups = await cache.export_groups(0)  # one host buffer, as an export leaves it
             separate = [bytes(g) for g in groups]
             chosen = cache.page_path()
-            target = PagedKVCache(device, lay, limits, transfer=path)
-            if table == "fragmented":  # sequence 1 keeps every other page: the import gets the pages between
-                for seq in seqs:
-                    target.add_sequence(seq)
-                _fill(target, seqs, tokens, interleave=True)
+            target = build(table, limits, path, fill=False)  # the import gets the pages sequence 0 had
 
             export_host = zeroed(cache.host_nbytes(0))
 

@@ -10,7 +10,6 @@ cache to perform on every layer.
 from __future__ import annotations
 
 import bisect
-import heapq
 import itertools
 from dataclasses import dataclass, field
 
@@ -79,23 +78,47 @@ class Sequence:
 
 
 class PagePool:
-    """A fixed set of pages with reference counts; allocates the lowest free ids first (long contiguous runs)."""
+    """A fixed set of pages with reference counts, placed so that each sequence's pages form long runs.
+
+    An allocation continues after a given page while the pages there are free. The rest goes into the
+    largest free runs: a run that follows a page in use is entered past its middle (when the pages
+    wanted fit there), leaving its first half to whoever grows out of that page. So sequences appended
+    in turns each keep one run instead of taking every other page, and an export or import of a
+    sequence moves few large copies instead of one per page.
+    """
 
     def __init__(self, num_pages: int) -> None:
         self.num_pages = num_pages
         self._refs = [0] * num_pages
-        self._free = list(range(num_pages))
+        self._starts = [0] if num_pages else []  # sorted first pages of the maximal free runs
+        self._ends = {0: num_pages} if num_pages else {}  # first page of a free run -> one past its last
+        self._num_free = num_pages
 
     @property
     def num_free(self) -> int:
         """Pages not used by any sequence."""
-        return len(self._free)
+        return self._num_free
 
-    def allocate(self, n: int) -> list[int]:
-        """``n`` free pages (all or nothing)."""
-        if n > len(self._free):
-            raise CapacityError(f"pages: expected {n} free pages, got {len(self._free)} (the KV cache is full)")
-        pages = [heapq.heappop(self._free) for _ in range(n)]
+    def check_free(self, n: int) -> None:
+        """CapacityError unless ``n`` pages are free."""
+        if n > self._num_free:
+            raise CapacityError(f"pages: expected {n} free pages, got {self._num_free} (the KV cache is full)")
+
+    def allocate(self, n: int, after: int | None = None) -> list[int]:
+        """``n`` free pages (all or nothing), starting right after page ``after`` where those are free."""
+        self.check_free(n)
+        pages: list[int] = []
+        if after is not None and (run := self._run_at(after + 1)) is not None:
+            pages += self._take(after + 1, min(n, run - after - 1))
+        if len(pages) < n:
+            runs = sorted(((self._ends[s] - s, s) for s in self._starts), key=lambda r: (-r[0], r[1]))
+            for length, start in runs:  # largest first, the lowest page first among equals
+                want = n - len(pages)
+                if length >= want:
+                    offset = min(length // 2, length - want) if start else 0  # start > 0: a page in use before
+                    pages += self._take(start + offset, want)
+                    break
+                pages += self._take(start, length)
         for page in pages:
             self._refs[page] = 1
         return pages
@@ -110,11 +133,48 @@ class PagePool:
         for page in pages:
             self._refs[page] -= 1
             if self._refs[page] == 0:
-                heapq.heappush(self._free, page)
+                self._free(page)
 
     def is_shared(self, page: int) -> bool:
         """Whether more than one sequence uses ``page``."""
         return self._refs[page] > 1
+
+    def _run_at(self, page: int) -> int | None:
+        """One past the last page of the free run holding ``page``, or None if ``page`` is not free."""
+        i = bisect.bisect_right(self._starts, page) - 1
+        if i < 0 or page >= self._ends[self._starts[i]]:
+            return None
+        return self._ends[self._starts[i]]
+
+    def _take(self, first: int, count: int) -> list[int]:
+        """Pages ``first .. first + count - 1``, all inside one free run, taken out of it."""
+        i = bisect.bisect_right(self._starts, first) - 1
+        start = self._starts[i]
+        end = self._ends[start]
+        if first == start:
+            del self._starts[i], self._ends[start]
+        else:
+            self._ends[start] = first
+            i += 1
+        if first + count < end:
+            self._starts.insert(i, first + count)
+            self._ends[first + count] = end
+        self._num_free -= count
+        return list(range(first, first + count))
+
+    def _free(self, page: int) -> None:
+        """Return ``page`` to the free runs, merging it with its neighbours."""
+        i = bisect.bisect_left(self._starts, page)
+        end = page + 1
+        if i < len(self._starts) and self._starts[i] == end:
+            end = self._ends.pop(end)
+            del self._starts[i]
+        if i and self._ends[self._starts[i - 1]] == page:
+            self._ends[self._starts[i - 1]] = end
+        else:
+            self._starts.insert(i, page)
+            self._ends[page] = end
+        self._num_free += 1
 
 
 class SequenceTable:
@@ -167,7 +227,7 @@ class SequenceTable:
         pages = parent.pages[:full]
         copies: list[PageCopy] = []
         if partial:
-            (fresh,) = self.pool.allocate(1)
+            (fresh,) = self.pool.allocate(1, after=pages[-1] if pages else None)
             copies.append((parent.pages[full], fresh))
         self.pool.retain(pages)
         self.seqs[child_id] = Sequence(child_id, fork_pos, pages + [dst for _, dst in copies])
@@ -192,7 +252,7 @@ class SequenceTable:
             seq.record_pop()
         copies: list[PageCopy] = []
         if new_length % self.page_size and self.pool.is_shared(seq.pages[-1]):
-            (fresh,) = self.pool.allocate(1)
+            (fresh,) = self.pool.allocate(1, after=seq.pages[-2] if len(seq.pages) > 1 else None)
             copies.append((seq.pages[-1], fresh))
             self.pool.release([seq.pages[-1]])
             seq.pages[-1] = fresh
@@ -202,11 +262,10 @@ class SequenceTable:
         """Grow each sequence by its length (all or nothing); the token positions (page * page_size + slot)."""
         seqs = [self.get(s) for s in seq_ids]
         needed = [-(-(seq.length + n) // self.page_size) - len(seq.pages) for seq, n in zip(seqs, lengths)]
-        fresh = self.pool.allocate(sum(needed))
+        self.pool.check_free(sum(needed))
         positions: list[int] = []
         for seq, n, k in zip(seqs, lengths, needed):
-            seq.pages.extend(fresh[:k])
-            del fresh[:k]
+            seq.pages.extend(self.pool.allocate(k, after=seq.pages[-1] if seq.pages else None))
             for pos in range(seq.length, seq.length + n):
                 page, slot = divmod(pos, self.page_size)
                 positions.append(seq.pages[page] * self.page_size + slot)

@@ -4,7 +4,13 @@ from __future__ import annotations
 
 import asyncio
 
-from kvckpt_web.bench import bench_export, bench_save
+from kvckpt_web.bench import bench_export, bench_save, scatter_free_pages
+from kvckpt_web.cache import PagedKVCache
+
+try:
+    from kvmodel import small_layout, small_limits
+except ImportError:
+    from tests.kvmodel import small_layout, small_limits
 
 TOKENS = 64  # 4 pages of each of 16 layers: 4 MiB
 
@@ -15,9 +21,9 @@ def test_bench_export_prints_every_export_and_import_row_next_to_its_baseline(de
     names = [row.name for row in rows]
     assert names[:4] == ["raw readback, one copy per layer (adapter floor)",
                          "raw upload, one copy per layer (adapter floor)",
-                         "raw readback, one copy per page (floor of a fragmented table)",
-                         "raw upload, one copy per page (floor of a fragmented table)"]
-    for table in ("contiguous", "fragmented"):
+                         "raw readback, one copy per page (floor of a scattered table)",
+                         "raw upload, one copy per page (floor of a scattered table)"]
+    for table in ("contiguous", "interleaved", "scattered"):
         assert f"export ({table} page table, copy path)" in names
         assert f"import ({table} page table, copy path)" in names
         assert f"import ({table} page table, copy path, one buffer per group)" in names
@@ -34,3 +40,14 @@ def test_bench_save_prints_full_incremental_and_restore_rows(device, tmp_path):
                                                          "restore from disk"]
     assert [row.baseline for row in rows] == ["raw write+fsync", "raw write+fsync", "full save", "raw read+upload"]
     assert not list(tmp_path.iterdir())  # the benchmark removes what it wrote
+
+
+def test_scatter_free_pages_leaves_every_other_page_free_for_the_next_sequence(device):
+    cache = PagedKVCache(device, small_layout(), small_limits(), transfer="copy")  # 17 pages of 4 tokens
+    scatter_free_pages(cache, first_id=10)
+    assert cache.get_num_available_pages() == 8
+    cache.add_sequence(0)
+    cache.begin_forward([0], [8 * 4])
+    cache.end_forward()
+    assert cache.seqs.get(0).pages == [1, 3, 5, 7, 9, 11, 13, 15]
+    cache.close()

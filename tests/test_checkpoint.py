@@ -2,7 +2,7 @@
 
 Ports TVM's checkpoint tests (group validation, all groups + explicit finish) and
 adds what TVM's tests do not check: exported bytes against a numpy model for every
-kind of page table (short, page-aligned, forked, popped, fragmented, reused pages),
+kind of page table (short, page-aligned, forked, popped, interleaved, scattered, reused pages),
 round trips followed by identical appends, transactional prepare_import, the
 extensions (any seq id, exclusive=False, abort_import), every dtype, and both
 page-transfer paths ("kernel" and "copy"), which must produce identical bytes.
@@ -18,6 +18,7 @@ import pytest
 
 from kvckpt_web import (CapacityError, CheckpointStateError, DeviceArray, LayoutHashMismatch, MetadataError,
                         PageGroups, SequenceError, TensorError, UnsupportedLayoutError)
+from kvckpt_web.bench import scatter_free_pages
 from kvckpt_web.device import Usage
 
 try:
@@ -45,6 +46,17 @@ def _interleaved(model):
         model.append({0: n})
         model.append({2: n + 2, 1: 1})
     return [0, 1, 2]
+
+
+def _scattered(model):
+    scatter_free_pages(model.cache, first_id=100)  # every page the sequences get stands apart
+    for s in (0, 1):
+        model.add(s)
+    for n in (1, 3, 2):  # 9 tokens each: 6 of the 8 free pages, leaving room for appends after
+        model.append({0: n})
+        model.append({1: n + 1, 0: 1})
+    assert all(b - a > 1 for a, b in zip(model.cache.seqs.get(0).pages, model.cache.seqs.get(0).pages[1:]))
+    return [0, 1]
 
 
 def _reused(model):
@@ -89,7 +101,8 @@ SCENARIOS = {
     "fork_mid_page": _fork_mid_page,
     "fork_at_page_boundary": _fork_at_boundary,
     "popn_into_shared_page": _popn_into_shared,
-    "fragmented_interleaved": _interleaved,
+    "interleaved": _interleaved,
+    "scattered_interleaved": _scattered,
     "reused_pages": _reused,
 }
 

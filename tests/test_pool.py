@@ -34,11 +34,68 @@ def test_new_pool_has_every_page_free():
     assert PagePool(5).num_free == 5
 
 
-def test_allocate_hands_out_lowest_free_ids_first():
+def test_first_allocation_starts_at_page_zero():
+    assert PagePool(6).allocate(3) == [0, 1, 2]
+
+
+def test_allocate_after_a_page_continues_right_behind_it():
+    pool = PagePool(8)
+    pool.allocate(2)
+    assert pool.allocate(2, after=1) == [2, 3]
+
+
+def test_allocate_after_a_page_whose_next_page_is_used_starts_a_new_run():
+    pool = PagePool(9)
+    pool.allocate(2)  # pages 0, 1
+    assert pool.allocate(1, after=0) == [5]  # page 1 is used: past the middle of the free run 2..8
+
+
+def test_allocate_after_freed_pages_reuses_them_merged_with_the_free_run_behind():
+    pool = PagePool(10)
+    pool.allocate(4)  # 0..3
+    pool.release([2, 3])
+    assert pool.allocate(3, after=1) == [2, 3, 4]
+
+
+def test_allocate_after_the_last_page_starts_a_new_run():
+    pool = PagePool(10)
+    pool.allocate(5)
+    assert pool.allocate(1, after=9) == [7]  # past the middle of the free run 5..9
+
+
+def test_allocation_behind_a_used_page_starts_past_the_middle_of_the_free_run():
+    pool = PagePool(9)
+    pool.allocate(1)
+    assert pool.allocate(1) == [5]  # free run 1..8: its first half stays for page 0's owner
+
+
+def test_allocation_that_fills_more_than_half_a_run_ends_at_the_runs_end():
+    pool = PagePool(10)
+    pool.allocate(1)
+    assert pool.allocate(6) == [4, 5, 6, 7, 8, 9]
+
+
+def test_allocation_larger_than_any_run_takes_the_largest_runs_first():
+    pool = PagePool(10)
+    pool.allocate(10)
+    pool.release([1, 3, 4, 5, 7, 8])  # free runs 1, 3..5, 7..8
+    assert pool.allocate(5) == [3, 4, 5, 7, 8]
+    assert pool.allocate(1) == [1]
+
+
+def test_equal_runs_are_taken_lowest_page_first():
+    pool = PagePool(8)
+    pool.allocate(8)
+    pool.release([6, 2, 4])
+    assert pool.allocate(3) == [2, 4, 6]
+
+
+def test_freed_pages_merge_with_both_neighbours_into_one_run():
     pool = PagePool(6)
-    assert pool.allocate(3) == [0, 1, 2]
-    pool.release([1])
-    assert pool.allocate(2) == [1, 3]
+    pool.allocate(6)
+    pool.release([1, 3, 2])
+    assert pool.allocate(3) == [1, 2, 3]
+    assert pool.num_free == 0
 
 
 def test_allocate_is_all_or_nothing():
@@ -123,9 +180,9 @@ def test_clear_removes_every_sequence_and_frees_every_page():
 def test_reserve_returns_page_times_page_size_plus_slot_per_token():
     t = table()
     assert grown(t, 0, 6) == [0, 1, 2, 3, 4, 5]  # pages 0, 1
-    assert grown(t, 1, 2) == [8, 9]  # page 2
-    assert t.reserve([0], [3]) == [6, 7, 12]  # slots 2-3 of page 1, then page 3
-    assert t.get(0).pages == [0, 1, 3]
+    assert grown(t, 1, 2) == [20, 21]  # page 5: past the middle of the free pages 2..7
+    assert t.reserve([0], [3]) == [6, 7, 8]  # slots 2-3 of page 1, then page 2
+    assert t.get(0).pages == [0, 1, 2]
     assert t.get(0).length == 9
 
 
@@ -133,8 +190,26 @@ def test_reserve_positions_follow_batch_order():
     t = table()
     t.add(0)
     t.add(1)
-    assert t.reserve([1, 0], [2, 1]) == [0, 1, 4]
-    assert t.get(1).pages == [0] and t.get(0).pages == [1]
+    assert t.reserve([1, 0], [2, 1]) == [0, 1, 16]
+    assert t.get(1).pages == [0] and t.get(0).pages == [4]
+
+
+def test_sequences_appended_in_turns_each_keep_one_run_of_pages():
+    t = table(17)
+    t.add(0)
+    t.add(1)
+    for _ in range(8):
+        t.reserve([0, 1], [P, P])
+    assert t.get(0).pages == list(range(0, 8))
+    assert t.get(1).pages == list(range(9, 17))
+
+
+def test_a_growing_sequence_blocked_by_another_continues_in_a_new_run():
+    t = table(8)
+    grown(t, 0, P)  # page 0
+    grown(t, 1, P)  # page 4
+    t.reserve([0], [4 * P])
+    assert t.get(0).pages == [0, 1, 2, 3, 6]  # 1..3, then past the middle of 5..7
 
 
 def test_reserve_fills_a_partial_last_page_before_taking_a_new_one():
@@ -179,17 +254,17 @@ def test_fork_in_the_middle_of_a_page_copies_that_page_to_a_fresh_one():
     t = table()
     grown(t, 0, 10)
     copies = t.fork(0, 1, 6)
-    assert copies == [(1, 3)]  # parent's page 1 -> fresh page 3
+    assert copies == [(1, 5)]  # parent's page 1 -> fresh page 5, a new run in the free pages 3..7
     child = t.get(1)
-    assert (child.length, child.pages) == (6, [0, 3])
-    assert t.pool.is_shared(0) and not t.pool.is_shared(1) and not t.pool.is_shared(3)
+    assert (child.length, child.pages) == (6, [0, 5])
+    assert t.pool.is_shared(0) and not t.pool.is_shared(1) and not t.pool.is_shared(5)
 
 
 def test_fork_of_the_whole_sequence_copies_a_partial_last_page():
     t = table()
     grown(t, 0, 5)
-    assert t.fork(0, 1) == [(1, 2)]
-    assert t.get(1).pages == [0, 2]
+    assert t.fork(0, 1) == [(1, 5)]
+    assert t.get(1).pages == [0, 5]
     assert t.get(1).length == 5
 
 
@@ -260,8 +335,8 @@ def test_popn_into_a_shared_page_copies_it_for_the_popped_sequence():
     grown(t, 0, 8)  # pages 0, 1 full
     t.fork(0, 1)  # child shares both
     copies = t.popn(1, 2)
-    assert copies == [(1, 2)]
-    assert t.get(1).pages == [0, 2]
+    assert copies == [(1, 5)]
+    assert t.get(1).pages == [0, 5]
     assert t.get(0).pages == [0, 1]  # the parent keeps its page
     assert not t.pool.is_shared(1) and t.pool.is_shared(0)
 

@@ -12,7 +12,7 @@ through the same operations (add / append / fork / popn), then checks that
 K/V appended to ours are always what TVM *stored* (read back with TVM's
 ``debug_get_kv``): with rope_mode "normal" TVM rotates K before storing it.
 TVM only checkpoints sequence 0, so every case checkpoints seq 0 (a plain
-sequence, an interleaved one, a fork child or a fork parent).
+sequence, an interleaved one, a scattered one, a fork child or a fork parent).
 """
 
 from __future__ import annotations
@@ -29,6 +29,7 @@ import pytest
 pytest.importorskip("tvm", reason="Apache TVM is not installed (CI installs it)")
 
 from kvckpt_web import CacheLimits, KVLayout, PagedKVCache  # noqa: E402
+from kvckpt_web.bench import scatter_free_pages  # noqa: E402
 
 try:  # tests/ as a plain directory on sys.path (pytest's default import mode)
     import tvm_reference as ref
@@ -69,6 +70,11 @@ def interleaved(rounds: int, a: int, b: int) -> tuple:
         steps += [("append", ((0, a),)), ("append", ((1, b),))]
         steps.append(("append", ((1, 1), (0, 1)) if i % 2 else ((0, 1), (1, 1))))
     return tuple(steps)
+
+
+def scattered(steps: tuple) -> tuple:
+    """``steps`` on a cache of ours whose free pages all stand apart (TVM's cache runs ``steps`` alone)."""
+    return (("scatter",),) + steps
 
 
 def fork_child(parent_len: int, pos: int, child_more: int, parent_more: int) -> tuple:
@@ -166,6 +172,11 @@ CASES = {
     "interleaved-p16-f16-inline-d64": Case(16, interleaved(3, 7, 9), rope=INLINE, head_dim=64),
     "interleaved-p16-f16-normal-scale0.1-copy": Case(16, interleaved(2, 17, 15), rotary_scale=0.1,
                                                      transfer="copy"),
+    # --- every page of ours apart (short sequences hold the pages between)
+    "scattered-interleaved-p4-f16-normal": Case(4, scattered(interleaved(4, 3, 2))),
+    "scattered-interleaved-p1-f32-none-kernel": Case(1, scattered(interleaved(3, 2, 1)), dtype=F32, rope=NONE,
+                                                     transfer="kernel"),
+    "scattered-interleaved-p16-f16-normal-copy": Case(16, scattered(interleaved(2, 17, 15)), transfer="copy"),
     # --- forks: the child (seq 0) or the parent (seq 0) is checkpointed
     "fork-child-midpage-p4-f16-normal": Case(4, fork_child(11, 6, 5, 3)),
     "fork-child-boundary-p4-f32-none-copy": Case(4, fork_child(12, 8, 2, 2), dtype=F32, rope=NONE,
@@ -200,6 +211,8 @@ class Lockstep:
         op, *args = step
         if op == "append":
             self.append(dict(args[0]))
+        elif op == "scatter":  # ours only: TVM holds at most reserved_num_seqs sequences
+            scatter_free_pages(self.ours, first_id=1000)
         else:
             method = {"add": "add_sequence", "remove": "remove_sequence", "fork": "fork_sequence",
                       "popn": "popn"}[op]
@@ -338,6 +351,12 @@ def test_exported_page_groups_are_byte_identical_to_tvm(built, case_id):
     assert [len(g) for g in state.our_groups] == [len(g) for g in state.tvm_groups]
     for group, (ours, theirs) in enumerate(zip(state.our_groups, state.tvm_groups)):
         assert ours == theirs, f"page group {group} differs"
+
+
+@pytest.mark.parametrize("case_id", [c for c in CASE_IDS if c.startswith("scattered")])
+def test_scattered_cases_export_a_sequence_whose_pages_all_stand_apart(built, case_id):
+    pages = built(case_id).ours.seqs.get(0).pages
+    assert len(pages) > 1 and all(b - a > 1 for a, b in zip(pages, pages[1:]))
 
 
 # --------------------------------------------------------------------------- (b) TVM -> ours
