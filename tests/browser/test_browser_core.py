@@ -39,8 +39,10 @@ def test_export_equals_appended_kv_with_zero_tail(py_page, transfer, dtype, head
         from kvckpt_web.device import Copy, Usage
         lay = kvtest.layout(dtype={dtype!r}, qk_head_dim={head_dim})
         cache = PagedKVCache(dev, lay, kvtest.limits(), transfer={transfer!r})
+        from kvckpt_web.bench import scatter_free_pages
+        scatter_free_pages(cache, first_id=10)  # every page seq 0 gets stands apart
         cache.add_sequence(0); cache.add_sequence(1)
-        # interleave two sequences so seq 0's pages are not contiguous; 13 tokens: partial last page
+        # interleave two sequences; 13 tokens: partial last page
         kvtest.append(cache, 0, 7, 0, 5)
         kvtest.append(cache, 1, 8, 0, 6)
         kvtest.append(cache, 0, 7, 5, 8)
@@ -60,13 +62,15 @@ def test_export_equals_appended_kv_with_zero_tail(py_page, transfer, dtype, head
         result = {{"groups_equal": [bytes(g) == w for g, w in zip(groups, want)], "ngroups": len(groups),
                   "prim_equal": prim == want[1], "k": k.data == want_k, "v": v.data == want_v,
                   "len": cache.get_sequence_length(0), "seq1": cache.get_sequence_length(1),
-                  "tail_zero": tail.count(0), "tail_expected_zero": len(tail) * 3 // 4}}
+                  "tail_zero": tail.count(0), "tail_expected_zero": len(tail) * 3 // 4,
+                  "pages": cache.seqs.get(0).pages}}
         dev.destroy(staging); dev.destroy(arr.buffer); cache.close()
     """)
     assert out["ngroups"] == 2 and all(out["groups_equal"])
     assert out["prim_equal"] and out["k"] and out["v"]
     assert out["len"] == 13 and out["seq1"] == 6
     assert out["tail_zero"] >= out["tail_expected_zero"]  # 3 of 4 slots of the last page are zeros
+    assert all(b - a > 1 for a, b in zip(out["pages"], out["pages"][1:]))
 
 
 @pytest.mark.parametrize("transfer", ["kernel", "copy"])
