@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from kvckpt_web.errors import CapacityError, SequenceError
 from kvckpt_web.pool import PagePool, SequenceTable
@@ -111,6 +113,23 @@ def test_allocate_zero_pages_returns_nothing():
     pool = PagePool(2)
     assert pool.allocate(0) == []
     assert pool.num_free == 2
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(st.booleans(), st.integers(0, 6), st.integers(-1, 15)), max_size=40))
+def test_allocate_and_release_hand_out_each_free_page_exactly_once(ops):
+    pool, used = PagePool(16), []
+    for allocating, n, after in ops:
+        if allocating and n <= pool.num_free:
+            pages = pool.allocate(n, after=None if after < 0 else after)
+            assert len(pages) == n and not set(pages) & set(used) and len(set(pages)) == n
+            used += pages
+        elif not allocating and min(n, len(used)):
+            k = min(n, len(used))
+            pool.release(used[-k:])
+            del used[-k:]
+        assert pool.num_free == 16 - len(used)
+    assert sorted(pool.allocate(pool.num_free) + used) == list(range(16))
 
 
 def test_retained_page_stays_allocated_until_every_reference_is_released():
