@@ -1,7 +1,8 @@
 """Browser benchmark (``make bench-browser``): in one page on headless Chromium (SwiftShader WebGPU),
 
 * export / import throughput of a 64 MiB sequence vs a raw copyBufferToBuffer + mapAsync readback /
-  upload of the same bytes (target >= 0.8x);
+  upload of the same bytes (target >= 0.8x), in one run of pages on both paths, and on the copy path
+  also with a second sequence appended in turns ("interleaved") and with every page apart ("scattered");
 * IndexedDBStore vs OPFSStore save and restore throughput of that 64 MiB checkpoint (persist.save/restore).
 
 Run from the repository root: ``.venv/bin/python bench/browser.py [--repeats N]``.
@@ -27,6 +28,7 @@ from kvckpt_web.backends.browser import BrowserDevice
 from kvckpt_web.device import Copy, Usage
 from kvckpt_web.browser_stores import IndexedDBStore, OPFSStore
 from kvckpt_web.persist import forget, restore, save
+from kvckpt_web.bench import scatter_free_pages
 
 R = REPEATS
 now = lambda: js.performance.now() / 1000
@@ -34,6 +36,7 @@ dev = await BrowserDevice.open()
 lay = KVLayout(page_size=16, num_layers=16, num_qo_heads=32, num_kv_heads=8, qk_head_dim=128, dtype="float16",
                rope_mode="none")
 lim = CacheLimits(reserved_num_seqs=2, max_total_seq_len=1024, prefill_chunk_size=1024)
+lim2 = CacheLimits(reserved_num_seqs=2, max_total_seq_len=2048, prefill_chunk_size=1024)  # room for 2 tables
 tokens = 1024
 rows = {}
 
@@ -47,14 +50,32 @@ async def median(fn):
 def rnd(n, seed):
     return random.Random(seed).randbytes(n)
 
-for transfer in ("kernel", "copy"):
-    src = PagedKVCache(dev, lay, lim, transfer=transfer)
-    src.add_sequence(0)
-    src.begin_forward([0], [tokens])
-    n = tokens * lay.num_kv_heads * lay.head_dim * lay.elem_bytes
+def append(cache, seq, start, count):
+    n = count * lay.num_kv_heads * lay.head_dim * lay.elem_bytes
+    cache.begin_forward([seq], [count])
     for layer in range(lay.num_layers):
-        src.append_kv(layer, rnd(n, layer), rnd(n, 100 + layer))
-    src.end_forward()
+        cache.append_kv(layer, rnd(n, layer + start), rnd(n, 100 + layer + start))
+    cache.end_forward()
+
+def build(table, transfer, fill):
+    # a cache holding page table `table`; sequence 0 has `tokens` if fill, else its pages are free
+    cache = PagedKVCache(dev, lay, lim if table == "contiguous" else lim2, transfer=transfer)
+    if table == "scattered":
+        scatter_free_pages(cache, first_id=2)
+    if table == "interleaved":  # two sequences appended a page at a time; placement keeps each in one run
+        cache.add_sequence(0); cache.add_sequence(1)
+        for start in range(0, tokens, lay.page_size):
+            append(cache, 0, start, lay.page_size); append(cache, 1, start, lay.page_size)
+        if not fill:
+            cache.remove_sequence(0)
+    elif fill:
+        cache.add_sequence(0)
+        append(cache, 0, 0, tokens)
+    return cache
+
+for transfer, table in (("kernel", "contiguous"), ("copy", "contiguous"), ("copy", "interleaved"),
+                        ("copy", "scattered")):
+    src = build(table, transfer, fill=True)
     meta = src.get_checkpoint_metadata(0)
     groups = [bytes(g) for g in await src.export_groups(0)]
     total = sum(len(g) for g in groups)
@@ -72,10 +93,13 @@ for transfer in ("kernel", "copy"):
         dev.submit([Copy(raw_src, 0, read_st, 0, total)])
         await dev.read(read_st, 0, total, out)
 
-    dst = PagedKVCache(dev, lay, lim, transfer=transfer)
+    dst = build(table, transfer, fill=False)
+    label = transfer if table == "contiguous" else f"{transfer}, {table}"
 
     async def import_():
-        dst.prepare_import(0, meta)
+        if 0 in dst.sequence_ids():
+            dst.remove_sequence(0)
+        dst.prepare_import(0, meta, exclusive=False)
         await dst.import_groups(0, groups)
         dst.finish_import(0)
         await dev.read(sync, 0, 4)  # wait for the device
@@ -86,14 +110,14 @@ for transfer in ("kernel", "copy"):
         await dev.read(sync, 0, 4)
 
     t_exp, t_raw = await median(export), await median(raw_read)
-    rows[f"export ({transfer})"] = (total, t_exp, t_raw)
+    rows[f"export ({label})"] = (total, t_exp, t_raw)
     t_imp, t_up = await median(import_), await median(raw_upload)
-    rows[f"import ({transfer})"] = (total, t_imp, t_up)
+    rows[f"import ({label})"] = (total, t_imp, t_up)
     same = [bytes(g) for g in await dst.export_groups(0)] == groups
     assert same, "import/export mismatch"
     for b in (raw_src, raw_dst, read_st, write_st, sync):
         dev.destroy(b)
-    if transfer == "kernel":
+    if transfer == "kernel":  # the contiguous kernel-path sequence: what the store rows save
         store_src = src
     else:
         src.close()
@@ -144,10 +168,10 @@ def main() -> int:
         server.shutdown()
     mib = 2**20
     print(f"browser bench on {out['adapter']} (Chromium headless, Pyodide), median of {args.repeats}")
-    print(f"{'operation':<18}{'MiB':>6}{'ms':>9}{'MB/s':>9}   {'raw same bytes':<16}{'ms':>9}{'MB/s':>9}{'ratio':>8}")
+    print(f"{'operation':<31}{'MiB':>6}{'ms':>9}{'MB/s':>9}   {'raw same bytes':<16}{'ms':>9}{'MB/s':>9}{'ratio':>8}")
     for name, (nbytes, t, t_raw) in out["rows"].items():
         raw = "raw readback" if name.startswith("export") else "raw upload"
-        print(f"{name:<18}{nbytes / mib:>6.0f}{t * 1e3:>9.1f}{nbytes / t / 1e6:>9.0f}   {raw:<16}{t_raw * 1e3:>9.1f}"
+        print(f"{name:<31}{nbytes / mib:>6.0f}{t * 1e3:>9.1f}{nbytes / t / 1e6:>9.0f}   {raw:<16}{t_raw * 1e3:>9.1f}"
               f"{nbytes / t_raw / 1e6:>9.0f}{t_raw / t:>7.2f}x")
     print(f"{'store':<12}{'MiB':>6}{'save ms':>10}{'save MB/s':>11}{'restore ms':>12}{'restore MB/s':>14}")
     for kind, (nbytes, ts, tr) in out["stores"].items():
