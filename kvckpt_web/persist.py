@@ -431,7 +431,9 @@ async def save(cache: "PagedKVCache", seq_id: int, store: "Store", name: str, *,
                 table[g][i] = ChunkRef(g, plan[i][0], plan[i][1], len(data), digest)
                 if key not in known and key not in claimed:
                     claimed.add(key)
-                    if not (key in present if present is not None else await store.exists(key)):
+                    if present is None:
+                        counts["written"] += await store.set_if_absent(key, data)
+                    elif key not in present:
                         await store.set(key, data)
                         counts["written"] += 1
             except BaseException:

@@ -144,6 +144,20 @@ class Store(ABC):
         await self._set(key, payload)
         self._bytes_written += len(payload)
 
+    async def set_if_absent(self, key: str, data: bytes | bytearray | memoryview) -> bool:
+        """Store ``data`` under ``key`` as :meth:`set` does, unless ``key`` holds a value already; True if it stored.
+
+        Meant for content-addressed values, where a value already there is the same bytes. Between
+        the check and the write it excludes other writers only while the caller holds :meth:`lock`.
+        """
+        validate_key(key)
+        payload = _as_view(data)
+        self._check_writable(f"set {key!r}")
+        stored = await self._set_if_absent(key, payload)
+        if stored:
+            self._bytes_written += len(payload)
+        return stored
+
     async def delete(self, key: str) -> None:
         """Remove ``key``; a missing key is not an error."""
         validate_key(key)
@@ -191,6 +205,12 @@ class Store(ABC):
 
     @abstractmethod
     async def _set(self, key: str, data: memoryview) -> None: ...
+
+    async def _set_if_absent(self, key: str, data: memoryview) -> bool:
+        if await self._exists(key):
+            return False
+        await self._set(key, data)
+        return True
 
     @abstractmethod
     async def _delete(self, key: str) -> None: ...
@@ -439,6 +459,13 @@ class FileStore(Store):
                 raise StoreError(f"set {key!r}: cannot write {path} ({exc})") from exc
             raise
 
+    def _write_if_absent(self, key: str, data: memoryview, unsynced: set[str] | None) -> bool:
+        """:meth:`_write` unless ``key`` is a file already (one trip to an I/O thread for both)."""
+        if os.path.isfile(self._path(key)):
+            return False
+        self._write(key, data, unsynced)
+        return True
+
     def _remove(self, key: str, unsynced: set[str] | None) -> None:
         path = self._path(key)
         try:
@@ -530,6 +557,9 @@ class FileStore(Store):
 
     async def _set(self, key: str, data: memoryview) -> None:
         await _run_io(self._write, key, data, _BATCHES.get().get(self))
+
+    async def _set_if_absent(self, key: str, data: memoryview) -> bool:
+        return await _run_io(self._write_if_absent, key, data, _BATCHES.get().get(self))
 
     async def _delete(self, key: str) -> None:
         await _run_io(self._remove, key, _BATCHES.get().get(self))

@@ -139,6 +139,27 @@ class StoreTests:
         with pytest.raises(FormatError, match="data"):
             run(store.set("k", data))
 
+    def test_set_if_absent_stores_a_new_value(self, store: Store) -> None:
+        async def body() -> tuple[bool, bytes | None, int]:
+            stored = await store.set_if_absent("chunks/new", memoryview(b"payload"))
+            return stored, await store.get("chunks/new"), store.bytes_written
+
+        assert run(body()) == (True, b"payload", 7)
+
+    def test_set_if_absent_leaves_a_present_value_alone(self, store: Store) -> None:
+        async def body() -> tuple[bool, bytes | None, int]:
+            await store.set("chunks/old", b"first")
+            stored = await store.set_if_absent("chunks/old", b"second")
+            return stored, await store.get("chunks/old"), store.bytes_written
+
+        assert run(body()) == (False, b"first", 5)
+
+    @pytest.mark.parametrize("data", ["text", 5, None])
+    def test_set_if_absent_refuses_non_bytes_and_stores_nothing(self, store: Store, data: Any) -> None:
+        with pytest.raises(FormatError, match="data"):
+            run(store.set_if_absent("k", data))
+        assert run(store.exists("k")) is False
+
     def test_value_is_a_snapshot_of_the_callers_buffer(self, store: Store) -> None:
         async def body() -> None:
             buffer = bytearray(b"first")
@@ -175,7 +196,8 @@ class StoreTests:
 
     @pytest.mark.parametrize("key", BAD_KEYS)
     def test_bad_keys_rejected(self, store: Store, key: str) -> None:
-        for call in (store.get(key), store.set(key, b"x"), store.delete(key), store.exists(key)):
+        for call in (store.get(key), store.set(key, b"x"), store.set_if_absent(key, b"x"), store.delete(key),
+                     store.exists(key)):
             with pytest.raises(FormatError) as info:
                 run(call)
             assert info.value.field == "key"
@@ -230,6 +252,8 @@ class StoreTests:
         assert run(ro.list_prefix("")) == ["k"]
         with pytest.raises(StoreError, match="read-only"):
             run(ro.set("k", b"w"))
+        with pytest.raises(StoreError, match="read-only"):
+            run(ro.set_if_absent("new", b"w"))
         with pytest.raises(StoreError, match="read-only"):
             run(ro.delete("k"))
         with pytest.raises(StoreError, match="read-only"):

@@ -78,6 +78,25 @@ def test_exception_mid_write_of_new_key(tmp_path: Path) -> None:
     assert temp_files(tmp_path) == []
 
 
+def test_set_if_absent_of_a_present_key_takes_no_write_step(tmp_path: Path) -> None:
+    seen: list[str] = []
+    store = FileStore(tmp_path, fault=seen.append)
+    run(store.set("k", b"v"))
+    seen.clear()
+    assert run(store.set_if_absent("k", b"v")) is False
+    assert seen == []
+
+
+@pytest.mark.parametrize("step", FAULT_STEPS[:3])
+def test_exception_mid_set_if_absent_leaves_the_key_absent(tmp_path: Path, step: str) -> None:
+    store = FileStore(tmp_path, fault=raise_at(step))
+    with pytest.raises(Boom):
+        run(store.set_if_absent("chunks/c", b"new"))
+    assert run(store.exists("chunks/c")) is False
+    assert temp_files(tmp_path) == []
+    assert store.bytes_written == 0
+
+
 def test_os_error_becomes_store_error(tmp_path: Path) -> None:
     def disk_full(step: str) -> None:
         if step == "write":

@@ -49,13 +49,16 @@ def test_store_contract(py_page, kind):
             await s.set("in/batch", b"b")
         r["batch"] = (await s.get("in/batch")).decode()
         await s.delete("in/batch")
+        r["if_absent"] = [await s.set_if_absent("top", b"y"), await s.set_if_absent("new", b"n"),
+                          (await s.get("top")).decode(), (await s.get("new")).decode()]
+        await s.delete("new")
         r["bytes_written"] = s.bytes_written
         result = r
     """)
     assert out == {"missing": None, "get": "two", "big": 70000, "exists": [True, False, False],
                    "list": ["a/b", "a/c/d"], "list_all": ["a/b", "a/c/d", "top"], "after_delete": ["a/b", "top"],
                    "bad_key": "FormatError", "ro": "StoreError", "batch": "b",
-                   "bytes_written": 3 + 3 + 70000 + 1 + 1}
+                   "if_absent": [False, True, "x", "n"], "bytes_written": 3 + 3 + 70000 + 1 + 1 + 1}
 
 
 @pytest.mark.parametrize("kind", STORES)
