@@ -11,6 +11,9 @@ Which is faster depends on the adapter: a discrete GPU prefers one dispatch to t
 copies, so :func:`measure_path` times both once per device and page size. A CPU adapter runs
 copies as memcpy and emulates kernels (on lavapipe the kernel path measured over 10x slower), so
 there the copy path is taken untimed: timing it would JIT-compile the kernel (~0.5 s here).
+
+On a CPU adapter each copy is the host's memcpy, whose speed depends on the copy's size, so there
+runs of pages are copied in pieces of at most :data:`CPU_COPY_PIECE_BYTES`.
 """
 
 from __future__ import annotations
@@ -25,10 +28,26 @@ from .tensors import span_bytes
 
 PATHS = ("kernel", "copy")
 
+CPU_COPY_PIECE_BYTES = 512 << 10
+"""Largest copy of a run of pages on a CPU adapter (whole pages; at least one). x86 glibc copies blocks
+below the L2 size (AMD) or its non-temporal threshold (Intel) with ``rep movsb``; on the AMD EPYC of
+this project's CI a 16 MiB block then took a temporal vector loop, up to 20% slower per byte than the
+same bytes in 512 KiB pieces, while pieces never measured slower there. Copies of the whole span of
+every layer (one run, see :meth:`PageMover.span_stride`) are not cut: those are large enough for
+glibc's non-temporal stores."""
+
 TRANSFER_BATCH_BYTES = 32 << 20
 """Bytes per step of an export or import: an export submits its packing in steps (each encoded while the
 GPU packs the one before); an import scatters one step while the host fills the next. An export that one
 copy moves whole is not split."""
+
+
+def in_pieces(runs: list[tuple[int, int, int]], piece: int) -> list[tuple[int, int, int]]:
+    """``(start, first, length)`` runs (as :func:`page_runs` gives them), each cut into runs of at most ``piece``."""
+    if all(length <= piece for _, _, length in runs):
+        return runs
+    return [(start + at, first + at, min(piece, length - at)) for start, first, length in runs
+            for at in range(0, length, piece)]
 
 
 def page_runs(page_ids: list[int]) -> list[tuple[int, int, int]]:
@@ -52,6 +71,8 @@ class PageMover:
         self.page_bytes = layout.page_bytes
         #: Bytes per step of an export or import (see :data:`TRANSFER_BATCH_BYTES`).
         self.batch_bytes = TRANSFER_BATCH_BYTES
+        #: Pages per copy of a run on a CPU adapter (see :data:`CPU_COPY_PIECE_BYTES`); None: whole runs.
+        self.copy_piece_pages = max(1, CPU_COPY_PIECE_BYTES // self.page_bytes) if device.info.is_cpu else None
         self._scratch: Buffer | None = None
 
     def scratch(self, size: int) -> Buffer:
@@ -129,8 +150,11 @@ class PageMover:
 
     def _copy_runs(self, pages: Buffer, pages_offset: int, dense: Buffer, dense_offset: int,
                    runs: list[tuple[int, int, int]], swap: bool) -> CopyRuns:
-        """One command copying page ``runs`` from pages to dense (pack) or, with ``swap``, back (scatter)."""
+        """One command copying page ``runs`` from pages to dense (pack) or, with ``swap``, back (scatter), each
+        run in pieces of at most :attr:`copy_piece_pages`."""
         pb = self.page_bytes
+        if self.copy_piece_pages is not None:
+            runs = in_pieces(runs, self.copy_piece_pages)
         if swap:
             return CopyRuns(dense, pages, tuple((dense_offset + start * pb, pages_offset + first * pb, length * pb)
                                                 for start, first, length in runs))
@@ -267,3 +291,4 @@ async def measure_path(device: Device, layout: KVLayout, num_pages: int = 64, re
     choice = min(best, key=best.get)
     device.choices[key] = choice
     return choice
+

@@ -19,7 +19,8 @@ import pytest
 from kvckpt_web import (CapacityError, CheckpointStateError, DeviceArray, LayoutHashMismatch, MetadataError,
                         PageGroups, SequenceError, TensorError, UnsupportedLayoutError)
 from kvckpt_web.bench import scatter_free_pages
-from kvckpt_web.device import Usage
+from kvckpt_web.transfer import page_runs
+from kvckpt_web.device import CopyRuns, Usage
 
 try:
     from kvmodel import device_array_from, read_device_array, read_layer_page, run, small_limits
@@ -230,6 +231,35 @@ def test_a_sequence_filling_the_cache_exports_all_layers_in_one_copy(make_model,
     assert model.export(0) == model.expected_groups(0)
     out = memoryview(bytearray(cache.host_nbytes(0)))
     assert [bytes(g) for g in run(cache.export_groups(0, out=out))] == model.expected_groups(0)
+
+
+def test_runs_of_pages_moved_in_pieces_give_the_same_bytes_both_ways(make_model, monkeypatch):
+    model = make_model(limits=small_limits(max_total_seq_len=32 * P, prefill_chunk_size=32 * P), transfer="copy",
+                       num_layers=3)
+    for _ in range(3):  # appended in turns: placement keeps each sequence's pages one run, apart from the other's
+        for seq in (0, 1):
+            if seq not in model.ref:
+                model.add(seq)
+            model.append({seq: 3 * P})
+    cache, pb = model.cache, model.layout.page_bytes
+    assert [length for _, _, length in page_runs(cache.seqs.get(0).pages)] == [9]
+    whole = model.export(0)
+    runs: list[int] = []
+    real_submit = cache.device.submit
+
+    def spy(commands):
+        runs.extend(size for c in commands if isinstance(c, CopyRuns) for _, _, size in c.runs)
+        return real_submit(commands)
+
+    monkeypatch.setattr(cache.mover, "copy_piece_pages", 2)
+    monkeypatch.setattr(cache.device, "submit", spy)
+    assert model.export(0) == whole == model.expected_groups(0)
+    assert runs and set(runs) == {2 * pb, pb}  # a run of 9 pages: four copies of two pages and one of one
+    metadata, groups = cache.get_checkpoint_metadata(0), run(cache.export_groups(0))
+    cache.remove_sequence(0)
+    run(cache.load_checkpoint(metadata, groups, seq_id=0, exclusive=False))
+    model.assert_holds(0)
+    model.assert_holds(1)
 
 
 def test_one_copy_export_never_lets_other_sequences_bytes_out(make_model):

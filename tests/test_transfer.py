@@ -1,4 +1,4 @@
-"""Choosing the page-transfer path: measure_path on CPU and non-CPU adapters."""
+"""Choosing how pages move on CPU and non-CPU adapters: measure_path, and the size of copies of page runs."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import pytest
 
 from kvckpt_web import shaders
 from kvckpt_web.device import Usage
-from kvckpt_web.transfer import PATHS, measure_path
+from kvckpt_web.transfer import CPU_COPY_PIECE_BYTES, PATHS, PageMover, in_pieces, measure_path
 
 try:
     from kvmodel import small_layout
@@ -39,6 +39,23 @@ def test_another_adapter_times_both_paths_and_remembers_the_faster(device, monke
     assert asyncio.run(measure_path(gpu, layout)) == choice
     assert len(page_copy_dispatches) == timed  # the second call measured nothing
     assert gpu.choices == {f"page_transfer/{layout.page_bytes}": choice}
+
+
+def test_in_pieces_cuts_each_run_into_runs_of_at_most_the_piece():
+    assert in_pieces([(0, 100, 10), (10, 8, 4)], 4) == [(0, 100, 4), (4, 104, 4), (8, 108, 2), (10, 8, 4)]
+    assert in_pieces([(0, 100, 3), (3, 8, 4)], 4) == [(0, 100, 3), (3, 8, 4)]
+
+
+@pytest.mark.parametrize(("is_cpu", "page_bytes", "pieces"),
+                         [(True, 64 << 10, 8), (True, 3 << 20, 1), (False, 64 << 10, None)],
+                         ids=["cpu-adapter", "cpu-adapter-pages-over-the-piece", "other-adapter"])
+def test_page_runs_are_copied_in_pieces_of_whole_pages_only_on_a_cpu_adapter(device, monkeypatch, is_cpu,
+                                                                              page_bytes, pieces):
+    adapter = as_adapter(monkeypatch, device, is_cpu=is_cpu)
+    layout = small_layout(qk_head_dim=page_bytes // (2 * 2 * 4 * 2))  # K and V, 2 heads, page 4, float16
+    assert layout.page_bytes == page_bytes
+    expected = None if pieces is None else max(1, CPU_COPY_PIECE_BYTES // page_bytes)
+    assert PageMover(adapter, layout).copy_piece_pages == expected == pieces
 
 
 @pytest.mark.parametrize(("words_per_page", "dense_word_offset", "entry", "per_invocation"),
