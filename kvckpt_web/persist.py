@@ -432,7 +432,8 @@ async def save(cache: "PagedKVCache", seq_id: int, store: "Store", name: str, *,
                 if key not in known and key not in claimed:
                     claimed.add(key)
                     if present is None:
-                        counts["written"] += await store.set_if_absent(key, data)
+                        stored = await store.set_if_absent(key, data)  # counted after the await: puts run at once
+                        counts["written"] += stored
                     elif key not in present:
                         await store.set(key, data)
                         counts["written"] += 1

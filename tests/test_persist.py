@@ -209,6 +209,15 @@ def test_a_pop_rewrites_the_chunks_from_the_popped_page_on(model, target):
     assert groups == model.expected_groups(0)
 
 
+def test_a_save_to_a_file_store_counts_every_chunk_it_writes_at_once(model, tmp_path):
+    model.add(0, 4 * PPC * 5)  # 5 chunks per group: few enough to ask the store about each
+    store = FileStore(tmp_path)
+    result = saved(model, store)
+    written = result.num_chunks
+    assert written <= persist.LIST_THRESHOLD and result.chunks_written == written
+    assert len(run(store.list_prefix("chunks/"))) == written
+
+
 def test_a_sequence_removed_and_added_again_is_read_again_in_full(model, target):
     model.add(0, 40)
     store = MemoryStore()
