@@ -259,8 +259,9 @@ async def bench_save(device: Device | None = None, repeats: int = 5, paths: tupl
     """Durable checkpoints of the export bench's sequence (``tokens``; 4096: 256 MiB) in a FileStore on disk.
 
     Full save vs a raw write + fsync of the same bytes to one file (and the save's chunk files written
-    alone, the floor of its file layout, vs the same); an incremental save after
-    +64 tokens vs the full save; restore vs a raw read of the same bytes + upload to the GPU.
+    alone, the floor of its file layout, vs the same); an incremental save after +64 tokens vs the full
+    save (and its chunk files and manifest written alone, its floor, vs the same); restore vs a raw read
+    of the same bytes + upload to the GPU.
     """
     import os
     import shutil
@@ -294,7 +295,8 @@ async def bench_save(device: Device | None = None, repeats: int = 5, paths: tupl
             _fill_unique(cache, 0, tokens)
             data = b"".join(await cache.export_groups(0))
             host[:] = data
-            times: dict[str, list[float]] = {k: [] for k in ("raw", "floor", "save", "inc", "restore", "read")}
+            times: dict[str, list[float]] = {k: [] for k in ("raw", "floor", "save", "inc", "inc_floor", "restore",
+                                                              "read")}
             npages = lay.num_logical_pages(tokens)  # each group's chunks, cut as save() cuts them
             chunk_spans = [((g * npages + first) * lay.page_bytes, count * lay.page_bytes) for g in range(lay.num_layers)
                            for first, count in plan_chunks(npages, default_pages_per_chunk(lay.page_bytes))]
@@ -316,11 +318,12 @@ async def bench_save(device: Device | None = None, repeats: int = 5, paths: tupl
                 device.submit([Copy(write_staging, 0, contiguous, 0, nbytes)])
                 await _sync(device, probe)
 
-            async def timed(name: str, fn: Callable[[], Awaitable[object]], record: bool) -> None:
+            async def timed(name: str, fn: Callable[[], Awaitable[Any]], record: bool) -> Any:
                 start = time.perf_counter()
-                await fn()
+                result = await fn()
                 if record:
                     times[name].append(time.perf_counter() - start)
+                return result
 
             for i in range(repeats + 1):
                 store = FileStore(os.path.join(root, f"store{i}"))
@@ -344,8 +347,21 @@ async def bench_save(device: Device | None = None, repeats: int = 5, paths: tupl
                 shutil.rmtree(floor_store.directory)
                 _fill_unique(cache, 0, SAVE_APPEND)
                 await _sync(device, probe)  # time the save, not the end of the forward pass before it
-                await timed("inc", lambda: save(cache, 0, store, "bench"), record)
+                result = await timed("inc", lambda: save(cache, 0, store, "bench"), record)
                 cache.popn(0, SAVE_APPEND)
+                manifest_bytes = len(await store.get(result.key))
+                chunk_bytes = (result.bytes_written - manifest_bytes) // max(1, result.chunks_written)
+                inc_store = FileStore(os.path.join(root, f"inc{i}"))
+
+                async def inc_floor() -> None:  # the incremental save's files alone, through the same FileStore calls
+                    async with inc_store.batch():
+                        await run_bounded((lambda k=k: inc_store.set(f"chunks/{k}", host[k * chunk_bytes:
+                                                                                         (k + 1) * chunk_bytes])
+                                           for k in range(result.chunks_written)), IO_CONCURRENCY)
+                    await inc_store.set("manifest", host[:manifest_bytes])
+
+                await timed("inc_floor", inc_floor, record)
+                shutil.rmtree(inc_store.directory)
                 if 0 in target.sequence_ids():
                     target.remove_sequence(0)
 
@@ -369,6 +385,9 @@ async def bench_save(device: Device | None = None, repeats: int = 5, paths: tupl
             echo(rows[-1].format())
             rows.append(Row.of_rounds(f"save, incremental +{SAVE_APPEND} tokens ({label})", nbytes, times["inc"],
                                       "full save", times["save"]))
+            echo(rows[-1].format())
+            rows.append(Row.of_rounds(f"its files alone, FileStore sets as the incremental save makes them "
+                                      f"(incremental floor)", nbytes, times["inc_floor"], "full save", times["save"]))
             echo(rows[-1].format())
             rows.append(Row.of_rounds(f"restore from disk ({label})", nbytes, times["restore"], "raw read+upload",
                                       times["read"]))
