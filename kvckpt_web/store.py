@@ -136,11 +136,16 @@ class Store(ABC):
             raise FormatError("out", "a writable bytearray or memoryview", type(out).__name__)
         return await self._get_into(key, memoryview(out).cast("B"))
 
-    async def set(self, key: str, data: bytes | bytearray | memoryview) -> None:
-        """Store ``data`` under ``key`` atomically, replacing any old value."""
+    def _payload(self, key: str, data: Any) -> memoryview:
+        """``data`` to store under ``key``, once the key, the data and the store allow it."""
         validate_key(key)
         payload = _as_view(data)  # backends that keep it copy it; the caller's buffer is only read during set
         self._check_writable(f"set {key!r}")
+        return payload
+
+    async def set(self, key: str, data: bytes | bytearray | memoryview) -> None:
+        """Store ``data`` under ``key`` atomically, replacing any old value."""
+        payload = self._payload(key, data)
         await self._set(key, payload)
         self._bytes_written += len(payload)
 
@@ -150,9 +155,7 @@ class Store(ABC):
         Meant for content-addressed values, where a value already there is the same bytes. Between
         the check and the write it excludes other writers only while the caller holds :meth:`lock`.
         """
-        validate_key(key)
-        payload = _as_view(data)
-        self._check_writable(f"set {key!r}")
+        payload = self._payload(key, data)
         stored = await self._set_if_absent(key, payload)
         if stored:
             self._bytes_written += len(payload)
