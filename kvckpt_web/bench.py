@@ -318,6 +318,12 @@ async def bench_save(device: Device | None = None, repeats: int = 5, paths: tupl
                 device.submit([Copy(write_staging, 0, contiguous, 0, nbytes)])
                 await _sync(device, probe)
 
+            async def write_chunks(to: FileStore, spans: list[tuple[int, int]]) -> None:
+                """The ``(offset, size)`` spans of ``host`` as chunk files, as a save's batch writes them."""
+                async with to.batch():
+                    await run_bounded((lambda k=k, at=at, n=n: to.set(f"chunks/{k}", host[at:at + n])
+                                       for k, (at, n) in enumerate(spans)), IO_CONCURRENCY)
+
             async def timed(name: str, fn: Callable[[], Awaitable[Any]], record: bool) -> Any:
                 start = time.perf_counter()
                 result = await fn()
@@ -337,9 +343,7 @@ async def bench_save(device: Device | None = None, repeats: int = 5, paths: tupl
                     await asyncio.to_thread(raw_write)
 
                 async def floor() -> None:  # the save's chunk files alone: no GPU, no hashing, no manifest
-                    async with floor_store.batch():
-                        await run_bounded((lambda k=k, at=at, n=n: floor_store.set(f"raw/{k}", host[at:at + n])
-                                           for k, (at, n) in enumerate(chunk_spans)), IO_CONCURRENCY)
+                    await write_chunks(floor_store, chunk_spans)
 
                 order = [("raw", raw), ("floor", floor), ("save", full)]
                 for name, fn in order[i % 3:] + order[:i % 3]:
@@ -354,10 +358,8 @@ async def bench_save(device: Device | None = None, repeats: int = 5, paths: tupl
                 inc_store = FileStore(os.path.join(root, f"inc{i}"))
 
                 async def inc_floor() -> None:  # the incremental save's files alone, through the same FileStore calls
-                    async with inc_store.batch():
-                        await run_bounded((lambda k=k: inc_store.set(f"chunks/{k}", host[k * chunk_bytes:
-                                                                                         (k + 1) * chunk_bytes])
-                                           for k in range(result.chunks_written)), IO_CONCURRENCY)
+                    await write_chunks(inc_store, [(k * chunk_bytes, chunk_bytes)
+                                                   for k in range(result.chunks_written)])
                     await inc_store.set("manifest", host[:manifest_bytes])
 
                 await timed("inc_floor", inc_floor, record)

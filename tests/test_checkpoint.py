@@ -19,8 +19,8 @@ import pytest
 from kvckpt_web import (CapacityError, CheckpointStateError, DeviceArray, LayoutHashMismatch, MetadataError,
                         PageGroups, SequenceError, TensorError, UnsupportedLayoutError)
 from kvckpt_web.bench import scatter_free_pages
-from kvckpt_web.transfer import page_runs
 from kvckpt_web.device import CopyRuns, Usage
+from kvckpt_web.transfer import page_runs
 
 try:
     from kvmodel import device_array_from, read_device_array, read_layer_page, run, small_limits
