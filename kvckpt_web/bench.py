@@ -28,6 +28,15 @@ TABLES = {
 }
 """The page tables ``kvckpt bench export`` measures, and how each is made."""
 
+ALL_PATHS = "all"
+"""A ``paths`` entry naming every transfer the device offers: kernel, copy, and mapped where storage maps in place."""
+
+
+def expand_paths(device: Device, paths: tuple[str, ...]) -> tuple[str, ...]:
+    """``paths`` with :data:`ALL_PATHS` replaced by the transfers ``device`` offers."""
+    offered = ("kernel", "copy") + (("mapped",) if device.info.maps_storage else ())
+    return tuple(dict.fromkeys(q for p in paths for q in (offered if p == ALL_PATHS else (p,))))
+
 
 @dataclass(frozen=True)
 class Row:
@@ -125,6 +134,7 @@ async def bench_export(device: Device | None = None, repeats: int = 5, paths: tu
                        echo: Callable[[str], None] = print, tokens: int = EXPORT_TOKENS) -> list[Row]:
     """Export and import of a sequence of ``tokens`` (4096: 256 MiB) vs raw readback / upload of one buffer."""
     device = device or open_device()
+    paths = expand_paths(device, paths)
     lay = EXPORT_LAYOUT
     nbytes = lay.num_layers * lay.num_logical_pages(tokens) * lay.page_bytes
     contiguous = device.create_buffer(nbytes, Usage.COPY_SRC | Usage.COPY_DST, "bench.contiguous")
@@ -177,6 +187,24 @@ async def bench_export(device: Device | None = None, repeats: int = 5, paths: tu
             t_split, t_one = await _paired_rounds(split(piece), whole, repeats)
             rows.append(Row.of_rounds(f"{name}, one copy per {what}", nbytes, t_split, name, t_one))
             echo(rows[-1].format())
+    if "mapped" in paths:  # the same buffer, mapped in place: what the mapped path's host copies can reach
+        in_place = device.create_buffer(nbytes, Usage.STORAGE | Usage.COPY_SRC | Usage.COPY_DST | Usage.MAP_READ
+                                        | Usage.MAP_WRITE, "bench.in_place")
+
+        async def read_in_place() -> None:
+            device.copy_from_buffer(in_place, [(0, host)])
+
+        async def write_in_place() -> None:
+            device.copy_to_buffer(in_place, [(0, memoryview(source))])
+
+        await write_in_place()
+        for name, op, base in (("raw readback", read_in_place, raw_readback), ("raw upload", write_in_place,
+                                                                                raw_upload)):
+            t_op, t_base = await _paired_rounds(op, base, repeats)
+            rows.append(Row.of_rounds(f"{name}, mapped in place (floor of the mapped path)", nbytes, t_op, name,
+                                      t_base))
+            echo(rows[-1].format())
+        device.destroy(in_place)
 
     def build(table: str, limits: CacheLimits, path: str, fill: bool) -> PagedKVCache:
         """A cache holding the page table ``table``; sequence 0 holds ``tokens`` if ``fill``, else its pages
@@ -202,7 +230,7 @@ async def bench_export(device: Device | None = None, repeats: int = 5, paths: tu
             metadata = cache.get_checkpoint_metadata(0)
             groups = await cache.export_groups(0)  # one host buffer, as an export leaves it
             separate = [bytes(g) for g in groups]
-            chosen = cache.page_path()
+            chosen = cache.host_path()
             target = build(table, limits, path, fill=False)  # the import gets the pages sequence 0 had
 
             export_host = zeroed(cache.host_nbytes(0))
@@ -273,6 +301,7 @@ async def bench_save(device: Device | None = None, repeats: int = 5, paths: tupl
     from .store import FileStore
 
     device = device or open_device()
+    paths = expand_paths(device, paths)
     lay = EXPORT_LAYOUT
     nbytes = lay.num_layers * lay.num_logical_pages(tokens) * lay.page_bytes
     write_staging = device.create_buffer(nbytes, Usage.MAP_WRITE | Usage.COPY_SRC, "bench.write_staging")
@@ -378,7 +407,7 @@ async def bench_save(device: Device | None = None, repeats: int = 5, paths: tupl
                 os.unlink(raw_path)
             if bytes(b"".join(await target.export_groups(0))) != data:
                 raise AssertionError("bench save: the restored sequence differs from the saved one")
-            label = f"{cache.page_path()} path"
+            label = f"{cache.host_path()} path"
             rows.append(Row.of_rounds("chunk files alone, one FileStore set each (store floor)", nbytes,
                                       times["floor"], "raw write+fsync", times["raw"]))
             echo(rows[-1].format())

@@ -20,7 +20,7 @@ from .metadata import limits_from_metadata, parse_metadata
 from .pool import PageCopy, SequenceState, SequenceTable
 from .shaders import kv_append
 from .tensors import HostTensor, PageGroups, as_bytes, span_bytes, zeroed
-from .transfer import PATHS, PageMover, measure_path
+from .transfer import TRANSFERS, PageMover, measure_path
 
 
 @dataclass(frozen=True)
@@ -45,13 +45,24 @@ class MappedPages:
 
 
 class PagedKVCache(CheckpointMixin):
-    """A TVM-compatible paged K/V cache on a :class:`~kvckpt_web.device.Device`."""
+    """A TVM-compatible paged K/V cache on a :class:`~kvckpt_web.device.Device`.
+
+    ``transfer`` says how pages move (see :mod:`~kvckpt_web.transfer`): "kernel" or "copy" on the
+    device, "mapped" (host exports and imports copy pages in place, on a device whose storage buffers
+    map in place; the device moves them by copies), or "auto": "mapped" where the device allows it,
+    else the device path measured faster.
+    """
 
     def __init__(self, device: Device, layout: KVLayout, limits: CacheLimits | None = None, *,
                  transfer: str = "auto") -> None:
-        if transfer not in ("auto",) + PATHS:
-            raise TensorError("transfer", "'auto', 'kernel' or 'copy'", transfer)
+        if transfer not in ("auto",) + TRANSFERS:
+            raise TensorError("transfer", "'auto', 'kernel', 'copy' or 'mapped'", transfer)
+        if transfer == "mapped" and not device.info.maps_storage:
+            raise TensorError("transfer", "'auto', 'kernel' or 'copy' on this device ('mapped' needs storage "
+                              f"buffers that map in place; {device.info.adapter!r} has none)", transfer)
         self.device = device
+        #: Host exports and imports copy pages in place through mapped page buffers (the "mapped" transfer).
+        self.maps_pages = transfer == "mapped" or (transfer == "auto" and device.info.maps_storage)
         self.layout = layout
         self.limits = limits or CacheLimits()
         self.num_total_pages = self.limits.num_total_pages(layout.page_size)
@@ -83,6 +94,8 @@ class PagedKVCache(CheckpointMixin):
         stride = -(-size // align) * align
         per_arena = max(1, min(self.layout.num_layers, info.max_buffer_size // stride))
         usage = Usage.STORAGE | Usage.COPY_SRC | Usage.COPY_DST
+        if self.maps_pages:
+            usage |= Usage.MAP_READ | Usage.MAP_WRITE
         layers: list[Region] = []
         for first in range(0, self.layout.num_layers, per_arena):
             count = min(per_arena, self.layout.num_layers - first)
@@ -107,15 +120,20 @@ class PagedKVCache(CheckpointMixin):
         return buf
 
     def page_path(self) -> str:
-        """The page-transfer path in use: "kernel" or "copy" (with ``transfer="auto"``, chosen per device by
-        :func:`~kvckpt_web.transfer.measure_path`)."""
+        """The device path in use: "kernel" or "copy" (with ``transfer="auto"``, chosen per device by
+        :func:`~kvckpt_web.transfer.measure_path`; "copy" with ``transfer="mapped"``)."""
         if self.transfer != "auto":
-            return self.transfer
+            return "copy" if self.transfer == "mapped" else self.transfer
         return self.device.choices.get(f"page_transfer/{self.layout.page_bytes}", "kernel")
+
+    def host_path(self) -> str:
+        """How exports and imports of host bytes move pages: "mapped" where :attr:`maps_pages`, else
+        :meth:`page_path`."""
+        return "mapped" if self.maps_pages else self.page_path()
 
     async def _resolve_page_path(self) -> str:
         if self.transfer != "auto":
-            return self.transfer
+            return self.page_path()
         return await measure_path(self.device, self.layout)
 
     def _copy_pages(self, copies: list[PageCopy]) -> None:
@@ -298,6 +316,8 @@ class PagedKVCache(CheckpointMixin):
         large copy outran copies in steps overlapped with the packing (they compete for memory bandwidth).
         """
         ids, tail = self._page_range(seq_id, page_begin, page_end)
+        if self.maps_pages:
+            return self._read_mapped(ids, tail, out)
         path = await self._resolve_page_path()
         group = len(ids) * self.layout.page_bytes
         layers = len(self.layers)
@@ -311,6 +331,23 @@ class PagedKVCache(CheckpointMixin):
         if total:
             await self.device.read(staging, 0, total, host)
         return PageGroups(host, group, layers, stride)
+
+    def _read_mapped(self, ids: list[int], tail: int, out: memoryview | None) -> PageGroups:
+        """:meth:`read_pages` of pages ``ids`` copied by the host from the mapped page buffers."""
+        pb, layers = self.layout.page_bytes, len(self.layers)
+        group = len(ids) * pb
+        if out is not None and len(out) < layers * group:
+            raise TensorError("out.nbytes", f"at least {layers * group}", len(out))
+        groups = PageGroups(zeroed(layers * group) if out is None else out, group, layers)
+        for buffer, runs in self.mover.host_runs(self.layers, ids, list(groups)).items():
+            self.device.copy_from_buffer(buffer, runs)
+        slots = self.mover.tail_slots(tail)
+        if ids and slots:
+            zeros = bytes(slots[0][1])
+            for view in groups:
+                for offset, size in slots:
+                    view[group - pb + offset:group - pb + offset + size] = zeros
+        return groups
 
     async def map_pages(self, seq_id: int, page_begin: int = 0, page_end: int | None = None, *,
                         slot: int = 0) -> "MappedPages":

@@ -181,6 +181,8 @@ class CheckpointMixin:
     async def import_groups(self: "PagedKVCache", seq_id: int, groups: dict[int, Any] | Seq[Any]) -> None:
         """Import page groups from host bytes (a list of every group, or ``{group_id: bytes}``).
 
+        With the "mapped" transfer the host copies them straight into the mapped page buffers.
+
         Every group as one :class:`~kvckpt_web.tensors.PageGroups` (what :meth:`export_groups` returns)
         goes up in one host copy; other groups in steps of ``mover.batch_bytes`` through two staging
         slots, the host filling one while the GPU scatters the other. A scatter that one copy cannot
@@ -195,7 +197,10 @@ class CheckpointMixin:
             if state.imported[group_id]:
                 raise CheckpointStateError(f"import_groups: checkpoint group {group_id} was already imported")
             views[group_id] = as_bytes(data, f"groups[{group_id}]", self.layout.dtype, nbytes)
-        if nbytes == 0 or not views:
+        if nbytes == 0 or not views or self.maps_pages:
+            layers = [self.layers[g] for g in views]
+            for buffer, runs in self.mover.host_runs(layers, state.seq.pages, list(views.values())).items():
+                self.device.copy_to_buffer(buffer, runs)
             for group_id in views:
                 state.imported[group_id] = True
             return

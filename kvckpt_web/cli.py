@@ -71,8 +71,7 @@ def cmd_demo(args: argparse.Namespace) -> None:
 def cmd_bench(args: argparse.Namespace) -> None:
     from .bench import run
 
-    paths = ("kernel", "copy") if args.path == "both" else (args.path,)
-    run(args.names, args.repeats, paths, trials=args.trials)
+    run(args.names, args.repeats, (args.path,), trials=args.trials)
 
 
 def cmd_serve(args: argparse.Namespace) -> None:
@@ -134,8 +133,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="benchmarks to run (soak: kill -9 trials of processes that are saving)")
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--trials", type=int, default=200, help="trials of the soak benchmark (default 200)")
-    p.add_argument("--path", choices=["auto", "kernel", "copy", "both"], default="both",
-                   help="page-transfer path(s) to measure (default: both)")
+    p.add_argument("--path", choices=["auto", "kernel", "copy", "mapped", "all"], default="all",
+                   help="page-transfer path(s) to measure (default: all the device offers: kernel, copy, and "
+                        "mapped where storage buffers map in place)")
     p.set_defaults(func=cmd_bench)
 
     from .cli_store import add_parsers

@@ -4,7 +4,9 @@ Everything above this module (page pool, cache, checkpoint primitives, stores)
 talks to WebGPU only through :class:`Device`: create buffers, write small data,
 submit a batch of copy / clear / dispatch commands (or encode it now and commit
 it later), and read (copied out, or viewed in place until unmapped) or write
-mappable staging buffers asynchronously. Backends: ``backends.wgpu_native``
+mappable staging buffers asynchronously. Where storage buffers are host memory
+(``DeviceInfo.maps_storage``), the host may also copy straight out of and into
+them. Backends: ``backends.wgpu_native``
 (desktop, wgpu-py) and ``backends.browser`` (Pyodide, ``navigator.gpu``).
 """
 
@@ -119,6 +121,9 @@ class DeviceInfo:
     max_workgroups_per_dim: int
     #: minStorageBufferOffsetAlignment: where a storage binding may start.
     storage_offset_alignment: int = 256
+    #: Storage buffers may also be mappable, and mapping one costs no copy (a CPU adapter whose
+    #: backend allows mapping any buffer): see :meth:`Device.copy_from_buffer`.
+    maps_storage: bool = False
 
 
 UNIFORM_ALIGN = 256
@@ -266,6 +271,29 @@ class Device(ABC):
     @abstractmethod
     async def upload(self, buffer: Buffer, offset: int, chunks: list[bytes | bytearray | memoryview]) -> None:
         """Map a MAP_WRITE ``buffer`` once, copy ``chunks`` in back to back from ``offset`` and unmap it."""
+
+    def copy_from_buffer(self, buffer: Buffer, runs: list[tuple[int, memoryview]]) -> None:
+        """Fill each ``view`` of ``runs`` with the bytes of ``buffer`` (MAP_READ, any other usage too) at
+        its offset, once the work submitted so far is done: one mapping of the buffer itself, no staging.
+
+        Blocks until then, so no submit can use the buffer while it is mapped. Only where
+        ``info.maps_storage``; :class:`DeviceError` elsewhere.
+        """
+        self._copy_in_place("copy_from_buffer", buffer, runs, write=False)
+
+    def copy_to_buffer(self, buffer: Buffer, runs: list[tuple[int, memoryview]]) -> None:
+        """Write each ``view`` of ``runs`` into ``buffer`` (MAP_WRITE, any other usage too) at its offset, after
+        the work submitted so far and before any submitted later; as :meth:`copy_from_buffer` does."""
+        self._copy_in_place("copy_to_buffer", buffer, runs, write=True)
+
+    def _copy_in_place(self, operation: str, buffer: Buffer, runs: list[tuple[int, memoryview]],
+                       write: bool) -> None:
+        """What :meth:`copy_from_buffer` and :meth:`copy_to_buffer` do; backends whose storage buffers map in
+        place override it (after calling this to refuse a device that does not)."""
+        if not self.info.maps_storage:
+            raise DeviceError(f"{operation}: expected a device whose storage buffers map in place "
+                              f"(info.maps_storage), got {self.info.backend} {self.info.adapter!r}")
+        raise DeviceError(f"{operation}: {type(self).__name__} does not map storage buffers in place")
 
 
 def open_device(backend: str = "auto") -> Device:

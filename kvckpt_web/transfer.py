@@ -1,6 +1,6 @@
 """Moving pages between a layer's page buffer and a dense page group.
 
-Two interchangeable paths produce the same bytes:
+Two interchangeable device paths produce the same bytes:
 
 - ``"kernel"``: one ``page_copy.wgsl`` dispatch gathers (pack) or scatters the pages;
 - ``"copy"``: one copy command per run of physically consecutive pages; a partial last page is
@@ -14,6 +14,11 @@ there the copy path is taken untimed: timing it would JIT-compile the kernel (~0
 
 On a CPU adapter each copy is the host's memcpy, whose speed depends on the copy's size, so there
 runs of pages are copied in pieces of at most :data:`CPU_COPY_PIECE_BYTES`.
+
+Where the page buffers are host memory that maps in place (``DeviceInfo.maps_storage``: lavapipe),
+a cache may also take the ``"mapped"`` transfer: exports and imports of host bytes copy the runs of
+pages straight between the mapped page buffers and the host (:meth:`PageMover.host_runs`), with no
+staging buffer and no device copy in between; the device-side primitives use the copy path.
 """
 
 from __future__ import annotations
@@ -27,6 +32,10 @@ from .layout import KVLayout
 from .tensors import span_bytes
 
 PATHS = ("kernel", "copy")
+"""The device paths: how pages move between page buffers and other device buffers."""
+
+TRANSFERS = PATHS + ("mapped",)
+"""What a cache's ``transfer`` may name besides "auto" (see the module's docstring for "mapped")."""
 
 CPU_COPY_PIECE_BYTES = 512 << 10
 """Largest copy of a run of pages on a CPU adapter (whole pages; at least one). x86 glibc copies blocks
@@ -99,15 +108,33 @@ class PageMover:
         scratch = self.scratch(size)
         return [fill(scratch, 0), Copy(scratch, 0, dst, dst_offset, size)]
 
-    def _tail_ranges(self, tail_tokens: int) -> list[tuple[int, int]] | None:
-        """(offset in a page, bytes) of each run of token slots from ``tail_tokens`` on, one per K/V head;
-        None unless every run is whole 32-bit words (what a clear writes)."""
+    def tail_slots(self, tail_tokens: int) -> list[tuple[int, int]]:
+        """(offset in a page, bytes) of each run of token slots from ``tail_tokens`` on, one per K or V head."""
         lay = self.layout
         row = lay.head_dim * lay.elem_bytes
         start, size = tail_tokens * row, (lay.page_size - tail_tokens) * row
-        if start % 4 or size % 4:
+        return [(block * lay.page_size * row + start, size) for block in range(2 * lay.num_kv_heads)] if size else []
+
+    def _tail_ranges(self, tail_tokens: int) -> list[tuple[int, int]] | None:
+        """:meth:`tail_slots`, or None unless every run is whole 32-bit words (what a clear writes)."""
+        row = self.layout.head_dim * self.layout.elem_bytes
+        if (tail_tokens * row) % 4 or ((self.layout.page_size - tail_tokens) * row) % 4:
             return None
-        return [(block * lay.page_size * row + start, size) for block in range(2 * lay.num_kv_heads)]
+        return self.tail_slots(tail_tokens)
+
+    def host_runs(self, layers: list[Region], page_ids: list[int],
+                  groups: list[memoryview]) -> dict[Buffer, list[tuple[int, memoryview]]]:
+        """For the ``"mapped"`` transfer: (offset in the page buffer, view of the group) of each run of the
+        pages ``page_ids`` of layer g and its dense group ``groups[g]``, by page buffer (pieces as copies)."""
+        pb = self.page_bytes
+        runs = page_runs(page_ids)
+        if self.copy_piece_pages is not None:
+            runs = in_pieces(runs, self.copy_piece_pages)
+        by_buffer: dict[Buffer, list[tuple[int, memoryview]]] = {}
+        for layer, group in zip(layers, groups):
+            by_buffer.setdefault(layer.buffer, []).extend(
+                (layer.offset + first * pb, group[start * pb:(start + length) * pb]) for start, first, length in runs)
+        return by_buffer
 
     def copied_pages(self, num_pages: int, tail_tokens: int) -> int:
         """How many of ``num_pages`` pages the copy path copies whole: all of them, unless the last is

@@ -39,6 +39,18 @@ def device() -> Device:
         pytest.skip(f"no WebGPU adapter on this machine: {exc}")
 
 
+@pytest.fixture(scope="session")
+def unmapped_device(device: Device) -> Device:
+    """A second device on the session's adapter, opened without in-place mapping of storage buffers (as a
+    GPU or the browser has it)."""
+    import wgpu
+
+    from kvckpt_web.backends.wgpu_native import WgpuDevice
+
+    adapter = wgpu.gpu.request_adapter_sync(power_preference="high-performance")
+    return WgpuDevice(adapter, adapter.request_device_sync())
+
+
 @pytest.fixture
 def make_cache(device: Device) -> Iterator[Callable[..., PagedKVCache]]:
     """``make_cache(layout=None, limits=None, transfer="kernel", **overrides)``: a cache, closed after the test."""

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import asyncio
 
-from kvckpt_web.bench import bench_export, bench_save, scatter_free_pages
+import pytest
+
+from kvckpt_web.bench import bench_export, bench_save, expand_paths, scatter_free_pages
 from kvckpt_web.cache import PagedKVCache
 
 try:
@@ -30,6 +32,25 @@ def test_bench_export_prints_every_export_and_import_row_next_to_its_baseline(de
     assert all(row.nbytes == 4 << 20 and row.ratio > 0 for row in rows)
     assert [line for line in lines if line.startswith("| export")] == [row.format() for row in rows
                                                                        if row.name.startswith("export")]
+
+
+def test_bench_export_of_the_mapped_path_prints_the_floor_of_copies_in_place(device):
+    if not device.info.maps_storage:
+        pytest.skip(f"{device.info.adapter!r}: storage buffers do not map in place")
+    rows = asyncio.run(bench_export(device, repeats=1, paths=("mapped",), echo=lambda line: None, tokens=TOKENS))
+    by_name = {row.name: row for row in rows}
+    assert by_name["raw readback, mapped in place (floor of the mapped path)"].baseline == "raw readback"
+    assert by_name["raw upload, mapped in place (floor of the mapped path)"].baseline == "raw upload"
+    for table in ("contiguous", "interleaved", "scattered"):
+        assert by_name[f"export ({table} page table, mapped path)"].baseline == "raw readback"
+        assert by_name[f"import ({table} page table, mapped path)"].baseline == "raw upload"
+
+
+def test_all_paths_are_the_transfers_the_device_offers(device, unmapped_device):
+    assert expand_paths(unmapped_device, ("all",)) == ("kernel", "copy")
+    assert expand_paths(device, ("all", "copy")) == ("kernel", "copy") + (("mapped",) if device.info.maps_storage
+                                                                            else ())
+    assert expand_paths(device, ("auto",)) == ("auto",)
 
 
 def test_bench_save_prints_full_incremental_and_restore_rows(device, tmp_path):

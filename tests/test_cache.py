@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 from kvckpt_web import CapacityError, CheckpointStateError, HostTensor, PagedKVCache, SequenceError, TensorError
+from kvckpt_web.device import Usage
 
 try:
     from kvmodel import run, small_layout, small_limits
@@ -45,6 +46,23 @@ def test_unknown_transfer_path_is_refused(device):
     with pytest.raises(TensorError) as info:
         PagedKVCache(device, small_layout(), small_limits(), transfer="dma")
     assert (info.value.field, info.value.got) == ("transfer", "dma")
+
+
+def test_mapped_transfer_is_refused_where_storage_does_not_map(unmapped_device):
+    with pytest.raises(TensorError, match="map in place") as info:
+        PagedKVCache(unmapped_device, small_layout(), small_limits(), transfer="mapped")
+    assert (info.value.field, info.value.got) == ("transfer", "mapped")
+
+
+def test_auto_transfer_maps_pages_in_place_exactly_where_storage_maps(device, unmapped_device):
+    for dev in (device, unmapped_device):
+        cache = PagedKVCache(dev, small_layout(), small_limits())
+        try:
+            assert cache.maps_pages == dev.info.maps_storage
+            assert bool(cache.layers[0].buffer.usage & Usage.MAP_READ) == dev.info.maps_storage
+            assert (cache.host_path() == "mapped") == dev.info.maps_storage
+        finally:
+            cache.close()
 
 
 def test_sequence_ids_are_listed_ascending(make_cache):

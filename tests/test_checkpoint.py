@@ -4,8 +4,9 @@ Ports TVM's checkpoint tests (group validation, all groups + explicit finish) an
 adds what TVM's tests do not check: exported bytes against a numpy model for every
 kind of page table (short, page-aligned, forked, popped, interleaved, scattered, reused pages),
 round trips followed by identical appends, transactional prepare_import, the
-extensions (any seq id, exclusive=False, abort_import), every dtype, and both
-page-transfer paths ("kernel" and "copy"), which must produce identical bytes.
+extensions (any seq id, exclusive=False, abort_import), every dtype, and every
+page transfer ("kernel", "copy", and "mapped" where storage maps in place), which must produce
+identical bytes.
 """
 
 from __future__ import annotations
@@ -27,12 +28,14 @@ try:
 except ImportError:
     from tests.kvmodel import device_array_from, read_device_array, read_layer_page, run, small_limits
 
-TRANSFERS = ["kernel", "copy"]
+TRANSFERS = ["kernel", "copy", "mapped"]
 P = 4  # page size of the small layout
 
 
 @pytest.fixture(params=TRANSFERS)
-def transfer(request) -> str:
+def transfer(request, device) -> str:
+    if request.param == "mapped" and not device.info.maps_storage:
+        pytest.skip(f"{device.info.adapter!r}: storage buffers do not map in place")
     return request.param
 
 
@@ -289,7 +292,6 @@ def test_export_into_an_out_buffer_too_small_for_one_copy_falls_back_to_dense_gr
     assert (info.value.field, info.value.got) == ("out.nbytes", 3 * group - 4)
 
 
-@pytest.mark.parametrize("transfer", ["kernel", "copy"])
 @pytest.mark.parametrize("layers", [3, 4])
 def test_an_export_in_steps_of_one_layer_gives_the_same_groups(make_model, transfer, layers):
     model = make_model(transfer=transfer, num_layers=layers, seed=3)
@@ -301,7 +303,6 @@ def test_an_export_in_steps_of_one_layer_gives_the_same_groups(make_model, trans
     assert [bytes(g) for g in run(model.cache.export_groups(1))] == model.expected_groups(1)
 
 
-@pytest.mark.parametrize("transfer", ["kernel", "copy"])
 @pytest.mark.parametrize("exclusive", [True, False])
 def test_an_import_in_steps_of_two_layers_restores_every_group(make_model, transfer, exclusive):
     source = make_model(transfer=transfer, num_layers=5, seed=6)
@@ -323,7 +324,6 @@ def test_an_import_in_steps_of_two_layers_restores_every_group(make_model, trans
     target.assert_holds(0)
 
 
-@pytest.mark.parametrize("transfer", ["kernel", "copy"])
 @pytest.mark.parametrize("pages", [(0, None), (2, 5), (3, 3)])
 def test_mapped_pages_equal_the_pages_read_back(make_model, transfer, pages):
     model = make_model(transfer=transfer, num_layers=3)
@@ -547,6 +547,29 @@ def test_copy_path_zeroes_the_unused_slots_of_a_partial_last_page_without_a_kern
         model.cache.export_page_group(1, g, dst)
         assert run(read_device_array(model.cache.device, dst)) == expected
     assert page_copy_dispatches == []
+
+
+def test_mapped_transfer_zeroes_unused_slots_that_are_not_whole_words(make_model, device):
+    if not device.info.maps_storage:
+        pytest.skip(f"{device.info.adapter!r}: storage buffers do not map in place")
+    model = make_model(transfer="mapped", qk_head_dim=33)  # float16: the unused slots start 66 bytes into a row block
+    model.add(0, 2 * P)
+    model.remove(0)
+    model.add(1, P + 1)
+    assert model.export(1) == model.expected_groups(1)
+
+
+def test_mapped_export_into_an_out_buffer_too_small_is_refused(make_model, device):
+    if not device.info.maps_storage:
+        pytest.skip(f"{device.info.adapter!r}: storage buffers do not map in place")
+    model = make_model(transfer="mapped", num_layers=3)
+    model.add(0, 4 * P)
+    group = 4 * model.layout.page_bytes
+    with pytest.raises(TensorError) as info:
+        run(model.cache.export_groups(0, out=memoryview(bytearray(3 * group - 4))))
+    assert (info.value.field, info.value.got) == ("out.nbytes", 3 * group - 4)
+    assert [bytes(g) for g in run(model.cache.export_groups(0, out=memoryview(bytearray(3 * group))))] == \
+        model.expected_groups(0)
 
 
 def test_copy_path_packs_a_partial_last_page_whose_unused_slots_are_not_whole_words(make_model,

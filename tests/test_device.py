@@ -119,3 +119,70 @@ def test_reading_staging_that_is_mapped_for_its_next_upload_is_refused_and_harml
     finally:
         for buffer in (staging, src, dst, spare, other):
             device.destroy(buffer)
+
+
+# ----- storage buffers that map in place ------------------------------------------------------------------
+
+IN_PLACE = Usage.STORAGE | Usage.COPY_SRC | Usage.COPY_DST | Usage.MAP_READ | Usage.MAP_WRITE
+
+
+@pytest.fixture
+def in_place(device):
+    if not device.info.maps_storage:
+        pytest.skip(f"{device.info.adapter!r}: storage buffers do not map in place")
+    buffer = device.create_buffer(64, IN_PLACE, "test.in_place")
+    yield buffer
+    device.destroy(buffer)
+
+
+def test_a_cpu_adapter_opens_with_storage_buffers_that_map_in_place(device):
+    assert device.info.maps_storage == device.info.is_cpu
+
+
+def test_host_copies_into_a_storage_buffer_are_what_the_device_reads(device, in_place):
+    _, dst = _buffers(device, 64)
+    try:
+        device.copy_to_buffer(in_place, [(8, memoryview(bytes(range(1, 17)))), (44, memoryview(b"abcd"))])
+        device.submit([Copy(in_place, 0, dst, 0, 64)])
+        expected = bytearray(64)
+        expected[8:24], expected[44:48] = bytes(range(1, 17)), b"abcd"
+        assert bytes(asyncio.run(_read(device, dst, 0, 64))) == bytes(expected)
+    finally:
+        device.destroy(dst)
+
+
+def test_host_copies_out_of_a_storage_buffer_see_the_work_submitted_before(device, in_place):
+    src, _ = _buffers(device, 64)
+    try:
+        device.write(src, 0, bytes(range(64)))
+        device.submit([Copy(src, 0, in_place, 0, 64)])
+        device.write(in_place, 60, b"wxyz")  # a queue write no submit has carried yet
+        first, second = memoryview(bytearray(6)), memoryview(bytearray(8))
+        device.copy_from_buffer(in_place, [(2, first), (56, second)])
+        assert (bytes(first), bytes(second)) == (bytes(range(2, 8)), bytes(range(56, 60)) + b"wxyz")
+    finally:
+        device.destroy(src)
+
+
+def test_a_storage_buffer_that_maps_is_unmapped_for_every_later_submit(device, in_place):
+    _, dst = _buffers(device, 64)
+    try:
+        device.copy_to_buffer(in_place, [(0, memoryview(bytes(range(64))))])
+        for _ in range(3):  # no submit may find it mapped (upload staging is mapped again after a submit)
+            device.submit([Copy(in_place, 0, dst, 0, 64)])
+        device.copy_from_buffer(in_place, [(0, memoryview(bytearray(4)))])
+        device.submit([Copy(in_place, 0, dst, 0, 64)])
+        assert bytes(asyncio.run(_read(device, dst, 0, 64))) == bytes(range(64))
+    finally:
+        device.destroy(dst)
+
+
+def test_host_copies_in_place_are_refused_where_storage_does_not_map(unmapped_device):
+    assert not unmapped_device.info.maps_storage
+    buffer = unmapped_device.create_buffer(64, Usage.STORAGE | Usage.COPY_DST, "test.storage")
+    try:
+        for copy in (unmapped_device.copy_from_buffer, unmapped_device.copy_to_buffer):
+            with pytest.raises(DeviceError, match="maps_storage"):
+                copy(buffer, [(0, memoryview(bytearray(4)))])
+    finally:
+        unmapped_device.destroy(buffer)

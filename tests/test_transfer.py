@@ -8,7 +8,7 @@ import dataclasses
 import pytest
 
 from kvckpt_web import shaders
-from kvckpt_web.device import Usage
+from kvckpt_web.device import Buffer, Region, Usage
 from kvckpt_web.transfer import CPU_COPY_PIECE_BYTES, PATHS, PageMover, in_pieces, measure_path
 
 try:
@@ -56,6 +56,25 @@ def test_page_runs_are_copied_in_pieces_of_whole_pages_only_on_a_cpu_adapter(dev
     assert layout.page_bytes == page_bytes
     expected = None if pieces is None else max(1, CPU_COPY_PIECE_BYTES // page_bytes)
     assert PageMover(adapter, layout).copy_piece_pages == expected == pieces
+
+
+def test_host_runs_pair_each_run_of_pages_with_its_bytes_of_the_group_by_buffer(device, monkeypatch):
+    layout = small_layout()
+    mover = PageMover(as_adapter(monkeypatch, device, is_cpu=True), layout)
+    mover.copy_piece_pages = 2
+    pb = layout.page_bytes
+    arena, other = Buffer(64 * pb, Usage.STORAGE, None, "arena"), Buffer(16 * pb, Usage.STORAGE, None, "other")
+    layers = [Region(arena, 0, 16 * pb), Region(arena, 32 * pb, 16 * pb), Region(other, 0, 16 * pb)]
+    groups = [memoryview(bytearray(4 * pb)) for _ in layers]
+    runs = mover.host_runs(layers, [5, 6, 7, 2], groups)  # a run of three pages (pieces of two and one), then one
+    assert list(runs) == [arena, other]
+    expected = {arena: [(0, 0), (1, 32)], other: [(2, 0)]}  # (group, layer offset in pages) per buffer
+    for buffer, layer_groups in expected.items():
+        assert [(offset, len(view)) for offset, view in runs[buffer]] == [
+            ((base + first) * pb, n * pb) for _, base in layer_groups for first, n in ((5, 2), (7, 1), (2, 1))]
+        for (_, view), (g, start) in zip(runs[buffer], [(g, start) for g, _ in layer_groups for start in (0, 2, 3)]):
+            view[:] = bytes([g + 1]) * len(view)  # a view of the group's own bytes, at the run's place in it
+            assert groups[g][start * pb:start * pb + len(view)] == bytes([g + 1]) * len(view)
 
 
 @pytest.mark.parametrize(("words_per_page", "dense_word_offset", "entry", "per_invocation"),
