@@ -20,7 +20,7 @@ from .metadata import limits_from_metadata, parse_metadata
 from .pool import PageCopy, SequenceState, SequenceTable
 from .shaders import kv_append
 from .tensors import HostTensor, PageGroups, as_bytes, span_bytes, zeroed
-from .transfer import TRANSFERS, PageMover, measure_path
+from .transfer import TRANSFERS, PageMover, known_path, measure_path
 
 
 @dataclass(frozen=True)
@@ -121,10 +121,11 @@ class PagedKVCache(CheckpointMixin):
 
     def page_path(self) -> str:
         """The device path in use: "kernel" or "copy" (with ``transfer="auto"``, chosen per device by
-        :func:`~kvckpt_web.transfer.measure_path`; "copy" with ``transfer="mapped"``)."""
+        :func:`~kvckpt_web.transfer.measure_path`, "kernel" until it has measured; "copy" with
+        ``transfer="mapped"``)."""
         if self.transfer != "auto":
             return "copy" if self.transfer == "mapped" else self.transfer
-        return self.device.choices.get(f"page_transfer/{self.layout.page_bytes}", "kernel")
+        return known_path(self.device, self.layout) or "kernel"
 
     def host_path(self) -> str:
         """How exports and imports of host bytes move pages: "mapped" where :attr:`maps_pages`, else

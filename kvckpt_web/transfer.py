@@ -283,15 +283,19 @@ class PageMover:
             self._scratch = None
 
 
+def known_path(device: Device, layout: KVLayout) -> str | None:
+    """The path :func:`measure_path` gives without timing anything: "copy" on a CPU adapter, or what it
+    measured for ``layout``'s pages on ``device`` before; None if it has to time them."""
+    return "copy" if device.info.is_cpu else device.choices.get(f"page_transfer/{layout.page_bytes}")
+
+
 async def measure_path(device: Device, layout: KVLayout, num_pages: int = 64, repeats: int = 3) -> str:
     """The faster path for ``layout``'s pages on ``device``, remembered per device: "copy" on a CPU
     adapter, else whichever of both, timed on a fragmented page table, ran faster."""
+    known = known_path(device, layout)
+    if known is not None:
+        return known
     key = f"page_transfer/{layout.page_bytes}"
-    if key in device.choices:
-        return device.choices[key]
-    if device.info.is_cpu:
-        device.choices[key] = "copy"
-        return "copy"
     mover = PageMover(device, layout)
     pb = layout.page_bytes
     num_pages = max(2, min(num_pages, device.info.max_storage_binding // pb))

@@ -7,14 +7,14 @@ import dataclasses
 
 import pytest
 
-from kvckpt_web import shaders
+from kvckpt_web import PagedKVCache, shaders
 from kvckpt_web.device import Buffer, Region, Usage
 from kvckpt_web.transfer import CPU_COPY_PIECE_BYTES, PATHS, PageMover, in_pieces, measure_path
 
 try:
-    from kvmodel import small_layout
+    from kvmodel import small_layout, small_limits
 except ImportError:  # run from the repository root
-    from tests.kvmodel import small_layout
+    from tests.kvmodel import small_layout, small_limits
 
 
 def as_adapter(monkeypatch, device, is_cpu: bool):
@@ -28,6 +28,16 @@ def test_a_cpu_adapter_takes_the_copy_path_without_running_a_kernel(device, monk
     cpu = as_adapter(monkeypatch, device, is_cpu=True)
     assert asyncio.run(measure_path(cpu, small_layout())) == "copy"
     assert page_copy_dispatches == []
+
+
+@pytest.mark.parametrize(("is_cpu", "path"), [(True, "copy"), (False, "kernel")], ids=["cpu-adapter", "other-adapter"])
+def test_an_auto_cache_moves_pages_on_the_device_by_the_untimed_choice_before_any_measurement(device, monkeypatch,
+                                                                                           is_cpu, path):
+    cache = PagedKVCache(as_adapter(monkeypatch, device, is_cpu=is_cpu), small_layout(), small_limits())
+    try:
+        assert cache.page_path() == path  # what export_page_group takes before anything measured the paths
+    finally:
+        cache.close()
 
 
 def test_another_adapter_times_both_paths_and_remembers_the_faster(device, monkeypatch, page_copy_dispatches):
