@@ -1,4 +1,4 @@
-"""The kvckpt command line: inspect, convert --to tvm, demo; one-line errors with exit status 1."""
+"""The kvckpt command line: inspect, convert --to tvm, demo, bench; one-line errors with exit status 1."""
 
 from __future__ import annotations
 
@@ -107,3 +107,12 @@ def test_demo_restores_every_byte_after_the_worker_is_killed(device, tmp_path):
     assert "killed with SIGKILL" in result.stdout
     assert "identical" in result.stdout
     assert read_tvm_export(tmp_path / "demo").metadata["seq_length"] == 70
+
+
+@pytest.mark.parametrize(("argv", "paths"), [([], ("all",)), (["--path", "mapped"], ("mapped",)),
+                                             (["--path", "copy"], ("copy",))])
+def test_bench_measures_every_transfer_the_device_offers_unless_told_one(monkeypatch, argv, paths):
+    calls = []
+    monkeypatch.setattr("kvckpt_web.bench.run", lambda names, repeats, p, **kw: calls.append((names, p)))
+    main(["bench", "export", *argv])
+    assert calls == [(["export"], paths)]
