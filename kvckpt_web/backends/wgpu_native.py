@@ -107,8 +107,12 @@ class WgpuDevice(Device):
             raise DeviceError("no WebGPU adapter available")
         wanted = ("max-storage-buffer-binding-size", "max-buffer-size")
         limits = {name: adapter.limits[name] for name in wanted}
+        from wgpu.backends.wgpu_native import GPUBuffer
+
+        # writing in place needs wgpu-py's experimental writable view of a mapping (see _copy_in_place)
         features = [MAPPABLE_STORAGE] if (adapter.info.get("adapter_type") == "CPU"
-                                          and MAPPABLE_STORAGE in adapter.features) else []
+                                          and MAPPABLE_STORAGE in adapter.features
+                                          and hasattr(GPUBuffer, "_experimental_get_mapped_range")) else []
         return cls(adapter, adapter.request_device_sync(required_features=features, required_limits=limits))
 
     def _compile(self, source: str, entry: str) -> Any:
