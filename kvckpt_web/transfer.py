@@ -117,10 +117,8 @@ class PageMover:
 
     def _tail_ranges(self, tail_tokens: int) -> list[tuple[int, int]] | None:
         """:meth:`tail_slots`, or None unless every run is whole 32-bit words (what a clear writes)."""
-        row = self.layout.head_dim * self.layout.elem_bytes
-        if (tail_tokens * row) % 4 or ((self.layout.page_size - tail_tokens) * row) % 4:
-            return None
-        return self.tail_slots(tail_tokens)
+        slots = self.tail_slots(tail_tokens)
+        return None if any(offset % 4 or size % 4 for offset, size in slots) else slots
 
     def host_runs(self, layers: list[Region], page_ids: list[int],
                   groups: list[memoryview]) -> dict[Buffer, list[tuple[int, memoryview]]]:
