@@ -263,13 +263,14 @@ class Manifest:
         return {ref.key for ref in self.chunk_refs()}
 
 
-def _to_body(m: Manifest) -> dict[str, Any]:
+def _to_body(m: Manifest, table: bool = True) -> dict[str, Any]:
+    """``m`` as the JSON body; without ``table``, ``chunks`` is left None (its length still sets num_groups)."""
     if not isinstance(m, Manifest):
         raise FormatError("manifest", "a Manifest", type(m).__name__)
     if not isinstance(m.chunks, Sequence):
         raise FormatError("chunks", "a sequence of groups", type(m.chunks).__name__)
-    table = []
-    for g, group in enumerate(m.chunks):
+    groups = []
+    for g, group in enumerate(m.chunks if table else ()):
         if not isinstance(group, Sequence):
             raise FormatError(f"chunks[{g}]", "a sequence of ChunkRef", type(group).__name__)
         entries = []
@@ -281,15 +282,15 @@ def _to_body(m: Manifest) -> dict[str, Any]:
             entries.append(
                 {"first_page": ref.first_page, "nbytes": ref.nbytes, "num_pages": ref.num_pages, "sha256": ref.sha256}
             )
-        table.append(entries)
+        groups.append(entries)
     return {
         "app_state": m.app_state,
-        "chunks": table,
+        "chunks": groups if table else None,
         "created_ms": m.created_ms,
         "format_version": FORMAT_VERSION,
         "generation": m.generation,
         "name": m.name,
-        "num_groups": len(table),
+        "num_groups": len(m.chunks),
         "num_logical_pages": m.num_logical_pages,
         "page_bytes": m.page_bytes,
         "pages_per_chunk": m.pages_per_chunk,
@@ -339,7 +340,9 @@ def _parse_table(raw: Any, num_groups: int, num_pages: int, page_bytes: int, per
     return tuple(groups)
 
 
-def _parse_body(body: Any) -> Manifest:
+def _parse_header(body: Any) -> tuple[str, int, int, str, int, int, int, int, dict[str, Any]]:
+    """Every body field but the chunk table, validated: (name, generation, created_ms, tvm_metadata,
+    page_bytes, pages_per_chunk, num_groups, num_logical_pages, app_state)."""
     if not isinstance(body, dict):
         raise FormatError("body", "a JSON object", type(body).__name__)
     if body.keys() != _BODY_KEYS:
@@ -365,8 +368,44 @@ def _parse_body(body: Any) -> Manifest:
     app_state = body["app_state"]
     if not isinstance(app_state, dict):
         raise FormatError("body.app_state", "a JSON object", type(app_state).__name__)
+    return name, generation, created_ms, tvm_metadata, page_bytes, per_chunk, num_groups, num_pages, app_state
+
+
+def _parse_body(body: Any) -> Manifest:
+    name, generation, created_ms, tvm_metadata, page_bytes, per_chunk, num_groups, num_pages, app_state = \
+        _parse_header(body)
     chunks = _parse_table(body["chunks"], num_groups, num_pages, page_bytes, per_chunk)
     return Manifest(name, generation, tvm_metadata, page_bytes, per_chunk, num_pages, chunks, app_state, created_ms)
+
+
+_ENTRY_JSON = '{"first_page":%d,"nbytes":%d,"num_pages":%d,"sha256":"%s"}'
+"""One chunk-table entry as ``_dumps`` writes it (keys sorted, no spaces), for ints and a hex digest."""
+
+
+def _table_json(m: Manifest) -> str | None:
+    """The JSON text of ``m``'s chunk table if every ref is exactly what the reader accepts, else None.
+
+    A manifest's header must have passed :func:`_parse_header`. None sends the writer down the
+    reader's own checks, which name what is wrong.
+    """
+    if not isinstance(m.chunks, tuple):
+        return None
+    plan = plan_chunks(m.num_logical_pages, m.pages_per_chunk)
+    page_bytes = m.page_bytes
+    groups = []
+    for g, group in enumerate(m.chunks):
+        if not isinstance(group, tuple) or len(group) != len(plan):
+            return None
+        entries = []
+        for ref, (first, count) in zip(group, plan):
+            if not (type(ref) is ChunkRef and ref.group == g and type(ref.first_page) is int and ref.first_page == first
+                    and type(ref.num_pages) is int and ref.num_pages == count and type(ref.nbytes) is int
+                    and ref.nbytes == count * page_bytes and type(ref.sha256) is str
+                    and _HEX64_RE.fullmatch(ref.sha256)):
+                return None
+            entries.append(_ENTRY_JSON % (first, ref.nbytes, count, ref.sha256))
+        groups.append("[" + ",".join(entries) + "]")
+    return "[" + ",".join(groups) + "]"
 
 
 def _reject_constant(token: str) -> Any:
@@ -401,10 +440,17 @@ def _loads(text: str, field_name: str) -> Any:
 
 def encode_manifest(manifest: Manifest) -> bytes:
     """The version-1 envelope of ``manifest``; deterministic, and raises :class:`FormatError` if invalid."""
-    body = _to_body(manifest)
-    _parse_body(body)  # the writer enforces exactly what the reader checks
+    body = _to_body(manifest, table=False)
+    _parse_header(body)  # the writer enforces exactly what the reader checks
+    table = _table_json(manifest)
+    if table is None:  # not what the reader accepts: its checks say why
+        body = _to_body(manifest)
+        _parse_body(body)
+        table = _dumps(body["chunks"], "body")
+    # the body as _dumps writes it (keys sorted, no spaces), the table text spliced in as its value
+    text = ",".join(f'"{key}":{table if key == "chunks" else _dumps(body[key], "body")}' for key in sorted(body))
     try:
-        raw = _dumps(body, "body").encode("utf-8")
+        raw = ("{" + text + "}").encode("utf-8")
     except UnicodeEncodeError as exc:
         raise FormatError("body", "text encodable as UTF-8", str(exc)) from exc
     if len(raw) > MAX_BODY_BYTES:

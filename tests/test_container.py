@@ -189,6 +189,21 @@ def test_round_trip_property(m: Manifest) -> None:
     assert encode_manifest(decode_manifest(data)) == data
 
 
+@settings(max_examples=200, deadline=None)
+@given(m=manifests())
+def test_the_writer_emits_the_canonical_json_of_format_md(m: Manifest) -> None:
+    body = encode_manifest(m)[16:-32].decode("utf-8")
+    assert body == json.dumps(json.loads(body), sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+
+
+def test_a_chunk_ref_subclass_is_written_as_a_chunk_ref() -> None:
+    class Ref(ChunkRef):
+        pass
+
+    table = [[Ref(r.group, r.first_page, r.num_pages, r.nbytes, r.sha256) for r in group] for group in SMALL.chunks]
+    assert encode_manifest(_replace(chunks=table)) == encode_manifest(SMALL)
+
+
 # -- every mutation is an error of ours ------------------------------------------------
 
 
