@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from functools import cached_property
 
 from .errors import FieldError, UnsupportedLayoutError
 
@@ -179,6 +180,10 @@ class KVLayout:
     def layout_hash(self) -> str:
         """TVM's ``get_layout_hash``: FNV-1a 64 of the descriptor as 16 lowercase hex digits."""
         self.check_checkpointable()
+        return self._descriptor_hash
+
+    @cached_property
+    def _descriptor_hash(self) -> str:  # the fields are frozen: computed once per layout
         return "%016x" % fnv1a64(self.descriptor().encode("utf-8"))
 
 

@@ -202,6 +202,7 @@ class _Saved:
     page_bytes: int
     pages_per_chunk: int
     chunks: tuple[tuple[ChunkRef, ...], ...]
+    chunk_keys: frozenset[str]
 
 
 _MEMORY: "weakref.WeakKeyDictionary[Store, dict[str, _Saved]]" = weakref.WeakKeyDictionary()
@@ -215,8 +216,13 @@ def forget(store: "Store", name: str | None = None) -> None:
         _MEMORY.get(store, {}).pop(name, None)
 
 
-def _remember(store: "Store", name: str, saved: _Saved) -> None:
-    _MEMORY.setdefault(store, {})[name] = saved
+def _remember(store: "Store", name: str, key: str, envelope: bytes, manifest: Manifest, state: "SequenceState") -> None:
+    """Record ``manifest`` (committed under ``key`` as ``envelope``) as what this process last saved or
+    restored of ``name``, with the sequence state it holds."""
+    chunk_keys = frozenset(manifest.chunk_keys())
+    _cache_refs(envelope, chunk_keys)
+    _MEMORY.setdefault(store, {})[name] = _Saved(key, envelope, state, manifest.page_bytes, manifest.pages_per_chunk,
+                                                 manifest.chunks, chunk_keys)
 
 
 # ----- helpers --------------------------------------------------------------------------------------
@@ -311,8 +317,8 @@ async def _refs_of(store: "Store", key: str) -> frozenset[str] | None:
     return refs
 
 
-def _cache_refs(envelope: bytes, manifest: Manifest) -> None:
-    _REFS[hashlib.sha256(envelope).digest()] = frozenset(manifest.chunk_keys())
+def _cache_refs(envelope: bytes, chunk_keys: frozenset[str]) -> None:
+    _REFS[hashlib.sha256(envelope).digest()] = chunk_keys
     while len(_REFS) > _REFS_MAX:
         _REFS.popitem(last=False)
 
@@ -336,9 +342,14 @@ def _check_keep(keep: int) -> int:
     return keep
 
 
-async def _retain(store: "Store", name: str, keep: int) -> tuple[list[str], int, list[str]]:
-    """Drop manifests of ``name`` beyond the newest ``keep``, then the chunks only they used. Lock held."""
-    keys = [key for _, _, key in await _manifest_keys(store, name)]
+async def _retain(store: "Store", name: str, keep: int, keys: list[str] | None = None) -> tuple[list[str], int,
+                                                                                             list[str]]:
+    """Drop manifests of ``name`` beyond the newest ``keep``, then the chunks only they used. Lock held.
+
+    ``keys``: every manifest key of ``name``, oldest first, if the caller knows them under this lock.
+    """
+    if keys is None:
+        keys = [key for _, _, key in await _manifest_keys(store, name)]
     drop = keys[:-keep]
     if not drop:
         return [], 0, []
@@ -401,11 +412,11 @@ async def save(cache: "PagedKVCache", seq_id: int, store: "Store", name: str, *,
 
         # What can be kept from this process's last save of `name`: chunks whose pages are all unchanged.
         prev = _MEMORY.get(store, {}).get(name)
-        reuse, known = 0, set()
+        reuse, known = 0, frozenset[str]()
         if prev is not None and (prev.page_bytes, prev.pages_per_chunk, len(prev.chunks)) == (page_bytes, ppc,
                                                                                                 num_groups):
             if await store.get(prev.key) == prev.envelope:  # its chunks are still kept
-                known = {ref.key for group in prev.chunks for ref in group}
+                known = prev.chunk_keys
                 unchanged_pages = cache.unchanged_prefix(seq_id, prev.state) // lay.page_size
                 reuse = min(unchanged_pages // ppc, len(prev.chunks[0]), len(plan))
         table: list[list[ChunkRef | None]] = [
@@ -463,13 +474,13 @@ async def save(cache: "PagedKVCache", seq_id: int, store: "Store", name: str, *,
         # encoded once the chunk writes are done: Python work on the loop meanwhile holds up the writer threads
         manifest = Manifest(name, generation, metadata, page_bytes, ppc, npages,
                             tuple(tuple(group) for group in table), app_state)  # type: ignore[arg-type]
-        envelope = encode_manifest(manifest)
+        envelope = encode_manifest(manifest, metadata_is_valid=True)  # the cache wrote that metadata
         await store.set(manifest.key, envelope)  # the commit point
-        _cache_refs(envelope, manifest)
-        _remember(store, name, _Saved(manifest.key, envelope, state, page_bytes, ppc, manifest.chunks))
+        _remember(store, name, manifest.key, envelope, manifest, state)
         written = store.bytes_written - written_before
         try:
-            dropped, deleted, warnings = await _retain(store, name, keep)
+            kept = [key for _, _, key in existing] + [manifest.key]
+            dropped, deleted, warnings = await _retain(store, name, keep, kept)
         except KVCkptError as exc:  # the checkpoint is committed: report, do not fail the save
             dropped, deleted, warnings = [], 0, [f"retention after the commit failed (kvckpt gc retries): {exc}"]
     return SaveResult(name, generation, manifest.key, seq_id, state.length, total_chunks, counts["written"], written,
@@ -580,8 +591,7 @@ async def _restore(store: "Store", name: str, cache: "PagedKVCache", seq_id: int
             cache.abort_import(target)
             raise
     if remember:
-        _remember(store, name, _Saved(key, envelope, cache.sequence_state(target), manifest.page_bytes,
-                                      manifest.pages_per_chunk, manifest.chunks))
+        _remember(store, name, key, envelope, manifest, cache.sequence_state(target))
     seq_length = cache.get_sequence_length(target)
     return RestoreResult(name, manifest.generation, key, target, seq_length, manifest.app_state,
                          sum(len(g) for g in manifest.chunks), sum(len(g) for g in groups))

@@ -454,6 +454,13 @@ def test_encode_rejects_invalid(changes: dict[str, Any], field: str) -> None:
     assert info.value.field == field
 
 
+def test_metadata_vouched_for_is_written_the_same_and_not_parsed_again() -> None:
+    assert encode_manifest(SMALL, metadata_is_valid=True) == encode_manifest(SMALL)
+    vouched = _replace(tvm_metadata="{")  # a caller that vouches wrongly writes what the reader refuses
+    with pytest.raises(FormatError, match="tvm_metadata"):
+        decode_manifest(encode_manifest(vouched, metadata_is_valid=True))
+
+
 def test_encode_rejects_non_manifest() -> None:
     with pytest.raises(FormatError, match="manifest"):
         encode_manifest({"name": "x"})  # type: ignore[arg-type]
