@@ -73,6 +73,7 @@ class PagedKVCache(CheckpointMixin):
         self._forward: _Forward | None = None
         self._buffers: dict[str, Buffer] = {}
         self._mapped_slots: set[int] = set()
+        self._host_slots: dict[int, memoryview] = {}  # map_pages' buffers where the host copies pages in place
         CheckpointMixin.__init__(self)
 
     @classmethod
@@ -156,7 +157,7 @@ class PagedKVCache(CheckpointMixin):
             self.device.destroy(buf)
         for buf in self._buffers.values():
             self.device.destroy(buf)
-        self.layers, self._buffers = [], {}
+        self.layers, self._buffers, self._host_slots = [], {}, {}
         self.mover.close()
 
     # ----- sequences --------------------------------------------------------------------------------
@@ -352,7 +353,8 @@ class PagedKVCache(CheckpointMixin):
 
     async def map_pages(self, seq_id: int, page_begin: int = 0, page_end: int | None = None, *,
                         slot: int = 0) -> "MappedPages":
-        """Like :meth:`read_pages`, without a host copy: views into a mapped staging buffer (one per ``slot``).
+        """Like :meth:`read_pages`, into a buffer of ``slot`` that is reused: a mapped staging buffer, or where
+        :attr:`maps_pages`, a host buffer the pages are copied into in place (no device work to wait for).
 
         The views are valid until :meth:`MappedPages.release`; a slot serves one mapping at a time.
         """
@@ -363,6 +365,14 @@ class PagedKVCache(CheckpointMixin):
                                        "first or use another slot")
         ids, tail = self._page_range(seq_id, page_begin, page_end)
         group = len(ids) * self.layout.page_bytes
+        if self.maps_pages:
+            nbytes = len(self.layers) * group
+            host = self._host_slots.get(slot)
+            if host is None or len(host) < nbytes:
+                host = self._host_slots[slot] = zeroed(nbytes)
+            groups = self._read_mapped(ids, tail, host)
+            self._mapped_slots.add(slot)
+            return MappedPages(list(groups), lambda: self._mapped_slots.discard(slot))
         staging, total, stride = await self._pack_pages(ids, tail, f"map_staging{slot}")
         if not total:
             return MappedPages([memoryview(b"")] * len(self.layers), None)

@@ -338,8 +338,8 @@ def test_mapped_pages_equal_the_pages_read_back(make_model, transfer, pages):
         mapped.release()
 
 
-def test_mapping_a_slot_still_mapped_is_refused_and_changes_nothing(make_model):
-    model = make_model(transfer="copy", num_layers=3)
+def test_mapping_a_slot_still_mapped_is_refused_and_changes_nothing(make_model, transfer):
+    model = make_model(transfer=transfer, num_layers=3)
     model.add(0, 5 * P)
     first = run(model.cache.map_pages(0, slot=2))
     with pytest.raises(CheckpointStateError, match="slot 2 is still mapped"):
@@ -362,8 +362,8 @@ def test_map_pages_refuses_a_slot_that_is_not_a_non_negative_integer(make_model,
     mapped.release()
 
 
-def test_a_released_mapping_frees_its_slot_and_releasing_twice_does_nothing(make_model):
-    model = make_model(transfer="copy", num_layers=3)
+def test_a_released_mapping_frees_its_slot_and_releasing_twice_does_nothing(make_model, transfer):
+    model = make_model(transfer=transfer, num_layers=3)
     model.add(0, 5 * P)
     first = run(model.cache.map_pages(0, slot=0))
     first.release()
@@ -373,6 +373,17 @@ def test_a_released_mapping_frees_its_slot_and_releasing_twice_does_nothing(make
     again.release()
     model.append({0: 3})  # the cache still runs forward passes
     model.assert_holds(0)
+
+
+def test_a_slot_serves_a_larger_mapping_after_a_smaller_one(make_model, transfer):
+    model = make_model(transfer=transfer, num_layers=3)
+    model.add(0, 6 * P - 2)
+    small = run(model.cache.map_pages(0, 4, 6, slot=0))
+    assert [bytes(g) for g in small.groups] == [bytes(g) for g in run(model.cache.read_pages(0, 4, 6))]
+    small.release()
+    whole = run(model.cache.map_pages(0, slot=0))
+    assert [bytes(g) for g in whole.groups] == model.expected_groups(0)
+    whole.release()
 
 
 @pytest.mark.parametrize("tokens", [16 * P, 16 * P - 1])
