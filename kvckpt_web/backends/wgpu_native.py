@@ -53,6 +53,19 @@ def host_copy(dst: numpy.ndarray, src: numpy.ndarray) -> None:
         numpy.copyto(dst[at:at + step], src[at:at + step])
 
 
+GIL_FREE_COPY_BYTES = 1 << 20
+"""Runs at least this long are copied by numpy, which lets other threads run meanwhile (a save's hashing
+and writes while its next batch is copied); shorter ones by a slice, which costs less per call."""
+
+
+def _copy_run(dst: memoryview, src: memoryview) -> None:
+    """``dst[:] = src`` for one run of an in-place copy."""
+    if len(src) >= GIL_FREE_COPY_BYTES:
+        host_copy(numpy.frombuffer(dst, numpy.uint8), numpy.frombuffer(src, numpy.uint8))
+    else:
+        dst[:] = src
+
+
 class WgpuDevice(Device):
     """A :class:`~kvckpt_web.device.Device` on a wgpu-py adapter.
 
@@ -258,12 +271,12 @@ class WgpuDevice(Device):
                 # wgpu-py's one writable view of a mapping; write_mapped costs ~5 us a call, 20 ms for 4,096 pages
                 mapped = native._experimental_get_mapped_range(start, size)
                 for offset, view in runs:
-                    mapped[offset - start:offset - start + len(view)] = view
+                    _copy_run(mapped[offset - start:offset - start + len(view)], view)
                 mapped.release()
             else:
                 mapped = native.read_mapped(start, size, copy=False).cast("B")
                 for offset, view in runs:
-                    view[:] = mapped[offset - start:offset - start + len(view)]
+                    _copy_run(view, mapped[offset - start:offset - start + len(view)])
         finally:
             native.unmap()
 
