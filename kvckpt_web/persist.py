@@ -216,13 +216,13 @@ def forget(store: "Store", name: str | None = None) -> None:
         _MEMORY.get(store, {}).pop(name, None)
 
 
-def _remember(store: "Store", name: str, key: str, envelope: bytes, manifest: Manifest, state: "SequenceState") -> None:
-    """Record ``manifest`` (committed under ``key`` as ``envelope``) as what this process last saved or
-    restored of ``name``, with the sequence state it holds."""
+def _remember(store: "Store", envelope: bytes, manifest: Manifest, state: "SequenceState") -> None:
+    """Record ``manifest`` (committed as ``envelope``) as what this process last saved or restored of its
+    name, with the sequence state it holds."""
     chunk_keys = frozenset(manifest.chunk_keys())
     _cache_refs(envelope, chunk_keys)
-    _MEMORY.setdefault(store, {})[name] = _Saved(key, envelope, state, manifest.page_bytes, manifest.pages_per_chunk,
-                                                 manifest.chunks, chunk_keys)
+    _MEMORY.setdefault(store, {})[manifest.name] = _Saved(manifest.key, envelope, state, manifest.page_bytes,
+                                                          manifest.pages_per_chunk, manifest.chunks, chunk_keys)
 
 
 # ----- helpers --------------------------------------------------------------------------------------
@@ -342,14 +342,9 @@ def _check_keep(keep: int) -> int:
     return keep
 
 
-async def _retain(store: "Store", name: str, keep: int, keys: list[str] | None = None) -> tuple[list[str], int,
-                                                                                             list[str]]:
-    """Drop manifests of ``name`` beyond the newest ``keep``, then the chunks only they used. Lock held.
-
-    ``keys``: every manifest key of ``name``, oldest first, if the caller knows them under this lock.
-    """
-    if keys is None:
-        keys = [key for _, _, key in await _manifest_keys(store, name)]
+async def _retain(store: "Store", keep: int, keys: list[str]) -> tuple[list[str], int, list[str]]:
+    """Drop the manifests of ``keys`` (every manifest key of one name, oldest first, as listed under the lock
+    held) beyond the newest ``keep``, then the chunks only they used."""
     drop = keys[:-keep]
     if not drop:
         return [], 0, []
@@ -476,11 +471,11 @@ async def save(cache: "PagedKVCache", seq_id: int, store: "Store", name: str, *,
                             tuple(tuple(group) for group in table), app_state)  # type: ignore[arg-type]
         envelope = encode_manifest(manifest, metadata_is_valid=True)  # the cache wrote that metadata
         await store.set(manifest.key, envelope)  # the commit point
-        _remember(store, name, manifest.key, envelope, manifest, state)
+        _remember(store, envelope, manifest, state)
         written = store.bytes_written - written_before
         try:
-            kept = [key for _, _, key in existing] + [manifest.key]
-            dropped, deleted, warnings = await _retain(store, name, keep, kept)
+            names_keys = [key for _, _, key in existing] + [manifest.key]
+            dropped, deleted, warnings = await _retain(store, keep, names_keys)
         except KVCkptError as exc:  # the checkpoint is committed: report, do not fail the save
             dropped, deleted, warnings = [], 0, [f"retention after the commit failed (kvckpt gc retries): {exc}"]
     return SaveResult(name, generation, manifest.key, seq_id, state.length, total_chunks, counts["written"], written,
@@ -591,7 +586,7 @@ async def _restore(store: "Store", name: str, cache: "PagedKVCache", seq_id: int
             cache.abort_import(target)
             raise
     if remember:
-        _remember(store, name, key, envelope, manifest, cache.sequence_state(target))
+        _remember(store, envelope, manifest, cache.sequence_state(target))
     seq_length = cache.get_sequence_length(target)
     return RestoreResult(name, manifest.generation, key, target, seq_length, manifest.app_state,
                          sum(len(g) for g in manifest.chunks), sum(len(g) for g in groups))
