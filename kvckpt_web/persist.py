@@ -644,10 +644,10 @@ async def gc(store: "Store", *, keep: int | None = DEFAULT_KEEP, names: Iterable
         chunks = await store.list_prefix(CHUNKS)
         unused = [key for key in chunks if key not in used and _is_chunk_key(key)]
         freed = 0
+        size_only = memoryview(bytearray())  # get_into gives a value's length and reads it only into a buffer that fits
         async with store.batch():
             for i, key in enumerate(unused):
-                data = await store.get(key)
-                freed += len(data) if data is not None else 0
+                freed += await store.get_into(key, size_only) or 0
                 await store.delete(key)
                 if progress is not None:
                     progress("gc", i + 1, len(unused))

@@ -378,6 +378,17 @@ def test_gc_removes_the_chunks_of_interrupted_saves(model):
     assert result.deleted_chunks == 1 and chunk_keys(store) == used
 
 
+@pytest.mark.parametrize("kind", ["memory", "file"])
+def test_gc_reports_the_bytes_it_freed(model, tmp_path, kind):
+    model.add(0, 16)
+    store = MemoryStore() if kind == "memory" else FileStore(tmp_path / "store")
+    saved(model, store)
+    for i, size in enumerate((5, 7000)):
+        run(store.set("chunks/" + f"{i:02x}" * 32, bytes(size)))
+    result = run(gc(store))
+    assert (result.deleted_chunks, result.freed_bytes) == (2, 7005)
+
+
 def test_gc_keeps_every_chunk_while_a_manifest_is_damaged(model):
     model.add(0, 16)
     store = MemoryStore()
