@@ -21,6 +21,7 @@ import struct
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Any
 
 from .errors import CorruptionError, FormatError
@@ -152,6 +153,10 @@ def plan_chunks(num_logical_pages: int, pages_per_chunk: int) -> list[tuple[int,
     ]
 
 
+_ENTRY_JSON = '{"first_page":%d,"nbytes":%d,"num_pages":%d,"sha256":"%s"}'
+"""One chunk-table entry as ``_dumps`` writes it (keys sorted, no spaces), for ints and a hex digest."""
+
+
 @dataclass(frozen=True)
 class ChunkRef:
     """One entry of a manifest's chunk table: where a chunk's pages belong and what it must hash to."""
@@ -162,10 +167,22 @@ class ChunkRef:
     nbytes: int
     sha256: str
 
-    @property
+    @cached_property
     def key(self) -> str:
         """The store key of this chunk (a store refuses it if ``sha256`` is not 64 hex digits)."""
         return _CHUNK_PREFIX + self.sha256
+
+    @cached_property
+    def entry_json(self) -> str | None:
+        """This ref's chunk-table entry as a manifest writer prints it; None unless every field is of the type
+        and form a reader accepts (where it belongs in a table is for the table to check).
+
+        Cached: an incremental save writes the refs it keeps from the previous manifest again.
+        """
+        if (type(self.first_page) is int and type(self.num_pages) is int and type(self.nbytes) is int
+                and type(self.sha256) is str and _HEX64_RE.fullmatch(self.sha256)):
+            return _ENTRY_JSON % (self.first_page, self.nbytes, self.num_pages, self.sha256)
+        return None
 
     def describe(self) -> str:
         """``chunks/<hex> (group G, pages A..B)`` for messages."""
@@ -380,10 +397,6 @@ def _parse_body(body: Any) -> Manifest:
     return Manifest(name, generation, tvm_metadata, page_bytes, per_chunk, num_pages, chunks, app_state, created_ms)
 
 
-_ENTRY_JSON = '{"first_page":%d,"nbytes":%d,"num_pages":%d,"sha256":"%s"}'
-"""One chunk-table entry as ``_dumps`` writes it (keys sorted, no spaces), for ints and a hex digest."""
-
-
 def _table_json(m: Manifest) -> str | None:
     """The JSON text of ``m``'s chunk table if every ref is exactly what the reader accepts, else None.
 
@@ -400,12 +413,13 @@ def _table_json(m: Manifest) -> str | None:
             return None
         entries = []
         for ref, (first, count) in zip(group, plan):
-            if not (type(ref) is ChunkRef and ref.group == g and type(ref.first_page) is int and ref.first_page == first
-                    and type(ref.num_pages) is int and ref.num_pages == count and type(ref.nbytes) is int
-                    and ref.nbytes == count * page_bytes and type(ref.sha256) is str
-                    and _HEX64_RE.fullmatch(ref.sha256)):
+            if not (type(ref) is ChunkRef and ref.group == g and ref.first_page == first and ref.num_pages == count
+                    and ref.nbytes == count * page_bytes):
                 return None
-            entries.append(_ENTRY_JSON % (first, ref.nbytes, count, ref.sha256))
+            entry = ref.entry_json
+            if entry is None:
+                return None
+            entries.append(entry)
         groups.append("[" + ",".join(entries) + "]")
     return "[" + ",".join(groups) + "]"
 
