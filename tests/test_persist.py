@@ -60,7 +60,7 @@ def manifest_bytes(store: Store, name: str, generation: int) -> int:
 # ----- save and restore --------------------------------------------------------------------------------
 
 
-def test_restore_gives_back_the_saved_kv_and_app_state(model, target):
+def test_restore_gives_back_the_saved_kv_and_app_state(model, target, hashing):
     model.add(0, 37)
     store = MemoryStore()
     saved(model, store, app_state={"tokens": [1, 2, 3], "rng": "abc"})
@@ -163,7 +163,7 @@ def test_default_chunks_hold_about_one_mib(model):
 # ----- incremental saves -------------------------------------------------------------------------------
 
 
-def test_saving_64_more_tokens_after_4096_writes_only_the_changed_chunks(model, target):
+def test_saving_64_more_tokens_after_4096_writes_only_the_changed_chunks(model, target, hashing):
     model.add(0, 4096)
     store = MemoryStore()
     first = saved(model, store)
@@ -255,7 +255,7 @@ def test_a_save_after_restore_is_incremental(model, target):
     assert groups == moved.expected_groups(0)
 
 
-def test_concurrent_saves_and_restores_on_one_cache_do_not_interfere(model, target):
+def test_concurrent_saves_and_restores_on_one_cache_do_not_interfere(model, target, hashing):
     model.add(0, 40)
     model.add(1, 33)
     first, second = MemoryStore(), MemoryStore()
@@ -461,6 +461,29 @@ def test_a_failed_manifest_write_commits_nothing_and_deletes_nothing(model, targ
     assert groups == expected
 
 
+@pytest.fixture(params=["inline", "threads"])
+def hashing(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Saves hash their chunks on the event loop (small saves) or on the hash threads (large ones)."""
+    monkeypatch.setattr(pipeline, "INLINE_HASH_BYTES", 1 << 40 if request.param == "inline" else -1)
+    return request.param
+
+
+def test_a_small_save_hashes_on_the_loop_and_a_large_one_on_the_hash_threads(model, monkeypatch):
+    model.add(0, 40)
+    queued: list[int] = []
+    real = pipeline.Hasher.digest
+    monkeypatch.setattr(pipeline.Hasher, "digest", lambda self, data: queued.append(len(data)) or real(self, data))
+    nbytes = model.layout.num_layers * model.layout.num_logical_pages(40) * model.layout.page_bytes
+    checkpoints = []
+    for limit in (nbytes, nbytes - 1):
+        monkeypatch.setattr(pipeline, "INLINE_HASH_BYTES", limit)
+        store = MemoryStore()
+        saved(model, store)
+        checkpoints.append({k: run(store.get(k)) for k in run(store.list_prefix("chunks/"))})
+        assert sum(queued) == (0 if limit == nbytes else nbytes)
+    assert checkpoints[0] == checkpoints[1]
+
+
 @pytest.fixture
 def small_batches(monkeypatch: pytest.MonkeyPatch) -> None:
     """Saves map one chunk column per batch, two batches at a time: slots are reused within one save."""
@@ -468,7 +491,7 @@ def small_batches(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(pipeline, "READ_SLOTS", 2)
 
 
-def test_a_save_in_many_batches_through_reused_slots_round_trips(model, target, small_batches):
+def test_a_save_in_many_batches_through_reused_slots_round_trips(model, target, small_batches, hashing):
     model.add(0, 40 * 4 + 3)
     store = MemoryStore()
     result = saved(model, store)
@@ -479,7 +502,7 @@ def test_a_save_in_many_batches_through_reused_slots_round_trips(model, target, 
 
 @pytest.mark.parametrize("fail_at", [1, 7, 15])
 def test_a_chunk_write_failing_mid_save_commits_nothing_and_leaves_the_cache_usable(model, target, small_batches,
-                                                                                      fail_at):
+                                                                                      hashing, fail_at):
     model.add(0, 40 * 4 + 3)
 
     class FailingChunks(MemoryStore):
