@@ -1,8 +1,9 @@
 """The concurrency under saves and restores: bounded jobs, ordered hashing on worker threads, and the
 batches of a save mapped from the GPU a few at a time.
 
-Hashing (hashlib releases the GIL) and blocking file I/O run in threads where threads exist; in
-Pyodide every step runs inline on the event loop and the same code still works.
+Hashing (hashlib releases the GIL) and blocking file I/O run in threads where threads exist, except the
+hashing of small saves (:data:`INLINE_HASH_BYTES`); in Pyodide every step runs inline on the event loop and
+the same code still works.
 """
 
 from __future__ import annotations
