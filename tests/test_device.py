@@ -164,6 +164,18 @@ def test_host_copies_out_of_a_storage_buffer_see_the_work_submitted_before(devic
         device.destroy(src)
 
 
+def test_long_in_place_runs_go_through_numpy_and_arrive_intact_both_ways(device, in_place, monkeypatch):
+    copied: list[int] = []
+    real = wgpu_native.host_copy
+    monkeypatch.setattr(wgpu_native, "GIL_FREE_COPY_BYTES", 8)  # numpy releases the GIL; short runs keep the slice
+    monkeypatch.setattr(wgpu_native, "host_copy", lambda dst, src: copied.append(len(src)) or real(dst, src))
+    device.copy_to_buffer(in_place, [(0, memoryview(bytes(range(100, 116)))), (40, memoryview(b"abc"))])
+    long, short = memoryview(bytearray(16)), memoryview(bytearray(3))
+    device.copy_from_buffer(in_place, [(0, long), (40, short)])
+    assert (bytes(long), bytes(short)) == (bytes(range(100, 116)), b"abc")
+    assert copied == [16, 16]
+
+
 def test_a_storage_buffer_that_maps_is_unmapped_for_every_later_submit(device, in_place):
     _, dst = _buffers(device, 64)
     try:
