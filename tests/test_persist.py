@@ -526,6 +526,40 @@ def test_a_chunk_write_failing_mid_save_commits_nothing_and_leaves_the_cache_usa
     assert groups == model.expected_groups(0)
 
 
+def test_a_cancelled_save_commits_nothing_and_releases_the_store_and_the_cache(model, target, small_batches, hashing):
+    model.add(0, 40 * 4 + 3)
+    store = MemoryStore()
+    saved(model, store)
+    before = run(list_generations(store))
+    model.append({0: 40})
+    stalled, release = asyncio.Event(), asyncio.Event()
+
+    class Stalling(MemoryStore):
+        async def _set(self, key: str, data: bytes) -> None:
+            if key.startswith("chunks/"):
+                stalled.set()
+                await release.wait()  # a slow write: the cancelled save waits for the ones in flight
+            await super()._set(key, data)
+
+    stalling = Stalling(store._data)
+
+    async def cancel_mid_save() -> None:
+        task = asyncio.ensure_future(save(model.cache, 0, stalling, "s", pages_per_chunk=PPC))
+        await stalled.wait()
+        task.cancel()
+        await asyncio.sleep(0)
+        release.set()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+
+    run(cancel_mid_save())
+    assert run(list_generations(store)) == before  # nothing committed, nothing dropped
+    result = saved(model, store)  # the lock and the cache's slots are free again
+    assert result.generation == 2
+    _, groups = restored(store, target)
+    assert groups == model.expected_groups(0)
+
+
 # ----- restore refuses what does not fit, before touching the cache ------------------------------------
 
 
