@@ -51,9 +51,10 @@ GPU packs the one before); an import scatters one step while the host fills the 
 copy moves whole is not split."""
 
 
-def in_pieces(runs: list[tuple[int, int, int]], piece: int) -> list[tuple[int, int, int]]:
-    """``(start, first, length)`` runs (as :func:`page_runs` gives them), each cut into runs of at most ``piece``."""
-    if all(length <= piece for _, _, length in runs):
+def in_pieces(runs: list[tuple[int, int, int]], piece: int | None) -> list[tuple[int, int, int]]:
+    """``(start, first, length)`` runs (as :func:`page_runs` gives them), each cut into runs of at most ``piece``
+    (None: left whole)."""
+    if piece is None or all(length <= piece for _, _, length in runs):
         return runs
     return [(start + at, first + at, min(piece, length - at)) for start, first, length in runs
             for at in range(0, length, piece)]
@@ -125,9 +126,7 @@ class PageMover:
         """For the ``"mapped"`` transfer: (offset in the page buffer, view of the group) of each run of the
         pages ``page_ids`` of layer g and its dense group ``groups[g]``, by page buffer (pieces as copies)."""
         pb = self.page_bytes
-        runs = page_runs(page_ids)
-        if self.copy_piece_pages is not None:
-            runs = in_pieces(runs, self.copy_piece_pages)
+        runs = in_pieces(page_runs(page_ids), self.copy_piece_pages)
         by_buffer: dict[Buffer, list[tuple[int, memoryview]]] = {}
         for layer, group in zip(layers, groups):
             by_buffer.setdefault(layer.buffer, []).extend(
@@ -178,8 +177,7 @@ class PageMover:
         """One command copying page ``runs`` from pages to dense (pack) or, with ``swap``, back (scatter), each
         run in pieces of at most :attr:`copy_piece_pages`."""
         pb = self.page_bytes
-        if self.copy_piece_pages is not None:
-            runs = in_pieces(runs, self.copy_piece_pages)
+        runs = in_pieces(runs, self.copy_piece_pages)
         if swap:
             return CopyRuns(dense, pages, tuple((dense_offset + start * pb, pages_offset + first * pb, length * pb)
                                                 for start, first, length in runs))

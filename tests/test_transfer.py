@@ -54,6 +54,7 @@ def test_another_adapter_times_both_paths_and_remembers_the_faster(device, monke
 def test_in_pieces_cuts_each_run_into_runs_of_at_most_the_piece():
     assert in_pieces([(0, 100, 10), (10, 8, 4)], 4) == [(0, 100, 4), (4, 104, 4), (8, 108, 2), (10, 8, 4)]
     assert in_pieces([(0, 100, 3), (3, 8, 4)], 4) == [(0, 100, 3), (3, 8, 4)]
+    assert in_pieces([(0, 100, 10)], None) == [(0, 100, 10)]
 
 
 @pytest.mark.parametrize(("is_cpu", "page_bytes", "pieces"),
