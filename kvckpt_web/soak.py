@@ -4,9 +4,10 @@ Each trial runs a worker process that fills a small cache in three deterministic
 stages (seeded appends and pops) and saves generation 1, 2 and 3 of one name in
 a :class:`~kvckpt_web.store.FileStore`. During the third save it dies by
 SIGKILL: either at a chosen step of the store's ``fault`` hook (before a write,
-fsync, rename or directory fsync) or at a random instant chosen by the parent
-while every step sleeps a random moment. The parent then restores the newest
-generation into its own cache; it must be exactly stage 2 or stage 3 (checked
+fsync, link, rename or directory fsync) or at a random instant chosen by the
+parent while every step sleeps a random moment. Trials alternate the store's two
+ways to write a file: unnamed and linked (Linux), or a named temp file renamed.
+The parent then restores the newest generation into its own cache; it must be exactly stage 2 or stage 3 (checked
 byte for byte against a reference cache driven through the same stages), the
 store must verify with no problem, and a new save on top must restore intact.
 
@@ -83,9 +84,9 @@ def _sigkill() -> None:
     os.kill(os.getpid(), signal.SIGKILL)
 
 
-async def _worker(directory: str, seed: int, mode: str, kill_step: int) -> None:
+async def _worker(directory: str, seed: int, mode: str, kill_step: int, naming: str) -> None:
     cache = PagedKVCache(open_device(), LAYOUT, LIMITS)
-    store = FileStore(directory)
+    store = FileStore(directory, unnamed_files=naming == "unnamed")
     for stage in range(1, STAGES + 1):
         apply_stage(cache, seed, stage)
         if stage == STAGES:
@@ -146,10 +147,11 @@ async def _reference(device: Device, seed: int, directory: str) -> tuple[dict[in
         shutil.rmtree(directory, ignore_errors=True)
 
 
-async def _run_worker(directory: str, seed: int, mode: str, kill_step: int, delay: float) -> tuple[str, str]:
+async def _run_worker(directory: str, seed: int, mode: str, kill_step: int, delay: float, naming: str
+                      ) -> tuple[str, str]:
     """Run one worker to its end; (how it ended, its output)."""
     proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "kvckpt_web.soak", "worker", directory, str(seed), mode, str(kill_step),
+        sys.executable, "-m", "kvckpt_web.soak", "worker", directory, str(seed), mode, str(kill_step), naming,
         stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
     lines = []
     if mode == "timer":
@@ -209,24 +211,27 @@ async def _check_trial(device: Device, directory: str, seed: int, expected: dict
 
 async def run_soak(trials: int = 200, *, seed: int = 0, jobs: int = 2, device: Device | None = None,
                    directory: str | None = None, echo: Callable[[str], None] | None = None) -> SoakResult:
-    """Run ``trials`` kill trials (``jobs`` workers at a time); half kill at a fault step, half at a random instant."""
+    """Run ``trials`` kill trials (``jobs`` workers at a time); half kill at a fault step, half at a random
+    instant, each half writing files unnamed and named in turns."""
     device = device or open_device()
     root = tempfile.mkdtemp(prefix="kvckpt-soak.", dir=directory)
     result = SoakResult()
     rng = random.Random(f"soak:{seed}")
-    plans = [(seed * 100_000 + t, "step" if t % 2 == 0 else "timer", rng.random()) for t in range(trials)]
+    plans = [(seed * 100_000 + t, "step" if t % 2 == 0 else "timer", "named" if t // 2 % 2 else "unnamed", rng.random())
+             for t in range(trials)]
     semaphore = asyncio.Semaphore(max(1, jobs))
     started = time.perf_counter()
 
-    async def trial(trial_seed: int, mode: str, point: float) -> None:
+    async def trial(trial_seed: int, mode: str, naming: str, point: float) -> None:
         directory = os.path.join(root, f"t{trial_seed}")
         expected, steps = await _reference(device, trial_seed, directory + ".ref")
         kill_step = 1 + int(point * steps * OVERSHOOT)
         delay = point * steps * STEP_SECONDS * OVERSHOOT
-        where = f"trial seed {trial_seed} ({mode}, step {kill_step} of {steps}, delay {delay * 1e3:.1f} ms)"
+        where = (f"trial seed {trial_seed} ({mode}, {naming} files, step {kill_step} of {steps}, "
+                 f"delay {delay * 1e3:.1f} ms)")
         try:
             async with semaphore:
-                ended, text = await _run_worker(directory, trial_seed, mode, kill_step, delay)
+                ended, text = await _run_worker(directory, trial_seed, mode, kill_step, delay, naming)
             if ended not in ("killed", "completed"):
                 raise AssertionError(f"worker {ended}:\n{text[-2000:]}")
             result.kills[ended] += 1
@@ -249,6 +254,6 @@ async def run_soak(trials: int = 200, *, seed: int = 0, jobs: int = 2, device: D
 
 
 if __name__ == "__main__":
-    if len(sys.argv) != 6 or sys.argv[1] != "worker":
-        sys.exit("usage: python -m kvckpt_web.soak worker DIR SEED step|timer KILL_STEP")
-    asyncio.run(_worker(sys.argv[2], int(sys.argv[3]), sys.argv[4], int(sys.argv[5])))
+    if len(sys.argv) != 7 or sys.argv[1] != "worker":
+        sys.exit("usage: python -m kvckpt_web.soak worker DIR SEED step|timer KILL_STEP unnamed|named")
+    asyncio.run(_worker(sys.argv[2], int(sys.argv[3]), sys.argv[4], int(sys.argv[5]), sys.argv[6]))

@@ -8,8 +8,8 @@ old value or the new one, never a mix.
 Backends:
 
 * :class:`MemoryStore` -- a dict; for tests and as a cache.
-* :class:`FileStore` -- a desktop directory, crash-safe (temp file, fsync,
-  rename, directory fsync), locked with ``fcntl.flock``.
+* :class:`FileStore` -- a desktop directory, crash-safe (new file, fsync,
+  link or rename, directory fsync), locked with ``fcntl.flock``.
 
 This module imports only what Pyodide has; the POSIX-only ``fcntl`` is
 imported inside :class:`FileStore` when it locks.
@@ -28,9 +28,11 @@ import time
 from abc import ABC, abstractmethod
 from collections.abc import AsyncIterator, Callable, MutableMapping
 from contextlib import AbstractAsyncContextManager, asynccontextmanager, nullcontext
-from typing import Any
+from typing import Any, TypeVar
 
 from .errors import FormatError, StoreError
+
+_T = TypeVar("_T")
 
 __all__ = [
     "FileStore",
@@ -301,9 +303,10 @@ TEMP_PREFIX = "~tmp."
 LOCK_NAME = "~kvckpt.lock"
 """Name of FileStore's lock file in its directory."""
 
-FAULT_STEPS = ("write", "fsync", "rename", "dirsync")
-"""The steps of :meth:`FileStore.set`, in order, as passed to its ``fault`` hook (in a :meth:`~Store.batch`,
-"dirsync" comes once per directory when the batch exits)."""
+FAULT_STEPS = ("write", "fsync", "link", "rename", "dirsync")
+"""The steps of a :class:`FileStore` write, in order, as passed to its ``fault`` hook. An unnamed file is
+linked under its key ("link"); a named temp file, or an unnamed file replacing a value, is renamed over the
+key's file ("rename"); in a :meth:`~Store.batch`, "dirsync" comes once per directory when the batch exits."""
 
 IO_THREADS = 16
 """Worker threads shared by every FileStore: enough blocking writes and fsyncs in flight to keep a disk busy."""
@@ -323,6 +326,18 @@ _BATCHES: "contextvars.ContextVar[dict[FileStore, set[str]]]" = contextvars.Cont
 """Per task: each FileStore with an open batch, and the directories that batch changed, not fsynced yet."""
 
 
+def takes_unnamed_files(directory: str) -> bool:
+    """Whether files can be created unnamed in ``directory`` (Linux ``O_TMPFILE``) and linked from ``/proc``."""
+    flag = getattr(os, "O_TMPFILE", None)
+    if flag is None or not os.path.isdir("/proc/self/fd"):
+        return False
+    try:
+        os.close(os.open(directory, flag | os.O_WRONLY, 0o644))
+    except OSError:  # the file system lacks them, or the directory takes no new files: writes will say
+        return False
+    return True
+
+
 def fsync_dir(path: str | os.PathLike) -> None:
     """Make a directory's entries (a rename, a new file) durable (desktop file systems)."""
     fd = os.open(path, os.O_RDONLY)
@@ -335,14 +350,17 @@ def fsync_dir(path: str | os.PathLike) -> None:
 class FileStore(Store):
     """A store in a directory of a POSIX desktop file system; each key is a file.
 
-    ``set`` writes a temp file beside the target, fsyncs it, renames it over
-    the target and fsyncs the directory, so a crash at any point leaves the old
-    or the new value, plus at worst a stray temp file that ``list_prefix``
-    never returns and :meth:`cleanup_temp` removes (as does the first
-    :meth:`lock` taken through each FileStore object). In a :meth:`~Store.batch`
-    the directory fsyncs wait for the end of the batch, one per directory.
-    ``fault``, if given, is called with each step name of :data:`FAULT_STEPS`
-    before that step, for fault-injection tests.
+    A write fills a new file and fsyncs it, gives it the key's name and fsyncs
+    the directory, so a crash at any point leaves the old or the new value.
+    Where :attr:`unnamed_files` (Linux), the new file is created without a name
+    and linked under the key, or under a temp name renamed over an old value;
+    elsewhere it is a temp file beside the target, renamed over it. A crash
+    leaves at worst a stray temp file that ``list_prefix`` never returns and
+    :meth:`cleanup_temp` removes (as does the first :meth:`lock` taken through
+    each FileStore object); an unnamed file goes with the process. In a
+    :meth:`~Store.batch` the directory fsyncs wait for the end of the batch,
+    one per directory. ``fault``, if given, is called with each step name of
+    :data:`FAULT_STEPS` before that step, for fault-injection tests.
 
     A key cannot both hold a value and be a directory of other keys (``a`` and
     ``a/b``); such a ``set`` raises :class:`StoreError`. ``delete`` removes the
@@ -356,6 +374,7 @@ class FileStore(Store):
         read_only: bool = False,
         lock_timeout: float = DEFAULT_LOCK_TIMEOUT,
         fault: Callable[[str], None] | None = None,
+        unnamed_files: bool = True,
     ) -> None:
         super().__init__(read_only=read_only, lock_timeout=lock_timeout)
         self.directory = os.path.abspath(os.fspath(directory))
@@ -370,9 +389,16 @@ class FileStore(Store):
             raise StoreError(f"store directory {self.directory}: cannot create ({exc})") from exc
         if not is_dir:
             raise StoreError(f"store directory {self.directory}: expected a directory, got none")
+        self._unnamed = bool(unnamed_files) and not read_only and takes_unnamed_files(self.directory)
 
     def __repr__(self) -> str:
         return f"FileStore({self.directory!r}, read_only={self.read_only})"
+
+    @property
+    def unnamed_files(self) -> bool:
+        """Whether writes create their file unnamed and link it under the key: asked for (``unnamed_files``)
+        and the directory takes such files (Linux ``O_TMPFILE``). Otherwise each write uses a named temp file."""
+        return self._unnamed
 
     @property
     def lock_path(self) -> str:
@@ -428,46 +454,80 @@ class FileStore(Store):
                     raise
             fsync_dir(os.path.dirname(path))
 
-    def _write(self, key: str, data: memoryview, unsynced: set[str] | None) -> None:
+    def _in_parent(self, parent: str, op: Callable[[], _T]) -> _T:
+        """``op()``, creating ``parent`` first if it is missing (a concurrent delete may prune it again)."""
+        for _ in range(2):
+            try:
+                return op()
+            except FileNotFoundError:
+                self._makedirs(parent)
+        return op()
+
+    def _temp_path(self, parent: str, base: str) -> str:
+        return os.path.join(parent, f"{TEMP_PREFIX}{base}.{secrets.token_hex(8)}")
+
+    @staticmethod
+    def _link(fd: int, path: str) -> None:
+        """Give the unnamed file ``fd`` the name ``path``."""
+        # an absolute source makes linkat ignore src_dir_fd; passing one makes os.link call linkat with
+        # AT_SYMLINK_FOLLOW, which links the file /proc/self/fd/N stands for rather than that symlink
+        os.link(f"/proc/self/fd/{fd}", path, src_dir_fd=fd, follow_symlinks=True)
+
+    def _write(self, key: str, data: memoryview, unsynced: set[str] | None, replace: bool = True) -> bool:
+        """Store ``data`` under ``key``; unless ``replace``, leave a value already there and return False."""
         path = self._path(key)
         parent, base = os.path.split(path)
-        tmp = os.path.join(parent, f"{TEMP_PREFIX}{base}.{secrets.token_hex(8)}")
+        tmp: str | None = None
         try:
-            for attempt in range(3):  # create the parent if missing; a concurrent delete may prune it again
+            if self._unnamed:
+                fd = self._in_parent(parent, lambda: os.open(parent, os.O_TMPFILE | os.O_WRONLY, 0o644))
                 try:
-                    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
-                    break
-                except FileNotFoundError:
-                    if attempt == 2:
-                        raise
-                    self._makedirs(parent)
-            try:
-                self._step("write")
-                view = memoryview(data)
-                while view:
-                    view = view[os.write(fd, view) :]
-                self._step("fsync")
-                os.fsync(fd)
-            finally:
-                os.close(fd)
-            self._step("rename")
-            os.replace(tmp, path)
+                    self._fill(fd, data)
+                    self._step("link")
+                    try:
+                        self._in_parent(parent, lambda: self._link(fd, path))
+                    except FileExistsError:
+                        if not replace and os.path.isfile(path):
+                            return False
+                        tmp = self._temp_path(parent, base)  # replaced below, as a named temp file would be
+                        self._link(fd, tmp)
+                finally:
+                    os.close(fd)
+            else:
+                tmp = self._temp_path(parent, base)
+                fd = self._in_parent(parent, lambda: os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644))
+                try:
+                    self._fill(fd, data)
+                finally:
+                    os.close(fd)
+            if tmp is not None:
+                self._step("rename")
+                os.replace(tmp, path)
             self._entries_changed(parent, unsynced)
+            return True
         except BaseException as exc:
-            try:
-                os.unlink(tmp)
-            except OSError:
-                pass
+            if tmp is not None:
+                try:
+                    os.unlink(tmp)
+                except OSError:
+                    pass
             if isinstance(exc, OSError):
                 raise StoreError(f"set {key!r}: cannot write {path} ({exc})") from exc
             raise
+
+    def _fill(self, fd: int, data: memoryview) -> None:
+        self._step("write")
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view) :]
+        self._step("fsync")
+        os.fsync(fd)
 
     def _write_if_absent(self, key: str, data: memoryview, unsynced: set[str] | None) -> bool:
         """:meth:`_write` unless ``key`` is a file already (one trip to an I/O thread for both)."""
         if os.path.isfile(self._path(key)):
             return False
-        self._write(key, data, unsynced)
-        return True
+        return self._write(key, data, unsynced, replace=False)
 
     def _remove(self, key: str, unsynced: set[str] | None) -> None:
         path = self._path(key)

@@ -37,10 +37,11 @@ class Crash(Exception):
     pass
 
 
-def saved_stages(device, directory: Path, seed: int) -> tuple[PagedKVCache, FileStore, dict[int, list[bytes]]]:
+def saved_stages(device, directory: Path, seed: int, unnamed: bool = True
+                 ) -> tuple[PagedKVCache, FileStore, dict[int, list[bytes]]]:
     """A cache and store after stages 1..STAGES-1 were saved, the cache then moved on to the last stage."""
     cache = PagedKVCache(device, LAYOUT, LIMITS)
-    store = FileStore(directory)
+    store = FileStore(directory, unnamed_files=unnamed)
     expected = {}
     for stage in range(1, STAGES + 1):
         apply_stage(cache, seed, stage)
@@ -50,17 +51,19 @@ def saved_stages(device, directory: Path, seed: int) -> tuple[PagedKVCache, File
     return cache, store, expected
 
 
-@pytest.mark.parametrize("seed", [3, 4])
-def test_a_failure_at_any_write_fsync_or_rename_leaves_a_restorable_generation(device, tmp_path, seed):
-    probe_cache, probe_store, _ = saved_stages(device, tmp_path / "probe", seed)
+@pytest.mark.parametrize("seed, unnamed", [(3, True), (4, False)], ids=["unnamed-files", "named-temp-files"])
+def test_a_failure_at_any_write_fsync_or_link_leaves_a_restorable_generation(device, tmp_path, seed, unnamed):
+    probe_cache, probe_store, _ = saved_stages(device, tmp_path / "probe", seed, unnamed)
     steps: list[str] = []
     probe_store.fault = steps.append
     run(save(probe_cache, SEQ, probe_store, NAME, keep=2, pages_per_chunk=PAGES_PER_CHUNK))
     probe_cache.close()
-    assert set(steps) == set(FAULT_STEPS) and len(steps) >= 8
+    # every key a save writes is new: an unnamed file is linked, a named temp file renamed
+    assert set(steps) == {"write", "fsync", "link" if probe_store.unnamed_files else "rename", "dirsync"}
+    assert set(steps) <= set(FAULT_STEPS) and len(steps) >= 8
 
     for k in range(len(steps)):
-        cache, store, expected = saved_stages(device, tmp_path / f"s{k}", seed)
+        cache, store, expected = saved_stages(device, tmp_path / f"s{k}", seed, unnamed)
         count = [0]
 
         def fault(step: str) -> None:

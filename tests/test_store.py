@@ -35,6 +35,11 @@ class TestFileStore(StoreTests):
         return FileStore(location / "store", **kwargs)
 
 
+class TestFileStoreWithNamedTempFiles(StoreTests):
+    def open_store(self, location: Path, **kwargs: Any) -> Store:
+        return FileStore(location / "store", unnamed_files=False, **kwargs)
+
+
 # -- FileStore specifics ----------------------------------------------------------
 
 
@@ -46,6 +51,22 @@ class Boom(Exception):
     pass
 
 
+def write_steps(unnamed: bool, replacing: bool = False) -> list[str]:
+    """The fault steps of one FileStore set outside a batch: an unnamed file is linked under a new key, or
+    linked under a temp name that is renamed over an old value; a named temp file is renamed."""
+    publish = (["link", "rename"] if replacing else ["link"]) if unnamed else ["rename"]
+    return ["write", "fsync", *publish, "dirsync"]
+
+
+NAMINGS = [pytest.param(True, id="unnamed"), pytest.param(False, id="named")]
+"""FileStore's two ways to write: ``unnamed_files`` asked for (taken on Linux) or not."""
+
+
+def naming_and_steps(replacing: bool, stop: int | None = None) -> list[Any]:
+    return [pytest.param(unnamed, step, id=f"{'unnamed' if unnamed else 'named'}-{step}")
+            for unnamed in (True, False) for step in write_steps(unnamed, replacing)[:stop]]
+
+
 def raise_at(step: str) -> Any:
     def fault(name: str) -> None:
         assert name in FAULT_STEPS
@@ -55,9 +76,9 @@ def raise_at(step: str) -> Any:
     return fault
 
 
-@pytest.mark.parametrize("step", FAULT_STEPS)
-def test_exception_mid_write_keeps_old_value(tmp_path: Path, step: str) -> None:
-    store = FileStore(tmp_path)
+@pytest.mark.parametrize("unnamed, step", naming_and_steps(replacing=True))
+def test_exception_mid_write_keeps_old_value(tmp_path: Path, unnamed: bool, step: str) -> None:
+    store = FileStore(tmp_path, unnamed_files=unnamed)
     run(store.set("d/k", b"old"))
     store.fault = raise_at(step)
     with pytest.raises(Boom):
@@ -70,26 +91,28 @@ def test_exception_mid_write_keeps_old_value(tmp_path: Path, step: str) -> None:
     assert store.bytes_written == 3  # the failed set is not counted
 
 
-def test_exception_mid_write_of_new_key(tmp_path: Path) -> None:
-    store = FileStore(tmp_path, fault=raise_at("rename"))
+@pytest.mark.parametrize("unnamed", NAMINGS)
+def test_exception_mid_write_of_new_key(tmp_path: Path, unnamed: bool) -> None:
+    store = FileStore(tmp_path, unnamed_files=unnamed, fault=raise_at(write_steps(unnamed)[-2]))
     with pytest.raises(Boom):
         run(store.set("fresh", b"new"))
     assert run(store.get("fresh")) is None
     assert temp_files(tmp_path) == []
 
 
-def test_set_if_absent_of_a_present_key_takes_no_write_step(tmp_path: Path) -> None:
+@pytest.mark.parametrize("unnamed", NAMINGS)
+def test_set_if_absent_of_a_present_key_takes_no_write_step(tmp_path: Path, unnamed: bool) -> None:
     seen: list[str] = []
-    store = FileStore(tmp_path, fault=seen.append)
+    store = FileStore(tmp_path, unnamed_files=unnamed, fault=seen.append)
     run(store.set("k", b"v"))
     seen.clear()
     assert run(store.set_if_absent("k", b"v")) is False
     assert seen == []
 
 
-@pytest.mark.parametrize("step", FAULT_STEPS[:3])
-def test_exception_mid_set_if_absent_leaves_the_key_absent(tmp_path: Path, step: str) -> None:
-    store = FileStore(tmp_path, fault=raise_at(step))
+@pytest.mark.parametrize("unnamed, step", naming_and_steps(replacing=False, stop=-1))
+def test_exception_mid_set_if_absent_leaves_the_key_absent(tmp_path: Path, unnamed: bool, step: str) -> None:
+    store = FileStore(tmp_path, unnamed_files=unnamed, fault=raise_at(step))
     with pytest.raises(Boom):
         run(store.set_if_absent("chunks/c", b"new"))
     assert run(store.exists("chunks/c")) is False
@@ -97,26 +120,35 @@ def test_exception_mid_set_if_absent_leaves_the_key_absent(tmp_path: Path, step:
     assert store.bytes_written == 0
 
 
-def test_os_error_becomes_store_error(tmp_path: Path) -> None:
+@pytest.mark.parametrize("unnamed", NAMINGS)
+def test_os_error_becomes_store_error(tmp_path: Path, unnamed: bool) -> None:
     def disk_full(step: str) -> None:
         if step == "write":
             raise OSError(28, "No space left on device")
 
-    store = FileStore(tmp_path, fault=disk_full)
+    store = FileStore(tmp_path, unnamed_files=unnamed, fault=disk_full)
     with pytest.raises(StoreError, match="'k'.*No space left"):
         run(store.set("k", b"data"))
     assert temp_files(tmp_path) == []
 
 
-def test_fault_steps_in_order(tmp_path: Path) -> None:
+@pytest.mark.parametrize("unnamed", NAMINGS)
+def test_fault_steps_in_order(tmp_path: Path, unnamed: bool) -> None:
     seen: list[str] = []
-    run(FileStore(tmp_path, fault=seen.append).set("k", b"v"))
-    assert seen == list(FAULT_STEPS)
+    store = FileStore(tmp_path, unnamed_files=unnamed, fault=seen.append)
+    run(store.set("k", b"v"))
+    assert seen == write_steps(unnamed)
+    seen.clear()
+    run(store.set("k", b"w"))
+    assert seen == write_steps(unnamed, replacing=True)
+    assert all(step in FAULT_STEPS for step in seen)
+    assert run(store.get("k")) == b"w"
 
 
-def test_batch_fsyncs_each_directory_once_when_it_ends(tmp_path: Path) -> None:
+@pytest.mark.parametrize("unnamed", NAMINGS)
+def test_batch_fsyncs_each_directory_once_when_it_ends(tmp_path: Path, unnamed: bool) -> None:
     seen: list[str] = []
-    store = FileStore(tmp_path, fault=seen.append)
+    store = FileStore(tmp_path, unnamed_files=unnamed, fault=seen.append)
 
     async def two_sets() -> None:
         async with store.batch():
@@ -125,7 +157,7 @@ def test_batch_fsyncs_each_directory_once_when_it_ends(tmp_path: Path) -> None:
             assert "dirsync" not in seen  # nothing waits for the directory inside the batch
 
     run(two_sets())
-    assert seen == ["write", "fsync", "rename"] * 2 + ["dirsync"]
+    assert seen == write_steps(unnamed)[:-1] * 2 + ["dirsync"]
     assert run(store.get("d/a")) == b"1" and run(store.get("d/b")) == b"2"
 
 
@@ -168,9 +200,10 @@ def test_batch_still_syncs_when_its_body_fails(tmp_path: Path) -> None:
     assert run(store.get("k")) == b"v"
 
 
-def test_set_outside_a_batch_is_durable_at_once_again(tmp_path: Path) -> None:
+@pytest.mark.parametrize("unnamed", NAMINGS)
+def test_set_outside_a_batch_is_durable_at_once_again(tmp_path: Path, unnamed: bool) -> None:
     seen: list[str] = []
-    store = FileStore(tmp_path, fault=seen.append)
+    store = FileStore(tmp_path, unnamed_files=unnamed, fault=seen.append)
 
     async def batch_then_set() -> None:
         async with store.batch():
@@ -179,12 +212,13 @@ def test_set_outside_a_batch_is_durable_at_once_again(tmp_path: Path) -> None:
         await store.set("b", b"2")
 
     run(batch_then_set())
-    assert seen == list(FAULT_STEPS)
+    assert seen == write_steps(unnamed)
 
 
-def test_batch_does_not_defer_writes_of_tasks_outside_it(tmp_path: Path) -> None:
+@pytest.mark.parametrize("unnamed", NAMINGS)
+def test_batch_does_not_defer_writes_of_tasks_outside_it(tmp_path: Path, unnamed: bool) -> None:
     seen: list[str] = []
-    store = FileStore(tmp_path, fault=seen.append)
+    store = FileStore(tmp_path, unnamed_files=unnamed, fault=seen.append)
 
     async def other_task_during_a_batch() -> None:
         go, done = asyncio.Event(), asyncio.Event()
@@ -205,7 +239,7 @@ def test_batch_does_not_defer_writes_of_tasks_outside_it(tmp_path: Path) -> None
 
     run(other_task_during_a_batch())
     outsider = seen[seen.index("<outsider>") + 1:seen.index("</outsider>")]
-    assert outsider == list(FAULT_STEPS)  # its set was durable when it returned
+    assert outsider == write_steps(unnamed)  # its set was durable when it returned
 
 
 def test_temp_files_hidden_and_swept(tmp_path: Path) -> None:
@@ -256,13 +290,58 @@ def test_two_filestores_exclude_each_other(tmp_path: Path) -> None:
     run(body())
 
 
-def test_key_that_is_a_directory_cannot_be_set(tmp_path: Path) -> None:
-    store = FileStore(tmp_path)
+@pytest.mark.parametrize("unnamed", NAMINGS)
+def test_key_that_is_a_directory_cannot_be_set(tmp_path: Path, unnamed: bool) -> None:
+    store = FileStore(tmp_path, unnamed_files=unnamed)
     run(store.set("a/b", b"v"))
     with pytest.raises(StoreError, match="'a'"):
         run(store.set("a", b"v"))
+    with pytest.raises(StoreError, match="'a'"):
+        run(store.set_if_absent("a", b"v"))
+    assert temp_files(tmp_path) == []
     with pytest.raises(StoreError, match="'a/b/c'"):
         run(store.set("a/b/c", b"v"))
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="unnamed files (O_TMPFILE) are Linux's")
+def test_unnamed_files_are_taken_on_linux_unless_declined(tmp_path: Path) -> None:
+    assert FileStore(tmp_path).unnamed_files
+    assert not FileStore(tmp_path, unnamed_files=False).unnamed_files
+    assert not FileStore(tmp_path, read_only=True).unnamed_files
+
+
+def test_no_unnamed_files_where_the_os_lacks_them(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delattr(os, "O_TMPFILE", raising=False)
+    store = FileStore(tmp_path)
+    assert not store.unnamed_files
+    run(store.set("k", b"v"))
+    assert run(store.get("k")) == b"v"
+
+
+def test_set_if_absent_leaves_a_value_that_appears_before_its_link(tmp_path: Path) -> None:
+    def other_writer(step: str) -> None:
+        if step == "link":
+            (tmp_path / "c").write_bytes(b"theirs")
+
+    store = FileStore(tmp_path, fault=other_writer)
+    if not store.unnamed_files:
+        pytest.skip("needs unnamed files (Linux)")
+    assert run(store.set_if_absent("c", b"mine")) is False
+    assert run(store.get("c")) == b"theirs"
+    assert store.bytes_written == 0
+    assert temp_files(tmp_path) == []
+
+
+def test_unnamed_file_links_even_if_a_delete_pruned_its_directory(tmp_path: Path) -> None:
+    def prune(step: str) -> None:
+        if step == "link":
+            (tmp_path / "d").rmdir()  # an unnamed file leaves its directory empty, so a delete may remove it
+
+    store = FileStore(tmp_path, fault=prune)
+    if not store.unnamed_files:
+        pytest.skip("needs unnamed files (Linux)")
+    run(store.set("d/k", b"v"))
+    assert run(store.get("d/k")) == b"v"
 
 
 def test_delete_prunes_empty_directories(tmp_path: Path) -> None:
@@ -316,21 +395,24 @@ KILL_AT_STEP = """
         if step == sys.argv[2]:
             os._exit(137)  # like kill -9: no cleanup, no finally blocks
 
-    asyncio.run(FileStore(sys.argv[1], fault=fault).set("d/k", b"new" * 1000))
+    store = FileStore(sys.argv[1], fault=fault, unnamed_files=sys.argv[3] == "unnamed")
+    asyncio.run(store.set("d/k", b"new" * 1000))
 """
 
 
-@pytest.mark.parametrize("step", [*FAULT_STEPS, "never"])
-def test_kill_at_every_step_leaves_old_or_new(tmp_path: Path, step: str) -> None:
+@pytest.mark.parametrize("unnamed, step", naming_and_steps(replacing=True) + [
+    pytest.param(unnamed, "never", id=f"{'unnamed' if unnamed else 'named'}-never") for unnamed in (True, False)])
+def test_kill_at_every_step_leaves_old_or_new(tmp_path: Path, unnamed: bool, step: str) -> None:
     store = FileStore(tmp_path)
     run(store.set("d/k", b"old"))
-    child = run_child(KILL_AT_STEP, str(tmp_path), step)
+    child = run_child(KILL_AT_STEP, str(tmp_path), step, "unnamed" if unnamed else "named")
     assert child.returncode == (0 if step == "never" else 137), child.stderr
     expected = b"new" * 1000 if step in ("dirsync", "never") else b"old"
     assert run(store.get("d/k")) == expected
     assert run(store.list_prefix("")) == ["d/k"]  # a stray temp file is never listed
-    if step in ("write", "fsync"):
-        assert len(temp_files(tmp_path)) == 1
+    # a named temp file exists from its creation to its rename; an unnamed file, once linked under a temp name
+    stray = {"rename"} if store.unnamed_files and unnamed else {"write", "fsync", "rename"}
+    assert len(temp_files(tmp_path)) == (step in stray)
     store.cleanup_temp()
     assert temp_files(tmp_path) == []
     assert run(store.get("d/k")) == expected
