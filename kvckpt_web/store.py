@@ -326,14 +326,27 @@ _BATCHES: "contextvars.ContextVar[dict[FileStore, set[str]]]" = contextvars.Cont
 """Per task: each FileStore with an open batch, and the directories that batch changed, not fsynced yet."""
 
 
+def link_unnamed(fd: int, path: str) -> None:
+    """Give the unnamed file ``fd`` (opened with ``O_TMPFILE``) the name ``path``."""
+    # an absolute source makes linkat ignore src_dir_fd; passing one makes os.link call linkat with
+    # AT_SYMLINK_FOLLOW, which links the file /proc/self/fd/N stands for rather than that symlink
+    os.link(f"/proc/self/fd/{fd}", path, src_dir_fd=fd, follow_symlinks=True)
+
+
 def takes_unnamed_files(directory: str) -> bool:
-    """Whether files can be created unnamed in ``directory`` (Linux ``O_TMPFILE``) and linked from ``/proc``."""
+    """Whether a file can be created unnamed in ``directory`` (Linux ``O_TMPFILE``) and then linked there."""
     flag = getattr(os, "O_TMPFILE", None)
-    if flag is None or not os.path.isdir("/proc/self/fd"):
+    if flag is None:
         return False
+    probe = os.path.join(directory, f"{TEMP_PREFIX}probe.{secrets.token_hex(8)}")
     try:
-        os.close(os.open(directory, flag | os.O_WRONLY, 0o644))
-    except OSError:  # the file system lacks them, or the directory takes no new files: writes will say
+        fd = os.open(directory, flag | os.O_WRONLY, 0o644)
+        try:
+            link_unnamed(fd, probe)
+        finally:
+            os.close(fd)
+        os.unlink(probe)
+    except OSError:  # no such files on this file system, no /proc, or no new files here: writes will say
         return False
     return True
 
@@ -466,13 +479,6 @@ class FileStore(Store):
     def _temp_path(self, parent: str, base: str) -> str:
         return os.path.join(parent, f"{TEMP_PREFIX}{base}.{secrets.token_hex(8)}")
 
-    @staticmethod
-    def _link(fd: int, path: str) -> None:
-        """Give the unnamed file ``fd`` the name ``path``."""
-        # an absolute source makes linkat ignore src_dir_fd; passing one makes os.link call linkat with
-        # AT_SYMLINK_FOLLOW, which links the file /proc/self/fd/N stands for rather than that symlink
-        os.link(f"/proc/self/fd/{fd}", path, src_dir_fd=fd, follow_symlinks=True)
-
     def _write(self, key: str, data: memoryview, unsynced: set[str] | None, replace: bool = True) -> bool:
         """Store ``data`` under ``key``; unless ``replace``, leave a value already there and return False."""
         path = self._path(key)
@@ -485,12 +491,12 @@ class FileStore(Store):
                     self._fill(fd, data)
                     self._step("link")
                     try:
-                        self._in_parent(parent, lambda: self._link(fd, path))
+                        self._in_parent(parent, lambda: link_unnamed(fd, path))
                     except FileExistsError:
                         if not replace and os.path.isfile(path):
                             return False
                         tmp = self._temp_path(parent, base)  # replaced below, as a named temp file would be
-                        self._link(fd, tmp)
+                        link_unnamed(fd, tmp)
                 finally:
                     os.close(fd)
             else:

@@ -318,6 +318,18 @@ def test_no_unnamed_files_where_the_os_lacks_them(tmp_path: Path, monkeypatch: p
     assert run(store.get("k")) == b"v"
 
 
+def test_no_unnamed_files_where_they_cannot_be_linked(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    def cross_device(fd: int, path: str) -> None:
+        raise OSError(18, "Invalid cross-device link")
+
+    monkeypatch.setattr(store_module, "link_unnamed", cross_device)
+    store = FileStore(tmp_path)
+    assert not store.unnamed_files
+    assert list(tmp_path.iterdir()) == []  # the probe left nothing behind
+    run(store.set("k", b"v"))
+    assert run(store.get("k")) == b"v"
+
+
 def test_set_if_absent_leaves_a_value_that_appears_before_its_link(tmp_path: Path) -> None:
     def other_writer(step: str) -> None:
         if step == "link":
