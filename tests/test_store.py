@@ -133,15 +133,22 @@ def test_os_error_becomes_store_error(tmp_path: Path, unnamed: bool) -> None:
 
 
 @pytest.mark.parametrize("unnamed", NAMINGS)
-def test_fault_steps_in_order(tmp_path: Path, unnamed: bool) -> None:
+def test_fault_steps_of_a_new_key_in_order(tmp_path: Path, unnamed: bool) -> None:
+    seen: list[str] = []
+    run(FileStore(tmp_path, unnamed_files=unnamed, fault=seen.append).set("k", b"v"))
+    assert seen == write_steps(unnamed)
+    assert [step for step in FAULT_STEPS if step in seen] == seen
+
+
+@pytest.mark.parametrize("unnamed", NAMINGS)
+def test_fault_steps_of_a_replaced_value_in_order(tmp_path: Path, unnamed: bool) -> None:
     seen: list[str] = []
     store = FileStore(tmp_path, unnamed_files=unnamed, fault=seen.append)
     run(store.set("k", b"v"))
-    assert seen == write_steps(unnamed)
     seen.clear()
     run(store.set("k", b"w"))
     assert seen == write_steps(unnamed, replacing=True)
-    assert all(step in FAULT_STEPS for step in seen)
+    assert [step for step in FAULT_STEPS if step in seen] == seen
     assert run(store.get("k")) == b"w"
 
 
