@@ -360,6 +360,20 @@ def test_set_if_absent_leaves_a_value_that_appears_before_its_link(tmp_path: Pat
 
 
 @needs_unnamed
+def test_concurrent_set_if_absent_of_one_key_stores_it_once(tmp_path: Path) -> None:
+    store = FileStore(tmp_path)
+
+    async def racing() -> list[bool]:
+        return await asyncio.gather(*(store.set_if_absent("chunks/c", bytes([i]) * 4096) for i in range(16)))
+
+    stored = run(racing())
+    assert stored.count(True) == 1  # the link is the check: one wins even without the lock
+    assert run(store.get("chunks/c")) == bytes([stored.index(True)]) * 4096
+    assert store.bytes_written == 4096
+    assert temp_files(tmp_path) == []
+
+
+@needs_unnamed
 def test_unnamed_file_links_even_if_a_delete_pruned_its_directory(tmp_path: Path) -> None:
     def prune(step: str) -> None:
         if step == "link":
