@@ -365,9 +365,10 @@ class FileStore(Store):
 
     A write fills a new file and fsyncs it, gives it the key's name and fsyncs
     the directory, so a crash at any point leaves the old or the new value.
-    Where :attr:`unnamed_files` (Linux), the new file is created without a name
-    and linked under the key, or under a temp name renamed over an old value;
-    elsewhere it is a temp file beside the target, renamed over it. A crash
+    Where :attr:`unnamed_files` (Linux), the new file is created without a name,
+    linked under the key (or under a temp name renamed over an old value) and
+    fsynced again for its link count; elsewhere it is a temp file beside the
+    target, renamed over it. A crash
     leaves at worst a stray temp file that ``list_prefix`` never returns and
     :meth:`cleanup_temp` removes (as does the first :meth:`lock` taken through
     each FileStore object); an unnamed file goes with the process. In a
@@ -497,6 +498,7 @@ class FileStore(Store):
                             return False
                         tmp = self._temp_path(parent, base)  # replaced below, as a named temp file would be
                         link_unnamed(fd, tmp)
+                    os.fsync(fd)  # its new link count: without a journal, the directory's fsync does not carry it
                 finally:
                     os.close(fd)
             else:

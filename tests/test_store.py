@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import stat
 import subprocess
 import sys
 import tempfile
@@ -371,6 +372,26 @@ def test_concurrent_set_if_absent_of_one_key_stores_it_once(tmp_path: Path) -> N
     assert run(store.get("chunks/c")) == bytes([stored.index(True)]) * 4096
     assert store.bytes_written == 4096
     assert temp_files(tmp_path) == []
+
+
+@needs_unnamed
+def test_unnamed_file_is_fsynced_again_once_linked(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    store = FileStore(tmp_path / "s")
+    events: list[str] = []
+    real_fsync = os.fsync
+
+    def fsync(fd: int) -> None:
+        info = os.fstat(fd)
+        events.append("fsync of the directory" if stat.S_ISDIR(info.st_mode) else f"fsync, {info.st_nlink} links")
+        real_fsync(fd)
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    store.fault = lambda step: events.append(f"step {step}")
+    run(store.set("k", b"v"))
+    # the data is durable before the file has a name, and its link count (which a directory fsync does not
+    # carry without a journal) before the directory's fsync makes the name durable
+    assert events == ["step write", "step fsync", "fsync, 0 links", "step link", "fsync, 1 links", "step dirsync",
+                      "fsync of the directory"]
 
 
 @needs_unnamed
