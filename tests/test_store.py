@@ -335,6 +335,15 @@ def test_no_unnamed_files_where_the_os_lacks_them(tmp_path: Path, monkeypatch: p
     assert run(store.get("k")) == b"v"
 
 
+def test_no_unnamed_files_where_os_link_takes_no_directory_descriptor(tmp_path: Path,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(os, "supports_dir_fd", os.supports_dir_fd - {os.link})
+    store = FileStore(tmp_path)
+    assert not store.unnamed_files
+    run(store.set("k", b"v"))
+    assert run(store.get("k")) == b"v"
+
+
 def test_no_unnamed_files_where_they_cannot_be_linked(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     def cross_device(fd: int, path: str) -> None:
         raise OSError(18, "Invalid cross-device link")
