@@ -368,13 +368,13 @@ class FileStore(Store):
     Where :attr:`unnamed_files` (Linux), the new file is created without a name,
     linked under the key (or under a temp name renamed over an old value) and
     fsynced again for its link count; elsewhere it is a temp file beside the
-    target, renamed over it. A crash
-    leaves at worst a stray temp file that ``list_prefix`` never returns and
-    :meth:`cleanup_temp` removes (as does the first :meth:`lock` taken through
-    each FileStore object); an unnamed file goes with the process. In a
-    :meth:`~Store.batch` the directory fsyncs wait for the end of the batch,
-    one per directory. ``fault``, if given, is called with each step name of
-    :data:`FAULT_STEPS` before that step, for fault-injection tests.
+    target, renamed over it. A crash leaves at worst a stray temp file that
+    ``list_prefix`` never returns and :meth:`cleanup_temp` removes (as does the
+    first :meth:`lock` taken through each FileStore object); an unnamed file
+    goes with the process. In a :meth:`~Store.batch` the directory fsyncs wait
+    for the end of the batch, one per directory. ``fault``, if given, is called
+    with each step name of :data:`FAULT_STEPS` before that step, for
+    fault-injection tests.
 
     A key cannot both hold a value and be a directory of other keys (``a`` and
     ``a/b``); such a ``set`` raises :class:`StoreError`. ``delete`` removes the
