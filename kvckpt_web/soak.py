@@ -7,9 +7,10 @@ SIGKILL: either at a chosen step of the store's ``fault`` hook (before a write,
 fsync, link, rename or directory fsync) or at a random instant chosen by the
 parent while every step sleeps a random moment. Trials alternate the store's two
 ways to write a file: unnamed and linked (Linux), or a named temp file renamed.
-The parent then restores the newest generation into its own cache; it must be exactly stage 2 or stage 3 (checked
-byte for byte against a reference cache driven through the same stages), the
-store must verify with no problem, and a new save on top must restore intact.
+The parent then restores the newest generation into its own cache; it must be
+exactly stage 2 or stage 3 (checked byte for byte against a reference cache
+driven through the same stages), the store must verify with no problem, and a
+new save on top must restore intact.
 
 Desktop only (subprocesses, signals). ``kvckpt bench soak`` runs 200 trials; the
 test suite runs a few.
