@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from .checkpoint import CheckpointMixin
-from .device import Buffer, Command, Copy, Device, Region, Usage
+from .device import Buffer, Clear, Command, Copy, Device, Region, Usage
 from .errors import CapacityError, CheckpointStateError, SequenceError, TensorError
 from .layout import CacheLimits, KVLayout
 from .metadata import limits_from_metadata, parse_metadata
@@ -86,7 +86,9 @@ class PagedKVCache(CheckpointMixin):
         """One region per layer, packed into as few buffers ("arenas") as the adapter allows.
 
         Layers sit ``stride`` bytes apart (the layer size rounded up to the storage offset alignment), so
-        the same run of pages in consecutive layers can move in one copy.
+        the same run of pages in consecutive layers can move in one copy. The arenas are cleared on the
+        device's queue at once, where wgpu would zero each at its first use: a restore into a new cache
+        then reads and verifies its checkpoint while the queue clears, instead of waiting for it at import.
         """
         info = self.device.info
         size = self.num_total_pages * self.layout.page_bytes
@@ -98,10 +100,13 @@ class PagedKVCache(CheckpointMixin):
         if self.maps_pages:
             usage |= Usage.MAP_READ | Usage.MAP_WRITE
         layers: list[Region] = []
+        arenas: list[Buffer] = []
         for first in range(0, self.layout.num_layers, per_arena):
             count = min(per_arena, self.layout.num_layers - first)
-            arena = self.device.create_buffer(span_bytes(count, size, stride), usage, f"kv.layers{first}-{first + count - 1}")
-            layers += [Region(arena, i * stride, size) for i in range(count)]
+            arenas.append(self.device.create_buffer(span_bytes(count, size, stride), usage,
+                                                    f"kv.layers{first}-{first + count - 1}"))
+            layers += [Region(arenas[-1], i * stride, size) for i in range(count)]
+        self.device.submit([Clear(arena, 0, arena.size) for arena in arenas])
         return layers
 
     # ----- buffers reused across calls -------------------------------------------------------------

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from kvckpt_web import CapacityError, CheckpointStateError, HostTensor, PagedKVCache, SequenceError, TensorError
-from kvckpt_web.device import Usage
+from kvckpt_web.device import Clear, Usage
 
 try:
     from kvmodel import run, small_layout, small_limits
@@ -40,6 +40,18 @@ def test_new_cache_has_no_sequences_and_every_page_free(make_cache):
     assert cache.sequence_ids() == []
     assert cache.num_total_pages == 9
     assert cache.get_num_available_pages() == 9
+
+
+def test_new_cache_clears_its_layer_arenas_on_the_queue_at_once(device, monkeypatch):
+    submitted: list[list] = []
+    real_submit = device.submit
+    monkeypatch.setattr(device, "submit", lambda commands: (submitted.append(list(commands)), real_submit(commands)))
+    cache = PagedKVCache(device, small_layout(), small_limits())
+    try:
+        arenas = list({id(layer.buffer): layer.buffer for layer in cache.layers}.values())
+        assert submitted == [[Clear(arena, 0, arena.size) for arena in arenas]]
+    finally:
+        cache.close()
 
 
 def test_unknown_transfer_path_is_refused(device):
