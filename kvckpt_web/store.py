@@ -335,8 +335,8 @@ def link_unnamed(fd: int, path: str) -> None:
 
 def takes_unnamed_files(directory: str) -> bool:
     """Whether a file can be created unnamed in ``directory`` (Linux ``O_TMPFILE``) and then linked there."""
-    flag = getattr(os, "O_TMPFILE", None)
-    if flag is None or os.link not in os.supports_dir_fd:  # link_unnamed needs linkat
+    flag, link = getattr(os, "O_TMPFILE", None), getattr(os, "link", None)  # Pyodide has no os.link
+    if flag is None or link is None or link not in os.supports_dir_fd:  # link_unnamed needs linkat
         return False
     probe = os.path.join(directory, f"{TEMP_PREFIX}probe.{secrets.token_hex(8)}")
     try:

@@ -344,6 +344,14 @@ def test_no_unnamed_files_where_os_link_takes_no_directory_descriptor(tmp_path: 
     assert run(store.get("k")) == b"v"
 
 
+def test_no_unnamed_files_where_os_has_no_link(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delattr(os, "link")  # as in Pyodide
+    store = FileStore(tmp_path)
+    assert not store.unnamed_files
+    run(store.set("k", b"v"))
+    assert run(store.get("k")) == b"v"
+
+
 def test_no_unnamed_files_where_they_cannot_be_linked(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     def cross_device(fd: int, path: str) -> None:
         raise OSError(18, "Invalid cross-device link")
