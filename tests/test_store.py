@@ -327,36 +327,25 @@ def test_unnamed_files_are_taken_on_linux_unless_declined(tmp_path: Path) -> Non
     assert not FileStore(tmp_path, read_only=True).unnamed_files
 
 
-def test_no_unnamed_files_where_the_os_lacks_them(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.delattr(os, "O_TMPFILE", raising=False)
-    store = FileStore(tmp_path)
-    assert not store.unnamed_files
-    run(store.set("k", b"v"))
-    assert run(store.get("k")) == b"v"
-
-
-def test_no_unnamed_files_where_os_link_takes_no_directory_descriptor(tmp_path: Path,
-                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(os, "supports_dir_fd", os.supports_dir_fd - {os.link})
-    store = FileStore(tmp_path)
-    assert not store.unnamed_files
-    run(store.set("k", b"v"))
-    assert run(store.get("k")) == b"v"
-
-
-def test_no_unnamed_files_where_os_has_no_link(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.delattr(os, "link")  # as in Pyodide
-    store = FileStore(tmp_path)
-    assert not store.unnamed_files
-    run(store.set("k", b"v"))
-    assert run(store.get("k")) == b"v"
-
-
-def test_no_unnamed_files_where_they_cannot_be_linked(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def _refuse_links(monkeypatch: pytest.MonkeyPatch) -> None:
     def cross_device(fd: int, path: str) -> None:
         raise OSError(18, "Invalid cross-device link")
 
     monkeypatch.setattr(store_module, "link_unnamed", cross_device)
+
+
+WITHOUT_UNNAMED_FILES = {
+    "no O_TMPFILE (macOS)": lambda mp: mp.delattr(os, "O_TMPFILE", raising=False),
+    "no os.link (Pyodide)": lambda mp: mp.delattr(os, "link"),
+    "os.link without linkat": lambda mp: mp.setattr(os, "supports_dir_fd", os.supports_dir_fd - {os.link}),
+    "the link refused (no /proc, a cross-device error)": _refuse_links,
+}
+
+
+@pytest.mark.parametrize("lack", list(WITHOUT_UNNAMED_FILES))
+def test_named_temp_files_where_unnamed_files_cannot_be_had(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                            lack: str) -> None:
+    WITHOUT_UNNAMED_FILES[lack](monkeypatch)
     store = FileStore(tmp_path)
     assert not store.unnamed_files
     assert list(tmp_path.iterdir()) == []  # the probe left nothing behind
