@@ -198,9 +198,10 @@ class CheckpointMixin:
                 raise CheckpointStateError(f"import_groups: checkpoint group {group_id} was already imported")
             views[group_id] = as_bytes(data, f"groups[{group_id}]", self.layout.dtype, nbytes)
         if nbytes == 0 or not views or self.maps_pages:
-            layers = [self.layers[g] for g in views]
-            for buffer, runs in self.mover.host_runs(layers, state.seq.pages, list(views.values())).items():
-                self.device.copy_to_buffer(buffer, runs)
+            if self.maps_pages:
+                layers = [self.layers[g] for g in views]
+                for buffer, runs in self.mover.host_runs(layers, state.seq.pages, list(views.values())).items():
+                    self.device.copy_to_buffer(buffer, runs)
             for group_id in views:
                 state.imported[group_id] = True
             return

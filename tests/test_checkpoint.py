@@ -18,15 +18,15 @@ import numpy as np
 import pytest
 
 from kvckpt_web import (CapacityError, CheckpointStateError, DeviceArray, LayoutHashMismatch, MetadataError,
-                        PageGroups, SequenceError, TensorError, UnsupportedLayoutError)
+                        PagedKVCache, PageGroups, SequenceError, TensorError, UnsupportedLayoutError)
 from kvckpt_web.bench import scatter_free_pages
 from kvckpt_web.device import CopyRuns, Usage
 from kvckpt_web.transfer import page_runs
 
 try:
-    from kvmodel import device_array_from, read_device_array, read_layer_page, run, small_limits
+    from kvmodel import device_array_from, read_device_array, read_layer_page, run, small_layout, small_limits
 except ImportError:
-    from tests.kvmodel import device_array_from, read_device_array, read_layer_page, run, small_limits
+    from tests.kvmodel import device_array_from, read_device_array, read_layer_page, run, small_layout, small_limits
 
 TRANSFERS = ["kernel", "copy", "mapped"]
 P = 4  # page size of the small layout
@@ -1075,3 +1075,19 @@ def test_cache_with_an_unsupported_layout_refuses_every_checkpoint_primitive(mak
         with pytest.raises(UnsupportedLayoutError, match=reason):
             call()
     assert cache.sequence_ids() == [0]
+
+
+@pytest.mark.parametrize("maps", [True, False], ids=["storage-maps-in-place", "storage-does-not-map"])
+def test_an_empty_sequence_round_trips_whether_or_not_storage_maps_in_place(device, unmapped_device, maps):
+    dev = device if maps else unmapped_device
+    src, dst = (PagedKVCache(dev, small_layout(), small_limits()) for _ in range(2))
+    try:
+        src.add_sequence(0)
+        dst.prepare_import(0, src.get_checkpoint_metadata(0))
+        run(dst.import_groups(0, run(src.export_groups(0))))
+        dst.finish_import(0)
+        assert dst.get_sequence_length(0) == 0
+        assert dst.get_num_available_pages() == src.get_num_available_pages()
+    finally:
+        src.close()
+        dst.close()
