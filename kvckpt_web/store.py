@@ -12,7 +12,7 @@ Backends:
   link or rename, directory fsync), locked with ``fcntl.flock``.
 
 This module imports only what Pyodide has; the POSIX-only ``fcntl`` is
-imported inside :class:`FileStore` when it locks.
+imported inside :class:`FileStore` when it locks or writes with ``O_DIRECT``.
 """
 
 from __future__ import annotations
@@ -20,9 +20,11 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextvars
+import errno
 import os
 import re
 import secrets
+import sys
 import threading
 import time
 from abc import ABC, abstractmethod
@@ -308,6 +310,22 @@ FAULT_STEPS = ("write", "fsync", "link", "rename", "dirsync")
 linked under its key ("link"); a named temp file, or an unnamed file replacing a value, is renamed over the
 key's file ("rename"); in a :meth:`~Store.batch`, "dirsync" comes once per directory when the batch exits."""
 
+DIRECT_IO_BLOCK = 4096
+"""A :class:`FileStore` value in memory aligned to this many bytes, and a whole multiple of them long, is
+written with ``O_DIRECT`` where it can be: the largest logical block size of common disks, to which direct
+I/O needs both aligned."""
+
+_O_DIRECT: int = getattr(os, "O_DIRECT", 0) if sys.platform.startswith("linux") else 0  # macOS, Pyodide: none
+
+
+def _block_aligned(view: memoryview) -> bool:
+    """Whether ``view`` is whole :data:`DIRECT_IO_BLOCK` blocks of memory, as ``O_DIRECT`` takes them."""
+    if not view.nbytes or view.nbytes % DIRECT_IO_BLOCK:
+        return False
+    import numpy as np  # only where there is O_DIRECT: on desktop, never in Pyodide
+
+    return np.frombuffer(view, np.uint8).ctypes.data % DIRECT_IO_BLOCK == 0
+
 IO_THREADS = 16
 """Worker threads shared by every FileStore: enough blocking writes and fsyncs in flight to keep a disk busy."""
 
@@ -371,7 +389,10 @@ class FileStore(Store):
     target, renamed over it. A crash leaves at worst a stray temp file that
     ``list_prefix`` never returns and :meth:`cleanup_temp` removes (as does the
     first :meth:`lock` taken through each FileStore object); an unnamed file
-    goes with the process. In a :meth:`~Store.batch` the directory fsyncs wait
+    goes with the process. Where :attr:`direct_io` (Linux), a value that is
+    whole :data:`DIRECT_IO_BLOCK` blocks of memory goes from the caller's
+    memory to the disk without a copy in the page cache (``O_DIRECT``); where
+    the file system or the disk refuses, it is written through the page cache. In a :meth:`~Store.batch` the directory fsyncs wait
     for the end of the batch, one per directory. ``fault``, if given, is called
     with each step name of :data:`FAULT_STEPS` before that step, for
     fault-injection tests.
@@ -389,6 +410,7 @@ class FileStore(Store):
         lock_timeout: float = DEFAULT_LOCK_TIMEOUT,
         fault: Callable[[str], None] | None = None,
         unnamed_files: bool = True,
+        direct_io: bool = True,
     ) -> None:
         super().__init__(read_only=read_only, lock_timeout=lock_timeout)
         self.directory = os.path.abspath(os.fspath(directory))
@@ -404,6 +426,7 @@ class FileStore(Store):
         if not is_dir:
             raise StoreError(f"store directory {self.directory}: expected a directory, got none")
         self._unnamed = bool(unnamed_files) and not read_only and takes_unnamed_files(self.directory)
+        self._direct = bool(direct_io) and not read_only and bool(_O_DIRECT)
 
     def __repr__(self) -> str:
         return f"FileStore({self.directory!r}, read_only={self.read_only})"
@@ -413,6 +436,12 @@ class FileStore(Store):
         """Whether writes create their file unnamed and link it under the key: asked for (``unnamed_files``)
         and the directory takes such files (Linux ``O_TMPFILE``). Otherwise each write uses a named temp file."""
         return self._unnamed
+
+    @property
+    def direct_io(self) -> bool:
+        """Whether values of whole blocks are written with ``O_DIRECT``: asked for (``direct_io``), the
+        platform has it (Linux) and the store's file system has not refused it."""
+        return self._direct
 
     @property
     def lock_path(self) -> str:
@@ -526,10 +555,32 @@ class FileStore(Store):
     def _fill(self, fd: int, data: memoryview) -> None:
         self._step("write")
         view = memoryview(data)
+        direct = self._direct and _block_aligned(view) and self._set_direct(fd, True)
         while view:
-            view = view[os.write(fd, view) :]
+            try:
+                view = view[os.write(fd, view) :]
+            except OSError as exc:
+                if not direct or exc.errno not in (errno.EINVAL, errno.EFAULT):
+                    raise
+                # memory the disk cannot take directly (misaligned, or a device mapping the kernel cannot
+                # pin): the rest through the page cache
+                direct = self._set_direct(fd, False)
         self._step("fsync")
         os.fsync(fd)
+
+    def _set_direct(self, fd: int, on: bool) -> bool:
+        """Turn ``O_DIRECT`` on or off for ``fd``; whether it is on. A refusal to turn it on holds for the store."""
+        import fcntl
+
+        flags = fcntl.fcntl(fd, fcntl.F_GETFL)
+        try:
+            fcntl.fcntl(fd, fcntl.F_SETFL, (flags | _O_DIRECT) if on else (flags & ~_O_DIRECT))
+        except OSError as exc:
+            if not on or exc.errno != errno.EINVAL:
+                raise
+            self._direct = False  # this file system takes no direct I/O
+            return False
+        return on
 
     def _write_if_absent(self, key: str, data: memoryview, unsynced: set[str] | None) -> bool:
         """:meth:`_write` unless ``key`` is a file already (one trip to an I/O thread for both)."""

@@ -7,6 +7,8 @@ and supplies only :meth:`StoreTests.open_store`.
 from __future__ import annotations
 
 import asyncio
+import os
+import sys
 import tempfile
 from collections.abc import Awaitable
 from pathlib import Path
@@ -17,9 +19,49 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from kvckpt_web.errors import FormatError, StoreError
-from kvckpt_web.store import Store
+from kvckpt_web.store import TEMP_PREFIX, Store
 
 T = TypeVar("T")
+
+
+def takes_direct_io(directory: str) -> bool:
+    """Whether files in ``directory`` can be opened with O_DIRECT (Linux, not every file system)."""
+    flag = getattr(os, "O_DIRECT", None)
+    if flag is None or sys.platform != "linux":
+        return False
+    probe = os.path.join(directory, f"{TEMP_PREFIX}direct-probe.{os.getpid()}")
+    try:
+        os.close(os.open(probe, os.O_WRONLY | os.O_CREAT | flag, 0o644))
+    except OSError:
+        return False
+    finally:
+        if os.path.exists(probe):
+            os.unlink(probe)
+    return True
+
+
+needs_direct_io = pytest.mark.skipif(not takes_direct_io(tempfile.gettempdir()),
+                                     reason="the temp directory's file system takes no O_DIRECT")
+
+
+def spy_writes(monkeypatch: pytest.MonkeyPatch, refuse_direct: int | None = None) -> list[tuple[int, bool]]:
+    """(bytes, whether O_DIRECT was on) of each os.write from now on; with ``refuse_direct``, a direct
+    write raises that errno as a disk that cannot take the memory directly does."""
+    import fcntl
+
+    seen: list[tuple[int, bool]] = []
+    real_write = os.write
+
+    def write(fd: int, data: Any) -> int:
+        direct = bool(fcntl.fcntl(fd, fcntl.F_GETFL) & os.O_DIRECT)
+        seen.append((memoryview(data).nbytes, direct))
+        if direct and refuse_direct is not None:
+            raise OSError(refuse_direct, os.strerror(refuse_direct))
+        return real_write(fd, data)
+
+    monkeypatch.setattr(os, "write", write)
+    return seen
+
 
 BAD_KEYS = [
     "",

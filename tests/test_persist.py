@@ -22,8 +22,10 @@ from kvckpt_web.store import FileStore, MemoryStore, Store
 
 try:  # tests/ as a plain directory on sys.path (pytest's default import mode)
     from kvmodel import KVModel, run, small_limits
+    from store_suite import needs_direct_io, spy_writes
 except ImportError:  # tests/ as a package
     from tests.kvmodel import KVModel, run, small_limits
+    from tests.store_suite import needs_direct_io, spy_writes
 
 PPC = 4  # pages per chunk in these tests: 16 tokens, 1 KiB per chunk with the small layout
 BIG = small_limits(max_total_seq_len=2 * 4160 + 64, prefill_chunk_size=4096)
@@ -216,6 +218,19 @@ def test_a_save_to_a_file_store_counts_every_chunk_it_writes_at_once(model, tmp_
     written = result.num_chunks
     assert written <= persist.LIST_THRESHOLD and result.chunks_written == written
     assert len(run(store.list_prefix("chunks/"))) == written
+
+
+@needs_direct_io
+def test_a_save_writes_chunks_of_whole_blocks_to_the_disk_directly(make_model, tmp_path, monkeypatch):
+    model = make_model(limits=BIG, transfer="mapped")  # pages copied into its page-aligned host buffers
+    ppc = 16  # 4 KiB chunks with the small layout: whole blocks for O_DIRECT
+    model.add(0, 4 * ppc * 3)  # 3 chunks per group
+    store = FileStore(tmp_path)
+    writes = spy_writes(monkeypatch)
+    result = saved(model, store, pages_per_chunk=ppc)
+    assert result.chunks_written == 6
+    assert [direct for nbytes, direct in writes if nbytes == 4096] == [True] * 6  # past the page cache
+    assert restored(store, make_model(limits=BIG).cache)[1] == model.expected_groups(0)
 
 
 def test_a_sequence_removed_and_added_again_is_read_again_in_full(model, target):

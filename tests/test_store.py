@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import errno
 import os
 import stat
 import subprocess
@@ -15,11 +16,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from store_suite import StoreTests, run
+from store_suite import StoreTests, needs_direct_io, run, spy_writes
 
 from kvckpt_web import store as store_module
 from kvckpt_web.errors import FormatError, StoreError
-from kvckpt_web.store import FAULT_STEPS, LOCK_NAME, TEMP_PREFIX, FileStore, MemoryStore, Store, takes_unnamed_files
+from kvckpt_web.store import (DIRECT_IO_BLOCK, FAULT_STEPS, LOCK_NAME, TEMP_PREFIX, FileStore, MemoryStore, Store,
+                              takes_unnamed_files)
+from kvckpt_web.tensors import zeroed
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -409,6 +412,100 @@ def test_unnamed_file_links_even_if_a_delete_pruned_its_directory(tmp_path: Path
     store = FileStore(tmp_path, fault=prune)
     run(store.set("d/k", b"v"))
     assert run(store.get("d/k")) == b"v"
+
+
+# -- direct I/O ------------------------------------------------------------------------
+
+
+def page_aligned(nbytes: int) -> memoryview:
+    view = zeroed(nbytes)
+    view[:] = bytes(range(251)) * (nbytes // 251) + bytes(nbytes % 251)
+    return view
+
+
+@needs_direct_io
+@pytest.mark.parametrize("unnamed", NAMINGS)
+def test_a_value_of_whole_blocks_goes_to_the_disk_with_direct_io(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                                 unnamed: bool) -> None:
+    store = FileStore(tmp_path, unnamed_files=unnamed)
+    value = page_aligned(4 * DIRECT_IO_BLOCK)
+    seen = spy_writes(monkeypatch)
+    run(store.set("chunks/c", value))
+    assert seen == [(4 * DIRECT_IO_BLOCK, True)]
+    assert run(store.get("chunks/c")) == bytes(value)
+    assert store.direct_io
+
+
+@needs_direct_io
+@pytest.mark.parametrize("size, direct_io", [pytest.param(DIRECT_IO_BLOCK + 512, True, id="not whole blocks"),
+                                             pytest.param(DIRECT_IO_BLOCK, False, id="direct_io=False")])
+def test_other_values_go_through_the_page_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, size: int,
+                                                direct_io: bool) -> None:
+    store = FileStore(tmp_path, direct_io=direct_io)
+    value = page_aligned(size)
+    seen = spy_writes(monkeypatch)
+    run(store.set("k", value))
+    assert seen == [(size, False)]
+    assert run(store.get("k")) == bytes(value)
+
+
+@needs_direct_io
+def test_memory_not_aligned_for_the_disk_is_written_through_the_page_cache(tmp_path: Path,
+                                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    store = FileStore(tmp_path)
+    value = memoryview(bytearray(b"x" + bytes(range(256)) * 16))[1:]  # one byte past malloc's alignment
+    seen = spy_writes(monkeypatch)
+    run(store.set("k", value))
+    assert seen == [(DIRECT_IO_BLOCK, False)]  # not even tried: the kernel would refuse it
+    assert run(store.get("k")) == bytes(value)
+    assert store.direct_io  # the next aligned value is written directly again
+
+
+@needs_direct_io
+@pytest.mark.parametrize("refusal", [pytest.param(errno.EINVAL, id="EINVAL, misaligned memory"),
+                                     pytest.param(errno.EFAULT, id="EFAULT, a device mapping it cannot pin")])
+def test_a_direct_write_the_disk_refuses_is_written_through_the_page_cache(tmp_path: Path,
+                                                                           monkeypatch: pytest.MonkeyPatch,
+                                                                           refusal: int) -> None:
+    store = FileStore(tmp_path)
+    value = page_aligned(2 * DIRECT_IO_BLOCK)
+    seen = spy_writes(monkeypatch, refuse_direct=refusal)
+    run(store.set("k", value))
+    assert seen == [(2 * DIRECT_IO_BLOCK, True), (2 * DIRECT_IO_BLOCK, False)]
+    assert run(store.get("k")) == bytes(value)
+    assert temp_files(tmp_path) == []
+
+
+@needs_direct_io
+def test_a_file_system_without_direct_io_is_written_through_the_page_cache(tmp_path: Path,
+                                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    import fcntl
+
+    real_fcntl = fcntl.fcntl
+    attempts: list[int] = []
+
+    def no_direct_io(fd: int, cmd: int, arg: int = 0) -> Any:
+        if cmd == fcntl.F_SETFL and arg & os.O_DIRECT:
+            attempts.append(fd)
+            raise OSError(errno.EINVAL, "Invalid argument")  # what setting O_DIRECT on such a file gives
+        return real_fcntl(fd, cmd, arg)
+
+    monkeypatch.setattr(fcntl, "fcntl", no_direct_io)
+    store = FileStore(tmp_path)
+    seen = spy_writes(monkeypatch)
+    for key in ("a", "b"):
+        run(store.set(key, page_aligned(DIRECT_IO_BLOCK)))
+    assert seen == [(DIRECT_IO_BLOCK, False)] * 2
+    assert len(attempts) == 1  # the refusal holds for the store
+    assert not store.direct_io
+    assert run(store.get("b")) == bytes(page_aligned(DIRECT_IO_BLOCK))
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="O_DIRECT is Linux's")
+def test_direct_io_is_taken_on_linux_unless_declined(tmp_path: Path) -> None:
+    assert FileStore(tmp_path).direct_io
+    assert not FileStore(tmp_path, direct_io=False).direct_io
+    assert not FileStore(tmp_path, read_only=True).direct_io
 
 
 def test_delete_prunes_empty_directories(tmp_path: Path) -> None:
