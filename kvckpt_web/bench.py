@@ -308,7 +308,7 @@ async def bench_save(device: Device | None = None, repeats: int = 5, paths: tupl
     contiguous = device.create_buffer(nbytes, Usage.COPY_SRC | Usage.COPY_DST, "bench.contiguous")
     probe = (device.create_buffer(4, Usage.COPY_SRC, "bench.probe"),
              device.create_buffer(4, Usage.MAP_READ | Usage.COPY_DST, "bench.probe_read"))
-    host = memoryview(bytearray(nbytes))
+    host = zeroed(nbytes)  # page-aligned like the save's host buffers, so the floor writes with O_DIRECT as it does
     root = tempfile.mkdtemp(prefix="kvckpt-bench-save.", dir=directory)
     raw_path = os.path.join(root, "raw.bin")
     rows: list[Row] = []
