@@ -26,6 +26,7 @@ and hashed, but chunks already in the store are still not written again.
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import weakref
 from collections import OrderedDict
@@ -235,6 +236,10 @@ def _where(exc: KVCkptError, where: str) -> KVCkptError:
     return type(exc)(f"{where}: {exc}")
 
 
+async def _nothing() -> None:
+    return None
+
+
 async def _manifest_keys(store: "Store", name: str | None = None) -> list[tuple[str, int, str]]:
     """(name, generation, key) of every manifest key (of ``name``), by name then generation; junk keys skipped."""
     prefix = manifest_prefix(name) if name is not None else MANIFESTS
@@ -401,19 +406,21 @@ async def save(cache: "PagedKVCache", seq_id: int, store: "Store", name: str, *,
         metadata = cache.get_checkpoint_metadata(seq_id)
         npages = lay.num_logical_pages(state.length)
         plan = plan_chunks(npages, ppc)
-        existing = await _manifest_keys(store, name)
+        # What can be kept from this process's last save of `name`: chunks whose pages are all unchanged, if
+        # the store still holds that save's manifest (read while the manifests are listed).
+        prev = _MEMORY.get(store, {}).get(name)
+        if prev is not None and (prev.page_bytes, prev.pages_per_chunk, len(prev.chunks)) != (page_bytes, ppc,
+                                                                                                num_groups):
+            prev = None
+        existing, kept = await asyncio.gather(_manifest_keys(store, name),
+                                              store.get(prev.key) if prev is not None else _nothing())
         generation = existing[-1][1] + 1 if existing else 1
         written_before = store.bytes_written
-
-        # What can be kept from this process's last save of `name`: chunks whose pages are all unchanged.
-        prev = _MEMORY.get(store, {}).get(name)
         reuse, known = 0, frozenset[str]()
-        if prev is not None and (prev.page_bytes, prev.pages_per_chunk, len(prev.chunks)) == (page_bytes, ppc,
-                                                                                                num_groups):
-            if await store.get(prev.key) == prev.envelope:  # its chunks are still kept
-                known = prev.chunk_keys
-                unchanged_pages = cache.unchanged_prefix(seq_id, prev.state) // lay.page_size
-                reuse = min(unchanged_pages // ppc, len(prev.chunks[0]), len(plan))
+        if prev is not None and kept == prev.envelope:  # its chunks are still kept
+            known = prev.chunk_keys
+            unchanged_pages = cache.unchanged_prefix(seq_id, prev.state) // lay.page_size
+            reuse = min(unchanged_pages // ppc, len(prev.chunks[0]), len(plan))
         table: list[list[ChunkRef | None]] = [
             list(prev.chunks[g][:reuse]) + [None] * (len(plan) - reuse) if reuse else [None] * len(plan)
             for g in range(num_groups)

@@ -256,6 +256,24 @@ def test_a_new_process_reads_every_page_but_stores_only_the_manifest(model):
     assert store.bytes_written - before == manifest_bytes(store, "s", 2)
 
 
+@pytest.mark.parametrize("other_writer", ["wiped the store", "wiped it and saved another generation 1"])
+def test_a_save_trusts_no_chunk_of_a_previous_save_the_store_no_longer_holds(model, make_model, target, other_writer):
+    backing: dict[str, bytes] = {}
+    store = MemoryStore(backing)
+    model.add(0, 64)
+    saved(model, store)
+    backing.clear()  # another process, which this one knows nothing of
+    if other_writer.endswith("generation 1"):
+        other = make_model(limits=BIG, seed=2)
+        other.add(0, 32)
+        saved(other, MemoryStore(backing))
+    model.append({0: 8})
+    result = saved(model, store)
+    assert result.generation == (2 if other_writer.endswith("generation 1") else 1)
+    assert result.chunks_written == result.num_chunks  # its memory of the first save is not trusted
+    assert restored(store, target)[1] == model.expected_groups(0)
+
+
 def test_a_save_after_restore_is_incremental(model, target):
     model.add(0, 64)
     store = MemoryStore()
