@@ -56,6 +56,21 @@ class Boom(Exception):
     pass
 
 
+def page_aligned(nbytes: int) -> memoryview:
+    view = zeroed(nbytes)
+    view[:] = bytes(range(251)) * (nbytes // 251) + bytes(nbytes % 251)
+    return view
+
+
+VALUE_KINDS = ["bytes", "whole blocks"]
+
+
+def new_value(kind: str) -> memoryview:
+    """A new value for the crash tests: a few bytes (written through the page cache), or whole blocks of
+    page-aligned memory, as a save's chunks are (written with O_DIRECT where the file system takes it)."""
+    return page_aligned(2 * DIRECT_IO_BLOCK) if kind == "whole blocks" else memoryview(b"new")
+
+
 def write_steps(unnamed: bool, replacing: bool = False) -> list[str]:
     """The fault steps of one FileStore set outside a batch: an unnamed file is linked under a new key, or
     linked under a temp name that is renamed over an old value; a named temp file is renamed."""
@@ -88,15 +103,16 @@ def raise_at(step: str) -> Any:
     return fault
 
 
+@pytest.mark.parametrize("kind", VALUE_KINDS)
 @pytest.mark.parametrize("unnamed, step", naming_and_steps(replacing=True))
-def test_exception_mid_write_keeps_old_value(tmp_path: Path, unnamed: bool, step: str) -> None:
+def test_exception_mid_write_keeps_old_value(tmp_path: Path, unnamed: bool, step: str, kind: str) -> None:
     store = FileStore(tmp_path, unnamed_files=unnamed)
     run(store.set("d/k", b"old"))
     store.fault = raise_at(step)
     with pytest.raises(Boom):
-        run(store.set("d/k", b"new"))
+        run(store.set("d/k", new_value(kind)))
     # before the rename the old value stays; after it the new one is already in place
-    expected = b"new" if step == "dirsync" else b"old"
+    expected = bytes(new_value(kind)) if step == "dirsync" else b"old"
     assert run(store.get("d/k")) == expected
     assert temp_files(tmp_path) == []
     assert run(store.list_prefix("")) == ["d/k"]
@@ -122,11 +138,13 @@ def test_set_if_absent_of_a_present_key_takes_no_write_step(tmp_path: Path, unna
     assert seen == []
 
 
+@pytest.mark.parametrize("kind", VALUE_KINDS)
 @pytest.mark.parametrize("unnamed, step", naming_and_steps(replacing=False, stop=-1))
-def test_exception_mid_set_if_absent_leaves_the_key_absent(tmp_path: Path, unnamed: bool, step: str) -> None:
+def test_exception_mid_set_if_absent_leaves_the_key_absent(tmp_path: Path, unnamed: bool, step: str,
+                                                           kind: str) -> None:
     store = FileStore(tmp_path, unnamed_files=unnamed, fault=raise_at(step))
     with pytest.raises(Boom):
-        run(store.set_if_absent("chunks/c", b"new"))
+        run(store.set_if_absent("chunks/c", new_value(kind)))
     assert run(store.exists("chunks/c")) is False
     assert temp_files(tmp_path) == []
     assert store.bytes_written == 0
@@ -417,12 +435,6 @@ def test_unnamed_file_links_even_if_a_delete_pruned_its_directory(tmp_path: Path
 # -- direct I/O ------------------------------------------------------------------------
 
 
-def page_aligned(nbytes: int) -> memoryview:
-    view = zeroed(nbytes)
-    view[:] = bytes(range(251)) * (nbytes // 251) + bytes(nbytes % 251)
-    return view
-
-
 @needs_direct_io
 @pytest.mark.parametrize("unnamed", NAMINGS)
 def test_a_value_of_whole_blocks_goes_to_the_disk_with_direct_io(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
@@ -554,24 +566,29 @@ def run_child(code: str, *args: str, timeout: float = 60) -> subprocess.Complete
 KILL_AT_STEP = """
     import asyncio, os, sys
     from kvckpt_web.store import FileStore
+    from kvckpt_web.tensors import zeroed
 
     def fault(step):
         if step == sys.argv[2]:
             os._exit(137)  # like kill -9: no cleanup, no finally blocks
 
+    value = zeroed(int(sys.argv[4]))  # page-aligned: whole blocks go to the disk with O_DIRECT
+    value[:] = bytes(range(256)) * (len(value) // 256) + bytes(len(value) % 256)
     store = FileStore(sys.argv[1], fault=fault, unnamed_files=sys.argv[3] == "unnamed")
-    asyncio.run(store.set("d/k", b"new" * 1000))
+    asyncio.run(store.set("d/k", value))
 """
 
 
+@pytest.mark.parametrize("size", [3000, 2 * DIRECT_IO_BLOCK], ids=["bytes", "whole-blocks"])
 @pytest.mark.parametrize("unnamed, step", naming_and_steps(replacing=True) + [
     pytest.param(unnamed, "never", id=f"{'unnamed' if unnamed else 'named'}-never") for unnamed in WAYS])
-def test_kill_at_every_step_leaves_old_or_new(tmp_path: Path, unnamed: bool, step: str) -> None:
+def test_kill_at_every_step_leaves_old_or_new(tmp_path: Path, unnamed: bool, step: str, size: int) -> None:
     store = FileStore(tmp_path)
     run(store.set("d/k", b"old"))
-    child = run_child(KILL_AT_STEP, str(tmp_path), step, "unnamed" if unnamed else "named")
+    child = run_child(KILL_AT_STEP, str(tmp_path), step, "unnamed" if unnamed else "named", str(size))
     assert child.returncode == (0 if step == "never" else 137), child.stderr
-    expected = b"new" * 1000 if step in ("dirsync", "never") else b"old"
+    new = bytes(range(256)) * (size // 256) + bytes(size % 256)
+    expected = new if step in ("dirsync", "never") else b"old"
     assert run(store.get("d/k")) == expected
     assert run(store.list_prefix("")) == ["d/k"]  # a stray temp file is never listed
     # a named temp file exists from its creation to its rename; an unnamed file, once linked under a temp name
