@@ -326,6 +326,7 @@ def _block_aligned(view: memoryview) -> bool:
 
     return np.frombuffer(view, np.uint8).ctypes.data % DIRECT_IO_BLOCK == 0
 
+
 IO_THREADS = 16
 """Worker threads shared by every FileStore: enough blocking writes and fsyncs in flight to keep a disk busy."""
 
@@ -392,8 +393,9 @@ class FileStore(Store):
     goes with the process. Where :attr:`direct_io` (Linux), a value that is
     whole :data:`DIRECT_IO_BLOCK` blocks of memory goes from the caller's
     memory to the disk without a copy in the page cache (``O_DIRECT``); where
-    the file system or the disk refuses, it is written through the page cache. In a :meth:`~Store.batch` the directory fsyncs wait
-    for the end of the batch, one per directory. ``fault``, if given, is called
+    the file system or the disk refuses, it is written through the page cache.
+    In a :meth:`~Store.batch` the directory fsyncs wait for the end of the
+    batch, one per directory. ``fault``, if given, is called
     with each step name of :data:`FAULT_STEPS` before that step, for
     fault-injection tests.
 
