@@ -41,7 +41,7 @@ from .container import (ChunkRef, Manifest, check_chunk_digest, check_chunk_size
 from .errors import (CheckpointStateError, CorruptionError, FieldError, FormatError, KVCkptError, LayoutHashMismatch,
                      NotFoundError)
 from .metadata import dump_tvm_json, parse_metadata, validate_import
-from .pipeline import Hasher, MappedBatches, cache_lock, offload, run_bounded
+from .pipeline import Hasher, HashState, MappedBatches, cache_lock, offload, run_bounded
 from .tensors import PageGroups
 
 if TYPE_CHECKING:
@@ -204,6 +204,9 @@ class _Saved:
     pages_per_chunk: int
     chunks: tuple[tuple[ChunkRef, ...], ...]
     chunk_keys: frozenset[str]
+    tails: dict[int, tuple[int, HashState]]
+    """Per group, the chunk a save hashed last and the SHA-256 state over its full pages (immutable once
+    full), from which the next save's digest of that chunk, grown by new pages, continues."""
 
 
 _MEMORY: "weakref.WeakKeyDictionary[Store, dict[str, _Saved]]" = weakref.WeakKeyDictionary()
@@ -217,13 +220,15 @@ def forget(store: "Store", name: str | None = None) -> None:
         _MEMORY.get(store, {}).pop(name, None)
 
 
-def _remember(store: "Store", envelope: bytes, manifest: Manifest, state: "SequenceState") -> None:
+def _remember(store: "Store", envelope: bytes, manifest: Manifest, state: "SequenceState",
+              tails: dict[int, tuple[int, HashState]] | None = None) -> None:
     """Record ``manifest`` (committed as ``envelope``) as what this process last saved or restored of its
-    name, with the sequence state it holds."""
+    name, with the sequence state it holds and the hash states of its last chunks (a save's)."""
     chunk_keys = frozenset(manifest.chunk_keys())
     _cache_refs(envelope, chunk_keys)
     _MEMORY.setdefault(store, {})[manifest.name] = _Saved(manifest.key, envelope, state, manifest.page_bytes,
-                                                          manifest.pages_per_chunk, manifest.chunks, chunk_keys)
+                                                          manifest.pages_per_chunk, manifest.chunks, chunk_keys,
+                                                          tails or {})
 
 
 # ----- helpers --------------------------------------------------------------------------------------
@@ -416,11 +421,18 @@ async def save(cache: "PagedKVCache", seq_id: int, store: "Store", name: str, *,
                                               store.get(prev.key) if prev is not None else _nothing())
         generation = existing[-1][1] + 1 if existing else 1
         written_before = store.bytes_written
-        reuse, known = 0, frozenset[str]()
+        reuse, known, starts = 0, frozenset[str](), {}
         if prev is not None and kept == prev.envelope:  # its chunks are still kept
             known = prev.chunk_keys
             unchanged_pages = cache.unchanged_prefix(seq_id, prev.state) // lay.page_size
             reuse = min(unchanged_pages // ppc, len(prev.chunks[0]), len(plan))
+            # a chunk that grew since then: its digest continues from the state over its unchanged full pages
+            starts = {(i, g): start for g, (i, start) in prev.tails.items()
+                      if reuse <= i < len(plan) and i * ppc + start.nbytes // page_bytes <= unchanged_pages}
+        # and this save leaves the state over its last chunk's full pages for the next one
+        last, full_pages = len(plan) - 1, state.length // lay.page_size
+        keeps = ({(last, g): (full_pages - last * ppc) * page_bytes for g in range(num_groups)}
+                 if plan and last >= reuse and full_pages > last * ppc else {})
         table: list[list[ChunkRef | None]] = [
             list(prev.chunks[g][:reuse]) + [None] * (len(plan) - reuse) if reuse else [None] * len(plan)
             for g in range(num_groups)
@@ -463,7 +475,7 @@ async def save(cache: "PagedKVCache", seq_id: int, store: "Store", name: str, *,
         if progress is not None:
             progress("save", counts["done"], total_chunks)
         async with cache_lock(cache, "slots"):  # the staging slots serve one save at a time
-            mapped = MappedBatches(cache, seq_id, plan, batches)
+            mapped = MappedBatches(cache, seq_id, plan, batches, starts, keeps)
             try:
                 async with store.batch():  # every chunk durable before the manifest is written
                     await run_bounded(jobs, IO_CONCURRENCY)
@@ -478,7 +490,7 @@ async def save(cache: "PagedKVCache", seq_id: int, store: "Store", name: str, *,
                             tuple(tuple(group) for group in table), app_state)  # type: ignore[arg-type]
         envelope = encode_manifest(manifest, metadata_is_valid=True)  # the cache wrote that metadata
         await store.set(manifest.key, envelope)  # the commit point
-        _remember(store, envelope, manifest, state)
+        _remember(store, envelope, manifest, state, mapped.kept)
         written = store.bytes_written - written_before
         try:
             names_keys = [key for _, _, key in existing] + [manifest.key]
@@ -539,7 +551,7 @@ async def _fetch_groups(store: "Store", manifest: Manifest, key: str, groups: Pa
         view = groups[ref.group][ref.first_page * pb:ref.first_page * pb + ref.nbytes]
         try:
             check_chunk_size(ref, await store.get_into(ref.key, view))
-            check_chunk_digest(ref, await hasher.digest(view))
+            check_chunk_digest(ref, (await hasher.digest(view))[0])
         except CorruptionError as exc:
             raise _where(exc, key) from None
         done[0] += 1

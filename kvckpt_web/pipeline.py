@@ -9,15 +9,15 @@ the same code still works.
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import os
 import queue
 import sys
 import threading
 import weakref
 from collections.abc import Awaitable, Callable, Iterable
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
-
-from .container import chunk_digest
 
 if TYPE_CHECKING:
     from .cache import MappedPages, PagedKVCache
@@ -84,6 +84,29 @@ async def run_bounded(jobs: Iterable[Callable[[], Awaitable[None]]], limit: int)
         raise min(errors, key=lambda e: isinstance(e, asyncio.CancelledError))
 
 
+@dataclass(frozen=True)
+class HashState:
+    """SHA-256 over the first ``nbytes`` bytes of a chunk, from which the digest of a later chunk that begins
+    with the same bytes continues (a copy of ``state`` is updated, never ``state`` itself)."""
+
+    nbytes: int
+    state: Any
+
+
+def continued_digest(data: memoryview, start: HashState | None = None,
+                     keep: int | None = None) -> tuple[str, HashState | None]:
+    """The SHA-256 hex digest of ``data``, hashing only what ``start`` (over its first ``start.nbytes``
+    bytes) does not cover; and, if ``keep`` is given and not below that, the state over ``data[:keep]``."""
+    sha = hashlib.sha256() if start is None else start.state.copy()
+    done = 0 if start is None else start.nbytes
+    kept = None
+    if keep is not None and keep >= done:
+        sha.update(data[done:keep])
+        kept, done = HashState(keep, sha.copy()), keep
+    sha.update(data[done:])
+    return sha.hexdigest(), kept
+
+
 class Hasher:
     """SHA-256 of chunks on the :data:`HASH_THREADS` shared worker threads (inline where there are none)."""
 
@@ -93,21 +116,22 @@ class Hasher:
         self._idle = asyncio.Event()
         self._idle.set()
 
-    def digest(self, data: memoryview) -> "asyncio.Future[str]":
-        """A future of the hex digest of ``data``, which must stay valid until :meth:`close` returns.
+    def digest(self, data: memoryview, start: HashState | None = None,
+               keep: int | None = None) -> "asyncio.Future[tuple[str, HashState | None]]":
+        """A future of :func:`continued_digest` of ``data``, which must stay valid until :meth:`close` returns.
 
         Cancelling the future before a worker reaches it skips the hashing.
         """
         future = self._loop.create_future()
         if _IN_BROWSER:
-            future.set_result(chunk_digest(data))
+            future.set_result(continued_digest(data, start, keep))
             return future
         self._outstanding += 1
         self._idle.clear()
-        _hash_queue().put((data, future, self))
+        _hash_queue().put((data, start, keep, future, self))
         return future
 
-    def _finished(self, future: "asyncio.Future[str]", digest: str | None, exc: BaseException | None) -> None:
+    def _finished(self, future: "asyncio.Future[Any]", digest: Any, exc: BaseException | None) -> None:
         """Called on the loop once a worker is done with one item."""
         if not future.done():
             if exc is None:
@@ -123,11 +147,12 @@ class Hasher:
         await self._idle.wait()
 
 
-_HASH_QUEUE: "queue.SimpleQueue[tuple[memoryview, asyncio.Future[str], Hasher]] | None" = None
+_HashItem = tuple[memoryview, HashState | None, int | None, "asyncio.Future[tuple[str, HashState | None]]", Hasher]
+_HASH_QUEUE: "queue.SimpleQueue[_HashItem] | None" = None
 _HASH_QUEUE_LOCK = threading.Lock()
 
 
-def _hash_queue() -> "queue.SimpleQueue[tuple[memoryview, asyncio.Future[str], Hasher]]":
+def _hash_queue() -> "queue.SimpleQueue[_HashItem]":
     """The queue of the hashing threads, started on first use and shared by every save and restore."""
     global _HASH_QUEUE
     with _HASH_QUEUE_LOCK:
@@ -148,13 +173,13 @@ if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_forget_hash_threads)
 
 
-def _hash_worker(work: "queue.SimpleQueue[tuple[memoryview, asyncio.Future[str], Hasher]]") -> None:
+def _hash_worker(work: "queue.SimpleQueue[_HashItem]") -> None:
     while True:
-        data, future, hasher = work.get()
+        data, start, keep, future, hasher = work.get()
         digest, exc = None, None
         if not future.cancelled():  # a save that was abandoned
             try:
-                digest = chunk_digest(data)
+                digest = continued_digest(data, start, keep)
             except BaseException as error:  # noqa: BLE001 - handed to the waiting chunk
                 exc = error
         del data
@@ -172,11 +197,18 @@ class MappedBatches:
     order, to a :class:`Hasher`, and every chunk's digest is handed over as soon as it exists. A save
     of at most :data:`INLINE_HASH_BYTES` hashes each chunk when it is asked for instead.
     Batch ``b + READ_SLOTS`` is mapped once every chunk of batch ``b`` is :meth:`done`.
+
+    The digest of chunk ``(i, g)`` continues ``starts[i, g]`` where given (a state over its first bytes,
+    which must hold the same bytes), and where ``keeps[i, g]`` is given, the state over that many of its
+    bytes lands in :attr:`kept` as ``kept[g] = (i, state)``.
     """
 
-    def __init__(self, cache: "PagedKVCache", seq_id: int, plan: list[tuple[int, int]],
-                 batches: list[list[int]]) -> None:
+    def __init__(self, cache: "PagedKVCache", seq_id: int, plan: list[tuple[int, int]], batches: list[list[int]],
+                 starts: dict[tuple[int, int], HashState] | None = None,
+                 keeps: dict[tuple[int, int], int] | None = None) -> None:
         self._cache, self._seq_id, self._plan, self._batches = cache, seq_id, plan, batches
+        self._starts, self._keeps = starts or {}, keeps or {}
+        self.kept: dict[int, tuple[int, HashState]] = {}
         self._groups = cache.layout.num_layers
         self._page_bytes = cache.layout.page_bytes
         self._unfinished = [len(batch) * self._groups for batch in batches]
@@ -192,7 +224,7 @@ class MappedBatches:
         base = self._plan[self._batches[b][0]][0]
         return mapped.groups[g][(first - base) * self._page_bytes:(first - base + count) * self._page_bytes]
 
-    async def _read(self, b: int) -> "tuple[MappedPages, dict[tuple[int, int], asyncio.Future[str]] | None] | None":
+    async def _read(self, b: int) -> "tuple[MappedPages, dict[tuple[int, int], asyncio.Future[Any]] | None] | None":
         if b >= READ_SLOTS:
             await self._slot_free[b - READ_SLOTS].wait()
         if self._closed:
@@ -203,7 +235,9 @@ class MappedBatches:
             mapped = await self._cache.map_pages(self._seq_id, first, end, slot=b % READ_SLOTS)
         if self._inline:
             return mapped, None
-        digests = {(i, g): self._hasher.digest(self._view(mapped, b, i, g)) for i in batch for g in range(self._groups)}
+        digests = {(i, g): self._hasher.digest(self._view(mapped, b, i, g), self._starts.get((i, g)),
+                                               self._keeps.get((i, g)))
+                   for i in batch for g in range(self._groups)}
         return mapped, digests
 
     async def chunk(self, b: int, i: int, g: int) -> tuple[memoryview, str]:
@@ -213,7 +247,13 @@ class MappedBatches:
             raise asyncio.CancelledError()
         mapped, digests = result
         view = self._view(mapped, b, i, g)
-        return view, chunk_digest(view) if digests is None else await digests[i, g]
+        if digests is None:
+            digest, kept = continued_digest(view, self._starts.get((i, g)), self._keeps.get((i, g)))
+        else:
+            digest, kept = await digests[i, g]
+        if kept is not None:
+            self.kept[g] = (i, kept)
+        return view, digest
 
     def done(self, b: int) -> None:
         """One chunk of batch ``b`` is stored; the last one unmaps the batch and frees its slot."""

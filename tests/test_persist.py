@@ -7,6 +7,7 @@ sequence held when it was saved.
 from __future__ import annotations
 
 import asyncio
+import random
 from collections.abc import Callable
 from typing import Any
 
@@ -196,6 +197,67 @@ def test_a_partial_last_page_is_rewritten_with_its_chunk_only(model, target):
     assert result.pages_read == 2  # the last chunk's pages: one full, one partial
     _, groups = restored(store, target)
     assert groups == model.expected_groups(0)
+
+
+def hashed_bytes(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """Bytes each chunk digest hashes from now on (what a continued digest does not take from a kept state)."""
+    counted: list[int] = []
+    real = pipeline.continued_digest
+
+    def counting(data, start=None, keep=None):
+        counted.append(len(data) - (start.nbytes if start is not None else 0))
+        return real(data, start, keep)
+
+    monkeypatch.setattr(pipeline, "continued_digest", counting)
+    return counted
+
+
+def test_a_grown_chunk_is_hashed_from_where_the_last_save_left_it(model, target, monkeypatch, hashing):
+    pb = model.layout.page_bytes
+    model.add(0, 4 * PPC * 3 + 6)  # the last chunk: one full page and one partial
+    store = MemoryStore()
+    saved(model, store)
+    model.append({0: 5})  # the partial page fills up and one more partial one starts
+    counted = hashed_bytes(monkeypatch)
+    result = saved(model, store)
+    assert result.pages_read == 3
+    assert counted == [2 * pb] * model.layout.num_layers  # the full page hashed last time is not hashed again
+    assert restored(store, target)[1] == model.expected_groups(0)  # restore re-hashes every chunk in full
+
+
+def test_a_chunk_whose_kept_pages_were_popped_is_hashed_in_full(model, target, monkeypatch):
+    pb = model.layout.page_bytes
+    model.add(0, 4 * PPC * 3 + 6)
+    store = MemoryStore()
+    saved(model, store)
+    model.popn(0, 4)  # into the full page the save kept the hash of
+    model.append({0: 9})
+    counted = hashed_bytes(monkeypatch)
+    saved(model, store)
+    assert counted == [3 * pb] * model.layout.num_layers
+    assert restored(store, target)[1] == model.expected_groups(0)
+
+
+def test_autosaves_among_random_appends_and_pops_restore_exactly(model, target, monkeypatch, hashing):
+    rng = random.Random(7)
+    model.add(0, 30)
+    backing: dict[str, bytes] = {}
+    store, reader = MemoryStore(backing), MemoryStore(backing)  # restoring through `store` would replace
+    counted = hashed_bytes(monkeypatch)  # its memory of the last save, as a restore in this process does
+    read = hashed = 0
+    for step in range(60):
+        if model.length(0) > 8 and rng.random() < 0.3:
+            model.popn(0, rng.randint(1, 8))
+        model.append({0: rng.randint(1, 9)})
+        counted.clear()
+        result = saved(model, store)
+        read += result.pages_read * model.layout.page_bytes * model.layout.num_layers
+        hashed += sum(counted)
+        if 0 in target.sequence_ids():
+            target.remove_sequence(0)
+        assert restored(reader, target)[1] == model.expected_groups(0), f"step {step}, generation {result.generation}"
+    assert run(verify(store)).ok
+    assert hashed < 0.8 * read  # most rewritten chunks continued from the state their last save kept
 
 
 def test_a_pop_rewrites_the_chunks_from_the_popped_page_on(model, target):
@@ -505,7 +567,8 @@ def test_a_small_save_hashes_on_the_loop_and_a_large_one_on_the_hash_threads(mod
     model.add(0, 40)
     queued: list[int] = []
     real = pipeline.Hasher.digest
-    monkeypatch.setattr(pipeline.Hasher, "digest", lambda self, data: queued.append(len(data)) or real(self, data))
+    monkeypatch.setattr(pipeline.Hasher, "digest",
+                        lambda self, data, *how: queued.append(len(data)) or real(self, data, *how))
     nbytes = model.layout.num_layers * model.layout.num_logical_pages(40) * model.layout.page_bytes
     checkpoints = []
     for limit in (nbytes, nbytes - 1):

@@ -8,7 +8,7 @@ import threading
 
 import pytest
 
-from kvckpt_web.pipeline import HASH_THREADS, Hasher, run_bounded
+from kvckpt_web.pipeline import HASH_THREADS, Hasher, HashState, continued_digest, run_bounded
 
 
 def hash_threads() -> list[threading.Thread]:
@@ -21,11 +21,37 @@ def test_digests_are_the_sha256_of_each_chunk() -> None:
     async def body() -> list[str]:
         hasher = Hasher()
         futures = [hasher.digest(memoryview(c)) for c in chunks]
-        digests = list(await asyncio.gather(*futures))
+        digests = [digest for digest, _ in await asyncio.gather(*futures)]
         await hasher.close()
         return digests
 
     assert asyncio.run(body()) == [hashlib.sha256(c).hexdigest() for c in chunks]
+
+
+def test_a_digest_continued_from_a_kept_state_is_the_sha256_of_the_whole_chunk() -> None:
+    grown = bytes(range(256)) * 64  # 16 KiB: a chunk whose first 8 KiB an earlier save hashed
+    _, state = continued_digest(memoryview(grown[:10000]), keep=8192)
+    assert state is not None and state.nbytes == 8192
+    assert state.state.hexdigest() == hashlib.sha256(grown[:8192]).hexdigest()
+
+    async def on_threads() -> tuple[str, HashState | None]:
+        hasher = Hasher()
+        result = await hasher.digest(memoryview(grown), state, 12288)
+        await hasher.close()
+        return result
+
+    for digest, kept in (continued_digest(memoryview(grown), state, 12288), asyncio.run(on_threads())):
+        assert digest == hashlib.sha256(grown).hexdigest()
+        assert kept is not None and kept.nbytes == 12288
+        assert kept.state.hexdigest() == hashlib.sha256(grown[:12288]).hexdigest()
+    assert state.state.hexdigest() == hashlib.sha256(grown[:8192]).hexdigest()  # continued from copies only
+
+
+def test_a_state_is_kept_only_at_or_past_the_bytes_already_hashed() -> None:
+    data = memoryview(b"k" * 4096)
+    _, start = continued_digest(data, keep=2048)
+    digest, kept = continued_digest(data, start, keep=1024)
+    assert digest == hashlib.sha256(data).hexdigest() and kept is None
 
 
 def test_hashing_threads_are_started_once_and_shared_by_every_hasher() -> None:
@@ -46,7 +72,7 @@ def test_close_waits_for_queued_chunks_and_skips_cancelled_ones() -> None:
         skipped = hasher.digest(memoryview(b"b" * (1 << 20)))
         skipped.cancel()
         await hasher.close()  # returns only once no thread reads either buffer
-        return skipped.cancelled(), first.result()
+        return skipped.cancelled(), first.result()[0]
 
     cancelled, digest = asyncio.run(body())
     assert cancelled and digest == hashlib.sha256(b"a" * (1 << 20)).hexdigest()
