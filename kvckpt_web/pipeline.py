@@ -3,7 +3,8 @@ batches of a save mapped from the GPU a few at a time.
 
 Hashing (hashlib releases the GIL) and blocking file I/O run in threads where threads exist, except the
 hashing of small saves (:data:`INLINE_HASH_BYTES`); in Pyodide every step runs inline on the event loop and
-the same code still works.
+the same code still works. A chunk's digest can continue from a :class:`HashState` over its first bytes,
+which an earlier save kept (:func:`continued_digest`).
 """
 
 from __future__ import annotations
