@@ -38,6 +38,18 @@ def test_format_of_a_single_round_has_no_range():
     assert row.format().endswith("| 0.50 |")
 
 
+def test_verdict_judges_the_unrounded_ratio():
+    row = Row.of_rounds("save", 1, [0.2358], "raw", [0.1877])  # 0.796: the table prints 0.80
+    assert row.format().endswith("| 0.80 |")
+    assert row.verdict(0.8) == "0.796, target >= 0.8: not met"
+
+
+def test_verdict_of_a_ratio_at_its_target_is_met():
+    row = Row.of_rounds("save", 1, [0.25], "raw", [0.2])
+    assert row.verdict(0.8) == "0.800, target >= 0.8: met"
+    assert Row.of_rounds("inc", 1, [0.01], "full", [0.2]).verdict(20) == "20.000, target >= 20: met"
+
+
 def test_header_has_one_column_per_cell_of_a_row():
     cells = Row.of_rounds("op", 1, [1.0, 1.0], "raw", [1.0, 1.0]).format().count("|")
     assert all(line.count("|") == cells for line in HEADER.splitlines())

@@ -65,6 +65,15 @@ def test_bench_save_prints_full_incremental_and_restore_rows(device, tmp_path):
     assert not list(tmp_path.iterdir())  # the benchmark removes what it wrote
 
 
+def test_bench_save_ends_with_a_verdict_on_each_target_from_its_rows(device, tmp_path):
+    lines: list[str] = []
+    rows = asyncio.run(bench_save(device, repeats=1, paths=("copy",), echo=lines.append,
+                                  directory=str(tmp_path), tokens=TOKENS))
+    full, incremental = rows[1], rows[2]
+    assert lines[-1] == (f"copy path: full save vs raw write+fsync {full.verdict(0.8)}; "
+                         f"incremental save vs full save {incremental.verdict(20)}")
+
+
 def test_scatter_free_pages_leaves_every_other_page_free_for_the_next_sequence(device):
     cache = PagedKVCache(device, small_layout(), small_limits(), transfer="copy")  # 17 pages of 4 tokens
     scatter_free_pages(cache, first_id=10)
