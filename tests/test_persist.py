@@ -383,6 +383,18 @@ def test_a_sequence_changed_during_its_save_is_not_committed(model):
     assert run(list_generations(store)) == []
 
 
+def test_a_save_while_a_forward_pass_is_open_is_refused_and_commits_nothing(model):
+    model.add(0, 30)
+    store = MemoryStore()
+    saved(model, store)
+    model.cache.begin_forward([0], [3])
+    k, v = model.random_kv(3)
+    model.cache.append_kv(0, model.as_input(k[0]), model.as_input(v[0]))  # layer 1 has no new K/V yet
+    with pytest.raises(CheckpointStateError, match="forward pass in progress"):
+        saved(model, store)
+    assert [g.generation for g in run(list_generations(store))] == [1]
+
+
 # ----- names, retention, sharing, gc -------------------------------------------------------------------
 
 
