@@ -518,6 +518,181 @@ def test_gc_keep_applies_per_name(model):
     assert result.kept_manifests == ("manifests/a/00000000000000000003", "manifests/b/00000000000000000002")
 
 
+def key_of(name: str, generation: int) -> str:
+    return f"manifests/{name}/{generation:020d}"
+
+
+def damage(store: MemoryStore, key: str, how: str) -> None:
+    """One kind of damage to the value under ``key``: truncated, one byte flipped, or emptied."""
+    raw = bytearray(store._data[key])
+    if how == "truncated":
+        raw = raw[:len(raw) // 2]
+    elif how == "flipped":
+        raw[len(raw) // 3] ^= 0x10
+    else:
+        raw = bytearray()
+    store._data[key] = bytes(raw)
+
+
+def generations_saved(model: KVModel, store: MemoryStore, count: int) -> dict[int, list[bytes]]:
+    """``count`` generations of "s", each after more appends and a pop (so each has chunks of its own)."""
+    expected = {}
+    for generation in range(1, count + 1):
+        model.popn(0, min(model.length(0), 20))
+        model.append({0: 30})
+        saved(model, store, keep=10)
+        expected[generation] = model.expected_groups(0)
+    return expected
+
+
+@pytest.mark.parametrize("how", ["truncated", "flipped", "emptied"])
+def test_gc_keep_1_keeps_the_older_generation_when_the_newest_manifest_is_damaged(model, target, how):
+    model.add(0, 10)
+    store = MemoryStore()
+    expected = generations_saved(model, store, 2)
+    damage(store, key_of("s", 2), how)
+    result = run(gc(store, keep=1))
+    assert result.kept_manifests == (key_of("s", 1), key_of("s", 2))
+    assert result.kept_reasons[key_of("s", 1)] == "restorable, 1 of the newest 1 that are"
+    assert result.kept_reasons[key_of("s", 2)].startswith("damaged, kept as evidence and not counted: " + key_of("s", 2))
+    assert restored(store, target, generation=1)[1] == expected[1]
+
+
+def test_gc_with_the_default_keep_skips_two_damaged_newest_manifests(model, target):
+    model.add(0, 10)
+    store = MemoryStore()
+    expected = generations_saved(model, store, 4)
+    damage(store, key_of("s", 4), "truncated")
+    damage(store, key_of("s", 3), "flipped")
+    result = run(gc(store))
+    assert result.kept_manifests == tuple(key_of("s", g) for g in (1, 2, 3, 4))  # 1 and 2 are the two that restore
+    assert result.damaged_manifests == (key_of("s", 3), key_of("s", 4))
+    for generation in (1, 2):
+        assert restored(store, target, generation=generation)[1] == expected[generation]
+        target.remove_sequence(0)
+
+
+@pytest.mark.parametrize("how", ["flipped", "emptied"])
+def test_gc_does_not_count_a_manifest_whose_own_chunk_is_damaged(model, target, how):
+    model.add(0, 10)
+    store = MemoryStore()
+    expected = generations_saved(model, store, 2)
+    infos = {i.generation: set(i.chunk_keys) for i in run(list_generations(store))}
+    only_newest = sorted(infos[2] - infos[1])
+    damage(store, only_newest[0], how)
+    result = run(gc(store, keep=1))
+    assert result.deleted_manifests == ()
+    assert result.kept_reasons[key_of("s", 2)].startswith("damaged")
+    assert restored(store, target, generation=1)[1] == expected[1]
+
+
+def test_gc_drops_what_is_older_than_the_newest_restorable_ones(model):
+    model.add(0, 10)
+    store = MemoryStore()
+    generations_saved(model, store, 4)
+    damage(store, key_of("s", 1), "truncated")
+    damage(store, key_of("s", 3), "truncated")
+    result = run(gc(store, keep=1))
+    assert result.deleted_manifests == (key_of("s", 1), key_of("s", 2), key_of("s", 3))
+    assert result.kept_manifests == (key_of("s", 4),)
+    assert run(verify(store)).ok
+
+
+def test_a_save_after_a_damaged_newest_manifest_keeps_the_last_restorable_one(model, target):
+    model.add(0, 10)
+    store = MemoryStore()
+    expected = generations_saved(model, store, 2)
+    damage(store, key_of("s", 2), "truncated")
+    model.append({0: 5})
+    result = saved(model, store, keep=2)
+    assert result.generation == 3 and result.deleted_manifests == ()
+    assert result.warnings[0].startswith(f"{key_of('s', 2)}: damaged, kept as evidence")
+    assert restored(store, target, generation=1)[1] == expected[1]
+    target.remove_sequence(0)
+    assert restored(store, target)[1] == model.expected_groups(0)
+
+
+# ----- chunks already in the store are reused only once known to be intact ----------------------------
+
+
+def reads_of_chunks(store: Store) -> list[str]:
+    """The chunk keys read from ``store`` from now on (not the sizes asked for)."""
+    keys: list[str] = []
+    real_get, real_get_into = store.get, store.get_into
+
+    async def get(key):
+        if key.startswith("chunks/"):
+            keys.append(key)
+        return await real_get(key)
+
+    async def get_into(key, out):
+        if key.startswith("chunks/") and len(out):
+            keys.append(key)
+        return await real_get_into(key, out)
+
+    store.get, store.get_into = get, get_into
+    return keys
+
+
+@pytest.mark.parametrize("tokens", [64, 4 * PPC * 20], ids=["asked-chunk-by-chunk", "listed-at-once"])
+@pytest.mark.parametrize("how", ["flipped", "emptied"])
+def test_a_save_rewrites_a_damaged_chunk_it_would_reuse_from_the_cache(model, target, tmp_path, tokens, how):
+    model.add(0, tokens)
+    store = MemoryStore()
+    saved(model, store)
+    rotten = sorted(chunk_keys(store))[1]
+    damage(store, rotten, how)
+    forget(store)  # a new process: it did not write these chunks
+    result = saved(model, store)
+    assert result.chunks_written == 1
+    assert result.warnings == (f"{rotten}: stored bytes differed from the chunk its name says; rewritten from the "
+                               "cache",)
+    assert restored(store, target)[1] == model.expected_groups(0)
+    assert run(verify(store)).ok
+
+
+def test_saves_after_a_chunk_rots_never_leave_only_generations_that_use_it(model, target):
+    model.add(0, 64)
+    store = MemoryStore()
+    saved(model, store)
+    damage(store, sorted(chunk_keys(store))[0], "flipped")
+    for step in range(3):  # new processes saving on: retention deletes the first generation
+        forget(store)
+        model.append({0: 2})
+        saved(model, store, keep=2)
+        if 0 in target.sequence_ids():
+            target.remove_sequence(0)
+        assert restored(store, target)[1] == model.expected_groups(0), f"save {step}"
+    assert run(verify(store)).ok
+
+
+def test_a_new_process_reads_back_each_stored_chunk_it_reuses_once(model, monkeypatch):
+    model.add(0, 64)
+    store = MemoryStore()
+    saved(model, store)
+    stored = chunk_keys(store)
+    forget(store)
+    reads = reads_of_chunks(store)
+    saved(model, store)
+    assert sorted(reads) == sorted(stored)
+    reads.clear()
+    model.append({0: 4})
+    forget(store, "s")  # even with every page read again, chunks it has read back are not read again
+    saved(model, store)
+    assert reads == []
+
+
+def test_a_save_reads_back_none_of_the_chunks_its_process_wrote(model, monkeypatch):
+    model.add(0, 64)
+    store = MemoryStore()
+    saved(model, store)
+    reads = reads_of_chunks(store)
+    model.popn(0, 40)
+    model.append({0: 40})  # the same tokens again: its chunks come out as the ones stored before
+    saved(model, store)
+    assert reads == []
+
+
 def test_a_failure_after_the_commit_is_a_warning_not_a_failed_save(model, target):
     model.add(0, 12)
 
