@@ -636,6 +636,16 @@ def _metadata_for(text: str, seq_id: int | None) -> tuple[str, int]:
     return dump_tvm_json(meta), seq_id
 
 
+def _carried(manifest: Manifest, old: PageGroups | None, fetched: set[ChunkRef], new: PageGroups
+             ) -> tuple[PageGroups, set[ChunkRef]]:
+    """``new`` with the chunks of ``manifest`` that ``old`` holds already (``fetched``) copied in, and those."""
+    carried = {ref for ref in manifest.chunk_refs() if ref in fetched}
+    for ref in carried:
+        lo = ref.first_page * manifest.page_bytes
+        new[ref.group][lo:lo + ref.nbytes] = old[ref.group][lo:lo + ref.nbytes]
+    return new, carried
+
+
 def _check_fits(manifest: Manifest, metadata: str, cache: "PagedKVCache", seq_id: int, key: str) -> None:
     """Everything about ``manifest`` that can be checked against ``cache`` without touching it."""
     lay = cache.layout
@@ -655,12 +665,14 @@ def _check_fits(manifest: Manifest, metadata: str, cache: "PagedKVCache", seq_id
 
 
 async def _fetch_groups(store: "Store", manifest: Manifest, key: str, groups: PageGroups,
-                        progress: Progress | None) -> PageGroups:
+                        progress: Progress | None, fetched: set[ChunkRef]) -> PageGroups:
     """Every group's bytes read into ``groups``, each chunk in place and verified (size and SHA-256);
-    CorruptionError names a damaged one."""
+    CorruptionError names a damaged one. Chunks in ``fetched`` are in ``groups`` already; each one read
+    and verified is added to it."""
     pb = manifest.page_bytes
-    refs = list(manifest.chunk_refs())
-    done = [0]
+    everything = list(manifest.chunk_refs())
+    refs = [ref for ref in everything if ref not in fetched]
+    done = [len(everything) - len(refs)]
     hasher = Hasher()
 
     async def fetch(ref: ChunkRef) -> None:
@@ -670,9 +682,10 @@ async def _fetch_groups(store: "Store", manifest: Manifest, key: str, groups: Pa
             check_chunk_digest(ref, (await hasher.digest(view))[0])
         except CorruptionError as exc:
             raise _where(exc, key) from None
+        fetched.add(ref)
         done[0] += 1
         if progress is not None:
-            progress("restore", done[0], len(refs))
+            progress("restore", done[0], len(everything))
 
     try:
         await run_bounded((lambda r=r: fetch(r) for r in refs), IO_CONCURRENCY)
@@ -693,7 +706,8 @@ async def restore(store: "Store", name: str, cache: "PagedKVCache", *, seq_id: i
     checkpoint meanwhile). A damaged newest generation is an error, never a silent fallback: pass
     ``generation`` to load an older one. Takes no lock: if another process's retention or gc deletes
     the generation while it is read, a restore of the newest starts again from the newest there is
-    then (up to :data:`READ_ATTEMPTS` times), and one of a given ``generation`` raises
+    then (up to :data:`READ_ATTEMPTS` times, reading only the chunks it does not hold yet), and one of
+    a given ``generation`` raises
     :class:`NotFoundError`. Raises :class:`NotFoundError`, :class:`CorruptionError` /
     :class:`FormatError` naming the damaged key, :class:`MetadataError` (:class:`LayoutHashMismatch`),
     :class:`CapacityError`, or :class:`StoreError` if the newest kept being collected.
@@ -701,12 +715,14 @@ async def restore(store: "Store", name: str, cache: "PagedKVCache", *, seq_id: i
     return await _restore(store, name, cache, seq_id, generation, progress, remember=True)
 
 
-READ_ATTEMPTS = 4
+READ_ATTEMPTS = 8
 """Times a restore of the newest generation starts again when other writers collect what it is reading."""
 
 
 async def _restore(store: "Store", name: str, cache: "PagedKVCache", seq_id: int | None, generation: int | None,
                    progress: Progress | None, *, remember: bool) -> RestoreResult:
+    groups: PageGroups | None = None
+    fetched: set[ChunkRef] = set()  # chunks in `groups` already, from an attempt whose generation was collected
     for _ in range(READ_ATTEMPTS):
         try:
             manifest, envelope = await load_manifest(store, name, generation)
@@ -717,9 +733,10 @@ async def _restore(store: "Store", name: str, cache: "PagedKVCache", seq_id: int
         key = manifest.key
         metadata, target = _metadata_for(manifest.tvm_metadata, seq_id)
         _check_fits(manifest, metadata, cache, target, key)
+        if groups is None or groups.group_bytes != manifest.num_logical_pages * manifest.page_bytes:
+            groups, fetched = _carried(manifest, groups, fetched, cache.host_groups(manifest.num_logical_pages))
         try:
-            groups = await _fetch_groups(store, manifest, key, cache.host_groups(manifest.num_logical_pages),
-                                         progress)
+            await _fetch_groups(store, manifest, key, groups, progress, fetched)
             break
         except CorruptionError as exc:
             if await store.get(key) == envelope:

@@ -16,7 +16,7 @@ import pytest
 from kvckpt_web import CapacityError, CheckpointStateError, LayoutHashMismatch
 from kvckpt_web import persist, pipeline
 from kvckpt_web.container import decode_manifest
-from kvckpt_web.errors import FieldError, FormatError, NotFoundError
+from kvckpt_web.errors import FieldError, FormatError, NotFoundError, StoreError
 from kvckpt_web.persist import (DEFAULT_CHUNK_BYTES, forget, gc, list_generations, list_names, restore, save,
                                 verify)
 from kvckpt_web.store import FileStore, MemoryStore, Store
@@ -841,6 +841,104 @@ def test_a_cancelled_save_commits_nothing_and_releases_the_store_and_the_cache(m
     assert result.generation == 2
     _, groups = restored(store, target)
     assert groups == model.expected_groups(0)
+
+
+# ----- readers beside another writer's retention -------------------------------------------------------
+
+
+class SavingMidRead(MemoryStore):
+    """A read-only view of a store where reading the last chunk of any layer of the newest generation first
+    lets another writer save ``model``'s sequence again, one token longer, keeping ``keep`` generations (with
+    one, the chunk being read is deleted). That happens ``saves`` times."""
+
+    def __init__(self, data: dict[str, bytes], model: KVModel, saves: int = 1, keep: int = 1) -> None:
+        super().__init__(data, read_only=True)
+        self.model, self.writer, self.saves, self.keep = model, MemoryStore(data), saves, keep
+        self.trigger = self.last_chunks()
+
+    def last_chunks(self) -> set[str]:
+        newest = max(k for k in self._data if k.startswith("manifests/"))
+        return {group[-1].key for group in decode_manifest(self._data[newest]).chunks}
+
+    async def _meddle(self, key: str) -> None:
+        if key in self.trigger and self.saves:
+            self.saves -= 1
+            self.trigger = set()
+            self.model.append({0: 1})
+            await save(self.model.cache, 0, self.writer, "s", pages_per_chunk=PPC, keep=self.keep)
+            self.trigger = self.last_chunks()
+
+    async def _get_into(self, key: str, out: memoryview) -> int | None:
+        await self._meddle(key)
+        return await super()._get_into(key, out)
+
+    async def _get(self, key: str) -> bytes | None:
+        await self._meddle(key)
+        return await super()._get(key)
+
+
+@pytest.mark.parametrize("collections", [1, persist.READ_ATTEMPTS - 1])
+def test_a_restore_of_the_newest_collected_while_it_is_read_restores_the_newest_there_is_then(model, target,
+                                                                                               collections):
+    model.add(0, 33)
+    backing: dict[str, bytes] = {}
+    saved(model, MemoryStore(backing), keep=1)
+    result, groups = restored(SavingMidRead(backing, model, collections), target)
+    assert result.generation == 1 + collections and groups == model.expected_groups(0)
+
+
+def test_a_restore_reads_again_only_the_chunks_of_the_newer_generation_it_does_not_hold(model, target):
+    model.add(0, 33)
+    backing: dict[str, bytes] = {}
+    saved(model, MemoryStore(backing), keep=1)
+    store = SavingMidRead(backing, model)
+    reads = reads_of_chunks(store)
+    result, groups = restored(store, target)
+    assert result.generation == 2 and groups == model.expected_groups(0)
+    chunks_per_group = -(-model.layout.num_logical_pages(34) // PPC)
+    # the first attempt stops at its first read that fails; the second reads each layer's last chunk only
+    assert len(reads) - len(set(reads)) <= model.layout.num_layers
+    assert len(reads) < 2 * chunks_per_group * model.layout.num_layers
+
+
+def test_a_restore_of_the_newest_gives_up_with_a_store_error_if_it_is_collected_every_time(model, target):
+    model.add(0, 33)
+    backing: dict[str, bytes] = {}
+    saved(model, MemoryStore(backing), keep=1)
+    with pytest.raises(StoreError, match=f"{persist.READ_ATTEMPTS} times in a row"):
+        restored(SavingMidRead(backing, model, persist.READ_ATTEMPTS), target)
+    assert target.sequence_ids() == []
+
+
+def test_a_restore_of_a_generation_collected_while_it_is_read_raises_not_found(model, target):
+    model.add(0, 33)
+    backing: dict[str, bytes] = {}
+    saved(model, MemoryStore(backing), keep=1)
+    with pytest.raises(NotFoundError, match="manifests/s/00000000000000000001: deleted by another writer"):
+        restored(SavingMidRead(backing, model), target, generation=1)
+    assert target.sequence_ids() == []
+
+
+def test_verify_does_not_report_the_chunks_of_a_generation_collected_while_it_runs(model):
+    model.add(0, 33)
+    backing: dict[str, bytes] = {}
+    saved(model, MemoryStore(backing), keep=1)
+    store = SavingMidRead(backing, model)
+    report = run(verify(store))
+    assert store.saves == 0 and report.ok, report.problems
+    assert report.manifests_checked == ["manifests/s/00000000000000000001"]
+
+
+def test_verify_still_reports_a_damaged_chunk_of_a_generation_that_is_still_there(model):
+    model.add(0, 33)
+    backing: dict[str, bytes] = {}
+    saved(model, MemoryStore(backing))
+    store = SavingMidRead(backing, model, keep=2)
+    damaged = sorted(store.trigger)[0]  # a chunk of generation 1 only, which the save in the middle keeps
+    backing[damaged] = backing[damaged][:-1]
+    report = run(verify(store))
+    assert store.saves == 0
+    assert any(p.startswith(f"chunk {damaged}") for p in report.problems), report.problems
 
 
 # ----- restore refuses what does not fit, before touching the cache ------------------------------------
