@@ -455,7 +455,7 @@ async def _retain(store: "Store", keep: int, keys: list[str]) -> tuple[list[str]
     async with store.batch():  # the manifests are gone for good before any chunk they used is deleted
         await run_bounded(((lambda k=k: store.delete(k)) for k in drop), IO_CONCURRENCY)
     if not candidates:
-        return drop, 0, []
+        return drop, 0, warnings
     used, damaged = await _referenced(store)
     if damaged:
         return drop, 0, warnings + [f"chunks not deleted: cannot tell which chunks damaged manifests use: "
@@ -707,10 +707,10 @@ async def restore(store: "Store", name: str, cache: "PagedKVCache", *, seq_id: i
     ``generation`` to load an older one. Takes no lock: if another process's retention or gc deletes
     the generation while it is read, a restore of the newest starts again from the newest there is
     then (up to :data:`READ_ATTEMPTS` times, reading only the chunks it does not hold yet), and one of
-    a given ``generation`` raises
-    :class:`NotFoundError`. Raises :class:`NotFoundError`, :class:`CorruptionError` /
-    :class:`FormatError` naming the damaged key, :class:`MetadataError` (:class:`LayoutHashMismatch`),
-    :class:`CapacityError`, or :class:`StoreError` if the newest kept being collected.
+    a given ``generation`` raises :class:`NotFoundError`. Raises :class:`NotFoundError`,
+    :class:`CorruptionError` / :class:`FormatError` naming the damaged key, :class:`MetadataError`
+    (:class:`LayoutHashMismatch`), :class:`CapacityError`, or :class:`StoreError` if the newest kept
+    being collected.
     """
     return await _restore(store, name, cache, seq_id, generation, progress, remember=True)
 
@@ -757,6 +757,7 @@ async def _restore(store: "Store", name: str, cache: "PagedKVCache", seq_id: int
             raise
     if remember:
         _remember(store, envelope, manifest, cache.sequence_state(target))
+        _trusted(store).update(manifest.chunk_keys())  # each one read back and verified
     seq_length = cache.get_sequence_length(target)
     return RestoreResult(name, manifest.generation, key, target, seq_length, manifest.app_state,
                          sum(len(g) for g in manifest.chunks), sum(len(g) for g in groups))
