@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from pathlib import Path
 from typing import Any
 
-from .errors import KVCkptError
+from .errors import FormatError, KVCkptError
 
 
 def _describe_tvm_export(path: Path) -> dict[str, Any]:
@@ -34,11 +35,20 @@ def _describe_tvm_export(path: Path) -> dict[str, Any]:
     }
 
 
-def cmd_inspect(args: argparse.Namespace) -> None:
+def cmd_inspect(args: argparse.Namespace) -> int | None:
     from .cli_store import cmd_inspect_store, is_store
+    from .container import STORE_TOPS
+    from .store import FileStore
+    from .tvm_export import METADATA_FILE
 
     if is_store(args.path):
         return cmd_inspect_store(args)
+    if not os.path.lexists(Path(args.path) / METADATA_FILE):
+        try:
+            FileStore.check_directory(args.path, STORE_TOPS)
+        except FormatError as exc:
+            raise FormatError(exc.field, f"a TVM export directory ({METADATA_FILE}, group_<i>.bin) or {exc.expected}",
+                              exc.got) from None
     info = _describe_tvm_export(Path(args.path))
     if args.json:
         print(json.dumps(info, indent=2))
@@ -63,20 +73,22 @@ def cmd_convert(args: argparse.Namespace) -> None:
 
 
 def cmd_demo(args: argparse.Namespace) -> None:
+    from .cli_store import check_at_least
     from .demo import run_demo
 
-    run_demo(args.tokens, args.seed, Path(args.dir) if args.dir else None)
+    run_demo(check_at_least("--tokens", args.tokens, 1), args.seed, Path(args.dir) if args.dir else None)
 
 
 def cmd_bench(args: argparse.Namespace) -> None:
     from .bench import run
+    from .cli_store import check_at_least
 
+    check_at_least("--repeats", args.repeats, 1)
+    check_at_least("--trials", args.trials, 1)
     run(args.names, args.repeats, (args.path,), trials=args.trials)
 
 
 def cmd_serve(args: argparse.Namespace) -> None:
-    import os
-
     from .serve import DEFAULT_PYODIDE, DEFAULT_WHEELS, make_server
 
     pyodide = args.pyodide or os.environ.get("KVCKPT_PYODIDE") or DEFAULT_PYODIDE
@@ -162,13 +174,21 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Run ``kvckpt``; returns the exit status (1 with a one-line error for any checkpoint error)."""
+    """Run ``kvckpt``; returns the exit status (1 with a one-line error for any checkpoint error or OSError)."""
     args = build_parser().parse_args(argv)
     try:
         return args.func(args) or 0
     except KVCkptError as exc:
         print(f"kvckpt: error: {exc}", file=sys.stderr)
-        return 1
+    except OSError as exc:  # a path the system refused: missing, no permission, read-only, full, ...
+        print(f"kvckpt: error: {args.command}: {_os_error_text(exc)}", file=sys.stderr)
+    return 1
+
+
+def _os_error_text(exc: OSError) -> str:
+    """``exc`` in one line: what the system said, and the path(s) it said it of."""
+    paths = [os.fsdecode(p) for p in (exc.filename, exc.filename2) if p is not None]
+    return (exc.strerror or str(exc)) + (f" ({' -> '.join(paths)})" if paths else "")
 
 
 if __name__ == "__main__":

@@ -80,7 +80,7 @@ def _group_index(name: str) -> int | None:
 
 
 def is_tvm_export(path: str | os.PathLike) -> bool:
-    """Whether ``path`` is a TVM export directory by its files: ``metadata.json`` and ``group_<i>.bin``, nothing else."""
+    """Whether ``path`` is a TVM export directory by its files: metadata.json and group_<i>.bin, nothing else."""
     entries = _export_entries(Path(path))
     return entries is not None and METADATA_FILE in entries
 
