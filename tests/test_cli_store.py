@@ -282,6 +282,16 @@ def test_inspect_refuses_a_manifest_longer_than_the_format_allows_before_reading
     assert f"at most {MAX_MANIFEST_BYTES} bytes" in one_line_error(capsys)
 
 
+@pytest.mark.parametrize("command", [["verify", "--no-load"], ["verify"]])
+def test_a_chunk_that_is_a_fifo_fails_the_command_without_blocking(store_dir, capsys, unblock_fifo, command):
+    chunk = sorted((store_dir / "chunks").iterdir())[0]
+    chunk.unlink()
+    unblock_fifo(chunk)
+    assert main([command[0], str(store_dir), *command[1:]]) == 1
+    out, err = capsys.readouterr()
+    assert "FIFO" in out + err
+
+
 def test_verify_reports_a_manifest_linked_to_a_device_as_damaged(store_dir, capsys):
     manifest = store_dir / "manifests" / "a" / f"{1:020d}"
     manifest.unlink()
