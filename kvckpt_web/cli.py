@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from .errors import FormatError, KVCkptError
+from .errors import KVCkptError
 
 
 def _describe_tvm_export(path: Path) -> dict[str, Any]:
@@ -36,19 +36,10 @@ def _describe_tvm_export(path: Path) -> dict[str, Any]:
 
 
 def cmd_inspect(args: argparse.Namespace) -> int | None:
-    from .cli_store import cmd_inspect_store, is_store
-    from .container import STORE_TOPS
-    from .store import FileStore
-    from .tvm_export import METADATA_FILE
+    from .cli_store import cmd_inspect_store, source_kind
 
-    if is_store(args.path):
+    if source_kind(args.path) == "store":
         return cmd_inspect_store(args)
-    if not os.path.lexists(Path(args.path) / METADATA_FILE):
-        try:
-            FileStore.check_directory(args.path, STORE_TOPS)
-        except FormatError as exc:
-            raise FormatError(exc.field, f"a TVM export directory ({METADATA_FILE}, group_<i>.bin) or {exc.expected}",
-                              exc.got) from None
     info = _describe_tvm_export(Path(args.path))
     if args.json:
         print(json.dumps(info, indent=2))

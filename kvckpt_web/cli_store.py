@@ -39,6 +39,21 @@ def is_store(path: str | Path) -> bool:
     return True
 
 
+def source_kind(path: str | Path) -> str:
+    """``"store"`` or ``"tvm"``: what the checkpoint at ``path`` is (a TVM export directory is recognised by its
+    metadata.json, and its reader says what else is wrong); FormatError naming the path if it is neither."""
+    from .tvm_export import METADATA_FILE
+
+    try:
+        FileStore.check_directory(path, STORE_TOPS)
+    except FormatError as exc:
+        if os.path.lexists(Path(path) / METADATA_FILE):
+            return "tvm"
+        raise FormatError(exc.field, f"a TVM export directory ({METADATA_FILE}, group_<i>.bin) or {exc.expected}",
+                          exc.got) from None
+    return "store"
+
+
 def _open_store(path: str | Path, *, read_only: bool) -> FileStore:
     """The store at ``path``; FormatError naming the path and what it holds if it is no checkpoint store."""
     FileStore.check_directory(path, STORE_TOPS)
@@ -252,7 +267,7 @@ async def convert(src: str, dst: str, to: str, *, name: str | None = None, gener
     from .tvm_export import write_tvm_export
 
     check_convert(src, dst, to, name=name, generation=generation, force=force, keep=keep)
-    source_is_store = is_store(src)
+    source_is_store = source_kind(src) == "store"
     cache, seq_id, app_state, src_name = await _load_source(src, name if source_is_store else None, generation,
                                                             open_device())
     try:

@@ -313,3 +313,11 @@ def test_progress_stays_quiet_for_short_operations():
     show = progress_printer(stream)
     show("save", 1, 1)
     assert stream.getvalue() == ""
+
+
+def test_convert_from_a_directory_that_is_no_checkpoint_names_both_kinds(tmp_path, capsys):
+    (tmp_path / "etc").mkdir()
+    (tmp_path / "etc" / "passwd").write_text("root:x:0:0")
+    assert main(["convert", str(tmp_path / "etc"), str(tmp_path / "out"), "--to", "tvm"]) == 1
+    err = one_line_error(capsys)
+    assert "a TVM export directory" in err and "a store directory" in err and "passwd" in err
