@@ -110,7 +110,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("demo", help="fill a SmolLM2-layout cache in a worker, export, SIGKILL it, restore and verify")
     p.add_argument("--tokens", type=int, default=3000, help="tokens to fill (default 3000)")
     p.add_argument("--seed", type=int, default=0, help="seed of the K/V values (default 0)")
-    p.add_argument("--dir", help="where to write the TVM export directory (default: a temporary directory)")
+    p.add_argument("--dir", help="where to write the TVM export directory (default: a temporary directory); an "
+                   "existing one must be empty or an earlier demo's export")
     p.set_defaults(func=cmd_demo)
 
     p = sub.add_parser("inspect", help="summarise and validate a TVM export directory or a checkpoint store "
@@ -128,7 +129,8 @@ def build_parser() -> argparse.ArgumentParser:
                    "source's name, else seq0)")
     p.add_argument("--generation", type=int, help="generation to read from a store SRC (default: the newest)")
     p.add_argument("--keep", type=int, default=2, help="generations of the name a store DST keeps (default 2)")
-    p.add_argument("--force", action="store_true", help="replace a TVM export directory DST if it exists")
+    p.add_argument("--force", action="store_true", help="replace a TVM export directory DST if it exists (only a "
+                   "TVM export or an empty directory: never SRC, a store or other files)")
     p.set_defaults(func=cmd_convert)
 
     p = sub.add_parser("bench", help="throughput vs raw transfers of the same bytes, measured in the same run")
