@@ -10,7 +10,6 @@ size before it reads a byte.
 
 from __future__ import annotations
 
-import ctypes
 import errno
 import os
 import re
@@ -127,6 +126,8 @@ def _exchange(a: Path, b: Path) -> bool:
     """Swap the names ``a`` and ``b`` atomically (Linux ``renameat2(RENAME_EXCHANGE)``); False where unsupported."""
     if not sys.platform.startswith("linux"):
         return False
+    import ctypes
+
     renameat2 = getattr(ctypes.CDLL(None, use_errno=True), "renameat2", None)
     if renameat2 is None:
         return False
