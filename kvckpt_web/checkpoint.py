@@ -43,6 +43,7 @@ class CheckpointMixin:
     # ----- state checks -----------------------------------------------------------------------------
 
     def _export_seq(self: "PagedKVCache", seq_id: int, operation: str) -> Sequence:
+        self._check_open(operation)
         self.layout.check_checkpointable()
         if self._import is not None:
             raise CheckpointStateError(f"{operation}: checkpoint import must be finished before exporting a "
@@ -128,6 +129,7 @@ class CheckpointMixin:
 
     def _check_import(self: "PagedKVCache", seq_id: int, metadata_json: str | bytes) -> ImportPlan:
         """Everything :meth:`prepare_import` checks before it changes anything; the import's plan."""
+        self._check_open("prepare_import")
         if self._import is not None:
             raise CheckpointStateError(f"prepare_import: expected no import in progress, got one for seq_id "
                                        f"{self._import.seq_id}")

@@ -44,6 +44,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from .container import MAX_MANIFEST_BYTES
 from .container import (ChunkRef, Manifest, check_chunk_digest, check_chunk_size, chunk_digest, chunk_key,
                         decode_manifest, encode_manifest, manifest_key, manifest_prefix, parse_manifest_key,
                         plan_chunks, validate_name, verify_chunk)
@@ -318,7 +319,7 @@ async def load_manifest(store: "Store", name: str, generation: int | None = None
         key = keys[-1][2]
     else:
         key = manifest_key(name, generation)
-    data = await store.get(key)
+    data = await store.get(key, max_bytes=MAX_MANIFEST_BYTES)
     if data is None and generation is not None:
         have = [g for _, g, _ in await _manifest_keys(store, name)]
         raise NotFoundError(f"{key}: no generation {generation} of {name!r} (generations in store: {have})")
@@ -335,7 +336,7 @@ async def _refs_of(store: "Store", key: str) -> frozenset[str] | None:
     Decoded reference sets are remembered by the SHA-256 of the envelope bytes, so a result is
     never stale.
     """
-    return _decoded_refs(key, await store.get(key))
+    return _decoded_refs(key, await store.get(key, max_bytes=MAX_MANIFEST_BYTES))
 
 
 def _decoded_refs(key: str, data: bytes | None) -> frozenset[str] | None:
@@ -389,11 +390,11 @@ async def _unusable(store: "Store", key: str, trusted: set[str], deep: bool, see
 
     ``seen`` remembers each chunk's finding (None: good) across calls.
     """
-    data = await store.get(key)
-    refs = _decoded_refs(key, data)
-    if refs is not None and refs <= trusted:
-        return None
     try:
+        data = await store.get(key, max_bytes=MAX_MANIFEST_BYTES)
+        refs = _decoded_refs(key, data)
+        if refs is not None and refs <= trusted:
+            return None
         manifest = _decode_at(key, data)
     except KVCkptError as exc:
         return str(exc)
@@ -739,7 +740,7 @@ async def _restore(store: "Store", name: str, cache: "PagedKVCache", seq_id: int
             await _fetch_groups(store, manifest, key, groups, progress, fetched)
             break
         except CorruptionError as exc:
-            if await store.get(key) == envelope:
+            if await store.get(key, max_bytes=MAX_MANIFEST_BYTES) == envelope:
                 raise  # the manifest is still there, so is every chunk it uses: this one is damaged
             if generation is not None:
                 raise NotFoundError(f"{key}: deleted by another writer (retention or gc) while it was being read "
@@ -788,7 +789,8 @@ async def list_generations(store: "Store", name: str | None = None) -> list[Gene
     """
     if name is not None:
         validate_name(name)
-    found = [(n, g, key, await store.get(key)) for n, g, key in await _manifest_keys(store, name)]
+    found = [(n, g, key, await store.get(key, max_bytes=MAX_MANIFEST_BYTES))
+             for n, g, key in await _manifest_keys(store, name)]
     return [_describe(n, g, key, data) for n, g, key, data in found if data is not None]
 
 
@@ -878,7 +880,12 @@ async def _verify(store: "Store", name: str | None, device: "Device | None", pro
     found: list[tuple[str, list[str]]] = []  # each problem, and the manifests it concerns (none: it stands anyway)
     manifests: list[tuple[str, Manifest]] = []
     for _, _, key in await _manifest_keys(store, name):
-        data = await store.get(key)
+        try:
+            data = await store.get(key, max_bytes=MAX_MANIFEST_BYTES)
+        except FormatError as exc:  # longer than any manifest can be
+            report.manifests_checked.append(key)
+            found.append((str(exc), []))
+            continue
         if data is None:  # deleted since it was listed
             continue
         envelopes[key] = data
@@ -956,7 +963,8 @@ async def _verify(store: "Store", name: str | None, device: "Device | None", pro
 
     # A manifest deleted or replaced since it was read was collected by another writer, not damaged.
     concerned = sorted({key for _, keys in found for key in keys})
-    current = dict(zip(concerned, await asyncio.gather(*(store.get(key) for key in concerned))))
+    current = dict(zip(concerned, await asyncio.gather(*(store.get(key, max_bytes=MAX_MANIFEST_BYTES)
+                                                         for key in concerned))))
     report.problems = [text for text, keys in found if not keys or any(current[k] == envelopes[k] for k in keys)]
     return report
 

@@ -620,10 +620,10 @@ def reads_of_chunks(store: Store) -> list[str]:
     keys: list[str] = []
     real_get, real_get_into = store.get, store.get_into
 
-    async def get(key):
+    async def get(key, **bound):
         if key.startswith("chunks/"):
             keys.append(key)
-        return await real_get(key)
+        return await real_get(key, **bound)
 
     async def get_into(key, out):
         if key.startswith("chunks/") and len(out):
