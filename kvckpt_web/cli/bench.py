@@ -7,16 +7,26 @@ adapter, interleaved with it, so machine noise hits both alike.
 from __future__ import annotations
 
 import asyncio
+import os
+import shutil
 import statistics
+import sys
+import tempfile
 import time
 from dataclasses import dataclass
 from typing import Any, Awaitable, Callable
 
-from .cache import PagedKVCache
-from .device import Copy, CopyRuns, Device, Usage, open_device
-from .errors import FieldError
-from .layout import CacheLimits, KVLayout
-from .tensors import zeroed
+from ..durable.container import plan_chunks
+from ..durable.persist import IO_CONCURRENCY, default_pages_per_chunk, restore, save
+from ..durable.pipeline import run_bounded
+from ..errors import FieldError
+from ..gpu.device import Copy, CopyRuns, Device, Usage
+from ..gpu.open import open_device
+from ..gpu.tensors import zeroed
+from ..kv.cache import PagedKVCache
+from ..stores.store import FileStore
+from ..tvm.layout import CacheLimits, KVLayout
+from .soak import run_soak
 
 EXPORT_LAYOUT = KVLayout(page_size=16, num_layers=16, num_qo_heads=32, num_kv_heads=8, qk_head_dim=128,
                          dtype="float16")
@@ -280,8 +290,6 @@ SAVE_INCREMENTAL_TARGET = 20
 
 def _fill_unique(cache: PagedKVCache, seq: int, tokens: int) -> None:
     """Append ``tokens`` tokens of random K/V (distinct chunks, so content addressing cannot skip any)."""
-    import os
-
     lay = cache.layout
     token_bytes = lay.num_kv_heads * lay.head_dim * lay.elem_bytes
     for start in range(0, tokens, cache.limits.prefill_chunk_size):
@@ -302,15 +310,6 @@ async def bench_save(device: Device | None = None, repeats: int = 5, paths: tupl
     save (and its chunk files and manifest written alone, its floor, vs the same); restore vs a raw read
     of the same bytes + upload to the GPU.
     """
-    import os
-    import shutil
-    import tempfile
-
-    from .container import plan_chunks
-    from .persist import IO_CONCURRENCY, default_pages_per_chunk, restore, save
-    from .pipeline import run_bounded
-    from .store import FileStore
-
     device = device or open_device()
     paths = expand_paths(device, paths)
     lay = EXPORT_LAYOUT
@@ -455,11 +454,7 @@ async def bench_save(device: Device | None = None, repeats: int = 5, paths: tupl
 
 async def bench_soak(device: Device | None = None, repeats: int = 0, paths: tuple[str, ...] = (),
                      echo: Callable[[str], None] = print, trials: int = 200) -> list[Row]:
-    """kill -9 trials of processes that are saving (see :mod:`kvckpt_web.soak`); raises if any trial failed."""
-    import sys
-
-    from .soak import run_soak
-
+    """kill -9 trials of processes that are saving (see :mod:`kvckpt_web.cli.soak`); raises if any trial failed."""
     started = time.perf_counter()
     result = await run_soak(trials, device=device, echo=lambda line: print(line, file=sys.stderr, flush=True))
     echo(f"{result.trials} trials in {time.perf_counter() - started:.0f} s: worker killed while saving "

@@ -19,11 +19,13 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
-from .cache import PagedKVCache
-from .device import open_device
-from .errors import KVCkptError
-from .layout import CacheLimits, KVLayout
-from .tvm_export import read_tvm_export, write_tvm_export
+import numpy as np
+
+from ..durable.tvm_export import read_tvm_export, write_tvm_export
+from ..errors import KVCkptError
+from ..gpu.open import open_device
+from ..kv.cache import PagedKVCache
+from ..tvm.layout import CacheLimits, KVLayout
 
 SMOLLM2_LAYOUT = KVLayout(page_size=16, num_layers=30, num_qo_heads=9, num_kv_heads=3, qk_head_dim=64,
                           dtype="float16", rope_mode="normal", rotary_theta=100000.0)
@@ -32,8 +34,6 @@ CHUNK = 512
 
 def chunks_of_kv(seed: int, tokens: int, layout: KVLayout) -> Iterator[tuple[int, list[tuple[Any, Any]]]]:
     """The demo's K/V: per chunk of up to CHUNK tokens, (length, [(k, v) per layer]); same seed, same values."""
-    import numpy as np
-
     rng = np.random.default_rng(seed)
     for start in range(0, tokens, CHUNK):
         n = min(CHUNK, tokens - start)
@@ -64,8 +64,6 @@ async def fill_and_export(out: Path, tokens: int, seed: int) -> dict[str, float]
 
 async def restore_and_verify(path: Path, tokens: int, seed: int) -> dict[str, float]:
     """Fresh process: import the export directory into a new cache and compare every K/V byte with the seeded values."""
-    import numpy as np
-
     start = time.perf_counter()
     export = read_tvm_export(path)
     read = time.perf_counter()

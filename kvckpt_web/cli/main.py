@@ -4,21 +4,23 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from pathlib import Path
 from typing import Any
 
-from .errors import KVCkptError
+from ..durable.tvm_export import read_tvm_export
+from ..errors import KVCkptError
+from ..tvm.metadata import layout_from_metadata, limits_from_metadata, validate_import
+from ..web.serve import DEFAULT_PYODIDE, DEFAULT_WHEELS, make_server
+from . import bench, store_commands
+from .demo import run_demo, worker_main
 
 
 def _describe_tvm_export(path: Path) -> dict[str, Any]:
-    from .layout import KVLayout
-    from .metadata import limits_from_metadata, validate_import
-    from .tvm_export import read_tvm_export
-
     export = read_tvm_export(path)
     meta = export.metadata
-    layout = KVLayout.from_metadata(meta)
+    layout = layout_from_metadata(meta)
     seq_id = meta.get("seq_id")
     plan = validate_import(export.metadata_json, layout, limits_from_metadata(meta), seq_id)
     return {
@@ -35,10 +37,8 @@ def _describe_tvm_export(path: Path) -> dict[str, Any]:
 
 
 def cmd_inspect(args: argparse.Namespace) -> None:
-    from .cli_store import cmd_inspect_store, is_store
-
-    if is_store(args.path):
-        return cmd_inspect_store(args)
+    if store_commands.is_store(args.path):
+        return store_commands.cmd_inspect_store(args)
     info = _describe_tvm_export(Path(args.path))
     if args.json:
         print(json.dumps(info, indent=2))
@@ -56,29 +56,15 @@ def cmd_inspect(args: argparse.Namespace) -> None:
           f"{limits['num_total_pages']}, prefill_chunk_size {limits['prefill_chunk_size']}")
 
 
-def cmd_convert(args: argparse.Namespace) -> None:
-    from .cli_store import cmd_convert as convert
-
-    convert(args)
-
-
 def cmd_demo(args: argparse.Namespace) -> None:
-    from .demo import run_demo
-
     run_demo(args.tokens, args.seed, Path(args.dir) if args.dir else None)
 
 
 def cmd_bench(args: argparse.Namespace) -> None:
-    from .bench import run
-
-    run(args.names, args.repeats, (args.path,), trials=args.trials)
+    bench.run(args.names, args.repeats, (args.path,), trials=args.trials)
 
 
 def cmd_serve(args: argparse.Namespace) -> None:
-    import os
-
-    from .serve import DEFAULT_PYODIDE, DEFAULT_WHEELS, make_server
-
     pyodide = args.pyodide or os.environ.get("KVCKPT_PYODIDE") or DEFAULT_PYODIDE
     wheels = args.wheels or [os.environ.get("KVCKPT_WHEELS") or DEFAULT_WHEELS]
     server = make_server(pyodide, wheels, host=args.host, port=args.port)
@@ -93,8 +79,6 @@ def cmd_serve(args: argparse.Namespace) -> None:
 
 
 def cmd_demo_worker(args: argparse.Namespace) -> None:
-    from .demo import worker_main
-
     worker_main("fill" if args.command == "_demo-worker" else "verify", args.path, args.tokens, args.seed)
 
 
@@ -126,7 +110,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--generation", type=int, help="generation to read from a store SRC (default: the newest)")
     p.add_argument("--keep", type=int, default=2, help="generations of the name a store DST keeps (default 2)")
     p.add_argument("--force", action="store_true", help="replace a TVM export directory DST if it exists")
-    p.set_defaults(func=cmd_convert)
+    p.set_defaults(func=store_commands.cmd_convert)
 
     p = sub.add_parser("bench", help="throughput vs raw transfers of the same bytes, measured in the same run")
     p.add_argument("names", nargs="*", default=["export"], choices=["export", "save", "soak"],
@@ -138,9 +122,7 @@ def build_parser() -> argparse.ArgumentParser:
                         "mapped where storage buffers map in place)")
     p.set_defaults(func=cmd_bench)
 
-    from .cli_store import add_parsers
-
-    add_parsers(sub)
+    store_commands.add_parsers(sub)
 
     p = sub.add_parser("serve", help="serve the browser runtime (page, kvckpt.mjs, pinned Pyodide, wheels) offline "
                        "on 127.0.0.1")

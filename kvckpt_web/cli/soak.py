@@ -2,7 +2,7 @@
 
 Each trial runs a worker process that fills a small cache in three deterministic
 stages (seeded appends and pops) and saves generation 1, 2 and 3 of one name in
-a :class:`~kvckpt_web.store.FileStore`. During the third save it dies by
+a :class:`~kvckpt_web.stores.store.FileStore`. During the third save it dies by
 SIGKILL: either at a chosen step of the store's ``fault`` hook (before a write,
 fsync, link, rename or directory fsync) or at a random instant chosen by the
 parent while every step sleeps a random moment. Trials alternate the store's two
@@ -30,11 +30,12 @@ from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from .cache import PagedKVCache
-from .device import Device, open_device
-from .layout import CacheLimits, KVLayout
-from .persist import restore, save, verify
-from .store import FileStore
+from ..durable.persist import restore, save, verify
+from ..gpu.device import Device
+from ..gpu.open import open_device
+from ..kv.cache import PagedKVCache
+from ..stores.store import FileStore
+from ..tvm.layout import CacheLimits, KVLayout
 
 LAYOUT = KVLayout(page_size=4, num_layers=2, num_qo_heads=4, num_kv_heads=2, qk_head_dim=8, dtype="float16",
                   rope_mode="none")
@@ -152,7 +153,7 @@ async def _run_worker(directory: str, seed: int, mode: str, kill_step: int, dela
                       ) -> tuple[str, str]:
     """Run one worker to its end; (how it ended, its output)."""
     proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "kvckpt_web.soak", "worker", directory, str(seed), mode, str(kill_step), naming,
+        sys.executable, "-m", "kvckpt_web.cli.soak", "worker", directory, str(seed), mode, str(kill_step), naming,
         stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
     lines = []
     if mode == "timer":
@@ -256,5 +257,5 @@ async def run_soak(trials: int = 200, *, seed: int = 0, jobs: int = 2, device: D
 
 if __name__ == "__main__":
     if len(sys.argv) != 7 or sys.argv[1] != "worker":
-        sys.exit("usage: python -m kvckpt_web.soak worker DIR SEED step|timer KILL_STEP unnamed|named")
+        sys.exit("usage: python -m kvckpt_web.cli.soak worker DIR SEED step|timer KILL_STEP unnamed|named")
     asyncio.run(_worker(sys.argv[2], int(sys.argv[3]), sys.argv[4], int(sys.argv[5]), sys.argv[6]))

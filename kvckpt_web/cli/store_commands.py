@@ -1,6 +1,6 @@
 """The store commands of ``kvckpt``: inspect and verify a checkpoint store, gc, and convert to and from it.
 
-A store here is a :class:`~kvckpt_web.store.FileStore` directory. Long operations
+A store here is a :class:`~kvckpt_web.stores.store.FileStore` directory. Long operations
 report progress on stderr (after the first second, then about once a second).
 """
 
@@ -15,8 +15,12 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from .errors import FormatError, NotFoundError
-from .persist import Progress
+from ..durable.persist import CHUNKS, Progress, gc, list_generations, list_names, load_manifest, restore, save, verify
+from ..durable.tvm_export import read_tvm_export, write_tvm_export
+from ..errors import FormatError, NotFoundError
+from ..gpu.open import open_device
+from ..kv.cache import PagedKVCache
+from ..stores.store import FileStore
 
 STORE_MARKERS = ("manifests", "chunks", "~kvckpt.lock")
 
@@ -28,8 +32,6 @@ def is_store(path: str | Path) -> bool:
 
 
 def _open_store(path: str | Path, *, read_only: bool) -> Any:
-    from .store import FileStore
-
     path = Path(path)
     if not path.is_dir():
         got = "missing" if not path.exists() else "not a directory"
@@ -70,8 +72,6 @@ def _mib(n: int) -> str:
 
 async def describe_store(path: str | Path) -> dict[str, Any]:
     """Names, generations, sizes and chunk sharing of the store at ``path`` (JSON-ready)."""
-    from .persist import CHUNKS, list_generations
-
     store = _open_store(path, read_only=True)
     gens = await list_generations(store)
     users: dict[str, set[str]] = {}
@@ -135,9 +135,6 @@ def cmd_inspect_store(args: argparse.Namespace) -> None:
 
 
 def cmd_verify(args: argparse.Namespace) -> int:
-    from .device import open_device
-    from .persist import verify
-
     store = _open_store(args.store, read_only=True)
     device = None if args.no_load else open_device()
     report = asyncio.run(verify(store, name=args.name, device=device, progress=progress_printer()))
@@ -155,8 +152,6 @@ def cmd_verify(args: argparse.Namespace) -> int:
 
 
 def cmd_gc(args: argparse.Namespace) -> int:
-    from .persist import gc
-
     store = _open_store(args.store, read_only=False)
     keep = None if args.keep == 0 else args.keep
     result = asyncio.run(gc(store, keep=keep, names=args.name, progress=progress_printer()))
@@ -171,10 +166,6 @@ def cmd_gc(args: argparse.Namespace) -> int:
 
 async def _load_source(src: str, name: str | None, generation: int | None, device: Any) -> tuple[Any, int, dict, str]:
     """Load SRC (a TVM export directory or a store) into a new GPU cache: (cache, seq_id, app_state, source name)."""
-    from .cache import PagedKVCache
-    from .persist import list_names, load_manifest, restore
-    from .tvm_export import read_tvm_export
-
     if not is_store(src):
         if generation is not None:
             raise FormatError("--generation", "a store as SRC (a TVM export directory has one checkpoint)", src)
@@ -202,10 +193,6 @@ async def _load_source(src: str, name: str | None, generation: int | None, devic
 async def convert(src: str, dst: str, to: str, *, name: str | None = None, generation: int | None = None,
                   force: bool = False, keep: int = 2) -> dict[str, Any]:
     """Convert between TVM export directories and stores through a GPU cache (see ``kvckpt convert --help``)."""
-    from .device import open_device
-    from .persist import save
-    from .tvm_export import write_tvm_export
-
     source_is_store = is_store(src)
     cache, seq_id, app_state, src_name = await _load_source(src, name if source_is_store else None, generation,
                                                             open_device())
@@ -217,8 +204,6 @@ async def convert(src: str, dst: str, to: str, *, name: str | None = None, gener
         if Path(dst).exists() and not is_store(dst) and (not Path(dst).is_dir() or any(Path(dst).iterdir())):
             raise FormatError(dst, "a checkpoint store directory, an empty directory or a new path",
                               "a file or a directory of something else")
-        from .store import FileStore
-
         target_name = name or src_name or "seq0"
         result = await save(cache, seq_id, FileStore(dst), target_name, app_state=app_state, keep=keep,
                             progress=progress_printer())

@@ -24,8 +24,8 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any
 
-from .errors import CorruptionError, FormatError
-from .jsontext import MAX_NESTING, nesting_depth, unique_keys
+from ..errors import CorruptionError, FormatError
+from ..jsontext import MAX_NESTING, nesting_depth, unique_keys
 
 __all__ = [
     "FORMAT_VERSION",

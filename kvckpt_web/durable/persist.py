@@ -1,11 +1,11 @@
-"""Durable checkpoints of named sequences in a :class:`~kvckpt_web.store.Store`: save, restore, gc, verify.
+"""Durable checkpoints of named sequences in a :class:`~kvckpt_web.stores.store.Store`: save, restore, gc, verify.
 
 A checkpoint is one generation of one named sequence, in the container format
 of ``FORMAT.md`` (content-addressed chunks plus a manifest). The functions here
 use the cache only through its public API (``get_checkpoint_metadata``,
 ``map_pages`` / ``read_pages``, ``sequence_state`` / ``unchanged_prefix``, and
 ``prepare_import`` / ``import_groups`` / ``finish_import`` / ``abort_import``)
-and the store only through the :class:`~kvckpt_web.store.Store` API, so they
+and the store only through the :class:`~kvckpt_web.stores.store.Store` API, so they
 run unchanged wherever both do (desktop, Pyodide).
 
 Commit protocol (all under ``store.lock()``): write every new chunk in one
@@ -35,20 +35,21 @@ from contextlib import AbstractAsyncContextManager, nullcontext
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from ..errors import (CheckpointStateError, CorruptionError, FieldError, FormatError, KVCkptError, LayoutHashMismatch,
+                      NotFoundError)
+from ..kv.cache import PagedKVCache
+from ..kv.page_groups import PageGroups
+from ..tvm.layout import CacheLimits
+from ..tvm.metadata import dump_tvm_json, layout_from_metadata, limits_from_metadata, parse_metadata, validate_import
 from .container import (ChunkRef, Manifest, check_chunk_digest, check_chunk_size, chunk_digest, chunk_key,
                         decode_manifest, encode_manifest, manifest_key, manifest_prefix, parse_manifest_key,
                         plan_chunks, validate_name, verify_chunk)
-from .errors import (CheckpointStateError, CorruptionError, FieldError, FormatError, KVCkptError, LayoutHashMismatch,
-                     NotFoundError)
-from .metadata import dump_tvm_json, parse_metadata, validate_import
 from .pipeline import Hasher, HashState, MappedBatches, cache_lock, offload, run_bounded
-from .tensors import PageGroups
 
 if TYPE_CHECKING:
-    from .cache import PagedKVCache
-    from .device import Device
-    from .pool import SequenceState
-    from .store import Store
+    from ..gpu.device import Device
+    from ..kv.pool import SequenceState
+    from ..stores.store import Store
 
 __all__ = [
     "DEFAULT_CHUNK_BYTES",
@@ -697,10 +698,6 @@ async def verify(store: "Store", *, name: str | None = None, device: "Device | N
 
 
 async def _verify(store: "Store", name: str | None, device: "Device | None", progress: Progress | None) -> VerifyReport:
-    from .cache import PagedKVCache
-    from .layout import CacheLimits, KVLayout
-    from .metadata import limits_from_metadata
-
     report = VerifyReport()
     manifests: list[tuple[str, Manifest]] = []
     for _, _, key in await _manifest_keys(store, name):
@@ -708,7 +705,7 @@ async def _verify(store: "Store", name: str | None, device: "Device | None", pro
         try:
             m = _decode_at(key, await store.get(key))
             meta = parse_metadata(m.tvm_metadata)
-            layout = KVLayout.from_metadata(meta)
+            layout = layout_from_metadata(meta)
             seq_id = meta.get("seq_id")
             limits = limits_from_metadata(meta)
             _check_fits(m, m.tvm_metadata, _Shape(layout, limits), seq_id, key)
@@ -758,7 +755,7 @@ async def _verify(store: "Store", name: str | None, device: "Device | None", pro
         intact = [(key, m) for key, m in manifests if not any(ref.key in bad for ref in m.chunk_refs())]
         for i, (key, m) in enumerate(intact):
             meta = parse_metadata(m.tvm_metadata)
-            layout = KVLayout.from_metadata(meta)
+            layout = layout_from_metadata(meta)
             pages = max(1, m.num_logical_pages)
             limits = limits_from_metadata(meta)
             cache = PagedKVCache(device, layout, CacheLimits(1, pages * layout.page_size, limits.prefill_chunk_size))

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from .cache import MappedPages, PagedKVCache
+    from ..kv.cache import MappedPages, PagedKVCache
 
 READ_SLOTS = 4
 """Batches a save keeps mapped at once: the next ones are read back while earlier ones are hashed and written."""

@@ -16,9 +16,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Sequence
 
-from .errors import FormatError, MetadataError
-from .metadata import parse_metadata
-from .store import fsync_dir
+from ..errors import FormatError, MetadataError
+from ..stores.store import fsync_dir
+from ..tvm.metadata import parse_metadata
 
 METADATA_FILE = "metadata.json"
 _GROUP_FILE = re.compile(r"group_(\d+)\.bin")

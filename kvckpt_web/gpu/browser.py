@@ -2,7 +2,7 @@
 
 wgpu-py has no working Pyodide backend, so this module speaks WebGPU directly
 through ``js`` / ``pyodide.ffi``. It implements the same narrow
-:class:`~kvckpt_web.device.Device` interface as ``wgpu_native``; everything
+:class:`~kvckpt_web.gpu.device.Device` interface as ``wgpu_native``; everything
 above the device layer is shared. Host I/O is async end to end (``mapAsync``),
 and no numpy is needed: bytes move between Python buffers and mapped ranges
 with ``Uint8Array.assign`` / ``assign_to`` (one copy each way).
@@ -12,7 +12,7 @@ WebGPU reports validation errors asynchronously; the device collects them
 :meth:`check_errors` raises them as :class:`~kvckpt_web.errors.DeviceError`.
 
 Open it with ``device = await BrowserDevice.open()`` (or
-``await kvckpt_web.device.open_device_async()``).
+``await kvckpt_web.open_device_async()``).
 """
 
 from __future__ import annotations
@@ -20,9 +20,9 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from ..device import (Buffer, Clear, Command, Copy, CopyRuns, Device, DeviceInfo, Usage, done, grid, map_window,
-                      uniform_params)
 from ..errors import DeviceError
+from .device import (Buffer, Clear, Command, Copy, CopyRuns, Device, DeviceInfo, Usage, done, grid, map_window,
+                     uniform_params)
 
 _MAP_READ = 1  # GPUMapMode.READ
 _MAP_WRITE = 2  # GPUMapMode.WRITE
@@ -44,7 +44,7 @@ def _obj(value: Any) -> Any:
 
 
 class BrowserDevice(Device):
-    """A :class:`~kvckpt_web.device.Device` on the page's (or worker's) ``navigator.gpu``."""
+    """A :class:`~kvckpt_web.gpu.device.Device` on the page's (or worker's) ``navigator.gpu``."""
 
     def __init__(self, adapter: Any, device: Any) -> None:
         super().__init__()

@@ -6,20 +6,20 @@ submit a batch of copy / clear / dispatch commands (or encode it now and commit
 it later), and read (copied out, or viewed in place until unmapped) or write
 mappable staging buffers asynchronously. Where storage buffers are host memory
 (``DeviceInfo.maps_storage``), the host may also copy straight out of and into
-them. Backends: ``backends.wgpu_native``
-(desktop, wgpu-py) and ``backends.browser`` (Pyodide, ``navigator.gpu``).
+them. Backends: :mod:`~kvckpt_web.gpu.wgpu_native`
+(desktop, wgpu-py) and :mod:`~kvckpt_web.gpu.browser` (Pyodide, ``navigator.gpu``);
+:mod:`~kvckpt_web.gpu.open` picks one.
 """
 
 from __future__ import annotations
 
 import asyncio
 import enum
-import sys
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from typing import Any
 
-from .errors import DeviceError
+from ..errors import DeviceError
 
 WORKGROUP_SIZE = 256
 #: Byte alignment of copy offsets and sizes in WebGPU.
@@ -294,29 +294,3 @@ class Device(ABC):
             raise DeviceError(f"{operation}: expected a device whose storage buffers map in place "
                               f"(info.maps_storage), got {self.info.backend} {self.info.adapter!r}")
         raise DeviceError(f"{operation}: {type(self).__name__} does not map storage buffers in place")
-
-
-def open_device(backend: str = "auto") -> Device:
-    """Open the WebGPU device of ``backend`` ("auto", "wgpu" or "browser"); DeviceError if none is usable."""
-    if backend == "auto":
-        backend = "browser" if sys.platform == "emscripten" else "wgpu"
-    if backend == "wgpu":
-        from .backends.wgpu_native import WgpuDevice
-
-        return WgpuDevice.open()
-    if backend == "browser":
-        raise DeviceError("the browser backend opens asynchronously: use `await open_device_async()` "
-                          "or `await BrowserDevice.open()`")
-    raise DeviceError(f"backend: expected 'auto', 'wgpu' or 'browser', got {backend!r}")
-
-
-async def open_device_async(backend: str = "auto") -> Device:
-    """Like :func:`open_device`, but also opens the browser backend (``navigator.gpu`` in Pyodide)."""
-    if backend == "auto":
-        backend = "browser" if sys.platform == "emscripten" else "wgpu"
-    if backend == "browser":
-        from .backends.browser import BrowserDevice
-
-        return await BrowserDevice.open()
-    return open_device(backend)
-

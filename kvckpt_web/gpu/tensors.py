@@ -6,8 +6,8 @@ import sys
 from dataclasses import dataclass
 from typing import Any
 
+from ..errors import TensorError
 from .device import Buffer
-from .errors import TensorError
 
 
 @dataclass(frozen=True)
@@ -57,34 +57,6 @@ def zeroed(nbytes: int) -> memoryview:
     private = getattr(mmap, "MAP_PRIVATE", None)  # POSIX; Windows maps anonymous memory privately anyway
     mapped = mmap.mmap(-1, nbytes) if private is None else mmap.mmap(-1, nbytes, flags=private | mmap.MAP_ANONYMOUS)
     return memoryview(mapped)
-
-
-class PageGroups(tuple):
-    """Page groups as views into one host buffer, group g at ``g * stride`` (what ``export_groups`` returns).
-
-    ``host`` spans every group and the bytes between them; ``import_groups`` uploads it in one host
-    copy. A tuple, so the views and ``host`` cannot drift apart.
-    """
-
-    host: memoryview
-    stride: int
-    group_bytes: int
-
-    def __new__(cls, host: memoryview, group_bytes: int, count: int, stride: int | None = None) -> "PageGroups":
-        stride = group_bytes if stride is None else stride
-        span = span_bytes(count, group_bytes, stride)
-        if stride < group_bytes or len(host) < span:
-            raise TensorError("PageGroups.host.nbytes", f"at least {span} ({count} groups of {group_bytes} bytes "
-                              f"every {stride} bytes)", len(host))
-        self = super().__new__(cls, (host[g * stride:g * stride + group_bytes] for g in range(count)))
-        self.host, self.stride, self.group_bytes = host[:span], stride, group_bytes
-        return self
-
-    @classmethod
-    def zeros(cls, count: int, group_bytes: int, stride: int | None = None) -> "PageGroups":
-        """``count`` zeroed groups in a new host buffer."""
-        stride = group_bytes if stride is None else stride
-        return cls(zeroed(span_bytes(count, group_bytes, stride)), group_bytes, count, stride)
 
 
 @dataclass(frozen=True)

@@ -10,9 +10,9 @@ from typing import Any, Callable
 
 import numpy
 
-from ..device import (Buffer, Clear, Command, Copy, CopyRuns, Device, DeviceInfo, Usage, done, grid, map_window,
-                      uniform_params)
 from ..errors import DeviceError
+from .device import (Buffer, Clear, Command, Copy, CopyRuns, Device, DeviceInfo, Usage, done, grid, map_window,
+                     uniform_params)
 
 
 def _quiet_runtime_dir() -> None:
@@ -67,7 +67,7 @@ def _copy_run(dst: memoryview, src: memoryview) -> None:
 
 
 class WgpuDevice(Device):
-    """A :class:`~kvckpt_web.device.Device` on a wgpu-py adapter.
+    """A :class:`~kvckpt_web.gpu.device.Device` on a wgpu-py adapter.
 
     wgpu-native resolves a map once every submission made before the request is done, so each map is
     requested as early as it can be, and waited for with ``sync_wait`` (in a worker thread for reads,

@@ -4,7 +4,7 @@ One storage buffer per layer holds ``[num_total_pages, 2, num_kv_heads, page_siz
 head_dim]`` elements. Sequences own lists of pages (``pool``); a forward pass
 reserves token slots (``begin_forward``), the caller appends each layer's K and V
 (``append_kv``, a WGSL kernel) and ends it (``end_forward``). The checkpoint
-primitives come from :class:`~kvckpt_web.checkpoint.CheckpointMixin`.
+primitives come from :class:`~kvckpt_web.kv.checkpoint.CheckpointMixin`.
 """
 
 from __future__ import annotations
@@ -12,14 +12,15 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Callable
 
+from ..errors import CapacityError, CheckpointStateError, SequenceError, TensorError
+from ..gpu.device import Buffer, Clear, Command, Copy, Device, Region, Usage
+from ..gpu.tensors import HostTensor, as_bytes, span_bytes, zeroed
+from ..tvm.layout import CacheLimits, KVLayout
+from ..tvm.metadata import layout_from_metadata, limits_from_metadata, parse_metadata
 from .checkpoint import CheckpointMixin
-from .device import Buffer, Clear, Command, Copy, Device, Region, Usage
-from .errors import CapacityError, CheckpointStateError, SequenceError, TensorError
-from .layout import CacheLimits, KVLayout
-from .metadata import limits_from_metadata, parse_metadata
+from .kernels import kv_append
+from .page_groups import PageGroups
 from .pool import PageCopy, SequenceState, SequenceTable
-from .shaders import kv_append
-from .tensors import HostTensor, PageGroups, as_bytes, span_bytes, zeroed
 from .transfer import TRANSFERS, PageMover, known_path, measure_path
 
 
@@ -45,9 +46,9 @@ class MappedPages:
 
 
 class PagedKVCache(CheckpointMixin):
-    """A TVM-compatible paged K/V cache on a :class:`~kvckpt_web.device.Device`.
+    """A TVM-compatible paged K/V cache on a :class:`~kvckpt_web.gpu.device.Device`.
 
-    ``transfer`` says how pages move (see :mod:`~kvckpt_web.transfer`): "kernel" or "copy" on the
+    ``transfer`` says how pages move (see :mod:`~kvckpt_web.kv.transfer`): "kernel" or "copy" on the
     device, "mapped" (host exports and imports copy pages in place, on a device whose storage buffers
     map in place; the device moves them by copies), or "auto": "mapped" where the device allows it,
     else the device path measured faster.
@@ -80,7 +81,7 @@ class PagedKVCache(CheckpointMixin):
     def from_metadata(cls, device: Device, metadata_json: str | bytes, *, transfer: str = "auto") -> "PagedKVCache":
         """A new empty cache whose layout and limits are those of the cache that wrote ``metadata_json``."""
         metadata = parse_metadata(metadata_json)
-        return cls(device, KVLayout.from_metadata(metadata), limits_from_metadata(metadata), transfer=transfer)
+        return cls(device, layout_from_metadata(metadata), limits_from_metadata(metadata), transfer=transfer)
 
     def _allocate_layers(self) -> list[Region]:
         """One region per layer, packed into as few buffers ("arenas") as the adapter allows.
@@ -127,7 +128,7 @@ class PagedKVCache(CheckpointMixin):
 
     def page_path(self) -> str:
         """The device path in use: "kernel" or "copy" (with ``transfer="auto"``, chosen per device by
-        :func:`~kvckpt_web.transfer.measure_path`, "kernel" until it has measured; "copy" with
+        :func:`~kvckpt_web.kv.transfer.measure_path`, "kernel" until it has measured; "copy" with
         ``transfer="mapped"``)."""
         if self.transfer != "auto":
             return "copy" if self.transfer == "mapped" else self.transfer

@@ -14,11 +14,12 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Sequence as Seq
 
-from .device import Usage
-from .errors import CheckpointStateError, SequenceError, TensorError
-from .metadata import parse_metadata, validate_import, write_metadata
+from ..errors import CheckpointStateError, SequenceError, TensorError
+from ..gpu.device import Usage
+from ..gpu.tensors import DeviceArray, as_bytes, span_bytes
+from ..tvm.metadata import parse_metadata, validate_import, write_metadata
+from .page_groups import PageGroups
 from .pool import Sequence
-from .tensors import DeviceArray, PageGroups, as_bytes, span_bytes
 
 if TYPE_CHECKING:
     from .cache import PagedKVCache
@@ -35,7 +36,7 @@ class _Import:
 
 
 class CheckpointMixin:
-    """Checkpoint primitives of :class:`~kvckpt_web.cache.PagedKVCache`."""
+    """Checkpoint primitives of :class:`~kvckpt_web.kv.cache.PagedKVCache`."""
 
     def __init__(self) -> None:
         self._import: _Import | None = None
@@ -183,7 +184,7 @@ class CheckpointMixin:
 
         With the "mapped" transfer the host copies them straight into the mapped page buffers.
 
-        Every group as one :class:`~kvckpt_web.tensors.PageGroups` (what :meth:`export_groups` returns)
+        Every group as one :class:`~kvckpt_web.kv.page_groups.PageGroups` (what :meth:`export_groups` returns)
         goes up in one host copy; other groups in steps of ``mover.batch_bytes`` through two staging
         slots, the host filling one while the GPU scatters the other. A scatter that one copy cannot
         carry is submitted in such steps too, each encoded while the GPU runs the one before.

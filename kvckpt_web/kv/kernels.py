@@ -1,31 +1,15 @@
-"""The WGSL kernels and the Python side of their bindings.
+"""The page kernels and the Python side of their bindings.
 
-WGSL sources live in ``shaders/*.wgsl`` (inside the wheel at ``kvckpt_web/shaders``),
-one kernel family per file. Each function here builds a :class:`~kvckpt_web.device.Dispatch`
-whose uniform parameters match the ``Params`` struct of its file.
+Their WGSL lives in ``shaders/kv/*.wgsl``, one kernel family per file. Each function here builds a
+:class:`~kvckpt_web.gpu.device.Dispatch` whose uniform parameters match the ``Params`` struct of its file.
 """
 
 from __future__ import annotations
 
-import functools
 import struct
-from importlib import resources
-from pathlib import Path
 
-from .device import Buffer, Device, Dispatch, Region
-from .errors import DeviceError
-
-
-@functools.cache
-def source(name: str) -> str:
-    """The text of ``shaders/<name>.wgsl``, from the installed package or the source tree."""
-    packaged = resources.files("kvckpt_web").joinpath("shaders", f"{name}.wgsl")
-    if packaged.is_file():
-        return packaged.read_text(encoding="utf-8")
-    in_tree = Path(__file__).resolve().parent.parent / "shaders" / f"{name}.wgsl"
-    if in_tree.is_file():
-        return in_tree.read_text(encoding="utf-8")
-    raise DeviceError(f"shader {name}.wgsl: expected in the kvckpt_web package or ./shaders, got neither")
+from ..gpu.device import Buffer, Device, Dispatch, Region
+from ..gpu.wgsl import source
 
 
 def elem_shift(elem_bytes: int) -> int:
@@ -43,7 +27,7 @@ def page_copy(device: Device, entry: str, *, pages: Buffer | Region, page_table:
     """A ``pack`` or ``scatter`` dispatch of ``page_copy.wgsl`` over ``num_pages`` pages: its vec4 form
     (``pack4``/``scatter4``) where the pages and ``dense_word_offset`` are whole 16-byte units."""
     per_invocation = 4 if words_per_page % 4 == 0 and dense_word_offset % 4 == 0 else 1
-    kernel = device.kernel("page_copy", source("page_copy"), entry + ("4" if per_invocation == 4 else ""))
+    kernel = device.kernel("page_copy", source("kv", "page_copy"), entry + ("4" if per_invocation == 4 else ""))
     params = _params(num_pages, words_per_page, tail_tokens, elem_shift(elem_bytes), head_dim, page_size,
                      dense_word_offset, table_offset)
     return Dispatch(kernel, params, (pages, page_table, dense), num_pages * words_per_page // per_invocation)
@@ -52,7 +36,7 @@ def page_copy(device: Device, entry: str, *, pages: Buffer | Region, page_table:
 def kv_append(device: Device, *, pages: Buffer | Region, positions: Buffer, kv: Buffer, num_tokens: int, num_kv_heads: int,
               head_dim: int, page_size: int, elem_bytes: int) -> Dispatch:
     """An ``append`` dispatch of ``kv_append.wgsl`` writing ``num_tokens`` K and V rows into ``pages``."""
-    kernel = device.kernel("kv_append", source("kv_append"), "append")
+    kernel = device.kernel("kv_append", source("kv", "kv_append"), "append")
     shift = elem_shift(elem_bytes)
     aligned = (head_dim * elem_bytes) % 4 == 0
     units = head_dim >> shift if aligned else head_dim

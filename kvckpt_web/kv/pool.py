@@ -13,7 +13,7 @@ import bisect
 import itertools
 from dataclasses import dataclass, field
 
-from .errors import CapacityError, SequenceError
+from ..errors import CapacityError, SequenceError
 
 #: A device page copy to perform on every layer: (source page id, destination page id).
 PageCopy = tuple[int, int]

@@ -25,11 +25,11 @@ from __future__ import annotations
 
 import time
 
-from . import shaders
-from .device import Buffer, Clear, Command, Copy, CopyRuns, Device, Region, Usage
-from .errors import TensorError
-from .layout import KVLayout
-from .tensors import span_bytes
+from ..errors import TensorError
+from ..gpu.device import Buffer, Clear, Command, Copy, CopyRuns, Device, Region, Usage
+from ..gpu.tensors import span_bytes
+from ..tvm.layout import KVLayout
+from . import kernels
 
 PATHS = ("kernel", "copy")
 """The device paths: how pages move between page buffers and other device buffers."""
@@ -97,7 +97,7 @@ class PageMover:
     def _pack_dispatch(self, entry: str, layer: Region, table: Buffer, dense: Buffer, dense_offset: int,
                        num_pages: int, table_offset: int, tail_tokens: int) -> Command:
         lay = self.layout
-        return shaders.page_copy(self.device, entry, pages=layer, page_table=table, dense=dense,
+        return kernels.page_copy(self.device, entry, pages=layer, page_table=table, dense=dense,
                                  num_pages=num_pages, words_per_page=self.page_bytes // 4, tail_tokens=tail_tokens,
                                  elem_bytes=lay.elem_bytes, head_dim=lay.head_dim, page_size=lay.page_size,
                                  dense_word_offset=dense_offset // 4, table_offset=table_offset)

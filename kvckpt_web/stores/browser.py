@@ -1,6 +1,6 @@
 """Browser stores: :class:`IndexedDBStore` and :class:`OPFSStore` (Pyodide only).
 
-Both implement :class:`~kvckpt_web.store.Store`, so :mod:`kvckpt_web.persist` runs
+Both implement :class:`~kvckpt_web.stores.store.Store`, so :mod:`kvckpt_web.durable.persist` runs
 on them unchanged.
 
 * :class:`IndexedDBStore` -- one object store of ``key -> Uint8Array``; every
@@ -27,7 +27,7 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
 
-from .errors import StoreError
+from ..errors import StoreError
 from .store import DEFAULT_LOCK_TIMEOUT, Store
 
 __all__ = ["IndexedDBStore", "OPFSStore", "request_persistence"]
@@ -170,7 +170,7 @@ class _BrowserStore(Store):
 
 
 class IndexedDBStore(_BrowserStore):
-    """A :class:`~kvckpt_web.store.Store` in one IndexedDB database of this origin.
+    """A :class:`~kvckpt_web.stores.store.Store` in one IndexedDB database of this origin.
 
     Open with ``store = await IndexedDBStore.open("name")``.
     """
@@ -256,7 +256,7 @@ class IndexedDBStore(_BrowserStore):
 
 
 class OPFSStore(_BrowserStore):
-    """A :class:`~kvckpt_web.store.Store` in a directory of the Origin Private File System.
+    """A :class:`~kvckpt_web.stores.store.Store` in a directory of the Origin Private File System.
 
     Open with ``store = await OPFSStore.open("name")``; keys map to nested files under ``/name/``.
     """

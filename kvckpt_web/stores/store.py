@@ -32,7 +32,7 @@ from collections.abc import AsyncIterator, Callable, MutableMapping
 from contextlib import AbstractAsyncContextManager, asynccontextmanager, nullcontext
 from typing import Any, TypeVar
 
-from .errors import FormatError, StoreError
+from ..errors import FormatError, StoreError
 
 _T = TypeVar("_T")
 

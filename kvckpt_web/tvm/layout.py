@@ -12,7 +12,7 @@ import math
 from dataclasses import dataclass, field
 from functools import cached_property
 
-from .errors import FieldError, UnsupportedLayoutError
+from ..errors import FieldError, UnsupportedLayoutError
 
 FORMAT_VERSION = 1
 CACHE_TYPE = "relax.vm.PagedAttentionKVCache"
@@ -128,13 +128,6 @@ class KVLayout:
     def group_shape(self, num_logical_pages: int) -> tuple[int, ...]:
         """Shape of one page group: ``(1, num_logical_pages, 2, num_kv_heads, page_size, head_dim)``."""
         return (1, num_logical_pages, 2, self.num_kv_heads, self.page_size, self.qk_head_dim)
-
-    @classmethod
-    def from_metadata(cls, metadata: dict) -> "KVLayout":
-        """The layout a checkpoint metadata object (parsed JSON) describes."""
-        from .metadata import layout_from_metadata
-
-        return layout_from_metadata(metadata)
 
     def check_checkpointable(self) -> None:
         """Raise :class:`UnsupportedLayoutError` with TVM's reason if this layout cannot be checkpointed."""

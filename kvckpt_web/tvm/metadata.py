@@ -16,8 +16,8 @@ from dataclasses import dataclass
 from decimal import Decimal
 from typing import Any
 
-from .errors import FieldError, LayoutHashMismatch, MetadataError
-from .jsontext import MAX_NESTING, DuplicateKeyError, nesting_depth, unique_keys
+from ..errors import FieldError, LayoutHashMismatch, MetadataError
+from ..jsontext import MAX_NESTING, DuplicateKeyError, nesting_depth, unique_keys
 from .layout import CACHE_TYPE, FORMAT_VERSION, PAGE_GROUP_LAYOUT, CacheLimits, KVLayout
 
 _INT64 = (-(1 << 63), (1 << 63) - 1)

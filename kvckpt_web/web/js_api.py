@@ -11,9 +11,13 @@ import dataclasses
 import json
 from typing import Any
 
-from .cache import PagedKVCache
-from .errors import FieldError
-from .layout import CacheLimits, KVLayout
+from ..durable.persist import restore as restore_checkpoint
+from ..durable.persist import save
+from ..errors import FieldError
+from ..gpu.open import open_device_async
+from ..kv.cache import PagedKVCache
+from ..stores.browser import IndexedDBStore, OPFSStore
+from ..tvm.layout import CacheLimits, KVLayout
 
 _caches: dict[int, PagedKVCache] = {}
 _stores: dict[tuple[str, str], Any] = {}
@@ -49,8 +53,6 @@ def _cache(handle: int) -> PagedKVCache:
 async def _store(kind: str, name: str) -> Any:
     """The store of ``kind`` ("indexeddb", "opfs") named ``name``, opened once per page (incremental saves
     remember what they wrote per store object)."""
-    from .browser_stores import IndexedDBStore, OPFSStore
-
     kinds = {"indexeddb": IndexedDBStore, "opfs": OPFSStore}
     if kind not in kinds:
         raise FieldError("store", "'indexeddb' or 'opfs'", kind)
@@ -63,8 +65,6 @@ async def create_cache(layout: Any, limits: Any = None, transfer: str = "auto") 
     """Open a cache of ``layout`` (KVLayout's fields) and ``limits`` (CacheLimits' fields); its handle."""
     global _device
     if _device is None:
-        from .device import open_device_async
-
         _device = await open_device_async()
     lay, lim = _fields("layout", _py(layout), KVLayout), _fields("limits", _py(limits) or {}, CacheLimits)
     if isinstance(lay.get("attn_kinds"), list):
@@ -121,8 +121,6 @@ async def read_kv(handle: int, seq_id: int, start: int, end: int) -> Any:
 
 async def checkpoint(handle: int, seq_id: int, store: str, store_name: str, name: str, app_state: Any = None) -> str:
     """Save ``seq_id`` as the next generation of ``name``; the SaveResult as JSON."""
-    from .persist import save
-
     result = await save(_cache(handle), seq_id, await _store(store, store_name), name,
                         app_state=_py(app_state) or {})
     return json.dumps({"name": result.name, "generation": result.generation, "seq_length": result.seq_length,
@@ -131,8 +129,6 @@ async def checkpoint(handle: int, seq_id: int, store: str, store_name: str, name
 
 async def restore(handle: int, store: str, store_name: str, name: str, seq_id: Any = None) -> str:
     """Load the newest generation of ``name`` into the cache; the RestoreResult (with app_state) as JSON."""
-    from .persist import restore as restore_checkpoint
-
     result = await restore_checkpoint(await _store(store, store_name), name, _cache(handle), seq_id=_py(seq_id))
     return json.dumps({"name": result.name, "generation": result.generation, "seq_id": result.seq_id,
                        "seq_length": result.seq_length, "app_state": result.app_state})

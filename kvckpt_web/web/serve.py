@@ -22,9 +22,9 @@ from functools import partial
 from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
-from .errors import KVCkptError
+from ..errors import KVCkptError
 
-WEB_DIR = Path(__file__).resolve().parent / "web"
+WEB_DIR = Path(__file__).resolve().parent
 DEFAULT_PYODIDE = Path("build/web/node_modules/pyodide")
 DEFAULT_WHEELS = Path("build/web/wheels")
 

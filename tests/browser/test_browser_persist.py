@@ -20,7 +20,7 @@ def fresh_page(browser_context, web_server):
 @pytest.mark.parametrize("kind", STORES)
 def test_store_contract(py_page, kind):
     out = py_page.run(f"""
-        from kvckpt_web.browser_stores import {kind} as S
+        from kvckpt_web.stores.browser import {kind} as S
         from kvckpt_web.errors import FormatError, StoreError
         s = await S.open("contract-{kind}")
         for k in await s.list_prefix(""):
@@ -65,7 +65,7 @@ def test_store_contract(py_page, kind):
 def test_lock_excludes_other_holders_and_tabs(py_page, fresh_page, kind):
     py_page.run(f"""
         import asyncio
-        from kvckpt_web.browser_stores import {kind} as S
+        from kvckpt_web.stores.browser import {kind} as S
         lock_store = await S.open("locked-{kind}")
         held, release = asyncio.Event(), asyncio.Event()
         async def hold():
@@ -79,7 +79,7 @@ def test_lock_excludes_other_holders_and_tabs(py_page, fresh_page, kind):
     other_tab = fresh_page.page.evaluate("""(name) => navigator.locks.request(name, {ifAvailable: true},
         (lock) => lock !== null)""", lock_name)
     other_tab_py = fresh_page.run(f"""
-        from kvckpt_web.browser_stores import {kind} as S
+        from kvckpt_web.stores.browser import {kind} as S
         from kvckpt_web.errors import StoreError
         s = await S.open("locked-{kind}")
         try:
@@ -108,9 +108,9 @@ def test_lock_excludes_other_holders_and_tabs(py_page, fresh_page, kind):
 def test_save_navigate_away_and_back_restore(fresh_page, web_server, kind):
     saved = fresh_page.run(f"""
         from kvckpt_web import PagedKVCache
-        from kvckpt_web.backends.browser import BrowserDevice
-        from kvckpt_web.browser_stores import {kind} as S
-        from kvckpt_web.persist import save
+        from kvckpt_web.gpu.browser import BrowserDevice
+        from kvckpt_web.stores.browser import {kind} as S
+        from kvckpt_web.durable.persist import save
         dev = await BrowserDevice.open()
         store = await S.open("nav-{kind}")
         cache = PagedKVCache(dev, kvtest.layout(), kvtest.limits())
@@ -125,9 +125,9 @@ def test_save_navigate_away_and_back_restore(fresh_page, web_server, kind):
     fresh_page.boot()
     out = fresh_page.run(f"""
         from kvckpt_web import PagedKVCache
-        from kvckpt_web.backends.browser import BrowserDevice
-        from kvckpt_web.browser_stores import {kind} as S
-        from kvckpt_web.persist import restore
+        from kvckpt_web.gpu.browser import BrowserDevice
+        from kvckpt_web.stores.browser import {kind} as S
+        from kvckpt_web.durable.persist import restore
         dev = await BrowserDevice.open()
         store = await S.open("nav-{kind}")
         cache = PagedKVCache(dev, kvtest.layout(), kvtest.limits())
@@ -160,9 +160,9 @@ QUOTA_PATCH = """(limit) => {
 def test_quota_exceeded_is_store_error_and_keeps_last_checkpoint(fresh_page, kind):
     fresh_page.run(f"""
         from kvckpt_web import PagedKVCache
-        from kvckpt_web.backends.browser import BrowserDevice
-        from kvckpt_web.browser_stores import {kind} as S
-        from kvckpt_web.persist import save
+        from kvckpt_web.gpu.browser import BrowserDevice
+        from kvckpt_web.stores.browser import {kind} as S
+        from kvckpt_web.durable.persist import save
         dev = await BrowserDevice.open()
         store = await S.open("quota-{kind}")
         for k in await store.list_prefix(""):
@@ -178,7 +178,7 @@ def test_quota_exceeded_is_store_error_and_keeps_last_checkpoint(fresh_page, kin
     out = fresh_page.run(f"""
         import random
         from kvckpt_web.errors import StoreError
-        from kvckpt_web.persist import restore, save
+        from kvckpt_web.durable.persist import restore, save
         big = PagedKVCache(dev, lay, kvtest.limits())
         big.add_sequence(0)
         kvtest.append(big, 0, 9, 0, 60)

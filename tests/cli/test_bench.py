@@ -4,7 +4,7 @@ import asyncio
 
 import pytest
 
-from kvckpt_web.bench import HEADER, Row, _paired_rounds
+from kvckpt_web.cli.bench import HEADER, Row, _paired_rounds
 from kvckpt_web.errors import FieldError
 
 

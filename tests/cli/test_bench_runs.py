@@ -6,13 +6,10 @@ import asyncio
 
 import pytest
 
-from kvckpt_web.bench import bench_export, bench_save, expand_paths, scatter_free_pages
-from kvckpt_web.cache import PagedKVCache
+from kvckpt_web.cli.bench import bench_export, bench_save, expand_paths, scatter_free_pages
+from kvckpt_web.kv.cache import PagedKVCache
 
-try:
-    from kvmodel import small_layout, small_limits
-except ImportError:
-    from tests.kvmodel import small_layout, small_limits
+from kvmodel import small_layout, small_limits
 
 TOKENS = 64  # 4 pages of each of 16 layers: 4 MiB
 

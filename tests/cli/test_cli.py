@@ -10,8 +10,8 @@ import sys
 import numpy as np
 import pytest
 
-from kvckpt_web.cli import main
-from kvckpt_web.tvm_export import METADATA_FILE, group_file, read_tvm_export, write_tvm_export
+from kvckpt_web.cli.main import main
+from kvckpt_web.durable.tvm_export import METADATA_FILE, group_file, read_tvm_export, write_tvm_export
 
 
 @pytest.fixture
@@ -113,6 +113,6 @@ def test_demo_restores_every_byte_after_the_worker_is_killed(device, tmp_path):
                                              (["--path", "copy"], ("copy",))])
 def test_bench_measures_every_transfer_the_device_offers_unless_told_one(monkeypatch, argv, paths):
     calls = []
-    monkeypatch.setattr("kvckpt_web.bench.run", lambda names, repeats, p, **kw: calls.append((names, p)))
+    monkeypatch.setattr("kvckpt_web.cli.bench.run", lambda names, repeats, p, **kw: calls.append((names, p)))
     main(["bench", "export", *argv])
     assert calls == [(["export"], paths)]

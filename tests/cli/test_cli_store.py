@@ -9,11 +9,11 @@ from pathlib import Path
 
 import pytest
 
-from kvckpt_web.cli import main
-from kvckpt_web.cli_store import progress_printer
-from kvckpt_web.persist import list_generations
-from kvckpt_web.store import FileStore
-from kvckpt_web.tvm_export import read_tvm_export, write_tvm_export
+from kvckpt_web.cli.main import main
+from kvckpt_web.cli.store_commands import progress_printer
+from kvckpt_web.durable.persist import list_generations
+from kvckpt_web.durable.tvm_export import read_tvm_export, write_tvm_export
+from kvckpt_web.stores.store import FileStore
 
 
 @pytest.fixture

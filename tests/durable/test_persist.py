@@ -1,4 +1,4 @@
-"""Durable checkpoints (kvckpt_web.persist): save, restore, incremental saves, retention, gc, verify.
+"""Durable checkpoints (kvckpt_web.durable.persist): save, restore, incremental saves, retention, gc, verify.
 
 Every restore is checked byte for byte against the numpy model of what the
 sequence held when it was saved.
@@ -14,19 +14,15 @@ from typing import Any
 import pytest
 
 from kvckpt_web import CapacityError, CheckpointStateError, LayoutHashMismatch
-from kvckpt_web import persist, pipeline
-from kvckpt_web.container import decode_manifest
+from kvckpt_web.durable import persist, pipeline
+from kvckpt_web.durable.container import decode_manifest
+from kvckpt_web.durable.persist import (DEFAULT_CHUNK_BYTES, forget, gc, list_generations, list_names, restore, save,
+                                        verify)
 from kvckpt_web.errors import FieldError, FormatError, NotFoundError
-from kvckpt_web.persist import (DEFAULT_CHUNK_BYTES, forget, gc, list_generations, list_names, restore, save,
-                                verify)
-from kvckpt_web.store import FileStore, MemoryStore, Store
+from kvckpt_web.stores.store import FileStore, MemoryStore, Store
 
-try:  # tests/ as a plain directory on sys.path (pytest's default import mode)
-    from kvmodel import KVModel, run, small_limits
-    from store_suite import needs_direct_io, spy_writes
-except ImportError:  # tests/ as a package
-    from tests.kvmodel import KVModel, run, small_limits
-    from tests.store_suite import needs_direct_io, spy_writes
+from kvmodel import KVModel, run, small_limits
+from store_suite import needs_direct_io, spy_writes
 
 PPC = 4  # pages per chunk in these tests: 16 tokens, 1 KiB per chunk with the small layout
 BIG = small_limits(max_total_seq_len=2 * 4160 + 64, prefill_chunk_size=4096)

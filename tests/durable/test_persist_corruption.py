@@ -17,14 +17,11 @@ from typing import Any
 import pytest
 
 from kvckpt_web import PagedKVCache
+from kvckpt_web.durable.persist import list_generations, restore, save, verify
 from kvckpt_web.errors import CorruptionError, FormatError, KVCkptError, NotFoundError
-from kvckpt_web.persist import list_generations, restore, save, verify
-from kvckpt_web.store import MemoryStore
+from kvckpt_web.stores.store import MemoryStore
 
-try:  # tests/ as a plain directory on sys.path (pytest's default import mode)
-    from kvmodel import KVModel, run, small_layout, small_limits
-except ImportError:  # tests/ as a package
-    from tests.kvmodel import KVModel, run, small_layout, small_limits
+from kvmodel import KVModel, run, small_layout, small_limits
 
 LIMITS = small_limits(max_total_seq_len=256, prefill_chunk_size=256)
 PPC = 2

@@ -1,6 +1,6 @@
 """Crash consistency: a save interrupted at any point leaves exactly the previous or the new generation.
 
-The subprocess soak (kvckpt_web.soak) SIGKILLs real worker processes mid-save;
+The subprocess soak (kvckpt_web.cli.soak) SIGKILLs real worker processes mid-save;
 ``kvckpt bench soak`` runs 200 trials, this suite ``KVCKPT_SOAK_TRIALS`` (default
 20). The in-process tests fail every single step of a save in turn.
 """
@@ -13,14 +13,11 @@ from pathlib import Path
 import pytest
 
 from kvckpt_web import PagedKVCache
-from kvckpt_web.persist import restore, save, verify
-from kvckpt_web.soak import LAYOUT, LIMITS, NAME, PAGES_PER_CHUNK, SEQ, STAGES, apply_stage, run_soak
-from kvckpt_web.store import FAULT_STEPS, FileStore
+from kvckpt_web.cli.soak import LAYOUT, LIMITS, NAME, PAGES_PER_CHUNK, SEQ, STAGES, apply_stage, run_soak
+from kvckpt_web.durable.persist import restore, save, verify
+from kvckpt_web.stores.store import FAULT_STEPS, FileStore
 
-try:  # tests/ as a plain directory on sys.path (pytest's default import mode)
-    from kvmodel import run
-except ImportError:  # tests/ as a package
-    from tests.kvmodel import run
+from kvmodel import run
 
 TRIALS = int(os.environ.get("KVCKPT_SOAK_TRIALS", "20"))
 

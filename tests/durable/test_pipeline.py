@@ -8,7 +8,7 @@ import threading
 
 import pytest
 
-from kvckpt_web.pipeline import HASH_THREADS, Hasher, HashState, continued_digest, run_bounded
+from kvckpt_web.durable.pipeline import HASH_THREADS, Hasher, HashState, continued_digest, run_bounded
 
 
 def hash_threads() -> list[threading.Thread]:

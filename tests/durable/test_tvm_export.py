@@ -7,10 +7,10 @@ import os
 
 import pytest
 
+from kvckpt_web.durable.tvm_export import METADATA_FILE, group_file, read_tvm_export, write_tvm_export
 from kvckpt_web.errors import FormatError, MetadataError
-from kvckpt_web.layout import CacheLimits, KVLayout
-from kvckpt_web.metadata import write_metadata
-from kvckpt_web.tvm_export import METADATA_FILE, group_file, read_tvm_export, write_tvm_export
+from kvckpt_web.tvm.layout import CacheLimits, KVLayout
+from kvckpt_web.tvm.metadata import write_metadata
 
 LAYOUT = KVLayout(page_size=4, num_layers=2, num_qo_heads=4, num_kv_heads=2, qk_head_dim=8)
 

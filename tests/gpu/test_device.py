@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 
 from kvckpt_web import DeviceError
-from kvckpt_web.backends import wgpu_native
-from kvckpt_web.device import Copy, CopyRuns, Usage
+from kvckpt_web.gpu import wgpu_native
+from kvckpt_web.gpu.device import Copy, CopyRuns, Usage
 
 
 def _buffers(device, size):

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-TESTS = Path(__file__).resolve().parent
-GPU_TEST = "test_cache.py::test_new_cache_has_no_sequences_and_every_page_free"
+TESTS = Path(__file__).resolve().parents[1]
+GPU_TEST = "kv/test_cache.py::test_new_cache_has_no_sequences_and_every_page_free"
 NO_ADAPTER_PLUGIN = '''
 import kvckpt_web
 from kvckpt_web.errors import DeviceError

@@ -7,8 +7,8 @@ import sys
 import numpy as np
 import pytest
 
-from kvckpt_web import HostTensor, PageGroups, TensorError
-from kvckpt_web.tensors import as_bytes, zeroed
+from kvckpt_web import HostTensor, TensorError
+from kvckpt_web.gpu.tensors import as_bytes, zeroed
 
 
 def test_host_tensor_numpy_views_its_bytes_with_shape_and_dtype():
@@ -47,25 +47,6 @@ def test_as_bytes_rejects_a_wrong_size():
     with pytest.raises(TensorError) as info:
         as_bytes(b"\0" * 6, "v", "float16", 8)
     assert (info.value.field, info.value.expected, info.value.got) == ("v.nbytes", 8, 6)
-
-
-def test_page_groups_view_one_host_buffer_at_their_stride():
-    host = memoryview(bytearray(b"aaaa--bbbb--cccc"))
-    groups = PageGroups(host, 4, 3, stride=6)
-    assert [bytes(g) for g in groups] == [b"aaaa", b"bbbb", b"cccc"]
-    assert (bytes(groups.host), groups.stride, groups.group_bytes) == (b"aaaa--bbbb--cccc", 6, 4)
-
-
-def test_page_groups_refuse_a_host_buffer_too_small_for_their_groups():
-    with pytest.raises(TensorError) as info:
-        PageGroups(memoryview(bytearray(15)), 4, 3, stride=6)
-    assert (info.value.field, info.value.got) == ("PageGroups.host.nbytes", 15)
-    assert "at least 16" in str(info.value)
-
-
-def test_page_groups_zeros_are_dense_by_default():
-    groups = PageGroups.zeros(3, 4)
-    assert groups.stride == 4 and bytes(groups.host) == bytes(12)
 
 
 @pytest.mark.parametrize("nbytes", [0, 1, 5000, 3 << 20])

@@ -6,12 +6,9 @@ import numpy as np
 import pytest
 
 from kvckpt_web import CapacityError, CheckpointStateError, HostTensor, PagedKVCache, SequenceError, TensorError
-from kvckpt_web.device import Clear, Usage
+from kvckpt_web.gpu.device import Clear, Usage
 
-try:
-    from kvmodel import run, small_layout, small_limits
-except ImportError:
-    from tests.kvmodel import run, small_layout, small_limits
+from kvmodel import run, small_layout, small_limits
 
 P = 4  # page size of the small layout
 

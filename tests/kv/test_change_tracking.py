@@ -5,7 +5,7 @@ Pure bookkeeping (SequenceTable), no device.
 
 from __future__ import annotations
 
-from kvckpt_web.pool import SequenceTable
+from kvckpt_web.kv.pool import SequenceTable
 
 P = 4  # page size
 

@@ -19,14 +19,11 @@ import pytest
 
 from kvckpt_web import (CapacityError, CheckpointStateError, DeviceArray, LayoutHashMismatch, MetadataError,
                         PagedKVCache, PageGroups, SequenceError, TensorError, UnsupportedLayoutError)
-from kvckpt_web.bench import scatter_free_pages
-from kvckpt_web.device import CopyRuns, Usage
-from kvckpt_web.transfer import page_runs
+from kvckpt_web.cli.bench import scatter_free_pages
+from kvckpt_web.gpu.device import CopyRuns, Usage
+from kvckpt_web.kv.transfer import page_runs
 
-try:
-    from kvmodel import device_array_from, read_device_array, read_layer_page, run, small_layout, small_limits
-except ImportError:
-    from tests.kvmodel import device_array_from, read_device_array, read_layer_page, run, small_layout, small_limits
+from kvmodel import device_array_from, read_device_array, read_layer_page, run, small_layout, small_limits
 
 TRANSFERS = ["kernel", "copy", "mapped"]
 P = 4  # page size of the small layout

@@ -7,7 +7,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from kvckpt_web.errors import CapacityError, SequenceError
-from kvckpt_web.pool import PagePool, SequenceTable
+from kvckpt_web.kv.pool import PagePool, SequenceTable
 
 P = 4  # page size used throughout
 

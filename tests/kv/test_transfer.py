@@ -7,14 +7,12 @@ import dataclasses
 
 import pytest
 
-from kvckpt_web import PagedKVCache, shaders
-from kvckpt_web.device import Buffer, Region, Usage
-from kvckpt_web.transfer import CPU_COPY_PIECE_BYTES, PATHS, PageMover, in_pieces, measure_path
+from kvckpt_web import PagedKVCache
+from kvckpt_web.gpu.device import Buffer, Region, Usage
+from kvckpt_web.kv import kernels
+from kvckpt_web.kv.transfer import CPU_COPY_PIECE_BYTES, PATHS, PageMover, in_pieces, measure_path
 
-try:
-    from kvmodel import small_layout, small_limits
-except ImportError:  # run from the repository root
-    from tests.kvmodel import small_layout, small_limits
+from kvmodel import small_layout, small_limits
 
 
 def as_adapter(monkeypatch, device, is_cpu: bool):
@@ -95,7 +93,7 @@ def test_page_copy_moves_vec4_units_where_pages_and_offset_allow(device, words_p
                                                                  per_invocation):
     buffer = device.create_buffer(3 * 4 * words_per_page + 4 * dense_word_offset, Usage.STORAGE, "test.pages")
     try:
-        dispatch = shaders.page_copy(device, "pack", pages=buffer, page_table=buffer, dense=buffer, num_pages=3,
+        dispatch = kernels.page_copy(device, "pack", pages=buffer, page_table=buffer, dense=buffer, num_pages=3,
                                      words_per_page=words_per_page, tail_tokens=4, elem_bytes=2, head_dim=8,
                                      page_size=4, dense_word_offset=dense_word_offset)
     finally:

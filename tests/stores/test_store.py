@@ -18,13 +18,13 @@ from typing import Any
 import pytest
 from store_suite import StoreTests, needs_direct_io, run, spy_writes
 
-from kvckpt_web import store as store_module
 from kvckpt_web.errors import FormatError, StoreError
-from kvckpt_web.store import (DIRECT_IO_BLOCK, FAULT_STEPS, LOCK_NAME, TEMP_PREFIX, FileStore, MemoryStore, Store,
-                              takes_unnamed_files)
-from kvckpt_web.tensors import zeroed
+from kvckpt_web.gpu.tensors import zeroed
+from kvckpt_web.stores import store as store_module
+from kvckpt_web.stores.store import (DIRECT_IO_BLOCK, FAULT_STEPS, LOCK_NAME, TEMP_PREFIX, FileStore, MemoryStore,
+                                     Store, takes_unnamed_files)
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 
 
 class TestMemoryStore(StoreTests):
@@ -565,8 +565,8 @@ def run_child(code: str, *args: str, timeout: float = 60) -> subprocess.Complete
 
 KILL_AT_STEP = """
     import asyncio, os, sys
-    from kvckpt_web.store import FileStore
-    from kvckpt_web.tensors import zeroed
+    from kvckpt_web.stores.store import FileStore
+    from kvckpt_web.gpu.tensors import zeroed
 
     def fault(step):
         if step == sys.argv[2]:
@@ -602,7 +602,7 @@ def test_kill_at_every_step_leaves_old_or_new(tmp_path: Path, unnamed: bool, ste
 TRY_LOCK = """
     import asyncio, sys
     from kvckpt_web.errors import StoreError
-    from kvckpt_web.store import FileStore
+    from kvckpt_web.stores.store import FileStore
 
     async def main():
         async with FileStore(sys.argv[1]).lock(timeout=float(sys.argv[2])):
@@ -617,7 +617,7 @@ TRY_LOCK = """
 
 HOLD_LOCK = """
     import asyncio, sys
-    from kvckpt_web.store import FileStore
+    from kvckpt_web.stores.store import FileStore
 
     async def main():
         async with FileStore(sys.argv[1]).lock(timeout=5):

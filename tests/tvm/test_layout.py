@@ -12,8 +12,8 @@ import json
 import pytest
 
 from kvckpt_web import CacheLimits, FieldError, KVLayout, PagedKVCache, UnsupportedLayoutError
-from kvckpt_web.layout import cpp_double, fnv1a64
-from kvckpt_web.metadata import write_metadata
+from kvckpt_web.tvm.layout import cpp_double, fnv1a64
+from kvckpt_web.tvm.metadata import layout_from_metadata, write_metadata
 
 #: TVM's create_kv_cache defaults in its checkpoint tests.
 TVM_TEST_LAYOUT = dict(page_size=16, num_layers=4, num_qo_heads=32, num_kv_heads=4, qk_head_dim=64)
@@ -186,7 +186,7 @@ def test_kv_transfer_is_not_part_of_layout_equality():
 def test_from_metadata_rebuilds_the_layout(name):
     layout = KVLayout(**GOLDEN_HASHES[name][0])
     metadata = json.loads(write_metadata(layout, CacheLimits(), 0, 3))
-    assert KVLayout.from_metadata(metadata) == layout
+    assert layout_from_metadata(metadata) == layout
 
 
 # ----- unsupported layouts -----------------------------------------------------------------------------

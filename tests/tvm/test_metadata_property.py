@@ -32,10 +32,7 @@ tvm = pytest.importorskip("tvm", reason="Apache TVM is not installed (CI install
 from kvckpt_web import CacheLimits, KVLayout, PagedKVCache  # noqa: E402
 from kvckpt_web.errors import FieldError, KVCkptError, LayoutHashMismatch  # noqa: E402
 
-try:  # tests/ as a plain directory on sys.path (pytest's default import mode)
-    import tvm_reference as ref
-except ImportError:  # tests/ as a package
-    from tests import tvm_reference as ref
+import tvm_reference as ref
 
 PAGE_SIZE = 4
 NUM_LAYERS = 2

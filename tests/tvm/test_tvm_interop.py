@@ -29,12 +29,9 @@ import pytest
 pytest.importorskip("tvm", reason="Apache TVM is not installed (CI installs it)")
 
 from kvckpt_web import CacheLimits, KVLayout, PagedKVCache  # noqa: E402
-from kvckpt_web.bench import scatter_free_pages  # noqa: E402
+from kvckpt_web.cli.bench import scatter_free_pages  # noqa: E402
 
-try:  # tests/ as a plain directory on sys.path (pytest's default import mode)
-    import tvm_reference as ref
-except ImportError:  # tests/ as a package
-    from tests import tvm_reference as ref
+import tvm_reference as ref
 
 ROPE_NAMES = {ref.ROPE_NONE: "none", ref.ROPE_NORMAL: "normal", ref.ROPE_INLINE: "inline"}
 RESERVED_NUM_SEQS = 4

@@ -13,10 +13,7 @@ import pytest
 
 tvm = pytest.importorskip("tvm", reason="Apache TVM is not installed (CI installs it)")
 
-try:  # tests/ as a plain directory on sys.path (pytest's default import mode)
-    import tvm_reference as ref
-except ImportError:  # tests/ as a package
-    from tests import tvm_reference as ref
+import tvm_reference as ref
 
 
 def _random_kv(cache: ref.TVMCache, n: int, seed: int) -> tuple[np.ndarray, np.ndarray]:

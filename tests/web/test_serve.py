@@ -8,7 +8,7 @@ import urllib.request
 import pytest
 
 from kvckpt_web.errors import KVCkptError
-from kvckpt_web.serve import make_server, serve_in_thread
+from kvckpt_web.web.serve import make_server, serve_in_thread
 
 
 def fetch(url: str) -> tuple[str, bytes]:
