@@ -69,7 +69,7 @@ serve: setup web-deps
 	$(BIN)/kvckpt serve
 
 bench-browser: setup web-deps
-	$(BIN)/python bench/browser.py
+	$(BIN)/python -m bench.browser
 
 demo: setup
 	$(BIN)/kvckpt demo

@@ -5,7 +5,8 @@
   also with a second sequence appended in turns ("interleaved") and with every page apart ("scattered");
 * IndexedDBStore vs OPFSStore save and restore throughput of that 64 MiB checkpoint (persist.save/restore).
 
-Run from the repository root: ``.venv/bin/python bench/browser.py [--repeats N]``.
+Run from the repository root: ``.venv/bin/python -m bench.browser [--repeats N]`` (it shares the page
+harness of the browser tests, ``tests/browser/browser_harness.py``).
 """
 
 from __future__ import annotations
@@ -16,19 +17,16 @@ import sys
 import tempfile
 from pathlib import Path
 
-HERE = Path(__file__).resolve().parent.parent / "tests" / "browser"  # the page harness the tests use
-sys.path.insert(0, str(HERE))
-
-import browser_harness as conftest  # noqa: E402
+from tests.browser import browser_harness as harness
 
 BENCH = """
 import random, js, statistics
 from kvckpt_web import PagedKVCache, KVLayout, CacheLimits
-from kvckpt_web.backends.browser import BrowserDevice
-from kvckpt_web.device import Copy, Usage
-from kvckpt_web.browser_stores import IndexedDBStore, OPFSStore
-from kvckpt_web.persist import forget, restore, save
-from kvckpt_web.bench import scatter_free_pages
+from kvckpt_web.gpu.browser import BrowserDevice
+from kvckpt_web.gpu.device import Copy, Usage
+from kvckpt_web.stores.browser import IndexedDBStore, OPFSStore
+from kvckpt_web.durable.persist import forget, restore, save
+from kvckpt_web.cli.bench import scatter_free_pages
 
 R = REPEATS
 now = lambda: js.performance.now() / 1000
@@ -150,19 +148,19 @@ def main() -> int:
     args = parser.parse_args()
     from playwright.sync_api import sync_playwright
 
-    from kvckpt_web.serve import serve_in_thread
+    from kvckpt_web.web.serve import serve_in_thread
 
-    chromium = conftest.find_chromium()
+    chromium = harness.find_chromium()
     if chromium is None:
         print("no chromium", file=sys.stderr)
         return 1
     with tempfile.TemporaryDirectory() as tmp:
-        conftest.build_wheel(Path(tmp) / "wheel")
-        server, url = serve_in_thread(conftest.pyodide_dir(), [Path(tmp) / "wheel", conftest.wheels_dir()], port=0)
+        harness.build_wheel(Path(tmp) / "wheel")
+        server, url = serve_in_thread(harness.pyodide_dir(), [Path(tmp) / "wheel", harness.wheels_dir()], port=0)
         with sync_playwright() as pw:
             ctx = pw.chromium.launch_persistent_context(str(Path(tmp) / "profile"), executable_path=chromium,
-                                                        headless=True, args=conftest.CHROMIUM_FLAGS)
-            page = conftest.PyPage(ctx.new_page(), url).boot()
+                                                        headless=True, args=harness.CHROMIUM_FLAGS)
+            page = harness.PyPage(ctx.new_page(), url).boot()
             out = page.run(BENCH.replace("REPEATS", str(args.repeats)))
             ctx.close()
         server.shutdown()

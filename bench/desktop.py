@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import sys
 
-from kvckpt_web.cli import main
+from kvckpt_web.cli.main import main
 
 if __name__ == "__main__":
     sys.exit(main(["bench", *(sys.argv[1:] or ["export", "save"])]))

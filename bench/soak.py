@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import sys
 
-from kvckpt_web.cli import main
+from kvckpt_web.cli.main import main
 
 if __name__ == "__main__":
     sys.exit(main(["bench", "soak", *(sys.argv[1:] or ["--trials", "200"])]))

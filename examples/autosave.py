@@ -11,9 +11,7 @@ import os
 import sys
 import tempfile
 
-from kvckpt_web import CacheLimits, KVLayout, PagedKVCache, open_device
-from kvckpt_web.persist import list_generations, restore, save
-from kvckpt_web.store import FileStore
+from kvckpt_web import CacheLimits, FileStore, KVLayout, PagedKVCache, list_generations, open_device, restore, save
 
 LAYOUT = KVLayout(page_size=16, num_layers=4, num_qo_heads=8, num_kv_heads=2, qk_head_dim=64, dtype="float16")
 LIMITS = CacheLimits(reserved_num_seqs=1, max_total_seq_len=4096)

@@ -12,9 +12,7 @@ import tempfile
 
 import numpy as np
 
-from kvckpt_web import CacheLimits, KVLayout, PagedKVCache, open_device
-from kvckpt_web.persist import restore, save
-from kvckpt_web.store import FileStore
+from kvckpt_web import CacheLimits, FileStore, KVLayout, PagedKVCache, open_device, restore, save
 
 LAYOUT = KVLayout(page_size=16, num_layers=2, num_qo_heads=8, num_kv_heads=2, qk_head_dim=64, dtype="float16")
 TOKENS = 20

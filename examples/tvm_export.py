@@ -12,8 +12,7 @@ import os
 import sys
 import tempfile
 
-from kvckpt_web import CacheLimits, KVLayout, PagedKVCache, open_device
-from kvckpt_web.tvm_export import read_tvm_export, write_tvm_export
+from kvckpt_web import CacheLimits, KVLayout, PagedKVCache, open_device, read_tvm_export, write_tvm_export
 
 # SmolLM2-135M's KV layout: 30 layers, 9 query / 3 KV heads, head_dim 64, page 16, float16
 LAYOUT = KVLayout(page_size=16, num_layers=30, num_qo_heads=9, num_kv_heads=3, qk_head_dim=64, dtype="float16",

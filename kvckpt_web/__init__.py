@@ -1,17 +1,25 @@
 """kvckpt_web: a crash-resumable, TVM-compatible paged KV cache on WebGPU."""
 
-from .cache import PagedKVCache
-from .device import Device, open_device, open_device_async
+from .durable.persist import gc, list_generations, list_names, restore, save, verify
+from .durable.tvm_export import read_tvm_export, write_tvm_export
 from .errors import (CapacityError, CheckpointStateError, CorruptionError, DeviceError, FieldError, FormatError,
                      KVCkptError, LayoutHashMismatch, MetadataError, NotFoundError, SequenceError, StoreError,
                      TensorError, UnsupportedLayoutError)
-from .layout import CacheLimits, KVLayout
-from .tensors import DeviceArray, HostTensor, PageGroups
+from .gpu.device import Device
+from .gpu.open import open_device, open_device_async
+from .gpu.tensors import DeviceArray, HostTensor
+from .kv.cache import PagedKVCache
+from .kv.page_groups import PageGroups
+from .stores.browser import IndexedDBStore, OPFSStore
+from .stores.store import FileStore, MemoryStore
+from .tvm.layout import CacheLimits, KVLayout
 
 __all__ = [
     "CacheLimits", "CapacityError", "CheckpointStateError", "CorruptionError", "Device", "DeviceArray",
-    "DeviceError", "FieldError", "FormatError", "HostTensor", "KVCkptError", "KVLayout", "LayoutHashMismatch",
-    "MetadataError", "NotFoundError", "PageGroups", "PagedKVCache", "SequenceError", "StoreError", "TensorError",
-    "UnsupportedLayoutError", "open_device", "open_device_async",
+    "DeviceError", "FieldError", "FileStore", "FormatError", "HostTensor", "IndexedDBStore", "KVCkptError",
+    "KVLayout", "LayoutHashMismatch", "MemoryStore", "MetadataError", "NotFoundError", "OPFSStore", "PageGroups",
+    "PagedKVCache", "SequenceError", "StoreError", "TensorError", "UnsupportedLayoutError", "gc",
+    "list_generations", "list_names", "open_device", "open_device_async", "read_tvm_export", "restore", "save",
+    "verify", "write_tvm_export",
 ]
 __version__ = "0.1.0"

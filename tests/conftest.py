@@ -14,13 +14,11 @@ from typing import Any
 
 import pytest
 
-from kvckpt_web import CacheLimits, DeviceError, KVLayout, PagedKVCache, open_device, shaders
-from kvckpt_web.device import Device
+from kvckpt_web import CacheLimits, DeviceError, KVLayout, PagedKVCache, open_device
+from kvckpt_web.gpu.device import Device
+from kvckpt_web.kv import kernels
 
-try:  # tests/ as a plain directory on sys.path (pytest's default import mode)
-    from kvmodel import KVModel, small_layout, small_limits
-except ImportError:  # tests/ as a package
-    from tests.kvmodel import KVModel, small_layout, small_limits
+from kvmodel import KVModel, small_layout, small_limits
 
 
 def gpu_required() -> bool:
@@ -45,7 +43,7 @@ def unmapped_device(device: Device) -> Device:
     GPU or the browser has it)."""
     import wgpu
 
-    from kvckpt_web.backends.wgpu_native import WgpuDevice
+    from kvckpt_web.gpu.wgpu_native import WgpuDevice
 
     adapter = wgpu.gpu.request_adapter_sync(power_preference="high-performance")
     return WgpuDevice(adapter, adapter.request_device_sync())
@@ -82,13 +80,13 @@ def make_model(make_cache: Callable[..., PagedKVCache]) -> Callable[..., KVModel
 def page_copy_dispatches(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     """The entry point ("pack" or "scatter") of every page_copy dispatch built during the test."""
     calls: list[str] = []
-    real = shaders.page_copy
+    real = kernels.page_copy
 
     def spy(device: Device, entry: str, **kwargs: Any) -> Any:
         calls.append(entry)
         return real(device, entry, **kwargs)
 
-    monkeypatch.setattr(shaders, "page_copy", spy)
+    monkeypatch.setattr(kernels, "page_copy", spy)
     return calls
 
 

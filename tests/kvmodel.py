@@ -15,7 +15,7 @@ from typing import Any, TypeVar
 import numpy as np
 
 from kvckpt_web import CacheLimits, DeviceArray, KVLayout, PagedKVCache
-from kvckpt_web.device import Copy, Device, Usage
+from kvckpt_web.gpu.device import Copy, Device, Usage
 
 T = TypeVar("T")
 

@@ -19,7 +19,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from kvckpt_web.errors import FormatError, StoreError
-from kvckpt_web.store import TEMP_PREFIX, Store
+from kvckpt_web.stores.store import TEMP_PREFIX, Store
 
 T = TypeVar("T")
 

@@ -46,7 +46,7 @@ export async function boot({ base = here.href, packages = [], log = () => {} } =
 export class KVCkpt {
   constructor(pyodide) {
     this.pyodide = pyodide;
-    this.api = pyodide.pyimport("kvckpt_web.js_api");
+    this.api = pyodide.pyimport("kvckpt_web.web.js_api");
   }
 
   // A paged KV cache on this page's WebGPU device. `layout` and `limits` take the field names of
@@ -70,7 +70,7 @@ export class KVCkpt {
   }
 }
 
-// One cache, driven through kvckpt_web.js_api (the Python API does the work).
+// One cache, driven through kvckpt_web.web.js_api (the Python API does the work).
 export class KVCache {
   constructor(api, handle) {
     this.api = api;

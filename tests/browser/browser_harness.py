@@ -110,7 +110,7 @@ def browser_prereqs() -> dict[str, Any]:
 @pytest.fixture(scope="session")
 def web_server(browser_prereqs, tmp_path_factory) -> str:
     """Base URL of a `kvckpt serve` server on 127.0.0.1 serving Pyodide and a fresh kvckpt_web wheel."""
-    from kvckpt_web.serve import serve_in_thread
+    from kvckpt_web.web.serve import serve_in_thread
 
     fresh = tmp_path_factory.mktemp("wheel")
     build_wheel(fresh)
@@ -172,7 +172,7 @@ def py_page(browser_context, web_server) -> PyPage:
     """One booted page for the session, with ``dev`` (a BrowserDevice) opened in its Python globals."""
     page = PyPage(browser_context.new_page(), web_server).boot()
     page.run("""
-        from kvckpt_web.backends.browser import BrowserDevice
+        from kvckpt_web.gpu.browser import BrowserDevice
         dev = await BrowserDevice.open()
     """)
     return page

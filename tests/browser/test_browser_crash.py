@@ -20,9 +20,9 @@ def test_sigkill_during_autosave_then_restore(browser_prereqs, playwright_instan
         page.run(f"""
             import asyncio, js
             from kvckpt_web import PagedKVCache
-            from kvckpt_web.backends.browser import BrowserDevice
-            from kvckpt_web.browser_stores import IndexedDBStore, OPFSStore
-            from kvckpt_web.persist import save
+            from kvckpt_web.gpu.browser import BrowserDevice
+            from kvckpt_web.stores.browser import IndexedDBStore, OPFSStore
+            from kvckpt_web.durable.persist import save
             dev = await BrowserDevice.open()
             stores = {{"idb": await IndexedDBStore.open("crash"), "opfs": await OPFSStore.open("crash")}}
             cache = PagedKVCache(dev, {LAYOUT}, {LIMITS})
@@ -56,9 +56,9 @@ def test_sigkill_during_autosave_then_restore(browser_prereqs, playwright_instan
         page = PyPage(browser.context.new_page(), web_server).boot()
         out = page.run(f"""
             from kvckpt_web import PagedKVCache
-            from kvckpt_web.backends.browser import BrowserDevice
-            from kvckpt_web.browser_stores import IndexedDBStore, OPFSStore
-            from kvckpt_web.persist import restore
+            from kvckpt_web.gpu.browser import BrowserDevice
+            from kvckpt_web.stores.browser import IndexedDBStore, OPFSStore
+            from kvckpt_web.durable.persist import restore
             dev = await BrowserDevice.open()
             result = {{}}
             for kind, opener in (("idb", IndexedDBStore.open), ("opfs", OPFSStore.open)):

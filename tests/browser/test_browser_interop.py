@@ -9,8 +9,8 @@ from concurrent.futures import ThreadPoolExecutor
 
 import kvtest
 from kvckpt_web import PagedKVCache
-from kvckpt_web.persist import restore, save
-from kvckpt_web.store import MemoryStore
+from kvckpt_web.durable.persist import restore, save
+from kvckpt_web.stores.store import MemoryStore
 
 
 def run_desktop(coro):
@@ -82,8 +82,8 @@ def test_persisted_container_moves_both_ways(py_page, device):
     """A persist.save() container written in the browser restores on desktop, and back."""
     out = py_page.run("""
         from kvckpt_web import PagedKVCache
-        from kvckpt_web.persist import save
-        from kvckpt_web.store import MemoryStore
+        from kvckpt_web.durable.persist import save
+        from kvckpt_web.stores.store import MemoryStore
         cache = PagedKVCache(dev, kvtest.layout(), kvtest.limits())
         cache.add_sequence(0)
         kvtest.append(cache, 0, 21, 0, 14)
@@ -112,8 +112,8 @@ def test_persisted_container_moves_both_ways(py_page, device):
     assert groups == kvtest.expected_groups(lay, 21, 14)
     res = py_page.run(f"""
         from kvckpt_web import PagedKVCache
-        from kvckpt_web.persist import restore
-        from kvckpt_web.store import MemoryStore
+        from kvckpt_web.durable.persist import restore
+        from kvckpt_web.stores.store import MemoryStore
         data = {{k: kvtest.unb64(v) for k, v in {json.dumps({k: kvtest.b64(v) for k, v in back.items()})}.items()}}
         cache = PagedKVCache(dev, kvtest.layout(), kvtest.limits())
         r = await restore(MemoryStore(data), "chat", cache)

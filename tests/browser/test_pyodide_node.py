@@ -7,8 +7,8 @@ import subprocess
 
 from browser_harness import REPO, build_wheel, pyodide_dir, unavailable, wheels_dir
 
-PURE_TESTS = ["tests/test_layout.py", "tests/test_metadata.py", "tests/test_container.py", "tests/test_pool.py",
-              "tests/test_store.py::TestMemoryStore"]
+PURE_TESTS = ["tests/tvm/test_layout.py", "tests/tvm/test_metadata.py", "tests/durable/test_container.py",
+              "tests/kv/test_pool.py", "tests/stores/test_store.py::TestMemoryStore"]
 WHEELS = ["pytest", "pluggy", "iniconfig", "packaging", "pygments", "hypothesis", "attrs", "sortedcontainers"]
 
 

@@ -3,7 +3,14 @@
 There is no WebGPU (and no numpy) in Node's Pyodide, so the GPU fixtures skip.
 """
 
+import sys
+from pathlib import Path
+
 import pytest
+
+# The shared helpers (store_suite, kvmodel, ...) import by name, as pyproject's ``pythonpath`` makes them on
+# desktop; pyproject is not mounted here.
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 
 @pytest.fixture
@@ -41,8 +48,7 @@ def _stub_kvmodel() -> None:
         return helper
 
     stub.__getattr__ = _missing
-    for name in ("kvmodel", "tests.kvmodel"):
-        sys.modules.setdefault(name, stub)
+    sys.modules.setdefault("kvmodel", stub)
 
 
 _stub_kvmodel()

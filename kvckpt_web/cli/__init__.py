@@ -1,0 +1,1 @@
+"""The ``kvckpt`` command line and the programs it runs: demo, benchmarks, soak."""

@@ -1,0 +1,169 @@
+"""The ``kvckpt`` command line: demo, inspect, verify, convert, gc, bench."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+from ..durable.tvm_export import read_tvm_export
+from ..errors import KVCkptError
+from ..tvm.metadata import layout_from_metadata, limits_from_metadata, validate_import
+from ..web.serve import DEFAULT_PYODIDE, DEFAULT_WHEELS, make_server
+from . import bench, store_commands
+from .demo import run_demo, worker_main
+
+
+def _describe_tvm_export(path: Path) -> dict[str, Any]:
+    export = read_tvm_export(path)
+    meta = export.metadata
+    layout = layout_from_metadata(meta)
+    seq_id = meta.get("seq_id")
+    plan = validate_import(export.metadata_json, layout, limits_from_metadata(meta), seq_id)
+    return {
+        "kind": "tvm-export", "path": str(path), "format_version": meta["format_version"],
+        "layout_hash": meta["layout_hash"], "seq_id": seq_id, "seq_length": plan.seq_length,
+        "num_logical_pages": plan.num_logical_pages, "num_groups": len(export.groups),
+        "group_nbytes": len(export.groups[0]) if export.groups else 0,
+        "total_nbytes": sum(len(g) for g in export.groups),
+        "layout": {k: meta[k] for k in ("page_size", "num_layers", "layer_begin", "layer_end", "num_qo_heads",
+                                        "num_kv_heads", "qk_head_dim", "dtype", "rope_mode", "rotary_scale",
+                                        "rotary_theta")},
+        "limits": {k: meta[k] for k in ("reserved_num_seqs", "num_total_pages", "prefill_chunk_size")},
+    }
+
+
+def cmd_inspect(args: argparse.Namespace) -> int | None:
+    if store_commands.source_kind(args.path) == "store":
+        return store_commands.cmd_inspect_store(args)
+    info = _describe_tvm_export(Path(args.path))
+    if args.json:
+        print(json.dumps(info, indent=2))
+        return
+    lay = info["layout"]
+    print(f"TVM export directory {info['path']} (format_version {info['format_version']}): valid")
+    print(f"  layout: {lay['num_layers']} layers [{lay['layer_begin']}, {lay['layer_end']}), {lay['num_qo_heads']} "
+          f"query / {lay['num_kv_heads']} KV heads, head_dim {lay['qk_head_dim']}, page {lay['page_size']}, "
+          f"{lay['dtype']}, rope {lay['rope_mode']} (scale {lay['rotary_scale']}, theta {lay['rotary_theta']})")
+    print(f"  layout hash: {info['layout_hash']} (matches the layout)")
+    print(f"  sequence {info['seq_id']}: {info['seq_length']} tokens in {info['num_logical_pages']} logical pages")
+    print(f"  page groups: {info['num_groups']} x {info['group_nbytes']} bytes = {info['total_nbytes'] / 2**20:.2f} MiB")
+    limits = info["limits"]
+    print(f"  written by a cache with reserved_num_seqs {limits['reserved_num_seqs']}, num_total_pages "
+          f"{limits['num_total_pages']}, prefill_chunk_size {limits['prefill_chunk_size']}")
+
+
+def cmd_demo(args: argparse.Namespace) -> None:
+    run_demo(store_commands.check_at_least("--tokens", args.tokens, 1), args.seed, Path(args.dir) if args.dir else None)
+
+
+def cmd_bench(args: argparse.Namespace) -> None:
+    store_commands.check_at_least("--repeats", args.repeats, 1)
+    store_commands.check_at_least("--trials", args.trials, 1)
+    bench.run(args.names, args.repeats, (args.path,), trials=args.trials)
+
+
+def cmd_serve(args: argparse.Namespace) -> None:
+    pyodide = args.pyodide or os.environ.get("KVCKPT_PYODIDE") or DEFAULT_PYODIDE
+    wheels = args.wheels or [os.environ.get("KVCKPT_WHEELS") or DEFAULT_WHEELS]
+    server = make_server(pyodide, wheels, host=args.host, port=args.port)
+    host, port = server.server_address[:2]
+    print(f"kvckpt_web browser runtime on http://{host}:{port}/ (Ctrl-C to stop)", flush=True)
+    try:
+        server.serve_forever()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        server.server_close()
+
+
+def cmd_demo_worker(args: argparse.Namespace) -> None:
+    worker_main("fill" if args.command == "_demo-worker" else "verify", args.path, args.tokens, args.seed)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argument parser of ``kvckpt``."""
+    parser = argparse.ArgumentParser(prog="kvckpt", description="Crash-resumable, TVM-compatible KV cache checkpoints "
+                                     "on WebGPU.")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    p = sub.add_parser("demo", help="fill a SmolLM2-layout cache in a worker, export, SIGKILL it, restore and verify")
+    p.add_argument("--tokens", type=int, default=3000, help="tokens to fill (default 3000)")
+    p.add_argument("--seed", type=int, default=0, help="seed of the K/V values (default 0)")
+    p.add_argument("--dir", help="where to write the TVM export directory (default: a temporary directory); an "
+                   "existing one must be empty or an earlier demo's export")
+    p.set_defaults(func=cmd_demo)
+
+    p = sub.add_parser("inspect", help="summarise and validate a TVM export directory or a checkpoint store "
+                       "(names, generations, sizes, chunk sharing)")
+    p.add_argument("path")
+    p.add_argument("--json", action="store_true", help="print the summary as JSON")
+    p.set_defaults(func=cmd_inspect)
+
+    p = sub.add_parser("convert", help="load a checkpoint (TVM export directory or store) into a GPU cache and write "
+                       "it as a TVM export directory or into a store")
+    p.add_argument("src", help="a TVM export directory or a checkpoint store")
+    p.add_argument("dst", help="the TVM export directory to write, or the store to save into")
+    p.add_argument("--to", choices=["tvm", "kvckpt"], required=True, help="output format")
+    p.add_argument("--name", help="sequence name in the store (SRC: needed if it holds several; DST: default the "
+                   "source's name, else seq0)")
+    p.add_argument("--generation", type=int, help="generation to read from a store SRC (default: the newest)")
+    p.add_argument("--keep", type=int, default=2, help="generations of the name a store DST keeps (default 2)")
+    p.add_argument("--force", action="store_true", help="replace a TVM export directory DST if it exists (only a "
+                   "TVM export or an empty directory: never SRC, a store or other files)")
+    p.set_defaults(func=store_commands.cmd_convert)
+
+    p = sub.add_parser("bench", help="throughput vs raw transfers of the same bytes, measured in the same run")
+    p.add_argument("names", nargs="*", default=["export"], choices=["export", "save", "soak"],
+                   help="benchmarks to run (soak: kill -9 trials of processes that are saving)")
+    p.add_argument("--repeats", type=int, default=5)
+    p.add_argument("--trials", type=int, default=200, help="trials of the soak benchmark (default 200)")
+    p.add_argument("--path", choices=["auto", "kernel", "copy", "mapped", "all"], default="all",
+                   help="page-transfer path(s) to measure (default: all the device offers: kernel, copy, and "
+                        "mapped where storage buffers map in place)")
+    p.set_defaults(func=cmd_bench)
+
+    store_commands.add_parsers(sub)
+
+    p = sub.add_parser("serve", help="serve the browser runtime (page, kvckpt.mjs, pinned Pyodide, wheels) offline "
+                       "on 127.0.0.1")
+    p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1: a secure context)")
+    p.add_argument("--port", type=int, default=8000, help="port (default 8000; 0 picks a free one)")
+    p.add_argument("--pyodide", default=None, help="the npm package pyodide directory "
+                   "(default: $KVCKPT_PYODIDE or build/web/node_modules/pyodide)")
+    p.add_argument("--wheels", action="append", default=None, help="directory of wheels to serve under /wheels/ "
+                   "(repeatable; default: $KVCKPT_WHEELS or build/web/wheels)")
+    p.set_defaults(func=cmd_serve)
+
+    for name in ("_demo-worker", "_demo-verify"):  # the demo's child processes, not for people
+        p = sub.add_parser(name)
+        p.add_argument("path")
+        p.add_argument("tokens", type=int)
+        p.add_argument("seed", type=int)
+        p.set_defaults(func=cmd_demo_worker)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run ``kvckpt``; returns the exit status (1 with a one-line error for any checkpoint error or OSError)."""
+    args = build_parser().parse_args(argv)
+    try:
+        return args.func(args) or 0
+    except KVCkptError as exc:
+        print(f"kvckpt: error: {exc}", file=sys.stderr)
+    except OSError as exc:  # a path the system refused: missing, no permission, read-only, full, ...
+        print(f"kvckpt: error: {args.command}: {_os_error_text(exc)}", file=sys.stderr)
+    return 1
+
+
+def _os_error_text(exc: OSError) -> str:
+    """``exc`` in one line: what the system said, and the path(s) it said it of."""
+    paths = [os.fsdecode(p) for p in (exc.filename, exc.filename2) if p is not None]
+    return (exc.strerror or str(exc)) + (f" ({' -> '.join(paths)})" if paths else "")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,296 @@
+"""The narrow device interface every backend implements.
+
+Everything above this module (page pool, cache, checkpoint primitives, stores)
+talks to WebGPU only through :class:`Device`: create buffers, write small data,
+submit a batch of copy / clear / dispatch commands (or encode it now and commit
+it later), and read (copied out, or viewed in place until unmapped) or write
+mappable staging buffers asynchronously. Where storage buffers are host memory
+(``DeviceInfo.maps_storage``), the host may also copy straight out of and into
+them. Backends: :mod:`~kvckpt_web.gpu.wgpu_native`
+(desktop, wgpu-py) and :mod:`~kvckpt_web.gpu.browser` (Pyodide, ``navigator.gpu``);
+:mod:`~kvckpt_web.gpu.open` picks one.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import enum
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..errors import DeviceError
+
+WORKGROUP_SIZE = 256
+#: Byte alignment of copy offsets and sizes in WebGPU.
+COPY_ALIGN = 4
+
+
+class Usage(enum.IntFlag):
+    """WebGPU buffer usage flags (same bit values as GPUBufferUsage)."""
+
+    MAP_READ = 0x0001
+    MAP_WRITE = 0x0002
+    COPY_SRC = 0x0004
+    COPY_DST = 0x0008
+    UNIFORM = 0x0040
+    STORAGE = 0x0080
+
+
+@dataclass(eq=False)
+class Buffer:
+    """A device buffer: its size, usage and the backend's native handle."""
+
+    size: int
+    usage: Usage
+    native: Any = field(repr=False)
+    label: str = ""
+
+
+@dataclass(frozen=True)
+class Copy:
+    """Copy ``size`` bytes from ``src`` at ``src_offset`` to ``dst`` at ``dst_offset``."""
+
+    src: Buffer
+    src_offset: int
+    dst: Buffer
+    dst_offset: int
+    size: int
+
+
+@dataclass(frozen=True)
+class CopyRuns:
+    """Many copies from ``src`` to ``dst`` as one command: ``size`` bytes from ``src_offset`` to ``dst_offset``
+    for each ``(src_offset, dst_offset, size)`` in ``runs``."""
+
+    src: Buffer
+    dst: Buffer
+    runs: tuple[tuple[int, int, int], ...]
+
+
+@dataclass(frozen=True)
+class Clear:
+    """Zero ``size`` bytes of ``buffer`` from ``offset``."""
+
+    buffer: Buffer
+    offset: int
+    size: int
+
+
+@dataclass(frozen=True)
+class Region:
+    """``size`` bytes of ``buffer`` from ``offset``: a binding of part of a buffer, or one layer of an arena."""
+
+    buffer: Buffer
+    offset: int
+    size: int
+
+
+@dataclass(frozen=True)
+class Dispatch:
+    """Run ``kernel`` over ``invocations`` threads with uniform ``params`` (binding 0) and storage ``buffers``
+    (bindings 1..n: whole buffers or regions)."""
+
+    kernel: "Kernel"
+    params: bytes
+    buffers: tuple[Buffer | Region, ...]
+    invocations: int
+
+
+Command = Copy | CopyRuns | Clear | Dispatch
+
+
+@dataclass(eq=False)
+class Kernel:
+    """A compiled compute pipeline (cached per device by its WGSL source)."""
+
+    name: str
+    native: Any = field(repr=False)
+
+
+@dataclass(frozen=True)
+class DeviceInfo:
+    """What the adapter is and what it allows."""
+
+    backend: str
+    adapter: str
+    is_cpu: bool
+    features: frozenset[str]
+    max_storage_binding: int
+    max_buffer_size: int
+    max_workgroups_per_dim: int
+    #: minStorageBufferOffsetAlignment: where a storage binding may start.
+    storage_offset_alignment: int = 256
+    #: Storage buffers may also be mappable, and mapping one costs no copy (a CPU adapter whose
+    #: backend allows mapping any buffer): see :meth:`Device.copy_from_buffer`.
+    maps_storage: bool = False
+
+
+UNIFORM_ALIGN = 256
+
+
+def uniform_params(commands: list["Command"]) -> tuple[bytes, list[int]]:
+    """The uniform parameters of every Dispatch in ``commands`` in one blob, and each one's offset in it
+    (multiples of minUniformBufferOffsetAlignment, 256)."""
+    blob, offsets = bytearray(), []
+    for command in commands:
+        if isinstance(command, Dispatch):
+            offsets.append(len(blob))
+            blob += command.params + bytes(-len(command.params) % UNIFORM_ALIGN)
+    return bytes(blob), offsets
+
+
+def map_window(offset: int, size: int) -> tuple[int, int]:
+    """The (offset, size) to map so that bytes ``[offset, offset + size)`` are covered (WebGPU wants map
+    offsets in multiples of 8 and sizes in multiples of 4)."""
+    start = offset - offset % 8
+    return start, -(-(offset + size - start) // 4) * 4
+
+
+def done(value: Any) -> "asyncio.Future[Any]":
+    """A future that already holds ``value`` (what a read of zero bytes returns)."""
+    future = asyncio.get_running_loop().create_future()
+    future.set_result(value)
+    return future
+
+
+def grid(invocations: int, max_per_dim: int) -> tuple[int, int]:
+    """Workgroup counts (x, y) covering ``invocations`` threads; shaders linearise ``x + y * num_workgroups.x``."""
+    groups = max(1, -(-invocations // WORKGROUP_SIZE))
+    if groups <= max_per_dim:
+        return groups, 1
+    y = -(-groups // max_per_dim)
+    if y > max_per_dim:
+        raise DeviceError(f"dispatch of {invocations} invocations exceeds {max_per_dim}^2 workgroups")
+    return -(-groups // y), y
+
+
+class Device(ABC):
+    """A WebGPU device as kvckpt_web uses it."""
+
+    info: DeviceInfo
+
+    def __init__(self) -> None:
+        self._kernels: dict[tuple[str, str], Kernel] = {}
+        #: Per-device memo of measured choices (e.g. the faster page-transfer path).
+        self.choices: dict[str, Any] = {}
+
+    def kernel(self, name: str, source: str, entry: str) -> Kernel:
+        """The compiled pipeline for ``entry`` of WGSL ``source``; compiled once per device."""
+        key = (source, entry)
+        if key not in self._kernels:
+            self._kernels[key] = Kernel(name=f"{name}.{entry}", native=self._compile(source, entry))
+        return self._kernels[key]
+
+    def check_buffer_size(self, size: int, label: str) -> None:
+        """Raise :class:`DeviceError` if a buffer of ``size`` bytes cannot exist on this device."""
+        if size > self.info.max_buffer_size:
+            raise DeviceError(f"buffer {label!r}: expected at most {self.info.max_buffer_size} bytes "
+                              f"(adapter maxBufferSize), got {size}")
+
+    def check_binding_size(self, size: int, label: str) -> None:
+        """Raise :class:`DeviceError` if ``size`` bytes cannot be bound as one storage buffer on this device."""
+        if size > self.info.max_storage_binding:
+            raise DeviceError(f"binding {label!r}: expected at most {self.info.max_storage_binding} bytes "
+                              f"(adapter maxStorageBufferBindingSize), got {size}")
+
+    def bind_entries(self, params: Any, params_offset: int, dispatch: Dispatch) -> list[dict[str, Any]]:
+        """The bind group entries of ``dispatch`` (WebGPU's shape): its uniform parameters at ``params_offset``
+        of the native buffer ``params``, then its storage bindings; DeviceError if one cannot be bound."""
+        entries = [{"binding": 0, "resource": {"buffer": params, "offset": params_offset,
+                                               "size": len(dispatch.params)}}]
+        for i, target in enumerate(dispatch.buffers):
+            region = target if isinstance(target, Region) else Region(target, 0, target.size)
+            self.check_binding_size(region.size, region.buffer.label)
+            if region.offset % self.info.storage_offset_alignment:
+                raise DeviceError(f"binding {region.buffer.label!r}: expected an offset that is a multiple of "
+                                  f"{self.info.storage_offset_alignment}, got {region.offset}")
+            entries.append({"binding": i + 1, "resource": {"buffer": region.buffer.native, "offset": region.offset,
+                                                           "size": region.size}})
+        return entries
+
+    def create_buffer(self, size: int, usage: Usage, label: str = "") -> Buffer:
+        """A zero-filled buffer of ``size`` bytes (rounded up to 4)."""
+        size = max(COPY_ALIGN, -(-size // COPY_ALIGN) * COPY_ALIGN)
+        self.check_buffer_size(size, label)
+        return Buffer(size=size, usage=usage, native=self._create_buffer(size, usage, label), label=label)
+
+    @abstractmethod
+    def _compile(self, source: str, entry: str) -> Any:
+        """Compile one compute entry point; raise DeviceError on a shader error."""
+
+    @abstractmethod
+    def _create_buffer(self, size: int, usage: Usage, label: str) -> Any:
+        """Create the native buffer."""
+
+    @abstractmethod
+    def destroy(self, buffer: Buffer) -> None:
+        """Release ``buffer`` now."""
+
+    @abstractmethod
+    def write(self, buffer: Buffer, offset: int, data: bytes | bytearray | memoryview) -> None:
+        """Queue a write of small ``data`` into a COPY_DST buffer (ordered before later submits)."""
+
+    def submit(self, commands: list[Command]) -> None:
+        """Encode ``commands`` in order into one command buffer and submit it."""
+        if commands:
+            self.commit(self.encode(commands))
+
+    @abstractmethod
+    def encode(self, commands: list[Command]) -> Any:
+        """Encode non-empty ``commands`` in order into one command buffer, to :meth:`commit` later.
+
+        Commit each encoded buffer before encoding the next (kernel parameters are written at encoding).
+        """
+
+    @abstractmethod
+    def commit(self, encoded: Any) -> None:
+        """Submit a command buffer :meth:`encode` returned."""
+
+    @abstractmethod
+    def read(self, buffer: Buffer, offset: int, size: int,
+             out: memoryview | None = None) -> "asyncio.Future[memoryview]":
+        """Copy ``size`` bytes of a MAP_READ ``buffer`` out (into ``out`` if given); a future of them.
+
+        The map is requested now, so it waits for the work submitted so far and for nothing submitted
+        later: commands for the next readback may be committed while this one is in flight.
+        """
+
+    @abstractmethod
+    def map_read(self, buffer: Buffer, offset: int, size: int) -> "asyncio.Future[memoryview]":
+        """Map ``size`` > 0 bytes of a MAP_READ ``buffer``, requested now as :meth:`read` is; a future of a
+        read-only view of them.
+
+        The view is valid until :meth:`unmap`; the buffer may not be used by a submit before then.
+        """
+
+    @abstractmethod
+    def unmap(self, buffer: Buffer) -> None:
+        """End the mapping :meth:`map_read` made; its view must no longer be used."""
+
+    @abstractmethod
+    async def upload(self, buffer: Buffer, offset: int, chunks: list[bytes | bytearray | memoryview]) -> None:
+        """Map a MAP_WRITE ``buffer`` once, copy ``chunks`` in back to back from ``offset`` and unmap it."""
+
+    def copy_from_buffer(self, buffer: Buffer, runs: list[tuple[int, memoryview]]) -> None:
+        """Fill each ``view`` of ``runs`` with the bytes of ``buffer`` (MAP_READ, any other usage too) at
+        its offset, once the work submitted so far is done: one mapping of the buffer itself, no staging.
+
+        Blocks until then, so no submit can use the buffer while it is mapped. Only where
+        ``info.maps_storage``; :class:`DeviceError` elsewhere.
+        """
+        self._copy_in_place("copy_from_buffer", buffer, runs, write=False)
+
+    def copy_to_buffer(self, buffer: Buffer, runs: list[tuple[int, memoryview]]) -> None:
+        """Write each ``view`` of ``runs`` into ``buffer`` (MAP_WRITE, any other usage too) at its offset, after
+        the work submitted so far and before any submitted later; as :meth:`copy_from_buffer` does."""
+        self._copy_in_place("copy_to_buffer", buffer, runs, write=True)
+
+    def _copy_in_place(self, operation: str, buffer: Buffer, runs: list[tuple[int, memoryview]],
+                       write: bool) -> None:
+        """What :meth:`copy_from_buffer` and :meth:`copy_to_buffer` do; backends whose storage buffers map in
+        place override it (after calling this to refuse a device that does not)."""
+        if not self.info.maps_storage:
+            raise DeviceError(f"{operation}: expected a device whose storage buffers map in place "
+                              f"(info.maps_storage), got {self.info.backend} {self.info.adapter!r}")
+        raise DeviceError(f"{operation}: {type(self).__name__} does not map storage buffers in place")

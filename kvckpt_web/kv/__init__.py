@@ -1,0 +1,2 @@
+"""The paged KV cache on a device: page pool and sequences, page transfers and kernels, and the
+checkpoint primitives TVM defines."""

@@ -1,0 +1,34 @@
+"""Page groups on the host: every layer's dense page group of one sequence, as views into one buffer."""
+
+from __future__ import annotations
+
+from ..errors import TensorError
+from ..gpu.tensors import span_bytes, zeroed
+
+
+class PageGroups(tuple):
+    """Page groups as views into one host buffer, group g at ``g * stride`` (what ``export_groups`` returns).
+
+    ``host`` spans every group and the bytes between them; ``import_groups`` uploads it in one host
+    copy. A tuple, so the views and ``host`` cannot drift apart.
+    """
+
+    host: memoryview
+    stride: int
+    group_bytes: int
+
+    def __new__(cls, host: memoryview, group_bytes: int, count: int, stride: int | None = None) -> "PageGroups":
+        stride = group_bytes if stride is None else stride
+        span = span_bytes(count, group_bytes, stride)
+        if stride < group_bytes or len(host) < span:
+            raise TensorError("PageGroups.host.nbytes", f"at least {span} ({count} groups of {group_bytes} bytes "
+                              f"every {stride} bytes)", len(host))
+        self = super().__new__(cls, (host[g * stride:g * stride + group_bytes] for g in range(count)))
+        self.host, self.stride, self.group_bytes = host[:span], stride, group_bytes
+        return self
+
+    @classmethod
+    def zeros(cls, count: int, group_bytes: int, stride: int | None = None) -> "PageGroups":
+        """``count`` zeroed groups in a new host buffer."""
+        stride = group_bytes if stride is None else stride
+        return cls(zeroed(span_bytes(count, group_bytes, stride)), group_bytes, count, stride)

@@ -1,0 +1,828 @@
+"""Async key/value stores of bytes: the durable layer under checkpoints.
+
+A store knows nothing about KV caches. Keys are ``'/'``-separated relative
+names whose segments use only ``[A-Za-z0-9._-]`` (``"."`` and ``".."`` are not
+segments). Values are bytes. :meth:`Store.set` is atomic: a reader sees the
+old value or the new one, never a mix.
+
+Backends:
+
+* :class:`MemoryStore` -- a dict; for tests and as a cache.
+* :class:`FileStore` -- a desktop directory, crash-safe (new file, fsync,
+  link or rename, directory fsync), locked with ``fcntl.flock``.
+
+This module imports only what Pyodide has; the POSIX-only ``fcntl`` is
+imported inside :class:`FileStore` when it locks or writes with ``O_DIRECT``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import contextvars
+import errno
+import os
+import re
+import secrets
+import stat
+import sys
+import threading
+import time
+from abc import ABC, abstractmethod
+from collections.abc import AsyncIterator, Callable, Collection, MutableMapping
+from contextlib import AbstractAsyncContextManager, asynccontextmanager, nullcontext
+from typing import Any, TypeVar
+
+from ..errors import FormatError, StoreError
+
+_T = TypeVar("_T")
+
+__all__ = [
+    "FileStore",
+    "MemoryStore",
+    "Store",
+    "validate_key",
+    "validate_prefix",
+]
+
+MAX_SEGMENT_CHARS = 200
+"""Longest key segment; leaves room for FileStore's temp-name decoration within 255 bytes."""
+
+MAX_KEY_CHARS = 1024
+"""Longest key."""
+
+DEFAULT_LOCK_TIMEOUT = 10.0
+"""Seconds :meth:`Store.lock` waits for the lock unless told otherwise."""
+
+_SEGMENT_RE = re.compile(r"[A-Za-z0-9._-]+")
+_PARTIAL_RE = re.compile(r"[A-Za-z0-9._-]*")
+_KEY_RULE = "'/'-separated segments of [A-Za-z0-9._-], none '.' or '..'"
+
+
+def _is_segment(segment: str) -> bool:
+    return (
+        len(segment) <= MAX_SEGMENT_CHARS
+        and segment not in (".", "..")
+        and _SEGMENT_RE.fullmatch(segment) is not None
+    )
+
+
+def validate_key(key: str) -> str:
+    """Return ``key`` if it is a valid store key, else raise :class:`FormatError`."""
+    if not isinstance(key, str):
+        raise FormatError("key", "a str", type(key).__name__)
+    if not key or len(key) > MAX_KEY_CHARS:
+        raise FormatError("key", f"1 to {MAX_KEY_CHARS} characters", key)
+    for segment in key.split("/"):
+        if not _is_segment(segment):
+            raise FormatError("key", _KEY_RULE, key, f"bad segment {segment!r}")
+    return key
+
+
+def validate_prefix(prefix: str) -> str:
+    """Return ``prefix`` if it can start a key (``""`` starts every key), else raise :class:`FormatError`."""
+    if not isinstance(prefix, str):
+        raise FormatError("prefix", "a str", type(prefix).__name__)
+    if len(prefix) > MAX_KEY_CHARS:
+        raise FormatError("prefix", f"at most {MAX_KEY_CHARS} characters", prefix)
+    *dirs, last = prefix.split("/")
+    for segment in dirs:
+        if not _is_segment(segment):
+            raise FormatError("prefix", _KEY_RULE, prefix, f"bad segment {segment!r}")
+    if _PARTIAL_RE.fullmatch(last) is None:
+        raise FormatError("prefix", _KEY_RULE, prefix, f"bad segment {last!r}")
+    return prefix
+
+
+def check_value_size(key: str, nbytes: int, max_bytes: int) -> None:
+    """Raise :class:`FormatError` naming ``key`` if its value of ``nbytes`` bytes is longer than ``max_bytes``."""
+    if nbytes > max_bytes:
+        raise FormatError(f"{key} length", f"at most {max_bytes} bytes", nbytes)
+
+
+def _as_view(data: Any) -> memoryview:
+    if isinstance(data, (bytes, bytearray, memoryview)):
+        return memoryview(data).cast("B")
+    raise FormatError("data", "bytes, bytearray or memoryview", type(data).__name__)
+
+
+class Store(ABC):
+    """An async store of bytes under validated keys.
+
+    The public methods validate keys, enforce ``read_only`` and count
+    ``bytes_written``; backends implement the underscored methods, which get
+    keys already validated.
+    """
+
+    def __init__(self, *, read_only: bool = False, lock_timeout: float = DEFAULT_LOCK_TIMEOUT) -> None:
+        self._read_only = bool(read_only)
+        self._lock_timeout = float(lock_timeout)
+        self._bytes_written = 0
+
+    @property
+    def read_only(self) -> bool:
+        """True if :meth:`set`, :meth:`delete` and :meth:`lock` refuse with :class:`StoreError`."""
+        return self._read_only
+
+    @property
+    def bytes_written(self) -> int:
+        """Total payload bytes of the successful :meth:`set` calls on this object."""
+        return self._bytes_written
+
+    def _check_writable(self, what: str) -> None:
+        if self._read_only:
+            raise StoreError(f"{what}: store {self!r} is read-only")
+
+    async def get(self, key: str, *, max_bytes: int | None = None) -> bytes | None:
+        """The value under ``key``, or None if there is none.
+
+        ``max_bytes`` bounds what the caller can take: a longer value raises :class:`FormatError` naming
+        the key, and backends that can tell the length first (FileStore) read none of it.
+        """
+        validate_key(key)
+        if max_bytes is None:
+            return await self._get(key)
+        return await self._get_bounded(key, max_bytes)
+
+    async def get_into(self, key: str, out: memoryview) -> int | None:
+        """The length of the value under ``key`` (None if there is none), read into ``out`` if it is that long.
+
+        If the lengths differ, ``out`` is left as it was.
+        """
+        validate_key(key)
+        if not isinstance(out, (bytearray, memoryview)) or memoryview(out).readonly:
+            raise FormatError("out", "a writable bytearray or memoryview", type(out).__name__)
+        return await self._get_into(key, memoryview(out).cast("B"))
+
+    def _payload(self, key: str, data: Any) -> memoryview:
+        """``data`` to store under ``key``, once the key, the data and the store allow it."""
+        validate_key(key)
+        payload = _as_view(data)  # backends that keep it copy it; the caller's buffer is only read during set
+        self._check_writable(f"set {key!r}")
+        return payload
+
+    async def set(self, key: str, data: bytes | bytearray | memoryview) -> None:
+        """Store ``data`` under ``key`` atomically, replacing any old value."""
+        payload = self._payload(key, data)
+        await self._set(key, payload)
+        self._bytes_written += len(payload)
+
+    async def set_if_absent(self, key: str, data: bytes | bytearray | memoryview) -> bool:
+        """Store ``data`` under ``key`` as :meth:`set` does, unless ``key`` holds a value already; True if it stored.
+
+        Meant for content-addressed values, where a value already there is the same bytes. Between
+        the check and the write it excludes other writers only while the caller holds :meth:`lock`.
+        """
+        payload = self._payload(key, data)
+        stored = await self._set_if_absent(key, payload)
+        if stored:
+            self._bytes_written += len(payload)
+        return stored
+
+    async def delete(self, key: str) -> None:
+        """Remove ``key``; a missing key is not an error."""
+        validate_key(key)
+        self._check_writable(f"delete {key!r}")
+        await self._delete(key)
+
+    async def exists(self, key: str) -> bool:
+        """Whether ``key`` holds a value."""
+        return await self._exists(validate_key(key))
+
+    async def list_prefix(self, prefix: str) -> list[str]:
+        """All keys that start with the string ``prefix``, sorted by code point."""
+        return sorted(await self._list_prefix(validate_prefix(prefix)))
+
+    def lock(self, timeout: float | None = None) -> AbstractAsyncContextManager[None]:
+        """An async context manager holding the writer lock of this store.
+
+        It excludes every other holder (another task, process or tab), is not
+        re-entrant, and raises :class:`StoreError` naming the lock if it cannot
+        be had within ``timeout`` seconds (the store's ``lock_timeout`` if None).
+        """
+        self._check_writable("lock")
+        return self._lock(self._lock_timeout if timeout is None else float(timeout))
+
+    def batch(self) -> AbstractAsyncContextManager[None]:
+        """An async context manager in which each :meth:`set` and :meth:`delete` stays atomic but may leave
+        making itself durable to the end of the batch.
+
+        When it exits (also by an error), every set and delete that completed inside it is durable,
+        so a group of writes costs one durability barrier instead of one each: a save writes its
+        chunks in one batch and commits its manifest after it. Writes must complete before it exits.
+        A batch covers the task that opens it and the tasks started inside it; other tasks' writes
+        stay durable when they return.
+        """
+        return self._batch()
+
+    @abstractmethod
+    async def _get(self, key: str) -> bytes | None: ...
+
+    async def _get_bounded(self, key: str, max_bytes: int) -> bytes | None:
+        data = await self._get(key)
+        if data is not None:
+            check_value_size(key, len(data), max_bytes)
+        return data
+
+    async def _get_into(self, key: str, out: memoryview) -> int | None:
+        data = await self._get(key)
+        if data is not None and len(data) == len(out):
+            out[:] = data
+        return None if data is None else len(data)
+
+    @abstractmethod
+    async def _set(self, key: str, data: memoryview) -> None: ...
+
+    async def _set_if_absent(self, key: str, data: memoryview) -> bool:
+        if await self._exists(key):
+            return False
+        await self._set(key, data)
+        return True
+
+    @abstractmethod
+    async def _delete(self, key: str) -> None: ...
+
+    @abstractmethod
+    async def _exists(self, key: str) -> bool: ...
+
+    @abstractmethod
+    async def _list_prefix(self, prefix: str) -> list[str]: ...
+
+    @abstractmethod
+    def _lock(self, timeout: float) -> AbstractAsyncContextManager[None]: ...
+
+    def _batch(self) -> AbstractAsyncContextManager[None]:
+        return nullcontext()  # backends whose writes are durable when they return
+
+
+async def _poll_acquire(try_acquire: Callable[[], bool], timeout: float, lock_name: str) -> None:
+    """Call ``try_acquire`` until it returns True, or raise StoreError after ``timeout`` seconds."""
+    deadline = time.monotonic() + max(timeout, 0.0)
+    delay = 0.005
+    while not try_acquire():
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            raise StoreError(f"lock {lock_name}: not acquired within {timeout} s (held by another writer)")
+        await asyncio.sleep(min(delay, remaining))
+        delay = min(delay * 2, 0.1)
+
+
+class MemoryStore(Store):
+    """A store in a dict.
+
+    ``data``, if given, is used as the backing mapping (not copied), so two
+    MemoryStores may share it -- e.g. a read-only view of a writable one. The
+    lock belongs to this object.
+    """
+
+    def __init__(
+        self,
+        data: MutableMapping[str, bytes] | None = None,
+        *,
+        read_only: bool = False,
+        lock_timeout: float = DEFAULT_LOCK_TIMEOUT,
+    ) -> None:
+        super().__init__(read_only=read_only, lock_timeout=lock_timeout)
+        self._data: MutableMapping[str, bytes] = {} if data is None else data
+        self._locked = False
+
+    def __repr__(self) -> str:
+        return f"MemoryStore(<{len(self._data)} keys>, read_only={self.read_only})"
+
+    async def _get(self, key: str) -> bytes | None:
+        return self._data.get(key)
+
+    async def _set(self, key: str, data: memoryview) -> None:
+        self._data[key] = bytes(data)
+
+    async def _delete(self, key: str) -> None:
+        self._data.pop(key, None)
+
+    async def _exists(self, key: str) -> bool:
+        return key in self._data
+
+    async def _list_prefix(self, prefix: str) -> list[str]:
+        return [key for key in self._data if key.startswith(prefix)]
+
+    def _try_lock(self) -> bool:
+        if self._locked:
+            return False
+        self._locked = True
+        return True
+
+    @asynccontextmanager
+    async def _lock(self, timeout: float) -> AsyncIterator[None]:
+        await _poll_acquire(self._try_lock, timeout, f"memory:{id(self):#x}")
+        try:
+            yield
+        finally:
+            self._locked = False
+
+
+TEMP_PREFIX = "~tmp."
+"""FileStore temp files start with this; '~' is no key character, so no key can clash."""
+
+LOCK_NAME = "~kvckpt.lock"
+"""Name of FileStore's lock file in its directory."""
+
+FAULT_STEPS = ("write", "fsync", "link", "rename", "dirsync")
+"""The steps of a :class:`FileStore` write, in order, as passed to its ``fault`` hook. An unnamed file is
+linked under its key ("link"); a named temp file, or an unnamed file replacing a value, is renamed over the
+key's file ("rename"); in a :meth:`~Store.batch`, "dirsync" comes once per directory when the batch exits."""
+
+DIRECT_IO_BLOCK = 4096
+"""A :class:`FileStore` value in memory aligned to this many bytes, and a whole multiple of them long, is
+written with ``O_DIRECT`` where it can be: the largest logical block size of common disks, to which direct
+I/O needs both aligned."""
+
+_O_DIRECT: int = getattr(os, "O_DIRECT", 0) if sys.platform.startswith("linux") else 0  # macOS, Pyodide: none
+
+
+def _block_aligned(view: memoryview) -> bool:
+    """Whether ``view`` is whole :data:`DIRECT_IO_BLOCK` blocks of memory, as ``O_DIRECT`` takes them."""
+    if not view.nbytes or view.nbytes % DIRECT_IO_BLOCK:
+        return False
+    import numpy as np  # only where there is O_DIRECT: on desktop, never in Pyodide
+
+    return np.frombuffer(view, np.uint8).ctypes.data % DIRECT_IO_BLOCK == 0
+
+
+IO_THREADS = 16
+"""Worker threads shared by every FileStore: enough blocking writes and fsyncs in flight to keep a disk busy."""
+
+_io_pool: concurrent.futures.ThreadPoolExecutor | None = None
+
+
+def _run_io(fn: Callable[..., Any], *args: Any) -> "asyncio.Future[Any]":
+    """Run blocking file work on the FileStore thread pool (not the loop's default one, kept for CPU work)."""
+    global _io_pool
+    if _io_pool is None:
+        _io_pool = concurrent.futures.ThreadPoolExecutor(IO_THREADS, thread_name_prefix="kvckpt-filestore")
+    return asyncio.get_running_loop().run_in_executor(_io_pool, fn, *args)
+
+
+_BATCHES: "contextvars.ContextVar[dict[FileStore, set[str]]]" = contextvars.ContextVar("kvckpt_batches", default={})
+"""Per task: each FileStore with an open batch, and the directories that batch changed, not fsynced yet."""
+
+
+def link_unnamed(fd: int, path: str) -> None:
+    """Give the unnamed file ``fd`` (opened with ``O_TMPFILE``) the name ``path``."""
+    # an absolute source makes linkat ignore src_dir_fd; passing one makes os.link call linkat with
+    # AT_SYMLINK_FOLLOW, which links the file /proc/self/fd/N stands for rather than that symlink
+    os.link(f"/proc/self/fd/{fd}", path, src_dir_fd=fd, follow_symlinks=True)
+
+
+def takes_unnamed_files(directory: str) -> bool:
+    """Whether a file can be created unnamed in ``directory`` (Linux ``O_TMPFILE``) and then linked there."""
+    flag, link = getattr(os, "O_TMPFILE", None), getattr(os, "link", None)  # Pyodide has no os.link
+    if flag is None or link is None or link not in os.supports_dir_fd:  # link_unnamed needs linkat
+        return False
+    probe = os.path.join(directory, f"{TEMP_PREFIX}probe.{secrets.token_hex(8)}")
+    try:
+        fd = os.open(directory, flag | os.O_WRONLY, 0o644)
+        try:
+            link_unnamed(fd, probe)
+        finally:
+            os.close(fd)
+        os.unlink(probe)
+    except OSError:  # no such files on this file system, no /proc, or no new files here: writes will say
+        return False
+    return True
+
+
+def file_kind(mode: int) -> str:
+    """What a file of ``mode`` is, for messages: "a FIFO", "a character device", ..."""
+    for test, kind in ((stat.S_ISREG, "a regular file"), (stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO"),
+                       (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"),
+                       (stat.S_ISSOCK, "a socket"), (stat.S_ISLNK, "a symbolic link")):
+        if test(mode):
+            return kind
+    return "a file of unknown type"
+
+
+def fsync_dir(path: str | os.PathLike) -> None:
+    """Make a directory's entries (a rename, a new file) durable (desktop file systems)."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+class FileStore(Store):
+    """A store in a directory of a POSIX desktop file system; each key is a file.
+
+    A write fills a new file and fsyncs it, gives it the key's name and fsyncs
+    the directory, so a crash at any point leaves the old or the new value.
+    Where :attr:`unnamed_files` (Linux), the new file is created without a name,
+    linked under the key (or under a temp name renamed over an old value) and
+    fsynced again for its link count; elsewhere it is a temp file beside the
+    target, renamed over it. A crash leaves at worst a stray temp file that
+    ``list_prefix`` never returns and :meth:`cleanup_temp` removes (as does the
+    first :meth:`lock` taken through each FileStore object); an unnamed file
+    goes with the process. Where :attr:`direct_io` (Linux), a value that is
+    whole :data:`DIRECT_IO_BLOCK` blocks of memory goes from the caller's
+    memory to the disk without a copy in the page cache (``O_DIRECT``); where
+    the file system or the disk refuses, it is written through the page cache.
+    In a :meth:`~Store.batch` the directory fsyncs wait for the end of the
+    batch, one per directory. ``fault``, if given, is called
+    with each step name of :data:`FAULT_STEPS` before that step, for
+    fault-injection tests.
+
+    A key cannot both hold a value and be a directory of other keys (``a`` and
+    ``a/b``); such a ``set`` raises :class:`StoreError`. ``delete`` removes the
+    directories it leaves empty.
+    """
+
+    def __init__(
+        self,
+        directory: str | os.PathLike[str],
+        *,
+        read_only: bool = False,
+        lock_timeout: float = DEFAULT_LOCK_TIMEOUT,
+        fault: Callable[[str], None] | None = None,
+        unnamed_files: bool = True,
+        direct_io: bool = True,
+    ) -> None:
+        super().__init__(read_only=read_only, lock_timeout=lock_timeout)
+        self.directory = os.path.abspath(os.fspath(directory))
+        self.fault = fault
+        self._swept = False  # temp files of crashed writers are removed under the first lock
+        self._unsynced_lock = threading.Lock()
+        try:
+            if not read_only:
+                os.makedirs(self.directory, exist_ok=True)
+            is_dir = os.path.isdir(self.directory)
+        except (OSError, ValueError) as exc:  # ValueError: a NUL in the path
+            raise StoreError(f"store directory {self.directory}: cannot create ({exc})") from exc
+        if not is_dir:
+            raise StoreError(f"store directory {self.directory}: expected a directory, got none")
+        self._unnamed = bool(unnamed_files) and not read_only and takes_unnamed_files(self.directory)
+        self._direct = bool(direct_io) and not read_only and bool(_O_DIRECT)
+
+    def __repr__(self) -> str:
+        return f"FileStore({self.directory!r}, read_only={self.read_only})"
+
+    @staticmethod
+    def check_directory(directory: str | os.PathLike[str], tops: Collection[str], *, new: bool = False) -> None:
+        """Raise :class:`FormatError` naming ``directory`` and what it holds unless it is a FileStore directory
+        whose keys all start with one of the segments ``tops``: it holds only such directories and FileStore's
+        own files (its lock, temp files), at least one of them. With ``new``, a missing or empty directory,
+        where a FileStore may be made, passes too.
+        """
+        path = os.fspath(directory)
+        expected = f"a store directory (only {', '.join(t + '/' for t in tops)} and {LOCK_NAME})"
+        try:
+            entries = sorted(os.listdir(path)) if os.path.isdir(path) and not os.path.islink(path) else None
+        except (OSError, ValueError) as exc:
+            raise FormatError(path, expected, f"a directory that cannot be listed ({exc})") from exc
+        if entries is None:
+            if new and not os.path.lexists(path):
+                return
+            got = "nothing" if not os.path.lexists(path) else (
+                "a symbolic link" if os.path.islink(path) else file_kind(os.stat(path).st_mode))
+            raise FormatError(path, expected, got)
+        if not entries:
+            if new:
+                return
+            raise FormatError(path, expected, "an empty directory")
+        foreign = [e for e in entries if not (e == LOCK_NAME or e.startswith(TEMP_PREFIX)
+                                              or (e in tops and os.path.isdir(os.path.join(path, e))))]
+        if foreign:
+            shown = ", ".join(foreign[:5]) + (f" and {len(foreign) - 5} more" if len(foreign) > 5 else "")
+            raise FormatError(path, expected, f"a directory holding {shown}")
+
+    @property
+    def unnamed_files(self) -> bool:
+        """Whether writes create their file unnamed and link it under the key: asked for (``unnamed_files``)
+        and the directory takes such files (Linux ``O_TMPFILE``). Otherwise each write uses a named temp file."""
+        return self._unnamed
+
+    @property
+    def direct_io(self) -> bool:
+        """Whether values of whole blocks are written with ``O_DIRECT``: asked for (``direct_io``), the
+        platform has it (Linux) and the store's file system has not refused it."""
+        return self._direct
+
+    @property
+    def lock_path(self) -> str:
+        """Path of the lock file."""
+        return os.path.join(self.directory, LOCK_NAME)
+
+    def _path(self, key: str) -> str:
+        return os.path.join(self.directory, *key.split("/"))
+
+    def _step(self, name: str) -> None:
+        if self.fault is not None:
+            self.fault(name)
+
+    # -- blocking work, run in a worker thread -------------------------------
+
+    def _open_value(self, key: str) -> tuple[int, int] | None:
+        """An open descriptor of the regular file of ``key`` and its length; None if there is no such file.
+
+        It never blocks (a FIFO where a value should be) and raises :class:`FormatError` naming the key for
+        anything but a regular file or a directory (a directory holds other keys, not a value).
+        """
+        path = self._path(key)
+        try:
+            fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
+        except (FileNotFoundError, NotADirectoryError):
+            return None
+        except OSError as exc:
+            raise StoreError(f"get {key!r}: cannot read {path} ({exc})") from exc
+        value = None
+        try:
+            st = os.fstat(fd)
+            if stat.S_ISREG(st.st_mode):
+                value = fd, st.st_size
+            elif not stat.S_ISDIR(st.st_mode):
+                raise FormatError(key, f"a regular file ({path})", file_kind(st.st_mode))
+            return value
+        finally:
+            if value is None:
+                os.close(fd)
+
+    def _read(self, key: str, max_bytes: int | None = None) -> bytes | None:
+        opened = self._open_value(key)
+        if opened is None:
+            return None
+        fd, size = opened
+        with open(fd, "rb", buffering=0) as f:
+            if max_bytes is not None:
+                check_value_size(key, size, max_bytes)
+            try:
+                return f.read() if max_bytes is None else f.read(max_bytes + 1)
+            except OSError as exc:
+                raise StoreError(f"get {key!r}: cannot read {self._path(key)} ({exc})") from exc
+
+    def _read_into(self, key: str, out: memoryview) -> int | None:
+        opened = self._open_value(key)
+        if opened is None:
+            return None
+        fd, size = opened
+        with open(fd, "rb", buffering=0) as f:
+            try:
+                if size == len(out):
+                    view = out
+                    while view:
+                        got = f.readinto(view)
+                        if not got:
+                            return size - len(view)  # shrank while being read
+                        view = view[got:]
+                return size
+            except OSError as exc:
+                raise StoreError(f"get {key!r}: cannot read {self._path(key)} ({exc})") from exc
+
+    def _makedirs(self, parent: str) -> None:
+        """Create ``parent`` and missing ancestors, fsyncing each new entry's directory."""
+        missing = []
+        while not os.path.isdir(parent):
+            missing.append(parent)
+            parent = os.path.dirname(parent)
+        for path in reversed(missing):
+            try:
+                os.mkdir(path)
+            except FileExistsError:
+                if not os.path.isdir(path):
+                    raise
+            fsync_dir(os.path.dirname(path))
+
+    def _in_parent(self, parent: str, op: Callable[[], _T]) -> _T:
+        """``op()``, creating ``parent`` first if it is missing (a concurrent delete may prune it again)."""
+        for _ in range(2):
+            try:
+                return op()
+            except FileNotFoundError:
+                self._makedirs(parent)
+        return op()
+
+    def _temp_path(self, parent: str, base: str) -> str:
+        return os.path.join(parent, f"{TEMP_PREFIX}{base}.{secrets.token_hex(8)}")
+
+    def _write(self, key: str, data: memoryview, unsynced: set[str] | None, replace: bool = True) -> bool:
+        """Store ``data`` under ``key``; unless ``replace``, leave a value already there and return False."""
+        path = self._path(key)
+        parent, base = os.path.split(path)
+        tmp: str | None = None
+        try:
+            if self._unnamed:
+                fd = self._in_parent(parent, lambda: os.open(parent, os.O_TMPFILE | os.O_WRONLY, 0o644))
+                try:
+                    self._fill(fd, data)
+                    self._step("link")
+                    try:
+                        self._in_parent(parent, lambda: link_unnamed(fd, path))
+                    except FileExistsError:
+                        if not replace and os.path.isfile(path):
+                            return False
+                        tmp = self._temp_path(parent, base)  # replaced below, as a named temp file would be
+                        link_unnamed(fd, tmp)
+                    os.fsync(fd)  # its new link count: without a journal, the directory's fsync does not carry it
+                finally:
+                    os.close(fd)
+            else:
+                tmp = self._temp_path(parent, base)
+                fd = self._in_parent(parent, lambda: os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644))
+                try:
+                    self._fill(fd, data)
+                finally:
+                    os.close(fd)
+            if tmp is not None:
+                self._step("rename")
+                os.replace(tmp, path)
+            self._entries_changed(parent, unsynced)
+            return True
+        except BaseException as exc:
+            if tmp is not None:
+                try:
+                    os.unlink(tmp)
+                except OSError:
+                    pass
+            if isinstance(exc, OSError):
+                raise StoreError(f"set {key!r}: cannot write {path} ({exc})") from exc
+            raise
+
+    def _fill(self, fd: int, data: memoryview) -> None:
+        self._step("write")
+        view = memoryview(data)
+        direct = self._direct and _block_aligned(view) and self._set_direct(fd, True)
+        while view:
+            try:
+                view = view[os.write(fd, view) :]
+            except OSError as exc:
+                if not direct or exc.errno not in (errno.EINVAL, errno.EFAULT):
+                    raise
+                # memory the disk cannot take directly (misaligned, or a device mapping the kernel cannot
+                # pin): the rest through the page cache
+                direct = self._set_direct(fd, False)
+        self._step("fsync")
+        os.fsync(fd)
+
+    def _set_direct(self, fd: int, on: bool) -> bool:
+        """Turn ``O_DIRECT`` on or off for ``fd``; whether it is on. A refusal to turn it on holds for the store."""
+        import fcntl
+
+        flags = fcntl.fcntl(fd, fcntl.F_GETFL)
+        try:
+            fcntl.fcntl(fd, fcntl.F_SETFL, (flags | _O_DIRECT) if on else (flags & ~_O_DIRECT))
+        except OSError as exc:
+            if not on or exc.errno != errno.EINVAL:
+                raise
+            self._direct = False  # this file system takes no direct I/O
+            return False
+        return on
+
+    def _write_if_absent(self, key: str, data: memoryview, unsynced: set[str] | None) -> bool:
+        """:meth:`_write` unless ``key`` is a file already (one trip to an I/O thread for both)."""
+        if os.path.isfile(self._path(key)):
+            return False
+        return self._write(key, data, unsynced, replace=False)
+
+    def _remove(self, key: str, unsynced: set[str] | None) -> None:
+        path = self._path(key)
+        try:
+            os.unlink(path)
+        except (FileNotFoundError, NotADirectoryError, IsADirectoryError):
+            return
+        except OSError as exc:
+            raise StoreError(f"delete {key!r}: cannot remove {path} ({exc})") from exc
+        try:
+            parent = os.path.dirname(path)
+            self._entries_changed(parent, unsynced)
+            while parent != self.directory:  # prune directories left empty
+                try:
+                    os.rmdir(parent)
+                except OSError:
+                    break
+                parent = os.path.dirname(parent)
+                self._entries_changed(parent, unsynced)
+        except OSError as exc:
+            raise StoreError(f"delete {key!r}: cannot fsync directory of {path} ({exc})") from exc
+
+    def _entries_changed(self, directory: str, unsynced: set[str] | None) -> None:
+        """Make a changed directory durable now, or (``unsynced``: the caller's open batch) at the batch's end."""
+        if unsynced is not None:
+            with self._unsynced_lock:
+                unsynced.add(directory)
+            return
+        self._step("dirsync")
+        fsync_dir(directory)
+
+    def _sync_dirs(self, unsynced: set[str]) -> None:
+        with self._unsynced_lock:
+            directories = sorted(unsynced)
+        for directory in directories:
+            self._step("dirsync")
+            try:
+                fsync_dir(directory)
+            except FileNotFoundError:  # pruned after the change: its parent's entry is what counts
+                pass
+            except OSError as exc:
+                raise StoreError(f"batch: cannot fsync directory {directory} ({exc})") from exc
+
+    def _walk(self, prefix: str) -> list[str]:
+        base_key = prefix.rpartition("/")[0]
+        top = self._path(base_key) if base_key else self.directory
+        found = []
+        for root, dirs, files in os.walk(top, onerror=self._walk_error):
+            rel = os.path.relpath(root, self.directory)
+            parts = [] if rel == "." else rel.split(os.sep)
+            dirs[:] = [d for d in dirs if _is_segment(d)]
+            for name in files:
+                key = "/".join([*parts, name])
+                if _is_segment(name) and key.startswith(prefix):
+                    found.append(key)
+        return found
+
+    @staticmethod
+    def _walk_error(exc: OSError) -> None:
+        if not isinstance(exc, (FileNotFoundError, NotADirectoryError)):
+            raise StoreError(f"list: cannot read {exc.filename} ({exc})") from exc
+
+    def cleanup_temp(self) -> int:
+        """Remove the stray temp files of interrupted writes; return how many.
+
+        Call it only while no other writer is active, e.g. holding :meth:`lock`.
+        """
+        self._check_writable("cleanup_temp")
+        removed = 0
+        for root, dirs, files in os.walk(self.directory):
+            dirs[:] = [d for d in dirs if _is_segment(d)]
+            for name in files:
+                if name.startswith(TEMP_PREFIX):
+                    try:
+                        os.unlink(os.path.join(root, name))
+                        removed += 1
+                    except FileNotFoundError:
+                        pass
+                    except OSError as exc:
+                        raise StoreError(f"cleanup_temp: cannot remove {os.path.join(root, name)} ({exc})") from exc
+        return removed
+
+    # -- Store interface -----------------------------------------------------
+
+    async def _get(self, key: str) -> bytes | None:
+        return await _run_io(self._read, key)
+
+    async def _get_bounded(self, key: str, max_bytes: int) -> bytes | None:
+        data = await _run_io(self._read, key, max_bytes)
+        if data is not None:
+            check_value_size(key, len(data), max_bytes)  # grew while being read
+        return data
+
+    async def _get_into(self, key: str, out: memoryview) -> int | None:
+        return await _run_io(self._read_into, key, out)
+
+    async def _set(self, key: str, data: memoryview) -> None:
+        await _run_io(self._write, key, data, _BATCHES.get().get(self))
+
+    async def _set_if_absent(self, key: str, data: memoryview) -> bool:
+        return await _run_io(self._write_if_absent, key, data, _BATCHES.get().get(self))
+
+    async def _delete(self, key: str) -> None:
+        await _run_io(self._remove, key, _BATCHES.get().get(self))
+
+    async def _exists(self, key: str) -> bool:
+        return await _run_io(os.path.isfile, self._path(key))
+
+    async def _list_prefix(self, prefix: str) -> list[str]:
+        return await _run_io(self._walk, prefix)
+
+    @asynccontextmanager
+    async def _batch(self) -> AsyncIterator[None]:
+        unsynced: set[str] = set()
+        token = _BATCHES.set({**_BATCHES.get(), self: unsynced})  # this task and the tasks it starts inside it
+        try:
+            yield
+        finally:
+            _BATCHES.reset(token)
+            await _run_io(self._sync_dirs, unsynced)
+
+    @asynccontextmanager
+    async def _lock(self, timeout: float) -> AsyncIterator[None]:
+        import fcntl  # POSIX only: keep the module importable in Pyodide
+
+        path = self.lock_path
+        try:
+            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        except OSError as exc:
+            raise StoreError(f"lock {path}: cannot open ({exc})") from exc
+
+        def try_lock() -> bool:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                return True
+            except BlockingIOError:
+                return False
+            except OSError as exc:
+                raise StoreError(f"lock {path}: flock failed ({exc})") from exc
+
+        try:
+            await _poll_acquire(try_lock, timeout, path)
+            if not self._swept:
+                await _run_io(self.cleanup_temp)
+                self._swept = True
+            yield
+        finally:
+            os.close(fd)  # closing the only descriptor releases the flock

@@ -1,0 +1,185 @@
+"""The package's imports flow one way: down the layers, never in a cycle.
+
+Every module of ``kvckpt_web`` is read with ``ast`` (not imported), and every import in it -- at the top,
+inside functions, under ``if TYPE_CHECKING``; relative or absolute -- is an edge of the import graph.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+PACKAGE = Path(__file__).resolve().parents[1] / "kvckpt_web"
+ROOT = "kvckpt_web"
+
+#: Each layer and its rank: a module may import its own layer and any layer of a lower rank. Layers of
+#: one rank are siblings and do not import each other (gpu, tvm and stores know only the foundation).
+LAYERS = {
+    "foundation": 0,  # kvckpt_web/errors.py, kvckpt_web/jsontext.py
+    "gpu": 1,  # WebGPU: device interface, backends, WGSL loader, device tensors
+    "tvm": 1,  # TVM's contract: layout, limits, layout hash, metadata
+    "stores": 1,  # key-value stores
+    "kv": 2,  # the paged KV cache (needs gpu and tvm)
+    "durable": 3,  # checkpoints in a store (needs kv, stores, tvm, gpu)
+    "model": 4,  # models on the cache
+    "web": 5,  # the browser runtime
+    "cli": 6,  # the command line (its ``serve`` command runs the web layer's server)
+}
+FOUNDATION = {"kvckpt_web.errors", "kvckpt_web.jsontext"}
+
+#: Import edges allowed to close a cycle, each with why. Phase B of the package layout removes this one:
+#: the checkpoint primitives become a module the cache calls instead of a mixin that names the cache.
+KNOWN_CYCLE_EDGES = {
+    ("kvckpt_web.kv.checkpoint", "kvckpt_web.kv.cache"),  # CheckpointMixin's ``self: PagedKVCache`` hints
+}
+
+
+def module_name(path: Path) -> str:
+    parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+MODULES = {module_name(p): p for p in sorted(PACKAGE.rglob("*.py"))}
+
+
+def layer_of(module: str) -> str | None:
+    """The layer of a module of the package; None for the package itself (its public surface) and for a
+    module in no layer."""
+    if module in FOUNDATION:
+        return "foundation"
+    parts = module.split(".")
+    if len(parts) >= 2 and parts[1] in LAYERS:
+        return parts[1]
+    return None
+
+
+def resolve(importer: str, node: ast.ImportFrom | ast.Import) -> set[str]:
+    """The modules of the package an import statement in ``importer`` names."""
+    if isinstance(node, ast.Import):
+        names = {alias.name for alias in node.names}
+    else:
+        package = importer if MODULES[importer].name == "__init__.py" else importer.rpartition(".")[0]
+        if node.level:
+            base = package.split(".")
+            base = base[:len(base) - (node.level - 1)]
+            source = ".".join(base + ([node.module] if node.module else []))
+        else:
+            source = node.module or ""
+        # ``from pkg import mod`` names the module pkg.mod; ``from mod import name`` names mod.
+        names = {f"{source}.{alias.name}" if f"{source}.{alias.name}" in MODULES else source
+                 for alias in node.names}
+    found = set()
+    for name in names:
+        while name and name not in MODULES:  # ``import kvckpt_web.kv.cache.x`` style attribute paths
+            name = name.rpartition(".")[0]
+        if name == ROOT or name.startswith(ROOT + "."):
+            found.add(name)
+    return found
+
+
+def import_graph() -> dict[str, set[str]]:
+    """Module -> the modules of the package it imports (wherever in the file the import is)."""
+    graph: dict[str, set[str]] = {}
+    for module, path in MODULES.items():
+        tree = ast.parse(path.read_text(encoding="utf-8"), str(path))
+        graph[module] = set()
+        for node in ast.walk(tree):
+            if isinstance(node, (ast.Import, ast.ImportFrom)):
+                graph[module] |= resolve(module, node) - {module}
+    return graph
+
+
+def layer_violations(graph: dict[str, set[str]]) -> list[str]:
+    """Every import against the layer rule, as "importer -> imported (why)"."""
+    bad = []
+    for importer, imported in sorted(graph.items()):
+        if importer == ROOT:
+            continue  # the public surface re-exports from every layer
+        mine = layer_of(importer)
+        if mine is None:
+            continue  # a module in no layer: test_every_module_is_in_a_layer reports it
+        for target in sorted(imported):
+            theirs = layer_of(target)
+            if target == ROOT:
+                bad.append(f"{importer} -> {target} (inside the package, import the module, not the public surface)")
+            elif theirs is not None and mine != theirs and LAYERS[theirs] >= LAYERS[mine]:
+                bad.append(f"{importer} ({mine}) -> {target} ({theirs})")
+    return bad
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of more than one module (Tarjan's algorithm)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+
+    def visit(node: str) -> None:
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        on_stack.add(node)
+        for succ in sorted(graph.get(node, ())):
+            if succ not in index:
+                visit(succ)
+                low[node] = min(low[node], low[succ])
+            elif succ in on_stack:
+                low[node] = min(low[node], index[succ])
+        if low[node] == index[node]:
+            component = []
+            while True:
+                member = stack.pop()
+                on_stack.discard(member)
+                component.append(member)
+                if member == node:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for node in sorted(graph):
+        if node not in index:
+            visit(node)
+    return found
+
+
+def without_known_cycle_edges(graph: dict[str, set[str]]) -> dict[str, set[str]]:
+    return {m: {t for t in imported if (m, t) not in KNOWN_CYCLE_EDGES} for m, imported in graph.items()}
+
+
+def test_every_module_is_in_a_layer():
+    outside = [m for m in MODULES if m != ROOT and layer_of(m) is None]
+    assert outside == [], f"modules in no layer of LAYERS: {outside}"
+
+
+def test_imports_flow_down_the_layers():
+    assert layer_violations(import_graph()) == []
+
+
+def test_the_package_has_no_import_cycles():
+    assert cycles(without_known_cycle_edges(import_graph())) == []
+
+
+@pytest.mark.parametrize("edge", sorted(KNOWN_CYCLE_EDGES))
+def test_each_known_cycle_edge_still_exists(edge):
+    importer, imported = edge
+    assert imported in import_graph()[importer], f"{edge} is gone: remove it from KNOWN_CYCLE_EDGES"
+
+
+def test_an_upward_import_is_reported():
+    graph = import_graph()
+    graph["kvckpt_web.gpu.device"] = graph["kvckpt_web.gpu.device"] | {"kvckpt_web.kv.cache"}
+    assert layer_violations(graph) == ["kvckpt_web.gpu.device (gpu) -> kvckpt_web.kv.cache (kv)"]
+
+
+def test_a_sibling_import_is_reported():
+    graph = import_graph()
+    graph["kvckpt_web.tvm.layout"] = graph["kvckpt_web.tvm.layout"] | {"kvckpt_web.stores.store"}
+    assert layer_violations(graph) == ["kvckpt_web.tvm.layout (tvm) -> kvckpt_web.stores.store (stores)"]
+
+
+def test_a_cycle_within_a_layer_is_reported():
+    graph = without_known_cycle_edges(import_graph())
+    graph["kvckpt_web.kv.kernels"] = graph["kvckpt_web.kv.kernels"] | {"kvckpt_web.kv.transfer"}
+    assert cycles(graph) == [["kvckpt_web.kv.kernels", "kvckpt_web.kv.transfer"]]
