@@ -12,6 +12,12 @@ from typing import Any
 _MISSING = object()
 
 
+def is_int(value: Any, low: int | None = None, high: int | None = None) -> bool:
+    """Whether ``value`` is an integer (a bool is not) within ``low..high`` (either bound optional, inclusive)."""
+    return (isinstance(value, int) and not isinstance(value, bool)
+            and (low is None or value >= low) and (high is None or value <= high))
+
+
 class KVCkptError(Exception):
     """Base class of every error raised by kvckpt_web."""
 

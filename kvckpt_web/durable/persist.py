@@ -45,7 +45,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from ..errors import (CheckpointStateError, CorruptionError, FieldError, FormatError, KVCkptError, LayoutHashMismatch,
-                      NotFoundError, StoreError)
+                      NotFoundError, StoreError, is_int)
 from ..kv.cache import PagedKVCache
 from ..kv.page_groups import PageGroups
 from ..tvm.layout import CacheLimits
@@ -378,7 +378,7 @@ async def _referenced(store: "Store") -> tuple[set[str], list[str]]:
 
 
 def _check_keep(keep: int) -> int:
-    if isinstance(keep, bool) or not isinstance(keep, int) or keep < 1:
+    if not is_int(keep, 1):
         raise FieldError("keep", "an integer >= 1", keep)
     return keep
 
@@ -496,7 +496,7 @@ async def save(cache: "PagedKVCache", seq_id: int, store: "Store", name: str, *,
     page_bytes, num_groups = lay.page_bytes, lay.num_layers
     if pages_per_chunk is None:
         pages_per_chunk = default_pages_per_chunk(page_bytes)
-    if isinstance(pages_per_chunk, bool) or not isinstance(pages_per_chunk, int) or pages_per_chunk < 1:
+    if not is_int(pages_per_chunk, 1):
         raise FieldError("pages_per_chunk", "an integer >= 1", pages_per_chunk)
     ppc = pages_per_chunk
     # refuse an app_state no manifest can hold before anything is written
@@ -626,12 +626,12 @@ def _metadata_for(text: str, seq_id: int | None) -> tuple[str, int]:
     meta = parse_metadata(text)
     stored = meta.get("seq_id")
     if seq_id is None:
-        if isinstance(stored, bool) or not isinstance(stored, int) or stored < 0:
+        if not is_int(stored, 0):
             raise FormatError("tvm_metadata.seq_id", "a non-negative integer", stored)
         return text, stored
-    if isinstance(seq_id, bool) or not isinstance(seq_id, int) or seq_id < 0:
+    if not is_int(seq_id, 0):
         raise FieldError("seq_id", "a non-negative integer", seq_id)
-    if stored == seq_id and not isinstance(stored, bool):
+    if stored == seq_id and is_int(stored):
         return text, seq_id
     meta["seq_id"] = seq_id  # same key, same position: only this field's text changes
     return dump_tvm_json(meta), seq_id
@@ -774,7 +774,7 @@ def _describe(name: str, generation: int, key: str, data: bytes | None) -> Gener
         meta = parse_metadata(m.tvm_metadata)
     except KVCkptError as exc:
         return GenerationInfo(name, generation, key, size, error=str(exc))
-    ints = {k: meta.get(k) if isinstance(meta.get(k), int) and not isinstance(meta.get(k), bool) else None
+    ints = {k: meta.get(k) if is_int(meta.get(k)) else None
             for k in ("seq_id", "seq_length")}
     return GenerationInfo(name, generation, key, size, None, m.created_ms, ints["seq_id"], ints["seq_length"],
                           m.num_groups, m.num_logical_pages, m.pages_per_chunk,

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Sequence
 
-from ..errors import FormatError, MetadataError
+from ..errors import FormatError, MetadataError, is_int
 from ..stores.store import file_kind, fsync_dir
 from ..tvm.metadata import parse_metadata
 
@@ -58,7 +58,7 @@ def _group_sizes(metadata: dict[str, Any]) -> list[int]:
     sizes = []
     for i, group in enumerate(groups):
         nbytes = group.get("nbytes") if isinstance(group, dict) else None
-        if isinstance(nbytes, bool) or not isinstance(nbytes, int) or nbytes < 0:
+        if not is_int(nbytes, 0):
             raise MetadataError(f"metadata.groups[{i}].nbytes", "a non-negative integer", nbytes)
         sizes.append(nbytes)
     return sizes

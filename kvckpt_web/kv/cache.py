@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from ..errors import CapacityError, CheckpointStateError, SequenceError, TensorError
+from ..errors import CapacityError, CheckpointStateError, SequenceError, TensorError, is_int
 from ..gpu.device import Buffer, Clear, Command, Copy, Device, Region, Usage
 from ..gpu.tensors import HostTensor, as_bytes, span_bytes, zeroed
 from ..tvm.layout import CacheLimits, KVLayout
@@ -241,7 +241,7 @@ class PagedKVCache(CheckpointMixin):
             raise CapacityError(f"seq_ids: expected at most reserved_num_seqs={self.limits.reserved_num_seqs} "
                                 f"sequences per forward, got {len(seq_ids)}")
         for i, n in enumerate(lengths):
-            if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+            if not is_int(n, 1):
                 raise SequenceError(f"append_lengths[{i}]: expected a positive integer, got {n!r}")
         total = sum(lengths)
         if total > self.limits.prefill_chunk_size:
@@ -257,7 +257,7 @@ class PagedKVCache(CheckpointMixin):
         if fwd is None:
             raise CheckpointStateError("append_kv: expected a forward pass in progress (call begin_forward), got none")
         lay = self.layout
-        if isinstance(layer, bool) or not isinstance(layer, int) or not 0 <= layer < lay.num_layers:
+        if not is_int(layer, 0, lay.num_layers - 1):
             raise TensorError("layer", f"0..{lay.num_layers - 1}", layer)
         nbytes = fwd.num_tokens * lay.num_kv_heads * lay.head_dim * lay.elem_bytes
         k_bytes = as_bytes(k, "k", lay.dtype, nbytes)
@@ -374,7 +374,7 @@ class PagedKVCache(CheckpointMixin):
 
         The views are valid until :meth:`MappedPages.release`; a slot serves one mapping at a time.
         """
-        if isinstance(slot, bool) or not isinstance(slot, int) or slot < 0:
+        if not is_int(slot, 0):
             raise TensorError("map_pages.slot", "a non-negative integer", slot)
         if slot in self._mapped_slots:
             raise CheckpointStateError(f"map_pages: staging slot {slot} is still mapped; release its MappedPages "

@@ -14,7 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Sequence as Seq
 
-from ..errors import CheckpointStateError, SequenceError, TensorError
+from ..errors import CheckpointStateError, SequenceError, TensorError, is_int
 from ..gpu.device import Usage
 from ..gpu.tensors import DeviceArray, as_bytes, span_bytes
 from ..tvm.metadata import ImportPlan, parse_metadata, validate_import, write_metadata
@@ -56,7 +56,7 @@ class CheckpointMixin:
 
     def _check_group_id(self: "PagedKVCache", group_id: int, operation: str) -> None:
         n = self.layout.num_layers
-        if isinstance(group_id, bool) or not isinstance(group_id, int) or not 0 <= group_id < n:
+        if not is_int(group_id, 0, n - 1):
             raise TensorError(f"{operation}.group_id", f"0..{n - 1} (invalid group id; only {n} groups are available)",
                               group_id)
 
@@ -136,7 +136,7 @@ class CheckpointMixin:
                                        f"{self._import.seq_id}")
         if self._forward is not None:
             raise CheckpointStateError("prepare_import: expected no forward pass in progress, got one")
-        if isinstance(seq_id, bool) or not isinstance(seq_id, int) or seq_id < 0:
+        if not is_int(seq_id, 0):
             raise SequenceError(f"prepare_import.seq_id: expected a non-negative integer, got {seq_id!r}")
         return validate_import(metadata_json, self.layout, self.limits, seq_id)
 

@@ -13,7 +13,7 @@ import bisect
 import itertools
 from dataclasses import dataclass, field
 
-from ..errors import CapacityError, SequenceError
+from ..errors import CapacityError, SequenceError, is_int
 
 #: A device page copy to perform on every layer: (source page id, destination page id).
 PageCopy = tuple[int, int]
@@ -193,7 +193,7 @@ class SequenceTable:
             raise SequenceError(f"seq_id: expected an existing sequence {sorted(self.seqs)}, got {seq_id}") from None
 
     def _check_new_id(self, seq_id: int) -> None:
-        if isinstance(seq_id, bool) or not isinstance(seq_id, int) or seq_id < 0:
+        if not is_int(seq_id, 0):
             raise SequenceError(f"seq_id: expected a non-negative integer, got {seq_id!r}")
         if seq_id in self.seqs:
             raise SequenceError(f"seq_id: expected an id not in use, got {seq_id} (already exists)")
@@ -220,7 +220,7 @@ class SequenceTable:
         parent = self.get(parent_id)
         if fork_pos == -1:
             fork_pos = parent.length
-        if isinstance(fork_pos, bool) or not isinstance(fork_pos, int) or not 0 <= fork_pos <= parent.length:
+        if not is_int(fork_pos, 0, parent.length):
             raise SequenceError(f"fork_pos: expected -1 or 0..{parent.length}, got {fork_pos!r}")
         self._check_new_id(child_id)
         full, partial = divmod(fork_pos, self.page_size)
@@ -236,7 +236,7 @@ class SequenceTable:
     def popn(self, seq_id: int, n: int) -> list[PageCopy]:
         """Drop the last ``n`` tokens of a sequence."""
         seq = self.get(seq_id)
-        if isinstance(n, bool) or not isinstance(n, int) or not 0 <= n <= seq.length:
+        if not is_int(n, 0, seq.length):
             raise SequenceError(f"n: expected 0..{seq.length} tokens to pop, got {n!r}")
         new_length = seq.length - n
         keep = -(-new_length // self.page_size)
@@ -274,7 +274,7 @@ class SequenceTable:
 
     def replace(self, seq_id: int, length: int) -> Sequence:
         """Make ``seq_id`` (new or existing) a sequence of ``length`` tokens on freshly allocated pages."""
-        if isinstance(seq_id, bool) or not isinstance(seq_id, int) or seq_id < 0:
+        if not is_int(seq_id, 0):
             raise SequenceError(f"seq_id: expected a non-negative integer, got {seq_id!r}")
         need = -(-length // self.page_size)
         old = self.seqs.get(seq_id)

@@ -12,7 +12,7 @@ import math
 from dataclasses import dataclass, field
 from functools import cached_property
 
-from ..errors import FieldError, UnsupportedLayoutError
+from ..errors import FieldError, UnsupportedLayoutError, is_int
 
 FORMAT_VERSION = 1
 CACHE_TYPE = "relax.vm.PagedAttentionKVCache"
@@ -42,7 +42,7 @@ def cpp_double(value: float) -> str:
 
 
 def _positive_int(name: str, value: object, minimum: int = 1, owner: str = "layout") -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+    if not is_int(value, minimum):
         raise FieldError(f"{owner}.{name}", f"an integer >= {minimum}", value)
 
 

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from decimal import Decimal
 from typing import Any
 
-from ..errors import FieldError, LayoutHashMismatch, MetadataError
+from ..errors import FieldError, LayoutHashMismatch, MetadataError, is_int
 from ..jsontext import MAX_NESTING, DuplicateKeyError, nesting_depth, unique_keys
 from .layout import CACHE_TYPE, FORMAT_VERSION, PAGE_GROUP_LAYOUT, CacheLimits, KVLayout
 
@@ -201,7 +201,7 @@ class _Reader:
 
     def int(self, name: str) -> int:
         value = self._get(name)
-        if isinstance(value, bool) or not isinstance(value, int) or not _INT64[0] <= value <= _INT64[1]:
+        if not is_int(value, _INT64[0], _INT64[1]):
             raise MetadataError(f"{self.path}.{name}", "an int64 integer", value)
         return value
 
@@ -353,7 +353,7 @@ def validate_import(metadata_json: str | bytes, layout: KVLayout, limits: CacheL
             raise MetadataError(f"metadata.groups[{g}].shape", f"rank {len(shape)}", len(got_shape), "rank mismatch")
         for d, expected in enumerate(shape):
             dim = got_shape[d]
-            if isinstance(dim, bool) or not isinstance(dim, int) or dim != expected:
+            if not is_int(dim, expected, expected):
                 raise MetadataError(f"metadata.groups[{g}].shape[{d}]", expected, dim, "shape mismatch")
         r.expect("int", "nbytes", npages * layout.page_bytes)
     return ImportPlan(seq_id=seq_id, seq_length=seq_length, num_logical_pages=npages)

@@ -22,7 +22,7 @@ from functools import partial
 from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
-from ..errors import FieldError, KVCkptError
+from ..errors import FieldError, KVCkptError, is_int
 
 WEB_DIR = Path(__file__).resolve().parent
 DEFAULT_PYODIDE = Path("build/web/node_modules/pyodide")
@@ -94,7 +94,7 @@ def make_server(pyodide_dir: str | os.PathLike[str] = DEFAULT_PYODIDE,
 
     KVCkptError if it cannot listen there (a bad port or host, a port in use).
     """
-    if isinstance(port, bool) or not isinstance(port, int) or not 0 <= port <= 65535:
+    if not is_int(port, 0, 65535):
         raise FieldError("port", "an integer in [0, 65535]", port)
     if "\x00" in host:
         raise FieldError("host", "a host name or address", host)
