@@ -1,0 +1,88 @@
+"""What a generation session needs of a model, its text codec and its sampler.
+
+A :class:`CausalLM` runs tokens through a causal language model whose K/V live in a
+:class:`~kvckpt_web.cache.PagedKVCache`; :class:`Logits` are its output for the last token,
+kept where the model computed them (on the GPU for the WGSL runner) until asked for.
+A :class:`TextCodec` turns chat messages into token ids and ids back into text.
+A :class:`TokenSampler` picks the next token from the top candidates; its whole state,
+settings and random-number position included, is a JSON object.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Protocol
+
+if TYPE_CHECKING:
+    from ..cache import PagedKVCache
+    from ..layout import KVLayout
+
+
+class Logits(Protocol):
+    """The next-token logits of the last token a forward ran."""
+
+    async def argmax(self) -> int:
+        """The id of the largest logit (ties: the lowest id)."""
+        ...
+
+    async def top_k(self, k: int) -> list[tuple[int, float]]:
+        """The ``k`` largest logits as (token id, logit), largest first (ties: lower id first)."""
+        ...
+
+
+class CausalLM(Protocol):
+    """A causal language model that keeps its K/V in a paged cache."""
+
+    identity: str
+    """A digest of the model file's header and tensor table: checkpoints record it."""
+    max_context: int
+    """The most tokens (positions) one sequence may hold."""
+
+    def kv_layout(self, page_size: int = 16) -> "KVLayout":
+        """The layout of the K/V this model writes, with pages of ``page_size`` tokens."""
+        ...
+
+    async def forward(self, cache: "PagedKVCache", seq_id: int, tokens: list[int]) -> Logits:
+        """Run ``tokens`` (a prefill chunk or one decode token) after what ``seq_id`` holds; append their K/V to
+        it (one forward pass of the cache) and return the last token's logits."""
+        ...
+
+
+class TextCodec(Protocol):
+    """A model's tokenizer and chat template."""
+
+    eos_ids: tuple[int, ...]
+    """Token ids that end a reply."""
+
+    def encode_chat(self, messages: Sequence[dict[str, str]]) -> list[int]:
+        """The prompt token ids of a conversation (``{"role", "content"}`` messages), ready for the reply."""
+        ...
+
+    def decode(self, tokens: Sequence[int]) -> str:
+        """The text of ``tokens``; an incomplete UTF-8 sequence at the end decodes to U+FFFD."""
+        ...
+
+
+class TokenSampler(Protocol):
+    """Picks each next token; ``state()`` holds everything that decides its future picks."""
+
+    def candidates(self) -> int:
+        """How many top logits :meth:`pick` needs; 0: none, the next token is the argmax (greedy)."""
+        ...
+
+    def pick(self, candidates: list[tuple[int, float]], previous_tokens: Sequence[int]) -> int:
+        """The next token among ``candidates`` (from :meth:`Logits.top_k`), given the tokens so far."""
+        ...
+
+    def state(self) -> dict[str, Any]:
+        """Settings and random-number state as a JSON object, as it is after the last pick."""
+        ...
+
+
+@dataclass(frozen=True)
+class LoadedModel:
+    """A model ready to generate: the network and the codec of its text."""
+
+    model: CausalLM
+    text: TextCodec
