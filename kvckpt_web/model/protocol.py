@@ -1,18 +1,16 @@
-"""What a generation session needs of a model, its text codec and its sampler.
+"""What a generation session needs of a model and of its text codec.
 
 A :class:`CausalLM` runs tokens through a causal language model whose K/V live in a
 :class:`~kvckpt_web.cache.PagedKVCache`; :class:`Logits` are its output for the last token,
 kept where the model computed them (on the GPU for the WGSL runner) until asked for.
 A :class:`TextCodec` turns chat messages into token ids and ids back into text.
-A :class:`TokenSampler` picks the next token from the top candidates; its whole state,
-settings and random-number position included, is a JSON object.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:
     from ..cache import PagedKVCache
@@ -27,7 +25,8 @@ class Logits(Protocol):
         ...
 
     async def top_k(self, k: int) -> list[tuple[int, float]]:
-        """The ``k`` largest logits as (token id, logit), largest first (ties: lower id first)."""
+        """The ``k`` largest logits (all of them if ``k`` is at least the vocabulary) as (token id, logit),
+        largest first (ties: lower id first)."""
         ...
 
 
@@ -38,6 +37,8 @@ class CausalLM(Protocol):
     """A digest of the model file's header and tensor table: checkpoints record it."""
     max_context: int
     """The most tokens (positions) one sequence may hold."""
+    vocab_size: int
+    """How many token ids the logits cover."""
 
     def kv_layout(self, page_size: int = 16) -> "KVLayout":
         """The layout of the K/V this model writes, with pages of ``page_size`` tokens."""
@@ -61,22 +62,6 @@ class TextCodec(Protocol):
 
     def decode(self, tokens: Sequence[int]) -> str:
         """The text of ``tokens``; an incomplete UTF-8 sequence at the end decodes to U+FFFD."""
-        ...
-
-
-class TokenSampler(Protocol):
-    """Picks each next token; ``state()`` holds everything that decides its future picks."""
-
-    def candidates(self) -> int:
-        """How many top logits :meth:`pick` needs; 0: none, the next token is the argmax (greedy)."""
-        ...
-
-    def pick(self, candidates: list[tuple[int, float]], previous_tokens: Sequence[int]) -> int:
-        """The next token among ``candidates`` (from :meth:`Logits.top_k`), given the tokens so far."""
-        ...
-
-    def state(self) -> dict[str, Any]:
-        """Settings and random-number state as a JSON object, as it is after the last pick."""
         ...
 
 

@@ -2,7 +2,7 @@
 
 A :class:`Generator` runs a :class:`~kvckpt_web.model.protocol.CausalLM` over a prompt and then
 one token at a time, picking each next token with a
-:class:`~kvckpt_web.model.protocol.TokenSampler`, until an end-of-sequence id, a stop string, the
+:class:`~kvckpt_web.model.sampler.Sampler`, until an end-of-sequence id, a stop string, the
 token limit or the context ends it. Every ``Autosave.every`` tokens, at the end of the prefill and
 when it finishes, it saves the sequence with :func:`kvckpt_web.persist.save`; the checkpoint's
 ``app_state`` (see :func:`app_state_of`) holds every token id, where the K/V end, the sampler's
@@ -30,7 +30,8 @@ from ..container import validate_name
 from ..errors import CorruptionError, FieldError, FormatError, MetadataError, SequenceError
 from ..layout import CacheLimits
 from ..persist import DEFAULT_KEEP, Progress, SaveResult, load_manifest, restore, save
-from .protocol import CausalLM, Logits, TokenSampler
+from .protocol import CausalLM, Logits
+from .sampler import Sampler, SamplingSettings
 
 if TYPE_CHECKING:
     from ..cache import PagedKVCache
@@ -38,7 +39,7 @@ if TYPE_CHECKING:
     from ..store import Store
 
 __all__ = ["APP_FORMAT", "APP_VERSION", "Autosave", "FINISH_REASONS", "GenerationResult", "Generator",
-           "ResumeReport", "StopRules", "TokenEvent", "app_state_of", "new_cache", "resume"]
+           "ResumeReport", "StopRules", "TokenEvent", "app_state_of", "candidate_count", "new_cache", "resume"]
 
 APP_FORMAT = "kvckpt.generation"
 """The ``format`` tag of a generation's ``app_state``."""
@@ -46,10 +47,6 @@ APP_VERSION = 1
 """The ``version`` of the ``app_state`` schema this module writes and reads."""
 FINISH_REASONS = ("eos", "stop", "length", "context")
 """Why a generation ended: an end-of-sequence id, a stop string, ``max_tokens``, the context is full."""
-
-SamplerFactory = Callable[[dict[str, Any]], TokenSampler]
-"""Rebuilds a sampler from the JSON its ``state()`` returned."""
-
 
 def _int(field_name: str, value: Any, minimum: int) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
@@ -182,7 +179,7 @@ class _Saved:
     generated: list[int]
     kv_length: int
     prefill_chunk: int
-    sampler: dict[str, Any]
+    sampler: Sampler
     stop: StopRules
     finish_reason: str | None
 
@@ -214,9 +211,10 @@ def _parse_app_state(app_state: Any) -> _Saved:
     model = app_state.get("model")
     if not isinstance(model, str):
         raise FormatError("app_state.model", "a string", type(model).__name__)
-    sampler = app_state.get("sampler")
-    if not isinstance(sampler, dict):
-        raise FormatError("app_state.sampler", "a JSON object", type(sampler).__name__)
+    try:
+        sampler = Sampler.from_json(app_state.get("sampler"))
+    except FieldError as exc:
+        raise FormatError(f"app_state.{exc.field}", exc.expected, exc.got) from None
     reason = app_state.get("finish_reason")
     if reason is not None and reason not in FINISH_REASONS:
         raise FormatError("app_state.finish_reason", f"null or one of {FINISH_REASONS}", reason)
@@ -278,14 +276,14 @@ class Generator:
     Build one with :meth:`start` (a new prompt) or :func:`resume` (a checkpoint).
     """
 
-    def __init__(self, model: CausalLM, cache: "PagedKVCache", seq_id: int, saved: _Saved, sampler: TokenSampler, *,
+    def __init__(self, model: CausalLM, cache: "PagedKVCache", seq_id: int, saved: _Saved, *,
                  autosave: Autosave | None, decode: Callable[[Sequence[int]], str] | None,
                  on_token: Callable[[TokenEvent], None] | None, on_save: Callable[[SaveResult], None] | None,
                  progress: Progress | None) -> None:
         self.model = model
         self.cache = cache
         self.seq_id = seq_id
-        self.sampler = sampler
+        self.sampler = saved.sampler
         self.autosave = autosave
         self.on_token = on_token
         self.on_save = on_save
@@ -307,7 +305,8 @@ class Generator:
             self._text.push(self.generated_tokens, self.finish_reason is not None)
 
     @classmethod
-    async def start(cls, model: CausalLM, cache: "PagedKVCache", prompt: Sequence[int], sampler: TokenSampler, *,
+    async def start(cls, model: CausalLM, cache: "PagedKVCache", prompt: Sequence[int],
+                    sampler: Sampler | SamplingSettings, *,
                     stop: StopRules = StopRules(), seq_id: int = 0, prefill_chunk: int | None = None,
                     autosave: Autosave | None = None, decode: Callable[[Sequence[int]], str] | None = None,
                     on_token: Callable[[TokenEvent], None] | None = None,
@@ -320,6 +319,9 @@ class Generator:
         prefill_chunk_size) the cache cannot take in one forward; stop strings need ``decode``.
         """
         prompt = _token_ids("prompt", prompt)
+        for i, t in enumerate(prompt):
+            if t >= model.vocab_size:
+                raise FieldError(f"prompt[{i}]", f"a token id below the vocabulary size {model.vocab_size}", t)
         context = min(model.max_context, cache.limits.max_total_seq_len)
         if not prompt:
             raise FieldError("prompt", "at least one token", "an empty prompt")
@@ -327,8 +329,10 @@ class Generator:
             raise FieldError("prompt", f"at most {context} tokens (the context of the model and cache)",
                              f"{len(prompt)} tokens")
         chunk = _check_chunk(cache.limits.prefill_chunk_size if prefill_chunk is None else prefill_chunk, cache)
-        saved = _Saved(model.identity, prompt, [], 0, chunk, sampler.state(), stop, None)
-        gen = cls(model, cache, seq_id, saved, sampler, autosave=autosave, decode=decode, on_token=on_token,
+        if isinstance(sampler, SamplingSettings):
+            sampler = Sampler(sampler)
+        saved = _Saved(model.identity, prompt, [], 0, chunk, sampler, stop, None)
+        gen = cls(model, cache, seq_id, saved, autosave=autosave, decode=decode, on_token=on_token,
                   on_save=on_save, progress=progress)
         cache.add_sequence(seq_id)
         return gen
@@ -347,12 +351,13 @@ class Generator:
 
     @property
     def finished(self) -> bool:
+        """Whether the generation has ended (``finish_reason`` says why)."""
         return self.finish_reason is not None
 
     def app_state(self) -> dict[str, Any]:
         """What a save of this generation records now (see :func:`app_state_of`)."""
         return app_state_of(self.model.identity, self.prompt_tokens, self.generated_tokens, self.kv_length,
-                            self.prefill_chunk, self.sampler.state(), self.stop, self.finish_reason)
+                            self.prefill_chunk, self.sampler.to_json(), self.stop, self.finish_reason)
 
     def result(self) -> GenerationResult:
         """The finished generation; FieldError while it is still running."""
@@ -381,10 +386,11 @@ class Generator:
         return logits
 
     async def _pick(self, logits: Logits) -> int:
-        k = self.sampler.candidates()
+        tokens = self.tokens
+        k = candidate_count(self.sampler.settings, tokens, self.model.vocab_size)
         if k == 0:
             return await logits.argmax()
-        return self.sampler.pick(await logits.top_k(k), self.tokens)
+        return self.sampler.pick(await logits.top_k(k), tokens)
 
     async def step(self) -> TokenEvent | None:
         """Run the next forward (a prefill chunk or the pending token); the token it produced, if any."""
@@ -455,6 +461,22 @@ class Generator:
                 self.progress("replay", self.kv_length, target)
 
 
+def candidate_count(settings: SamplingSettings, previous: Sequence[int], vocab_size: int) -> int:
+    """How many of the largest logits :meth:`Sampler.pick` needs to choose as it would from all of them;
+    0 when the argmax is the choice (greedy, no repetition penalty).
+
+    A penalty above 1 only lowers seen tokens, so the ``n`` best after it are among the ``n`` best before
+    it plus the distinct seen tokens; a penalty below 1 can lift any seen token: all logits then.
+    """
+    penalty = settings.repetition_penalty
+    if settings.greedy and penalty == 1:
+        return 0
+    if penalty < 1 or (settings.top_k == 0 and not settings.greedy):
+        return vocab_size
+    keep = 1 if settings.greedy else settings.top_k
+    return min(vocab_size, keep + (len(set(previous)) if penalty > 1 else 0))
+
+
 def new_cache(model: CausalLM, device: "Device", *, max_tokens: int | None = None, prefill_chunk: int = 512,
               page_size: int = 16, num_seqs: int = 1) -> "PagedKVCache":
     """A cache of ``model``'s layout for ``num_seqs`` sequences of up to ``max_tokens`` (default: the model's
@@ -471,7 +493,7 @@ def _why_not(exc: Exception) -> str:
     return "layout"
 
 
-async def resume(store: "Store", name: str, model: CausalLM, cache: "PagedKVCache", sampler_factory: SamplerFactory, *,
+async def resume(store: "Store", name: str, model: CausalLM, cache: "PagedKVCache", *,
                  seq_id: int = 0, generation: int | None = None, autosave: Autosave | None = None,
                  max_tokens: int | None = None, decode: Callable[[Sequence[int]], str] | None = None,
                  on_token: Callable[[TokenEvent], None] | None = None,
@@ -492,12 +514,14 @@ async def resume(store: "Store", name: str, model: CausalLM, cache: "PagedKVCach
     saved = _parse_app_state(manifest.app_state)
     if max_tokens is not None:
         saved.stop = StopRules(max_tokens, saved.stop.eos_ids, saved.stop.stop_strings)
+        if saved.finish_reason is None and len(saved.generated) >= max_tokens:
+            saved.finish_reason = "length"
     _check_chunk(saved.prefill_chunk, cache)
     context = min(model.max_context, cache.limits.max_total_seq_len)
     if saved.kv_length > context:
         raise FieldError("app_state.kv_length", f"at most {context} tokens (the context of the model and cache)",
                          saved.kv_length)
-    gen = Generator(model, cache, seq_id, saved, sampler_factory(saved.sampler), autosave=autosave, decode=decode,
+    gen = Generator(model, cache, seq_id, saved, autosave=autosave, decode=decode,
                     on_token=on_token, on_save=on_save, progress=progress)
     reason, message, restore_s = None, "", 0.0
     if saved.model != model.identity:

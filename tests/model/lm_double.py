@@ -47,6 +47,7 @@ class DoubleLM:
         rng = np.random.default_rng(seed)
         self.identity = f"lm-double:{name}:{seed}"
         self.max_context = max_context
+        self.vocab_size = VOCAB
         self.embed = rng.standard_normal((VOCAB, LAYERS, 2, KV_HEADS, HEAD_DIM)).astype(np.float32)
         self.freq = rng.uniform(0.05, 1.0, (LAYERS, 2, KV_HEADS, HEAD_DIM)).astype(np.float32)
         self.head = rng.standard_normal((VOCAB, LAYERS * KV_HEADS * HEAD_DIM)) * 1.5
