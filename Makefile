@@ -71,8 +71,8 @@ serve: setup web-deps
 bench-browser: setup web-deps
 	$(BIN)/python bench/browser.py
 
-demo: setup
-	$(BIN)/kvckpt demo
+demo: setup  # the K/V-level demo until load_model runs a model; then plain `kvckpt demo` (generation)
+	$(BIN)/kvckpt demo --kv-only
 
 test: setup web-deps
 	$(BIN)/python -m pytest -q --ignore=tests/browser

@@ -1,4 +1,4 @@
-"""The ``kvckpt`` command line: demo, inspect, verify, convert, gc, bench."""
+"""The ``kvckpt`` command line: demo, generate, inspect, verify, convert, gc, bench."""
 
 from __future__ import annotations
 
@@ -63,9 +63,20 @@ def cmd_convert(args: argparse.Namespace) -> None:
 
 
 def cmd_demo(args: argparse.Namespace) -> None:
-    from .demo import run_demo
+    directory = Path(args.dir) if args.dir else None
+    if args.kv_only:
+        from .demo import run_demo
 
-    run_demo(args.tokens, args.seed, Path(args.dir) if args.dir else None)
+        return run_demo(args.tokens, args.seed, directory)
+    from .errors import ModelUnavailableError
+    from .model.demo import WorkerConfig, run_generation_demo
+
+    config = WorkerConfig()
+    config = WorkerConfig(sampler={**config.sampler, "seed": args.seed}, max_tokens=args.max_tokens)
+    try:
+        run_generation_demo(config, kill_after=args.kill_after, directory=directory)
+    except ModelUnavailableError as exc:
+        raise ModelUnavailableError(f"{exc} (kvckpt demo --kv-only runs the K/V-level demo)") from None
 
 
 def cmd_bench(args: argparse.Namespace) -> None:
@@ -104,10 +115,17 @@ def build_parser() -> argparse.ArgumentParser:
                                      "on WebGPU.")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
-    p = sub.add_parser("demo", help="fill a SmolLM2-layout cache in a worker, export, SIGKILL it, restore and verify")
-    p.add_argument("--tokens", type=int, default=3000, help="tokens to fill (default 3000)")
-    p.add_argument("--seed", type=int, default=0, help="seed of the K/V values (default 0)")
-    p.add_argument("--dir", help="where to write the TVM export directory (default: a temporary directory)")
+    p = sub.add_parser("demo", help="generate a SmolLM2 reply with autosave in a worker, SIGKILL it mid-reply, resume "
+                       "in a fresh process and compare with an uninterrupted run (--kv-only: fill a SmolLM2-layout "
+                       "cache with seeded K/V, export, SIGKILL, restore and verify)")
+    p.add_argument("--kv-only", action="store_true", help="the K/V-level demo, without a model")
+    p.add_argument("--seed", type=int, default=0, help="seed of the sampler, or with --kv-only of the K/V (default 0)")
+    p.add_argument("--max-tokens", type=int, default=64, help="reply tokens to generate (default 64)")
+    p.add_argument("--kill-after", type=int, default=16, help="SIGKILL the worker once a checkpoint holds this many "
+                   "reply tokens (default 16)")
+    p.add_argument("--tokens", type=int, default=3000, help="with --kv-only: tokens to fill (default 3000)")
+    p.add_argument("--dir", help="where to write the checkpoint store, or with --kv-only the TVM export directory "
+                   "(default: a temporary directory)")
     p.set_defaults(func=cmd_demo)
 
     p = sub.add_parser("inspect", help="summarise and validate a TVM export directory or a checkpoint store "
@@ -138,9 +156,11 @@ def build_parser() -> argparse.ArgumentParser:
                         "mapped where storage buffers map in place)")
     p.set_defaults(func=cmd_bench)
 
+    from .cli_generate import add_parsers as add_generate
     from .cli_store import add_parsers
 
     add_parsers(sub)
+    add_generate(sub)
 
     p = sub.add_parser("serve", help="serve the browser runtime (page, kvckpt.mjs, pinned Pyodide, wheels) offline "
                        "on 127.0.0.1")

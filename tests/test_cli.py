@@ -100,8 +100,8 @@ def test_convert_of_a_tvm_export_reproduces_it_byte_for_byte(tmp_path, device, c
     assert ours.groups == theirs.groups
 
 
-def test_demo_restores_every_byte_after_the_worker_is_killed(device, tmp_path):
-    result = subprocess.run([sys.executable, "-m", "kvckpt_web.cli", "demo", "--tokens", "70", "--dir",
+def test_kv_only_demo_restores_every_byte_after_the_worker_is_killed(device, tmp_path):
+    result = subprocess.run([sys.executable, "-m", "kvckpt_web.cli", "demo", "--kv-only", "--tokens", "70", "--dir",
                              str(tmp_path / "demo")], capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr
     assert "killed with SIGKILL" in result.stdout
