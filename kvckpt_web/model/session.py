@@ -504,8 +504,8 @@ async def resume(store: "Store", name: str, model: CausalLM, cache: "PagedKVCach
     Imports the checkpoint's K/V if they fit ``model`` and ``cache``; otherwise (another model identity,
     another layout, a damaged or missing chunk, another length) runs the saved tokens through ``model``
     again. Either way the continuation is the one an uninterrupted run produces; the generator's
-    ``resume_report`` says which happened and why. ``max_tokens`` replaces the saved limit (a finished
-    generation stays finished). Raises NotFoundError if there is no checkpoint, and CorruptionError or
+    ``resume_report`` says which happened and why. ``max_tokens`` replaces the saved limit (a generation
+    that ended at its limit goes on under a higher one; one that ended otherwise stays finished). Raises NotFoundError if there is no checkpoint, and CorruptionError or
     FormatError if its manifest or ``app_state`` cannot be read: only then are its tokens lost.
     """
     if seq_id in cache.sequence_ids():
@@ -514,8 +514,8 @@ async def resume(store: "Store", name: str, model: CausalLM, cache: "PagedKVCach
     saved = _parse_app_state(manifest.app_state)
     if max_tokens is not None:
         saved.stop = StopRules(max_tokens, saved.stop.eos_ids, saved.stop.stop_strings)
-        if saved.finish_reason is None and len(saved.generated) >= max_tokens:
-            saved.finish_reason = "length"
+        if saved.finish_reason in (None, "length"):  # the limit alone decides whether it goes on
+            saved.finish_reason = "length" if len(saved.generated) >= max_tokens else None
     _check_chunk(saved.prefill_chunk, cache)
     context = min(model.max_context, cache.limits.max_total_seq_len)
     if saved.kv_length > context:
