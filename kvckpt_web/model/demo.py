@@ -81,7 +81,7 @@ async def _worker(config: WorkerConfig, mode: str, emit: Callable[[dict[str, Any
     def on_save(result: Any) -> None:
         saves[0] += 1
         emit({"event": "saved", "generation": result.generation, "kv_length": result.seq_length,
-              "generated": max(0, result.seq_length + 1 - len(gen.prompt_tokens))})
+              "generated": len(gen.generated_tokens)})
         if config.hold_after_saves is not None and saves[0] >= config.hold_after_saves:
             signal.pause()
 
@@ -90,18 +90,10 @@ async def _worker(config: WorkerConfig, mode: str, emit: Callable[[dict[str, Any
         gen = await Generator.start(model, cache, prompt, SamplingSettings(**config.sampler),
                                     stop=StopRules(config.max_tokens, text.eos_ids), prefill_chunk=config.prefill_chunk,
                                     autosave=autosave, decode=text.decode, on_save=on_save)
-        started = time.perf_counter()
-        first = [0.0]
-
-        def on_token(event: Any) -> None:
-            if event.index == 0:
-                first[0] = time.perf_counter() - started
-
-        gen.on_token = on_token
         result = await gen.run()
         emit({"event": "done", "prompt_tokens": list(result.prompt_tokens),
               "generated_tokens": list(result.generated_tokens), "text": result.text,
-              "finish_reason": result.finish_reason, "prefill_s": first[0]})
+              "finish_reason": result.finish_reason})
         return
     gen = await resume(autosave.store, config.name, model, cache, autosave=autosave,
                        decode=text.decode, on_save=on_save)
