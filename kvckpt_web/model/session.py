@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from ..container import validate_name
-from ..errors import CorruptionError, FieldError, FormatError, MetadataError, SequenceError
+from ..errors import CheckpointStateError, CorruptionError, FieldError, FormatError, MetadataError, SequenceError
 from ..layout import CacheLimits
 from ..persist import DEFAULT_KEEP, Progress, SaveResult, load_manifest, restore, save
 from .protocol import CausalLM, Logits
@@ -298,6 +298,7 @@ class Generator:
         self.last_save: SaveResult | None = None
         self.resume_report: ResumeReport | None = None
         self._saved_at = saved.kv_length
+        self._failed: BaseException | None = None
         if self.stop.stop_strings and decode is None:
             raise FieldError("stop_strings", "a decode function to match them against", "none")
         self._text = _Text(decode, self.stop)
@@ -372,6 +373,7 @@ class Generator:
         """Save the sequence and its ``app_state`` now (to the autosave store and name)."""
         if self.autosave is None:
             raise FieldError("autosave", "a store and name to save to", "none")
+        self._check_usable()
         result = await save(self.cache, self.seq_id, self.autosave.store, self.autosave.name,
                             app_state=self.app_state(), keep=self.autosave.keep)
         self._saved_at = self.kv_length
@@ -380,8 +382,17 @@ class Generator:
             self.on_save(result)
         return result
 
+    def _check_usable(self) -> None:
+        if self._failed is not None:
+            raise CheckpointStateError(f"generator: a forward failed ({self._failed!r}) and the sequence may hold "
+                                       "part of it: resume from the last checkpoint instead")
+
     async def _forward(self, tokens: list[int]) -> Logits:
-        logits = await self.model.forward(self.cache, self.seq_id, tokens)
+        try:
+            logits = await self.model.forward(self.cache, self.seq_id, tokens)
+        except BaseException as exc:  # the sequence may hold part of this forward: nothing can follow it
+            self._failed = exc
+            raise
         self.kv_length += len(tokens)
         return logits
 
@@ -394,6 +405,7 @@ class Generator:
 
     async def step(self) -> TokenEvent | None:
         """Run the next forward (a prefill chunk or the pending token); the token it produced, if any."""
+        self._check_usable()
         if self.finish_reason is not None:
             return None
         prompt_len = len(self.prompt_tokens)
@@ -446,7 +458,7 @@ class Generator:
             pass
         return self.result()
 
-    async def replay(self) -> None:
+    async def _replay(self) -> None:
         """Run the first ``kv_length`` tokens into the (empty) sequence in the forward calls the original run
         made: prompt chunks from token 0, then one token per call."""
         target, tokens, prompt_len = self.kv_length, self.tokens, len(self.prompt_tokens)
@@ -544,7 +556,7 @@ async def resume(store: "Store", name: str, model: CausalLM, cache: "PagedKVCach
         start = time.perf_counter()
         cache.add_sequence(seq_id)
         try:
-            await gen.replay()
+            await gen._replay()
         except BaseException:
             cache.remove_sequence(seq_id)
             raise

@@ -11,7 +11,7 @@ import dataclasses
 
 import pytest
 
-from kvckpt_web.errors import FieldError, FormatError, KVCkptError, NotFoundError, SequenceError
+from kvckpt_web.errors import CheckpointStateError, FieldError, FormatError, KVCkptError, NotFoundError, SequenceError
 from kvckpt_web.model.sampler import SamplingSettings
 from kvckpt_web.model.session import (APP_FORMAT, APP_VERSION, Autosave, Generator, StopRules, candidate_count,
                                       new_cache, resume)
@@ -266,6 +266,30 @@ def test_resume_with_a_higher_max_tokens_continues_as_a_longer_run(make_cache):
     model = DoubleLM()
     gen = run(resume(store, "chat", model, make_cache(model), max_tokens=30, decode=TEXT.decode))
     assert run(gen.run()).generated_tokens == want.generated_tokens
+
+
+def test_after_a_failed_forward_the_generator_refuses_to_go_on_and_its_last_checkpoint_resumes(make_cache):
+    want = uninterrupted(make_cache, TOP_P)
+    store = MemoryStore()
+    model = DoubleLM()
+    gen = start(model, make_cache(model), TOP_P, autosave=Autosave(store, "chat", every=4))
+    for _ in range(10):
+        run(gen.step())
+    real = model.forward
+
+    async def failing(cache, seq_id, tokens):
+        await real(cache, seq_id, tokens)
+        raise RuntimeError("device lost")
+
+    model.forward = failing
+    with pytest.raises(RuntimeError):
+        run(gen.step())
+    model.forward = real
+    with pytest.raises(CheckpointStateError):
+        run(gen.step())
+    with pytest.raises(CheckpointStateError):
+        run(gen.save())
+    assert run(resumed(make_cache, store).run()).generated_tokens == want.generated_tokens
 
 
 # ----- streaming and stopping ------------------------------------------------------------------------
