@@ -40,7 +40,8 @@ class WorkerConfig:
     factory: str = DEFAULT_FACTORY
     prompt: str = DEMO_PROMPT
     max_tokens: int = 64
-    sampler: dict[str, Any] = field(default_factory=lambda: {"seed": 0, "temperature": 0.7, "top_p": 0.9})
+    sampler: dict[str, Any] = field(default_factory=lambda: {"seed": 0, "temperature": 0.7, "top_k": 40,
+                                                             "top_p": 0.9})
     context: int = 1024
     prefill_chunk: int = 256
     page_size: int = 16
