@@ -83,7 +83,8 @@ def _role(message: Mapping[str, str], i: int) -> str:
         raise FieldError(f"messages[{i}]", "a mapping with 'role' and 'content'", type(message).__name__)
     role = message.get("role")
     if not isinstance(role, str) or not role:
-        raise FieldError(f"messages[{i}].role", "a non-empty str", role if isinstance(role, str) else type(role).__name__)
+        got = role if isinstance(role, str) else type(role).__name__
+        raise FieldError(f"messages[{i}].role", "a non-empty str", got)
     return role
 
 

@@ -8,7 +8,7 @@ import subprocess
 from browser_harness import REPO, build_wheel, pyodide_dir, unavailable, wheels_dir
 
 PURE_TESTS = ["tests/test_layout.py", "tests/test_metadata.py", "tests/test_container.py", "tests/test_pool.py",
-              "tests/test_store.py::TestMemoryStore"]
+              "tests/test_store.py::TestMemoryStore", "tests/model/test_sampler.py"]
 WHEELS = ["pytest", "pluggy", "iniconfig", "packaging", "pygments", "hypothesis", "attrs", "sortedcontainers"]
 
 
