@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import AsyncIterator, Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from ..container import validate_name
@@ -517,8 +517,9 @@ async def resume(store: "Store", name: str, model: CausalLM, cache: "PagedKVCach
     another layout, a damaged or missing chunk, another length) runs the saved tokens through ``model``
     again. Either way the continuation is the one an uninterrupted run produces; the generator's
     ``resume_report`` says which happened and why. ``max_tokens`` replaces the saved limit (a generation
-    that ended at its limit goes on under a higher one; one that ended otherwise stays finished). Raises NotFoundError if there is no checkpoint, and CorruptionError or
-    FormatError if its manifest or ``app_state`` cannot be read: only then are its tokens lost.
+    that ended at its limit goes on under a higher one; one that ended otherwise stays finished). Raises
+    NotFoundError if there is no checkpoint, and CorruptionError or FormatError if its manifest or
+    ``app_state`` cannot be read: only then are its tokens lost.
     """
     if seq_id in cache.sequence_ids():
         raise SequenceError(f"seq_id: expected a sequence id not in the cache, got {seq_id}")

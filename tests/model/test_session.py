@@ -357,9 +357,9 @@ def test_a_bad_prompt_is_refused_before_the_cache_is_touched(make_cache, prompt,
     assert cache.sequence_ids() == []
 
 
-@pytest.mark.parametrize("settings, field", [(dict(temperature=-1.0), "temperature"), (dict(top_p=0.0), "top_p"),
-                                             (dict(top_k=-2), "top_k"), (dict(repetition_penalty=0), "repetition_penalty"),
-                                             (dict(seed=-1), "seed")])
+@pytest.mark.parametrize("settings, field", [
+    (dict(temperature=-1.0), "temperature"), (dict(top_p=0.0), "top_p"), (dict(top_k=-2), "top_k"),
+    (dict(repetition_penalty=0), "repetition_penalty"), (dict(seed=-1), "seed")])
 def test_bad_sampler_settings_are_a_field_error(settings, field):
     with pytest.raises(FieldError) as info:
         SamplingSettings(**settings)
