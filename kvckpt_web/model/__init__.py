@@ -1,0 +1,1 @@
+"""A small llama-architecture language model running on the paged WebGPU cache."""
