@@ -141,6 +141,7 @@ class BrowserDevice(Device):
                                        "rowsPerImage": texture.height}), _obj([texture.width, texture.height, 1]))
 
     def destroy(self, buffer: Buffer | Texture) -> None:
+        self.forget_bind_groups(buffer)
         buffer.native.destroy()
 
     def _u8(self, data: bytes | bytearray | memoryview) -> Any:
@@ -158,6 +159,7 @@ class BrowserDevice(Device):
         if self._params is None or self._params_size < size:
             if self._params is not None:
                 self._params.destroy()
+                self.forget_bind_groups()
             self._params_size = max(size, 4096)
             self._params = self._device.createBuffer(_obj({"size": self._params_size, "usage": int(
                 Usage.UNIFORM | Usage.COPY_DST), "label": "kvckpt.params"}))
@@ -189,9 +191,7 @@ class BrowserDevice(Device):
                 encoder.clearBuffer(command.buffer.native, command.offset, command.size)
             else:
                 pipeline = command.kernel.native
-                entries = self.bind_entries(params, next(slots), command)
-                bind_group = self._device.createBindGroup(
-                    _obj({"layout": pipeline.getBindGroupLayout(0), "entries": entries}))
+                bind_group = self.bind_group(params, next(slots), command)
                 if compute is None:
                     compute = encoder.beginComputePass()
                 compute.setPipeline(pipeline)
@@ -200,6 +200,9 @@ class BrowserDevice(Device):
         if compute is not None:
             compute.end()
         return encoder.finish()
+
+    def _create_bind_group(self, pipeline: Any, entries: list[dict[str, Any]]) -> Any:
+        return self._device.createBindGroup(_obj({"layout": pipeline.getBindGroupLayout(0), "entries": entries}))
 
     def commit(self, encoded: Any) -> None:
         self._queue.submit(self._js.Array.of(encoded))

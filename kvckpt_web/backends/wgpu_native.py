@@ -87,6 +87,7 @@ class WgpuDevice(Device):
         self._premapped: dict[Any, Any] = {}  # upload staging buffer -> its pending WRITE map
         self._unmapped: list[Buffer] = []  # upload staging the last submit read: mapped again at the next one
         self._unsubmitted_writes = False  # queue writes made since the last submit
+        self._params: Any = None  # the kernel parameters' uniform buffer (see _params_buffer)
         self._helper = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="kvckpt-wgpu-map")
         limits = device.limits
         adapter_info = adapter.info
@@ -154,6 +155,7 @@ class WgpuDevice(Device):
         self._unsubmitted_writes = True
 
     def destroy(self, buffer: Buffer | Texture) -> None:
+        self.forget_bind_groups(buffer)
         if isinstance(buffer, Texture):
             buffer.native.destroy()
             return
@@ -173,7 +175,7 @@ class WgpuDevice(Device):
 
     def encode(self, commands: list[Command]) -> tuple[Any, list[Buffer]]:
         blob, offsets = uniform_params(commands)
-        params = self._device.create_buffer_with_data(data=blob, usage=int(Usage.UNIFORM)) if blob else None
+        params = self._params_buffer(blob) if blob else None
         slots = iter(offsets)
         encoder = self._device.create_command_encoder()
         staged: list[Buffer] = []
@@ -196,8 +198,7 @@ class WgpuDevice(Device):
                 encoder.clear_buffer(command.buffer.native, command.offset, command.size)
             else:
                 pipeline = command.kernel.native
-                entries = self.bind_entries(params, next(slots), command)
-                bind_group = self._device.create_bind_group(layout=pipeline.get_bind_group_layout(0), entries=entries)
+                bind_group = self.bind_group(params, next(slots), command)
                 if compute is None:
                     compute = encoder.begin_compute_pass()
                 compute.set_pipeline(pipeline)
@@ -206,6 +207,22 @@ class WgpuDevice(Device):
         if compute is not None:
             compute.end()
         return encoder.finish(), staged
+
+    def _params_buffer(self, blob: bytes) -> Any:
+        """The one uniform buffer of kernel parameters (grown as needed), ``blob`` queued into it: written at
+        encoding, it serves the next commit (so bind groups that bind it can be kept)."""
+        if self._params is None or self._params.size < len(blob):
+            if self._params is not None:
+                self._params.destroy()
+                self.forget_bind_groups()
+            self._params = self._device.create_buffer(size=max(len(blob), 4096), label="kvckpt.params",
+                                                      usage=int(Usage.UNIFORM | Usage.COPY_DST))
+        self._device.queue.write_buffer(self._params, 0, blob)
+        self._unsubmitted_writes = True
+        return self._params
+
+    def _create_bind_group(self, pipeline: Any, entries: list[dict[str, Any]]) -> Any:
+        return self._device.create_bind_group(layout=pipeline.get_bind_group_layout(0), entries=entries)
 
     def commit(self, encoded: tuple[Any, list[Buffer]]) -> None:
         command_buffer, staged = encoded

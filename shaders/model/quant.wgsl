@@ -105,14 +105,23 @@ fn q4_1_matvec(@builtin(global_invocation_id) gid: vec3<u32>) {
   if (r0 >= params.rows) {
     return;
   }
-  var acc: array<f32, ROWS>;
+  // four named accumulators, not an array: a private array indexed in a loop costs lane-by-lane memory accesses
+  var a0 = 0.0;
+  var a1 = 0.0;
+  var a2 = 0.0;
+  var a3 = 0.0;
+  let i0 = row(r0, 0u) * params.blocks;
+  let i1 = row(r0, 1u) * params.blocks;
+  let i2 = row(r0, 2u) * params.blocks;
+  let i3 = row(r0, 3u) * params.blocks;
   for (var b = 0u; b < params.blocks; b = b + 1u) {
     let xb = gid.y * params.x_stride + b * 8u;
-    for (var j = 0u; j < ROWS; j = j + 1u) {
-      acc[j] = acc[j] + q4_1_block(scales, quants, row(r0, j) * params.blocks + b, xb);
-    }
+    a0 = a0 + q4_1_block(scales, quants, i0 + b, xb);
+    a1 = a1 + q4_1_block(scales, quants, i1 + b, xb);
+    a2 = a2 + q4_1_block(scales, quants, i2 + b, xb);
+    a3 = a3 + q4_1_block(scales, quants, i3 + b, xb);
   }
-  store(r0, gid.y, acc);
+  store(r0, gid.y, array<f32, ROWS>(a0, a1, a2, a3));
 }
 
 @compute @workgroup_size(64)
