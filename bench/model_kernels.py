@@ -1,8 +1,7 @@
 """Dense model kernels on the desktop adapter: what bounds a decode step of SmolLM2-135M (Q4_1 GGUF).
 
 Uploads the model's weights as ``kvckpt_web.model.weights`` lays them out, then times, round by round and
-side by side: the Q4_1 products over all 210 Q4_1 matrices with 1, 2, 4 and 8 rows per invocation (the shipped
-kernel is 4), the Q8_0 head, every dense dispatch of one decode step (no attention) in one submit, and 300
+side by side: the Q4_1 products over all 210 Q4_1 matrices, the Q8_0 head, every dense dispatch of one decode step (no attention) in one submit, and 300
 dispatches that do nothing. Run from the repository root:
 ``.venv/bin/python bench/model_kernels.py [path/to/model.gguf] [--rounds N]``.
 """
@@ -21,7 +20,6 @@ from typing import Callable
 from kvckpt_web.device import Buffer, Copy, Device, Dispatch, Usage, open_device
 from kvckpt_web.model import kernels
 from kvckpt_web.model.weights import DenseTensor, QuantizedTensor, upload_tensor
-from kvckpt_web.shaders import source
 
 LAYERS = 30
 PROJECTIONS = ("attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down")
@@ -48,19 +46,8 @@ def load(device: Device, path: Path, echo: Callable[[str], None]) -> dict[str, Q
     return tensors
 
 
-def with_rows(device: Device, dispatches: list[Dispatch], rows: int) -> list[Dispatch]:
-    """The same products with ``rows`` rows per invocation (quant.wgsl's ROWS constant replaced)."""
-    text = source("model/quant").replace("const ROWS: u32 = 4u;", f"const ROWS: u32 = {rows}u;")
-    out = []
-    for d in dispatches:
-        kernel = device.kernel(f"model.quant.rows{rows}", text, d.kernel.name.split(".")[-1])
-        groups = -(-int.from_bytes(d.params[:4], "little") // (rows * kernels.WORKGROUP))
-        out.append(Dispatch(kernel, d.params, d.buffers, workgroups=(groups, *d.workgroups[1:])))
-    return out
-
-
 def bench_model_kernels(path: Path | None = None, rounds: int = 5, echo: Callable[[str], None] = print) -> None:
-    """Print the median ms of each variant over ``rounds`` alternating rounds, and its ratio to the shipped one."""
+    """Print the median ms of each row over ``rounds`` alternating rounds, and its ratio to the Q4_1 products."""
     device = open_device()
     w = load(device, path or default_model(), echo)
     x = kernels.activations(device, 1536, "bench.x")
@@ -88,9 +75,7 @@ def bench_model_kernels(path: Path | None = None, rounds: int = 5, echo: Callabl
     step += kernels.topk(device, y, 49152, 1, candidates, best)
     empty = [replace(kernels.rms_norm(device, h, w["output_norm.weight"], x, 0, 1e-5), workgroups=(1, 1, 1))] * 300
 
-    variants: dict[str, list[Dispatch]] = {f"Q4_1 products, {r} rows/invocation": with_rows(device, q4, r)
-                                           for r in ()}
-    variants["Q4_1 products, 4 rows/invocation (shipped)"] = q4
+    variants: dict[str, list[Dispatch]] = {"Q4_1 products (210 dispatches)": q4}
     variants["Q8_0 head (49152 x 576)"] = kernels.matvec(device, head, x, y)
     variants[f"decode step without attention ({len(step)} dispatches)"] = step
     variants["300 empty dispatches, one pass"] = empty
@@ -108,12 +93,12 @@ def bench_model_kernels(path: Path | None = None, rounds: int = 5, echo: Callabl
                 times[name].append(time.perf_counter() - start)
                 if name == names[2]:
                     encode_ms.append((encoded_at - start) * 1e3)
-    shipped = statistics.median(times[names[0]])
-    echo(f"{'variant':<52} {'median ms':>9} {'range':>13} {'shipped / it':>12}")
+    q4 = statistics.median(times[names[0]])
+    echo(f"{'variant':<52} {'median ms':>9} {'range':>13} {'Q4_1 / it':>12}")
     for name in names:
         median = statistics.median(times[name])
         echo(f"{name:<52} {median * 1e3:9.1f} {min(times[name]) * 1e3:6.1f}-{max(times[name]) * 1e3:<6.1f}"
-             f" {shipped / median:12.2f}")
+             f" {q4 / median:12.2f}")
     echo(f"encoding the decode step's dispatches (host side, included above): {statistics.median(encode_ms):.1f} ms")
     device.destroy(probe)
 

@@ -35,7 +35,7 @@ struct Params {
   token_base: u32,     // token of y that token 0 of this window is
 }
 
-const ROWS: u32 = 4u;  // rows per invocation (the x loads and block sums are shared by them)
+const ROWS: u32 = 4u;  // rows per invocation (they share the x loads and block sums); named a0..a3 below
 
 @group(0) @binding(0) var<uniform> params: Params;
 @group(0) @binding(1) var scales: texture_2d<u32>;
@@ -130,21 +130,34 @@ fn q4_1_gated(@builtin(global_invocation_id) gid: vec3<u32>) {
   if (r0 >= params.rows) {
     return;
   }
-  var gate: array<f32, ROWS>;
-  var up: array<f32, ROWS>;
+  var g0 = 0.0;
+  var g1 = 0.0;
+  var g2 = 0.0;
+  var g3 = 0.0;
+  var u0 = 0.0;
+  var u1 = 0.0;
+  var u2 = 0.0;
+  var u3 = 0.0;
+  let i0 = row(r0, 0u) * params.blocks;
+  let i1 = row(r0, 1u) * params.blocks;
+  let i2 = row(r0, 2u) * params.blocks;
+  let i3 = row(r0, 3u) * params.blocks;
   for (var b = 0u; b < params.blocks; b = b + 1u) {
     let xb = gid.y * params.x_stride + b * 8u;
-    for (var j = 0u; j < ROWS; j = j + 1u) {
-      let i = row(r0, j) * params.blocks + b;
-      gate[j] = gate[j] + q4_1_block(scales, quants, i, xb);
-      up[j] = up[j] + q4_1_block(up_scales, up_quants, i, xb);
-    }
+    g0 = g0 + q4_1_block(scales, quants, i0 + b, xb);
+    g1 = g1 + q4_1_block(scales, quants, i1 + b, xb);
+    g2 = g2 + q4_1_block(scales, quants, i2 + b, xb);
+    g3 = g3 + q4_1_block(scales, quants, i3 + b, xb);
+    u0 = u0 + q4_1_block(up_scales, up_quants, i0 + b, xb);
+    u1 = u1 + q4_1_block(up_scales, up_quants, i1 + b, xb);
+    u2 = u2 + q4_1_block(up_scales, up_quants, i2 + b, xb);
+    u3 = u3 + q4_1_block(up_scales, up_quants, i3 + b, xb);
   }
-  var acc: array<f32, ROWS>;
-  for (var j = 0u; j < ROWS; j = j + 1u) {
-    acc[j] = gate[j] / (1.0 + exp(-gate[j])) * up[j];
-  }
-  store(r0, gid.y, acc);
+  store(r0, gid.y, array<f32, ROWS>(silu(g0) * u0, silu(g1) * u1, silu(g2) * u2, silu(g3) * u3));
+}
+
+fn silu(v: f32) -> f32 {
+  return v / (1.0 + exp(-v));
 }
 
 @compute @workgroup_size(64)
@@ -153,14 +166,22 @@ fn q8_0_matvec(@builtin(global_invocation_id) gid: vec3<u32>) {
   if (r0 >= params.rows) {
     return;
   }
-  var acc: array<f32, ROWS>;
+  var a0 = 0.0;
+  var a1 = 0.0;
+  var a2 = 0.0;
+  var a3 = 0.0;
+  let i0 = row(r0, 0u) * params.blocks;
+  let i1 = row(r0, 1u) * params.blocks;
+  let i2 = row(r0, 2u) * params.blocks;
+  let i3 = row(r0, 3u) * params.blocks;
   for (var b = 0u; b < params.blocks; b = b + 1u) {
     let xb = gid.y * params.x_stride + b * 8u;
-    for (var j = 0u; j < ROWS; j = j + 1u) {
-      acc[j] = acc[j] + q8_0_block(row(r0, j) * params.blocks + b, xb);
-    }
+    a0 = a0 + q8_0_block(i0 + b, xb);
+    a1 = a1 + q8_0_block(i1 + b, xb);
+    a2 = a2 + q8_0_block(i2 + b, xb);
+    a3 = a3 + q8_0_block(i3 + b, xb);
   }
-  store(r0, gid.y, acc);
+  store(r0, gid.y, array<f32, ROWS>(a0, a1, a2, a3));
 }
 
 @compute @workgroup_size(256)
