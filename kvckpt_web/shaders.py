@@ -18,11 +18,14 @@ from .errors import DeviceError
 
 @functools.cache
 def source(name: str) -> str:
-    """The text of ``shaders/<name>.wgsl``, from the installed package or the source tree."""
-    packaged = resources.files("kvckpt_web").joinpath("shaders", f"{name}.wgsl")
+    """The text of ``shaders/<name>.wgsl`` (``name`` may name a subfolder: ``"model/matmul"``), from the
+    installed package or the source tree."""
+    parts = name.split("/")
+    parts[-1] += ".wgsl"
+    packaged = resources.files("kvckpt_web").joinpath("shaders", *parts)
     if packaged.is_file():
         return packaged.read_text(encoding="utf-8")
-    in_tree = Path(__file__).resolve().parent.parent / "shaders" / f"{name}.wgsl"
+    in_tree = Path(__file__).resolve().parent.parent.joinpath("shaders", *parts)
     if in_tree.is_file():
         return in_tree.read_text(encoding="utf-8")
     raise DeviceError(f"shader {name}.wgsl: expected in the kvckpt_web package or ./shaders, got neither")
@@ -33,7 +36,8 @@ def elem_shift(elem_bytes: int) -> int:
     return {2: 1, 4: 0}[elem_bytes]
 
 
-def _params(*values: int) -> bytes:
+def pack_params(*values: int) -> bytes:
+    """Kernel parameters: u32 values, little-endian, in order."""
     return struct.pack(f"<{len(values)}I", *values)
 
 
@@ -44,7 +48,7 @@ def page_copy(device: Device, entry: str, *, pages: Buffer | Region, page_table:
     (``pack4``/``scatter4``) where the pages and ``dense_word_offset`` are whole 16-byte units."""
     per_invocation = 4 if words_per_page % 4 == 0 and dense_word_offset % 4 == 0 else 1
     kernel = device.kernel("page_copy", source("page_copy"), entry + ("4" if per_invocation == 4 else ""))
-    params = _params(num_pages, words_per_page, tail_tokens, elem_shift(elem_bytes), head_dim, page_size,
+    params = pack_params(num_pages, words_per_page, tail_tokens, elem_shift(elem_bytes), head_dim, page_size,
                      dense_word_offset, table_offset)
     return Dispatch(kernel, params, (pages, page_table, dense), num_pages * words_per_page // per_invocation)
 
@@ -56,6 +60,6 @@ def kv_append(device: Device, *, pages: Buffer | Region, positions: Buffer, kv: 
     shift = elem_shift(elem_bytes)
     aligned = (head_dim * elem_bytes) % 4 == 0
     units = head_dim >> shift if aligned else head_dim
-    params = _params(num_tokens, num_kv_heads, head_dim, page_size, shift, int(aligned),
+    params = pack_params(num_tokens, num_kv_heads, head_dim, page_size, shift, int(aligned),
                      num_tokens * num_kv_heads * head_dim, units)
     return Dispatch(kernel, params, (pages, positions, kv), 2 * num_tokens * num_kv_heads * units)

@@ -1,1 +1,2 @@
-"""The text side of running a small LLM: GGUF files, its tokenizer, chat template and sampler."""
+"""A small llama-architecture language model on the paged WebGPU cache: its GGUF file, tokenizer, chat
+template, sampler, WGSL kernels, runner and generation session."""

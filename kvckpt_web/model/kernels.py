@@ -1,0 +1,141 @@
+"""Dispatch builders for the dense model kernels (``shaders/model/*.wgsl``).
+
+Each function builds the dispatches of one kernel, its uniform parameters packed to match the ``Params``
+struct of the shader. Activations are f32, row-major (tokens, features). The products read their input
+``x`` as a uniform binding of :data:`X_WINDOW` bytes (loads that all invocations share are scalar loads on a
+CPU adapter, where storage loads go lane by lane), so the buffers they read come from :func:`activations`,
+and a call over more tokens than one window holds is split into one dispatch per window.
+"""
+
+from __future__ import annotations
+
+import math
+import struct
+
+from ..device import UNIFORM_ALIGN, Buffer, Device, Dispatch, Region, Usage
+from ..errors import TensorError
+from ..shaders import pack_params, source
+from .weights import Q4_1, Q8_0, DenseTensor, QuantizedTensor
+
+X_WINDOW = 65536
+"""Bytes of ``x`` a product binds (WebGPU's default maxUniformBufferBindingSize; ``x`` in quant.wgsl)."""
+
+ROWS = 4
+"""Rows per invocation of the products (``ROWS`` in quant.wgsl)."""
+
+WORKGROUP = 64
+"""Invocations per workgroup of the products, the norm and the first top-k pass (``@workgroup_size``)."""
+
+TOPK_CHUNK = 256
+"""Values per invocation of the first top-k pass."""
+
+TOPK_MAX = 64
+"""Largest k of :func:`topk` (``K_MAX`` in topk.wgsl)."""
+
+
+def activations(device: Device, floats: int, label: str) -> Buffer:
+    """A buffer of ``floats`` f32 activations that kernels write and products read (with :data:`X_WINDOW`
+    bytes of slack, so that a product can bind a whole window from any token of it)."""
+    return device.create_buffer(4 * floats + X_WINDOW,
+                                Usage.STORAGE | Usage.UNIFORM | Usage.COPY_DST | Usage.COPY_SRC, label)
+
+
+def matvec(device: Device, weight: QuantizedTensor, x: Buffer, y: Buffer, tokens: int = 1,
+           accumulate: bool = False) -> list[Dispatch]:
+    """``y[t] = W x[t]`` (or ``y[t] += W x[t]`` with ``accumulate``: the residual add) for each of ``tokens``
+    rows of ``x``, ``W`` a Q4_1 or Q8_0 matrix (the tied embedding as the output head)."""
+    _check_type(weight, Q4_1, Q8_0)
+    entry = "q4_1_matvec" if weight.ggml_type == Q4_1 else "q8_0_matvec"
+    return _products(device, entry, (weight,), x, y, tokens, accumulate)
+
+
+def gated(device: Device, gate: QuantizedTensor, up: QuantizedTensor, x: Buffer, y: Buffer,
+          tokens: int = 1) -> list[Dispatch]:
+    """``y[t] = silu(G x[t]) * (U x[t])``, the gated MLP's hidden activations, for Q4_1 ``gate`` and ``up``."""
+    _check_type(gate, Q4_1)
+    _check_type(up, Q4_1)
+    if (up.rows, up.blocks) != (gate.rows, gate.blocks):
+        raise TensorError(f"{up.name}: shape", (gate.rows, gate.cols), (up.rows, up.cols))
+    return _products(device, "q4_1_gated", (gate, up), x, y, tokens, accumulate=False)
+
+
+def embed(device: Device, table: QuantizedTensor, ids: Buffer, out: Buffer, tokens: int) -> Dispatch:
+    """``out[t] = table[ids[t]]`` dequantized, for ``tokens`` u32 token ids (a Q8_0 ``table``)."""
+    _check_type(table, Q8_0)
+    _check_size("out", out, 4 * tokens * table.cols)
+    _check_size("ids", ids, 4 * tokens)
+    kernel = device.kernel("model.quant", source("model/quant"), "q8_0_rows")
+    return Dispatch(kernel, pack_params(table.rows, table.blocks, tokens, 0, table.scale_shift, table.quant_shift, 0, 0),
+                    (table.scales, table.quants, ids, out), tokens * table.blocks * 8)
+
+
+def rms_norm(device: Device, x: Buffer, weight: DenseTensor, out: Buffer, tokens: int, eps: float) -> Dispatch:
+    """``out[t] = x[t] / sqrt(mean(x[t]^2) + eps) * weight`` for each of ``tokens`` rows of ``x``."""
+    dim = weight.shape[0]
+    _check_size("x", x, 4 * tokens * dim)
+    _check_size("out", out, 4 * tokens * dim)
+    kernel = device.kernel("model.norm", source("model/norm"), "rms_norm")
+    params = struct.pack("<2If4x", tokens, dim, eps)
+    return Dispatch(kernel, params, (x, weight.buffer, out), workgroups=(-(-tokens // WORKGROUP), 1, 1))
+
+
+def topk_candidates_bytes(n: int, k: int) -> int:
+    """Bytes of the scratch buffer :func:`topk` needs for ``n`` values."""
+    return 8 * k * -(-n // TOPK_CHUNK)
+
+
+def topk(device: Device, values: Buffer, n: int, k: int, candidates: Buffer, best: Buffer) -> list[Dispatch]:
+    """The two dispatches that write the top ``k`` of ``n`` f32 ``values`` to ``best``: k (f32 bits, u32 index)
+    pairs, larger values first, the lower index first among equal ones (k = 1: the argmax).
+
+    ``candidates`` is scratch of :func:`topk_candidates_bytes` bytes."""
+    if not 1 <= k <= min(TOPK_MAX, n):
+        raise TensorError("k", f"1..{min(TOPK_MAX, n)}", k)
+    _check_size("values", values, 4 * n)
+    _check_size("candidates", candidates, topk_candidates_bytes(n, k))
+    _check_size("best", best, 8 * k)
+    chunks = -(-n // TOPK_CHUNK)
+    params = pack_params(n, k, TOPK_CHUNK, chunks)
+    shader = source("model/topk")
+    return [Dispatch(device.kernel("model.topk", shader, "chunk_topk"), params, (values, candidates),
+                     workgroups=(-(-chunks // WORKGROUP), 1, 1)),
+            Dispatch(device.kernel("model.topk", shader, "merge_topk"), params, (candidates, best),
+                     workgroups=(1, 1, 1))]
+
+
+def _products(device: Device, entry: str, weights: tuple[QuantizedTensor, ...], x: Buffer, y: Buffer, tokens: int,
+              accumulate: bool) -> list[Dispatch]:
+    """The dispatches of product ``entry`` of ``weights`` over ``tokens`` rows of ``x``, one per window."""
+    first = weights[0]
+    token_bytes = 4 * first.cols
+    # tokens per window: as many as fit, in steps that keep each window's offset aligned for a uniform binding
+    step = UNIFORM_ALIGN // math.gcd(token_bytes, UNIFORM_ALIGN)
+    per_window = X_WINDOW // token_bytes // step * step
+    if per_window == 0:
+        raise TensorError(f"{first.name}: columns", f"at most {X_WINDOW // 4}, in steps of 64", first.cols)
+    last_window = (tokens - 1) // per_window * per_window * token_bytes
+    if x.size < last_window + X_WINDOW:
+        raise TensorError("x: buffer bytes", f"at least {last_window + X_WINDOW} (see activations())", x.size)
+    _check_size("y", y, 4 * tokens * first.rows)
+    kernel = device.kernel("model.quant", source("model/quant"), entry)
+    textures = tuple(t for w in weights for t in (w.scales, w.quants))
+    groups = -(-first.rows // (ROWS * WORKGROUP))
+    dispatches = []
+    for start in range(0, tokens, per_window):
+        count = min(per_window, tokens - start)
+        params = pack_params(first.rows, first.blocks, count, int(accumulate), first.scale_shift, first.quant_shift,
+                         first.blocks * 8, start)
+        window = Region(x, start * token_bytes, X_WINDOW)
+        dispatches.append(Dispatch(kernel, params, textures[:2] + (window, y) + textures[2:],
+                                   workgroups=(groups, count, 1)))
+    return dispatches
+
+
+def _check_type(weight: QuantizedTensor, *types: int) -> None:
+    if weight.ggml_type not in types:
+        raise TensorError(f"{weight.name}: ggml type", " or ".join(map(str, types)), weight.ggml_type)
+
+
+def _check_size(name: str, buffer: Buffer, needed: int) -> None:
+    if buffer.size < needed:
+        raise TensorError(f"{name}: buffer bytes", f"at least {needed}", buffer.size)

@@ -1,0 +1,125 @@
+"""Model weights on the device, in the layout the kernels of ``shaders/model/quant.wgsl`` read.
+
+A quantized matrix (GGUF Q4_1 or Q8_0) stays quantized: its blocks are split at load time into a texture of
+per-block scales and a texture of the 4- or 8-bit weights (see the header of ``quant.wgsl``), which makes the
+20- and 34-byte GGUF blocks 4-byte aligned and lets kernels fetch them as texels. F32 tensors (the norms)
+go into storage buffers. Pure Python (struct, memoryview slicing): it runs in Pyodide too.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from math import prod
+
+from ..device import Buffer, Device, Texture, Usage
+from ..errors import TensorError
+
+#: GGML type ids (the GGUF tensor info's type field).
+F32 = 0
+Q4_1 = 3
+Q8_0 = 8
+
+BLOCK = 32
+"""Weights per quantized block."""
+
+#: Bytes per GGUF block, and quant texels (16 bytes each) per block in the device layout.
+BLOCK_BYTES = {Q4_1: 20, Q8_0: 34}
+QUANT_TEXELS = {Q4_1: 1, Q8_0: 2}
+
+MAX_TEXTURE_WIDTH = 4096
+"""Widest texture a tensor is laid out in (a power of two; rows of texels wrap at the width)."""
+
+
+@dataclass(frozen=True)
+class QuantizedTensor:
+    """A Q4_1 or Q8_0 matrix of ``rows`` x ``blocks * 32`` on the device: texel ``r * blocks + b`` of ``scales``
+    and texel(s) of ``quants`` hold block ``b`` of row ``r``."""
+
+    name: str
+    ggml_type: int
+    rows: int
+    blocks: int
+    scales: Texture
+    quants: Texture
+
+    @property
+    def cols(self) -> int:
+        return self.blocks * BLOCK
+
+    @property
+    def scale_shift(self) -> int:
+        """log2 of the scales texture's width."""
+        return self.scales.width.bit_length() - 1
+
+    @property
+    def quant_shift(self) -> int:
+        """log2 of the quants texture's width."""
+        return self.quants.width.bit_length() - 1
+
+
+@dataclass(frozen=True)
+class DenseTensor:
+    """An f32 tensor of GGUF ``shape`` (ne0 first) in a storage buffer."""
+
+    name: str
+    shape: tuple[int, ...]
+    buffer: Buffer
+
+
+DeviceTensor = QuantizedTensor | DenseTensor
+
+
+def upload_tensor(device: Device, name: str, ggml_type: int, shape: tuple[int, ...] | list[int],
+                  data: memoryview | bytes) -> DeviceTensor:
+    """Put tensor ``name`` (GGML type ``ggml_type``, GGUF ``shape`` ne0 first, raw GGUF bytes ``data``) on
+    ``device``: a :class:`QuantizedTensor` for Q4_1 / Q8_0 matrices, a :class:`DenseTensor` for F32.
+
+    TensorError for another type, a shape whose rows are not whole blocks, or data of the wrong size.
+    """
+    shape = tuple(int(n) for n in shape)
+    view = memoryview(data).cast("B")
+    if ggml_type == F32:
+        _check_size(name, len(view), 4 * prod(shape))
+        buffer = device.create_buffer(len(view), Usage.STORAGE | Usage.COPY_DST, name)
+        device.write(buffer, 0, view)
+        return DenseTensor(name, shape, buffer)
+    if ggml_type not in BLOCK_BYTES:
+        raise TensorError(f"{name}: ggml type", f"one of F32 ({F32}), Q4_1 ({Q4_1}), Q8_0 ({Q8_0})", ggml_type)
+    if len(shape) != 2 or shape[0] % BLOCK:
+        raise TensorError(f"{name}: shape", "(ne0, ne1) with ne0 a multiple of 32", shape)
+    blocks, rows = shape[0] // BLOCK, shape[1]
+    count = rows * blocks
+    _check_size(name, len(view), count * BLOCK_BYTES[ggml_type])
+    scales, quants = split_blocks(ggml_type, view, count)
+    return QuantizedTensor(name, ggml_type, rows, blocks,
+                           _texture(device, f"{name}.scales", 1, count, scales),
+                           _texture(device, f"{name}.quants", 4, count * QUANT_TEXELS[ggml_type], quants))
+
+
+def split_blocks(ggml_type: int, view: memoryview, count: int) -> tuple[bytearray, bytearray]:
+    """The scales texels (4 bytes a block) and quant texels (16 or 32 bytes a block) of ``count`` GGUF blocks."""
+    size = BLOCK_BYTES[ggml_type]
+    head = 4 if ggml_type == Q4_1 else 2  # Q4_1: f16 d, f16 m; Q8_0: f16 d (the texel's high half stays 0)
+    scales = bytearray(4 * count)
+    for j in range(head):
+        scales[j::4] = view[j::size]
+    width = size - head
+    quants = bytearray(width * count)
+    for j in range(width):
+        quants[j::width] = view[head + j::size]
+    return scales, quants
+
+
+def _texture(device: Device, label: str, channels: int, texels: int, data: bytearray) -> Texture:
+    """A texture of ``texels`` texels holding ``data``, rows of a power-of-two width, the last row zero-padded."""
+    width = min(MAX_TEXTURE_WIDTH, 1 << max(0, texels - 1).bit_length())
+    height = -(-texels // width)
+    data += bytes((width * height - texels) * channels * 4)
+    texture = device.create_texture(width, height, channels, label)
+    device.write_texture(texture, data)
+    return texture
+
+
+def _check_size(name: str, got: int, expected: int) -> None:
+    if got != expected:
+        raise TensorError(f"{name}: data bytes", expected, got)

@@ -1,0 +1,89 @@
+"""The quantized products of shaders/model/quant.wgsl against float64 products of the dequantized weights.
+
+Tolerance: the kernels sum K = 32 * blocks terms in f32 (per block d * dot(q, x) + m * sum(x), then block after
+block). A recursive f32 sum of K terms is off from the exact one by at most about K * 2^-24 * sum |w_i x_i|
+(each of the K additions and products rounds once, relative 2^-24); the tests allow 8 times that, as slack for
+the grouping into vec4 dot products and block sums, which adds roundings of the same order.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from kvckpt_web.model import kernels
+from kvckpt_web.model.weights import Q4_1, Q8_0
+
+from kernel_io import activations, floats, random_matrix, run, upload_matrix
+
+
+def _bound(w: np.ndarray, x: np.ndarray) -> np.ndarray:
+    """Per (token, row) bound of f32 summation error: K * 2^-24 * sum |w x|, times 8 for slack."""
+    return 8 * w.shape[1] * 2.0 ** -24 * (np.abs(x) @ np.abs(w).T)
+
+
+@pytest.mark.parametrize("ggml_type", [Q4_1, Q8_0])
+@pytest.mark.parametrize("rows,blocks,tokens", [(1, 1, 1), (7, 3, 1), (259, 5, 3), (64, 18, 2)])
+def test_matvec_matches_float64_product_of_dequantized_weights(device, ggml_type, rows, blocks, tokens):
+    rng = np.random.default_rng(rows * 100 + blocks)
+    raw, w = random_matrix(rng, ggml_type, rows, blocks * 32)
+    x = rng.standard_normal((tokens, blocks * 32))
+    weight = upload_matrix(device, raw, ggml_type)
+    y = device.create_buffer(4 * tokens * rows, kernels.Usage.STORAGE | kernels.Usage.COPY_SRC, "test.y")
+    got = floats(run(device, kernels.matvec(device, weight, activations(device, x), y, tokens), y, 4 * tokens * rows))
+    want = x @ w.T
+    assert np.all(np.abs(got.reshape(tokens, rows) - want) <= _bound(w, x))
+
+
+def test_matvec_with_accumulate_adds_to_y(device):
+    rng = np.random.default_rng(1)
+    raw, w = random_matrix(rng, Q4_1, 37, 64)
+    x = rng.standard_normal((1, 64))
+    residual = rng.standard_normal(37)
+    y = activations(device, residual)
+    got = floats(run(device, kernels.matvec(device, upload_matrix(device, raw, Q4_1), activations(device, x), y,
+                                            accumulate=True), y, 4 * 37))
+    # one more f32 rounding of the sum (relative 2^-24 of |residual + product|) on top of the product's bound
+    assert np.all(np.abs(got - (residual + (x @ w.T)[0])) <= _bound(w, x)[0] + 2.0 ** -23 * np.abs(got))
+
+
+def test_matvec_over_more_tokens_than_one_window_splits_and_matches(device):
+    rng = np.random.default_rng(2)
+    cols, tokens = 1536, 23  # 10 tokens of 1536 floats per 64 KiB window: three dispatches
+    raw, w = random_matrix(rng, Q4_1, 9, cols)
+    x = rng.standard_normal((tokens, cols))
+    y = device.create_buffer(4 * tokens * 9, kernels.Usage.STORAGE | kernels.Usage.COPY_SRC, "test.y")
+    dispatches = kernels.matvec(device, upload_matrix(device, raw, Q4_1), activations(device, x), y, tokens)
+    got = floats(run(device, dispatches, y, 4 * tokens * 9)).reshape(tokens, 9)
+    assert len(dispatches) == 3
+    assert np.all(np.abs(got - x @ w.T) <= _bound(w, x))
+
+
+def test_gated_product_is_silu_of_gate_times_up(device):
+    rng = np.random.default_rng(3)
+    rows, cols, tokens = 45, 96, 2
+    raw_g, g = random_matrix(rng, Q4_1, rows, cols)
+    raw_u, u = random_matrix(rng, Q4_1, rows, cols)
+    x = rng.standard_normal((tokens, cols))
+    y = device.create_buffer(4 * tokens * rows, kernels.Usage.STORAGE | kernels.Usage.COPY_SRC, "test.y")
+    got = floats(run(device, kernels.gated(device, upload_matrix(device, raw_g, Q4_1, "g"),
+                                           upload_matrix(device, raw_u, Q4_1, "u"), activations(device, x), y,
+                                           tokens), y, 4 * tokens * rows)).reshape(tokens, rows)
+    gate, up = x @ g.T, x @ u.T
+    want = gate / (1 + np.exp(-gate)) * up
+    # silu(a) * b with a, b each within their product bound eg, eu: |d(silu(a) b)| <= |silu'(a)| eg |b| + |silu(a)| eu
+    # + f32 rounding of exp, division and product (a few ulp of the result); |silu'| <= 1.1
+    eg, eu = _bound(g, x), _bound(u, x)
+    silu = gate / (1 + np.exp(-gate))
+    assert np.all(np.abs(got - want) <= 1.1 * eg * np.abs(up) + np.abs(silu) * eu + 1e-6 * np.abs(want) + 1e-30)
+
+
+@pytest.mark.parametrize("ggml_type", [Q4_1, Q8_0])
+def test_products_give_the_same_bits_twice(device, ggml_type):
+    rng = np.random.default_rng(4)
+    raw, _ = random_matrix(rng, ggml_type, 300, 576)
+    weight = upload_matrix(device, raw, ggml_type)
+    x = activations(device, rng.standard_normal((2, 576)))
+    y = device.create_buffer(4 * 600, kernels.Usage.STORAGE | kernels.Usage.COPY_SRC, "test.y")
+    first = run(device, kernels.matvec(device, weight, x, y, 2), y, 2400)
+    assert run(device, kernels.matvec(device, weight, x, y, 2), y, 2400) == first
