@@ -18,11 +18,13 @@ from .errors import DeviceError
 
 @functools.cache
 def source(name: str) -> str:
-    """The text of ``shaders/<name>.wgsl``, from the installed package or the source tree."""
-    packaged = resources.files("kvckpt_web").joinpath("shaders", f"{name}.wgsl")
+    """The text of ``shaders/<name>.wgsl`` (``name`` may name a subfolder: "model/rope"), from the installed
+    package or the source tree."""
+    parts = f"{name}.wgsl".split("/")
+    packaged = resources.files("kvckpt_web").joinpath("shaders", *parts)
     if packaged.is_file():
         return packaged.read_text(encoding="utf-8")
-    in_tree = Path(__file__).resolve().parent.parent / "shaders" / f"{name}.wgsl"
+    in_tree = Path(__file__).resolve().parent.parent.joinpath("shaders", *parts)
     if in_tree.is_file():
         return in_tree.read_text(encoding="utf-8")
     raise DeviceError(f"shader {name}.wgsl: expected in the kvckpt_web package or ./shaders, got neither")
