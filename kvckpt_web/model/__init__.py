@@ -1,0 +1,1 @@
+"""The parts of a llama-style model that run on a PagedKVCache."""
