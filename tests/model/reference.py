@@ -1,6 +1,6 @@
 """A numpy float64 reference of a llama-style model (SmolLM2-135M's architecture), for tests only.
 
-Weights are held as the GGUF dequantizes them (float32, ``(out_features, in_features)`` like Hugging Face) with
+Weights are the values the GGUF dequantizes to, held as float64 (``(out_features, in_features)`` like Hugging Face), with
 attn_q/attn_k rows *un-permuted* back to Hugging Face's order, so RoPE is TVM's rope_mode "normal"
 (rotate-half). Every product and sum is float64; K/V are rounded to float16 where they enter the cache, as
 kvckpt_web's cache stores them. ``reference_forward`` runs a prefill chunk or a decode step on top of the K/V
@@ -141,7 +141,7 @@ def reference_forward(weights: Weights, config: Config, tokens: list[int] | np.n
     n = len(tokens)
     start = 0 if past_kv is None else past_kv[0][0].shape[0]
     positions = np.arange(start, start + n)
-    x = weights.embedding[np.asarray(tokens)].astype(np.float64)
+    x = weights.embedding[np.asarray(tokens)]
     kv: KV = []
     for i, layer in enumerate(weights.layers):
         h = rms_norm(x, layer.attn_norm, c.rms_eps)
@@ -179,53 +179,60 @@ def random_model(config: Config, seed: int = 0) -> Weights:
     c = config
 
     def matrix(rows: int, cols: int) -> np.ndarray:
-        return (rng.standard_normal((rows, cols)) / np.sqrt(cols)).astype(np.float32)
+        return rng.standard_normal((rows, cols)) / np.sqrt(cols)
 
     def norm() -> np.ndarray:
-        return (1 + 0.1 * rng.standard_normal(c.hidden)).astype(np.float32)
+        return 1 + 0.1 * rng.standard_normal(c.hidden)
 
     q_rows, kv_rows = c.num_qo_heads * c.head_dim, c.num_kv_heads * c.head_dim
     layers = [LayerWeights(norm(), matrix(q_rows, c.hidden), matrix(kv_rows, c.hidden), matrix(kv_rows, c.hidden),
                            matrix(c.hidden, q_rows), norm(), matrix(c.ffn, c.hidden), matrix(c.ffn, c.hidden),
                            matrix(c.hidden, c.ffn)) for _ in range(c.num_layers)]
-    return Weights(rng.standard_normal((c.vocab, c.hidden)).astype(np.float32), layers, norm())
+    return Weights(rng.standard_normal((c.vocab, c.hidden)), layers, norm())
 
 
 # ----- the real model -------------------------------------------------------------------------------------
 
 
-def _field(reader, key: str):  # type: ignore[no-untyped-def]
-    field = reader.fields[key]
-    return field.parts[field.data[0]][0]
+@functools.cache
+def gguf_reader(path: Path):  # type: ignore[no-untyped-def]
+    """The ``gguf`` package's reader of ``path``, opened once (parsing the vocabulary takes seconds)."""
+    import gguf
+
+    return gguf.GGUFReader(str(path))
 
 
 @functools.cache
-def load_gguf(path: Path, num_layers: int | None = None, *, permuted: bool = False) -> tuple[Weights, Config]:
-    """The dequantized weights and config of a llama GGUF (its first ``num_layers`` blocks: all if None); q/k rows
-    un-permuted to Hugging Face order unless ``permuted`` (then use ``adjacent_rope``)."""
+def gguf_tensor(path: Path, name: str) -> np.ndarray:
+    """Tensor ``name`` of ``path`` dequantized (``(rows, cols)``, reversed GGUF shape), held as float64."""
     import gguf
 
-    reader = gguf.GGUFReader(str(path))
-    tensors = {t.name: t for t in reader.tensors}
+    t = next(t for t in gguf_reader(path).tensors if t.name == name)
+    return gguf.quants.dequantize(t.data, t.tensor_type).astype(np.float64)
 
-    def tensor(name: str) -> np.ndarray:
-        t = tensors[name]
-        return gguf.quants.dequantize(t.data, t.tensor_type).astype(np.float32)
 
-    heads, kv_heads = int(_field(reader, "llama.attention.head_count")), int(_field(reader, "llama.attention.head_count_kv"))
-    hidden = int(_field(reader, "llama.embedding_length"))
-    embedding = tensor("token_embd.weight")
-    config = Config(num_layers=num_layers or int(_field(reader, "llama.block_count")), hidden=hidden,
-                    ffn=int(_field(reader, "llama.feed_forward_length")), num_qo_heads=heads, num_kv_heads=kv_heads,
-                    head_dim=hidden // heads, rope_theta=float(_field(reader, "llama.rope.freq_base")),
-                    rms_eps=float(_field(reader, "llama.attention.layer_norm_rms_epsilon")), vocab=embedding.shape[0])
+def _field(path: Path, key: str):  # type: ignore[no-untyped-def]
+    field = gguf_reader(path).fields[key]
+    return field.parts[field.data[0]][0]
+
+
+def load_gguf(path: Path, num_layers: int | None = None, *, permuted: bool = False) -> tuple[Weights, Config]:
+    """The dequantized weights (float64) and config of a llama GGUF, its first ``num_layers`` blocks (None: all);
+    q/k rows un-permuted to Hugging Face order unless ``permuted`` (then use ``adjacent_rope``)."""
+    heads, kv_heads = int(_field(path, "llama.attention.head_count")), int(_field(path, "llama.attention.head_count_kv"))
+    hidden = int(_field(path, "llama.embedding_length"))
+    embedding = gguf_tensor(path, "token_embd.weight")
+    config = Config(num_layers=num_layers or int(_field(path, "llama.block_count")), hidden=hidden,
+                    ffn=int(_field(path, "llama.feed_forward_length")), num_qo_heads=heads, num_kv_heads=kv_heads,
+                    head_dim=hidden // heads, rope_theta=float(_field(path, "llama.rope.freq_base")),
+                    rms_eps=float(_field(path, "llama.attention.layer_norm_rms_epsilon")), vocab=embedding.shape[0])
     order = (lambda w, n: w) if permuted else gguf_unpermute
     layers = []
     for i in range(config.num_layers):
         def blk(name: str) -> np.ndarray:
-            return tensor(f"blk.{i}.{name}.weight")  # noqa: B023 (used at once)
+            return gguf_tensor(path, f"blk.{i}.{name}.weight")  # noqa: B023 (used at once)
 
         layers.append(LayerWeights(blk("attn_norm"), order(blk("attn_q"), heads), order(blk("attn_k"), kv_heads),
                                    blk("attn_v"), blk("attn_output"), blk("ffn_norm"), blk("ffn_gate"), blk("ffn_up"),
                                    blk("ffn_down")))
-    return Weights(embedding, layers, tensor("output_norm.weight")), config
+    return Weights(embedding, layers, gguf_tensor(path, "output_norm.weight")), config
