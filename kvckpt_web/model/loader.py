@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING
 from ..errors import FieldError, ModelUnavailableError
 from .codec import ChatCodec
 from .gguf import open_gguf
+from .llama import LlamaModel
 from .protocol import LoadedModel
 
 if TYPE_CHECKING:
@@ -47,8 +48,9 @@ def load_model(path: str | os.PathLike[str], device: "Device") -> LoadedModel:
     path = Path(path)
     if not path.is_file():
         raise FieldError("model", "a GGUF model file", str(path), "missing" if not path.exists() else "not a file")
-    ChatCodec.from_gguf(open_gguf(path))  # the file, its tokenizer and chat template are checked first
-    raise ModelUnavailableError(f"{path}: the WGSL llama runner is not available in this build")
+    f = open_gguf(path)
+    text = ChatCodec.from_gguf(f)  # the file, its tokenizer and chat template are checked before any upload
+    return LoadedModel(LlamaModel(f, device), text)
 
 
 def load_default(device: "Device") -> LoadedModel:
