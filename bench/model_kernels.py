@@ -93,12 +93,12 @@ def bench_model_kernels(path: Path | None = None, rounds: int = 5, echo: Callabl
                 times[name].append(time.perf_counter() - start)
                 if name == names[2]:
                     encode_ms.append((encoded_at - start) * 1e3)
-    q4 = statistics.median(times[names[0]])
+    base = statistics.median(times[names[0]])
     echo(f"{'variant':<52} {'median ms':>9} {'range':>13} {'Q4_1 / it':>12}")
     for name in names:
         median = statistics.median(times[name])
         echo(f"{name:<52} {median * 1e3:9.1f} {min(times[name]) * 1e3:6.1f}-{max(times[name]) * 1e3:<6.1f}"
-             f" {q4 / median:12.2f}")
+             f" {base / median:12.2f}")
     echo(f"encoding the decode step's dispatches (host side, included above): {statistics.median(encode_ms):.1f} ms")
     device.destroy(probe)
 
