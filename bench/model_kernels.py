@@ -1,8 +1,9 @@
 """Dense model kernels on the desktop adapter: what bounds a decode step of SmolLM2-135M (Q4_1 GGUF).
 
 Uploads the model's weights as ``kvckpt_web.model.weights`` lays them out, then times, round by round and
-side by side: the Q4_1 products over all 210 Q4_1 matrices, the Q8_0 head, every dense dispatch of one decode step (no attention) in one submit, and 300
-dispatches that do nothing. Run from the repository root:
+side by side: every dense dispatch of one decode step (no attention) in one submit, with a dispatch per
+RMSNorm and per projection and with the norms folded into the products and q, k, v stacked; the Q4_1
+products over all 210 Q4_1 matrices; the Q8_0 head; and 300 dispatches that do nothing. Run from the repository root:
 ``.venv/bin/python bench/model_kernels.py [path/to/model.gguf] [--rounds N]``.
 """
 
@@ -12,6 +13,7 @@ import argparse
 import asyncio
 import importlib.util
 import statistics
+import struct
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -19,7 +21,7 @@ from typing import Callable
 
 from kvckpt_web.device import Buffer, Copy, Device, Dispatch, Usage, open_device
 from kvckpt_web.model import kernels
-from kvckpt_web.model.weights import DenseTensor, QuantizedTensor, upload_tensor
+from kvckpt_web.model.weights import DenseTensor, QuantizedTensor, upload_stacked, upload_tensor
 
 LAYERS = 30
 PROJECTIONS = ("attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down")
@@ -33,7 +35,8 @@ def default_model() -> Path:
 
 
 def load(device: Device, path: Path, echo: Callable[[str], None]) -> dict[str, QuantizedTensor | DenseTensor]:
-    """Every tensor of the GGUF at ``path`` on ``device``; echoes the time the pure-Python upload took."""
+    """Every tensor of the GGUF at ``path`` on ``device``, and ``blk.N.attn_qkv`` (q, k and v stacked);
+    echoes the time the pure-Python upload took."""
     import gguf
 
     reader = gguf.GGUFReader(path)
@@ -43,63 +46,87 @@ def load(device: Device, path: Path, echo: Callable[[str], None]) -> dict[str, Q
     device.submit([])
     echo(f"upload of {len(tensors)} tensors ({path.stat().st_size / 1e6:.0f} MB file): "
          f"{(time.perf_counter() - start) * 1e3:.0f} ms")
+    by_name = {t.name: t for t in reader.tensors}
+    for i in range(LAYERS):
+        parts = [by_name[f"blk.{i}.attn_{p}.weight"] for p in "qkv"]
+        tensors[f"blk.{i}.attn_qkv"] = upload_stacked(device, f"blk.{i}.attn_qkv", [
+            (int(t.tensor_type), [int(n) for n in t.shape], memoryview(t.data).cast("B")) for t in parts])
     return tensors
 
 
+def decode_step(device: Device, w: dict[str, QuantizedTensor | DenseTensor], buffers: dict[str, Buffer],
+                fused: bool) -> list[Dispatch]:
+    """The dense dispatches of one decode step (no attention): with ``fused``, each RMSNorm folded into the
+    products after it and q, k, v as one stacked product; else a dispatch per norm and per projection."""
+    h, x, y, eps = buffers["h"], buffers["x"], buffers["y"], 1e-5
+    head = w["token_embd.weight"]
+    step = [kernels.embed(device, head, buffers["ids"], h, 1)]
+    for i in range(LAYERS):
+        blk = lambda name: w[f"blk.{i}.{name}"]  # noqa: E731
+        if fused:
+            step += kernels.matvec(device, blk("attn_qkv"), h, y, norm=blk("attn_norm.weight"), eps=eps)
+        else:
+            step.append(kernels.rms_norm(device, h, blk("attn_norm.weight"), x, 1, eps))
+            step += [d for p in ("q", "k", "v") for d in kernels.matvec(device, blk(f"attn_{p}.weight"), x, y)]
+        step += kernels.matvec(device, blk("attn_output.weight"), x, h, accumulate=True)
+        if fused:
+            step += kernels.gated(device, blk("ffn_gate.weight"), blk("ffn_up.weight"), h, y,
+                                  norm=blk("ffn_norm.weight"), eps=eps)
+        else:
+            step.append(kernels.rms_norm(device, h, blk("ffn_norm.weight"), x, 1, eps))
+            step += kernels.gated(device, blk("ffn_gate.weight"), blk("ffn_up.weight"), x, y)
+        step += kernels.matvec(device, blk("ffn_down.weight"), y, h, accumulate=True)
+    if fused:
+        step += kernels.matvec(device, head, h, y, norm=w["output_norm.weight"], eps=eps)
+    else:
+        step.append(kernels.rms_norm(device, h, w["output_norm.weight"], x, 1, eps))
+        step += kernels.matvec(device, head, x, y)
+    return step + kernels.topk(device, y, 49152, 1, buffers["candidates"], buffers["best"])
+
+
 def bench_model_kernels(path: Path | None = None, rounds: int = 5, echo: Callable[[str], None] = print) -> None:
-    """Print the median ms of each row over ``rounds`` alternating rounds, and its ratio to the Q4_1 products."""
+    """Print the median ms of each row over ``rounds`` alternating rounds, and the first row's median over it."""
     device = open_device()
     w = load(device, path or default_model(), echo)
-    x = kernels.activations(device, 1536, "bench.x")
-    device.write(x, 0, bytes(4 * 1536))
-    h = kernels.activations(device, 576, "bench.h")
-    y = kernels.activations(device, 49152, "bench.y")
-    ids = device.create_buffer(4, Usage.STORAGE | Usage.COPY_DST, "bench.ids")
+    buffers = {"x": kernels.activations(device, 1536, "bench.x"), "h": kernels.activations(device, 576, "bench.h"),
+               "y": kernels.activations(device, 49152, "bench.y"),
+               "ids": device.create_buffer(4, Usage.STORAGE | Usage.COPY_DST, "bench.ids"),
+               "candidates": device.create_buffer(kernels.topk_candidates_bytes(49152, 1), Usage.STORAGE,
+                                                  "bench.candidates"),
+               "best": device.create_buffer(8, Usage.STORAGE | Usage.COPY_SRC, "bench.best")}
+    device.write(buffers["h"], 0, struct.pack("<576f", *(((i * 37) % 101) / 50 - 1 for i in range(576))))
+    x, y = buffers["x"], buffers["y"]
     probe = device.create_buffer(8, Usage.MAP_READ | Usage.COPY_DST, "bench.probe")
-    candidates = device.create_buffer(kernels.topk_candidates_bytes(49152, 1), Usage.STORAGE, "bench.candidates")
-    best = device.create_buffer(8, Usage.STORAGE | Usage.COPY_SRC, "bench.best")
-    head = w["token_embd.weight"]
-
-    q4 = [d for i in range(LAYERS) for p in PROJECTIONS for d in kernels.matvec(device, w[f"blk.{i}.{p}.weight"], x, y)]
-    step = [kernels.embed(device, head, ids, h, 1)]
-    for i in range(LAYERS):
-        blk = lambda name: w[f"blk.{i}.{name}.weight"]  # noqa: E731
-        step.append(kernels.rms_norm(device, h, blk("attn_norm"), x, 1, 1e-5))
-        step += [d for p in ("attn_q", "attn_k", "attn_v") for d in kernels.matvec(device, blk(p), x, y)]
-        step += kernels.matvec(device, blk("attn_output"), x, h, accumulate=True)
-        step.append(kernels.rms_norm(device, h, blk("ffn_norm"), x, 1, 1e-5))
-        step += kernels.gated(device, blk("ffn_gate"), blk("ffn_up"), x, y)
-        step += kernels.matvec(device, blk("ffn_down"), y, h, accumulate=True)
-    step.append(kernels.rms_norm(device, h, w["output_norm.weight"], x, 1, 1e-5))
-    step += kernels.matvec(device, head, x, y)
-    step += kernels.topk(device, y, 49152, 1, candidates, best)
-    empty = [replace(kernels.rms_norm(device, h, w["output_norm.weight"], x, 0, 1e-5), workgroups=(1, 1, 1))] * 300
-
-    variants: dict[str, list[Dispatch]] = {"Q4_1 products (210 dispatches)": q4}
-    variants["Q8_0 head (49152 x 576)"] = kernels.matvec(device, head, x, y)
-    variants[f"decode step without attention ({len(step)} dispatches)"] = step
-    variants["300 empty dispatches, one pass"] = empty
+    apart, fused = decode_step(device, w, buffers, fused=False), decode_step(device, w, buffers, fused=True)
+    products = [d for i in range(LAYERS) for p in PROJECTIONS for d in kernels.matvec(device, w[f"blk.{i}.{p}.weight"], x, y)]
+    norm = w["output_norm.weight"]
+    empty = [replace(kernels.rms_norm(device, x, norm, y, 0, 1e-5), workgroups=(1, 1, 1))] * 300
+    variants = {f"decode step without attention, norms apart ({len(apart)} dispatches)": apart,
+                f"same, norms folded, q/k/v stacked ({len(fused)} dispatches)": fused,
+                f"Q4_1 products of all 210 matrices ({len(products)} dispatches)": products,
+                "Q8_0 head (49152 x 576, 1 dispatch)": kernels.matvec(device, w["token_embd.weight"], x, y),
+                "300 empty dispatches in one pass": empty}
     times: dict[str, list[float]] = {name: [] for name in variants}
     encode_ms: list[float] = []
     names = list(variants)
-    for round_ in range(rounds + 1):  # round 0 warms up (compiles the pipelines)
+    for round_ in range(rounds + 1):  # round 0 warms up (compiles the pipelines, makes the bind groups)
         for name in (names if round_ % 2 else names[::-1]):
             start = time.perf_counter()
-            encoded = device.encode(variants[name] + [Copy(best, 0, probe, 0, 8)])
+            encoded = device.encode(variants[name] + [Copy(buffers["best"], 0, probe, 0, 8)])
             encoded_at = time.perf_counter()
             device.commit(encoded)
             asyncio.run(_wait(device, probe))
             if round_:
                 times[name].append(time.perf_counter() - start)
-                if name == names[2]:
+                if name == names[1]:
                     encode_ms.append((encoded_at - start) * 1e3)
-    q4 = statistics.median(times[names[0]])
-    echo(f"{'variant':<52} {'median ms':>9} {'range':>13} {'Q4_1 / it':>12}")
+    base = statistics.median(times[names[0]])
+    echo(f"{'':<62} {'median ms':>9} {'range':>13} {'first / it':>10}")
     for name in names:
         median = statistics.median(times[name])
-        echo(f"{name:<52} {median * 1e3:9.1f} {min(times[name]) * 1e3:6.1f}-{max(times[name]) * 1e3:<6.1f}"
-             f" {q4 / median:12.2f}")
-    echo(f"encoding the decode step's dispatches (host side, included above): {statistics.median(encode_ms):.1f} ms")
+        echo(f"{name:<62} {median * 1e3:9.1f} {min(times[name]) * 1e3:6.1f}-{max(times[name]) * 1e3:<6.1f}"
+             f" {base / median:10.2f}")
+    echo(f"host time encoding the fused step (included above): {statistics.median(encode_ms):.1f} ms")
     device.destroy(probe)
 
 

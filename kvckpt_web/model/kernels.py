@@ -41,22 +41,24 @@ def activations(device: Device, floats: int, label: str) -> Buffer:
 
 
 def matvec(device: Device, weight: QuantizedTensor, x: Buffer, y: Buffer, tokens: int = 1,
-           accumulate: bool = False) -> list[Dispatch]:
+           accumulate: bool = False, norm: DenseTensor | None = None, eps: float = 0.0) -> list[Dispatch]:
     """``y[t] = W x[t]`` (or ``y[t] += W x[t]`` with ``accumulate``: the residual add) for each of ``tokens``
-    rows of ``x``, ``W`` a Q4_1 or Q8_0 matrix (the tied embedding as the output head)."""
+    rows of ``x``, ``W`` a Q4_1 or Q8_0 matrix (the tied embedding as the output head). With ``norm`` (an
+    RMSNorm weight) the product takes ``RMSNorm(x[t])`` with ``eps`` instead: the norm costs no dispatch."""
     _check_type(weight, Q4_1, Q8_0)
     entry = "q4_1_matvec" if weight.ggml_type == Q4_1 else "q8_0_matvec"
-    return _products(device, entry, (weight,), x, y, tokens, accumulate)
+    return _products(device, entry, (weight,), x, y, tokens, accumulate, norm, eps)
 
 
-def gated(device: Device, gate: QuantizedTensor, up: QuantizedTensor, x: Buffer, y: Buffer,
-          tokens: int = 1) -> list[Dispatch]:
-    """``y[t] = silu(G x[t]) * (U x[t])``, the gated MLP's hidden activations, for Q4_1 ``gate`` and ``up``."""
+def gated(device: Device, gate: QuantizedTensor, up: QuantizedTensor, x: Buffer, y: Buffer, tokens: int = 1,
+          norm: DenseTensor | None = None, eps: float = 0.0) -> list[Dispatch]:
+    """``y[t] = silu(G x[t]) * (U x[t])``, the gated MLP's hidden activations, for Q4_1 ``gate`` and ``up``;
+    ``x[t]`` RMS-normalized first with ``norm`` and ``eps`` if given (as in :func:`matvec`)."""
     _check_type(gate, Q4_1)
     _check_type(up, Q4_1)
     if (up.rows, up.blocks) != (gate.rows, gate.blocks):
         raise TensorError(f"{up.name}: shape", (gate.rows, gate.cols), (up.rows, up.cols))
-    return _products(device, "q4_1_gated", (gate, up), x, y, tokens, accumulate=False)
+    return _products(device, "q4_1_gated", (gate, up), x, y, tokens, False, norm, eps)
 
 
 def embed(device: Device, table: QuantizedTensor, ids: Buffer, out: Buffer, tokens: int) -> Dispatch:
@@ -65,8 +67,8 @@ def embed(device: Device, table: QuantizedTensor, ids: Buffer, out: Buffer, toke
     _check_size("out", out, 4 * tokens * table.cols)
     _check_size("ids", ids, 4 * tokens)
     kernel = device.kernel("model.quant", source("model/quant"), "q8_0_rows")
-    return Dispatch(kernel, pack_params(table.rows, table.blocks, tokens, 0, table.scale_shift, table.quant_shift, 0, 0),
-                    (table.scales, table.quants, ids, out), tokens * table.blocks * 8)
+    return Dispatch(kernel, _quant_params(table, tokens), (table.scales, table.quants, ids, out),
+                    tokens * table.blocks * 8)
 
 
 def rms_norm(device: Device, x: Buffer, weight: DenseTensor, out: Buffer, tokens: int, eps: float) -> Dispatch:
@@ -104,7 +106,7 @@ def topk(device: Device, values: Buffer, n: int, k: int, candidates: Buffer, bes
 
 
 def _products(device: Device, entry: str, weights: tuple[QuantizedTensor, ...], x: Buffer, y: Buffer, tokens: int,
-              accumulate: bool) -> list[Dispatch]:
+              accumulate: bool, norm: DenseTensor | None, eps: float) -> list[Dispatch]:
     """The dispatches of product ``entry`` of ``weights`` over ``tokens`` rows of ``x``, one per window."""
     first = weights[0]
     token_bytes = 4 * first.cols
@@ -117,18 +119,28 @@ def _products(device: Device, entry: str, weights: tuple[QuantizedTensor, ...], 
     if x.size < last_window + X_WINDOW:
         raise TensorError("x: buffer bytes", f"at least {last_window + X_WINDOW} (see activations())", x.size)
     _check_size("y", y, 4 * tokens * first.rows)
+    if norm is not None and norm.shape != (first.cols,):
+        raise TensorError(f"{norm.name}: shape", (first.cols,), norm.shape)
     kernel = device.kernel("model.quant", source("model/quant"), entry)
-    textures = tuple(t for w in weights for t in (w.scales, w.quants))
+    up = tuple(t for w in weights[1:] for t in (w.scales, w.quants))
     groups = -(-first.rows // (ROWS * WORKGROUP))
     dispatches = []
     for start in range(0, tokens, per_window):
         count = min(per_window, tokens - start)
-        params = pack_params(first.rows, first.blocks, count, int(accumulate), first.scale_shift, first.quant_shift,
-                         first.blocks * 8, start)
+        params = _quant_params(first, count, accumulate, start, norm is not None, eps)
         window = Region(x, start * token_bytes, X_WINDOW)
-        dispatches.append(Dispatch(kernel, params, textures[:2] + (window, y) + textures[2:],
+        # without a norm the kernel reads no norm weight, but a 64 KiB uniform must be bound: the window again
+        norm_binding = window if norm is None else Region(norm.buffer, 0, X_WINDOW)
+        dispatches.append(Dispatch(kernel, params, (first.scales, first.quants, window, y, norm_binding) + up,
                                    workgroups=(groups, count, 1)))
     return dispatches
+
+
+def _quant_params(weight: QuantizedTensor, tokens: int, accumulate: bool = False, token_base: int = 0,
+                  normalize: bool = False, eps: float = 0.0) -> bytes:
+    """quant.wgsl's Params for ``weight`` (x's tokens ``weight.cols`` floats apart)."""
+    return struct.pack("<9If2I", weight.rows, weight.blocks, tokens, int(accumulate), weight.scale_shift,
+                       weight.quant_shift, weight.blocks * 8, token_base, int(normalize), eps, 0, 0)
 
 
 def _check_type(weight: QuantizedTensor, *types: int) -> None:

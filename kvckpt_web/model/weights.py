@@ -26,6 +26,9 @@ BLOCK = 32
 BLOCK_BYTES = {Q4_1: 20, Q8_0: 34}
 QUANT_TEXELS = {Q4_1: 1, Q8_0: 2}
 
+DENSE_MIN_BYTES = 65536
+"""Smallest buffer of an F32 tensor: a 64 KiB uniform window of it can be bound."""
+
 MAX_TEXTURE_WIDTH = 4096
 """Widest texture a tensor is laid out in (a power of two; rows of texels wrap at the width)."""
 
@@ -59,7 +62,8 @@ class QuantizedTensor:
 
 @dataclass(frozen=True)
 class DenseTensor:
-    """An f32 tensor of GGUF ``shape`` (ne0 first) in a storage buffer."""
+    """An f32 tensor of GGUF ``shape`` (ne0 first) in a storage buffer that may also be bound as a uniform one
+    (at least :data:`DENSE_MIN_BYTES`)."""
 
     name: str
     shape: tuple[int, ...]
@@ -80,17 +84,51 @@ def upload_tensor(device: Device, name: str, ggml_type: int, shape: tuple[int, .
     view = memoryview(data).cast("B")
     if ggml_type == F32:
         _check_size(name, len(view), 4 * prod(shape))
-        buffer = device.create_buffer(len(view), Usage.STORAGE | Usage.COPY_DST, name)
+        # products that fold in an RMSNorm bind its weight as a uniform window of DENSE_MIN_BYTES
+        buffer = device.create_buffer(max(len(view), DENSE_MIN_BYTES), Usage.STORAGE | Usage.UNIFORM | Usage.COPY_DST,
+                                      name)
         device.write(buffer, 0, view)
         return DenseTensor(name, shape, buffer)
+    blocks, rows = _matrix(name, ggml_type, shape, len(view))
+    return _quantized(device, name, ggml_type, blocks, rows, [split_blocks(ggml_type, view, rows * blocks)])
+
+
+def upload_stacked(device: Device, name: str,
+                   parts: list[tuple[int, tuple[int, ...] | list[int], memoryview | bytes]]) -> QuantizedTensor:
+    """Quantized matrices of one type and width, given as ``upload_tensor`` takes them (type, shape, data), on
+    ``device`` as one matrix: their rows one after the other (q, k and v: one product instead of three)."""
+    types = {ggml_type for ggml_type, _, _ in parts}
+    if len(types) != 1:
+        raise TensorError(f"{name}: ggml types of the parts", "one type", sorted(types))
+    ggml_type = types.pop()
+    blocks, rows, splits = 0, 0, []
+    for i, (_, shape, data) in enumerate(parts):
+        view = memoryview(data).cast("B")
+        part_blocks, part_rows = _matrix(f"{name}[{i}]", ggml_type, tuple(int(n) for n in shape), len(view))
+        if i and part_blocks != blocks:
+            raise TensorError(f"{name}[{i}]: columns", blocks * BLOCK, part_blocks * BLOCK)
+        blocks, rows = part_blocks, rows + part_rows
+        splits.append(split_blocks(ggml_type, view, part_rows * part_blocks))
+    return _quantized(device, name, ggml_type, blocks, rows, splits)
+
+
+def _matrix(name: str, ggml_type: int, shape: tuple[int, ...], size: int) -> tuple[int, int]:
+    """(blocks per row, rows) of a quantized matrix; TensorError for another type, shape or size."""
     if ggml_type not in BLOCK_BYTES:
         raise TensorError(f"{name}: ggml type", f"one of F32 ({F32}), Q4_1 ({Q4_1}), Q8_0 ({Q8_0})", ggml_type)
     if len(shape) != 2 or shape[0] % BLOCK:
         raise TensorError(f"{name}: shape", "(ne0, ne1) with ne0 a multiple of 32", shape)
     blocks, rows = shape[0] // BLOCK, shape[1]
+    _check_size(name, size, rows * blocks * BLOCK_BYTES[ggml_type])
+    return blocks, rows
+
+
+def _quantized(device: Device, name: str, ggml_type: int, blocks: int, rows: int,
+               splits: list[tuple[bytearray, bytearray]]) -> QuantizedTensor:
+    """The tensor whose blocks ``splits`` holds (scales, quants of consecutive rows), on ``device``."""
     count = rows * blocks
-    _check_size(name, len(view), count * BLOCK_BYTES[ggml_type])
-    scales, quants = split_blocks(ggml_type, view, count)
+    scales = bytearray().join(s for s, _ in splits)
+    quants = bytearray().join(q for _, q in splits)
     return QuantizedTensor(name, ggml_type, rows, blocks,
                            _texture(device, f"{name}.scales", 1, count, scales),
                            _texture(device, f"{name}.quants", 4, count * QUANT_TEXELS[ggml_type], quants))

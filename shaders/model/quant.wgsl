@@ -12,12 +12,16 @@
 //   1  texture_2d<u32>      scales
 //   2  texture_2d<u32>      quants
 //   3  uniform              x       a 64 KiB window of the activations, its token t at vec4 t * x_stride
-//   4  storage, read_write  y       y[T * rows + r] = (accumulate ? y[T * rows + r] : 0) + (W x_t)[r],
+//   4  storage, read_write  y       y[T * rows + r] = (accumulate ? y[T * rows + r] : 0) + (W x'_t)[r],
 //                                   T = token_base + t (y is not windowed)
-//   5  texture_2d<u32>      scales of the up matrix (q4_1_gated: y = silu(W x) * (U x), W the gate)
-//   6  texture_2d<u32>      quants of the up matrix
+//   5  uniform              norm    the RMSNorm weight (64 KiB bound; read only when normalize = 1)
+//   6  texture_2d<u32>      scales of the up matrix (q4_1_gated: y = silu(W x') * (U x'), W the gate)
+//   7  texture_2d<u32>      quants of the up matrix
+// x' is x_t, or with normalize = 1 RMSNorm(x_t) = x_t * norm / sqrt(mean(x_t^2) + eps): the products fold in
+// the norm that precedes them, computed by each invocation (x_t * norm enters the sums, the 1 / rms factor
+// scales each finished row sum).
 // Invocation gid.x computes rows ROWS * gid.x .. + ROWS - 1 of token workgroup_id.y; each row's sum runs over
-// the blocks in order, each block's as d * dot(q, x) + m * sum(x) (Q4_1) or d * dot(q, x) (Q8_0), with
+// the blocks in order, each block's as d * dot(q, x') + m * sum(x') (Q4_1) or d * dot(q, x') (Q8_0), with
 // dot products of vec4s in a fixed order: the same inputs give the same bits.
 // Row lookup (q8_0_rows, the token embedding): bindings 0-2 as above, then
 //   3  storage, read        ids     token ids
@@ -33,17 +37,22 @@ struct Params {
   quant_shift: u32,    // log2 of the quants texture's width
   x_stride: u32,       // vec4s between tokens in x
   token_base: u32,     // token of y that token 0 of this window is
+  normalize: u32,      // 1: RMSNorm x first (see above)
+  eps: f32,
+  pad0: u32,
+  pad1: u32,
 }
 
-const ROWS: u32 = 4u;  // rows per invocation (they share the x loads and block sums); named a0..a3 below
+const ROWS: u32 = 4u;  // rows per invocation (they share the activation loads and block sums); a0..a3 below
 
 @group(0) @binding(0) var<uniform> params: Params;
 @group(0) @binding(1) var scales: texture_2d<u32>;
 @group(0) @binding(2) var quants: texture_2d<u32>;
 @group(0) @binding(3) var<uniform> x: array<vec4<f32>, 4096>;
 @group(0) @binding(4) var<storage, read_write> y: array<f32>;
-@group(0) @binding(5) var up_scales: texture_2d<u32>;
-@group(0) @binding(6) var up_quants: texture_2d<u32>;
+@group(0) @binding(5) var<uniform> norm: array<vec4<f32>, 4096>;
+@group(0) @binding(6) var up_scales: texture_2d<u32>;
+@group(0) @binding(7) var up_quants: texture_2d<u32>;
 @group(0) @binding(3) var<storage, read> ids: array<u32>;
 @group(0) @binding(4) var<storage, read_write> out: array<vec4<f32>>;
 
@@ -63,25 +72,62 @@ fn int8s(word: u32) -> vec4<f32> {
   return vec4<f32>(bitcast<vec4<i32>>(vec4<u32>(word) << vec4<u32>(24u, 16u, 8u, 0u)) >> vec4<u32>(24u));
 }
 
-// Block i of a Q4_1 matrix times the 32 activations from vec4 xb.
-fn q4_1_block(s: texture_2d<u32>, q: texture_2d<u32>, i: u32, xb: u32) -> f32 {
-  let dm = unpack2x16float(texel(s, i, params.scale_shift).x);
-  let n = texel(q, i, params.quant_shift);
-  let dq = dot(lo(n.x), x[xb]) + dot(lo(n.y), x[xb + 1u]) + dot(lo(n.z), x[xb + 2u]) + dot(lo(n.w), x[xb + 3u])
-         + dot(hi(n.x), x[xb + 4u]) + dot(hi(n.y), x[xb + 5u]) + dot(hi(n.z), x[xb + 6u]) + dot(hi(n.w), x[xb + 7u]);
-  let sum = dot(x[xb] + x[xb + 1u] + x[xb + 2u] + x[xb + 3u] + x[xb + 4u] + x[xb + 5u] + x[xb + 6u] + x[xb + 7u],
-                vec4<f32>(1.0));
-  return dm.x * dq + dm.y * sum;
+// The 32 activations of one block (times the norm weight when normalizing), and their sum.
+struct Acts {
+  v0: vec4<f32>, v1: vec4<f32>, v2: vec4<f32>, v3: vec4<f32>,
+  v4: vec4<f32>, v5: vec4<f32>, v6: vec4<f32>, v7: vec4<f32>,
+  sum: f32,
 }
 
-// Block i of a Q8_0 matrix times the 32 activations from vec4 xb.
-fn q8_0_block(i: u32, xb: u32) -> f32 {
+// x's vec4 xb + k, times the norm weight's vec4 nb + k when normalizing.
+fn weighted(k: u32, xb: u32, nb: u32) -> vec4<f32> {
+  return x[xb + k] * select(vec4<f32>(1.0), norm[nb + k], params.normalize == 1u);
+}
+
+// Block b of token t.
+fn acts(t: u32, b: u32) -> Acts {
+  let xb = t * params.x_stride + b * 8u;
+  let nb = b * 8u;
+  let v0 = weighted(0u, xb, nb);
+  let v1 = weighted(1u, xb, nb);
+  let v2 = weighted(2u, xb, nb);
+  let v3 = weighted(3u, xb, nb);
+  let v4 = weighted(4u, xb, nb);
+  let v5 = weighted(5u, xb, nb);
+  let v6 = weighted(6u, xb, nb);
+  let v7 = weighted(7u, xb, nb);
+  return Acts(v0, v1, v2, v3, v4, v5, v6, v7, dot(((v0 + v1) + (v2 + v3)) + ((v4 + v5) + (v6 + v7)), vec4<f32>(1.0)));
+}
+
+// The factor of each row sum of token t: 1 / rms(x_t) when normalizing, else 1.
+fn row_scale(t: u32) -> f32 {
+  if (params.normalize != 1u) {
+    return 1.0;
+  }
+  var squares = vec4<f32>(0.0);
+  for (var k = 0u; k < params.blocks * 8u; k = k + 1u) {
+    let v = x[t * params.x_stride + k];
+    squares = squares + v * v;
+  }
+  return 1.0 / sqrt(dot(squares, vec4<f32>(1.0)) / f32(params.blocks * 32u) + params.eps);
+}
+
+// Block i of a Q4_1 matrix times the block's activations a.
+fn q4_1_block(s: texture_2d<u32>, q: texture_2d<u32>, i: u32, a: Acts) -> f32 {
+  let dm = unpack2x16float(texel(s, i, params.scale_shift).x);
+  let n = texel(q, i, params.quant_shift);
+  let dq = dot(lo(n.x), a.v0) + dot(lo(n.y), a.v1) + dot(lo(n.z), a.v2) + dot(lo(n.w), a.v3)
+         + dot(hi(n.x), a.v4) + dot(hi(n.y), a.v5) + dot(hi(n.z), a.v6) + dot(hi(n.w), a.v7);
+  return dm.x * dq + dm.y * a.sum;
+}
+
+// Block i of a Q8_0 matrix times the block's activations a.
+fn q8_0_block(i: u32, a: Acts) -> f32 {
   let d = unpack2x16float(texel(scales, i, params.scale_shift).x).x;
-  let a = texel(quants, 2u * i, params.quant_shift);
-  let b = texel(quants, 2u * i + 1u, params.quant_shift);
-  let dq = dot(int8s(a.x), x[xb]) + dot(int8s(a.y), x[xb + 1u]) + dot(int8s(a.z), x[xb + 2u])
-         + dot(int8s(a.w), x[xb + 3u]) + dot(int8s(b.x), x[xb + 4u]) + dot(int8s(b.y), x[xb + 5u])
-         + dot(int8s(b.z), x[xb + 6u]) + dot(int8s(b.w), x[xb + 7u]);
+  let p = texel(quants, 2u * i, params.quant_shift);
+  let q = texel(quants, 2u * i + 1u, params.quant_shift);
+  let dq = dot(int8s(p.x), a.v0) + dot(int8s(p.y), a.v1) + dot(int8s(p.z), a.v2) + dot(int8s(p.w), a.v3)
+         + dot(int8s(q.x), a.v4) + dot(int8s(q.y), a.v5) + dot(int8s(q.z), a.v6) + dot(int8s(q.w), a.v7);
   return d * dq;
 }
 
@@ -115,13 +161,14 @@ fn q4_1_matvec(@builtin(global_invocation_id) gid: vec3<u32>) {
   let i2 = row(r0, 2u) * params.blocks;
   let i3 = row(r0, 3u) * params.blocks;
   for (var b = 0u; b < params.blocks; b = b + 1u) {
-    let xb = gid.y * params.x_stride + b * 8u;
-    a0 = a0 + q4_1_block(scales, quants, i0 + b, xb);
-    a1 = a1 + q4_1_block(scales, quants, i1 + b, xb);
-    a2 = a2 + q4_1_block(scales, quants, i2 + b, xb);
-    a3 = a3 + q4_1_block(scales, quants, i3 + b, xb);
+    let a = acts(gid.y, b);
+    a0 = a0 + q4_1_block(scales, quants, i0 + b, a);
+    a1 = a1 + q4_1_block(scales, quants, i1 + b, a);
+    a2 = a2 + q4_1_block(scales, quants, i2 + b, a);
+    a3 = a3 + q4_1_block(scales, quants, i3 + b, a);
   }
-  store(r0, gid.y, array<f32, ROWS>(a0, a1, a2, a3));
+  let f = row_scale(gid.y);
+  store(r0, gid.y, array<f32, ROWS>(a0 * f, a1 * f, a2 * f, a3 * f));
 }
 
 @compute @workgroup_size(64)
@@ -143,17 +190,19 @@ fn q4_1_gated(@builtin(global_invocation_id) gid: vec3<u32>) {
   let i2 = row(r0, 2u) * params.blocks;
   let i3 = row(r0, 3u) * params.blocks;
   for (var b = 0u; b < params.blocks; b = b + 1u) {
-    let xb = gid.y * params.x_stride + b * 8u;
-    g0 = g0 + q4_1_block(scales, quants, i0 + b, xb);
-    g1 = g1 + q4_1_block(scales, quants, i1 + b, xb);
-    g2 = g2 + q4_1_block(scales, quants, i2 + b, xb);
-    g3 = g3 + q4_1_block(scales, quants, i3 + b, xb);
-    u0 = u0 + q4_1_block(up_scales, up_quants, i0 + b, xb);
-    u1 = u1 + q4_1_block(up_scales, up_quants, i1 + b, xb);
-    u2 = u2 + q4_1_block(up_scales, up_quants, i2 + b, xb);
-    u3 = u3 + q4_1_block(up_scales, up_quants, i3 + b, xb);
+    let a = acts(gid.y, b);
+    g0 = g0 + q4_1_block(scales, quants, i0 + b, a);
+    g1 = g1 + q4_1_block(scales, quants, i1 + b, a);
+    g2 = g2 + q4_1_block(scales, quants, i2 + b, a);
+    g3 = g3 + q4_1_block(scales, quants, i3 + b, a);
+    u0 = u0 + q4_1_block(up_scales, up_quants, i0 + b, a);
+    u1 = u1 + q4_1_block(up_scales, up_quants, i1 + b, a);
+    u2 = u2 + q4_1_block(up_scales, up_quants, i2 + b, a);
+    u3 = u3 + q4_1_block(up_scales, up_quants, i3 + b, a);
   }
-  store(r0, gid.y, array<f32, ROWS>(silu(g0) * u0, silu(g1) * u1, silu(g2) * u2, silu(g3) * u3));
+  let f = row_scale(gid.y);
+  store(r0, gid.y, array<f32, ROWS>(silu(g0 * f) * (u0 * f), silu(g1 * f) * (u1 * f), silu(g2 * f) * (u2 * f),
+                                    silu(g3 * f) * (u3 * f)));
 }
 
 fn silu(v: f32) -> f32 {
@@ -175,13 +224,14 @@ fn q8_0_matvec(@builtin(global_invocation_id) gid: vec3<u32>) {
   let i2 = row(r0, 2u) * params.blocks;
   let i3 = row(r0, 3u) * params.blocks;
   for (var b = 0u; b < params.blocks; b = b + 1u) {
-    let xb = gid.y * params.x_stride + b * 8u;
-    a0 = a0 + q8_0_block(i0 + b, xb);
-    a1 = a1 + q8_0_block(i1 + b, xb);
-    a2 = a2 + q8_0_block(i2 + b, xb);
-    a3 = a3 + q8_0_block(i3 + b, xb);
+    let a = acts(gid.y, b);
+    a0 = a0 + q8_0_block(i0 + b, a);
+    a1 = a1 + q8_0_block(i1 + b, a);
+    a2 = a2 + q8_0_block(i2 + b, a);
+    a3 = a3 + q8_0_block(i3 + b, a);
   }
-  store(r0, gid.y, array<f32, ROWS>(a0, a1, a2, a3));
+  let f = row_scale(gid.y);
+  store(r0, gid.y, array<f32, ROWS>(a0 * f, a1 * f, a2 * f, a3 * f));
 }
 
 @compute @workgroup_size(256)

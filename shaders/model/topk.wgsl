@@ -4,8 +4,8 @@
 // winning ties): a total order, so the result depends neither on scheduling nor on the order of the offers.
 // Two passes with the same insertion rule:
 //   chunk_topk: invocation c keeps the top k of values[c * chunk .. (c + 1) * chunk) (scanned in index order)
-//               and writes them to candidates[c * k ..], best first (slots past the chunk's size get
-//               (-inf, 0xffffffff), which every real value outranks or ties with a lower index)
+//               and writes them to candidates[c * k ..], best first (slots past the chunk's size: index
+//               0xffffffff, which marks an empty slot; merge_topk skips them)
 //   merge_topk: one invocation offers all candidates and writes the top k to `best`
 // Bindings (group 0), candidates being (chunks * k) vec2<u32>: (bitcast<u32>(value), index):
 //   chunk_topk: 0 uniform Params, 1 storage read values (n) f32,  2 storage read_write candidates
@@ -27,24 +27,31 @@ const K_MAX: u32 = 64u;
 @group(0) @binding(1) var<storage, read> offered: array<vec2<u32>>;
 @group(0) @binding(2) var<storage, read_write> best: array<vec2<u32>>;
 
+const EMPTY: u32 = 0xffffffffu;  // index of a slot that holds no value yet
+
 var<private> top_value: array<f32, K_MAX>;
 var<private> top_index: array<u32, K_MAX>;
 
 fn clear_top() {
   for (var j = 0u; j < params.k; j = j + 1u) {
-    top_value[j] = bitcast<f32>(0xff800000u);  // -inf
-    top_index[j] = 0xffffffffu;
+    top_value[j] = 0.0;
+    top_index[j] = EMPTY;
   }
 }
 
-// Insert (v, i) where it ranks among the kept pairs (dropping the last) if it outranks the last one.
+// Whether (v, i) ranks before what slot j holds (any value ranks before an empty slot).
+fn before(v: f32, i: u32, j: u32) -> bool {
+  return top_index[j] == EMPTY || v > top_value[j] || (v == top_value[j] && i < top_index[j]);
+}
+
+// Insert (v, i) where it ranks among the kept pairs (dropping the last) if it ranks before the last one.
 fn offer(v: f32, i: u32) {
   let last = params.k - 1u;
-  if (!(v > top_value[last] || (v == top_value[last] && i < top_index[last]))) {
+  if (i == EMPTY || !before(v, i, last)) {
     return;
   }
   var j = last;
-  while (j > 0u && (v > top_value[j - 1u] || (v == top_value[j - 1u] && i < top_index[j - 1u]))) {
+  while (j > 0u && before(v, i, j - 1u)) {
     top_value[j] = top_value[j - 1u];
     top_index[j] = top_index[j - 1u];
     j = j - 1u;

@@ -8,7 +8,7 @@ import numpy as np
 from gguf import GGMLQuantizationType
 from gguf.quants import dequantize, quantize
 
-from kvckpt_web.device import Buffer, Device, Dispatch, Usage
+from kvckpt_web.device import Buffer, Copy, Device, Dispatch, Usage
 from kvckpt_web.model import kernels
 from kvckpt_web.model.weights import Q4_1, Q8_0, QuantizedTensor, upload_tensor
 
@@ -37,8 +37,6 @@ def run(device: Device, dispatches: list[Dispatch], out: Buffer, size: int) -> b
     """Submit ``dispatches`` and read ``size`` bytes of ``out`` back."""
     staging = device.create_buffer(size, Usage.MAP_READ | Usage.COPY_DST, "test.readback")
     try:
-        from kvckpt_web.device import Copy
-
         device.submit([*dispatches, Copy(out, 0, staging, 0, size)])
         return bytes(asyncio.run(_read(device, staging, size)))
     finally:
