@@ -92,6 +92,7 @@ def cmd_generate(args: argparse.Namespace) -> None:
     from .device import open_device
     from .model.loader import default_model_path, load_model
     from .model.session import Autosave, StopRules
+    from .persist import load_manifest
     from .store import FileStore
 
     _check_args(args)
@@ -108,6 +109,8 @@ def cmd_generate(args: argparse.Namespace) -> None:
         if args.resume and not Path(args.store).is_dir():
             raise FieldError("--store", "a checkpoint store directory to resume from", args.store, "missing")
         autosave = Autosave(FileStore(args.store), args.name or "chat", args.autosave_every)
+    if args.resume:  # a missing or unreadable checkpoint is reported before the model loads
+        asyncio.run(load_manifest(autosave.store, autosave.name))
     path = Path(args.model) if args.model else default_model_path()
     _print_err(f"loading model {path} ...")
     start = time.perf_counter()

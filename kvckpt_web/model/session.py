@@ -48,6 +48,7 @@ APP_VERSION = 1
 FINISH_REASONS = ("eos", "stop", "length", "context")
 """Why a generation ended: an end-of-sequence id, a stop string, ``max_tokens``, the context is full."""
 
+
 def _int(field_name: str, value: Any, minimum: int) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
         raise FieldError(field_name, f"an integer >= {minimum}", value)

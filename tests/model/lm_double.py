@@ -3,14 +3,15 @@
 :class:`DoubleLM` honours :class:`kvckpt_web.model.protocol.CausalLM` over the real
 :class:`~kvckpt_web.cache.PagedKVCache`. Its forward appends K/V derived from each token and its
 position (through ``append_kv``), then reads back *every* K/V of the sequence (``debug_get_kv``)
-and computes the logits from them with one attention step: a restore that loses, shifts or
-damages any token's K/V changes the logits and so the tokens. :class:`DoubleText` is a
+and computes the logits from them: one attention step plus a term seeded by the digest of all
+their bytes, so a restore that loses, shifts or damages any token's K/V changes the tokens. :class:`DoubleText` is a
 character-level codec over a small alphabet. :func:`load` is a model factory for
 :mod:`kvckpt_web.model.demo` (``"lm_double:load"``).
 """
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Sequence
 from typing import Any
 
@@ -83,7 +84,10 @@ class DoubleLM:
         weights = np.exp(scores - scores.max(axis=1, keepdims=True))
         weights /= weights.sum(axis=1, keepdims=True)
         context = np.einsum("lnh,lnhd->lhd", weights, values).reshape(-1)
-        return DoubleLogits(self.head @ context)
+        # and a term of every bit read back, so that K/V wrong anywhere change the tokens, not only the logits
+        digest = hashlib.sha256(bytes(k.data) + bytes(v.data)).digest()
+        bits = np.random.default_rng(list(digest)).standard_normal(VOCAB)
+        return DoubleLogits(self.head @ context + 2.0 * bits)
 
 
 class DoubleText:

@@ -267,11 +267,18 @@ def test_attention_after_rope_matches_float64_over_the_cached_k_v(harness):
 # ----- refusals ------------------------------------------------------------------------------------------------
 
 
-def test_a_float32_cache_is_refused(device):
-    cache = PagedKVCache(device, KVLayout(page_size=4, num_layers=1, num_qo_heads=2, num_kv_heads=2, qk_head_dim=8,
-                                          dtype="float32"), CacheLimits(1, 16, 16))
+@pytest.mark.parametrize("field,overrides", [
+    ("layout.dtype", dict(dtype="float32")),
+    ("layout.qk_head_dim", dict(qk_head_dim=7)),
+    ("layout.qk_head_dim", dict(qk_head_dim=130)),
+    ("layout.num_qo_heads", dict(num_qo_heads=5)),
+    ("layout.rope_mode", dict(rope_mode="inline")),
+])
+def test_a_layout_the_kernels_cannot_serve_is_refused(device, field, overrides):
+    layout = KVLayout(**{**dict(page_size=4, num_layers=1, num_qo_heads=4, num_kv_heads=2, qk_head_dim=8), **overrides})
+    cache = PagedKVCache(device, layout, CacheLimits(1, 16, 16))
     try:
-        with pytest.raises(FieldError, match="layout.dtype"):
+        with pytest.raises(FieldError, match=field):
             PagedAttention(cache)
     finally:
         cache.close()

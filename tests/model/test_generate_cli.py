@@ -77,6 +77,7 @@ def test_generate_resume_continues_a_saved_reply_as_one_uninterrupted_run(device
     (["--resume", "--store", "{tmp}/s", "--prompt", "hi"], "--prompt"),
     (["--resume", "--store", "{tmp}/s", "--seed", "3"], "--seed"),
     (["--resume", "--store", "{tmp}/missing"], "--store"),
+    (["--resume", "--store", "{tmp}/s", "--name", "nothing"], "no checkpoint named 'nothing'"),
     (["--prompt", "  "], "--prompt"),
     ([], "--prompt"),
     (["--prompt", "hi", "--name", "x"], "--name"),
@@ -90,6 +91,7 @@ def test_generate_resume_continues_a_saved_reply_as_one_uninterrupted_run(device
     (["--prompt", "hi", "--prefill-chunk", "0"], "--prefill-chunk"),
     (["--prompt", "hi", "--model", "{tmp}/none.gguf"], "model"),
 ], ids=["resume-without-store", "resume-with-prompt", "resume-with-sampler-flag", "resume-from-missing-store",
+        "resume-of-a-missing-checkpoint",
         "blank-prompt", "no-prompt", "name-without-store", "bad-name", "negative-temperature", "zero-top-p",
         "negative-top-k", "zero-penalty", "zero-max-tokens", "zero-autosave-every", "zero-prefill-chunk",
         "missing-model-file"])

@@ -142,23 +142,22 @@ def test_app_state_carries_format_version_model_sampler_and_stop_rules(make_cach
     assert state["stop"] == {"max_tokens": 12, "eos_ids": [EOS], "stop_strings": ["zz"]}
 
 
-def test_the_double_continues_differently_from_other_kv(make_cache):
+def test_the_double_continues_differently_from_k_v_that_differ_in_one_early_token(make_cache):
     """Guards the tests above: a resume that restored wrong K/V would show in the tokens."""
     store = MemoryStore()
     interrupted(make_cache, store, GREEDY, produced=6)
     want = run(resumed(make_cache, store).run()).generated_tokens
     manifest, _ = run(load_manifest(store, "chat"))
-    state = dict(manifest.app_state)
-    state["prompt_tokens"] = [state["prompt_tokens"][0] + 1] + state["prompt_tokens"][1:]  # one other early token
-    model = DoubleLM()
-    other = make_cache(model)
-    other.add_sequence(0)
+    state = manifest.app_state
     tokens = state["prompt_tokens"] + state["generated_tokens"]
-    run(model.forward(other, 0, tokens[:8]))
-    for i in range(8, state["kv_length"], 8):
-        run(model.forward(other, 0, tokens[i:min(i + 8, state["kv_length"])]))
-    run(save(other, 0, store, "other", app_state=state))
-    got = run(resume(store, "other", model, make_cache(model), decode=TEXT.decode))
+    tokens[3] += 1  # the checkpoint's K/V of token 3 will be another token's; its app_state stays as it was
+    model = DoubleLM()
+    wrong = make_cache(model)
+    wrong.add_sequence(0)
+    for i in range(0, state["kv_length"], 8):
+        run(model.forward(wrong, 0, tokens[i:min(i + 8, state["kv_length"])]))
+    run(save(wrong, 0, store, "wrong", app_state=state))
+    got = run(resume(store, "wrong", model, make_cache(model), decode=TEXT.decode))
     assert got.resume_report.kv_restored
     assert run(got.run()).generated_tokens != want
 

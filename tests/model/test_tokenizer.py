@@ -96,7 +96,7 @@ def test_special_tokens_are_their_ids(tokenizer: Tokenizer) -> None:
     assert sorted(tokenizer.special_ids) == list(range(17))
 
 
-def test_special_tokens_as_plain_text_when_not_parsed(tokenizer: Tokenizer, hf: HFTokenizer) -> None:
+def test_special_tokens_as_plain_text_when_not_parsed(tokenizer: Tokenizer) -> None:
     ids = tokenizer.encode("<|im_start|>user", parse_special=False)
     assert 1 not in ids
     assert tokenizer.decode(ids) == "<|im_start|>user"
