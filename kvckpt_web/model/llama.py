@@ -25,7 +25,7 @@ from . import kernels
 from .attention import PagedAttention
 from .config import LlamaConfig
 from .gguf import GGML_TYPES, GGUFFile, GGUFTensor
-from .weights import F32, Q4_1, Q8_0, DenseTensor, QuantizedTensor, upload_tensor
+from .weights import F32, Q4_1, Q8_0, DenseTensor, QuantizedTensor, upload_stacked, upload_tensor
 
 if TYPE_CHECKING:
     from ..cache import PagedKVCache
@@ -112,13 +112,12 @@ class _Scratch:
         self.tokens = tokens
         self.ids = device.create_buffer(4 * tokens, Usage.STORAGE | Usage.COPY_DST, "llama.ids")
         self.residual = kernels.activations(device, tokens * c.hidden, "llama.residual")
-        self.normed = kernels.activations(device, tokens * c.hidden, "llama.normed")
         self.qkv = device.create_buffer(4 * tokens * (c.q_rows + 2 * c.kv_rows), Usage.STORAGE, "llama.qkv")
         self.attn = kernels.activations(device, tokens * c.q_rows, "llama.attn")
         self.ffn = kernels.activations(device, tokens * c.ffn, "llama.ffn")
 
     def destroy(self, device: Device) -> None:
-        for buffer in (self.ids, self.residual, self.normed, self.qkv, self.attn, self.ffn):
+        for buffer in (self.ids, self.residual, self.qkv, self.attn, self.ffn):
             device.destroy(buffer)
 
 
@@ -142,17 +141,16 @@ class LlamaModel:
         self.layers: list[_Layer] = []
         for i in range(c.num_layers):
             q, k, v = (f.tensors[f"blk.{i}.{n}.weight"] for n in ("attn_q", "attn_k", "attn_v"))
-            qkv = _rows(q, q_order) + _rows(k, k_order) + bytes(v.data)
+            parts = [(Q4_1, q.shape, _rows(q, q_order)), (Q4_1, k.shape, _rows(k, k_order)), (Q4_1, v.shape, v.data)]
             self.layers.append(_Layer(
                 upload(f"blk.{i}.attn_norm.weight"),  # type: ignore[arg-type]
-                upload_tensor(device, f"blk.{i}.attn_qkv", Q4_1, (c.hidden, c.q_rows + 2 * c.kv_rows), qkv),
+                upload_stacked(device, f"blk.{i}.attn_qkv", parts),
                 *(upload(f"blk.{i}.{n}.weight") for n in ("attn_output", "ffn_norm", "ffn_gate", "ffn_up",
                                                           "ffn_down"))))
         self.embedding = upload("token_embd.weight")
         self.head = upload("output.weight") if "output.weight" in f.tensors else self.embedding
         self.output_norm = upload("output_norm.weight")
         self._last = kernels.activations(device, c.hidden, "llama.last")
-        self._last_normed = kernels.activations(device, c.hidden, "llama.last_normed")
         self.logits = device.create_buffer(4 * c.vocab, Usage.STORAGE | Usage.COPY_SRC, "llama.logits")
         self._candidates = device.create_buffer(kernels.topk_candidates_bytes(c.vocab, kernels.TOPK_MAX),
                                                 Usage.STORAGE, "llama.topk_candidates")
@@ -217,20 +215,19 @@ class LlamaModel:
         c, d = self.config, self.device
         eps = c.rms_eps
         commands: list[Command] = [kernels.embed(d, self.embedding, s.ids, s.residual, n)]  # type: ignore[arg-type]
-        for i, layer in enumerate(self.layers):
-            commands.append(kernels.rms_norm(d, s.residual, layer.attn_norm, s.normed, n, eps))
-            commands += kernels.matvec(d, layer.qkv, s.normed, s.qkv, n)
+        for i, layer in enumerate(self.layers):  # each RMSNorm is folded into the product after it
+            commands += kernels.matvec(d, layer.qkv, s.residual, s.qkv, n, norm=layer.attn_norm, eps=eps)
             commands.append(attention.rope_append(i, s.qkv))
             commands.append(attention.attend(i, s.qkv, s.attn))
             commands += kernels.matvec(d, layer.attn_output, s.attn, s.residual, n, accumulate=True)
-            commands.append(kernels.rms_norm(d, s.residual, layer.ffn_norm, s.normed, n, eps))
-            commands += kernels.gated(d, layer.ffn_gate, layer.ffn_up, s.normed, s.ffn, n)
+            commands += kernels.gated(d, layer.ffn_gate, layer.ffn_up, s.residual, s.ffn, n, norm=layer.ffn_norm,
+                                      eps=eps)
             commands += kernels.matvec(d, layer.ffn_down, s.ffn, s.residual, n, accumulate=True)
         if last:
             row = 4 * c.hidden
             commands.append(Copy(s.residual, (n - 1) * row, self._last, 0, row))
-            commands.append(kernels.rms_norm(d, self._last, self.output_norm, self._last_normed, 1, eps))  # type: ignore[arg-type]
-            commands += kernels.matvec(d, self.head, self._last_normed, self.logits)  # type: ignore[arg-type]
+            commands += kernels.matvec(d, self.head, self._last, self.logits,  # type: ignore[arg-type]
+                                       norm=self.output_norm, eps=eps)  # type: ignore[arg-type]
         return commands
 
     async def _read(self, commands: list[Command], src: Buffer, size: int) -> memoryview:
