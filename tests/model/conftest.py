@@ -33,3 +33,11 @@ def smollm_path() -> Path:
 def smollm(smollm_path: Path) -> GGUFFile:
     """The SmolLM2 GGUF, mapped and parsed by kvckpt_web's reader."""
     return open_gguf(smollm_path)
+
+
+@pytest.fixture(scope="session")
+def tiny_llama_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A tiny random llama GGUF (tests/model/tiny_llama.py), written once per session."""
+    from tiny_llama import write_tiny_llama
+
+    return write_tiny_llama(tmp_path_factory.mktemp("tiny-llama") / "tiny.gguf")
