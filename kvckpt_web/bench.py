@@ -12,6 +12,7 @@ import time
 from dataclasses import dataclass
 from typing import Any, Awaitable, Callable
 
+from .bench_generate import bench_generate
 from .cache import PagedKVCache
 from .device import Copy, CopyRuns, Device, Usage, open_device
 from .errors import FieldError
@@ -472,7 +473,7 @@ async def bench_soak(device: Device | None = None, repeats: int = 0, paths: tupl
     return []
 
 
-BENCHES = {"export": bench_export, "save": bench_save, "soak": bench_soak}
+BENCHES = {"export": bench_export, "save": bench_save, "soak": bench_soak, "generate": bench_generate}
 
 
 def run(names: list[str], repeats: int, paths: tuple[str, ...], echo: Callable[[str], None] = print, *,

@@ -147,8 +147,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_convert)
 
     p = sub.add_parser("bench", help="throughput vs raw transfers of the same bytes, measured in the same run")
-    p.add_argument("names", nargs="*", default=["export"], choices=["export", "save", "soak"],
-                   help="benchmarks to run (soak: kill -9 trials of processes that are saving)")
+    p.add_argument("names", nargs="*", default=["export"], choices=["export", "save", "soak", "generate"],
+                   help="benchmarks to run (soak: kill -9 trials of processes that are saving; generate: the "
+                        "embedded model's prefill, decode, and resume vs re-prefill)")
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--trials", type=int, default=200, help="trials of the soak benchmark (default 200)")
     p.add_argument("--path", choices=["auto", "kernel", "copy", "mapped", "all"], default="all",

@@ -1,7 +1,7 @@
 """``kvckpt generate``: text streamed to stdout, progress on stderr, --resume, one-line errors.
 
 The model comes through the loader seam (``kvckpt_web.model.loader.load_model``), replaced here by the
-test double; without that, the product path says the runner is not available.
+test double, except where the real llama runner is the point (the tiny random GGUF, SmolLM2).
 """
 
 from __future__ import annotations
@@ -103,10 +103,18 @@ def test_bad_generate_arguments_are_one_line_errors_naming_the_flag(tmp_path, ca
     assert sorted(p.name for p in (tmp_path / "s").iterdir()) == []  # nothing saved
 
 
-def test_generate_without_a_model_runner_says_so_in_one_line(smollm_path, tmp_path, capsys):
-    assert main(["generate", "--model", str(smollm_path), "--prompt", "hi", "--store", str(tmp_path / "s")]) == 1
-    assert "the WGSL llama runner is not available in this build" in one_line_error(capsys)
-    assert list((tmp_path / "s").iterdir()) == []
+def test_generate_with_a_llama_gguf_streams_its_reply_and_autosaves(tiny_llama_path, tmp_path, capsys):
+    assert main(["generate", "--model", str(tiny_llama_path), "--prompt", "hi", "--max-tokens", "6", "--store",
+                 str(tmp_path / "s"), "--autosave-every", "4"]) == 0
+    assert capsys.readouterr().out.strip()
+    assert list((tmp_path / "s").iterdir())  # the checkpoint's files
+
+
+@pytest.mark.real_model
+def test_generate_with_smollm2_answers_a_question(smollm_path, capsys):
+    assert main(["generate", "--model", str(smollm_path), "--prompt", "What is the capital of France?",
+                 "--max-tokens", "8"]) == 0
+    assert "Paris" in capsys.readouterr().out
 
 
 def test_generate_with_a_file_that_is_not_gguf_names_its_magic_in_one_line(tmp_path, capsys):

@@ -67,9 +67,10 @@ def test_the_demo_joins_the_killed_and_resumed_top_p_reply_into_the_uninterrupte
     assert f"reply: {report.result['text']}" in out
 
 
-def test_kvckpt_demo_without_a_runnable_model_is_one_line_pointing_at_kv_only():
-    result = subprocess.run([sys.executable, "-m", "kvckpt_web.cli", "demo"], capture_output=True, text=True,
-                            timeout=300)
-    assert result.returncode == 1
-    assert result.stderr.startswith("kvckpt: error: ") and result.stderr.count("\n") == 1, result.stderr
-    assert "--kv-only" in result.stderr
+@pytest.mark.real_model
+def test_kvckpt_demo_resumes_smollm2_identically_after_sigkill(smollm_path):
+    result = subprocess.run([sys.executable, "-m", "kvckpt_web.cli", "demo", "--max-tokens", "20", "--kill-after",
+                             "8"], capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stderr
+    assert "killed with SIGKILL" in result.stdout and "(K/V restored)" in result.stdout
+    assert "identical: the " in result.stdout, result.stdout
