@@ -20,7 +20,7 @@ from .weights import Q4_1, Q8_0, DenseTensor, QuantizedTensor
 X_WINDOW = 65536
 """Bytes of ``x`` a product binds (WebGPU's default maxUniformBufferBindingSize; ``x`` in quant.wgsl)."""
 
-ROWS = 4
+ROWS = 8
 """Rows per invocation of the products (``ROWS`` in quant.wgsl)."""
 
 WORKGROUP = 64

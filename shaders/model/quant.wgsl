@@ -43,7 +43,7 @@ struct Params {
   pad1: u32,
 }
 
-const ROWS: u32 = 4u;  // rows per invocation (they share the activation loads and block sums); a0..a3 below
+const ROWS: u32 = 8u;  // rows per invocation (they share the activation loads and block sums)
 
 @group(0) @binding(0) var<uniform> params: Params;
 @group(0) @binding(1) var scales: texture_2d<u32>;
@@ -131,19 +131,37 @@ fn q8_0_block(i: u32, a: Acts) -> f32 {
   return d * dq;
 }
 
-// Row r0 + j of this invocation, clamped to the last row (its sum is then computed but not stored).
-fn row(r0: u32, j: u32) -> u32 {
-  return min(r0 + j, params.rows - 1u);
+// Four rows' blocks: q4_1_block of each block index in i.
+fn q4_1_rows(s: texture_2d<u32>, q: texture_2d<u32>, i: vec4<u32>, a: Acts) -> vec4<f32> {
+  return vec4<f32>(q4_1_block(s, q, i.x, a), q4_1_block(s, q, i.y, a), q4_1_block(s, q, i.z, a),
+                   q4_1_block(s, q, i.w, a));
 }
 
-fn store(r0: u32, token: u32, acc: array<f32, ROWS>) {
-  for (var j = 0u; j < ROWS; j = j + 1u) {
+fn q8_0_rows4(i: vec4<u32>, a: Acts) -> vec4<f32> {
+  return vec4<f32>(q8_0_block(i.x, a), q8_0_block(i.y, a), q8_0_block(i.z, a), q8_0_block(i.w, a));
+}
+
+// Index of block 0 of rows r .. r + 3, each clamped to the last row (its sum is then computed, not stored).
+fn first_blocks(r: u32) -> vec4<u32> {
+  return min(vec4<u32>(r) + vec4<u32>(0u, 1u, 2u, 3u), vec4<u32>(params.rows - 1u)) * params.blocks;
+}
+
+// Store the sums of rows r0 .. r0 + 3 (low) and r0 + 4 .. r0 + 7 (high) of token t.
+fn store(r0: u32, t: u32, low: vec4<f32>, high: vec4<f32>) {
+  for (var j = 0u; j < 8u; j = j + 1u) {
     if (r0 + j < params.rows) {
-      let k = (params.token_base + token) * params.rows + r0 + j;
-      y[k] = select(0.0, y[k], params.accumulate == 1u) + acc[j];
+      let k = (params.token_base + t) * params.rows + r0 + j;
+      let sum = select(high[j & 3u], low[j & 3u], j < 4u);
+      y[k] = select(0.0, y[k], params.accumulate == 1u) + sum;
     }
   }
 }
+
+fn silu(v: vec4<f32>) -> vec4<f32> {
+  return v / (1.0 + exp(-v));
+}
+
+// The products: ROWS = 8 rows per invocation, their sums in two vec4 accumulators (low and high four rows).
 
 @compute @workgroup_size(64)
 fn q4_1_matvec(@builtin(global_invocation_id) gid: vec3<u32>) {
@@ -151,24 +169,17 @@ fn q4_1_matvec(@builtin(global_invocation_id) gid: vec3<u32>) {
   if (r0 >= params.rows) {
     return;
   }
-  // four named accumulators, not an array: a private array indexed in a loop costs lane-by-lane memory accesses
-  var a0 = 0.0;
-  var a1 = 0.0;
-  var a2 = 0.0;
-  var a3 = 0.0;
-  let i0 = row(r0, 0u) * params.blocks;
-  let i1 = row(r0, 1u) * params.blocks;
-  let i2 = row(r0, 2u) * params.blocks;
-  let i3 = row(r0, 3u) * params.blocks;
+  let il = first_blocks(r0);
+  let ih = first_blocks(r0 + 4u);
+  var low = vec4<f32>(0.0);
+  var high = vec4<f32>(0.0);
   for (var b = 0u; b < params.blocks; b = b + 1u) {
     let a = acts(gid.y, b);
-    a0 = a0 + q4_1_block(scales, quants, i0 + b, a);
-    a1 = a1 + q4_1_block(scales, quants, i1 + b, a);
-    a2 = a2 + q4_1_block(scales, quants, i2 + b, a);
-    a3 = a3 + q4_1_block(scales, quants, i3 + b, a);
+    low = low + q4_1_rows(scales, quants, il + b, a);
+    high = high + q4_1_rows(scales, quants, ih + b, a);
   }
   let f = row_scale(gid.y);
-  store(r0, gid.y, array<f32, ROWS>(a0 * f, a1 * f, a2 * f, a3 * f));
+  store(r0, gid.y, low * f, high * f);
 }
 
 @compute @workgroup_size(64)
@@ -177,36 +188,21 @@ fn q4_1_gated(@builtin(global_invocation_id) gid: vec3<u32>) {
   if (r0 >= params.rows) {
     return;
   }
-  var g0 = 0.0;
-  var g1 = 0.0;
-  var g2 = 0.0;
-  var g3 = 0.0;
-  var u0 = 0.0;
-  var u1 = 0.0;
-  var u2 = 0.0;
-  var u3 = 0.0;
-  let i0 = row(r0, 0u) * params.blocks;
-  let i1 = row(r0, 1u) * params.blocks;
-  let i2 = row(r0, 2u) * params.blocks;
-  let i3 = row(r0, 3u) * params.blocks;
+  let il = first_blocks(r0);
+  let ih = first_blocks(r0 + 4u);
+  var gate_low = vec4<f32>(0.0);
+  var gate_high = vec4<f32>(0.0);
+  var up_low = vec4<f32>(0.0);
+  var up_high = vec4<f32>(0.0);
   for (var b = 0u; b < params.blocks; b = b + 1u) {
     let a = acts(gid.y, b);
-    g0 = g0 + q4_1_block(scales, quants, i0 + b, a);
-    g1 = g1 + q4_1_block(scales, quants, i1 + b, a);
-    g2 = g2 + q4_1_block(scales, quants, i2 + b, a);
-    g3 = g3 + q4_1_block(scales, quants, i3 + b, a);
-    u0 = u0 + q4_1_block(up_scales, up_quants, i0 + b, a);
-    u1 = u1 + q4_1_block(up_scales, up_quants, i1 + b, a);
-    u2 = u2 + q4_1_block(up_scales, up_quants, i2 + b, a);
-    u3 = u3 + q4_1_block(up_scales, up_quants, i3 + b, a);
+    gate_low = gate_low + q4_1_rows(scales, quants, il + b, a);
+    gate_high = gate_high + q4_1_rows(scales, quants, ih + b, a);
+    up_low = up_low + q4_1_rows(up_scales, up_quants, il + b, a);
+    up_high = up_high + q4_1_rows(up_scales, up_quants, ih + b, a);
   }
   let f = row_scale(gid.y);
-  store(r0, gid.y, array<f32, ROWS>(silu(g0 * f) * (u0 * f), silu(g1 * f) * (u1 * f), silu(g2 * f) * (u2 * f),
-                                    silu(g3 * f) * (u3 * f)));
-}
-
-fn silu(v: f32) -> f32 {
-  return v / (1.0 + exp(-v));
+  store(r0, gid.y, silu(gate_low * f) * (up_low * f), silu(gate_high * f) * (up_high * f));
 }
 
 @compute @workgroup_size(64)
@@ -215,23 +211,17 @@ fn q8_0_matvec(@builtin(global_invocation_id) gid: vec3<u32>) {
   if (r0 >= params.rows) {
     return;
   }
-  var a0 = 0.0;
-  var a1 = 0.0;
-  var a2 = 0.0;
-  var a3 = 0.0;
-  let i0 = row(r0, 0u) * params.blocks;
-  let i1 = row(r0, 1u) * params.blocks;
-  let i2 = row(r0, 2u) * params.blocks;
-  let i3 = row(r0, 3u) * params.blocks;
+  let il = first_blocks(r0);
+  let ih = first_blocks(r0 + 4u);
+  var low = vec4<f32>(0.0);
+  var high = vec4<f32>(0.0);
   for (var b = 0u; b < params.blocks; b = b + 1u) {
     let a = acts(gid.y, b);
-    a0 = a0 + q8_0_block(i0 + b, a);
-    a1 = a1 + q8_0_block(i1 + b, a);
-    a2 = a2 + q8_0_block(i2 + b, a);
-    a3 = a3 + q8_0_block(i3 + b, a);
+    low = low + q8_0_rows4(il + b, a);
+    high = high + q8_0_rows4(ih + b, a);
   }
   let f = row_scale(gid.y);
-  store(r0, gid.y, array<f32, ROWS>(a0 * f, a1 * f, a2 * f, a3 * f));
+  store(r0, gid.y, low * f, high * f);
 }
 
 @compute @workgroup_size(256)
