@@ -3,7 +3,8 @@
 Uploads the model's weights as ``kvckpt_web.model.weights`` lays them out, then times, round by round and
 side by side: every dense dispatch of one decode step (no attention) in one submit, with a dispatch per
 RMSNorm and per projection and with the norms folded into the products and q, k, v stacked; the Q4_1
-products over all 210 Q4_1 matrices; the Q8_0 head; and 300 dispatches that do nothing. Run from the repository root:
+products over all 210 Q4_1 matrices; the Q8_0 head; 300 dispatches that do nothing; and the Q4_1 products of a
+20-token prefill in token tiles and one token per invocation. Run from the repository root:
 ``.venv/bin/python bench/model_kernels.py [path/to/model.gguf] [--rounds N]``.
 """
 
@@ -22,8 +23,10 @@ from typing import Callable
 from kvckpt_web.device import Buffer, Copy, Device, Dispatch, Usage, open_device
 from kvckpt_web.model import kernels
 from kvckpt_web.model.weights import DenseTensor, QuantizedTensor, upload_stacked, upload_tensor
+from kvckpt_web.shaders import source
 
 LAYERS = 30
+PREFILL_TOKENS = 20
 PROJECTIONS = ("attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down")
 
 
@@ -99,13 +102,16 @@ def bench_model_kernels(path: Path | None = None, rounds: int = 5, echo: Callabl
     probe = device.create_buffer(8, Usage.MAP_READ | Usage.COPY_DST, "bench.probe")
     apart, fused = decode_step(device, w, buffers, fused=False), decode_step(device, w, buffers, fused=True)
     products = [d for i in range(LAYERS) for p in PROJECTIONS for d in kernels.matvec(device, w[f"blk.{i}.{p}.weight"], x, y)]
+    prefill = prefill_products(device, w, PREFILL_TOKENS)
     norm = w["output_norm.weight"]
     empty = [replace(kernels.rms_norm(device, x, norm, y, 0, 1e-5), workgroups=(1, 1, 1))] * 300
     variants = {f"decode step without attention, norms apart ({len(apart)} dispatches)": apart,
                 f"same, norms folded, q/k/v stacked ({len(fused)} dispatches)": fused,
                 f"Q4_1 products of all 210 matrices ({len(products)} dispatches)": products,
                 "Q8_0 head (49152 x 576, 1 dispatch)": kernels.matvec(device, w["token_embd.weight"], x, y),
-                "300 empty dispatches in one pass": empty}
+                "300 empty dispatches in one pass": empty,
+                f"prefill of {PREFILL_TOKENS} tokens: Q4_1 products, {kernels.TILE}-token tiles": prefill,
+                "same, one token per invocation": per_token(device, prefill)}
     times: dict[str, list[float]] = {name: [] for name in variants}
     encode_ms: list[float] = []
     names = list(variants)
@@ -128,6 +134,36 @@ def bench_model_kernels(path: Path | None = None, rounds: int = 5, echo: Callabl
              f" {base / median:10.2f}")
     echo(f"host time encoding the fused step (included above): {statistics.median(encode_ms):.1f} ms")
     device.destroy(probe)
+
+
+def prefill_products(device: Device, w: dict[str, QuantizedTensor | DenseTensor], tokens: int) -> list[Dispatch]:
+    """The Q4_1 products of a prefill of ``tokens`` tokens (q/k/v stacked, norms folded), on zero activations."""
+    x = kernels.activations(device, tokens * 1536, "bench.prefill.x")
+    y = kernels.activations(device, tokens * 1536, "bench.prefill.y")
+    out: list[Dispatch] = []
+    for i in range(LAYERS):
+        blk = lambda name: w[f"blk.{i}.{name}"]  # noqa: E731
+        out += kernels.matvec(device, blk("attn_qkv"), x, y, tokens, norm=blk("attn_norm.weight"), eps=1e-5)
+        out += kernels.matvec(device, blk("attn_output.weight"), y, x, tokens, accumulate=True)
+        out += kernels.gated(device, blk("ffn_gate.weight"), blk("ffn_up.weight"), x, y, tokens,
+                             norm=blk("ffn_norm.weight"), eps=1e-5)
+        out += kernels.matvec(device, blk("ffn_down.weight"), y, x, tokens, accumulate=True)
+    return out
+
+
+def per_token(device: Device, dispatches: list[Dispatch]) -> list[Dispatch]:
+    """``dispatches`` with each tiled product replaced by the same product one token per invocation."""
+    source_text = source("model/quant")
+    out = []
+    for d in dispatches:
+        entry = d.kernel.name.split(".")[-1]
+        if entry.endswith("_matmul"):
+            single = "q4_1_matvec" if entry == "q4_1_matmul" else "q4_1_gated"
+            rows, count = struct.unpack_from("<I4xI", d.params)
+            d = replace(d, kernel=device.kernel("model.quant", source_text, single),
+                        workgroups=(-(-rows // (kernels.ROWS * kernels.WORKGROUP)), count, 1))
+        out.append(d)
+    return out
 
 
 async def _wait(device: Device, probe: Buffer) -> None:

@@ -20,8 +20,11 @@ from .weights import Q4_1, Q8_0, DenseTensor, QuantizedTensor
 X_WINDOW = 65536
 """Bytes of ``x`` a product binds (WebGPU's default maxUniformBufferBindingSize; ``x`` in quant.wgsl)."""
 
-ROWS = 4
-"""Rows per invocation of the products (``ROWS`` in quant.wgsl)."""
+ROWS = 8
+"""Rows per invocation of the products of one token (``ROWS`` in quant.wgsl)."""
+
+TILE_ROWS, TILE = 4, 4
+"""Rows and tokens per invocation of the tiled products, for several tokens (``TILE`` in quant.wgsl)."""
 
 WORKGROUP = 64
 """Invocations per workgroup of the products, the norm and the first top-k pass (``@workgroup_size``)."""
@@ -46,8 +49,9 @@ def matvec(device: Device, weight: QuantizedTensor, x: Buffer, y: Buffer, tokens
     rows of ``x``, ``W`` a Q4_1 or Q8_0 matrix (the tied embedding as the output head). With ``norm`` (an
     RMSNorm weight) the product takes ``RMSNorm(x[t])`` with ``eps`` instead: the norm costs no dispatch."""
     _check_type(weight, Q4_1, Q8_0)
-    entry = "q4_1_matvec" if weight.ggml_type == Q4_1 else "q8_0_matvec"
-    return _products(device, entry, (weight,), x, y, tokens, accumulate, norm, eps)
+    if weight.ggml_type == Q4_1:
+        return _products(device, "q4_1_matvec", (weight,), x, y, tokens, accumulate, norm, eps, "q4_1_matmul")
+    return _products(device, "q8_0_matvec", (weight,), x, y, tokens, accumulate, norm, eps)
 
 
 def gated(device: Device, gate: QuantizedTensor, up: QuantizedTensor, x: Buffer, y: Buffer, tokens: int = 1,
@@ -58,7 +62,7 @@ def gated(device: Device, gate: QuantizedTensor, up: QuantizedTensor, x: Buffer,
     _check_type(up, Q4_1)
     if (up.rows, up.blocks) != (gate.rows, gate.blocks):
         raise TensorError(f"{up.name}: shape", (gate.rows, gate.cols), (up.rows, up.cols))
-    return _products(device, "q4_1_gated", (gate, up), x, y, tokens, False, norm, eps)
+    return _products(device, "q4_1_gated", (gate, up), x, y, tokens, False, norm, eps, "q4_1_gated_matmul")
 
 
 def embed(device: Device, table: QuantizedTensor, ids: Buffer, out: Buffer, tokens: int) -> Dispatch:
@@ -106,8 +110,9 @@ def topk(device: Device, values: Buffer, n: int, k: int, candidates: Buffer, bes
 
 
 def _products(device: Device, entry: str, weights: tuple[QuantizedTensor, ...], x: Buffer, y: Buffer, tokens: int,
-              accumulate: bool, norm: DenseTensor | None, eps: float) -> list[Dispatch]:
-    """The dispatches of product ``entry`` of ``weights`` over ``tokens`` rows of ``x``, one per window."""
+              accumulate: bool, norm: DenseTensor | None, eps: float, tiled: str | None = None) -> list[Dispatch]:
+    """The dispatches of product ``entry`` of ``weights`` over ``tokens`` rows of ``x``, one per window; of its
+    ``tiled`` form (4 rows x :data:`TILE` tokens an invocation) where a window has several tokens."""
     first = weights[0]
     token_bytes = 4 * first.cols
     # tokens per window: as many as fit, in steps that keep each window's offset aligned for a uniform binding
@@ -121,18 +126,23 @@ def _products(device: Device, entry: str, weights: tuple[QuantizedTensor, ...], 
     _check_size("y", y, 4 * tokens * first.rows)
     if norm is not None and norm.shape != (first.cols,):
         raise TensorError(f"{norm.name}: shape", (first.cols,), norm.shape)
-    kernel = device.kernel("model.quant", source("model/quant"), entry)
+    shader = source("model/quant")
     up = tuple(t for w in weights[1:] for t in (w.scales, w.quants))
-    groups = -(-first.rows // (ROWS * WORKGROUP))
     dispatches = []
     for start in range(0, tokens, per_window):
         count = min(per_window, tokens - start)
+        if tiled is not None and count > 1:
+            kernel = device.kernel("model.quant", shader, tiled)
+            groups = (-(-first.rows // (TILE_ROWS * WORKGROUP)), -(-count // TILE), 1)
+        else:
+            kernel = device.kernel("model.quant", shader, entry)
+            groups = (-(-first.rows // (ROWS * WORKGROUP)), count, 1)
         params = _quant_params(first, count, accumulate, start, norm is not None, eps)
         window = Region(x, start * token_bytes, X_WINDOW)
         # without a norm the kernel reads no norm weight, but a 64 KiB uniform must be bound: the window again
         norm_binding = window if norm is None else Region(norm.buffer, 0, X_WINDOW)
         dispatches.append(Dispatch(kernel, params, (first.scales, first.quants, window, y, norm_binding) + up,
-                                   workgroups=(groups, count, 1)))
+                                   workgroups=groups))
     return dispatches
 
 

@@ -8,6 +8,7 @@ go into storage buffers. Pure Python (struct, memoryview slicing): it runs in Py
 
 from __future__ import annotations
 
+from array import array
 from dataclasses import dataclass
 from math import prod
 
@@ -124,27 +125,35 @@ def _matrix(name: str, ggml_type: int, shape: tuple[int, ...], size: int) -> tup
 
 
 def _quantized(device: Device, name: str, ggml_type: int, blocks: int, rows: int,
-               splits: list[tuple[bytearray, bytearray]]) -> QuantizedTensor:
+               splits: list[tuple[bytes | array, array]]) -> QuantizedTensor:
     """The tensor whose blocks ``splits`` holds (scales, quants of consecutive rows), on ``device``."""
     count = rows * blocks
-    scales = bytearray().join(s for s, _ in splits)
-    quants = bytearray().join(q for _, q in splits)
+    scales = bytearray().join(scale for scale, _ in splits)
+    quants = bytearray().join(quant for _, quant in splits)
     return QuantizedTensor(name, ggml_type, rows, blocks,
                            _texture(device, f"{name}.scales", 1, count, scales),
                            _texture(device, f"{name}.quants", 4, count * QUANT_TEXELS[ggml_type], quants))
 
 
-def split_blocks(ggml_type: int, view: memoryview, count: int) -> tuple[bytearray, bytearray]:
-    """The scales texels (4 bytes a block) and quant texels (16 or 32 bytes a block) of ``count`` GGUF blocks."""
-    size = BLOCK_BYTES[ggml_type]
-    head = 4 if ggml_type == Q4_1 else 2  # Q4_1: f16 d, f16 m; Q8_0: f16 d (the texel's high half stays 0)
-    scales = bytearray(4 * count)
-    for j in range(head):
-        scales[j::4] = view[j::size]
-    width = size - head
-    quants = bytearray(width * count)
-    for j in range(width):
-        quants[j::width] = view[head + j::size]
+def split_blocks(ggml_type: int, view: memoryview, count: int) -> tuple[bytes | array, array]:
+    """The scales texels (4 bytes a block) and quant texels (16 or 32 bytes a block) of ``count`` GGUF blocks.
+
+    Copies whole words: a Q4_1 block is 5 u32 (the scales word, then 4 words of nibbles), a Q8_0 block 17 u16
+    (the scale, then 16 of int8 pairs); each column of words is gathered by a strided slice and scattered by a
+    strided assignment (twice as fast as byte by byte: 0.8 s for this model here).
+    """
+    if ggml_type == Q4_1:
+        words = view.cast("I")
+        quants = array("I", bytes(16 * count))
+        for j in range(4):
+            quants[j::4] = array("I", words[1 + j::5].tobytes())
+        return words[0::5].tobytes(), quants
+    halves = view.cast("H")
+    scales = array("H", bytes(4 * count))  # the scale in the low half of a texel, 0 in the high half
+    scales[0::2] = array("H", halves[0::17].tobytes())
+    quants = array("H", bytes(32 * count))
+    for j in range(16):
+        quants[j::16] = array("H", halves[1 + j::17].tobytes())
     return scales, quants
 
 

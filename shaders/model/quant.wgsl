@@ -7,7 +7,8 @@
 // Texel i of a texture 2^shift texels wide lies at (i & (2^shift - 1), i >> shift). Weights:
 //   Q4_1 w = d * q + m (q in 0..15), Q8_0 w = d * q (q in -128..127).
 //
-// Bindings (group 0), matrix-vector entries (q4_1_matvec, q8_0_matvec, q4_1_gated):
+// Bindings (group 0), products (q4_1_matvec, q8_0_matvec, q4_1_gated, and for several tokens q4_1_matmul,
+// q4_1_gated_matmul):
 //   0  uniform              Params
 //   1  texture_2d<u32>      scales
 //   2  texture_2d<u32>      quants
@@ -20,7 +21,8 @@
 // x' is x_t, or with normalize = 1 RMSNorm(x_t) = x_t * norm / sqrt(mean(x_t^2) + eps): the products fold in
 // the norm that precedes them, computed by each invocation (x_t * norm enters the sums, the 1 / rms factor
 // scales each finished row sum).
-// Invocation gid.x computes rows ROWS * gid.x .. + ROWS - 1 of token workgroup_id.y; each row's sum runs over
+// Invocation gid.x computes rows ROWS * gid.x .. + ROWS - 1 of token workgroup_id.y (the matmul entries: rows
+// 4 * gid.x .. + 3 of tokens TILE * workgroup_id.y .. + TILE - 1); each row's sum runs over
 // the blocks in order, each block's as d * dot(q, x') + m * sum(x') (Q4_1) or d * dot(q, x') (Q8_0), with
 // dot products of vec4s in a fixed order: the same inputs give the same bits.
 // Row lookup (q8_0_rows, the token embedding): bindings 0-2 as above, then
@@ -43,7 +45,8 @@ struct Params {
   pad1: u32,
 }
 
-const ROWS: u32 = 4u;  // rows per invocation (they share the activation loads and block sums); a0..a3 below
+const ROWS: u32 = 8u;  // rows per invocation (they share the activation loads and block sums)
+const TILE: u32 = 4u;  // tokens per invocation of the tiled products (q4_1_matmul, q4_1_gated_matmul)
 
 @group(0) @binding(0) var<uniform> params: Params;
 @group(0) @binding(1) var scales: texture_2d<u32>;
@@ -112,13 +115,34 @@ fn row_scale(t: u32) -> f32 {
   return 1.0 / sqrt(dot(squares, vec4<f32>(1.0)) / f32(params.blocks * 32u) + params.eps);
 }
 
+// A Q4_1 block's weights: (d, m) and its 32 q as floats, q0 = weights 0-3 .. q7 = weights 28-31.
+struct Q4 {
+  dm: vec2<f32>,
+  q0: vec4<f32>, q1: vec4<f32>, q2: vec4<f32>, q3: vec4<f32>,
+  q4: vec4<f32>, q5: vec4<f32>, q6: vec4<f32>, q7: vec4<f32>,
+}
+
+fn q4_1_weights(s: texture_2d<u32>, q: texture_2d<u32>, i: u32) -> Q4 {
+  let n = texel(q, i, params.quant_shift);
+  return Q4(unpack2x16float(texel(s, i, params.scale_shift).x),
+            lo(n.x), lo(n.y), lo(n.z), lo(n.w), hi(n.x), hi(n.y), hi(n.z), hi(n.w));
+}
+
+fn q4_1_dot(w: Q4, a: Acts) -> f32 {
+  let dq = dot(w.q0, a.v0) + dot(w.q1, a.v1) + dot(w.q2, a.v2) + dot(w.q3, a.v3)
+         + dot(w.q4, a.v4) + dot(w.q5, a.v5) + dot(w.q6, a.v6) + dot(w.q7, a.v7);
+  return w.dm.x * dq + w.dm.y * a.sum;
+}
+
 // Block i of a Q4_1 matrix times the block's activations a.
 fn q4_1_block(s: texture_2d<u32>, q: texture_2d<u32>, i: u32, a: Acts) -> f32 {
-  let dm = unpack2x16float(texel(s, i, params.scale_shift).x);
-  let n = texel(q, i, params.quant_shift);
-  let dq = dot(lo(n.x), a.v0) + dot(lo(n.y), a.v1) + dot(lo(n.z), a.v2) + dot(lo(n.w), a.v3)
-         + dot(hi(n.x), a.v4) + dot(hi(n.y), a.v5) + dot(hi(n.z), a.v6) + dot(hi(n.w), a.v7);
-  return dm.x * dq + dm.y * a.sum;
+  return q4_1_dot(q4_1_weights(s, q, i), a);
+}
+
+// Block i of a Q4_1 matrix times the block's activations of four tokens (the weights fetched once).
+fn q4_1_tile(s: texture_2d<u32>, q: texture_2d<u32>, i: u32, a0: Acts, a1: Acts, a2: Acts, a3: Acts) -> vec4<f32> {
+  let w = q4_1_weights(s, q, i);
+  return vec4<f32>(q4_1_dot(w, a0), q4_1_dot(w, a1), q4_1_dot(w, a2), q4_1_dot(w, a3));
 }
 
 // Block i of a Q8_0 matrix times the block's activations a.
@@ -131,19 +155,37 @@ fn q8_0_block(i: u32, a: Acts) -> f32 {
   return d * dq;
 }
 
-// Row r0 + j of this invocation, clamped to the last row (its sum is then computed but not stored).
-fn row(r0: u32, j: u32) -> u32 {
-  return min(r0 + j, params.rows - 1u);
+// Four rows' blocks: q4_1_block of each block index in i.
+fn q4_1_rows(s: texture_2d<u32>, q: texture_2d<u32>, i: vec4<u32>, a: Acts) -> vec4<f32> {
+  return vec4<f32>(q4_1_block(s, q, i.x, a), q4_1_block(s, q, i.y, a), q4_1_block(s, q, i.z, a),
+                   q4_1_block(s, q, i.w, a));
 }
 
-fn store(r0: u32, token: u32, acc: array<f32, ROWS>) {
-  for (var j = 0u; j < ROWS; j = j + 1u) {
+fn q8_0_rows4(i: vec4<u32>, a: Acts) -> vec4<f32> {
+  return vec4<f32>(q8_0_block(i.x, a), q8_0_block(i.y, a), q8_0_block(i.z, a), q8_0_block(i.w, a));
+}
+
+// Index of block 0 of rows r .. r + 3, each clamped to the last row (its sum is then computed, not stored).
+fn first_blocks(r: u32) -> vec4<u32> {
+  return min(vec4<u32>(r) + vec4<u32>(0u, 1u, 2u, 3u), vec4<u32>(params.rows - 1u)) * params.blocks;
+}
+
+// Store the sums of rows r0 .. r0 + 3 (low) and r0 + 4 .. r0 + 7 (high) of token t.
+fn store(r0: u32, t: u32, low: vec4<f32>, high: vec4<f32>) {
+  for (var j = 0u; j < 8u; j = j + 1u) {
     if (r0 + j < params.rows) {
-      let k = (params.token_base + token) * params.rows + r0 + j;
-      y[k] = select(0.0, y[k], params.accumulate == 1u) + acc[j];
+      let k = (params.token_base + t) * params.rows + r0 + j;
+      let sum = select(high[j & 3u], low[j & 3u], j < 4u);
+      y[k] = select(0.0, y[k], params.accumulate == 1u) + sum;
     }
   }
 }
+
+fn silu(v: vec4<f32>) -> vec4<f32> {
+  return v / (1.0 + exp(-v));
+}
+
+// The products: ROWS = 8 rows per invocation, their sums in two vec4 accumulators (low and high four rows).
 
 @compute @workgroup_size(64)
 fn q4_1_matvec(@builtin(global_invocation_id) gid: vec3<u32>) {
@@ -151,24 +193,17 @@ fn q4_1_matvec(@builtin(global_invocation_id) gid: vec3<u32>) {
   if (r0 >= params.rows) {
     return;
   }
-  // four named accumulators, not an array: a private array indexed in a loop costs lane-by-lane memory accesses
-  var a0 = 0.0;
-  var a1 = 0.0;
-  var a2 = 0.0;
-  var a3 = 0.0;
-  let i0 = row(r0, 0u) * params.blocks;
-  let i1 = row(r0, 1u) * params.blocks;
-  let i2 = row(r0, 2u) * params.blocks;
-  let i3 = row(r0, 3u) * params.blocks;
+  let il = first_blocks(r0);
+  let ih = first_blocks(r0 + 4u);
+  var low = vec4<f32>(0.0);
+  var high = vec4<f32>(0.0);
   for (var b = 0u; b < params.blocks; b = b + 1u) {
     let a = acts(gid.y, b);
-    a0 = a0 + q4_1_block(scales, quants, i0 + b, a);
-    a1 = a1 + q4_1_block(scales, quants, i1 + b, a);
-    a2 = a2 + q4_1_block(scales, quants, i2 + b, a);
-    a3 = a3 + q4_1_block(scales, quants, i3 + b, a);
+    low = low + q4_1_rows(scales, quants, il + b, a);
+    high = high + q4_1_rows(scales, quants, ih + b, a);
   }
   let f = row_scale(gid.y);
-  store(r0, gid.y, array<f32, ROWS>(a0 * f, a1 * f, a2 * f, a3 * f));
+  store(r0, gid.y, low * f, high * f);
 }
 
 @compute @workgroup_size(64)
@@ -177,36 +212,21 @@ fn q4_1_gated(@builtin(global_invocation_id) gid: vec3<u32>) {
   if (r0 >= params.rows) {
     return;
   }
-  var g0 = 0.0;
-  var g1 = 0.0;
-  var g2 = 0.0;
-  var g3 = 0.0;
-  var u0 = 0.0;
-  var u1 = 0.0;
-  var u2 = 0.0;
-  var u3 = 0.0;
-  let i0 = row(r0, 0u) * params.blocks;
-  let i1 = row(r0, 1u) * params.blocks;
-  let i2 = row(r0, 2u) * params.blocks;
-  let i3 = row(r0, 3u) * params.blocks;
+  let il = first_blocks(r0);
+  let ih = first_blocks(r0 + 4u);
+  var gate_low = vec4<f32>(0.0);
+  var gate_high = vec4<f32>(0.0);
+  var up_low = vec4<f32>(0.0);
+  var up_high = vec4<f32>(0.0);
   for (var b = 0u; b < params.blocks; b = b + 1u) {
     let a = acts(gid.y, b);
-    g0 = g0 + q4_1_block(scales, quants, i0 + b, a);
-    g1 = g1 + q4_1_block(scales, quants, i1 + b, a);
-    g2 = g2 + q4_1_block(scales, quants, i2 + b, a);
-    g3 = g3 + q4_1_block(scales, quants, i3 + b, a);
-    u0 = u0 + q4_1_block(up_scales, up_quants, i0 + b, a);
-    u1 = u1 + q4_1_block(up_scales, up_quants, i1 + b, a);
-    u2 = u2 + q4_1_block(up_scales, up_quants, i2 + b, a);
-    u3 = u3 + q4_1_block(up_scales, up_quants, i3 + b, a);
+    gate_low = gate_low + q4_1_rows(scales, quants, il + b, a);
+    gate_high = gate_high + q4_1_rows(scales, quants, ih + b, a);
+    up_low = up_low + q4_1_rows(up_scales, up_quants, il + b, a);
+    up_high = up_high + q4_1_rows(up_scales, up_quants, ih + b, a);
   }
   let f = row_scale(gid.y);
-  store(r0, gid.y, array<f32, ROWS>(silu(g0 * f) * (u0 * f), silu(g1 * f) * (u1 * f), silu(g2 * f) * (u2 * f),
-                                    silu(g3 * f) * (u3 * f)));
-}
-
-fn silu(v: f32) -> f32 {
-  return v / (1.0 + exp(-v));
+  store(r0, gid.y, silu(gate_low * f) * (up_low * f), silu(gate_high * f) * (up_high * f));
 }
 
 @compute @workgroup_size(64)
@@ -215,23 +235,109 @@ fn q8_0_matvec(@builtin(global_invocation_id) gid: vec3<u32>) {
   if (r0 >= params.rows) {
     return;
   }
-  var a0 = 0.0;
-  var a1 = 0.0;
-  var a2 = 0.0;
-  var a3 = 0.0;
-  let i0 = row(r0, 0u) * params.blocks;
-  let i1 = row(r0, 1u) * params.blocks;
-  let i2 = row(r0, 2u) * params.blocks;
-  let i3 = row(r0, 3u) * params.blocks;
+  let il = first_blocks(r0);
+  let ih = first_blocks(r0 + 4u);
+  var low = vec4<f32>(0.0);
+  var high = vec4<f32>(0.0);
   for (var b = 0u; b < params.blocks; b = b + 1u) {
     let a = acts(gid.y, b);
-    a0 = a0 + q8_0_block(i0 + b, a);
-    a1 = a1 + q8_0_block(i1 + b, a);
-    a2 = a2 + q8_0_block(i2 + b, a);
-    a3 = a3 + q8_0_block(i3 + b, a);
+    low = low + q8_0_rows4(il + b, a);
+    high = high + q8_0_rows4(ih + b, a);
   }
   let f = row_scale(gid.y);
-  store(r0, gid.y, array<f32, ROWS>(a0 * f, a1 * f, a2 * f, a3 * f));
+  store(r0, gid.y, low * f, high * f);
+}
+
+// The tiled products (prefill): 4 rows x TILE tokens per invocation, gid.y the tile; the weights of a block
+// are fetched once for the tile's tokens. Per (row, token) the same sums as the products above.
+
+// Tokens of tile g, each clamped to the last token (its sums are then computed, not stored).
+fn tile_tokens(g: u32) -> vec4<u32> {
+  return min(vec4<u32>(g * TILE) + vec4<u32>(0u, 1u, 2u, 3u), vec4<u32>(params.tokens - 1u));
+}
+
+fn tile_scales(t: vec4<u32>) -> vec4<f32> {
+  return vec4<f32>(row_scale(t.x), row_scale(t.y), row_scale(t.z), row_scale(t.w));
+}
+
+// Store row r's sums of the tokens of tile g.
+fn store_tile(r: u32, g: u32, sums: vec4<f32>) {
+  if (r >= params.rows) {
+    return;
+  }
+  for (var j = 0u; j < TILE; j = j + 1u) {
+    let t = g * TILE + j;
+    if (t < params.tokens) {
+      let k = (params.token_base + t) * params.rows + r;
+      y[k] = select(0.0, y[k], params.accumulate == 1u) + sums[j];
+    }
+  }
+}
+
+@compute @workgroup_size(64)
+fn q4_1_matmul(@builtin(global_invocation_id) gid: vec3<u32>) {
+  let r0 = gid.x * 4u;
+  if (r0 >= params.rows) {
+    return;
+  }
+  let t = tile_tokens(gid.y);
+  let i = first_blocks(r0);
+  var s0 = vec4<f32>(0.0);  // row r0 + j: s_j over the tile's tokens
+  var s1 = vec4<f32>(0.0);
+  var s2 = vec4<f32>(0.0);
+  var s3 = vec4<f32>(0.0);
+  for (var b = 0u; b < params.blocks; b = b + 1u) {
+    let a0 = acts(t.x, b);
+    let a1 = acts(t.y, b);
+    let a2 = acts(t.z, b);
+    let a3 = acts(t.w, b);
+    s0 = s0 + q4_1_tile(scales, quants, i.x + b, a0, a1, a2, a3);
+    s1 = s1 + q4_1_tile(scales, quants, i.y + b, a0, a1, a2, a3);
+    s2 = s2 + q4_1_tile(scales, quants, i.z + b, a0, a1, a2, a3);
+    s3 = s3 + q4_1_tile(scales, quants, i.w + b, a0, a1, a2, a3);
+  }
+  let f = tile_scales(t);
+  store_tile(r0, gid.y, s0 * f);
+  store_tile(r0 + 1u, gid.y, s1 * f);
+  store_tile(r0 + 2u, gid.y, s2 * f);
+  store_tile(r0 + 3u, gid.y, s3 * f);
+}
+
+@compute @workgroup_size(64)
+fn q4_1_gated_matmul(@builtin(global_invocation_id) gid: vec3<u32>) {
+  let r0 = gid.x * 4u;
+  if (r0 >= params.rows) {
+    return;
+  }
+  let t = tile_tokens(gid.y);
+  let i = first_blocks(r0);
+  var g0 = vec4<f32>(0.0);
+  var g1 = vec4<f32>(0.0);
+  var g2 = vec4<f32>(0.0);
+  var g3 = vec4<f32>(0.0);
+  var u0 = vec4<f32>(0.0);
+  var u1 = vec4<f32>(0.0);
+  var u2 = vec4<f32>(0.0);
+  var u3 = vec4<f32>(0.0);
+  for (var b = 0u; b < params.blocks; b = b + 1u) {
+    let a0 = acts(t.x, b);
+    let a1 = acts(t.y, b);
+    let a2 = acts(t.z, b);
+    let a3 = acts(t.w, b);
+    g0 = g0 + q4_1_tile(scales, quants, i.x + b, a0, a1, a2, a3);
+    g1 = g1 + q4_1_tile(scales, quants, i.y + b, a0, a1, a2, a3);
+    g2 = g2 + q4_1_tile(scales, quants, i.z + b, a0, a1, a2, a3);
+    g3 = g3 + q4_1_tile(scales, quants, i.w + b, a0, a1, a2, a3);
+    u0 = u0 + q4_1_tile(up_scales, up_quants, i.x + b, a0, a1, a2, a3);
+    u1 = u1 + q4_1_tile(up_scales, up_quants, i.y + b, a0, a1, a2, a3);
+    u2 = u2 + q4_1_tile(up_scales, up_quants, i.z + b, a0, a1, a2, a3);
+    u3 = u3 + q4_1_tile(up_scales, up_quants, i.w + b, a0, a1, a2, a3);
+  }
+  let f = tile_scales(t);
+  store_tile(r0, gid.y, silu(g0 * f) * (u0 * f));
+  store_tile(r0 + 1u, gid.y, silu(g1 * f) * (u1 * f));
+  store_tile(r0 + 2u, gid.y, silu(g2 * f) * (u2 * f));
+  store_tile(r0 + 3u, gid.y, silu(g3 * f) * (u3 * f));
 }
 
 @compute @workgroup_size(256)

@@ -159,3 +159,24 @@ def test_stacking_matrices_of_different_widths_is_refused(device):
     b = random_matrix(np.random.default_rng(12), Q4_1, 4, 96)[0]
     with pytest.raises(TensorError, match="columns"):
         upload_stacked(device, "qkv", [(Q4_1, (64, 4), memoryview(a.tobytes())), (Q4_1, (96, 4), memoryview(b.tobytes()))])
+
+
+@pytest.mark.parametrize("gate", [False, True])
+def test_a_product_over_several_tokens_gives_each_token_the_bits_of_its_own_product(device, gate):
+    rng = np.random.default_rng(13)
+    rows, cols, tokens = 37, 96, 6  # two token tiles, the second partial
+    weights = [upload_matrix(device, random_matrix(rng, Q4_1, rows, cols)[0], Q4_1, f"w{i}") for i in range(2)]
+    norm, _ = _norm_weight(device, rng, cols)
+    x = rng.standard_normal((tokens, cols))
+
+    def product(values: np.ndarray) -> np.ndarray:
+        y = device.create_buffer(4 * len(values) * rows, Usage.STORAGE | Usage.COPY_SRC, "test.y")
+        if gate:
+            dispatches = kernels.gated(device, *weights, activations(device, values), y, len(values), norm, 1e-5)
+        else:
+            dispatches = kernels.matvec(device, weights[0], activations(device, values), y, len(values), norm=norm,
+                                        eps=1e-5)
+        return np.frombuffer(run(device, dispatches, y, y.size), np.float32).reshape(len(values), rows)
+
+    together = product(x)
+    assert all(np.array_equal(together[t], product(x[t:t + 1])[0]) for t in range(tokens))
