@@ -3,7 +3,8 @@
 One storage buffer per layer holds ``[num_total_pages, 2, num_kv_heads, page_size,
 head_dim]`` elements. Sequences own lists of pages (``pool``); a forward pass
 reserves token slots (``begin_forward``), the caller appends each layer's K and V
-(``append_kv``, a WGSL kernel) and ends it (``end_forward``). The checkpoint
+(``append_kv``, a WGSL kernel) and ends it (``end_forward``); model kernels that write K/V
+themselves find the reserved slots in ``current_forward`` and the pages in ``page_table``. The checkpoint
 primitives come from :class:`~kvckpt_web.checkpoint.CheckpointMixin`.
 """
 

@@ -1,8 +1,9 @@
 """The WGSL kernels and the Python side of their bindings.
 
 WGSL sources live in ``shaders/*.wgsl`` (inside the wheel at ``kvckpt_web/shaders``),
-one kernel family per file. Each function here builds a :class:`~kvckpt_web.device.Dispatch`
-whose uniform parameters match the ``Params`` struct of its file.
+one kernel family per file; a model's kernels in ``shaders/model/``. Each function here
+builds a :class:`~kvckpt_web.device.Dispatch` whose uniform parameters match the ``Params``
+struct of its file.
 """
 
 from __future__ import annotations

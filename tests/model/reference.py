@@ -1,7 +1,7 @@
 """A numpy float64 reference of a llama-style model (SmolLM2-135M's architecture), for tests only.
 
-Weights are the values the GGUF dequantizes to, held as float64 (``(out_features, in_features)`` like Hugging Face), with
-attn_q/attn_k rows *un-permuted* back to Hugging Face's order, so RoPE is TVM's rope_mode "normal"
+Weights are the values the GGUF dequantizes to, held as float64 (``(out_features, in_features)`` like Hugging
+Face), with attn_q/attn_k rows *un-permuted* back to Hugging Face's order, so RoPE is TVM's rope_mode "normal"
 (rotate-half). Every product and sum is float64; K/V are rounded to float16 where they enter the cache, as
 kvckpt_web's cache stores them. ``reference_forward`` runs a prefill chunk or a decode step on top of the K/V
 of earlier calls.
@@ -219,7 +219,8 @@ def _field(path: Path, key: str):  # type: ignore[no-untyped-def]
 def load_gguf(path: Path, num_layers: int | None = None, *, permuted: bool = False) -> tuple[Weights, Config]:
     """The dequantized weights (float64) and config of a llama GGUF, its first ``num_layers`` blocks (None: all);
     q/k rows un-permuted to Hugging Face order unless ``permuted`` (then use ``adjacent_rope``)."""
-    heads, kv_heads = int(_field(path, "llama.attention.head_count")), int(_field(path, "llama.attention.head_count_kv"))
+    heads = int(_field(path, "llama.attention.head_count"))
+    kv_heads = int(_field(path, "llama.attention.head_count_kv"))
     hidden = int(_field(path, "llama.embedding_length"))
     embedding = gguf_tensor(path, "token_embd.weight")
     config = Config(num_layers=num_layers or int(_field(path, "llama.block_count")), hidden=hidden,

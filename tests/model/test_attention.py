@@ -18,8 +18,6 @@ Tolerances, from float32 arithmetic (unit roundoff u = 2^-24 ~ 6e-8) on inputs o
 from __future__ import annotations
 
 import asyncio
-import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -28,8 +26,7 @@ from kvckpt_web import CacheLimits, CheckpointStateError, FieldError, KVLayout, 
 from kvckpt_web.device import Copy, Device, Usage
 from kvckpt_web.model.attention import PagedAttention
 
-sys.path.insert(0, str(Path(__file__).parent))
-from reference import as_cached, causal_attention, rope  # noqa: E402
+from reference import as_cached, causal_attention, rope
 
 ATTENTION_ATOL = 2e-5
 F32_U = 2.0 ** -24
@@ -77,13 +74,13 @@ class Harness:
         heads = lay.num_qo_heads + 2 * lay.num_kv_heads
         return self.rng.standard_normal((num_tokens, heads, lay.head_dim)).astype(np.float32)
 
-    def _buffer(self, nbytes: int, usage: Usage) -> object:
+    def buffer(self, nbytes: int, usage: Usage) -> object:
         buf = self.device.create_buffer(nbytes, usage, "test.attention")
         self._buffers.append(buf)
         return buf
 
     def _read(self, buf, nbytes: int) -> bytes:
-        staging = self._buffer(nbytes, Usage.MAP_READ | Usage.COPY_DST)
+        staging = self.buffer(nbytes, Usage.MAP_READ | Usage.COPY_DST)
         self.device.submit([Copy(buf, 0, staging, 0, nbytes)])
 
         async def read() -> bytes:
@@ -98,10 +95,10 @@ class Harness:
         self.cache.begin_forward(list(lengths), list(lengths.values()))
         n = sum(lengths.values())
         qkv = self.random_qkv(n) if qkv is None else qkv
-        qkv_buf = self._buffer(qkv.nbytes, Usage.STORAGE | Usage.COPY_DST | Usage.COPY_SRC)
+        qkv_buf = self.buffer(qkv.nbytes, Usage.STORAGE | Usage.COPY_DST | Usage.COPY_SRC)
         self.device.write(qkv_buf, 0, qkv.tobytes())
         out_shape = (n, lay.num_qo_heads, lay.head_dim)
-        out_buf = self._buffer(4 * int(np.prod(out_shape)), Usage.STORAGE | Usage.COPY_SRC)
+        out_buf = self.buffer(4 * int(np.prod(out_shape)), Usage.STORAGE | Usage.COPY_SRC)
         self.device.submit([self.attention.rope_append(layer, qkv_buf),
                             self.attention.attend(layer, qkv_buf, out_buf)])
         rotated = np.frombuffer(self._read(qkv_buf, qkv.nbytes), np.float32).reshape(qkv.shape)
@@ -286,7 +283,7 @@ def test_a_layout_the_kernels_cannot_serve_is_refused(device, field, overrides):
 
 def test_dispatches_without_a_forward_are_refused(harness):
     h = harness()
-    buf = h._buffer(1024, Usage.STORAGE)
+    buf = h.buffer(1024, Usage.STORAGE)
     with pytest.raises(CheckpointStateError, match="begin_forward"):
         h.attention.rope_append(0, buf)
 
@@ -295,7 +292,7 @@ def test_a_qkv_buffer_too_small_for_the_forward_is_refused(harness):
     h = harness()
     h.add(0)
     h.cache.begin_forward([0], [3])
-    small = h._buffer(h.attention.qkv_bytes_per_token * 2, Usage.STORAGE)
+    small = h.buffer(h.attention.qkv_bytes_per_token * 2, Usage.STORAGE)
     with pytest.raises(TensorError, match="qkv.size"):
         h.attention.rope_append(0, small)
 
@@ -304,6 +301,6 @@ def test_a_layer_outside_the_cache_is_refused(harness):
     h = harness()
     h.add(0)
     h.cache.begin_forward([0], [1])
-    buf = h._buffer(h.attention.qkv_bytes_per_token, Usage.STORAGE)
+    buf = h.buffer(h.attention.qkv_bytes_per_token, Usage.STORAGE)
     with pytest.raises(TensorError, match="layer"):
         h.attention.rope_append(2, buf)

@@ -5,14 +5,12 @@ from __future__ import annotations
 
 import dataclasses
 import importlib.util
-import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-sys.path.insert(0, str(Path(__file__).parent))
-from reference import (Config, gguf_permute, gguf_reader, gguf_unpermute, greedy, load_gguf, random_model,  # noqa: E402
+from reference import (Config, gguf_permute, gguf_reader, gguf_unpermute, greedy, load_gguf, random_model,
                        reference_forward)
 
 SMALL = Config(num_layers=2, hidden=48, ffn=80, num_qo_heads=6, num_kv_heads=2, head_dim=8, rope_theta=10000.0,
