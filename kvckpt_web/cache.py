@@ -170,6 +170,15 @@ class PagedKVCache(CheckpointMixin):
                              Copy(scratch, 0, layer.buffer, layer.offset + dst * pb, pb)]
         self.device.submit(commands)
 
+    @property
+    def closed(self) -> bool:
+        """Whether :meth:`close` has released this cache's buffers: it holds nothing and takes nothing more."""
+        return not self.layers
+
+    def _check_open(self, operation: str) -> None:
+        if self.closed:
+            raise CheckpointStateError(f"{operation}: expected an open cache, got a closed one (close() was called)")
+
     def close(self) -> None:
         """Release every device buffer of this cache."""
         for buf in {id(layer.buffer): layer.buffer for layer in self.layers}.values():
@@ -318,6 +327,7 @@ class PagedKVCache(CheckpointMixin):
     def host_groups(self, num_logical_pages: int) -> PageGroups:
         """Zeroed host page groups of ``num_logical_pages`` pages, to fill and pass to :meth:`import_groups`;
         spaced like the layers where one copy may then carry them all."""
+        self._check_open("host_groups")
         group = num_logical_pages * self.layout.page_bytes
         return PageGroups.zeros(len(self.layers), group, self.mover.layer_stride(self.layers, group) or group)
 

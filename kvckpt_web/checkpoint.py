@@ -43,6 +43,7 @@ class CheckpointMixin:
     # ----- state checks -----------------------------------------------------------------------------
 
     def _export_seq(self: "PagedKVCache", seq_id: int, operation: str) -> Sequence:
+        self._check_open(operation)
         self.layout.check_checkpointable()
         if self._import is not None:
             raise CheckpointStateError(f"{operation}: checkpoint import must be finished before exporting a "
@@ -116,6 +117,7 @@ class CheckpointMixin:
         ``exclusive`` (TVM's behaviour) clears every other sequence; ``exclusive=False`` keeps them and
         replaces ``seq_id`` only when ``finish_import`` succeeds.
         """
+        self._check_open("prepare_import")
         if self._import is not None:
             raise CheckpointStateError(f"prepare_import: expected no import in progress, got one for seq_id "
                                        f"{self._import.seq_id}")

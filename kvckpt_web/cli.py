@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -34,10 +35,10 @@ def _describe_tvm_export(path: Path) -> dict[str, Any]:
     }
 
 
-def cmd_inspect(args: argparse.Namespace) -> None:
-    from .cli_store import cmd_inspect_store, is_store
+def cmd_inspect(args: argparse.Namespace) -> int | None:
+    from .cli_store import cmd_inspect_store, source_kind
 
-    if is_store(args.path):
+    if source_kind(args.path) == "store":
         return cmd_inspect_store(args)
     info = _describe_tvm_export(Path(args.path))
     if args.json:
@@ -63,31 +64,35 @@ def cmd_convert(args: argparse.Namespace) -> None:
 
 
 def cmd_demo(args: argparse.Namespace) -> None:
+    from .cli_store import check_at_least
+
     directory = Path(args.dir) if args.dir else None
     if args.kv_only:
         from .demo import run_demo
 
-        return run_demo(args.tokens, args.seed, directory)
+        return run_demo(check_at_least("--tokens", args.tokens, 1), args.seed, directory)
     from .errors import ModelUnavailableError
     from .model.demo import WorkerConfig, run_generation_demo
 
     config = WorkerConfig()
-    config = WorkerConfig(sampler={**config.sampler, "seed": args.seed}, max_tokens=args.max_tokens)
+    config = WorkerConfig(sampler={**config.sampler, "seed": args.seed},
+                          max_tokens=check_at_least("--max-tokens", args.max_tokens, 1))
     try:
-        run_generation_demo(config, kill_after=args.kill_after, directory=directory)
+        run_generation_demo(config, kill_after=check_at_least("--kill-after", args.kill_after, 1), directory=directory)
     except ModelUnavailableError as exc:
         raise ModelUnavailableError(f"{exc} (kvckpt demo --kv-only runs the K/V-level demo)") from None
 
 
 def cmd_bench(args: argparse.Namespace) -> None:
     from .bench import run
+    from .cli_store import check_at_least
 
+    check_at_least("--repeats", args.repeats, 1)
+    check_at_least("--trials", args.trials, 1)
     run(args.names, args.repeats, (args.path,), trials=args.trials)
 
 
 def cmd_serve(args: argparse.Namespace) -> None:
-    import os
-
     from .serve import DEFAULT_PYODIDE, DEFAULT_WHEELS, make_server
 
     pyodide = args.pyodide or os.environ.get("KVCKPT_PYODIDE") or DEFAULT_PYODIDE
@@ -125,7 +130,8 @@ def build_parser() -> argparse.ArgumentParser:
                    "reply tokens (default 16)")
     p.add_argument("--tokens", type=int, default=3000, help="with --kv-only: tokens to fill (default 3000)")
     p.add_argument("--dir", help="where to write the checkpoint store, or with --kv-only the TVM export directory "
-                   "(default: a temporary directory)")
+                   "(default: a temporary directory; an existing export directory must be empty or an earlier "
+                   "demo's export)")
     p.set_defaults(func=cmd_demo)
 
     p = sub.add_parser("inspect", help="summarise and validate a TVM export directory or a checkpoint store "
@@ -143,7 +149,8 @@ def build_parser() -> argparse.ArgumentParser:
                    "source's name, else seq0)")
     p.add_argument("--generation", type=int, help="generation to read from a store SRC (default: the newest)")
     p.add_argument("--keep", type=int, default=2, help="generations of the name a store DST keeps (default 2)")
-    p.add_argument("--force", action="store_true", help="replace a TVM export directory DST if it exists")
+    p.add_argument("--force", action="store_true", help="replace a TVM export directory DST if it exists (only a "
+                   "TVM export or an empty directory: never SRC, a store or other files)")
     p.set_defaults(func=cmd_convert)
 
     p = sub.add_parser("bench", help="throughput vs raw transfers of the same bytes, measured in the same run")
@@ -183,13 +190,21 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Run ``kvckpt``; returns the exit status (1 with a one-line error for any checkpoint error)."""
+    """Run ``kvckpt``; returns the exit status (1 with a one-line error for any checkpoint error or OSError)."""
     args = build_parser().parse_args(argv)
     try:
         return args.func(args) or 0
     except KVCkptError as exc:
         print(f"kvckpt: error: {exc}", file=sys.stderr)
-        return 1
+    except OSError as exc:  # a path the system refused: missing, no permission, read-only, full, ...
+        print(f"kvckpt: error: {args.command}: {_os_error_text(exc)}", file=sys.stderr)
+    return 1
+
+
+def _os_error_text(exc: OSError) -> str:
+    """``exc`` in one line: what the system said, and the path(s) it said it of."""
+    paths = [os.fsdecode(p) for p in (exc.filename, exc.filename2) if p is not None]
+    return (exc.strerror or str(exc)) + (f" ({' -> '.join(paths)})" if paths else "")
 
 
 if __name__ == "__main__":

@@ -9,31 +9,54 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
+import shutil
 import sys
 import time
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from .errors import FormatError, NotFoundError
+from .container import STORE_TOPS, validate_name
+from .errors import FieldError, FormatError, NotFoundError
 from .persist import Progress
+from .store import FileStore
 
-STORE_MARKERS = ("manifests", "chunks", "~kvckpt.lock")
+
+def check_at_least(field: str, value: int, minimum: int) -> int:
+    """``value`` if it is at least ``minimum``, else :class:`FieldError` naming the option ``field``."""
+    if value < minimum:
+        raise FieldError(field, f"an integer >= {minimum}", value)
+    return value
 
 
 def is_store(path: str | Path) -> bool:
-    """Whether ``path`` looks like a checkpoint store directory (not a TVM export directory)."""
-    path = Path(path)
-    return path.is_dir() and not (path / "metadata.json").exists() and any((path / m).exists() for m in STORE_MARKERS)
+    """Whether ``path`` is a checkpoint store directory (see :meth:`FileStore.check_directory`)."""
+    try:
+        FileStore.check_directory(path, STORE_TOPS)
+    except FormatError:
+        return False
+    return True
 
 
-def _open_store(path: str | Path, *, read_only: bool) -> Any:
-    from .store import FileStore
+def source_kind(path: str | Path) -> str:
+    """``"store"`` or ``"tvm"``: what the checkpoint at ``path`` is (a TVM export directory is recognised by its
+    metadata.json, and its reader says what else is wrong); FormatError naming the path if it is neither."""
+    from .tvm_export import METADATA_FILE
 
-    path = Path(path)
-    if not path.is_dir():
-        got = "missing" if not path.exists() else "not a directory"
-        raise FormatError(str(path), "a checkpoint store directory", got)
+    try:
+        FileStore.check_directory(path, STORE_TOPS)
+    except FormatError as exc:
+        if os.path.lexists(Path(path) / METADATA_FILE):
+            return "tvm"
+        raise FormatError(exc.field, f"a TVM export directory ({METADATA_FILE}, group_<i>.bin) or {exc.expected}",
+                          exc.got) from None
+    return "store"
+
+
+def _open_store(path: str | Path, *, read_only: bool) -> FileStore:
+    """The store at ``path``; FormatError naming the path and what it holds if it is no checkpoint store."""
+    FileStore.check_directory(path, STORE_TOPS)
     return FileStore(path, read_only=read_only)
 
 
@@ -109,11 +132,13 @@ async def describe_store(path: str | Path) -> dict[str, Any]:
     }
 
 
-def cmd_inspect_store(args: argparse.Namespace) -> None:
+def cmd_inspect_store(args: argparse.Namespace) -> int:
+    """Print the summary of a store; exit status 1 if a manifest is damaged."""
     info = asyncio.run(describe_store(args.path))
+    status = 1 if info["damaged_manifests"] else 0
     if args.json:
         print(json.dumps(info, indent=2))
-        return
+        return status
     chunks = info["chunks"]
     print(f"kvckpt store {info['path']}: {len(info['names'])} names, {info['manifests']} manifests, "
           f"{chunks['stored']} chunks")
@@ -132,12 +157,15 @@ def cmd_inspect_store(args: argparse.Namespace) -> None:
           f"({_mib(saved)} saved by sharing); {chunks['unreferenced']} unreferenced chunks (kvckpt gc removes them)")
     if info["damaged_manifests"]:
         print(f"  damaged manifests: {', '.join(info['damaged_manifests'])} (run kvckpt verify)")
+    return status
 
 
 def cmd_verify(args: argparse.Namespace) -> int:
     from .device import open_device
     from .persist import verify
 
+    if args.name is not None:
+        validate_name(args.name)
     store = _open_store(args.store, read_only=True)
     device = None if args.no_load else open_device()
     report = asyncio.run(verify(store, name=args.name, device=device, progress=progress_printer()))
@@ -155,10 +183,15 @@ def cmd_verify(args: argparse.Namespace) -> int:
 
 
 def cmd_gc(args: argparse.Namespace) -> int:
-    from .persist import gc
+    from .persist import gc, list_names
 
+    keep = None if check_at_least("--keep", args.keep, 0) == 0 else args.keep
+    for name in args.name or ():
+        validate_name(name)
     store = _open_store(args.store, read_only=False)
-    keep = None if args.keep == 0 else args.keep
+    missing = sorted(set(args.name or ()) - set(asyncio.run(list_names(store))))
+    if missing:
+        raise NotFoundError(f"{args.store}: no checkpoint named {', '.join(map(repr, missing))} (--name)")
     result = asyncio.run(gc(store, keep=keep, names=args.name, progress=progress_printer()))
     print(f"kept {len(result.kept_manifests)} manifests, deleted {len(result.deleted_manifests)} manifests and "
           f"{result.deleted_chunks} unreferenced chunks ({_mib(result.freed_bytes)})")
@@ -199,14 +232,42 @@ async def _load_source(src: str, name: str | None, generation: int | None, devic
     return cache, result.seq_id, result.app_state, name
 
 
+def check_convert(src: str, dst: str, to: str, *, name: str | None = None, generation: int | None = None,
+                  force: bool = False, keep: int = 2) -> None:
+    """Refuse, before any work, arguments :func:`convert` cannot use and a DST it must not touch: SRC itself
+    or a path inside or around it, an existing path without ``force``, and anything but a TVM export
+    directory (``to="tvm"``) or a store (``to="kvckpt"``) or a new or empty directory."""
+    from .tvm_export import check_replaceable
+
+    if name is not None:
+        validate_name(name)
+    if generation is not None:
+        check_at_least("--generation", generation, 1)
+    check_at_least("--keep", keep, 1)
+    source, target = Path(src).resolve(), Path(dst).resolve()
+    if target in source.parents or source in target.parents or (target == source and to == "tvm"):
+        raise FormatError("DST", f"a path apart from SRC {src} (not it, not inside it, not holding it)", dst)
+    if to == "kvckpt":
+        FileStore.check_directory(dst, STORE_TOPS, new=True)
+        return
+    if os.path.lexists(dst) and not force:
+        raise FormatError(dst, "a path that does not exist yet (replace it with --force)", "existing")
+    check_replaceable(dst)
+
+
 async def convert(src: str, dst: str, to: str, *, name: str | None = None, generation: int | None = None,
                   force: bool = False, keep: int = 2) -> dict[str, Any]:
-    """Convert between TVM export directories and stores through a GPU cache (see ``kvckpt convert --help``)."""
+    """Convert between TVM export directories and stores through a GPU cache (see ``kvckpt convert --help``).
+
+    Arguments are checked (:func:`check_convert`) before the GPU is touched; a store DST this call
+    created is removed again if the conversion fails.
+    """
     from .device import open_device
     from .persist import save
     from .tvm_export import write_tvm_export
 
-    source_is_store = is_store(src)
+    check_convert(src, dst, to, name=name, generation=generation, force=force, keep=keep)
+    source_is_store = source_kind(src) == "store"
     cache, seq_id, app_state, src_name = await _load_source(src, name if source_is_store else None, generation,
                                                             open_device())
     try:
@@ -214,14 +275,15 @@ async def convert(src: str, dst: str, to: str, *, name: str | None = None, gener
             groups = await cache.export_groups(seq_id)
             write_tvm_export(dst, cache.get_checkpoint_metadata(seq_id), groups, overwrite=force)
             return {"seq_length": cache.get_sequence_length(seq_id), "groups": len(groups), "to": "tvm"}
-        if Path(dst).exists() and not is_store(dst) and (not Path(dst).is_dir() or any(Path(dst).iterdir())):
-            raise FormatError(dst, "a checkpoint store directory, an empty directory or a new path",
-                              "a file or a directory of something else")
-        from .store import FileStore
-
         target_name = name or src_name or "seq0"
-        result = await save(cache, seq_id, FileStore(dst), target_name, app_state=app_state, keep=keep,
-                            progress=progress_printer())
+        created = not os.path.lexists(dst)
+        try:
+            result = await save(cache, seq_id, FileStore(dst), target_name, app_state=app_state, keep=keep,
+                                progress=progress_printer())
+        except BaseException:
+            if created:
+                shutil.rmtree(dst, ignore_errors=True)  # made by this call: nothing in it is anyone else's
+            raise
         return {"seq_length": result.seq_length, "groups": cache.layout.num_layers, "to": "kvckpt",
                 "name": target_name, "generation": result.generation, "chunks_written": result.chunks_written}
     finally:

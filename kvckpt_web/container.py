@@ -31,6 +31,8 @@ __all__ = [
     "FORMAT_VERSION",
     "MAGIC",
     "MAX_BODY_BYTES",
+    "MAX_MANIFEST_BYTES",
+    "STORE_TOPS",
     "ChunkRef",
     "Manifest",
     "chunk_digest",
@@ -63,6 +65,12 @@ MAX_INT = 2**53 - 1
 _PREFIX = struct.Struct("<8sII")  # magic, format version, body length
 _CHUNK_PREFIX = "chunks/"
 _DIGEST_BYTES = 32
+
+MAX_MANIFEST_BYTES = _PREFIX.size + MAX_BODY_BYTES + _DIGEST_BYTES
+"""Longest manifest a reader accepts: header, the longest body, checksum."""
+
+STORE_TOPS = ("manifests", "chunks")
+"""The first segment of every key of a checkpoint store."""
 _NAME_RE = re.compile(r"[A-Za-z0-9._-]{1,128}")
 _HEX64_RE = re.compile(r"[0-9a-f]{64}")
 _GENERATION_RE = re.compile(r"[0-9]{20}")

@@ -21,9 +21,10 @@ from typing import Any, Callable, Iterator
 
 from .cache import PagedKVCache
 from .device import open_device
-from .errors import KVCkptError
+from .errors import FormatError, KVCkptError
 from .layout import CacheLimits, KVLayout
-from .tvm_export import read_tvm_export, write_tvm_export
+from .metadata import parse_metadata
+from .tvm_export import check_replaceable, is_tvm_export, read_tvm_export, read_tvm_metadata, write_tvm_export
 
 SMOLLM2_LAYOUT = KVLayout(page_size=16, num_layers=30, num_qo_heads=9, num_kv_heads=3, qk_head_dim=64,
                           dtype="float16", rope_mode="normal", rotary_theta=100000.0)
@@ -101,28 +102,59 @@ def _worker_command(*args: str) -> list[str]:
     return [sys.executable, "-m", "kvckpt_web.cli", *args]
 
 
+def is_demo_export(path: Path) -> bool:
+    """Whether ``path`` is a TVM export directory of the demo's cache layout (what ``--dir`` may replace)."""
+    if not is_tvm_export(path):
+        return False
+    try:
+        return KVLayout.from_metadata(parse_metadata(read_tvm_metadata(path))) == SMOLLM2_LAYOUT
+    except KVCkptError:
+        return False
+
+
+def check_demo_dir(directory: Path) -> None:
+    """Refuse a ``--dir`` the demo must not replace: anything but a new path, an empty directory or a demo export."""
+    check_replaceable(directory)  # a file, a symlink, a store, a directory of something else
+    if is_tvm_export(directory) and not is_demo_export(directory):
+        raise FormatError(str(directory), "a new path, an empty directory or a demo export to replace",
+                          "a TVM export directory of another cache layout")
+
+
+def _failure(what: str, returncode: int, errors: Path) -> KVCkptError:
+    """The error of a demo child process that failed: the last line it wrote to stderr (``errors``)."""
+    lines = errors.read_text(errors="replace").strip().splitlines()
+    last = lines[-1].removeprefix("kvckpt: error: ") if lines else "no message"
+    return KVCkptError(f"{what} failed (exit status {returncode}): {last}")
+
+
 def run_demo(tokens: int, seed: int, directory: Path | None, echo: Callable[[str], None] = print) -> None:
-    """Run the crash/restore demo and print what happened; KVCkptError if restored bytes differ."""
+    """Run the crash/restore demo and print what happened; KVCkptError if restored bytes differ or ``directory``
+    holds something the demo must not replace (see :func:`check_demo_dir`)."""
+    if directory is not None:
+        check_demo_dir(directory)
     with tempfile.TemporaryDirectory(prefix="kvckpt-demo-") as tmp:
         out = directory or Path(tmp) / "checkpoint"
+        errors = Path(tmp) / "stderr"
         echo(f"worker: filling {tokens} tokens of SmolLM2-135M-layout K/V (30 layers, 3 KV heads, head_dim 64, "
              f"float16) on the GPU ...")
-        worker = subprocess.Popen(_worker_command("_demo-worker", str(out), str(tokens), str(seed)),
-                                  stdout=subprocess.PIPE, text=True)
+        with open(errors, "w") as err:
+            worker = subprocess.Popen(_worker_command("_demo-worker", str(out), str(tokens), str(seed)),
+                                      stdout=subprocess.PIPE, stderr=err, text=True)
         line = worker.stdout.readline()
         if not line:
             worker.wait()
-            raise KVCkptError(f"demo worker: expected a report line, got exit code {worker.returncode}")
+            raise _failure("demo worker", worker.returncode, errors)
         report = json.loads(line)
         echo(f"worker: filled in {report['fill_s'] * 1e3:.0f} ms, exported {report['bytes'] / 2**20:.1f} MiB in "
              f"{report['export_s'] * 1e3:.0f} ms, wrote + fsynced {out} in {report['write_s'] * 1e3:.0f} ms")
         os.kill(worker.pid, signal.SIGKILL)
         worker.wait()
         echo(f"worker: killed with SIGKILL (exit status {worker.returncode}); its GPU state is gone")
-        result = subprocess.run(_worker_command("_demo-verify", str(out), str(tokens), str(seed)),
-                                stdout=subprocess.PIPE, text=True)
+        with open(errors, "w") as err:
+            result = subprocess.run(_worker_command("_demo-verify", str(out), str(tokens), str(seed)),
+                                    stdout=subprocess.PIPE, stderr=err, text=True)
         if result.returncode != 0:
-            raise KVCkptError(f"demo verifier: expected exit 0, got {result.returncode}")
+            raise _failure("demo verifier", result.returncode, errors)
         check = json.loads(result.stdout.strip().splitlines()[-1])
         echo(f"fresh process: read {check['read_s'] * 1e3:.0f} ms, opened the GPU device in "
              f"{check['device_s'] * 1e3:.0f} ms, new cache + import (prepare/import/finish) "

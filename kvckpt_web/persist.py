@@ -35,6 +35,7 @@ from contextlib import AbstractAsyncContextManager, nullcontext
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from .container import MAX_MANIFEST_BYTES
 from .container import (ChunkRef, Manifest, check_chunk_digest, check_chunk_size, chunk_digest, chunk_key,
                         decode_manifest, encode_manifest, manifest_key, manifest_prefix, parse_manifest_key,
                         plan_chunks, validate_name, verify_chunk)
@@ -292,7 +293,7 @@ async def load_manifest(store: "Store", name: str, generation: int | None = None
         key = keys[-1][2]
     else:
         key = manifest_key(name, generation)
-    data = await store.get(key)
+    data = await store.get(key, max_bytes=MAX_MANIFEST_BYTES)
     if data is None and generation is not None:
         have = [g for _, g, _ in await _manifest_keys(store, name)]
         raise NotFoundError(f"{key}: no generation {generation} of {name!r} (generations in store: {have})")
@@ -309,7 +310,7 @@ async def _refs_of(store: "Store", key: str) -> frozenset[str] | None:
     Decoded reference sets are remembered by the SHA-256 of the envelope bytes, so a result is
     never stale.
     """
-    data = await store.get(key)
+    data = await store.get(key, max_bytes=MAX_MANIFEST_BYTES)
     if data is None:
         return None
     digest = hashlib.sha256(data).digest()
@@ -633,7 +634,8 @@ async def list_generations(store: "Store", name: str | None = None) -> list[Gene
     """Every manifest in ``store`` (of ``name``, or of all names), by name then generation; damaged ones say why."""
     if name is not None:
         validate_name(name)
-    return [_describe(n, g, key, await store.get(key)) for n, g, key in await _manifest_keys(store, name)]
+    return [_describe(n, g, key, await store.get(key, max_bytes=MAX_MANIFEST_BYTES))
+            for n, g, key in await _manifest_keys(store, name)]
 
 
 async def gc(store: "Store", *, keep: int | None = DEFAULT_KEEP, names: Iterable[str] | None = None,
@@ -706,7 +708,7 @@ async def _verify(store: "Store", name: str | None, device: "Device | None", pro
     for _, _, key in await _manifest_keys(store, name):
         report.manifests_checked.append(key)
         try:
-            m = _decode_at(key, await store.get(key))
+            m = _decode_at(key, await store.get(key, max_bytes=MAX_MANIFEST_BYTES))
             meta = parse_metadata(m.tvm_metadata)
             layout = KVLayout.from_metadata(meta)
             seq_id = meta.get("seq_id")

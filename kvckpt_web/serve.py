@@ -22,7 +22,7 @@ from functools import partial
 from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
-from .errors import KVCkptError
+from .errors import FieldError, KVCkptError
 
 WEB_DIR = Path(__file__).resolve().parent / "web"
 DEFAULT_PYODIDE = Path("build/web/node_modules/pyodide")
@@ -74,6 +74,8 @@ class _Handler(SimpleHTTPRequestHandler):
 
     def translate_path(self, path: str) -> str:
         path = urllib.parse.unquote(urllib.parse.urlsplit(path).path)
+        if "\x00" in path:  # no file has such a name: answer 404 instead of failing in open()
+            return str(WEB_DIR / "__missing__")
         parts = [p for p in path.split("/") if p and p not in (".", "..")]
         if parts[:1] == ["pyodide"]:
             return str(self.pyodide_dir.joinpath(*parts[1:]))
@@ -88,14 +90,24 @@ class _Handler(SimpleHTTPRequestHandler):
 def make_server(pyodide_dir: str | os.PathLike[str] = DEFAULT_PYODIDE,
                 wheel_dirs: list[str | os.PathLike[str]] | None = None, *, host: str = "127.0.0.1",
                 port: int = 8000) -> ThreadingHTTPServer:
-    """A (not yet started) HTTP server for the browser runtime; ``port=0`` picks a free port."""
+    """A (not yet started) HTTP server for the browser runtime; ``port=0`` picks a free port.
+
+    KVCkptError if it cannot listen there (a bad port or host, a port in use).
+    """
+    if isinstance(port, bool) or not isinstance(port, int) or not 0 <= port <= 65535:
+        raise FieldError("port", "an integer in [0, 65535]", port)
+    if "\x00" in host:
+        raise FieldError("host", "a host name or address", host)
     pyodide = Path(pyodide_dir).resolve()
     if not (pyodide / "pyodide.mjs").is_file():
         raise KVCkptError(f"pyodide directory {pyodide}: expected the npm package pyodide (pyodide.mjs), got none; "
                           "run `make web-deps` or `npm install --prefix build/web pyodide@314.0.7`")
     wheels = [Path(d).resolve() for d in (wheel_dirs if wheel_dirs is not None else [DEFAULT_WHEELS])]
     handler = partial(_Handler, pyodide_dir=pyodide, wheel_dirs=wheels)
-    server = ThreadingHTTPServer((host, port), handler)
+    try:
+        server = ThreadingHTTPServer((host, port), handler)
+    except (OSError, UnicodeError) as exc:  # socket.gaierror for a host, EADDRINUSE, EACCES; an IDNA-invalid host
+        raise KVCkptError(f"serve on {host}:{port}: cannot listen ({getattr(exc, 'strerror', None) or exc})") from exc
     server.daemon_threads = True
     return server
 

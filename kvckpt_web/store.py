@@ -24,11 +24,12 @@ import errno
 import os
 import re
 import secrets
+import stat
 import sys
 import threading
 import time
 from abc import ABC, abstractmethod
-from collections.abc import AsyncIterator, Callable, MutableMapping
+from collections.abc import AsyncIterator, Callable, Collection, MutableMapping
 from contextlib import AbstractAsyncContextManager, asynccontextmanager, nullcontext
 from typing import Any, TypeVar
 
@@ -93,6 +94,12 @@ def validate_prefix(prefix: str) -> str:
     return prefix
 
 
+def check_value_size(key: str, nbytes: int, max_bytes: int) -> None:
+    """Raise :class:`FormatError` naming ``key`` if its value of ``nbytes`` bytes is longer than ``max_bytes``."""
+    if nbytes > max_bytes:
+        raise FormatError(f"{key} length", f"at most {max_bytes} bytes", nbytes)
+
+
 def _as_view(data: Any) -> memoryview:
     if isinstance(data, (bytes, bytearray, memoryview)):
         return memoryview(data).cast("B")
@@ -126,9 +133,16 @@ class Store(ABC):
         if self._read_only:
             raise StoreError(f"{what}: store {self!r} is read-only")
 
-    async def get(self, key: str) -> bytes | None:
-        """The value under ``key``, or None if there is none."""
-        return await self._get(validate_key(key))
+    async def get(self, key: str, *, max_bytes: int | None = None) -> bytes | None:
+        """The value under ``key``, or None if there is none.
+
+        ``max_bytes`` bounds what the caller can take: a longer value raises :class:`FormatError` naming
+        the key, and backends that can tell the length first (FileStore) read none of it.
+        """
+        validate_key(key)
+        if max_bytes is None:
+            return await self._get(key)
+        return await self._get_bounded(key, max_bytes)
 
     async def get_into(self, key: str, out: memoryview) -> int | None:
         """The length of the value under ``key`` (None if there is none), read into ``out`` if it is that long.
@@ -203,6 +217,12 @@ class Store(ABC):
 
     @abstractmethod
     async def _get(self, key: str) -> bytes | None: ...
+
+    async def _get_bounded(self, key: str, max_bytes: int) -> bytes | None:
+        data = await self._get(key)
+        if data is not None:
+            check_value_size(key, len(data), max_bytes)
+        return data
 
     async def _get_into(self, key: str, out: memoryview) -> int | None:
         data = await self._get(key)
@@ -370,6 +390,16 @@ def takes_unnamed_files(directory: str) -> bool:
     return True
 
 
+def file_kind(mode: int) -> str:
+    """What a file of ``mode`` is, for messages: "a FIFO", "a character device", ..."""
+    for test, kind in ((stat.S_ISREG, "a regular file"), (stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO"),
+                       (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"),
+                       (stat.S_ISSOCK, "a socket"), (stat.S_ISLNK, "a symbolic link")):
+        if test(mode):
+            return kind
+    return "a file of unknown type"
+
+
 def fsync_dir(path: str | os.PathLike) -> None:
     """Make a directory's entries (a rename, a new file) durable (desktop file systems)."""
     fd = os.open(path, os.O_RDONLY)
@@ -423,7 +453,7 @@ class FileStore(Store):
             if not read_only:
                 os.makedirs(self.directory, exist_ok=True)
             is_dir = os.path.isdir(self.directory)
-        except OSError as exc:
+        except (OSError, ValueError) as exc:  # ValueError: a NUL in the path
             raise StoreError(f"store directory {self.directory}: cannot create ({exc})") from exc
         if not is_dir:
             raise StoreError(f"store directory {self.directory}: expected a directory, got none")
@@ -432,6 +462,35 @@ class FileStore(Store):
 
     def __repr__(self) -> str:
         return f"FileStore({self.directory!r}, read_only={self.read_only})"
+
+    @staticmethod
+    def check_directory(directory: str | os.PathLike[str], tops: Collection[str], *, new: bool = False) -> None:
+        """Raise :class:`FormatError` naming ``directory`` and what it holds unless it is a FileStore directory
+        whose keys all start with one of the segments ``tops``: it holds only such directories and FileStore's
+        own files (its lock, temp files), at least one of them. With ``new``, a missing or empty directory,
+        where a FileStore may be made, passes too.
+        """
+        path = os.fspath(directory)
+        expected = f"a store directory (only {', '.join(t + '/' for t in tops)} and {LOCK_NAME})"
+        try:
+            entries = sorted(os.listdir(path)) if os.path.isdir(path) and not os.path.islink(path) else None
+        except (OSError, ValueError) as exc:
+            raise FormatError(path, expected, f"a directory that cannot be listed ({exc})") from exc
+        if entries is None:
+            if new and not os.path.lexists(path):
+                return
+            got = "nothing" if not os.path.lexists(path) else (
+                "a symbolic link" if os.path.islink(path) else file_kind(os.stat(path).st_mode))
+            raise FormatError(path, expected, got)
+        if not entries:
+            if new:
+                return
+            raise FormatError(path, expected, "an empty directory")
+        foreign = [e for e in entries if not (e == LOCK_NAME or e.startswith(TEMP_PREFIX)
+                                              or (e in tops and os.path.isdir(os.path.join(path, e))))]
+        if foreign:
+            shown = ", ".join(foreign[:5]) + (f" and {len(foreign) - 5} more" if len(foreign) > 5 else "")
+            raise FormatError(path, expected, f"a directory holding {shown}")
 
     @property
     def unnamed_files(self) -> bool:
@@ -459,19 +518,51 @@ class FileStore(Store):
 
     # -- blocking work, run in a worker thread -------------------------------
 
-    def _read(self, key: str) -> bytes | None:
+    def _open_value(self, key: str) -> tuple[int, int] | None:
+        """An open descriptor of the regular file of ``key`` and its length; None if there is no such file.
+
+        It never blocks (a FIFO where a value should be) and raises :class:`FormatError` naming the key for
+        anything but a regular file or a directory (a directory holds other keys, not a value).
+        """
+        path = self._path(key)
         try:
-            with open(self._path(key), "rb") as f:
-                return f.read()
-        except (FileNotFoundError, IsADirectoryError, NotADirectoryError):
+            fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
+        except (FileNotFoundError, NotADirectoryError):
             return None
         except OSError as exc:
-            raise StoreError(f"get {key!r}: cannot read {self._path(key)} ({exc})") from exc
+            raise StoreError(f"get {key!r}: cannot read {path} ({exc})") from exc
+        value = None
+        try:
+            st = os.fstat(fd)
+            if stat.S_ISREG(st.st_mode):
+                value = fd, st.st_size
+            elif not stat.S_ISDIR(st.st_mode):
+                raise FormatError(key, f"a regular file ({path})", file_kind(st.st_mode))
+            return value
+        finally:
+            if value is None:
+                os.close(fd)
+
+    def _read(self, key: str, max_bytes: int | None = None) -> bytes | None:
+        opened = self._open_value(key)
+        if opened is None:
+            return None
+        fd, size = opened
+        with open(fd, "rb", buffering=0) as f:
+            if max_bytes is not None:
+                check_value_size(key, size, max_bytes)
+            try:
+                return f.read() if max_bytes is None else f.read(max_bytes + 1)
+            except OSError as exc:
+                raise StoreError(f"get {key!r}: cannot read {self._path(key)} ({exc})") from exc
 
     def _read_into(self, key: str, out: memoryview) -> int | None:
-        try:
-            with open(self._path(key), "rb", buffering=0) as f:
-                size = os.fstat(f.fileno()).st_size
+        opened = self._open_value(key)
+        if opened is None:
+            return None
+        fd, size = opened
+        with open(fd, "rb", buffering=0) as f:
+            try:
                 if size == len(out):
                     view = out
                     while view:
@@ -480,10 +571,8 @@ class FileStore(Store):
                             return size - len(view)  # shrank while being read
                         view = view[got:]
                 return size
-        except (FileNotFoundError, IsADirectoryError, NotADirectoryError):
-            return None
-        except OSError as exc:
-            raise StoreError(f"get {key!r}: cannot read {self._path(key)} ({exc})") from exc
+            except OSError as exc:
+                raise StoreError(f"get {key!r}: cannot read {self._path(key)} ({exc})") from exc
 
     def _makedirs(self, parent: str) -> None:
         """Create ``parent`` and missing ancestors, fsyncing each new entry's directory."""
@@ -675,6 +764,12 @@ class FileStore(Store):
 
     async def _get(self, key: str) -> bytes | None:
         return await _run_io(self._read, key)
+
+    async def _get_bounded(self, key: str, max_bytes: int) -> bytes | None:
+        data = await _run_io(self._read, key, max_bytes)
+        if data is not None:
+            check_value_size(key, len(data), max_bytes)  # grew while being read
+        return data
 
     async def _get_into(self, key: str, out: memoryview) -> int | None:
         return await _run_io(self._read_into, key, out)

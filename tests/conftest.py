@@ -90,3 +90,39 @@ def page_copy_dispatches(monkeypatch: pytest.MonkeyPatch) -> list[str]:
 
     monkeypatch.setattr(shaders, "page_copy", spy)
     return calls
+
+
+@pytest.fixture
+def unblock_fifo() -> Iterator[Callable[[Any], None]]:
+    """``unblock_fifo(path)``: make a FIFO at ``path``; a reader that blocks on it gets a few bytes after 5 s.
+
+    So code that opens the FIFO and waits for a writer fails its test instead of hanging it.
+    """
+    import threading
+    import time
+
+    done = threading.Event()
+    threads = []
+
+    def feed(path: Any) -> None:
+        deadline = time.monotonic() + 5
+        while not done.wait(0.05):
+            if time.monotonic() < deadline:
+                continue
+            try:
+                fd = os.open(path, os.O_WRONLY | os.O_NONBLOCK)  # ENXIO while no reader has it open
+            except OSError:
+                continue
+            os.write(fd, b"not a value")
+            os.close(fd)
+
+    def make(path: Any) -> None:
+        os.mkfifo(path)
+        thread = threading.Thread(target=feed, args=(path,), daemon=True)
+        thread.start()
+        threads.append(thread)
+
+    yield make
+    done.set()
+    for thread in threads:
+        thread.join()

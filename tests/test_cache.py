@@ -454,3 +454,28 @@ def test_unaligned_appends_into_reused_pages_replace_every_stale_value(make_mode
     assert model.cache.seqs.get(1).pages == [0, 1]
     model.assert_holds(1)
     assert model.export(1) == model.expected_groups(1)
+
+
+@pytest.mark.parametrize("tokens", [0, 23])
+def test_a_restore_into_a_closed_cache_is_a_checkpoint_state_error(device, make_model, tokens):
+    import asyncio
+
+    from kvckpt_web.persist import restore, save
+    from kvckpt_web.store import MemoryStore
+
+    model = make_model()
+    model.add(0, tokens)
+    store = MemoryStore()
+    asyncio.run(save(model.cache, 0, store, "a"))
+    closed = PagedKVCache(device, model.layout, model.cache.limits)
+    closed.close()
+    with pytest.raises(CheckpointStateError, match="closed"):
+        asyncio.run(restore(store, "a", closed))
+
+
+def test_a_closed_cache_exports_nothing(make_model):
+    model = make_model()
+    model.add(0, 5)
+    model.cache.close()
+    with pytest.raises(CheckpointStateError, match="closed"):
+        model.cache.get_checkpoint_metadata(0)

@@ -116,3 +116,130 @@ def test_bench_measures_every_transfer_the_device_offers_unless_told_one(monkeyp
     monkeypatch.setattr("kvckpt_web.bench.run", lambda names, repeats, p, **kw: calls.append((names, p)))
     main(["bench", "export", *argv])
     assert calls == [(["export"], paths)]
+
+
+def _fail_with(monkeypatch, name: str, errno_: int, under) -> None:
+    """Make ``os.<name>`` (and ``open`` for ``"open"``) raise ``errno_`` for every path under ``under``."""
+    import builtins
+    import os
+
+    def wrap(real):
+        def fake(path, *args, **kwargs):
+            if isinstance(path, (str, os.PathLike)) and str(path).startswith(str(under)):
+                raise OSError(errno_, os.strerror(errno_), str(path))
+            return real(path, *args, **kwargs)
+        return fake
+
+    if name == "open":
+        monkeypatch.setattr(builtins, "open", wrap(builtins.open))
+    monkeypatch.setattr(os, "open" if name == "open" else name, wrap(getattr(os, "open" if name == "open" else name)))
+
+
+@pytest.mark.parametrize(("syscall", "code"), [("mkdir", 30), ("mkdir", 13), ("open", 28)])  # EROFS, EACCES, ENOSPC
+def test_a_refused_write_of_a_tvm_export_is_one_line_naming_the_path(export_dir, tmp_path, capsys, monkeypatch,
+                                                                     syscall, code):
+    import os
+
+    _fail_with(monkeypatch, syscall, code, tmp_path / "out")
+    assert main(["convert", str(export_dir), str(tmp_path / "out" / "dst"), "--to", "tvm"]) == 1
+    err = _one_line_error(capsys)
+    assert os.strerror(code) in err and str(tmp_path / "out") in err
+
+
+def test_a_group_file_that_cannot_be_read_is_one_line_naming_it(export_dir, capsys, monkeypatch):
+    import os
+
+    _fail_with(monkeypatch, "open", 13, export_dir / group_file(1))
+    assert main(["inspect", str(export_dir)]) == 1
+    err = _one_line_error(capsys)
+    assert os.strerror(13) in err and group_file(1) in err
+
+
+@pytest.mark.parametrize("dst", ["file", "/dev/null", "link"])
+def test_convert_with_force_refuses_a_dst_that_is_no_directory_in_one_line(export_dir, tmp_path, capsys, dst):
+    if dst == "file":
+        (tmp_path / "file").write_text("mine")
+    if dst == "link":
+        (tmp_path / "link").symlink_to(export_dir)
+    path = dst if dst.startswith("/") else str(tmp_path / dst)
+    assert main(["convert", str(export_dir), path, "--to", "tvm", "--force"]) == 1
+    _one_line_error(capsys)
+    assert dst != "file" or (tmp_path / "file").read_text() == "mine"
+
+
+def _demo(capfd, *argv: str) -> tuple[int, str]:
+    """Run ``kvckpt demo --kv-only`` in this process (its workers write to the same stderr); exit status and
+    stderr."""
+    status = main(["demo", "--kv-only", *argv])
+    return status, capfd.readouterr().err
+
+
+def test_demo_refuses_a_directory_holding_other_files(tmp_path, capfd):
+    (tmp_path / "d").mkdir()
+    (tmp_path / "d" / "photo.jpg").write_bytes(b"\xff\xd8")
+    status, err = _demo(capfd, "--tokens", "20", "--dir", str(tmp_path / "d"))
+    assert status == 1 and err.count("\n") == 1 and "photo.jpg" in err
+    assert (tmp_path / "d" / "photo.jpg").read_bytes() == b"\xff\xd8"
+
+
+def test_demo_refuses_a_tvm_export_of_another_layout(export_dir, capfd):
+    before = read_tvm_export(export_dir)
+    status, err = _demo(capfd, "--tokens", "20", "--dir", str(export_dir))
+    assert status == 1 and "another cache layout" in err
+    assert read_tvm_export(export_dir) == before
+
+
+def test_demo_refuses_a_file_in_one_line(tmp_path, capfd):
+    (tmp_path / "f").write_text("mine")
+    status, err = _demo(capfd, "--tokens", "20", "--dir", str(tmp_path / "f"))
+    assert status == 1 and err.startswith("kvckpt: error: ") and err.count("\n") == 1, err
+    assert (tmp_path / "f").read_text() == "mine"
+
+
+def test_demo_that_cannot_write_its_export_fails_in_one_line(device, capfd):
+    status, err = _demo(capfd, "--tokens", "20", "--dir", "/proc/kvckpt-demo")
+    assert status == 1 and err.startswith("kvckpt: error: demo worker failed") and err.count("\n") == 1, err
+
+
+def test_demo_replaces_the_export_of_an_earlier_demo(device, tmp_path, capfd):
+    assert _demo(capfd, "--tokens", "20", "--dir", str(tmp_path / "demo"))[0] == 0
+    assert _demo(capfd, "--tokens", "40", "--dir", str(tmp_path / "demo"))[0] == 0
+    assert read_tvm_export(tmp_path / "demo").metadata["seq_length"] == 40
+
+
+@pytest.mark.parametrize("tokens", ["0", "-5"])
+def test_demo_refuses_a_token_count_below_1_in_one_line(capfd, monkeypatch, tokens):
+    monkeypatch.setattr("subprocess.Popen", lambda *a, **k: pytest.fail("started a worker for a bad --tokens"))
+    status, err = _demo(capfd, "--tokens", tokens)
+    assert status == 1 and err == f"kvckpt: error: --tokens: expected an integer >= 1, got {tokens}\n"
+
+
+@pytest.mark.parametrize("argv", [["soak", "--trials", "-3"], ["soak", "--trials", "0"], ["export", "--repeats", "0"]])
+def test_bench_refuses_counts_below_1_before_running(monkeypatch, capsys, argv):
+    monkeypatch.setattr("kvckpt_web.bench.run", lambda *a, **k: pytest.fail("ran a benchmark with a bad count"))
+    assert main(["bench", *argv]) == 1
+    assert "expected an integer >= 1" in _one_line_error(capsys)
+
+
+@pytest.fixture
+def pyodide_dir(tmp_path):
+    (tmp_path / "pyodide").mkdir()
+    (tmp_path / "pyodide" / "pyodide.mjs").write_text("export {}")
+    return tmp_path / "pyodide"
+
+
+@pytest.mark.parametrize("where", [["--port", "70000"], ["--port", "-1"], ["--host", "256.0.0.1.invalid."],
+                                   ["--host", "bad\x00host"]])
+def test_serve_where_it_cannot_listen_is_one_line(pyodide_dir, capsys, where):
+    assert main(["serve", "--pyodide", str(pyodide_dir), *where]) == 1
+    _one_line_error(capsys)
+
+
+def test_serve_on_a_port_in_use_is_one_line(pyodide_dir, capsys):
+    import socket
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        assert main(["serve", "--pyodide", str(pyodide_dir), "--port", str(taken.getsockname()[1])]) == 1
+    assert "in use" in _one_line_error(capsys)

@@ -5,15 +5,18 @@ from __future__ import annotations
 import asyncio
 import io
 import json
+import os
 from pathlib import Path
 
 import pytest
 
 from kvckpt_web.cli import main
 from kvckpt_web.cli_store import progress_printer
+from kvckpt_web.container import MAX_MANIFEST_BYTES
+from kvckpt_web.errors import StoreError
 from kvckpt_web.persist import list_generations
 from kvckpt_web.store import FileStore
-from kvckpt_web.tvm_export import read_tvm_export, write_tvm_export
+from kvckpt_web.tvm_export import group_file, read_tvm_export, write_tvm_export
 
 
 @pytest.fixture
@@ -144,6 +147,159 @@ def test_gc_exits_1_and_deletes_no_chunk_while_a_manifest_is_damaged(store_dir, 
     assert sorted((store_dir / "chunks").iterdir()) == chunks
 
 
+def one_line_error(capsys) -> str:
+    err = capsys.readouterr().err
+    assert err.startswith("kvckpt: error: ") and err.count("\n") == 1, err
+    return err
+
+
+def snapshot(path: Path) -> dict[str, bytes]:
+    """Every file under ``path`` and its bytes, to show a command left them as they were."""
+    return {str(p.relative_to(path)): p.read_bytes() for p in sorted(path.rglob("*")) if p.is_file()}
+
+
+def test_convert_to_tvm_with_force_refuses_to_replace_a_store(store_dir, capsys):
+    before = snapshot(store_dir)
+    assert main(["convert", str(store_dir), str(store_dir), "--to", "tvm", "--force", "--name", "a"]) == 1
+    one_line_error(capsys)
+    assert snapshot(store_dir) == before
+
+
+def test_convert_to_tvm_with_force_refuses_another_store_as_dst(export_dir, store_dir, capsys):
+    before = snapshot(store_dir)
+    assert main(["convert", str(export_dir), str(store_dir), "--to", "tvm", "--force"]) == 1
+    assert "a TVM export directory" in one_line_error(capsys)
+    assert snapshot(store_dir) == before
+
+
+def test_convert_to_tvm_with_force_refuses_a_directory_of_other_files(export_dir, tmp_path, capsys):
+    (tmp_path / "docs").mkdir()
+    (tmp_path / "docs" / "thesis.tex").write_text("years of work")
+    assert main(["convert", str(export_dir), str(tmp_path / "docs"), "--to", "tvm", "--force"]) == 1
+    assert "thesis.tex" in one_line_error(capsys)
+    assert (tmp_path / "docs" / "thesis.tex").read_text() == "years of work"
+
+
+def test_convert_to_tvm_with_force_refuses_its_own_source(export_dir, capsys):
+    before = snapshot(export_dir)
+    assert main(["convert", str(export_dir), str(export_dir), "--to", "tvm", "--force"]) == 1
+    assert "SRC" in one_line_error(capsys)
+    assert snapshot(export_dir) == before
+
+
+def test_convert_refuses_a_dst_inside_its_source_store(store_dir, capsys):
+    assert main(["convert", str(store_dir), str(store_dir / "out"), "--to", "tvm"]) == 1
+    assert "SRC" in one_line_error(capsys)
+    assert not (store_dir / "out").exists()
+
+
+def test_convert_to_tvm_with_force_replaces_a_tvm_export(export_dir, store_dir, tmp_path, capsys):
+    assert main(["convert", str(store_dir), str(tmp_path / "out"), "--to", "tvm"]) == 0
+    (tmp_path / "out" / group_file(0)).write_bytes(b"stale")
+    assert main(["convert", str(store_dir), str(tmp_path / "out"), "--to", "tvm", "--force"]) == 0
+    assert read_tvm_export(tmp_path / "out").groups == read_tvm_export(export_dir).groups
+
+
+@pytest.mark.parametrize(("command", "what"), [
+    (command, what) for command in (["inspect"], ["verify", "--no-load"], ["gc"])
+    for what in ("empty", "tvm-export", "other files") if (command, what) != (["inspect"], "tvm-export")])
+def test_store_commands_refuse_a_directory_that_is_not_a_store_and_leave_it_as_it_was(export_dir, tmp_path, capsys,
+                                                                                      command, what):
+    path = {"empty": tmp_path / "empty", "tvm-export": export_dir, "other files": tmp_path / "etc"}[what]
+    path.mkdir(exist_ok=True)
+    if what == "other files":
+        (path / "passwd").write_text("root:x:0:0")
+    before = snapshot(path)
+    assert main([command[0], str(path), *command[1:]]) == 1
+    assert str(path) in one_line_error(capsys)
+    assert snapshot(path) == before and sorted(p.name for p in path.iterdir()) == sorted(before)
+
+
+def test_gc_of_a_tvm_export_leaves_it_readable(export_dir, capsys):
+    main(["gc", str(export_dir)])
+    capsys.readouterr()
+    assert main(["inspect", str(export_dir)]) == 0
+
+
+def test_convert_to_kvckpt_refuses_a_dst_holding_other_files(export_dir, tmp_path, capsys):
+    (tmp_path / "docs").mkdir()
+    (tmp_path / "docs" / "notes").write_text("mine")
+    assert main(["convert", str(export_dir), str(tmp_path / "docs"), "--to", "kvckpt"]) == 1
+    assert "notes" in one_line_error(capsys)
+    assert sorted(p.name for p in (tmp_path / "docs").iterdir()) == ["notes"]
+
+
+def test_inspect_exits_1_for_a_store_with_a_damaged_manifest(store_dir, capsys):
+    manifest = store_dir / "manifests" / "a" / f"{1:020d}"
+    manifest.write_bytes(manifest.read_bytes()[:-1])
+    assert main(["inspect", str(store_dir)]) == 1
+    assert "DAMAGED" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("argv", [["--name", "a/b"], ["--keep", "0"], ["--name", ""]])
+def test_a_convert_with_a_bad_argument_fails_before_loading_and_leaves_no_dst(export_dir, tmp_path, capsys,
+                                                                              monkeypatch, argv):
+    monkeypatch.setattr("kvckpt_web.device.open_device", lambda: pytest.fail("opened the GPU for bad arguments"))
+    assert main(["convert", str(export_dir), str(tmp_path / "new"), "--to", "kvckpt", *argv]) == 1
+    one_line_error(capsys)
+    assert not (tmp_path / "new").exists()
+
+
+def test_a_convert_to_kvckpt_that_fails_leaves_no_dst_it_created(export_dir, tmp_path, capsys, monkeypatch):
+    async def fail(*args, **kwargs):
+        raise StoreError("disk gone")
+
+    monkeypatch.setattr("kvckpt_web.persist.save", fail)
+    assert main(["convert", str(export_dir), str(tmp_path / "new"), "--to", "kvckpt"]) == 1
+    assert "disk gone" in one_line_error(capsys)
+    assert not (tmp_path / "new").exists()
+
+
+def test_gc_of_a_name_the_store_does_not_hold_is_an_error(store_dir, capsys):
+    before = snapshot(store_dir)
+    assert main(["gc", str(store_dir), "--name", "nope"]) == 1
+    assert "'nope'" in one_line_error(capsys)
+    assert snapshot(store_dir) == before
+
+
+def test_gc_with_a_negative_keep_is_an_error(store_dir, capsys):
+    assert main(["gc", str(store_dir), "--keep", "-1"]) == 1
+    assert "--keep" in one_line_error(capsys)
+
+
+def test_inspect_refuses_a_manifest_that_is_a_fifo_without_blocking(store_dir, capsys, unblock_fifo):
+    manifest = store_dir / "manifests" / "a" / f"{1:020d}"
+    manifest.unlink()
+    unblock_fifo(manifest)
+    assert main(["inspect", str(store_dir)]) == 1
+    assert "FIFO" in one_line_error(capsys)
+
+
+def test_inspect_refuses_a_manifest_longer_than_the_format_allows_before_reading_it(store_dir, capsys):
+    manifest = store_dir / "manifests" / "a" / f"{1:020d}"
+    os.truncate(manifest, MAX_MANIFEST_BYTES + 1)
+    assert main(["inspect", str(store_dir)]) == 1
+    assert f"at most {MAX_MANIFEST_BYTES} bytes" in one_line_error(capsys)
+
+
+@pytest.mark.parametrize("command", [["verify", "--no-load"], ["verify"]])
+def test_a_chunk_that_is_a_fifo_fails_the_command_without_blocking(store_dir, capsys, unblock_fifo, command):
+    chunk = sorted((store_dir / "chunks").iterdir())[0]
+    chunk.unlink()
+    unblock_fifo(chunk)
+    assert main([command[0], str(store_dir), *command[1:]]) == 1
+    out, err = capsys.readouterr()
+    assert "FIFO" in out + err
+
+
+def test_verify_reports_a_manifest_linked_to_a_device_as_damaged(store_dir, capsys):
+    manifest = store_dir / "manifests" / "a" / f"{1:020d}"
+    manifest.unlink()
+    manifest.symlink_to("/dev/zero")
+    assert main(["verify", str(store_dir), "--no-load"]) == 1
+    assert "character device" in capsys.readouterr().out
+
+
 def test_progress_lines_go_to_the_stream_for_long_operations():
     stream = io.StringIO()
     show = progress_printer(stream, delay=0.0, every=0.0)
@@ -157,3 +313,11 @@ def test_progress_stays_quiet_for_short_operations():
     show = progress_printer(stream)
     show("save", 1, 1)
     assert stream.getvalue() == ""
+
+
+def test_convert_from_a_directory_that_is_no_checkpoint_names_both_kinds(tmp_path, capsys):
+    (tmp_path / "etc").mkdir()
+    (tmp_path / "etc" / "passwd").write_text("root:x:0:0")
+    assert main(["convert", str(tmp_path / "etc"), str(tmp_path / "out"), "--to", "tvm"]) == 1
+    err = one_line_error(capsys)
+    assert "a TVM export directory" in err and "a store directory" in err and "passwd" in err

@@ -45,3 +45,17 @@ def test_serves_page_module_pyodide_and_wheels(tmp_path):
 def test_refuses_a_directory_without_pyodide(tmp_path):
     with pytest.raises(KVCkptError, match="pyodide"):
         make_server(tmp_path, [tmp_path], port=0)
+
+
+def test_a_path_with_a_nul_byte_is_not_found(tmp_path, capsys):
+    (tmp_path / "pyodide.mjs").write_text("export {}")
+    server, url = serve_in_thread(tmp_path, [tmp_path], port=0)
+    try:
+        for path in ("%00", "pyodide/pyodide%00.mjs"):
+            with pytest.raises(urllib.error.HTTPError) as exc:
+                fetch(url + path)
+            assert exc.value.code == 404
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert capsys.readouterr().err == ""

@@ -549,6 +549,64 @@ def test_bad_key_checked_before_read_only(tmp_path: Path) -> None:
         run(FileStore(tmp_path, read_only=True).set("/etc/passwd", b""))
 
 
+def test_a_directory_with_a_nul_in_its_name_is_a_store_error() -> None:
+    with pytest.raises(StoreError, match="cannot create"):
+        FileStore("a\x00b")
+
+
+@pytest.mark.parametrize("kind", ["memory", "file"])
+def test_get_refuses_a_value_longer_than_max_bytes(tmp_path: Path, kind: str) -> None:
+    store = MemoryStore() if kind == "memory" else FileStore(tmp_path / "store")
+    run(store.set("k", b"12345"))
+    assert run(store.get("k", max_bytes=5)) == b"12345"
+    with pytest.raises(FormatError, match="k length: expected at most 4 bytes, got 5"):
+        run(store.get("k", max_bytes=4))
+
+
+def test_get_with_max_bytes_reads_nothing_of_a_longer_file(tmp_path: Path) -> None:
+    store = FileStore(tmp_path / "store")
+    run(store.set("k", b"x"))
+    os.truncate(tmp_path / "store" / "k", 20 << 30)  # sparse: reading it would need 20 GiB of memory
+    with pytest.raises(FormatError, match=f"got {20 << 30}"):
+        run(store.get("k", max_bytes=1 << 20))
+
+
+@pytest.mark.parametrize("method", ["get", "get_into"])
+def test_a_fifo_where_a_value_should_be_is_refused_without_blocking(tmp_path: Path, unblock_fifo: Any,
+                                                                    method: str) -> None:
+    store = FileStore(tmp_path / "store")
+    unblock_fifo(tmp_path / "store" / "k")
+    with pytest.raises(FormatError, match="k: expected a regular file .*, got 'a FIFO'"):
+        run(store.get("k") if method == "get" else store.get_into("k", bytearray(11)))
+
+
+def test_a_value_that_is_a_link_to_a_device_is_refused(tmp_path: Path) -> None:
+    store = FileStore(tmp_path / "store")
+    (tmp_path / "store" / "k").symlink_to("/dev/zero")
+    with pytest.raises(FormatError, match="character device"):
+        run(store.get("k"))
+
+
+def test_check_directory_takes_a_store_and_refuses_what_is_not_one(tmp_path: Path) -> None:
+    store = FileStore(tmp_path / "store")
+    run(store.set("manifests/a", b"m"))
+    FileStore.check_directory(tmp_path / "store", ("manifests", "chunks"))
+    (tmp_path / "store" / "notes.txt").write_text("mine")
+    with pytest.raises(FormatError, match="holding notes.txt"):
+        FileStore.check_directory(tmp_path / "store", ("manifests", "chunks"))
+
+
+@pytest.mark.parametrize("new", [False, True])
+def test_check_directory_takes_a_missing_or_empty_directory_only_for_a_new_store(tmp_path: Path, new: bool) -> None:
+    (tmp_path / "empty").mkdir()
+    for path in (tmp_path / "missing", tmp_path / "empty"):
+        if new:
+            FileStore.check_directory(path, ("manifests",), new=True)
+        else:
+            with pytest.raises(FormatError, match="nothing|empty"):
+                FileStore.check_directory(path, ("manifests",))
+
+
 # -- crashes and other processes ----------------------------------------------------
 
 

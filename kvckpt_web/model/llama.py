@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from ..device import Buffer, Command, Copy, Device, Usage
-from ..errors import CheckpointStateError, FormatError, SequenceError
+from ..errors import CheckpointStateError, FieldError, FormatError, SequenceError
 from ..layout import KVLayout
 from . import kernels
 from .attention import PagedAttention
@@ -179,8 +179,7 @@ class LlamaModel:
             if isinstance(t, bool) or not isinstance(t, int) or not 0 <= t < self.vocab_size:
                 raise SequenceError(f"tokens[{i}]: expected a token id in [0, {self.vocab_size}), got {t!r}")
         if cache.layout != self.kv_layout(cache.layout.page_size):
-            raise SequenceError(f"cache.layout: expected this model's K/V layout {self.kv_layout(cache.layout.page_size)}, "
-                                f"got {cache.layout}")
+            raise FieldError("cache.layout", f"this model's {self.kv_layout(cache.layout.page_size)}", cache.layout)
         chunk = cache.limits.prefill_chunk_size
         attention = self._attention_for(cache)
         for start in range(0, len(tokens), chunk):
@@ -230,9 +229,26 @@ class LlamaModel:
                                        norm=self.output_norm, eps=eps)  # type: ignore[arg-type]
         return commands
 
+    async def top_k(self, k: int) -> list[tuple[int, float]]:
+        """The ``k`` largest logits of the last forward as (token id, logit), largest first, ties lower id first:
+        picked on the GPU up to :data:`kernels.TOPK_MAX`, beyond that from all logits read back."""
+        n = self.vocab_size
+        k = max(1, min(k, n))
+        if k <= kernels.TOPK_MAX:
+            picks = kernels.topk(self.device, self.logits, n, k, self._candidates, self._best)
+            pairs = struct.unpack(f"<{2 * k}I", await self._read(picks, self._best, 8 * k))
+            return [(pairs[2 * j + 1], _f32(pairs[2 * j])) for j in range(k)]
+        values = struct.unpack(f"<{n}f", await self._read([], self.logits, 4 * n))
+        return [(i, values[i]) for i in heapq.nsmallest(k, range(n), key=lambda i: (-values[i], i))]
+
     async def _read(self, commands: list[Command], src: Buffer, size: int) -> memoryview:
+        """Run ``commands``, then read back ``size`` bytes of ``src``."""
         self.device.submit(commands + [Copy(src, 0, self._readback, 0, size)])
         return await self.device.read(self._readback, 0, size)
+
+
+def _f32(bits: int) -> float:
+    return struct.unpack("<f", struct.pack("<I", bits))[0]
 
 
 class GPULogits:
@@ -242,27 +258,13 @@ class GPULogits:
         self._model = model
         self._forward = forward
 
-    def _check(self) -> None:
-        if self._model.forwards != self._forward:
-            raise CheckpointStateError(f"logits: expected those of the model's last forward ({self._model.forwards}), "
-                                       f"got those of forward {self._forward}")
-
     async def argmax(self) -> int:
         """The id of the largest logit (ties: the lowest id), found on the GPU."""
         return (await self.top_k(1))[0][0]
 
     async def top_k(self, k: int) -> list[tuple[int, float]]:
-        """The ``k`` largest logits as (token id, logit), largest first, ties lower id first: on the GPU up to
-        :data:`kernels.TOPK_MAX`, beyond that from all logits read back."""
-        self._check()
-        m = self._model
-        n = m.vocab_size
-        k = max(1, min(k, n))
-        if k <= kernels.TOPK_MAX:
-            picks = kernels.topk(m.device, m.logits, n, k, m._candidates, m._best)
-            raw = await m._read(picks, m._best, 8 * k)  # type: ignore[arg-type]
-            pairs = struct.unpack(f"<{2 * k}I", raw)
-            return [(pairs[2 * j + 1], struct.unpack("<f", struct.pack("<I", pairs[2 * j]))[0]) for j in range(k)]
-        values = struct.unpack(f"<{n}f", await m._read([], m.logits, 4 * n))
-        best = heapq.nsmallest(k, range(n), key=lambda i: (-values[i], i))
-        return [(i, values[i]) for i in best]
+        """The ``k`` largest logits as (token id, logit), largest first, ties lower id first."""
+        if self._model.forwards != self._forward:
+            raise CheckpointStateError(f"logits: expected those of the model's last forward ({self._model.forwards}), "
+                                       f"got those of forward {self._forward}")
+        return await self._model.top_k(k)
