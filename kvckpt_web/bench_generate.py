@@ -50,27 +50,36 @@ async def bench_generate(device: Device | None = None, repeats: int = 5, paths: 
     loaded = load_model(default_model_path(), device)
     model = loaded.model
     out(f"model {default_model_path().name}: loaded and uploaded in {time.perf_counter() - start:.1f} s "
-        f"on {device.info.adapter} ({device.info.backend})")
+        f"on {device.info.adapter} ({device.info.backend})\n")
+    out("| what | tokens | time | rate |\n|---|---|---|---|")
     context = loaded.text.tokenizer.encode(TEXT * (4 * CONTEXT // len(TEXT.split()) + 1))[:CONTEXT]
     cache = new_cache(model, device, max_tokens=CONTEXT + DECODE_TOKENS + 1, prefill_chunk=256, num_seqs=2)
     probe = (device.create_buffer(4, Usage.COPY_SRC | Usage.STORAGE, "bench.probe_src"),
              device.create_buffer(4, Usage.MAP_READ | Usage.COPY_DST, "bench.probe_dst"))
+
+    async def decode(token: int) -> float:
+        """Seconds of DECODE_TOKENS greedy decode steps of sequence 0 from ``token``."""
+        start = time.perf_counter()
+        for _ in range(DECODE_TOKENS):
+            token = await (await model.forward(cache, 0, [token])).argmax()
+        return time.perf_counter() - start
+
+    def row(what: str, tokens: int, seconds: float) -> float:
+        out(f"| {what} | {tokens} tokens | {seconds:.2f} s | {tokens / seconds:.1f} tokens/s |")
+        return tokens / seconds
+
     try:
         cache.add_sequence(0)
-        await (await model.forward(cache, 0, context[:8])).argmax()  # compiles every pipeline
+        token = await (await model.forward(cache, 0, context[:8])).argmax()
+        await (await model.forward(cache, 0, [token])).argmax()  # both compile every pipeline
+        short_rate = row("decode (greedy) after 9 tokens of context", DECODE_TOKENS, await decode(token))
         cache.remove_sequence(0)
         cache.add_sequence(0)
         start = time.perf_counter()
         token = await (await model.forward(cache, 0, context)).argmax()
         prefill_s = time.perf_counter() - start
-        out(f"| prefill | {CONTEXT} tokens | {prefill_s:.2f} s | {CONTEXT / prefill_s:.1f} tokens/s |")
-        start = time.perf_counter()
-        for _ in range(DECODE_TOKENS):
-            token = await (await model.forward(cache, 0, [token])).argmax()
-        decode_s = time.perf_counter() - start
-        decode_rate = DECODE_TOKENS / decode_s
-        out(f"| decode (greedy, after the context) | {DECODE_TOKENS} tokens | {decode_s:.2f} s | "
-            f"{decode_rate:.1f} tokens/s |")
+        row(f"prefill of a {CONTEXT}-token context", CONTEXT, prefill_s)
+        long_rate = row(f"decode (greedy) after the {CONTEXT}-token context", DECODE_TOKENS, await decode(token))
         cache.popn(0, DECODE_TOKENS)  # the checkpoint holds exactly the prefilled context
         with tempfile.TemporaryDirectory(prefix="kvckpt-bench-generate-") as root:
             saved = await save(cache, 0, FileStore(Path(root)), "context")
@@ -84,7 +93,7 @@ async def bench_generate(device: Device | None = None, repeats: int = 5, paths: 
                 cache.remove_sequence(1)
         restore_s = statistics.median(restores[1:])
         out(f"| restore + import from a FileStore (median of {repeats}) | {CONTEXT} tokens, "
-            f"{saved.bytes_written / 1e6:.1f} MB | {restore_s * 1e3:.1f} ms | {min(restores[1:]) * 1e3:.1f}-"
+            f"{saved.bytes_written / 1e6:.1f} MB | {restore_s * 1e3:.1f} ms | range {min(restores[1:]) * 1e3:.1f}-"
             f"{max(restores[1:]) * 1e3:.1f} ms |")
         ratio = prefill_s / restore_s
         out(f"\nresume vs re-prefill of the same {CONTEXT}-token context: {ratio:.0f}x faster "
@@ -92,8 +101,8 @@ async def bench_generate(device: Device | None = None, repeats: int = 5, paths: 
         share = restore_s / LLAMA_CPP_LOAD_STATE_S
         out(f"restore vs llama.cpp load_state ({LLAMA_CPP_LOAD_STATE_S} s here): {share:.3f} of it "
             f"(target < {RESTORE_TARGET}: {'met' if share < RESTORE_TARGET else 'NOT met'})")
-        out(f"decode: {decode_rate:.1f} tokens/s (target >= {DECODE_TARGET:g} on lavapipe: "
-            f"{'met' if decode_rate >= DECODE_TARGET else 'NOT met'})")
+        out(f"decode: {short_rate:.1f} tokens/s after a short context, {long_rate:.1f} after {CONTEXT} tokens (target "
+            f">= {DECODE_TARGET:g} on lavapipe: {'met' if min(short_rate, long_rate) >= DECODE_TARGET else 'NOT met'})")
     finally:
         cache.close()
         for buf in probe:
