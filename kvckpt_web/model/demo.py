@@ -107,7 +107,8 @@ async def _worker(config: WorkerConfig, mode: str, emit: Callable[[dict[str, Any
     cache.add_sequence(1)
     begin = time.perf_counter()
     for i in range(0, len(context), config.prefill_chunk):
-        await model.forward(cache, 1, context[i:i + config.prefill_chunk])
+        logits = await model.forward(cache, 1, context[i:i + config.prefill_chunk])
+    await logits.argmax()  # a GPU model's forward only submits its work: reading the logits waits for it
     prefill_s = time.perf_counter() - begin
     cache.remove_sequence(1)
     emit({**_done(result), "prefill_s": prefill_s})
