@@ -47,7 +47,8 @@ def matvec(device: Device, weight: QuantizedTensor, x: Buffer, y: Buffer, tokens
            accumulate: bool = False, norm: DenseTensor | None = None, eps: float = 0.0) -> list[Dispatch]:
     """``y[t] = W x[t]`` (or ``y[t] += W x[t]`` with ``accumulate``: the residual add) for each of ``tokens``
     rows of ``x``, ``W`` a Q4_1 or Q8_0 matrix (the tied embedding as the output head). With ``norm`` (an
-    RMSNorm weight) the product takes ``RMSNorm(x[t])`` with ``eps`` instead: the norm costs no dispatch."""
+    RMSNorm weight) the product takes ``RMSNorm(x[t])`` with ``eps`` instead: the norm costs no dispatch.
+    ``x`` (from :func:`activations`) and ``y`` are different buffers."""
     _check_type(weight, Q4_1, Q8_0)
     if weight.ggml_type == Q4_1:
         return _products(device, "q4_1_matvec", (weight,), x, y, tokens, accumulate, norm, eps, "q4_1_matmul")
@@ -124,6 +125,8 @@ def _products(device: Device, entry: str, weights: tuple[QuantizedTensor, ...], 
     if x.size < last_window + X_WINDOW:
         raise TensorError("x: buffer bytes", f"at least {last_window + X_WINDOW} (see activations())", x.size)
     _check_size("y", y, 4 * tokens * first.rows)
+    if x is y:  # WebGPU refuses a buffer bound as uniform and as writable storage in one dispatch
+        raise TensorError("y", "a buffer other than x", y.label)
     if norm is not None and norm.shape != (first.cols,):
         raise TensorError(f"{norm.name}: shape", (first.cols,), norm.shape)
     shader = source("model/quant")

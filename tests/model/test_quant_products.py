@@ -180,3 +180,10 @@ def test_a_product_over_several_tokens_gives_each_token_the_bits_of_its_own_prod
 
     together = product(x)
     assert all(np.array_equal(together[t], product(x[t:t + 1])[0]) for t in range(tokens))
+
+
+def test_a_product_into_its_own_input_is_refused(device):
+    raw, _ = random_matrix(np.random.default_rng(14), Q4_1, 32, 32)
+    x = activations(device, np.zeros(32))
+    with pytest.raises(TensorError, match="y"):
+        kernels.matvec(device, upload_matrix(device, raw, Q4_1), x, x)
