@@ -1,7 +1,8 @@
 """Dispatch builders for the dense model kernels (``shaders/model/*.wgsl``).
 
 Each function builds the dispatches of one kernel, its uniform parameters packed to match the ``Params``
-struct of the shader. Activations are f32, row-major (tokens, features). The products read their input
+struct of the shader; the device keeps their bind groups (``Dispatch.keep_bindings``): the buffers a model
+binds (weights, activations) live as long as the model. Activations are f32, row-major (tokens, features). The products read their input
 ``x`` as a uniform binding of :data:`X_WINDOW` bytes (loads that all invocations share are scalar loads on a
 CPU adapter, where storage loads go lane by lane), so the buffers they read come from :func:`activations`,
 and a call over more tokens than one window holds is split into one dispatch per window.
@@ -73,7 +74,7 @@ def embed(device: Device, table: QuantizedTensor, ids: Buffer, out: Buffer, toke
     _check_size("ids", ids, 4 * tokens)
     kernel = device.kernel("model.quant", source("model/quant"), "q8_0_rows")
     return Dispatch(kernel, _quant_params(table, tokens), (table.scales, table.quants, ids, out),
-                    tokens * table.blocks * 8)
+                    tokens * table.blocks * 8, keep_bindings=True)
 
 
 def rms_norm(device: Device, x: Buffer, weight: DenseTensor, out: Buffer, tokens: int, eps: float) -> Dispatch:
@@ -83,7 +84,8 @@ def rms_norm(device: Device, x: Buffer, weight: DenseTensor, out: Buffer, tokens
     _check_size("out", out, 4 * tokens * dim)
     kernel = device.kernel("model.norm", source("model/norm"), "rms_norm")
     params = struct.pack("<2If4x", tokens, dim, eps)
-    return Dispatch(kernel, params, (x, weight.buffer, out), workgroups=(-(-tokens // WORKGROUP), 1, 1))
+    return Dispatch(kernel, params, (x, weight.buffer, out), workgroups=(-(-tokens // WORKGROUP), 1, 1),
+                    keep_bindings=True)
 
 
 def topk_candidates_bytes(n: int, k: int) -> int:
@@ -105,9 +107,9 @@ def topk(device: Device, values: Buffer, n: int, k: int, candidates: Buffer, bes
     params = pack_params(n, k, TOPK_CHUNK, chunks)
     shader = source("model/topk")
     return [Dispatch(device.kernel("model.topk", shader, "chunk_topk"), params, (values, candidates),
-                     workgroups=(-(-chunks // WORKGROUP), 1, 1)),
+                     workgroups=(-(-chunks // WORKGROUP), 1, 1), keep_bindings=True),
             Dispatch(device.kernel("model.topk", shader, "merge_topk"), params, (candidates, best),
-                     workgroups=(1, 1, 1))]
+                     workgroups=(1, 1, 1), keep_bindings=True)]
 
 
 def _products(device: Device, entry: str, weights: tuple[QuantizedTensor, ...], x: Buffer, y: Buffer, tokens: int,
@@ -145,7 +147,7 @@ def _products(device: Device, entry: str, weights: tuple[QuantizedTensor, ...], 
         # without a norm the kernel reads no norm weight, but a 64 KiB uniform must be bound: the window again
         norm_binding = window if norm is None else Region(norm.buffer, 0, X_WINDOW)
         dispatches.append(Dispatch(kernel, params, (first.scales, first.quants, window, y, norm_binding) + up,
-                                   workgroups=groups))
+                                   workgroups=groups, keep_bindings=True))
     return dispatches
 
 
