@@ -98,7 +98,8 @@ def bench_model_kernels(path: Path | None = None, rounds: int = 5, echo: Callabl
     probe = device.create_buffer(8, Usage.MAP_READ | Usage.COPY_DST, "bench.probe")
     steps = {(stack, fold): decode_step(device, w, buffers, stack, fold) for stack, fold in
              ((False, False), (True, False), (True, True))}
-    products = [d for i in range(LAYERS) for p in PROJECTIONS for d in kernels.matvec(device, w[f"blk.{i}.{p}.weight"], x, y)]
+    products = [d for i in range(LAYERS) for p in PROJECTIONS
+                for d in kernels.matvec(device, w[f"blk.{i}.{p}.weight"], x, y)]
     prefill = prefill_products(device, w, PREFILL_TOKENS)
     norm = w["output_norm.weight"]
     empty = [replace(kernels.rms_norm(device, x, norm, y, 0, 1e-5), workgroups=(1, 1, 1))] * 300

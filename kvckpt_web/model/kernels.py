@@ -2,10 +2,11 @@
 
 Each function builds the dispatches of one kernel, its uniform parameters packed to match the ``Params``
 struct of the shader; the device keeps their bind groups (``Dispatch.keep_bindings``): the buffers a model
-binds (weights, activations) live as long as the model. Activations are f32, row-major (tokens, features). The products read their input
-``x`` as a uniform binding of :data:`X_WINDOW` bytes (loads that all invocations share are scalar loads on a
-CPU adapter, where storage loads go lane by lane), so the buffers they read come from :func:`activations`,
-and a call over more tokens than one window holds is split into one dispatch per window.
+binds (weights, activations) live as long as the model. Activations are f32, row-major (tokens, features).
+The products read their input ``x`` as a uniform binding of :data:`X_WINDOW` bytes (loads that all
+invocations share are scalar loads on a CPU adapter, where storage loads go lane by lane), so the buffers
+they read come from :func:`activations`, and a call over more tokens than one window holds is split into
+one dispatch per window.
 """
 
 from __future__ import annotations

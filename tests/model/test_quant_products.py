@@ -158,7 +158,8 @@ def test_stacking_matrices_of_different_widths_is_refused(device):
     a = random_matrix(np.random.default_rng(11), Q4_1, 4, 64)[0]
     b = random_matrix(np.random.default_rng(12), Q4_1, 4, 96)[0]
     with pytest.raises(TensorError, match="columns"):
-        upload_stacked(device, "qkv", [(Q4_1, (64, 4), memoryview(a.tobytes())), (Q4_1, (96, 4), memoryview(b.tobytes()))])
+        upload_stacked(device, "qkv", [(Q4_1, (64, 4), memoryview(a.tobytes())),
+                                       (Q4_1, (96, 4), memoryview(b.tobytes()))])
 
 
 @pytest.mark.parametrize("gate", [False, True])
