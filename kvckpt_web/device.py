@@ -53,7 +53,7 @@ class Texture:
     that kernels read with ``textureLoad`` (``texture_2d<u32>``); ``view`` is the native view they bind.
 
     Kernels on a CPU adapter fetch texels with vector gathers where storage buffer loads go lane by lane
-    (lavapipe: a Q4 matrix-vector product over the model's weights 35-41 ms from textures, 155 ms from buffers).
+    (lavapipe: the model's Q4 matrix-vector products ran 4x faster from textures than from storage buffers).
     """
 
     width: int
@@ -114,11 +114,14 @@ class Region:
 
 @dataclass(frozen=True)
 class Dispatch:
-    """Run ``kernel`` with uniform ``params`` (binding 0) and ``buffers`` (bindings 1..n: whole buffers or regions,
-    bound as the shader declares them, storage or uniform; or textures) over either ``invocations`` threads (workgroups of :data:`WORKGROUP_SIZE` on a 2-D grid that the
-    shader linearises) or exactly ``workgroups`` = (x, y, z) workgroups of the shader's own size.
+    """Run ``kernel`` with uniform ``params`` (binding 0) and ``buffers`` (bindings 1..n: whole buffers or
+    regions, bound as the shader declares them, storage or uniform; or textures) over either ``invocations``
+    threads (workgroups of :data:`WORKGROUP_SIZE` on a 2-D grid that the shader linearises) or exactly
+    ``workgroups`` = (x, y, z) workgroups of the shader's own size.
 
     Consecutive dispatches of one submit share one compute pass (WebGPU orders their storage accesses).
+    With ``keep_bindings`` the device keeps the bind group for the next dispatch of the same kernel,
+    parameter slot and bindings (see :meth:`Device.bind_group`): for bindings that live long, as weights do.
     """
 
     kernel: "Kernel"
@@ -126,6 +129,7 @@ class Dispatch:
     buffers: tuple[Buffer | Region | Texture, ...]
     invocations: int = 0
     workgroups: tuple[int, int, int] | None = None
+    keep_bindings: bool = False
 
 
 Command = Copy | CopyRuns | Clear | Dispatch
@@ -258,8 +262,11 @@ class Device(ABC):
 
     def bind_group(self, params: Any, params_offset: int, dispatch: Dispatch) -> Any:
         """The native bind group of ``dispatch`` with its parameters at ``params_offset`` of the native buffer
-        ``params``: made once per (kernel, parameter slot, bindings) and kept until :meth:`forget_bind_groups`
-        (a decode step binds the same weights and activations every time; making a group costs ~0.1 ms)."""
+        ``params``. With ``dispatch.keep_bindings`` it is made once per (kernel, parameter slot, bindings) and
+        kept until :meth:`forget_bind_groups` (which :meth:`destroy` calls): a decode step binds the same
+        weights and activations every time, and making a group costs ~0.1 ms. A kept group holds its buffers."""
+        if not dispatch.keep_bindings:
+            return self._create_bind_group(dispatch.kernel.native, self.bind_entries(params, params_offset, dispatch))
         key = (dispatch.kernel, params_offset, len(dispatch.params), dispatch.buffers)
         group = self._bind_groups.get(key)
         if group is None:

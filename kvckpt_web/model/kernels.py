@@ -1,10 +1,12 @@
 """Dispatch builders for the dense model kernels (``shaders/model/*.wgsl``).
 
 Each function builds the dispatches of one kernel, its uniform parameters packed to match the ``Params``
-struct of the shader. Activations are f32, row-major (tokens, features). The products read their input
-``x`` as a uniform binding of :data:`X_WINDOW` bytes (loads that all invocations share are scalar loads on a
-CPU adapter, where storage loads go lane by lane), so the buffers they read come from :func:`activations`,
-and a call over more tokens than one window holds is split into one dispatch per window.
+struct of the shader; the device keeps their bind groups (``Dispatch.keep_bindings``): the buffers a model
+binds (weights, activations) live as long as the model. Activations are f32, row-major (tokens, features).
+The products read their input ``x`` as a uniform binding of :data:`X_WINDOW` bytes (loads that all
+invocations share are scalar loads on a CPU adapter, where storage loads go lane by lane), so the buffers
+they read come from :func:`activations`, and a call over more tokens than one window holds is split into
+one dispatch per window.
 """
 
 from __future__ import annotations
@@ -47,7 +49,8 @@ def matvec(device: Device, weight: QuantizedTensor, x: Buffer, y: Buffer, tokens
            accumulate: bool = False, norm: DenseTensor | None = None, eps: float = 0.0) -> list[Dispatch]:
     """``y[t] = W x[t]`` (or ``y[t] += W x[t]`` with ``accumulate``: the residual add) for each of ``tokens``
     rows of ``x``, ``W`` a Q4_1 or Q8_0 matrix (the tied embedding as the output head). With ``norm`` (an
-    RMSNorm weight) the product takes ``RMSNorm(x[t])`` with ``eps`` instead: the norm costs no dispatch."""
+    RMSNorm weight) the product takes ``RMSNorm(x[t])`` with ``eps`` instead: the norm costs no dispatch.
+    ``x`` (from :func:`activations`) and ``y`` are different buffers."""
     _check_type(weight, Q4_1, Q8_0)
     if weight.ggml_type == Q4_1:
         return _products(device, "q4_1_matvec", (weight,), x, y, tokens, accumulate, norm, eps, "q4_1_matmul")
@@ -72,7 +75,7 @@ def embed(device: Device, table: QuantizedTensor, ids: Buffer, out: Buffer, toke
     _check_size("ids", ids, 4 * tokens)
     kernel = device.kernel("model.quant", source("model/quant"), "q8_0_rows")
     return Dispatch(kernel, _quant_params(table, tokens), (table.scales, table.quants, ids, out),
-                    tokens * table.blocks * 8)
+                    tokens * table.blocks * 8, keep_bindings=True)
 
 
 def rms_norm(device: Device, x: Buffer, weight: DenseTensor, out: Buffer, tokens: int, eps: float) -> Dispatch:
@@ -82,7 +85,8 @@ def rms_norm(device: Device, x: Buffer, weight: DenseTensor, out: Buffer, tokens
     _check_size("out", out, 4 * tokens * dim)
     kernel = device.kernel("model.norm", source("model/norm"), "rms_norm")
     params = struct.pack("<2If4x", tokens, dim, eps)
-    return Dispatch(kernel, params, (x, weight.buffer, out), workgroups=(-(-tokens // WORKGROUP), 1, 1))
+    return Dispatch(kernel, params, (x, weight.buffer, out), workgroups=(-(-tokens // WORKGROUP), 1, 1),
+                    keep_bindings=True)
 
 
 def topk_candidates_bytes(n: int, k: int) -> int:
@@ -104,9 +108,9 @@ def topk(device: Device, values: Buffer, n: int, k: int, candidates: Buffer, bes
     params = pack_params(n, k, TOPK_CHUNK, chunks)
     shader = source("model/topk")
     return [Dispatch(device.kernel("model.topk", shader, "chunk_topk"), params, (values, candidates),
-                     workgroups=(-(-chunks // WORKGROUP), 1, 1)),
+                     workgroups=(-(-chunks // WORKGROUP), 1, 1), keep_bindings=True),
             Dispatch(device.kernel("model.topk", shader, "merge_topk"), params, (candidates, best),
-                     workgroups=(1, 1, 1))]
+                     workgroups=(1, 1, 1), keep_bindings=True)]
 
 
 def _products(device: Device, entry: str, weights: tuple[QuantizedTensor, ...], x: Buffer, y: Buffer, tokens: int,
@@ -124,6 +128,8 @@ def _products(device: Device, entry: str, weights: tuple[QuantizedTensor, ...], 
     if x.size < last_window + X_WINDOW:
         raise TensorError("x: buffer bytes", f"at least {last_window + X_WINDOW} (see activations())", x.size)
     _check_size("y", y, 4 * tokens * first.rows)
+    if x is y:  # WebGPU refuses a buffer bound as uniform and as writable storage in one dispatch
+        raise TensorError("y", "a buffer other than x", y.label)
     if norm is not None and norm.shape != (first.cols,):
         raise TensorError(f"{norm.name}: shape", (first.cols,), norm.shape)
     shader = source("model/quant")
@@ -142,7 +148,7 @@ def _products(device: Device, entry: str, weights: tuple[QuantizedTensor, ...], 
         # without a norm the kernel reads no norm weight, but a 64 KiB uniform must be bound: the window again
         norm_binding = window if norm is None else Region(norm.buffer, 0, X_WINDOW)
         dispatches.append(Dispatch(kernel, params, (first.scales, first.quants, window, y, norm_binding) + up,
-                                   workgroups=groups))
+                                   workgroups=groups, keep_bindings=True))
     return dispatches
 
 

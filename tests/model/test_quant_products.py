@@ -158,7 +158,8 @@ def test_stacking_matrices_of_different_widths_is_refused(device):
     a = random_matrix(np.random.default_rng(11), Q4_1, 4, 64)[0]
     b = random_matrix(np.random.default_rng(12), Q4_1, 4, 96)[0]
     with pytest.raises(TensorError, match="columns"):
-        upload_stacked(device, "qkv", [(Q4_1, (64, 4), memoryview(a.tobytes())), (Q4_1, (96, 4), memoryview(b.tobytes()))])
+        upload_stacked(device, "qkv", [(Q4_1, (64, 4), memoryview(a.tobytes())),
+                                       (Q4_1, (96, 4), memoryview(b.tobytes()))])
 
 
 @pytest.mark.parametrize("gate", [False, True])
@@ -180,3 +181,10 @@ def test_a_product_over_several_tokens_gives_each_token_the_bits_of_its_own_prod
 
     together = product(x)
     assert all(np.array_equal(together[t], product(x[t:t + 1])[0]) for t in range(tokens))
+
+
+def test_a_product_into_its_own_input_is_refused(device):
+    raw, _ = random_matrix(np.random.default_rng(14), Q4_1, 32, 32)
+    x = activations(device, np.zeros(32))
+    with pytest.raises(TensorError, match="y"):
+        kernels.matvec(device, upload_matrix(device, raw, Q4_1), x, x)
