@@ -1,10 +1,16 @@
 """Attention of a llama-style model over a :class:`~kvckpt_web.cache.PagedKVCache`.
 
-Per layer of a forward pass, two dispatches: :meth:`PagedAttention.rope_append` rotates Q in place and writes
+Per layer of a forward pass, three dispatches: :meth:`PagedAttention.rope_append` rotates Q in place and writes
 the rotated K and V into the cache pages at the slots ``begin_forward`` reserved (``shaders/model/rope.wgsl``);
 :meth:`PagedAttention.attend` then computes causal grouped-query attention of every new token over its
-sequence's pages (``shaders/model/paged_attention.wgsl``). Prefill chunks and decode steps are the same call:
-a token attends to every earlier token of its sequence and to itself, through its page table.
+sequence's pages in two passes: partial softmax sums over key ranges (``shaders/model/paged_attention.wgsl``),
+then their merge in a fixed order (``shaders/model/attention_merge.wgsl``). Prefill chunks and decode steps
+are the same call: a token attends to every earlier token of its sequence and to itself, through its page table.
+
+How the work is cut (measured on lavapipe, see bench/README.md): an invocation serves a tile of up to
+``rows_per_tile`` consecutive tokens of one sequence and every query head of one KV head, so each K/V word it
+loads serves ``rows_per_tile * group`` rows; keys are split into ranges so that a decode step still has
+:data:`MIN_INVOCATIONS` invocations, and so that no invocation runs past :data:`LOOP_BUDGET` loop iterations.
 
 Q/K/V come in TVM's fused layout: one f32 buffer ``qkv`` of ``[num_tokens, num_qo_heads + 2 * num_kv_heads,
 head_dim]``, tokens in the order of :class:`~kvckpt_web.cache.ForwardPass`.
@@ -20,10 +26,34 @@ from ..device import Buffer, Dispatch, Region, Usage
 from ..errors import FieldError, TensorError
 from ..shaders import source
 
-#: Largest head_dim the attention kernel holds in registers (``MAX_PAIRS`` pairs in paged_attention.wgsl).
+#: Largest head_dim the attention kernel holds in registers (per invocation, ``rows_per_tile * group`` rows of Q
+#: and of the output).
 MAX_HEAD_DIM = 128
 #: Bytes of one token's record in the ``tokens`` buffer (vec4<u32>: position, slot, page table offset, unused).
 TOKEN_RECORD_BYTES = 16
+#: Bytes of one tile's record in the ``tiles`` buffer (vec2<u32>: first token, rows).
+TILE_RECORD_BYTES = 8
+#: llvmpipe (lavapipe) ends a shader invocation's loops once all its loops together have run 65535 iterations
+#: (its LP_MAX_TGSI_LOOP_ITERATIONS), silently: the key ranges are cut so that no invocation comes near it.
+LOOP_BUDGET = 65535
+#: Query rows (tokens x query heads of one KV head) an invocation serves at most; more rows share each K/V load
+#: but hold more registers and shorten the key ranges the loop budget allows.
+ROW_HEADS = 12
+#: Key ranges are split until a dispatch has this many invocations (a decode step has one tile per sequence).
+MIN_INVOCATIONS = 96
+#: ... but no range is cut shorter than this many keys (each split costs a partial record per row and a merge step).
+MIN_KEYS_PER_SPLIT = 16
+
+
+def loop_budget_keys(head_dim: int, rows: int) -> int:
+    """The most keys one attention invocation serving ``rows`` (token, query head) rows may visit within
+    :data:`LOOP_BUDGET`, counting every loop of paged_attention.wgsl as if none were unrolled: per key, the key
+    loop, two loops over the rows and two over the row's head_dim / 8 words, each with a loop over the rows;
+    once, the loops that load Q and store the partial records."""
+    words = head_dim // 8
+    per_key = 1 + 2 * rows + 2 * words * (1 + rows)
+    once = 2 * rows * (1 + head_dim // 4)
+    return (LOOP_BUDGET - once) // per_key
 
 
 def rope_inv_freq(head_dim: int, theta: float, scale: float) -> list[float]:
@@ -37,23 +67,41 @@ class PagedAttention:
 
     The dispatches of a forward read a per-token table and the sequences' page tables that are uploaded when
     the first of them is built after ``begin_forward``; submit them before the next ``begin_forward``.
+    ``rows_per_tile`` and ``keys_per_split`` (the longest key range of an invocation) override the defaults
+    derived from :data:`ROW_HEADS`, :data:`MIN_INVOCATIONS` and :data:`LOOP_BUDGET`; results agree within float32
+    rounding whatever they are.
     """
 
-    def __init__(self, cache: PagedKVCache) -> None:
+    def __init__(self, cache: PagedKVCache, *, rows_per_tile: int | None = None,
+                 keys_per_split: int | None = None) -> None:
         lay = cache.layout
         if lay.dtype != "float16":
             raise FieldError("layout.dtype", "'float16' (the attention kernels read and write float16 pages)",
                              lay.dtype)
-        if lay.head_dim % 2 or lay.head_dim > MAX_HEAD_DIM:
-            raise FieldError("layout.qk_head_dim", f"an even number <= {MAX_HEAD_DIM}", lay.head_dim)
+        if lay.head_dim % 8 or lay.head_dim > MAX_HEAD_DIM:
+            raise FieldError("layout.qk_head_dim", f"a multiple of 8 <= {MAX_HEAD_DIM}", lay.head_dim)
         if lay.num_qo_heads % lay.num_kv_heads:
             raise FieldError("layout.num_qo_heads", f"a multiple of num_kv_heads={lay.num_kv_heads}",
                              lay.num_qo_heads)
         if lay.rope_mode not in ("normal", "none"):
             raise FieldError("layout.rope_mode", "'normal' or 'none' (the K/V write applies RoPE itself)",
                              lay.rope_mode)
+        group = lay.num_qo_heads // lay.num_kv_heads
+        most_rows = max(1, ROW_HEADS // group)
+        rows = most_rows if rows_per_tile is None else rows_per_tile
+        if isinstance(rows, bool) or not isinstance(rows, int) or not 1 <= rows <= most_rows:
+            raise FieldError("rows_per_tile", f"1..{most_rows} (ROW_HEADS={ROW_HEADS} rows for {group} query heads "
+                                              "per KV head)", rows_per_tile)
+        budget = loop_budget_keys(lay.head_dim, rows * group)
+        if keys_per_split is not None and (isinstance(keys_per_split, bool) or not isinstance(keys_per_split, int)
+                                           or not 1 <= keys_per_split <= budget):
+            raise FieldError("keys_per_split", f"1..{budget} (the loop budget of head_dim {lay.head_dim}, "
+                                               f"{rows * group} rows)", keys_per_split)
         self.cache = cache
         self.layout = lay
+        self.rows_per_tile = rows
+        self._max_keys_per_split = budget if keys_per_split is None else keys_per_split
+        self._min_keys_per_split = MIN_KEYS_PER_SPLIT if keys_per_split is None else keys_per_split
         device = cache.device
         rates = rope_inv_freq(lay.head_dim, lay.rotary_theta, lay.rotary_scale) if lay.rope_mode == "normal" \
             else [0.0] * (lay.head_dim // 2)
@@ -64,7 +112,13 @@ class PagedAttention:
                                             Usage.STORAGE | Usage.COPY_DST, "attention.tokens")
         self._page_table = device.create_buffer(4 * limits.reserved_num_seqs * cache.num_total_pages,
                                                 Usage.STORAGE | Usage.COPY_DST, "attention.page_table")
+        self._tiles = device.create_buffer(TILE_RECORD_BYTES * limits.prefill_chunk_size,
+                                           Usage.STORAGE | Usage.COPY_DST, "attention.tiles")
+        self._partial: Buffer | None = None  # grown to the largest forward's partial records
         self._uploaded: ForwardPass | None = None
+        self._num_tiles = 0
+        self._keys_per_split = 0
+        self._num_splits = 0
 
     @property
     def qkv_bytes_per_token(self) -> int:
@@ -79,28 +133,49 @@ class PagedAttention:
 
     def close(self) -> None:
         """Release this object's device buffers (the cache stays)."""
-        for buf in (self._inv_freq, self._tokens, self._page_table):
-            self.cache.device.destroy(buf)
+        for buf in (self._inv_freq, self._tokens, self._page_table, self._tiles, self._partial):
+            if buf is not None:
+                self.cache.device.destroy(buf)
 
     def _forward(self) -> ForwardPass:
-        """The cache's forward pass, its token records and page tables uploaded once."""
+        """The cache's forward pass, its token records, page tables and tiles uploaded and its key split chosen
+        once."""
         fwd = self.cache.current_forward()
         if fwd is self._uploaded:
             return fwd
         table: list[int] = []
         records: list[int] = []
+        tiles: list[int] = []
         token = 0
         for seq_id, length in zip(fwd.seq_ids, fwd.lengths):
             offset = len(table)
             table += self.cache.page_table(seq_id)
+            for row in range(0, length, self.rows_per_tile):
+                tiles += (token + row, min(self.rows_per_tile, length - row))
             for _ in range(length):
                 records += (fwd.positions[token], fwd.slots[token], offset, 0)
                 token += 1
         device = self.cache.device
         device.write(self._tokens, 0, struct.pack(f"<{len(records)}I", *records))
         device.write(self._page_table, 0, struct.pack(f"<{len(table)}I", *table))
+        device.write(self._tiles, 0, struct.pack(f"<{len(tiles)}I", *tiles))
+        self._num_tiles = len(tiles) // 2
+        keys = max(fwd.positions) + 1 if fwd.num_tokens else 1
+        wanted_splits = -(-MIN_INVOCATIONS // (self._num_tiles * self.layout.num_kv_heads)) if tiles else 1
+        self._keys_per_split = min(self._max_keys_per_split, max(self._min_keys_per_split, -(-keys // wanted_splits)))
+        self._num_splits = -(-keys // self._keys_per_split)
+        need = fwd.num_tokens * self.layout.num_qo_heads * self._num_splits * self._record_bytes
+        if self._partial is None or self._partial.size < need:
+            if self._partial is not None:
+                device.destroy(self._partial)
+            self._partial = device.create_buffer(need, Usage.STORAGE, "attention.partial")
         self._uploaded = fwd
         return fwd
+
+    @property
+    def _record_bytes(self) -> int:
+        """Bytes of one partial record: head_dim / 4 vec4 of weighted V, one vec4 (maximum, sum of weights)."""
+        return 16 * (self.layout.head_dim // 4 + 1)
 
     def _check_rows(self, name: str, target: Buffer | Region, per_token: int, num_tokens: int) -> None:
         if target.size < per_token * num_tokens:
@@ -125,17 +200,29 @@ class PagedAttention:
         return Dispatch(kernel, params, (qkv, pages, self._tokens, self._inv_freq),
                         fwd.num_tokens * heads * (lay.head_dim // 2))
 
-    def attend(self, layer: int, qkv: Buffer | Region, out: Buffer | Region) -> Dispatch:
-        """Write into ``out`` (f32 ``[num_tokens, num_qo_heads, head_dim]``) each new token's attention over
-        its sequence's K/V in ``layer``'s pages, positions 0 to its own, with the (rotated) Q of ``qkv``."""
+    def attend(self, layer: int, qkv: Buffer | Region, out: Buffer | Region) -> list[Dispatch]:
+        """The two dispatches (partial sums, merge) that write into ``out`` (f32 ``[num_tokens, num_qo_heads,
+        head_dim]``) each new token's attention over its sequence's K/V in ``layer``'s pages, positions 0 to
+        its own, with the (rotated) Q of ``qkv``. Submit both, in order."""
         fwd = self._forward()
         pages = self._layer(layer)
         self._check_rows("qkv", qkv, self.qkv_bytes_per_token, fwd.num_tokens)
         self._check_rows("out", out, self.out_bytes_per_token, fwd.num_tokens)
         lay = self.layout
         device = self.cache.device
-        kernel = device.kernel("paged_attention", source("model/paged_attention"), "attend")
-        params = struct.pack("<5If", fwd.num_tokens, lay.num_qo_heads, lay.num_kv_heads, lay.head_dim,
-                             lay.page_size, 1 / math.sqrt(lay.head_dim))
-        return Dispatch(kernel, params, (qkv, pages, self._tokens, self._page_table, out),
-                        fwd.num_tokens * lay.num_qo_heads)
+        group = lay.num_qo_heads // lay.num_kv_heads
+        quads = lay.head_dim // 4
+        constants = f"const QUADS: u32 = {quads}u;\n"
+        attend = device.kernel("paged_attention", constants + f"const GROUP: u32 = {group}u;\n"
+                               f"const ROWS: u32 = {self.rows_per_tile}u;\n" + source("model/paged_attention"),
+                               "attend")
+        merge = device.kernel("attention_merge", constants + source("model/attention_merge"), "merge")
+        splits = self._num_splits
+        params = struct.pack("<6If", self._num_tiles, lay.num_qo_heads, lay.num_kv_heads, lay.page_size,
+                             self._keys_per_split, splits, 1 / math.sqrt(lay.head_dim))
+        partial = Region(self._partial, 0, fwd.num_tokens * lay.num_qo_heads * splits * self._record_bytes)
+        rows = fwd.num_tokens * lay.num_qo_heads
+        return [Dispatch(attend, params, (qkv, pages, self._tokens, self._page_table, self._tiles, partial),
+                         self._num_tiles * lay.num_kv_heads * splits),
+                Dispatch(merge, struct.pack("<4I", rows, lay.num_qo_heads, self._keys_per_split, splits),
+                         (partial, self._tokens, out), rows * quads)]
