@@ -217,7 +217,7 @@ class LlamaModel:
         for i, layer in enumerate(self.layers):  # each RMSNorm is folded into the product after it
             commands += kernels.matvec(d, layer.qkv, s.residual, s.qkv, n, norm=layer.attn_norm, eps=eps)
             commands.append(attention.rope_append(i, s.qkv))
-            commands.append(attention.attend(i, s.qkv, s.attn))
+            commands += attention.attend(i, s.qkv, s.attn)
             commands += kernels.matvec(d, layer.attn_output, s.attn, s.residual, n, accumulate=True)
             commands += kernels.gated(d, layer.ffn_gate, layer.ffn_up, s.residual, s.ffn, n, norm=layer.ffn_norm,
                                       eps=eps)
