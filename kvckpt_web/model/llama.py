@@ -30,7 +30,6 @@ from .weights import F32, Q4_1, Q8_0, DenseTensor, QuantizedTensor, upload_stack
 if TYPE_CHECKING:
     from ..cache import PagedKVCache
 
-BLOCK_MATRICES = ("attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down")
 BLOCK_NORMS = ("attn_norm", "ffn_norm")
 
 

@@ -172,23 +172,19 @@ def test_smollm2_logits_of_a_chat_prompt_and_three_decode_steps_follow_the_float
 # ----- bad model files ------------------------------------------------------------------------------------
 
 
-def load_file(device, path):  # type: ignore[no-untyped-def]
-    return load_model(path, device)
-
-
 def test_a_truncated_model_file_is_a_format_error(device, tiny_llama_path, tmp_path):
     path = tmp_path / "truncated.gguf"
     data = tiny_llama_path.read_bytes()
     path.write_bytes(data[:len(data) // 2])
     with pytest.raises(FormatError, match="tensors"):
-        load_file(device, path)
+        load_model(path, device)
 
 
 def test_a_file_that_is_not_gguf_is_a_format_error(device, tmp_path):
     path = tmp_path / "model.gguf"
     path.write_bytes(b"PK\x03\x04" + bytes(64))
     with pytest.raises(FormatError, match="not a GGUF file"):
-        load_file(device, path)
+        load_model(path, device)
 
 
 def test_an_unsupported_tensor_type_is_refused_naming_the_tensor_and_type(device, tmp_path):
@@ -197,35 +193,36 @@ def test_an_unsupported_tensor_type_is_refused_naming_the_tensor_and_type(device
 
     path = write_tiny_llama(tmp_path / "q8.gguf", edit=requantize)
     with pytest.raises(FormatError, match=r"blk\.1\.ffn_up\.weight.*expected Q4_1, got 'Q8_0'"):
-        load_file(device, path)
+        load_model(path, device)
 
 
 def test_a_tensor_of_the_wrong_shape_is_refused_naming_it(device, tmp_path):
-    def transpose(tensors):  # type: ignore[no-untyped-def]
+    def narrow(tensors):  # type: ignore[no-untyped-def]
         values, qtype = tensors["blk.0.attn_output.weight"]
         tensors["blk.0.attn_output.weight"] = (values[:, :160], qtype)
 
-    path = write_tiny_llama(tmp_path / "shape.gguf", edit=transpose)
-    with pytest.raises(FormatError, match=r"blk\.0\.attn_output\.weight.*shape: expected \(192, 192\), got \(160, 192\)"):
-        load_file(device, path)
+    path = write_tiny_llama(tmp_path / "shape.gguf", edit=narrow)
+    with pytest.raises(FormatError,
+                       match=r"blk\.0\.attn_output\.weight.*shape: expected \(192, 192\), got \(160, 192\)"):
+        load_model(path, device)
 
 
 def test_a_missing_tensor_is_refused_naming_it(device, tmp_path):
     path = write_tiny_llama(tmp_path / "missing.gguf", edit=lambda t: t.pop("blk.2.ffn_norm.weight"))
     with pytest.raises(FormatError, match=r"blk\.2\.ffn_norm\.weight.*missing"):
-        load_file(device, path)
+        load_model(path, device)
 
 
 def test_a_block_count_beyond_the_tensors_is_refused(device, tmp_path):
     path = write_tiny_llama(tmp_path / "blocks.gguf", metadata={"block_count": 4})
     with pytest.raises(FormatError, match=r"blk\.3\.attn_norm\.weight.*missing"):
-        load_file(device, path)
+        load_model(path, device)
 
 
 def test_rope_scaling_is_refused(device, tmp_path):
     path = write_tiny_llama(tmp_path / "scaled.gguf", metadata={"rope.scaling.type": "yarn"})
     with pytest.raises(FormatError, match="llama.rope.scaling.type"):
-        load_file(device, path)
+        load_model(path, device)
 
 
 def test_kvckpt_generate_with_an_unsupported_model_prints_one_line(tmp_path):
