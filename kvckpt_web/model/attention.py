@@ -10,7 +10,7 @@ are the same call: a token attends to every earlier token of its sequence and to
 How the work is cut (measured on lavapipe, see bench/README.md): an invocation serves a tile of up to
 ``rows_per_tile`` consecutive tokens of one sequence and every query head of one KV head, so each K/V word it
 loads serves ``rows_per_tile * group`` rows; keys are split into ranges so that a decode step still has
-:data:`MIN_INVOCATIONS` invocations, and so that no invocation runs past :data:`LOOP_BUDGET` loop iterations.
+:data:`MIN_INVOCATIONS` invocations (and so that none runs past llvmpipe's loop budget).
 
 Q/K/V come in TVM's fused layout: one f32 buffer ``qkv`` of ``[num_tokens, num_qo_heads + 2 * num_kv_heads,
 head_dim]``, tokens in the order of :class:`~kvckpt_web.cache.ForwardPass`.
@@ -25,6 +25,7 @@ from ..cache import ForwardPass, PagedKVCache
 from ..device import Buffer, Dispatch, Region, Usage
 from ..errors import FieldError, TensorError
 from ..shaders import source
+from ..specialize import specialize
 
 #: Largest head_dim the attention kernel holds in registers (per invocation, ``rows_per_tile * group`` rows of Q
 #: and of the output).
@@ -34,26 +35,16 @@ TOKEN_RECORD_BYTES = 16
 #: Bytes of one tile's record in the ``tiles`` buffer (vec2<u32>: first token, rows).
 TILE_RECORD_BYTES = 8
 #: llvmpipe (lavapipe) ends a shader invocation's loops once all its loops together have run 65535 iterations
-#: (its LP_MAX_TGSI_LOOP_ITERATIONS), silently: the key ranges are cut so that no invocation comes near it.
-LOOP_BUDGET = 65535
-#: Query rows (tokens x query heads of one KV head) an invocation serves at most; more rows share each K/V load
-#: but hold more registers and shorten the key ranges the loop budget allows.
+#: (its LP_MAX_TGSI_LOOP_ITERATIONS), silently; the key loop is paged_attention.wgsl's only loop, so a key range
+#: is cut below that.
+MAX_KEYS_PER_SPLIT = 65535 - 1
+#: Query rows (tokens x query heads of one KV head) an invocation serves at most: more rows share each K/V load
+#: but hold more registers.
 ROW_HEADS = 12
 #: Key ranges are split until a dispatch has this many invocations (a decode step has one tile per sequence).
 MIN_INVOCATIONS = 96
 #: ... but no range is cut shorter than this many keys (each split costs a partial record per row and a merge step).
 MIN_KEYS_PER_SPLIT = 16
-
-
-def loop_budget_keys(head_dim: int, rows: int) -> int:
-    """The most keys one attention invocation serving ``rows`` (token, query head) rows may visit within
-    :data:`LOOP_BUDGET`, counting every loop of paged_attention.wgsl as if none were unrolled: per key, the key
-    loop, two loops over the rows and two over the row's head_dim / 8 words, each with a loop over the rows;
-    once, the loops that load Q and store the partial records."""
-    words = head_dim // 8
-    per_key = 1 + 2 * rows + 2 * words * (1 + rows)
-    once = 2 * rows * (1 + head_dim // 4)
-    return (LOOP_BUDGET - once) // per_key
 
 
 def rope_inv_freq(head_dim: int, theta: float, scale: float) -> list[float]:
@@ -68,8 +59,9 @@ class PagedAttention:
     The dispatches of a forward read a per-token table and the sequences' page tables that are uploaded when
     the first of them is built after ``begin_forward``; submit them before the next ``begin_forward``.
     ``rows_per_tile`` and ``keys_per_split`` (the longest key range of an invocation) override the defaults
-    derived from :data:`ROW_HEADS`, :data:`MIN_INVOCATIONS` and :data:`LOOP_BUDGET`; results agree within float32
-    rounding whatever they are.
+    derived from :data:`ROW_HEADS` and :data:`MIN_INVOCATIONS`; results agree within float32 rounding whatever
+    they are. A forward whose sequences are all shorter than ``rows_per_tile`` tokens (a decode step) uses
+    tiles of its longest sequence's length.
     """
 
     def __init__(self, cache: PagedKVCache, *, rows_per_tile: int | None = None,
@@ -92,15 +84,13 @@ class PagedAttention:
         if isinstance(rows, bool) or not isinstance(rows, int) or not 1 <= rows <= most_rows:
             raise FieldError("rows_per_tile", f"1..{most_rows} (ROW_HEADS={ROW_HEADS} rows for {group} query heads "
                                               "per KV head)", rows_per_tile)
-        budget = loop_budget_keys(lay.head_dim, rows * group)
         if keys_per_split is not None and (isinstance(keys_per_split, bool) or not isinstance(keys_per_split, int)
-                                           or not 1 <= keys_per_split <= budget):
-            raise FieldError("keys_per_split", f"1..{budget} (the loop budget of head_dim {lay.head_dim}, "
-                                               f"{rows * group} rows)", keys_per_split)
+                                           or not 1 <= keys_per_split <= MAX_KEYS_PER_SPLIT):
+            raise FieldError("keys_per_split", f"1..{MAX_KEYS_PER_SPLIT}", keys_per_split)
         self.cache = cache
         self.layout = lay
         self.rows_per_tile = rows
-        self._max_keys_per_split = budget if keys_per_split is None else keys_per_split
+        self._max_keys_per_split = MAX_KEYS_PER_SPLIT if keys_per_split is None else keys_per_split
         self._min_keys_per_split = MIN_KEYS_PER_SPLIT if keys_per_split is None else keys_per_split
         device = cache.device
         rates = rope_inv_freq(lay.head_dim, lay.rotary_theta, lay.rotary_scale) if lay.rope_mode == "normal" \
@@ -117,6 +107,7 @@ class PagedAttention:
         self._partial: Buffer | None = None  # grown to the largest forward's partial records
         self._uploaded: ForwardPass | None = None
         self._num_tiles = 0
+        self._tile_rows = 0
         self._keys_per_split = 0
         self._num_splits = 0
 
@@ -147,11 +138,12 @@ class PagedAttention:
         records: list[int] = []
         tiles: list[int] = []
         token = 0
+        self._tile_rows = min(self.rows_per_tile, max(fwd.lengths, default=1))
         for seq_id, length in zip(fwd.seq_ids, fwd.lengths):
             offset = len(table)
             table += self.cache.page_table(seq_id)
-            for row in range(0, length, self.rows_per_tile):
-                tiles += (token + row, min(self.rows_per_tile, length - row))
+            for row in range(0, length, self._tile_rows):
+                tiles += (token + row, min(self._tile_rows, length - row))
             for _ in range(length):
                 records += (fwd.positions[token], fwd.slots[token], offset, 0)
                 token += 1
@@ -212,17 +204,17 @@ class PagedAttention:
         device = self.cache.device
         group = lay.num_qo_heads // lay.num_kv_heads
         quads = lay.head_dim // 4
-        constants = f"const QUADS: u32 = {quads}u;\n"
-        attend = device.kernel("paged_attention", constants + f"const GROUP: u32 = {group}u;\n"
-                               f"const ROWS: u32 = {self.rows_per_tile}u;\n" + source("model/paged_attention"),
-                               "attend")
-        merge = device.kernel("attention_merge", constants + source("model/attention_merge"), "merge")
+        rows = self._tile_rows
+        attend = device.kernel("paged_attention", specialize(source("model/paged_attention"), dict(
+            QUADS=quads, WORDS=quads // 2, GROUP=group, ROWS=rows, N=rows * group)), "attend")
+        merge = device.kernel("attention_merge", specialize(source("model/attention_merge"), dict(QUADS=quads)),
+                              "merge")
         splits = self._num_splits
         params = struct.pack("<6If", self._num_tiles, lay.num_qo_heads, lay.num_kv_heads, lay.page_size,
                              self._keys_per_split, splits, 1 / math.sqrt(lay.head_dim))
         partial = Region(self._partial, 0, fwd.num_tokens * lay.num_qo_heads * splits * self._record_bytes)
-        rows = fwd.num_tokens * lay.num_qo_heads
+        out_rows = fwd.num_tokens * lay.num_qo_heads
         return [Dispatch(attend, params, (qkv, pages, self._tokens, self._page_table, self._tiles, partial),
                          self._num_tiles * lay.num_kv_heads * splits),
-                Dispatch(merge, struct.pack("<4I", rows, lay.num_qo_heads, self._keys_per_split, splits),
-                         (partial, self._tokens, out), rows * quads)]
+                Dispatch(merge, struct.pack("<4I", out_rows, lay.num_qo_heads, self._keys_per_split, splits),
+                         (partial, self._tokens, out), out_rows * quads)]

@@ -1,7 +1,7 @@
 // The attention output from paged_attention.wgsl's partial sums: per (token, query head), its splits combined in
 // split order (the same bits on every run).
 //
-// The host prepends QUADS = head_dim / 4.
+// Specialised by kvckpt_web.specialize with QUADS = head_dim / 4.
 //
 // Bindings (group 0):
 //   0  uniform              Params

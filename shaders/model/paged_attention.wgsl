@@ -1,8 +1,9 @@
 // Causal grouped-query attention of one layer's forward over the paged cache, split over key ranges: each
 // invocation writes partial softmax sums that attention_merge.wgsl combines (prefill chunks and decode alike).
 //
-// The host prepends three constants: QUADS = head_dim / 4 (head_dim a multiple of 8), GROUP = num_qo_heads /
-// num_kv_heads, ROWS = query tokens per tile.
+// Specialised by kvckpt_web.specialize with QUADS = head_dim / 4 (head_dim a multiple of 8), WORDS = QUADS / 2,
+// GROUP = num_qo_heads / num_kv_heads, ROWS = query tokens per tile and N = ROWS * GROUP: lines tagged
+// "each n < N" are repeated per row n, so Q, the sums and the K/V words of a key live in registers.
 //
 // Bindings (group 0):
 //   0  uniform              Params
@@ -25,8 +26,8 @@
 // with a running maximum and f32 sums; no atomics, no reductions across invocations, so the result is the same
 // bits on every run. An invocation whose split starts past the tile's last position writes nothing.
 //
-// Loop budget: llvmpipe ends a shader invocation's loops after 65535 iterations of all its loops together, so
-// the host bounds keys_per_split (see attention.py).
+// Loop budget: llvmpipe ends a shader invocation's loops after 65535 iterations of all its loops together; the
+// key loop is the only loop, and the host keeps keys_per_split below that (see attention.py).
 
 struct Params {
   num_tiles: u32,
@@ -46,7 +47,6 @@ struct Params {
 @group(0) @binding(5) var<storage, read> tiles: array<vec2<u32>>;
 @group(0) @binding(6) var<storage, read_write> partial: array<vec4<f32>>;
 
-const N: u32 = ROWS * GROUP;  // (row, head) pairs of an invocation: n = row * GROUP + head in group
 const LOWEST: f32 = -3.4028234e38;
 
 fn halves(w: vec2<u32>) -> vec4<f32> {
@@ -70,66 +70,40 @@ fn attend(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups
   }
   let key_end = min(key_begin + params.keys_per_split, last_position + 1u);
   let heads = params.num_qo_heads + 2u * params.num_kv_heads;
-  var q: array<array<vec4<f32>, QUADS>, N>;
-  var acc: array<array<vec4<f32>, QUADS>, N>;
-  var running_max: array<f32, N>;
-  var total: array<f32, N>;
-  for (var n = 0u; n < N; n++) {
-    let row = min(n / GROUP, tile.y - 1u);  // rows past the tile's end repeat its last one, unwritten
-    let q_at = ((tile.x + row) * heads + kv_head * GROUP + n % GROUP) * QUADS;
-    for (var c = 0u; c < QUADS; c++) {
-      q[n][c] = qkv[q_at + c] * params.scale;
-      acc[n][c] = vec4<f32>(0.0);
-    }
-    running_max[n] = LOWEST;
-    total[n] = 0.0;
-  }
-  let row_quads = params.page_size * QUADS / 2u;  // one (kind, KV head) block of a page, in vec4<u32>
-  let v_quads = params.num_kv_heads * row_quads;  // from a K row to its V row
+  // Row n of the invocation: token tile.x + n / GROUP (rows past the tile's end repeat its last one, unwritten),
+  // query head kv_head * GROUP + n % GROUP. Its Q (scaled) and V sum are WORDS pairs of vec4, the lo and hi halves
+  // of the WORDS vec4<u32> words of a K/V row.
+  let q_at{n} = ((tile.x + min({n}u / GROUP, tile.y - 1u)) * heads + kv_head * GROUP + {n}u % GROUP) * QUADS;  // each n < N
+  let q{n}_{w}_lo = qkv[q_at{n} + 2u * {w}u] * params.scale;  // each n < N, w < WORDS
+  let q{n}_{w}_hi = qkv[q_at{n} + 2u * {w}u + 1u] * params.scale;  // each n < N, w < WORDS
+  var acc{n}_{w}_lo = vec4<f32>(0.0);  // each n < N, w < WORDS
+  var acc{n}_{w}_hi = vec4<f32>(0.0);  // each n < N, w < WORDS
+  var running_max{n} = LOWEST;  // each n < N
+  var total{n} = 0.0;  // each n < N
+  let row_words = params.page_size * WORDS;  // one (kind, KV head) block of a page, in vec4<u32>
+  let v_words = params.num_kv_heads * row_words;  // from a K row to its V row
   for (var key = key_begin; key < key_end; key++) {
     let page = page_table[first.z + key / params.page_size];
-    let k_at = (page * 2u * params.num_kv_heads + kv_head) * row_quads + (key % params.page_size) * (QUADS / 2u);
-    var score: array<f32, N>;
-    for (var n = 0u; n < N; n++) {
-      score[n] = 0.0;
-    }
-    for (var w = 0u; w < QUADS / 2u; w++) {
-      let words = pages[k_at + w];
-      let k0 = halves(words.xy);
-      let k1 = halves(words.zw);
-      for (var n = 0u; n < N; n++) {
-        score[n] += dot(q[n][2u * w], k0) + dot(q[n][2u * w + 1u], k1);
-      }
-    }
-    var rescale: array<f32, N>;
-    var weight: array<f32, N>;
-    for (var n = 0u; n < N; n++) {
-      let live = key <= first.x + n / GROUP;  // causal: row r is at position first.x + r
-      let new_max = select(running_max[n], max(running_max[n], score[n]), live);
-      rescale[n] = exp(running_max[n] - new_max);
-      weight[n] = select(0.0, exp(score[n] - new_max), live);
-      total[n] = total[n] * rescale[n] + weight[n];
-      running_max[n] = new_max;
-    }
-    for (var w = 0u; w < QUADS / 2u; w++) {
-      let words = pages[k_at + v_quads + w];
-      let v0 = halves(words.xy);
-      let v1 = halves(words.zw);
-      for (var n = 0u; n < N; n++) {
-        acc[n][2u * w] = acc[n][2u * w] * rescale[n] + weight[n] * v0;
-        acc[n][2u * w + 1u] = acc[n][2u * w + 1u] * rescale[n] + weight[n] * v1;
-      }
-    }
+    let k_at = (page * 2u * params.num_kv_heads + kv_head) * row_words + (key % params.page_size) * WORDS;
+    let k_word{w} = pages[k_at + {w}u];  // each w < WORDS
+    let k{w}_lo = halves(k_word{w}.xy);  // each w < WORDS
+    let k{w}_hi = halves(k_word{w}.zw);  // each w < WORDS
+    var score{n} = 0.0;  // each n < N
+    score{n} += dot(q{n}_{w}_lo, k{w}_lo) + dot(q{n}_{w}_hi, k{w}_hi);  // each n < N, w < WORDS
+    let live{n} = key <= first.x + {n}u / GROUP;  // each n < N
+    let new_max{n} = select(running_max{n}, max(running_max{n}, score{n}), live{n});  // each n < N
+    let rescale{n} = exp(running_max{n} - new_max{n});  // each n < N
+    let weight{n} = select(0.0, exp(score{n} - new_max{n}), live{n});  // each n < N
+    total{n} = total{n} * rescale{n} + weight{n};  // each n < N
+    running_max{n} = new_max{n};  // each n < N
+    let v_word{w} = pages[k_at + v_words + {w}u];  // each w < WORDS
+    let v{w}_lo = halves(v_word{w}.xy);  // each w < WORDS
+    let v{w}_hi = halves(v_word{w}.zw);  // each w < WORDS
+    acc{n}_{w}_lo = acc{n}_{w}_lo * rescale{n} + weight{n} * v{w}_lo;  // each n < N, w < WORDS
+    acc{n}_{w}_hi = acc{n}_{w}_hi * rescale{n} + weight{n} * v{w}_hi;  // each n < N, w < WORDS
   }
-  for (var n = 0u; n < N; n++) {
-    let row = n / GROUP;
-    if (row < tile.y && key_begin <= first.x + row) {
-      let head = kv_head * GROUP + n % GROUP;
-      let at = (((tile.x + row) * params.num_qo_heads + head) * params.num_splits + split) * (QUADS + 1u);
-      for (var c = 0u; c < QUADS; c++) {
-        partial[at + c] = acc[n][c];
-      }
-      partial[at + QUADS] = vec4<f32>(running_max[n], total[n], 0.0, 0.0);
-    }
-  }
+  let written{n} = {n}u / GROUP < tile.y && key_begin <= first.x + {n}u / GROUP;  // each n < N
+  let at{n} = (((tile.x + {n}u / GROUP) * params.num_qo_heads + kv_head * GROUP + {n}u % GROUP) * params.num_splits + split) * (QUADS + 1u);  // each n < N
+  if (written{n}) { partial[at{n} + 2u * {w}u] = acc{n}_{w}_lo; partial[at{n} + 2u * {w}u + 1u] = acc{n}_{w}_hi; }  // each n < N, w < WORDS
+  if (written{n}) { partial[at{n} + QUADS] = vec4<f32>(running_max{n}, total{n}, 0.0, 0.0); }  // each n < N
 }

@@ -171,7 +171,7 @@ def test_tiles_and_key_splits_of_any_size_match_float64(harness, rows_per_tile, 
 
 
 def test_decode_after_a_thousand_tokens_matches_float64(harness):
-    # head_dim 64 at ~1000 keys ran a one-invocation-per-row kernel past llvmpipe's 65535 loop iterations
+    # a kernel looping over head_dim per key (head_dim 64) ran past llvmpipe's 65535 loop iterations at ~1000 keys
     h = harness(num_qo_heads=9, num_kv_heads=3, head_dim=64, max_len=1100)
     h.add(0)
     h.check({0: 1040})
