@@ -21,7 +21,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
 from reference import load_gguf, reference_forward  # noqa: E402
-from tiny_llama import CONFIG, CONTEXT, Q8_0, write_tiny_llama  # noqa: E402
+from tiny_llama import CONFIG, CONTEXT, F32, Q8_0, write_tiny_llama  # noqa: E402
 
 from kvckpt_web.errors import FormatError, KVCkptError, SequenceError  # noqa: E402
 from kvckpt_web.model.loader import load_model  # noqa: E402
@@ -210,6 +210,12 @@ def test_a_tensor_of_the_wrong_shape_is_refused_naming_it(device, tmp_path):
 def test_a_missing_tensor_is_refused_naming_it(device, tmp_path):
     path = write_tiny_llama(tmp_path / "missing.gguf", edit=lambda t: t.pop("blk.2.ffn_norm.weight"))
     with pytest.raises(FormatError, match=r"blk\.2\.ffn_norm\.weight.*missing"):
+        load_model(path, device)
+
+
+def test_a_tensor_a_llama_model_does_not_have_is_refused_naming_it(device, tmp_path):
+    path = write_tiny_llama(tmp_path / "extra.gguf", edit=lambda t: t.update({"rope_freqs.weight": (np.ones(16), F32)}))
+    with pytest.raises(FormatError, match="rope_freqs.weight"):
         load_model(path, device)
 
 
