@@ -300,15 +300,16 @@ async def bench_save(device: Device | None = None, repeats: int = 5, paths: tupl
 
     Full save vs a raw write + fsync of the same bytes to one file (and the save's chunk files written
     alone, the floor of its file layout, vs the same); an incremental save after +64 tokens vs the full
-    save (and its chunk files and manifest written alone, its floor, vs the same); restore vs a raw read
-    of the same bytes + upload to the GPU.
+    save (and its chunk files and manifest written alone, its floor, vs the same); the save of a new
+    process, which finds every chunk stored already and reads each back once, vs the full save; restore
+    vs a raw read of the same bytes + upload to the GPU.
     """
     import os
     import shutil
     import tempfile
 
     from .container import plan_chunks
-    from .persist import IO_CONCURRENCY, default_pages_per_chunk, restore, save
+    from .persist import IO_CONCURRENCY, default_pages_per_chunk, forget, restore, save
     from .pipeline import run_bounded
     from .store import FileStore
 
@@ -337,8 +338,8 @@ async def bench_save(device: Device | None = None, repeats: int = 5, paths: tupl
             _fill_unique(cache, 0, tokens)
             data = b"".join(await cache.export_groups(0))
             host[:] = data
-            times: dict[str, list[float]] = {k: [] for k in ("raw", "floor", "save", "inc", "inc_floor", "restore",
-                                                              "read")}
+            times: dict[str, list[float]] = {k: [] for k in ("raw", "floor", "save", "inc", "inc_floor", "reread",
+                                                              "restore", "read")}
             npages = lay.num_logical_pages(tokens)  # each group's chunks, cut as save() cuts them
             chunk_spans = [((g * npages + first) * lay.page_bytes, count * lay.page_bytes) for g in range(lay.num_layers)
                            for first, count in plan_chunks(npages, default_pages_per_chunk(lay.page_bytes))]
@@ -406,11 +407,13 @@ async def bench_save(device: Device | None = None, repeats: int = 5, paths: tupl
 
                 await timed("inc_floor", inc_floor, record)
                 shutil.rmtree(inc_store.directory)
+                forget(store)  # what a new process knows: every chunk it finds stored is read back once
+                await timed("reread", lambda: save(cache, 0, store, "bench"), record)
                 if 0 in target.sequence_ids():
                     target.remove_sequence(0)
 
-                async def load() -> None:
-                    await restore(store, "bench", target, generation=1)
+                async def load() -> None:  # the new process's generation: the first one's chunks
+                    await restore(store, "bench", target)
                     await _sync(device, probe)
 
                 for name, fn in ((("read", raw_read_upload), ("restore", load)) if i % 2
@@ -434,6 +437,9 @@ async def bench_save(device: Device | None = None, repeats: int = 5, paths: tupl
             echo(incremental.format())
             rows.append(Row.of_rounds(f"its files alone, FileStore sets as the incremental save makes them "
                                       f"(incremental floor)", nbytes, times["inc_floor"], "full save", times["save"]))
+            echo(rows[-1].format())
+            rows.append(Row.of_rounds(f"save of a new process, every chunk stored already and read back ({label})",
+                                      nbytes, times["reread"], "full save", times["save"]))
             echo(rows[-1].format())
             rows.append(Row.of_rounds(f"restore from disk ({label})", nbytes, times["restore"], "raw read+upload",
                                       times["read"]))

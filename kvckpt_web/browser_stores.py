@@ -14,7 +14,10 @@ Writer locks use the Web Locks API (``navigator.locks``), which excludes other
 tabs and workers of the same origin as well as other tasks of this one. Both
 ``open`` classmethods ask for persistent storage (``navigator.storage.persist()``;
 the answer is in ``.persisted``). A full quota raises :class:`StoreError`; the
-failed write changes nothing, so the last committed checkpoint stays intact.
+failed write changes nothing, so the last committed checkpoint stays intact. Every JS promise
+the stores await is made by one helper (``call``) that turns any rejection into a plain
+``Error`` with the reason's name and message, which Pyodide always raises; a stored value that is
+not bytes raises :class:`CorruptionError` naming its key.
 
 IndexedDB transactions auto-commit when control returns to the event loop with
 no request pending, so each transaction here issues all its requests before
@@ -24,16 +27,26 @@ awaiting anything.
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
+from contextlib import asynccontextmanager, suppress
 from typing import Any
 
-from .errors import StoreError
+from .errors import CorruptionError, StoreError
 from .store import DEFAULT_LOCK_TIMEOUT, Store
 
 __all__ = ["IndexedDBStore", "OPFSStore", "request_persistence"]
 
 _JS_HELPERS = r"""
 ({
+  // obj[method](...args) as a promise that rejects only with a plain Error carrying the reason's name and
+  // message. Pyodide turns a promise into a Python future as it crosses over, and a future rejected with a
+  // value Pyodide cannot raise (Chromium's QuotaExceededError class, undefined, a string) never completes.
+  call(obj, method, ...args) {
+    return (async () => obj[method](...args))().catch((reason) => {
+      const error = new Error(reason?.message ?? String(reason));
+      error.name = reason?.name ?? "Error";
+      throw error;
+    });
+  },
   req(r) {
     return new Promise((resolve, reject) => {
       r.onsuccess = () => resolve(r.result);
@@ -74,8 +87,13 @@ _JS_HELPERS = r"""
     }
     return out;
   },
-  async bytes(file) {
-    return new Uint8Array(await file.arrayBuffer());
+  // What a stored value is when it is not a Uint8Array, the only thing these stores write ("" if it is one).
+  notBytes(value) {
+    if (value instanceof Uint8Array) return "";
+    return value === null ? "null" : typeof value === "object" ? value.constructor?.name ?? "object" : typeof value;
+  },
+  async bytes(fileHandle) {
+    return new Uint8Array(await (await fileHandle.getFile()).arrayBuffer());
   },
 })
 """
@@ -94,6 +112,12 @@ def _js() -> tuple[Any, Any, Any]:
     if _helpers is None:
         _helpers = run_js(_JS_HELPERS)
     return js, _helpers, JsException
+
+
+async def _call(obj: Any, method: str, *args: Any) -> Any:
+    """The awaited result of ``obj.method(*args)`` on a JS object; any rejection raises ``JsException``."""
+    _, helpers, _ = _js()
+    return await helpers.call(obj, method, *args)
 
 
 def _obj(value: dict[str, Any]) -> Any:
@@ -134,7 +158,7 @@ async def request_persistence() -> bool:
     if storage is None or not hasattr(storage, "persist"):
         return False
     try:
-        return bool(await storage.persist())
+        return bool(await _call(storage, "persist"))
     except JsException:
         return False
 
@@ -159,7 +183,7 @@ class _BrowserStore(Store):
         if getattr(js.navigator, "locks", None) is None:
             raise StoreError(f"lock {self._lock_name}: the Web Locks API is unavailable")
         try:
-            release = await helpers.lock(self._lock_name, int(timeout * 1000))
+            release = await _call(helpers, "lock", self._lock_name, int(timeout * 1000))
         except JsException as exc:
             raise StoreError(f"lock {self._lock_name}: not acquired within {timeout} s (held by another writer, "
                              f"tab or worker: {exc})") from None
@@ -190,7 +214,7 @@ class IndexedDBStore(_BrowserStore):
         _, helpers, JsException = _js()
         persisted = await request_persistence() if persist else False
         try:
-            db = await helpers.open(name, cls.OBJECT_STORE)
+            db = await _call(helpers, "open", name, cls.OBJECT_STORE)
         except JsException as exc:
             raise _error(f"open IndexedDB {name!r}", exc) from None
         return cls(db, name, read_only=read_only, lock_timeout=lock_timeout, persisted=persisted)
@@ -208,11 +232,14 @@ class IndexedDBStore(_BrowserStore):
         _, helpers, JsException = _js()
         try:
             _, os_ = self._tx("readonly")
-            value = await helpers.req(os_.get(key))
+            value = await _call(helpers, "req", os_.get(key))
         except JsException as exc:
             raise _error(f"get {key!r}", exc) from None
         if value is None:
             return None
+        got = helpers.notBytes(value)
+        if got:
+            raise CorruptionError(f"IndexedDB {self.name!r} record {key!r}: expected bytes (a Uint8Array), got {got}")
         return _to_bytes(value)
 
     async def _set(self, key: str, data: bytes) -> None:
@@ -221,7 +248,7 @@ class IndexedDBStore(_BrowserStore):
         try:
             tx, os_ = self._tx("readwrite")
             os_.put(value, key)
-            await helpers.tx(tx)
+            await _call(helpers, "tx", tx)
         except JsException as exc:
             raise _error(f"set {key!r}", exc) from None
 
@@ -230,7 +257,7 @@ class IndexedDBStore(_BrowserStore):
         try:
             tx, os_ = self._tx("readwrite")
             os_.delete(key)
-            await helpers.tx(tx)
+            await _call(helpers, "tx", tx)
         except JsException as exc:
             raise _error(f"delete {key!r}", exc) from None
 
@@ -238,7 +265,7 @@ class IndexedDBStore(_BrowserStore):
         _, helpers, JsException = _js()
         try:
             _, os_ = self._tx("readonly")
-            return int(await helpers.req(os_.count(key))) > 0
+            return int(await _call(helpers, "req", os_.count(key))) > 0
         except JsException as exc:
             raise _error(f"exists {key!r}", exc) from None
 
@@ -247,9 +274,9 @@ class IndexedDBStore(_BrowserStore):
         try:
             _, os_ = self._tx("readonly")
             if prefix:
-                keys = await helpers.req(os_.getAllKeys(js.IDBKeyRange.bound(prefix, prefix + "\uffff")))
+                keys = await _call(helpers, "req", os_.getAllKeys(js.IDBKeyRange.bound(prefix, prefix + "\uffff")))
             else:
-                keys = await helpers.req(os_.getAllKeys())
+                keys = await _call(helpers, "req", os_.getAllKeys())
         except JsException as exc:
             raise _error(f"list {prefix!r}", exc) from None
         return [str(k) for k in keys if str(k).startswith(prefix)]
@@ -275,8 +302,8 @@ class OPFSStore(_BrowserStore):
         js, _, JsException = _js()
         persisted = await request_persistence() if persist else False
         try:
-            top = await js.navigator.storage.getDirectory()
-            root = await top.getDirectoryHandle(name, _obj({"create": True}))
+            top = await _call(js.navigator.storage, "getDirectory")
+            root = await _call(top, "getDirectoryHandle", name, _obj({"create": True}))
         except JsException as exc:
             raise _error(f"open OPFS directory {name!r}", exc) from None
         return cls(root, name, read_only=read_only, lock_timeout=lock_timeout, persisted=persisted)
@@ -284,7 +311,7 @@ class OPFSStore(_BrowserStore):
     async def _dir(self, parts: list[str], create: bool) -> Any:
         d = self._root
         for part in parts:
-            d = await d.getDirectoryHandle(part, _obj({"create": create}))
+            d = await _call(d, "getDirectoryHandle", part, _obj({"create": create}))
         return d
 
     @staticmethod
@@ -297,8 +324,8 @@ class OPFSStore(_BrowserStore):
         *dirs, base = key.split("/")
         try:
             d = await self._dir(dirs, False)
-            handle = await d.getFileHandle(base)
-            return _to_bytes(await helpers.bytes(await handle.getFile()))
+            handle = await _call(d, "getFileHandle", base)
+            return _to_bytes(await _call(helpers, "bytes", handle))
         except JsException as exc:
             if self._missing(exc):
                 return None
@@ -307,20 +334,21 @@ class OPFSStore(_BrowserStore):
     async def _set(self, key: str, data: bytes) -> None:
         *dirs, base = key.split("/")
         _, _, JsException = _js()
-        writable = None
+        writable, created_in = None, None
         try:
             d = await self._dir(dirs, True)
-            handle = await d.getFileHandle(base, _obj({"create": True}))
-            writable = await handle.createWritable(_obj({"keepExistingData": False}))
-            await writable.write(_u8(data))
-            await writable.close()  # atomically replaces the file's contents
-            writable = None
+            created_in = None if await self._exists(key) else d
+            handle = await _call(d, "getFileHandle", base, _obj({"create": True}))
+            writable = await _call(handle, "createWritable", _obj({"keepExistingData": False}))
+            await _call(writable, "write", _u8(data))
+            await _call(writable, "close")  # atomically replaces the file's contents
         except JsException as exc:
             if writable is not None:
-                try:
-                    await writable.abort()
-                except JsException:
-                    pass
+                with suppress(JsException):
+                    await _call(writable, "abort")
+            if created_in is not None:  # the empty file it created would pass for a stored value
+                with suppress(JsException):
+                    await _call(created_in, "removeEntry", base)
             raise _error(f"set {key!r}", exc) from None
 
     async def _delete(self, key: str) -> None:
@@ -329,15 +357,15 @@ class OPFSStore(_BrowserStore):
         try:
             chain = [self._root]
             for part in dirs:
-                chain.append(await chain[-1].getDirectoryHandle(part))
-            await chain[-1].removeEntry(base)
+                chain.append(await _call(chain[-1], "getDirectoryHandle", part))
+            await _call(chain[-1], "removeEntry", base)
         except JsException as exc:
             if self._missing(exc):
                 return
             raise _error(f"delete {key!r}", exc) from None
         for i in range(len(dirs), 0, -1):  # prune directories left empty
             try:
-                await chain[i - 1].removeEntry(dirs[i - 1])  # fails unless empty (no recursive option)
+                await _call(chain[i - 1], "removeEntry", dirs[i - 1])  # fails unless empty (no recursive option)
             except JsException:
                 break
 
@@ -346,7 +374,7 @@ class OPFSStore(_BrowserStore):
         _, _, JsException = _js()
         try:
             d = await self._dir(dirs, False)
-            await d.getFileHandle(base)
+            await _call(d, "getFileHandle", base)
             return True
         except JsException as exc:
             if self._missing(exc):
@@ -356,7 +384,7 @@ class OPFSStore(_BrowserStore):
     async def _list_prefix(self, prefix: str) -> list[str]:
         js, helpers, JsException = _js()
         try:
-            keys = await helpers.listFiles(self._root, "", js.Array.new())
+            keys = await _call(helpers, "listFiles", self._root, "", js.Array.new())
         except JsException as exc:
             raise _error(f"list {prefix!r}", exc) from None
         return [str(k) for k in keys if str(k).startswith(prefix)]

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any, Sequence as Seq
 
 from .device import Usage
 from .errors import CheckpointStateError, SequenceError, TensorError
-from .metadata import parse_metadata, validate_import, write_metadata
+from .metadata import ImportPlan, parse_metadata, validate_import, write_metadata
 from .pool import Sequence
 from .tensors import DeviceArray, PageGroups, as_bytes, span_bytes
 
@@ -48,6 +48,9 @@ class CheckpointMixin:
         if self._import is not None:
             raise CheckpointStateError(f"{operation}: checkpoint import must be finished before exporting a "
                                        f"checkpoint (seq_id {self._import.seq_id} is being imported)")
+        if self._forward is not None:  # some layers may hold the new tokens' K/V and others not yet
+            raise CheckpointStateError(f"{operation}: expected no forward pass in progress, got one (seq_ids "
+                                       f"{list(self._forward.seq_ids)}); call end_forward first")
         return self.seqs.get(seq_id)
 
     def _check_group_id(self: "PagedKVCache", group_id: int, operation: str) -> None:
@@ -117,6 +120,15 @@ class CheckpointMixin:
         ``exclusive`` (TVM's behaviour) clears every other sequence; ``exclusive=False`` keeps them and
         replaces ``seq_id`` only when ``finish_import`` succeeds.
         """
+        plan = self._check_import(seq_id, metadata_json)
+        if exclusive:
+            self.seqs.clear()
+        pages = self.seqs.pool.allocate(plan.num_logical_pages)
+        self._import = _Import(seq_id, Sequence(seq_id, plan.seq_length, pages), exclusive,
+                               [False] * self.layout.num_layers)
+
+    def _check_import(self: "PagedKVCache", seq_id: int, metadata_json: str | bytes) -> ImportPlan:
+        """Everything :meth:`prepare_import` checks before it changes anything; the import's plan."""
         self._check_open("prepare_import")
         if self._import is not None:
             raise CheckpointStateError(f"prepare_import: expected no import in progress, got one for seq_id "
@@ -125,12 +137,7 @@ class CheckpointMixin:
             raise CheckpointStateError("prepare_import: expected no forward pass in progress, got one")
         if isinstance(seq_id, bool) or not isinstance(seq_id, int) or seq_id < 0:
             raise SequenceError(f"prepare_import.seq_id: expected a non-negative integer, got {seq_id!r}")
-        plan = validate_import(metadata_json, self.layout, self.limits, seq_id)
-        if exclusive:
-            self.seqs.clear()
-        pages = self.seqs.pool.allocate(plan.num_logical_pages)
-        self._import = _Import(seq_id, Sequence(seq_id, plan.seq_length, pages), exclusive,
-                               [False] * self.layout.num_layers)
+        return validate_import(metadata_json, self.layout, self.limits, seq_id)
 
     def import_page_group(self: "PagedKVCache", seq_id: int, group_id: int, src: DeviceArray) -> None:
         """Scatter page group ``group_id`` from ``src`` into the pages reserved by ``prepare_import``."""
@@ -250,13 +257,21 @@ class CheckpointMixin:
 
     async def load_checkpoint(self: "PagedKVCache", metadata_json: str | bytes, groups: Seq[Any], *,
                               seq_id: int | None = None, exclusive: bool = True) -> None:
-        """prepare_import + every group + finish_import; on any error the import is abandoned."""
+        """prepare_import + every group + finish_import; on any error the import is abandoned.
+
+        The metadata, the number of groups and each group's size and dtype are checked before
+        prepare_import, so a call rejected for them leaves the cache as it was (with ``exclusive``
+        too, which clears the other sequences only once the import starts).
+        """
         if seq_id is None:
             seq_id = parse_metadata(metadata_json).get("seq_id", 0)
+        plan = self._check_import(seq_id, metadata_json)
+        if len(groups) != self.layout.num_layers:
+            raise TensorError("groups", f"{self.layout.num_layers} page groups", len(groups))
+        for group_id, data in enumerate(groups):
+            as_bytes(data, f"groups[{group_id}]", self.layout.dtype, plan.num_logical_pages * self.layout.page_bytes)
         self.prepare_import(seq_id, metadata_json, exclusive=exclusive)
         try:
-            if len(groups) != self.layout.num_layers:
-                raise TensorError("groups", f"{self.layout.num_layers} page groups", len(groups))
             await self.import_groups(seq_id, groups)
             self.finish_import(seq_id)
         except BaseException:

@@ -195,6 +195,8 @@ def cmd_gc(args: argparse.Namespace) -> int:
     result = asyncio.run(gc(store, keep=keep, names=args.name, progress=progress_printer()))
     print(f"kept {len(result.kept_manifests)} manifests, deleted {len(result.deleted_manifests)} manifests and "
           f"{result.deleted_chunks} unreferenced chunks ({_mib(result.freed_bytes)})")
+    for key, why in result.kept_reasons.items():
+        print(f"  kept {key}: {why}")
     if result.damaged_manifests:
         print(f"no chunk deleted: cannot tell which chunks these damaged manifests use: "
               f"{', '.join(result.damaged_manifests)}", file=sys.stderr)

@@ -14,6 +14,7 @@ from typing import Any
 from .cache import PagedKVCache
 from .errors import FieldError
 from .layout import CacheLimits, KVLayout
+from .persist import DEFAULT_KEEP
 
 _caches: dict[int, PagedKVCache] = {}
 _stores: dict[tuple[str, str], Any] = {}
@@ -136,3 +137,12 @@ async def restore(handle: int, store: str, store_name: str, name: str, seq_id: A
     result = await restore_checkpoint(await _store(store, store_name), name, _cache(handle), seq_id=_py(seq_id))
     return json.dumps({"name": result.name, "generation": result.generation, "seq_id": result.seq_id,
                        "seq_length": result.seq_length, "app_state": result.app_state})
+
+
+async def gc(store: str, store_name: str, keep: int = DEFAULT_KEEP) -> str:
+    """Keep the newest ``keep`` generations of each name (0: all of them), then delete every chunk none of them
+    uses, such as those of a failed save; the GcResult as JSON."""
+    from .persist import gc as collect
+
+    result = await collect(await _store(store, store_name), keep=None if keep == 0 else keep)
+    return json.dumps(dataclasses.asdict(result))

@@ -11,10 +11,20 @@ run unchanged wherever both do (desktop, Pyodide).
 Commit protocol (all under ``store.lock()``): write every new chunk in one
 ``store.batch()`` (each ``set`` atomic, all durable when the batch ends), then
 the manifest of generation ``newest + 1``; only after that manifest is
-committed, drop manifests beyond the newest ``keep`` of that name (durably)
-and then delete the chunks no remaining manifest of any name uses. A crash at
-any instant therefore leaves the previous or the new generation restorable,
-plus at worst unreferenced chunks that :func:`gc` removes.
+committed, drop manifests beyond the newest ``keep`` of that name that can be
+restored (durably) and then delete the chunks no remaining manifest of any name
+uses. A crash at any instant therefore leaves the previous or the new generation
+restorable, plus at worst unreferenced chunks that :func:`gc` removes.
+
+A chunk already in the store is reused only once it is known to hold the bytes
+its name says: this process wrote it or read it back (per store object), else
+the save reads it once and, if it differs, rewrites it from the cache's bytes.
+
+Readers (:func:`restore`, :func:`verify`, :func:`list_generations`) take no
+lock, so they never hold up a save: a generation that another process's
+retention or gc collects while it is read is not damage. Restoring the newest
+starts again from the manifests that exist then; verify reports a damaged or
+missing object only if a manifest that uses it still holds the bytes it read.
 
 Incremental saves: full pages are immutable once written, so a save rewrites
 only the chunks holding pages that changed since this process last saved (or
@@ -31,7 +41,6 @@ import hashlib
 import weakref
 from collections import OrderedDict
 from collections.abc import Callable, Iterable
-from contextlib import AbstractAsyncContextManager, nullcontext
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -40,7 +49,7 @@ from .container import (ChunkRef, Manifest, check_chunk_digest, check_chunk_size
                         decode_manifest, encode_manifest, manifest_key, manifest_prefix, parse_manifest_key,
                         plan_chunks, validate_name, verify_chunk)
 from .errors import (CheckpointStateError, CorruptionError, FieldError, FormatError, KVCkptError, LayoutHashMismatch,
-                     NotFoundError)
+                     NotFoundError, StoreError)
 from .metadata import dump_tvm_json, parse_metadata, validate_import
 from .pipeline import Hasher, HashState, MappedBatches, cache_lock, offload, run_bounded
 from .tensors import PageGroups
@@ -121,6 +130,8 @@ class SaveResult:
     deleted_manifests: tuple[str, ...] = ()
     deleted_chunks: int = 0
     warnings: tuple[str, ...] = ()
+    """What went wrong without failing the save: chunks it found damaged and rewrote, damaged manifests it
+    kept, a failed clean-up after the commit."""
 
 
 @dataclass(frozen=True)
@@ -172,7 +183,10 @@ class GcResult:
     deleted_chunks: int
     freed_bytes: int
     damaged_manifests: tuple[str, ...] = ()
-    """Manifests that could not be read; while any is kept, no chunk is deleted."""
+    """Kept manifests that could not be read; while any is kept, no chunk is deleted."""
+    kept_reasons: dict[str, str] = field(default_factory=dict)
+    """Why each kept manifest was kept (restorable and among the newest ``keep``, damaged and newer than
+    those, or not collected)."""
 
 
 @dataclass
@@ -213,12 +227,24 @@ class _Saved:
 _MEMORY: "weakref.WeakKeyDictionary[Store, dict[str, _Saved]]" = weakref.WeakKeyDictionary()
 
 
+_TRUSTED: "weakref.WeakKeyDictionary[Store, set[str]]" = weakref.WeakKeyDictionary()
+"""Per store object, chunk keys whose stored bytes this process wrote, or read back and found to be the bytes
+their name says: a save reuses them without reading them (damage to them after that goes unseen until a
+restore or verify reads them)."""
+
+
 def forget(store: "Store", name: str | None = None) -> None:
-    """Drop what this process remembers of its saves to ``store`` (one name or all): the next save reads every page."""
+    """Drop what this process remembers of its saves to ``store`` (one name or all): the next save reads every
+    page; with all names, it also reads back every chunk already stored that it reuses, once."""
     if name is None:
         _MEMORY.pop(store, None)
+        _TRUSTED.pop(store, None)
     else:
         _MEMORY.get(store, {}).pop(name, None)
+
+
+def _trusted(store: "Store") -> set[str]:
+    return _TRUSTED.setdefault(store, set())
 
 
 def _remember(store: "Store", envelope: bytes, manifest: Manifest, state: "SequenceState",
@@ -310,7 +336,11 @@ async def _refs_of(store: "Store", key: str) -> frozenset[str] | None:
     Decoded reference sets are remembered by the SHA-256 of the envelope bytes, so a result is
     never stale.
     """
-    data = await store.get(key, max_bytes=MAX_MANIFEST_BYTES)
+    return _decoded_refs(key, await store.get(key, max_bytes=MAX_MANIFEST_BYTES))
+
+
+def _decoded_refs(key: str, data: bytes | None) -> frozenset[str] | None:
+    """The chunk keys of the manifest ``data`` stored under ``key``; None if it is missing or damaged."""
     if data is None:
         return None
     digest = hashlib.sha256(data).digest()
@@ -353,26 +383,89 @@ def _check_keep(keep: int) -> int:
     return keep
 
 
+async def _unusable(store: "Store", key: str, trusted: set[str], deep: bool, seen: dict[str, str | None]
+                    ) -> str | None:
+    """Why the manifest under ``key`` cannot be restored, or None if it can: it decodes and matches its key, and
+    each chunk it uses that is not ``trusted`` is stored with its size (``deep``: and its SHA-256).
+
+    ``seen`` remembers each chunk's finding (None: good) across calls.
+    """
+    try:
+        data = await store.get(key, max_bytes=MAX_MANIFEST_BYTES)
+        refs = _decoded_refs(key, data)
+        if refs is not None and refs <= trusted:
+            return None
+        manifest = _decode_at(key, data)
+    except KVCkptError as exc:
+        return str(exc)
+    todo = {ref.key: ref for ref in manifest.chunk_refs() if ref.key not in trusted and ref.key not in seen}
+    size_only = memoryview(bytearray())  # get_into gives a value's length and reads it only into a buffer that fits
+
+    async def check(ref: ChunkRef) -> None:
+        try:
+            if deep:
+                data = memoryview(bytearray(ref.nbytes))
+                check_chunk_size(ref, await store.get_into(ref.key, data))
+                check_chunk_digest(ref, await offload(chunk_digest, data))
+            else:
+                check_chunk_size(ref, await store.get_into(ref.key, size_only))
+            seen[ref.key] = None
+        except CorruptionError as exc:
+            seen[ref.key] = str(exc)
+
+    await run_bounded((lambda r=r: check(r) for r in todo.values()), IO_CONCURRENCY)
+    bad = [seen[ref.key] for ref in manifest.chunk_refs() if seen.get(ref.key) is not None]
+    return f"{key}: {bad[0]}" if bad else None
+
+
+async def _select(store: "Store", keep: int, keys: list[str], trusted: set[str], deep: bool,
+                  seen: dict[str, str | None]) -> tuple[list[str], dict[str, str]]:
+    """Of one name's manifest keys (oldest first): those retention drops, and why it keeps each other one.
+
+    The newest ``keep`` that can be restored (see :func:`_unusable`) are kept; a damaged one newer than
+    the oldest of those is kept too (evidence) but not counted; older ones are dropped. While fewer than
+    ``keep`` can be restored, none is dropped: the last restorable generation is never deleted.
+    """
+    reasons: dict[str, str] = {}
+    counted = 0
+    for i in range(len(keys) - 1, -1, -1):
+        if counted == keep:
+            return keys[:i + 1], reasons
+        why = await _unusable(store, keys[i], trusted, deep, seen)
+        if why is None:
+            counted += 1
+            reasons[keys[i]] = f"restorable, {counted} of the newest {keep} that are"
+        else:
+            reasons[keys[i]] = f"damaged, kept as evidence and not counted: {why}"
+    return [], reasons
+
+
 async def _retain(store: "Store", keep: int, keys: list[str]) -> tuple[list[str], int, list[str]]:
     """Drop the manifests of ``keys`` (every manifest key of one name, oldest first, as listed under the lock
-    held) beyond the newest ``keep``, then the chunks only they used."""
-    drop = keys[:-keep]
-    if not drop:
+    held) beyond the newest ``keep`` that can be restored, then the chunks only they used; warnings name
+    the damaged manifests kept."""
+    if len(keys) <= keep:
         return [], 0, []
+    drop, reasons = await _select(store, keep, keys, _trusted(store), False, {})
+    warnings = [f"{key}: {why}" for key, why in reasons.items() if why.startswith("damaged")]
+    if not drop:
+        return [], 0, warnings
     candidates: set[str] = set()
     for key in drop:
         candidates |= await _refs_of(store, key) or frozenset()
     async with store.batch():  # the manifests are gone for good before any chunk they used is deleted
         await run_bounded(((lambda k=k: store.delete(k)) for k in drop), IO_CONCURRENCY)
     if not candidates:
-        return drop, 0, []
+        return drop, 0, warnings
     used, damaged = await _referenced(store)
     if damaged:
-        return drop, 0, [f"chunks not deleted: cannot tell which chunks damaged manifests use: {', '.join(damaged)}"]
+        return drop, 0, warnings + [f"chunks not deleted: cannot tell which chunks damaged manifests use: "
+                                    f"{', '.join(damaged)}"]
     unused = sorted(candidates - used)
     async with store.batch():
         await run_bounded(((lambda k=k: store.delete(k)) for k in unused), IO_CONCURRENCY)
-    return drop, len(unused), []
+    _trusted(store).difference_update(unused)
+    return drop, len(unused), warnings
 
 
 # ----- save -----------------------------------------------------------------------------------------
@@ -384,8 +477,10 @@ async def save(cache: "PagedKVCache", seq_id: int, store: "Store", name: str, *,
     """Checkpoint sequence ``seq_id`` of ``cache`` as the next generation of ``name`` in ``store``.
 
     Writes only chunks whose pages changed since this process last saved or restored ``name`` with
-    this ``store`` object (and, even then, none the store already holds), then the manifest; then keeps
-    the newest ``keep`` generations of ``name`` and deletes chunks no kept manifest of any name uses.
+    this ``store`` object (and, even then, none the store already holds intact: one this process has
+    not written or read back yet is read once, and rewritten if it differs), then the manifest; then
+    keeps the newest ``keep`` generations of ``name`` that can be restored (and any damaged one newer
+    than those) and deletes chunks no kept manifest of any name uses.
     ``app_state`` (a JSON object) is stored verbatim in the manifest. ``pages_per_chunk`` defaults to
     about :data:`DEFAULT_CHUNK_BYTES` per chunk. The sequence must not change while the save runs
     (:class:`CheckpointStateError` if it did; nothing is committed then). If anything fails before the
@@ -444,6 +539,8 @@ async def save(cache: "PagedKVCache", seq_id: int, store: "Store", name: str, *,
         batches = [list(range(c, min(c + per_batch, len(plan)))) for c in range(reuse, len(plan), per_batch)]
         first_page = reuse * ppc
         claimed: set[str] = set()
+        trusted = _trusted(store)
+        repaired: list[str] = []
         counts = {"written": 0, "done": reuse * num_groups}
         total_chunks = len(plan) * num_groups
         # Many chunks to store: one listing answers every "is it there already?" (the lock keeps it true).
@@ -458,11 +555,17 @@ async def save(cache: "PagedKVCache", seq_id: int, store: "Store", name: str, *,
                 if key not in known and key not in claimed:
                     claimed.add(key)
                     if present is None:
-                        stored = await store.set_if_absent(key, data)  # counted after the await: puts run at once
-                        counts["written"] += stored
+                        stored = await store.set_if_absent(key, data)
                     elif key not in present:
                         await store.set(key, data)
-                        counts["written"] += 1
+                        stored = True
+                    else:
+                        stored = False
+                    if not stored and key not in trusted and await _rewrite_if_damaged(store, key, data):
+                        repaired.append(key)
+                        stored = True
+                    trusted.add(key)
+                    counts["written"] += stored  # counted after the awaits: puts run at once
             except BaseException:
                 mapped.stop()  # chunks waiting for a batch that will never be mapped give up
                 raise
@@ -492,14 +595,27 @@ async def save(cache: "PagedKVCache", seq_id: int, store: "Store", name: str, *,
         envelope = encode_manifest(manifest, metadata_is_valid=True)  # the cache wrote that metadata
         await store.set(manifest.key, envelope)  # the commit point
         _remember(store, envelope, manifest, state, mapped.kept)
+        trusted.update(manifest.chunk_keys())  # each one written, read back, or reused from a save of this process
         written = store.bytes_written - written_before
+        warnings = [f"{key}: stored bytes differed from the chunk its name says; rewritten from the cache"
+                    for key in sorted(repaired)]
         try:
             names_keys = [key for _, _, key in existing] + [manifest.key]
-            dropped, deleted, warnings = await _retain(store, keep, names_keys)
+            dropped, deleted, retained = await _retain(store, keep, names_keys)
         except KVCkptError as exc:  # the checkpoint is committed: report, do not fail the save
-            dropped, deleted, warnings = [], 0, [f"retention after the commit failed (kvckpt gc retries): {exc}"]
+            dropped, deleted, retained = [], 0, [f"retention after the commit failed (kvckpt gc retries): {exc}"]
     return SaveResult(name, generation, manifest.key, seq_id, state.length, total_chunks, counts["written"], written,
-                      npages - first_page, tuple(dropped), deleted, tuple(warnings))
+                      npages - first_page, tuple(dropped), deleted, tuple(warnings + retained))
+
+
+async def _rewrite_if_damaged(store: "Store", key: str, data: memoryview) -> bool:
+    """Make the chunk under ``key`` hold ``data`` (the bytes its name says): read it back and, if it is missing or
+    differs, store ``data`` over it; whether it had to."""
+    stored = bytearray(len(data))
+    if await store.get_into(key, memoryview(stored)) == len(data) and stored == data:
+        return False
+    await store.set(key, data)
+    return True
 
 
 # ----- restore --------------------------------------------------------------------------------------
@@ -521,6 +637,16 @@ def _metadata_for(text: str, seq_id: int | None) -> tuple[str, int]:
     return dump_tvm_json(meta), seq_id
 
 
+def _carried(manifest: Manifest, old: PageGroups | None, fetched: set[ChunkRef], new: PageGroups
+             ) -> tuple[PageGroups, set[ChunkRef]]:
+    """``new`` with the chunks of ``manifest`` that ``old`` holds already (``fetched``) copied in, and those."""
+    carried = {ref for ref in manifest.chunk_refs() if ref in fetched}
+    for ref in carried:
+        lo = ref.first_page * manifest.page_bytes
+        new[ref.group][lo:lo + ref.nbytes] = old[ref.group][lo:lo + ref.nbytes]
+    return new, carried
+
+
 def _check_fits(manifest: Manifest, metadata: str, cache: "PagedKVCache", seq_id: int, key: str) -> None:
     """Everything about ``manifest`` that can be checked against ``cache`` without touching it."""
     lay = cache.layout
@@ -540,12 +666,14 @@ def _check_fits(manifest: Manifest, metadata: str, cache: "PagedKVCache", seq_id
 
 
 async def _fetch_groups(store: "Store", manifest: Manifest, key: str, groups: PageGroups,
-                        progress: Progress | None) -> PageGroups:
+                        progress: Progress | None, fetched: set[ChunkRef]) -> PageGroups:
     """Every group's bytes read into ``groups``, each chunk in place and verified (size and SHA-256);
-    CorruptionError names a damaged one."""
+    CorruptionError names a damaged one. Chunks in ``fetched`` are in ``groups`` already; each one read
+    and verified is added to it."""
     pb = manifest.page_bytes
-    refs = list(manifest.chunk_refs())
-    done = [0]
+    everything = list(manifest.chunk_refs())
+    refs = [ref for ref in everything if ref not in fetched]
+    done = [len(everything) - len(refs)]
     hasher = Hasher()
 
     async def fetch(ref: ChunkRef) -> None:
@@ -555,9 +683,10 @@ async def _fetch_groups(store: "Store", manifest: Manifest, key: str, groups: Pa
             check_chunk_digest(ref, (await hasher.digest(view))[0])
         except CorruptionError as exc:
             raise _where(exc, key) from None
+        fetched.add(ref)
         done[0] += 1
         if progress is not None:
-            progress("restore", done[0], len(refs))
+            progress("restore", done[0], len(everything))
 
     try:
         await run_bounded((lambda r=r: fetch(r) for r in refs), IO_CONCURRENCY)
@@ -576,27 +705,49 @@ async def restore(store: "Store", name: str, cache: "PagedKVCache", *, seq_id: i
     and finish_import run, and on any error the import is aborted, leaving ``cache`` as it was. An
     existing ``seq_id`` is replaced only when the import finishes (the cache needs free pages for the
     checkpoint meanwhile). A damaged newest generation is an error, never a silent fallback: pass
-    ``generation`` to load an older one. Holds the store's lock unless the store is read-only, so no
-    save or gc changes the checkpoint while it is read. Raises :class:`NotFoundError`,
+    ``generation`` to load an older one. Takes no lock: if another process's retention or gc deletes
+    the generation while it is read, a restore of the newest starts again from the newest there is
+    then (up to :data:`READ_ATTEMPTS` times, reading only the chunks it does not hold yet), and one of
+    a given ``generation`` raises :class:`NotFoundError`. Raises :class:`NotFoundError`,
     :class:`CorruptionError` / :class:`FormatError` naming the damaged key, :class:`MetadataError`
-    (:class:`LayoutHashMismatch`) or :class:`CapacityError`.
+    (:class:`LayoutHashMismatch`), :class:`CapacityError`, or :class:`StoreError` if the newest kept
+    being collected.
     """
-    async with _reading(store):
-        return await _restore(store, name, cache, seq_id, generation, progress, remember=True)
+    return await _restore(store, name, cache, seq_id, generation, progress, remember=True)
 
 
-def _reading(store: "Store") -> AbstractAsyncContextManager[None]:
-    """The writer lock if ``store`` is writable (no save or gc changes it meanwhile), else nothing."""
-    return nullcontext() if store.read_only else store.lock()
+READ_ATTEMPTS = 8
+"""Times a restore of the newest generation starts again when other writers collect what it is reading."""
 
 
 async def _restore(store: "Store", name: str, cache: "PagedKVCache", seq_id: int | None, generation: int | None,
                    progress: Progress | None, *, remember: bool) -> RestoreResult:
-    manifest, envelope = await load_manifest(store, name, generation)
-    key = manifest.key
-    metadata, target = _metadata_for(manifest.tvm_metadata, seq_id)
-    _check_fits(manifest, metadata, cache, target, key)
-    groups = await _fetch_groups(store, manifest, key, cache.host_groups(manifest.num_logical_pages), progress)
+    groups: PageGroups | None = None
+    fetched: set[ChunkRef] = set()  # chunks in `groups` already, from an attempt whose generation was collected
+    for _ in range(READ_ATTEMPTS):
+        try:
+            manifest, envelope = await load_manifest(store, name, generation)
+        except NotFoundError:
+            if generation is None and await _manifest_keys(store, name):
+                continue  # the newest it listed was collected before it was read
+            raise
+        key = manifest.key
+        metadata, target = _metadata_for(manifest.tvm_metadata, seq_id)
+        _check_fits(manifest, metadata, cache, target, key)
+        if groups is None or groups.group_bytes != manifest.num_logical_pages * manifest.page_bytes:
+            groups, fetched = _carried(manifest, groups, fetched, cache.host_groups(manifest.num_logical_pages))
+        try:
+            await _fetch_groups(store, manifest, key, groups, progress, fetched)
+            break
+        except CorruptionError as exc:
+            if await store.get(key, max_bytes=MAX_MANIFEST_BYTES) == envelope:
+                raise  # the manifest is still there, so is every chunk it uses: this one is damaged
+            if generation is not None:
+                raise NotFoundError(f"{key}: deleted by another writer (retention or gc) while it was being read "
+                                    f"({exc})") from None
+    else:
+        raise StoreError(f"restore {name!r}: other writers collected the newest generation while it was being read, "
+                         f"{READ_ATTEMPTS} times in a row")
     async with cache_lock(cache):
         cache.prepare_import(target, metadata, exclusive=False)
         try:
@@ -607,6 +758,7 @@ async def _restore(store: "Store", name: str, cache: "PagedKVCache", seq_id: int
             raise
     if remember:
         _remember(store, envelope, manifest, cache.sequence_state(target))
+        _trusted(store).update(manifest.chunk_keys())  # each one read back and verified
     seq_length = cache.get_sequence_length(target)
     return RestoreResult(name, manifest.generation, key, target, seq_length, manifest.app_state,
                          sum(len(g) for g in manifest.chunks), sum(len(g) for g in groups))
@@ -631,19 +783,28 @@ def _describe(name: str, generation: int, key: str, data: bytes | None) -> Gener
 
 
 async def list_generations(store: "Store", name: str | None = None) -> list[GenerationInfo]:
-    """Every manifest in ``store`` (of ``name``, or of all names), by name then generation; damaged ones say why."""
+    """Every manifest in ``store`` (of ``name``, or of all names), by name then generation; damaged ones say why.
+
+    A manifest another writer deletes between the listing and its reading is left out.
+    """
     if name is not None:
         validate_name(name)
-    return [_describe(n, g, key, await store.get(key, max_bytes=MAX_MANIFEST_BYTES))
-            for n, g, key in await _manifest_keys(store, name)]
+    found = [(n, g, key, await store.get(key, max_bytes=MAX_MANIFEST_BYTES))
+             for n, g, key in await _manifest_keys(store, name)]
+    return [_describe(n, g, key, data) for n, g, key, data in found if data is not None]
 
 
 async def gc(store: "Store", *, keep: int | None = DEFAULT_KEEP, names: Iterable[str] | None = None,
              progress: Progress | None = None) -> GcResult:
-    """Keep the newest ``keep`` manifests of each name (``names``: only those; ``keep=None``: all), then delete
-    every chunk no remaining manifest uses, including those of interrupted saves.
+    """Keep the newest ``keep`` manifests of each name that can be restored (``names``: only those names;
+    ``keep=None``: every manifest), then delete every chunk no remaining manifest uses, including those of
+    interrupted saves.
 
-    While a kept manifest cannot be read, no chunk is deleted (it is reported in ``damaged_manifests``).
+    A manifest can be restored if it decodes, matches its key, and every chunk it uses is stored with
+    its size and SHA-256 (each chunk read once, even one this process wrote). A damaged
+    manifest newer than the kept ones is kept too but not counted; while fewer than ``keep`` of a name
+    can be restored, none of its manifests is deleted. ``kept_reasons`` says why each was kept. While a
+    kept manifest cannot be read, no chunk is deleted (it is reported in ``damaged_manifests``).
     """
     if keep is not None:
         _check_keep(keep)
@@ -653,15 +814,25 @@ async def gc(store: "Store", *, keep: int | None = DEFAULT_KEEP, names: Iterable
         by_name: dict[str, list[str]] = {}
         for n, _, key in entries:
             by_name.setdefault(n, []).append(key)
-        drop = [key for n, keys in by_name.items() if keep is not None and (only is None or n in only)
-                for key in keys[:-keep]]
+        drop: list[str] = []
+        reasons: dict[str, str] = {}
+        seen: dict[str, str | None] = {}
+        for n, keys in by_name.items():
+            if keep is None or (only is not None and n not in only):
+                reasons.update((key, "not collected (keep=None)" if keep is None else "not collected (name not selected)")
+                               for key in keys)
+                continue
+            dropped, why = await _select(store, keep, keys, set(), True, seen)
+            drop += dropped
+            reasons.update(why)
         async with store.batch():  # the manifests are gone for good before any chunk they used is deleted
             for key in drop:
                 await store.delete(key)
         used, damaged = await _referenced(store)
         kept = tuple(key for _, _, key in await _manifest_keys(store))
+        kept_reasons = {key: reasons[key] for key in kept}
         if damaged:
-            return GcResult(kept, tuple(drop), 0, 0, tuple(damaged))
+            return GcResult(kept, tuple(drop), 0, 0, tuple(damaged), kept_reasons)
         chunks = await store.list_prefix(CHUNKS)
         unused = [key for key in chunks if key not in used and _is_chunk_key(key)]
         freed = 0
@@ -672,7 +843,8 @@ async def gc(store: "Store", *, keep: int | None = DEFAULT_KEEP, names: Iterable
                 await store.delete(key)
                 if progress is not None:
                     progress("gc", i + 1, len(unused))
-    return GcResult(kept, tuple(drop), len(unused), freed)
+        _trusted(store).difference_update(unused)
+    return GcResult(kept, tuple(drop), len(unused), freed, (), kept_reasons)
 
 
 def _is_chunk_key(key: str) -> bool:
@@ -689,13 +861,13 @@ async def verify(store: "Store", *, name: str | None = None, device: "Device | N
     Decodes every manifest and checks it against its key and its TVM metadata; re-hashes every chunk
     (all of them when ``name`` is None, also those no manifest uses); with a ``device``, restores
     every intact generation into a fresh GPU cache of its layout and checks that it reads back
-    byte-identical. Never raises for damage: it is listed in ``problems``. Holds the store's lock
-    unless the store is read-only.
+    byte-identical. Never raises for damage: it is listed in ``problems``. Takes no lock: damage
+    found in a manifest, or in a chunk it uses, is reported only if that manifest still holds the
+    bytes verify read once it is done, so a generation another process collects meanwhile is not.
     """
     if name is not None:
         validate_name(name)
-    async with _reading(store):
-        return await _verify(store, name, device, progress)
+    return await _verify(store, name, device, progress)
 
 
 async def _verify(store: "Store", name: str | None, device: "Device | None", progress: Progress | None) -> VerifyReport:
@@ -704,18 +876,29 @@ async def _verify(store: "Store", name: str | None, device: "Device | None", pro
     from .metadata import limits_from_metadata
 
     report = VerifyReport()
+    envelopes: dict[str, bytes] = {}
+    found: list[tuple[str, list[str]]] = []  # each problem, and the manifests it concerns (none: it stands anyway)
     manifests: list[tuple[str, Manifest]] = []
     for _, _, key in await _manifest_keys(store, name):
+        try:
+            data = await store.get(key, max_bytes=MAX_MANIFEST_BYTES)
+        except FormatError as exc:  # longer than any manifest can be
+            report.manifests_checked.append(key)
+            found.append((str(exc), []))
+            continue
+        if data is None:  # deleted since it was listed
+            continue
+        envelopes[key] = data
         report.manifests_checked.append(key)
         try:
-            m = _decode_at(key, await store.get(key, max_bytes=MAX_MANIFEST_BYTES))
+            m = _decode_at(key, data)
             meta = parse_metadata(m.tvm_metadata)
             layout = KVLayout.from_metadata(meta)
             seq_id = meta.get("seq_id")
             limits = limits_from_metadata(meta)
             _check_fits(m, m.tvm_metadata, _Shape(layout, limits), seq_id, key)
         except KVCkptError as exc:
-            report.problems.append(str(exc) if str(exc).startswith(key) else f"{key}: {exc}")
+            found.append((str(exc) if str(exc).startswith(key) else f"{key}: {exc}", [key]))
             continue
         manifests.append((key, m))
 
@@ -738,15 +921,14 @@ async def _verify(store: "Store", name: str | None, device: "Device | None", pro
             report.unreferenced_chunks.append(ckey)
             digest = None if data is None else await offload(chunk_digest, data)
             if digest is not None and chunk_key(digest) != ckey:
-                report.problems.append(f"{ckey}: unreferenced chunk: sha256 expected {ckey[len(CHUNKS):]}, "
-                                       f"got {digest}")
+                found.append((f"{ckey}: unreferenced chunk: sha256 expected {ckey[len(CHUNKS):]}, got {digest}", []))
                 bad.add(ckey)
         else:
             try:
                 await offload(verify_chunk, ref, data)
             except CorruptionError as exc:
                 bad.add(ckey)
-                report.problems.append(f"{exc} (used by {', '.join(users[ckey])})")
+                found.append((f"{exc} (used by {', '.join(users[ckey])})", users[ckey]))
         report.chunks_checked += 1
         report.bytes_checked += len(data) if data is not None else 0
         done[0] += 1
@@ -773,11 +955,17 @@ async def _verify(store: "Store", name: str | None, device: "Device | None", pro
                         raise CorruptionError(f"{key}: {ref.describe()} reads back different from the GPU cache")
                 report.loaded.append(key)
             except KVCkptError as exc:
-                report.problems.append(str(exc) if str(exc).startswith(key) else f"{key}: {exc}")
+                found.append((str(exc) if str(exc).startswith(key) else f"{key}: {exc}", [key]))
             finally:
                 cache.close()
             if progress is not None:
                 progress("verify load", i + 1, len(intact))
+
+    # A manifest deleted or replaced since it was read was collected by another writer, not damaged.
+    concerned = sorted({key for _, keys in found for key in keys})
+    current = dict(zip(concerned, await asyncio.gather(*(store.get(key, max_bytes=MAX_MANIFEST_BYTES)
+                                                         for key in concerned))))
+    report.problems = [text for text, keys in found if not keys or any(current[k] == envelopes[k] for k in keys)]
     return report
 
 

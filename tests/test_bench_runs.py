@@ -59,9 +59,11 @@ def test_bench_save_prints_full_incremental_and_restore_rows(device, tmp_path):
     assert [row.name.split(" (")[0] for row in rows] == ["chunk files alone, one FileStore set each",
                                                          "save, full, to disk", "save, incremental +64 tokens",
                                                          "its files alone, FileStore sets as the incremental "
-                                                         "save makes them", "restore from disk"]
+                                                         "save makes them",
+                                                         "save of a new process, every chunk stored already and "
+                                                         "read back", "restore from disk"]
     assert [row.baseline for row in rows] == ["raw write+fsync", "raw write+fsync", "full save", "full save",
-                                              "raw read+upload"]
+                                              "full save", "raw read+upload"]
     assert not list(tmp_path.iterdir())  # the benchmark removes what it wrote
 
 

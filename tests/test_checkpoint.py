@@ -877,6 +877,40 @@ def test_prepare_import_during_a_forward_is_refused(make_model):
     assert model.cache.sequence_ids() == [0]
 
 
+@pytest.mark.parametrize("wrong", ["one group too few", "one group too many", "a group one page short"])
+def test_an_exclusive_load_of_wrong_page_groups_is_refused_before_any_sequence_is_cleared(make_model, wrong):
+    source = make_model(seed=1)
+    source.add(0, 3 * P + 1)
+    metadata, groups = checkpoint(source, 0)
+    target = make_model(seed=2)
+    target.add(0, 5)
+    target.add(1, 2 * P)
+    bad = {"one group too few": groups[:-1], "one group too many": groups + groups[:1],
+           "a group one page short": [groups[0][:-target.layout.page_bytes]] + groups[1:]}[wrong]
+    before = state(target)
+    with pytest.raises(TensorError, match="groups"):
+        run(target.cache.load_checkpoint(metadata, bad, exclusive=True))
+    assert state(target) == before
+    target.assert_holds(0)
+    target.assert_holds(1)
+
+
+def test_metadata_and_export_are_refused_while_a_forward_pass_is_open(make_model):
+    model = make_model(seed=1)
+    model.add(0, 30)
+    cache = model.cache
+    cache.begin_forward([0], [3])
+    k, v = model.random_kv(3)
+    cache.append_kv(0, model.as_input(k[0]), model.as_input(v[0]))  # layer 0 holds the new tokens, layer 1 not yet
+    dst = cache.empty_group(len(cache.seqs.get(0).pages))
+    for call in (lambda: cache.get_checkpoint_metadata(0), lambda: cache.export_page_group(0, 0, dst),
+                 lambda: run(cache.export_groups(0))):
+        with pytest.raises(CheckpointStateError, match="forward pass in progress"):
+            call()
+    cache.end_forward()
+    assert json.loads(cache.get_checkpoint_metadata(0))["seq_length"] == 33
+
+
 # ----- sequence ids ------------------------------------------------------------------------------------
 
 

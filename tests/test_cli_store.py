@@ -147,6 +147,25 @@ def test_gc_exits_1_and_deletes_no_chunk_while_a_manifest_is_damaged(store_dir, 
     assert sorted((store_dir / "chunks").iterdir()) == chunks
 
 
+def test_gc_keep_1_keeps_the_older_generation_when_the_newest_manifest_is_truncated(export_dir, store_dir, tmp_path,
+                                                                                     make_model, capsys):
+    model = make_model(seed=4)
+    model.add(2, 30)
+    write_tvm_export(tmp_path / "other", model.cache.get_checkpoint_metadata(2),
+                     asyncio.run(model.cache.export_groups(2)))
+    assert main(["convert", str(tmp_path / "other"), str(store_dir), "--to", "kvckpt", "--name", "a"]) == 0
+    newest = store_dir / "manifests" / "a" / f"{2:020d}"
+    newest.write_bytes(newest.read_bytes()[:-40])
+    capsys.readouterr()
+    assert main(["gc", str(store_dir), "--keep", "1"]) == 1  # a damaged manifest is kept: no chunk deleted
+    out = capsys.readouterr().out
+    assert generations(store_dir) == [("a", 1), ("a", 2)]
+    assert f"kept manifests/a/{1:020d}: restorable, 1 of the newest 1" in out
+    assert f"kept manifests/a/{2:020d}: damaged, kept as evidence and not counted" in out
+    assert main(["convert", str(store_dir), str(tmp_path / "back"), "--to", "tvm", "--generation", "1"]) == 0
+    assert read_tvm_export(tmp_path / "back").groups == read_tvm_export(export_dir).groups
+
+
 def one_line_error(capsys) -> str:
     err = capsys.readouterr().err
     assert err.startswith("kvckpt: error: ") and err.count("\n") == 1, err

@@ -16,7 +16,7 @@ import pytest
 from kvckpt_web import CapacityError, CheckpointStateError, LayoutHashMismatch
 from kvckpt_web import persist, pipeline
 from kvckpt_web.container import decode_manifest
-from kvckpt_web.errors import FieldError, FormatError, NotFoundError
+from kvckpt_web.errors import FieldError, FormatError, NotFoundError, StoreError
 from kvckpt_web.persist import (DEFAULT_CHUNK_BYTES, forget, gc, list_generations, list_names, restore, save,
                                 verify)
 from kvckpt_web.store import FileStore, MemoryStore, Store
@@ -383,6 +383,18 @@ def test_a_sequence_changed_during_its_save_is_not_committed(model):
     assert run(list_generations(store)) == []
 
 
+def test_a_save_while_a_forward_pass_is_open_is_refused_and_commits_nothing(model):
+    model.add(0, 30)
+    store = MemoryStore()
+    saved(model, store)
+    model.cache.begin_forward([0], [3])
+    k, v = model.random_kv(3)
+    model.cache.append_kv(0, model.as_input(k[0]), model.as_input(v[0]))  # layer 1 has no new K/V yet
+    with pytest.raises(CheckpointStateError, match="forward pass in progress"):
+        saved(model, store)
+    assert [g.generation for g in run(list_generations(store))] == [1]
+
+
 # ----- names, retention, sharing, gc -------------------------------------------------------------------
 
 
@@ -504,6 +516,181 @@ def test_gc_keep_applies_per_name(model):
         saved(model, store, name, keep=5)
     result = run(gc(store, keep=1))
     assert result.kept_manifests == ("manifests/a/00000000000000000003", "manifests/b/00000000000000000002")
+
+
+def key_of(name: str, generation: int) -> str:
+    return f"manifests/{name}/{generation:020d}"
+
+
+def damage(store: MemoryStore, key: str, how: str) -> None:
+    """One kind of damage to the value under ``key``: truncated, one byte flipped, or emptied."""
+    raw = bytearray(store._data[key])
+    if how == "truncated":
+        raw = raw[:len(raw) // 2]
+    elif how == "flipped":
+        raw[len(raw) // 3] ^= 0x10
+    else:
+        raw = bytearray()
+    store._data[key] = bytes(raw)
+
+
+def generations_saved(model: KVModel, store: MemoryStore, count: int) -> dict[int, list[bytes]]:
+    """``count`` generations of "s", each after more appends and a pop (so each has chunks of its own)."""
+    expected = {}
+    for generation in range(1, count + 1):
+        model.popn(0, min(model.length(0), 20))
+        model.append({0: 30})
+        saved(model, store, keep=10)
+        expected[generation] = model.expected_groups(0)
+    return expected
+
+
+@pytest.mark.parametrize("how", ["truncated", "flipped", "emptied"])
+def test_gc_keep_1_keeps_the_older_generation_when_the_newest_manifest_is_damaged(model, target, how):
+    model.add(0, 10)
+    store = MemoryStore()
+    expected = generations_saved(model, store, 2)
+    damage(store, key_of("s", 2), how)
+    result = run(gc(store, keep=1))
+    assert result.kept_manifests == (key_of("s", 1), key_of("s", 2))
+    assert result.kept_reasons[key_of("s", 1)] == "restorable, 1 of the newest 1 that are"
+    assert result.kept_reasons[key_of("s", 2)].startswith("damaged, kept as evidence and not counted: " + key_of("s", 2))
+    assert restored(store, target, generation=1)[1] == expected[1]
+
+
+def test_gc_with_the_default_keep_skips_two_damaged_newest_manifests(model, target):
+    model.add(0, 10)
+    store = MemoryStore()
+    expected = generations_saved(model, store, 4)
+    damage(store, key_of("s", 4), "truncated")
+    damage(store, key_of("s", 3), "flipped")
+    result = run(gc(store))
+    assert result.kept_manifests == tuple(key_of("s", g) for g in (1, 2, 3, 4))  # 1 and 2 are the two that restore
+    assert result.damaged_manifests == (key_of("s", 3), key_of("s", 4))
+    for generation in (1, 2):
+        assert restored(store, target, generation=generation)[1] == expected[generation]
+        target.remove_sequence(0)
+
+
+@pytest.mark.parametrize("how", ["flipped", "emptied"])
+def test_gc_does_not_count_a_manifest_whose_own_chunk_is_damaged(model, target, how):
+    model.add(0, 10)
+    store = MemoryStore()
+    expected = generations_saved(model, store, 2)
+    infos = {i.generation: set(i.chunk_keys) for i in run(list_generations(store))}
+    only_newest = sorted(infos[2] - infos[1])
+    damage(store, only_newest[0], how)
+    result = run(gc(store, keep=1))
+    assert result.deleted_manifests == ()
+    assert result.kept_reasons[key_of("s", 2)].startswith("damaged")
+    assert restored(store, target, generation=1)[1] == expected[1]
+
+
+def test_gc_drops_what_is_older_than_the_newest_restorable_ones(model):
+    model.add(0, 10)
+    store = MemoryStore()
+    generations_saved(model, store, 4)
+    damage(store, key_of("s", 1), "truncated")
+    damage(store, key_of("s", 3), "truncated")
+    result = run(gc(store, keep=1))
+    assert result.deleted_manifests == (key_of("s", 1), key_of("s", 2), key_of("s", 3))
+    assert result.kept_manifests == (key_of("s", 4),)
+    assert run(verify(store)).ok
+
+
+def test_a_save_after_a_damaged_newest_manifest_keeps_the_last_restorable_one(model, target):
+    model.add(0, 10)
+    store = MemoryStore()
+    expected = generations_saved(model, store, 2)
+    damage(store, key_of("s", 2), "truncated")
+    model.append({0: 5})
+    result = saved(model, store, keep=2)
+    assert result.generation == 3 and result.deleted_manifests == ()
+    assert result.warnings[0].startswith(f"{key_of('s', 2)}: damaged, kept as evidence")
+    assert restored(store, target, generation=1)[1] == expected[1]
+    target.remove_sequence(0)
+    assert restored(store, target)[1] == model.expected_groups(0)
+
+
+# ----- chunks already in the store are reused only once known to be intact ----------------------------
+
+
+def reads_of_chunks(store: Store) -> list[str]:
+    """The chunk keys read from ``store`` from now on (not the sizes asked for)."""
+    keys: list[str] = []
+    real_get, real_get_into = store.get, store.get_into
+
+    async def get(key, **bound):
+        if key.startswith("chunks/"):
+            keys.append(key)
+        return await real_get(key, **bound)
+
+    async def get_into(key, out):
+        if key.startswith("chunks/") and len(out):
+            keys.append(key)
+        return await real_get_into(key, out)
+
+    store.get, store.get_into = get, get_into
+    return keys
+
+
+@pytest.mark.parametrize("tokens", [64, 4 * PPC * 20], ids=["asked-chunk-by-chunk", "listed-at-once"])
+@pytest.mark.parametrize("how", ["flipped", "emptied"])
+def test_a_save_rewrites_a_damaged_chunk_it_would_reuse_from_the_cache(model, target, tmp_path, tokens, how):
+    model.add(0, tokens)
+    store = MemoryStore()
+    saved(model, store)
+    rotten = sorted(chunk_keys(store))[1]
+    damage(store, rotten, how)
+    forget(store)  # a new process: it did not write these chunks
+    result = saved(model, store)
+    assert result.chunks_written == 1
+    assert result.warnings == (f"{rotten}: stored bytes differed from the chunk its name says; rewritten from the "
+                               "cache",)
+    assert restored(store, target)[1] == model.expected_groups(0)
+    assert run(verify(store)).ok
+
+
+def test_saves_after_a_chunk_rots_never_leave_only_generations_that_use_it(model, target):
+    model.add(0, 64)
+    store = MemoryStore()
+    saved(model, store)
+    damage(store, sorted(chunk_keys(store))[0], "flipped")
+    for step in range(3):  # new processes saving on: retention deletes the first generation
+        forget(store)
+        model.append({0: 2})
+        saved(model, store, keep=2)
+        if 0 in target.sequence_ids():
+            target.remove_sequence(0)
+        assert restored(store, target)[1] == model.expected_groups(0), f"save {step}"
+    assert run(verify(store)).ok
+
+
+def test_a_new_process_reads_back_each_stored_chunk_it_reuses_once(model, monkeypatch):
+    model.add(0, 64)
+    store = MemoryStore()
+    saved(model, store)
+    stored = chunk_keys(store)
+    forget(store)
+    reads = reads_of_chunks(store)
+    saved(model, store)
+    assert sorted(reads) == sorted(stored)
+    reads.clear()
+    model.append({0: 4})
+    forget(store, "s")  # even with every page read again, chunks it has read back are not read again
+    saved(model, store)
+    assert reads == []
+
+
+def test_a_save_reads_back_none_of_the_chunks_its_process_wrote(model, monkeypatch):
+    model.add(0, 64)
+    store = MemoryStore()
+    saved(model, store)
+    reads = reads_of_chunks(store)
+    model.popn(0, 40)
+    model.append({0: 40})  # the same tokens again: its chunks come out as the ones stored before
+    saved(model, store)
+    assert reads == []
 
 
 def test_a_failure_after_the_commit_is_a_warning_not_a_failed_save(model, target):
@@ -654,6 +841,104 @@ def test_a_cancelled_save_commits_nothing_and_releases_the_store_and_the_cache(m
     assert result.generation == 2
     _, groups = restored(store, target)
     assert groups == model.expected_groups(0)
+
+
+# ----- readers beside another writer's retention -------------------------------------------------------
+
+
+class SavingMidRead(MemoryStore):
+    """A read-only view of a store where reading the last chunk of any layer of the newest generation first
+    lets another writer save ``model``'s sequence again, one token longer, keeping ``keep`` generations (with
+    one, the chunk being read is deleted). That happens ``saves`` times."""
+
+    def __init__(self, data: dict[str, bytes], model: KVModel, saves: int = 1, keep: int = 1) -> None:
+        super().__init__(data, read_only=True)
+        self.model, self.writer, self.saves, self.keep = model, MemoryStore(data), saves, keep
+        self.trigger = self.last_chunks()
+
+    def last_chunks(self) -> set[str]:
+        newest = max(k for k in self._data if k.startswith("manifests/"))
+        return {group[-1].key for group in decode_manifest(self._data[newest]).chunks}
+
+    async def _meddle(self, key: str) -> None:
+        if key in self.trigger and self.saves:
+            self.saves -= 1
+            self.trigger = set()
+            self.model.append({0: 1})
+            await save(self.model.cache, 0, self.writer, "s", pages_per_chunk=PPC, keep=self.keep)
+            self.trigger = self.last_chunks()
+
+    async def _get_into(self, key: str, out: memoryview) -> int | None:
+        await self._meddle(key)
+        return await super()._get_into(key, out)
+
+    async def _get(self, key: str) -> bytes | None:
+        await self._meddle(key)
+        return await super()._get(key)
+
+
+@pytest.mark.parametrize("collections", [1, persist.READ_ATTEMPTS - 1])
+def test_a_restore_of_the_newest_collected_while_it_is_read_restores_the_newest_there_is_then(model, target,
+                                                                                               collections):
+    model.add(0, 33)
+    backing: dict[str, bytes] = {}
+    saved(model, MemoryStore(backing), keep=1)
+    result, groups = restored(SavingMidRead(backing, model, collections), target)
+    assert result.generation == 1 + collections and groups == model.expected_groups(0)
+
+
+def test_a_restore_reads_again_only_the_chunks_of_the_newer_generation_it_does_not_hold(model, target):
+    model.add(0, 33)
+    backing: dict[str, bytes] = {}
+    saved(model, MemoryStore(backing), keep=1)
+    store = SavingMidRead(backing, model)
+    reads = reads_of_chunks(store)
+    result, groups = restored(store, target)
+    assert result.generation == 2 and groups == model.expected_groups(0)
+    chunks_per_group = -(-model.layout.num_logical_pages(34) // PPC)
+    # the first attempt stops at its first read that fails; the second reads each layer's last chunk only
+    assert len(reads) - len(set(reads)) <= model.layout.num_layers
+    assert len(reads) < 2 * chunks_per_group * model.layout.num_layers
+
+
+def test_a_restore_of_the_newest_gives_up_with_a_store_error_if_it_is_collected_every_time(model, target):
+    model.add(0, 33)
+    backing: dict[str, bytes] = {}
+    saved(model, MemoryStore(backing), keep=1)
+    with pytest.raises(StoreError, match=f"{persist.READ_ATTEMPTS} times in a row"):
+        restored(SavingMidRead(backing, model, persist.READ_ATTEMPTS), target)
+    assert target.sequence_ids() == []
+
+
+def test_a_restore_of_a_generation_collected_while_it_is_read_raises_not_found(model, target):
+    model.add(0, 33)
+    backing: dict[str, bytes] = {}
+    saved(model, MemoryStore(backing), keep=1)
+    with pytest.raises(NotFoundError, match="manifests/s/00000000000000000001: deleted by another writer"):
+        restored(SavingMidRead(backing, model), target, generation=1)
+    assert target.sequence_ids() == []
+
+
+def test_verify_does_not_report_the_chunks_of_a_generation_collected_while_it_runs(model):
+    model.add(0, 33)
+    backing: dict[str, bytes] = {}
+    saved(model, MemoryStore(backing), keep=1)
+    store = SavingMidRead(backing, model)
+    report = run(verify(store))
+    assert store.saves == 0 and report.ok, report.problems
+    assert report.manifests_checked == ["manifests/s/00000000000000000001"]
+
+
+def test_verify_still_reports_a_damaged_chunk_of_a_generation_that_is_still_there(model):
+    model.add(0, 33)
+    backing: dict[str, bytes] = {}
+    saved(model, MemoryStore(backing))
+    store = SavingMidRead(backing, model, keep=2)
+    damaged = sorted(store.trigger)[0]  # a chunk of generation 1 only, which the save in the middle keeps
+    backing[damaged] = backing[damaged][:-1]
+    report = run(verify(store))
+    assert store.saves == 0
+    assert any(p.startswith(f"chunk {damaged}") for p in report.problems), report.problems
 
 
 # ----- restore refuses what does not fit, before touching the cache ------------------------------------

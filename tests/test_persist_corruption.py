@@ -1,4 +1,5 @@
-"""Damaged stores: every bit flip, truncation, extension, deletion or swap of a manifest or chunk is detected.
+"""Damaged stores: every bit flip, truncation, extension, deletion or swap of a manifest or chunk is detected;
+a later save repairs a damaged chunk it reuses, and gc keeps an older generation behind a damaged newest one.
 
 A store holds three checkpoints (two generations of one name, one of a forked
 sequence under another name, sharing chunks). Each case damages one copy of it;
@@ -18,7 +19,7 @@ import pytest
 
 from kvckpt_web import PagedKVCache
 from kvckpt_web.errors import CorruptionError, FormatError, KVCkptError, NotFoundError
-from kvckpt_web.persist import list_generations, restore, save, verify
+from kvckpt_web.persist import gc, list_generations, restore, save, verify
 from kvckpt_web.store import MemoryStore
 
 try:  # tests/ as a plain directory on sys.path (pytest's default import mode)
@@ -299,3 +300,49 @@ def test_the_target_cache_is_usable_after_every_rejection(pristine, target):
     target.begin_forward([2], [1])
     target.end_forward()
     target.remove_sequence(2)
+
+
+# ----- a save over damaged chunks, gc over damaged manifests -------------------------------------------
+
+
+ALPHA_2 = "manifests/alpha/00000000000000000002"
+ALPHA_1 = "manifests/alpha/00000000000000000001"
+
+
+def test_a_save_repairs_any_damaged_chunk_it_would_reuse(pristine, target):
+    run(restore(MemoryStore(dict(pristine.data)), "alpha", target, seq_id=5))  # what alpha generation 2 holds
+    count = 0
+    try:
+        for key in sorted(pristine.uses[ALPHA_2]):
+            size = len(pristine.data[key])
+            for label, damage in (("bit flip", flip(key, size * 4 + 1)), ("truncation", resize(key, size - 1)),
+                                  ("emptied", resize(key, 0))):
+                data = dict(pristine.data)
+                damage(data)
+                store = MemoryStore(data)  # a store object this process never wrote: every chunk is read back
+                result = run(save(target, 5, store, "alpha", app_state={"seq": 0}, pages_per_chunk=PPC, keep=5))
+                assert result.chunks_written == 1, f"{key} {label}"
+                target.remove_sequence(5)
+                run(restore(store, "alpha", target, seq_id=5))
+                assert [bytes(g) for g in run(target.export_groups(5))] == pristine.expected[ALPHA_2], f"{key} {label}"
+                assert run(verify(store)).ok, f"{key} {label}"
+                count += 1
+    finally:
+        target.remove_sequence(5)
+    assert count > 15
+
+
+def test_gc_keep_1_behind_any_damage_to_the_newest_manifest_keeps_the_older_generation(pristine, target):
+    size = len(pristine.data[ALPHA_2])
+    cases = [flip(ALPHA_2, bit) for bit in range(0, size * 8, max(1, size * 8 // 60))]
+    cases += [resize(ALPHA_2, n) for n in (0, 1, 16, size // 2, size - 1, size + 1)]
+    for damage in cases:
+        data = dict(pristine.data)
+        damage(data)
+        store = MemoryStore(data)
+        result = run(gc(store, keep=1))
+        assert ALPHA_1 in result.kept_manifests and result.kept_reasons[ALPHA_2].startswith("damaged")
+        run(restore(store, "alpha", target, generation=1, seq_id=5))
+        assert [bytes(g) for g in run(target.export_groups(5))] == pristine.expected[ALPHA_1]
+        target.remove_sequence(5)
+    assert len(cases) > 60

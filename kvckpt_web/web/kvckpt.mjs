@@ -12,6 +12,7 @@
 //   await cache.checkpoint({seqId: 0, store: "indexeddb", storeName: "kv", name: "chat", appState: {...}});
 //   ... after a crash, in a fresh page:
 //   const {appState} = await cache.restore({store: "indexeddb", storeName: "kv", name: "chat"});
+//   await kv.gc({store: "indexeddb", storeName: "kv"});   // frees what a failed checkpoint left
 //   const r = await kv.runJSON("import json; json.dumps({'ok': 1})");   // or any Python
 //
 // Served by `kvckpt serve` (routes /pyodide/, /wheels/ and /wheels/index.json).
@@ -52,6 +53,14 @@ export class KVCkpt {
   // kvckpt_web.KVLayout and kvckpt_web.CacheLimits.
   async createCache(layout, limits = {}, transfer = "auto") {
     return new KVCache(this.api, await this.api.create_cache(layout, limits, transfer));
+  }
+
+  // Keep the newest `keep` generations of each name in an IndexedDB or OPFS store (0 keeps all; left out, the
+  // default of kvckpt_web.persist.gc), then delete every chunk none of them uses, such as those a failed
+  // checkpoint left. Returns {kept_manifests, deleted_manifests, deleted_chunks, freed_bytes, damaged_manifests}.
+  async gc({ store = "indexeddb", storeName = "kvckpt", keep } = {}) {
+    const args = keep === undefined ? [store, storeName] : [store, storeName, keep];
+    return JSON.parse(await this.api.gc(...args));
   }
 
   // Run Python source (top-level await allowed); its last expression must be a JSON string.

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import hashlib
+
 import pytest
 
 from browser_harness import PyPage
@@ -139,58 +141,172 @@ def test_save_navigate_away_and_back_restore(fresh_page, web_server, kind):
     assert out == {"generation": saved["generation"], "app": {"turn": 2}, "len": 19, "same": True}
 
 
-# Chromium's real quota cannot be forced reliably here (CDP Storage.overrideQuotaForOrigin left IndexedDB
-# transactions hanging), so the browser's own QuotaExceededError is injected at the API the store uses.
-QUOTA_PATCH = """(limit) => {
-  const err = () => new DOMException("The quota has been exceeded.", "QuotaExceededError");
-  const put = IDBObjectStore.prototype.put;
-  IDBObjectStore.prototype.put = function (value, key) {
-    if (value && value.byteLength > limit) throw err();
-    return put.call(this, value, key);
-  };
-  const write = FileSystemWritableFileStream.prototype.write;
-  FileSystemWritableFileStream.prototype.write = function (data) {
-    if (data && data.byteLength > limit) return Promise.reject(err());
-    return write.call(this, data);
-  };
-}"""
+# A checkpoint over a real quota (CDP Storage.overrideQuotaForOrigin), driven through the JS API. Pages are
+# 128 KiB per layer, so a checkpoint's chunks hold 8 pages (1 MiB). The committed checkpoint has one 128 KiB
+# chunk per layer; the failing one two, of 1 MiB and 128 KiB: within QUOTA_MARGIN the small ones are stored
+# (orphans of the failed save), the big ones never. Each test runs on an origin of its own (a name under
+# .localhost) whose quota is set before its first write: IndexedDB grants writes from the free space it last
+# asked the quota manager for during up to 30 s, so an origin that wrote before would not see the new quota.
+QUOTA_LAYOUT = "{page_size: 32, num_layers: 2, num_qo_heads: 8, num_kv_heads: 8, qk_head_dim: 128, dtype: 'float16'}"
+QUOTA_LIMITS = "{max_total_seq_len: 512, prefill_chunk_size: 512}"
+QUOTA_MARGIN = 768 * 1024
+COMMITTED, GROWN = 32, 288  # tokens of the committed checkpoint, and of the one that does not fit
+HANG_MS = 30_000  # a promise still pending after this long never settles
+
+QUOTA_SETUP = f"""async ([store, storeName]) => {{
+    const kv = await window.kvckpt;
+    const cache = await kv.createCache({QUOTA_LAYOUT}, {QUOTA_LIMITS});
+    cache.addSequence(0);
+    const tokens = (n) => [0, 1].map(() => [0, 1].map(() => {{
+        const bytes = new Uint8Array(n * 8 * 128 * 2);
+        for (let i = 0; i < bytes.length; i += 65536) crypto.getRandomValues(bytes.subarray(i, i + 65536));
+        return bytes;
+    }}));
+    cache.append([0], [{COMMITTED}], tokens({COMMITTED}));
+    await cache.checkpoint({{seqId: 0, store, storeName, name: "chat", appState: {{turn: 1}}}});
+    cache.append([0], [{GROWN - COMMITTED}], tokens({GROWN - COMMITTED}));
+    window.quotaCache = cache;
+}}"""
+
+QUOTA_CHECKPOINT = f"""async ([store, storeName]) => {{
+    const saving = window.quotaCache.checkpoint({{seqId: 0, store, storeName, name: "chat", appState: {{turn: 2}}}})
+        .then((r) => "saved generation " + r.generation, (e) => String(e.message));
+    return Promise.race([saving, new Promise((done) => setTimeout(() => done("still pending"), {HANG_MS}))]);
+}}"""
+
+QUOTA_RESTORE = f"""async ([store, storeName]) => {{
+    const kv = await window.kvckpt;
+    const other = await kv.createCache({QUOTA_LAYOUT}, {QUOTA_LIMITS});
+    const restored = await other.restore({{store, storeName, name: "chat"}});
+    const n = restored.seq_length;
+    const a = await window.quotaCache.readKV(0, 0, n), b = await other.readKV(0, 0, n);
+    const same = (x, y) => x.length === y.length && x.every((v, i) => v === y[i]);
+    return {{generation: restored.generation, app_state: restored.app_state, length: n,
+             same: same(a.k, b.k) && same(a.v, b.v)}};
+}}"""
+
+JS_STORES = ["indexeddb", "opfs"]
+PY_STORES = {"indexeddb": "IndexedDBStore", "opfs": "OPFSStore"}
 
 
-@pytest.mark.parametrize("kind", STORES)
-def test_quota_exceeded_is_store_error_and_keeps_last_checkpoint(fresh_page, kind):
-    fresh_page.run(f"""
-        from kvckpt_web import PagedKVCache
-        from kvckpt_web.backends.browser import BrowserDevice
-        from kvckpt_web.browser_stores import {kind} as S
-        from kvckpt_web.persist import save
-        dev = await BrowserDevice.open()
-        store = await S.open("quota-{kind}")
-        for k in await store.list_prefix(""):
-            await store.delete(k)
-        lay = kvtest.layout()
-        cache = PagedKVCache(dev, lay, kvtest.limits())
-        cache.add_sequence(0)
-        kvtest.append(cache, 0, 1, 0, 6)
-        await save(cache, 0, store, "q", app_state={{"n": 6}}, pages_per_chunk=1)
-        keys_before = await store.list_prefix("")
+class QuotaPage(PyPage):
+    """A booted page on an origin of its own, whose storage quota is set through CDP."""
+
+    def __init__(self, page, base_url: str) -> None:
+        super().__init__(page, base_url)
+        self.boot()
+        self.cdp = page.context.new_cdp_session(page)
+        self.origin = page.evaluate("location.origin")
+
+    def fill(self, store: str, store_name: str) -> None:
+        """A quota of the origin's usage plus QUOTA_MARGIN, then a committed checkpoint of COMMITTED tokens
+        and GROWN tokens in the page's cache (``window.quotaCache``)."""
+        usage = self.cdp.send("Storage.getUsageAndQuota", {"origin": self.origin})["usage"]
+        self.cdp.send("Storage.overrideQuotaForOrigin", {"origin": self.origin, "quotaSize": usage + QUOTA_MARGIN})
+        self.page.evaluate(QUOTA_SETUP, [store, store_name])
+
+    def lift(self) -> None:
+        """The browser's own quota again."""
+        self.cdp.send("Storage.overrideQuotaForOrigin", {"origin": self.origin})
+
+
+@pytest.fixture
+def quota_page(browser_context, web_server, request):
+    label = hashlib.sha256(request.node.nodeid.encode()).hexdigest()[:12]
+    page = QuotaPage(browser_context.new_page(), web_server.replace("127.0.0.1", f"q{label}.localhost"))
+    yield page
+    page.lift()
+    page.page.close()
+
+
+def chunk_keys(page: PyPage, store: str, store_name: str) -> list[str]:
+    return page.run(f"""
+        from kvckpt_web.browser_stores import {PY_STORES[store]} as S
+        result = await (await S.open("{store_name}")).list_prefix("chunks/")
     """)
-    fresh_page.page.evaluate(QUOTA_PATCH, 2048)
-    out = fresh_page.run(f"""
-        import random
-        from kvckpt_web.errors import StoreError
-        from kvckpt_web.persist import restore, save
-        big = PagedKVCache(dev, lay, kvtest.limits())
-        big.add_sequence(0)
-        kvtest.append(big, 0, 9, 0, 60)
+
+
+def lock_is_free(page: PyPage, store: str, store_name: str) -> bool:
+    return page.page.evaluate("""(name) => navigator.locks.request(name, {ifAvailable: true},
+        (lock) => lock !== null)""", f"kvckpt:{store}:{store_name}")
+
+
+@pytest.mark.parametrize("store", JS_STORES)
+def test_checkpoint_over_a_full_quota_rejects_with_a_store_error_naming_the_quota(quota_page, store):
+    quota_page.fill(store, f"quota-error-{store}")
+    outcome = quota_page.page.evaluate(QUOTA_CHECKPOINT, [store, f"quota-error-{store}"])
+    assert "StoreError" in outcome and "storage quota exceeded" in outcome, outcome
+
+
+@pytest.mark.parametrize("store", JS_STORES)
+def test_checkpoint_over_a_full_quota_releases_the_store_lock(quota_page, store):
+    quota_page.fill(store, f"quota-lock-{store}")
+    quota_page.page.evaluate(QUOTA_CHECKPOINT, [store, f"quota-lock-{store}"])
+    assert lock_is_free(quota_page, store, f"quota-lock-{store}")
+
+
+@pytest.mark.parametrize("store", JS_STORES)
+def test_checkpoint_over_a_full_quota_keeps_the_last_committed_generation(quota_page, store):
+    quota_page.fill(store, f"quota-keep-{store}")
+    quota_page.page.evaluate(QUOTA_CHECKPOINT, [store, f"quota-keep-{store}"])
+    restored = quota_page.page.evaluate(QUOTA_RESTORE, [store, f"quota-keep-{store}"])
+    assert restored == {"generation": 1, "app_state": {"turn": 1}, "length": COMMITTED, "same": True}
+
+
+@pytest.mark.parametrize("store", JS_STORES)
+def test_js_gc_removes_the_chunks_of_a_checkpoint_over_quota_and_keeps_the_committed_one(quota_page, store):
+    name = f"quota-gc-{store}"
+    quota_page.fill(store, name)
+    committed = chunk_keys(quota_page, store, name)
+    quota_page.page.evaluate(QUOTA_CHECKPOINT, [store, name])
+    orphans = sorted(set(chunk_keys(quota_page, store, name)) - set(committed))
+    gc = quota_page.page.evaluate("""async ([store, storeName]) =>
+        (await window.kvckpt).gc({store, storeName})""", [store, name])
+    restored = quota_page.page.evaluate(QUOTA_RESTORE, [store, name])
+    assert orphans  # the small chunks of the failed checkpoint fit and were stored
+    assert gc["deleted_chunks"] == len(orphans) and len(gc["kept_manifests"]) == 1
+    assert chunk_keys(quota_page, store, name) == committed
+    assert restored == {"generation": 1, "app_state": {"turn": 1}, "length": COMMITTED, "same": True}
+
+
+@pytest.mark.parametrize("store", JS_STORES)
+def test_checkpoint_after_one_over_quota_is_restorable_once_there_is_room(quota_page, store):
+    name = f"quota-retry-{store}"
+    quota_page.fill(store, name)
+    quota_page.page.evaluate(QUOTA_CHECKPOINT, [store, name])
+    quota_page.lift()
+    outcome = quota_page.page.evaluate(QUOTA_CHECKPOINT, [store, name])
+    restored = quota_page.page.evaluate(QUOTA_RESTORE, [store, name])
+    assert outcome == "saved generation 2"
+    assert restored == {"generation": 2, "app_state": {"turn": 2}, "length": GROWN, "same": True}
+
+
+@pytest.mark.parametrize("record", ["'text'", "42", "{bytes: [1, 2]}"])
+def test_indexeddb_record_that_is_not_bytes_is_a_corruption_error_naming_the_key(fresh_page, record):
+    fresh_page.run("""
+        from kvckpt_web.browser_stores import IndexedDBStore
+        s = await IndexedDBStore.open("not-bytes")
+        await s.set("chunks/x", b"placeholder")
+        s.close()
+    """)
+    fresh_page.page.evaluate(f"""() => new Promise((resolve, reject) => {{
+        const open = indexedDB.open("not-bytes");
+        open.onsuccess = () => {{
+            const tx = open.result.transaction("kv", "readwrite");
+            tx.objectStore("kv").put({record}, "chunks/x");
+            tx.oncomplete = () => {{ open.result.close(); resolve(); }};
+            tx.onerror = () => reject(tx.error);
+        }};
+        open.onerror = () => reject(open.error);
+    }})""")
+    error = fresh_page.run("""
+        from kvckpt_web.browser_stores import IndexedDBStore
+        from kvckpt_web.errors import CorruptionError
+        s = await IndexedDBStore.open("not-bytes")
         try:
-            await save(big, 0, store, "q", app_state={{"n": 60}}, pages_per_chunk=15)   # one 3.75 KiB chunk per layer
-            err = "no error"
-        except StoreError as exc:
-            err = str(exc)
-        other = PagedKVCache(dev, lay, kvtest.limits())
-        r = await restore(store, "q", other)
-        groups = [bytes(g) for g in await other.export_groups(0)]
-        result = {{"err": err, "app": r.app_state, "same": groups == kvtest.expected_groups(lay, 1, 6)}}
+            await s.get("chunks/x")
+            result = "no error"
+        except CorruptionError as exc:
+            result = str(exc)
     """)
-    assert "quota exceeded" in out["err"], out["err"]
-    assert out["app"] == {"n": 6} and out["same"] is True
+    assert "'chunks/x'" in error and "expected bytes" in error, error
