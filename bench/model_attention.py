@@ -27,9 +27,9 @@ LAYOUT = KVLayout(page_size=16, num_layers=1, num_qo_heads=9, num_kv_heads=3, qk
                   rotary_theta=100000.0)
 #: (label, PagedAttention options) per case; the first of each is the default.
 DECODE = [("default", {}), ("keys 16", dict(keys_per_split=16)), ("keys 64", dict(keys_per_split=64)),
-          ("keys 256", dict(keys_per_split=256)), ("rows 1 keys 32", dict(rows_per_tile=1, keys_per_split=32))]
+          ("keys 128", dict(keys_per_split=128)), ("keys 1025", dict(keys_per_split=1025))]
 PREFILL = [("default", {}), ("rows 1", dict(rows_per_tile=1)), ("rows 2", dict(rows_per_tile=2)),
-           ("rows 4 keys 64", dict(rows_per_tile=4, keys_per_split=64))]
+           ("rows 4", dict(rows_per_tile=4)), ("rows 8 keys 256", dict(rows_per_tile=8, keys_per_split=256))]
 
 
 class Bench:
@@ -83,7 +83,7 @@ class Bench:
         print(f"{title}  (ms per layer; {rounds} rounds of {reps})")
         for label, attention in attentions:
             t = times[label]
-            print(f"  {label:16s} rows {attention.rows_per_tile} keys/split {attention._keys_per_split:4d} "
+            print(f"  {label:16s} rows {attention._tile_rows} keys/split {attention._keys_per_split:4d} "
                   f"splits {attention._num_splits:3d}  median {statistics.median(t):8.2f}  "
                   f"range {min(t):8.2f}..{max(t):8.2f}  max diff {np.abs(outputs[label] - first).max():.1e}",
                   flush=True)

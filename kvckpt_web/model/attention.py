@@ -22,7 +22,7 @@ import math
 import struct
 
 from ..cache import ForwardPass, PagedKVCache
-from ..device import Buffer, Dispatch, Region, Usage
+from ..device import Buffer, Dispatch, Kernel, Region, Usage
 from ..errors import FieldError, TensorError
 from ..shaders import source
 from ..specialize import specialize
@@ -39,8 +39,10 @@ TILE_RECORD_BYTES = 8
 #: is cut below that.
 MAX_KEYS_PER_SPLIT = 65535 - 1
 #: Query rows (tokens x query heads of one KV head) an invocation serves at most: more rows share each K/V load
-#: but hold more registers.
-ROW_HEADS = 12
+#: but hold more registers; and tokens per tile at most: llvmpipe took 137 s to compile the kernel of 24 one-head
+#: rows of head_dim 128 (0.7 s for 6 tokens x 4 heads, 0.17 s for 8 x 3 of head_dim 64).
+ROW_HEADS = 24
+MAX_ROWS_PER_TILE = 8
 #: Key ranges are split until a dispatch has this many invocations (a decode step has one tile per sequence).
 MIN_INVOCATIONS = 96
 #: ... but no range is cut shorter than this many keys (each split costs a partial record per row and a merge step).
@@ -60,8 +62,8 @@ class PagedAttention:
     the first of them is built after ``begin_forward``; submit them before the next ``begin_forward``.
     ``rows_per_tile`` and ``keys_per_split`` (the longest key range of an invocation) override the defaults
     derived from :data:`ROW_HEADS` and :data:`MIN_INVOCATIONS`; results agree within float32 rounding whatever
-    they are. A forward whose sequences are all shorter than ``rows_per_tile`` tokens (a decode step) uses
-    tiles of its longest sequence's length.
+    they are. A forward of one token per sequence (a decode step) uses one-row tiles (each tile size is a kernel
+    of its own, compiled at its first use).
     """
 
     def __init__(self, cache: PagedKVCache, *, rows_per_tile: int | None = None,
@@ -79,11 +81,11 @@ class PagedAttention:
             raise FieldError("layout.rope_mode", "'normal' or 'none' (the K/V write applies RoPE itself)",
                              lay.rope_mode)
         group = lay.num_qo_heads // lay.num_kv_heads
-        most_rows = max(1, ROW_HEADS // group)
+        most_rows = max(1, min(MAX_ROWS_PER_TILE, ROW_HEADS // group))
         rows = most_rows if rows_per_tile is None else rows_per_tile
         if isinstance(rows, bool) or not isinstance(rows, int) or not 1 <= rows <= most_rows:
-            raise FieldError("rows_per_tile", f"1..{most_rows} (ROW_HEADS={ROW_HEADS} rows for {group} query heads "
-                                              "per KV head)", rows_per_tile)
+            raise FieldError("rows_per_tile", f"1..{most_rows} (at most {MAX_ROWS_PER_TILE} tokens and {ROW_HEADS} "
+                                              f"rows of {group} query heads per KV head)", rows_per_tile)
         if keys_per_split is not None and (isinstance(keys_per_split, bool) or not isinstance(keys_per_split, int)
                                            or not 1 <= keys_per_split <= MAX_KEYS_PER_SPLIT):
             raise FieldError("keys_per_split", f"1..{MAX_KEYS_PER_SPLIT}", keys_per_split)
@@ -106,6 +108,7 @@ class PagedAttention:
                                            Usage.STORAGE | Usage.COPY_DST, "attention.tiles")
         self._partial: Buffer | None = None  # grown to the largest forward's partial records
         self._uploaded: ForwardPass | None = None
+        self._kernels: dict[int, tuple[Kernel, Kernel]] = {}  # tile rows -> (partial sums, merge)
         self._num_tiles = 0
         self._tile_rows = 0
         self._keys_per_split = 0
@@ -138,7 +141,7 @@ class PagedAttention:
         records: list[int] = []
         tiles: list[int] = []
         token = 0
-        self._tile_rows = min(self.rows_per_tile, max(fwd.lengths, default=1))
+        self._tile_rows = 1 if max(fwd.lengths, default=1) == 1 else self.rows_per_tile
         for seq_id, length in zip(fwd.seq_ids, fwd.lengths):
             offset = len(table)
             table += self.cache.page_table(seq_id)
@@ -156,7 +159,7 @@ class PagedAttention:
         wanted_splits = -(-MIN_INVOCATIONS // (self._num_tiles * self.layout.num_kv_heads)) if tiles else 1
         self._keys_per_split = min(self._max_keys_per_split, max(self._min_keys_per_split, -(-keys // wanted_splits)))
         self._num_splits = -(-keys // self._keys_per_split)
-        need = fwd.num_tokens * self.layout.num_qo_heads * self._num_splits * self._record_bytes
+        need = max(1, fwd.num_tokens) * self.layout.num_qo_heads * self._num_splits * self._record_bytes
         if self._partial is None or self._partial.size < need:
             if self._partial is not None:
                 device.destroy(self._partial)
@@ -202,19 +205,28 @@ class PagedAttention:
         self._check_rows("out", out, self.out_bytes_per_token, fwd.num_tokens)
         lay = self.layout
         device = self.cache.device
-        group = lay.num_qo_heads // lay.num_kv_heads
-        quads = lay.head_dim // 4
-        rows = self._tile_rows
-        attend = device.kernel("paged_attention", specialize(source("model/paged_attention"), dict(
-            QUADS=quads, WORDS=quads // 2, GROUP=group, ROWS=rows, N=rows * group)), "attend")
-        merge = device.kernel("attention_merge", specialize(source("model/attention_merge"), dict(QUADS=quads)),
-                              "merge")
+        attend, merge = self._attention_kernels(self._tile_rows)
         splits = self._num_splits
         params = struct.pack("<6If", self._num_tiles, lay.num_qo_heads, lay.num_kv_heads, lay.page_size,
                              self._keys_per_split, splits, 1 / math.sqrt(lay.head_dim))
-        partial = Region(self._partial, 0, fwd.num_tokens * lay.num_qo_heads * splits * self._record_bytes)
+        partial = Region(self._partial, 0, max(1, fwd.num_tokens) * lay.num_qo_heads * splits * self._record_bytes)
         out_rows = fwd.num_tokens * lay.num_qo_heads
         return [Dispatch(attend, params, (qkv, pages, self._tokens, self._page_table, self._tiles, partial),
                          self._num_tiles * lay.num_kv_heads * splits),
                 Dispatch(merge, struct.pack("<4I", out_rows, lay.num_qo_heads, self._keys_per_split, splits),
-                         (partial, self._tokens, out), out_rows * quads)]
+                         (partial, self._tokens, out), out_rows * lay.head_dim // 4)]
+
+    def _attention_kernels(self, rows: int) -> tuple[Kernel, Kernel]:
+        """The partial-sum kernel for tiles of ``rows`` tokens and the merge kernel, specialised once."""
+        kernels = self._kernels.get(rows)
+        if kernels is None:
+            lay = self.layout
+            device = self.cache.device
+            group = lay.num_qo_heads // lay.num_kv_heads
+            quads = lay.head_dim // 4
+            kernels = self._kernels[rows] = (
+                device.kernel("paged_attention", specialize(source("model/paged_attention"), dict(
+                    QUADS=quads, WORDS=quads // 2, GROUP=group, ROWS=rows, N=rows * group)), "attend"),
+                device.kernel("attention_merge", specialize(source("model/attention_merge"), dict(QUADS=quads)),
+                              "merge"))
+        return kernels

@@ -3,10 +3,10 @@
 Tolerances, from float32 arithmetic (unit roundoff u = 2^-24 ~ 6e-8) on inputs of size ~1:
 - attention: each output is a softmax-weighted mean of float16 V values that the kernel reads exactly; the
   error comes from the float32 dot products (head_dim terms), exp and the running sums over at most ~1000 keys
-  (in key ranges merged in a fixed order), a few hundred u at worst: ATTENTION_ATOL = 2e-5 (measured: below 1e-6). With RoPE on, the float64 expectation
-  is computed from the K/V the cache holds and the Q the kernel rotated: a K that float16 rounds one way on the
-  device and the other in numpy moves a score by ~1e-3 and an output by up to ~5e-4, which is RoPE's error
-  (tested on its own below), not the attention kernel's.
+  (in key ranges merged in a fixed order), a few hundred u at worst: ATTENTION_ATOL = 2e-5 (measured: below
+  1e-6). With RoPE on, the float64 expectation is computed from the K/V the cache holds and the Q the kernel
+  rotated: a K that float16 rounds one way on the device and the other in numpy moves a score by ~1e-3 and an
+  output by up to ~5e-4, which is RoPE's error (tested on its own below), not the attention kernel's.
 - RoPE: the angle position * rate is rounded to float32, an error up to ~u * angle (u * 5000 ~ 3e-4 rad at
   position 5000, as in Hugging Face's and TVM's float32 RoPE), plus cos/sin and rounding (~1e-6):
   rope_atol(position) = (2 * u * position + 4e-6) * |x|max.
@@ -302,12 +302,13 @@ def test_a_layout_the_kernels_cannot_serve_is_refused(device, field, overrides):
 
 @pytest.mark.parametrize("field,options", [
     ("rows_per_tile", dict(rows_per_tile=0)),
-    ("rows_per_tile", dict(rows_per_tile=7)),  # 7 rows x 2 query heads per KV head: more than ROW_HEADS
+    ("rows_per_tile", dict(rows_per_tile=9)),
+    ("rows_per_tile", dict(rows_per_tile=True)),  # more than MAX_ROWS_PER_TILE
     ("keys_per_split", dict(keys_per_split=0)),
     ("keys_per_split", dict(keys_per_split=100_000)),
 ])
 def test_tiles_and_splits_the_kernel_cannot_serve_are_refused(device, field, options):
-    layout = KVLayout(page_size=4, num_layers=1, num_qo_heads=4, num_kv_heads=2, qk_head_dim=8)
+    layout = KVLayout(page_size=4, num_layers=1, num_qo_heads=2, num_kv_heads=2, qk_head_dim=8)
     cache = PagedKVCache(device, layout, CacheLimits(1, 16, 16))
     try:
         with pytest.raises(FieldError, match=field):
