@@ -63,10 +63,10 @@ class PagedAttention:
 
     The dispatches of a forward read a per-token table and the sequences' page tables that are uploaded when
     the first of them is built after ``begin_forward``; submit them before the next ``begin_forward``.
-    ``rows_per_tile`` and ``keys_per_split`` (the longest key range of an invocation) override the defaults
-    derived from :data:`ROW_HEADS` (up to :data:`MAX_ROW_HEADS`) and :data:`MIN_INVOCATIONS`; results agree within float32 rounding whatever
-    they are. A forward of one token per sequence (a decode step) uses one-row tiles (each tile size is a kernel
-    of its own, compiled at its first use).
+    ``rows_per_tile`` (tokens per tile) and ``keys_per_split`` (the longest key range of an invocation) override
+    the defaults derived from :data:`ROW_HEADS` (up to :data:`MAX_ROW_HEADS`) and :data:`MIN_INVOCATIONS`;
+    results agree within float32 rounding whatever they are. A forward of one token per sequence (a decode
+    step) uses one-row tiles; each tile size is a kernel of its own, compiled at its first use.
     """
 
     def __init__(self, cache: PagedKVCache, *, rows_per_tile: int | None = None,
