@@ -29,7 +29,7 @@ LAYOUT = KVLayout(page_size=16, num_layers=1, num_qo_heads=9, num_kv_heads=3, qk
 DECODE = [("default", {}), ("keys 16", dict(keys_per_split=16)), ("keys 64", dict(keys_per_split=64)),
           ("keys 128", dict(keys_per_split=128)), ("keys 1025", dict(keys_per_split=1025))]
 PREFILL = [("default", {}), ("rows 1", dict(rows_per_tile=1)), ("rows 2", dict(rows_per_tile=2)),
-           ("rows 4", dict(rows_per_tile=4)), ("rows 8 keys 256", dict(rows_per_tile=8, keys_per_split=256))]
+           ("rows 8", dict(rows_per_tile=8)), ("rows 4 keys 256", dict(rows_per_tile=4, keys_per_split=256))]
 
 
 class Bench:

@@ -38,10 +38,13 @@ TILE_RECORD_BYTES = 8
 #: (its LP_MAX_TGSI_LOOP_ITERATIONS), silently; the key loop is paged_attention.wgsl's only loop, so a key range
 #: is cut below that.
 MAX_KEYS_PER_SPLIT = 65535 - 1
-#: Query rows (tokens x query heads of one KV head) an invocation serves at most: more rows share each K/V load
-#: but hold more registers; and tokens per tile at most: llvmpipe took 137 s to compile the kernel of 24 one-head
-#: rows of head_dim 128 (0.7 s for 6 tokens x 4 heads, 0.17 s for 8 x 3 of head_dim 64).
-ROW_HEADS = 24
+#: Query rows (tokens x query heads of one KV head) an invocation serves by default, and at most: more rows share
+#: each K/V load but take longer to compile. For 9/3 heads of head_dim 64 on lavapipe, a 1024-token prefill chunk
+#: took 304 ms a layer with 12 rows (4 tokens) and 215 ms with 24 (8 tokens), whose kernel took 7 s and 40 s to
+#: compile the first time on a machine (Mesa keeps compiled kernels on disk).
+ROW_HEADS = 12
+MAX_ROW_HEADS = 24
+#: Tokens per tile at most.
 MAX_ROWS_PER_TILE = 8
 #: Key ranges are split until a dispatch has this many invocations (a decode step has one tile per sequence).
 MIN_INVOCATIONS = 96
@@ -60,10 +63,10 @@ class PagedAttention:
 
     The dispatches of a forward read a per-token table and the sequences' page tables that are uploaded when
     the first of them is built after ``begin_forward``; submit them before the next ``begin_forward``.
-    ``rows_per_tile`` and ``keys_per_split`` (the longest key range of an invocation) override the defaults
-    derived from :data:`ROW_HEADS` and :data:`MIN_INVOCATIONS`; results agree within float32 rounding whatever
-    they are. A forward of one token per sequence (a decode step) uses one-row tiles (each tile size is a kernel
-    of its own, compiled at its first use).
+    ``rows_per_tile`` (tokens per tile) and ``keys_per_split`` (the longest key range of an invocation) override
+    the defaults derived from :data:`ROW_HEADS` (up to :data:`MAX_ROW_HEADS`) and :data:`MIN_INVOCATIONS`;
+    results agree within float32 rounding whatever they are. A forward of one token per sequence (a decode
+    step) uses one-row tiles; each tile size is a kernel of its own, compiled at its first use.
     """
 
     def __init__(self, cache: PagedKVCache, *, rows_per_tile: int | None = None,
@@ -81,11 +84,12 @@ class PagedAttention:
             raise FieldError("layout.rope_mode", "'normal' or 'none' (the K/V write applies RoPE itself)",
                              lay.rope_mode)
         group = lay.num_qo_heads // lay.num_kv_heads
-        most_rows = max(1, min(MAX_ROWS_PER_TILE, ROW_HEADS // group))
-        rows = most_rows if rows_per_tile is None else rows_per_tile
+        most_rows = max(1, min(MAX_ROWS_PER_TILE, MAX_ROW_HEADS // group))
+        rows = max(1, min(MAX_ROWS_PER_TILE, ROW_HEADS // group)) if rows_per_tile is None else rows_per_tile
         if isinstance(rows, bool) or not isinstance(rows, int) or not 1 <= rows <= most_rows:
-            raise FieldError("rows_per_tile", f"1..{most_rows} (at most {MAX_ROWS_PER_TILE} tokens and {ROW_HEADS} "
-                                              f"rows of {group} query heads per KV head)", rows_per_tile)
+            raise FieldError("rows_per_tile", f"1..{most_rows} (at most {MAX_ROWS_PER_TILE} tokens and "
+                                              f"{MAX_ROW_HEADS} rows of {group} query heads per KV head)",
+                             rows_per_tile)
         if keys_per_split is not None and (isinstance(keys_per_split, bool) or not isinstance(keys_per_split, int)
                                            or not 1 <= keys_per_split <= MAX_KEYS_PER_SPLIT):
             raise FieldError("keys_per_split", f"1..{MAX_KEYS_PER_SPLIT}", keys_per_split)

@@ -14,7 +14,8 @@
 //   3  storage, read        tokens      per token: vec4(position in its sequence, cache slot, offset of its
 //                                       sequence's page table in page_table, unused)
 //   4  storage, read        page_table  u32: the page tables of the forward's sequences, back to back
-//   5  storage, read        tiles       per tile: vec2(first token, rows): up to ROWS consecutive tokens of one sequence
+//   5  storage, read        tiles       per tile: vec2(first token, rows): up to ROWS consecutive tokens of one
+//                                       sequence
 //   6  storage, read_write  partial     per (token, query head, split) a record of QUADS + 1 vec4: the unnormalised
 //                                       weighted sum of V, then vec4(running maximum, sum of weights, 0, 0)
 //
@@ -73,7 +74,8 @@ fn attend(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups
   // Row n of the invocation: token tile.x + n / GROUP (rows past the tile's end repeat its last one, unwritten),
   // query head kv_head * GROUP + n % GROUP. Its Q (scaled) and V sum are WORDS pairs of vec4, the lo and hi halves
   // of the WORDS vec4<u32> words of a K/V row.
-  let q_at{n} = ((tile.x + min({n}u / GROUP, tile.y - 1u)) * heads + kv_head * GROUP + {n}u % GROUP) * QUADS;  // each n < N
+  let q_token{n} = tile.x + min({n}u / GROUP, tile.y - 1u);  // each n < N
+  let q_at{n} = (q_token{n} * heads + kv_head * GROUP + {n}u % GROUP) * QUADS;  // each n < N
   let q{n}_{w}_lo = qkv[q_at{n} + 2u * {w}u] * params.scale;  // each n < N, w < WORDS
   let q{n}_{w}_hi = qkv[q_at{n} + 2u * {w}u + 1u] * params.scale;  // each n < N, w < WORDS
   var acc{n}_{w}_lo = vec4<f32>(0.0);  // each n < N, w < WORDS
@@ -103,7 +105,9 @@ fn attend(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups
     acc{n}_{w}_hi = acc{n}_{w}_hi * rescale{n} + weight{n} * v{w}_hi;  // each n < N, w < WORDS
   }
   let written{n} = {n}u / GROUP < tile.y && key_begin <= first.x + {n}u / GROUP;  // each n < N
-  let at{n} = (((tile.x + {n}u / GROUP) * params.num_qo_heads + kv_head * GROUP + {n}u % GROUP) * params.num_splits + split) * (QUADS + 1u);  // each n < N
-  if (written{n}) { partial[at{n} + 2u * {w}u] = acc{n}_{w}_lo; partial[at{n} + 2u * {w}u + 1u] = acc{n}_{w}_hi; }  // each n < N, w < WORDS
+  let out_row{n} = (tile.x + {n}u / GROUP) * params.num_qo_heads + kv_head * GROUP + {n}u % GROUP;  // each n < N
+  let at{n} = (out_row{n} * params.num_splits + split) * (QUADS + 1u);  // each n < N
+  if (written{n}) { partial[at{n} + 2u * {w}u] = acc{n}_{w}_lo; }  // each n < N, w < WORDS
+  if (written{n}) { partial[at{n} + 2u * {w}u + 1u] = acc{n}_{w}_hi; }  // each n < N, w < WORDS
   if (written{n}) { partial[at{n} + QUADS] = vec4<f32>(running_max{n}, total{n}, 0.0, 0.0); }  // each n < N
 }

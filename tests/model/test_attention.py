@@ -160,7 +160,7 @@ def test_chunked_prefill_across_pages_then_decode_matches_float64(harness, page_
         h.check({0: chunk})
 
 
-@pytest.mark.parametrize("rows_per_tile,keys_per_split", [(1, 1), (1, 5), (4, 7), (2, 16)])
+@pytest.mark.parametrize("rows_per_tile,keys_per_split", [(1, 1), (1, 5), (4, 7), (2, 16), (8, 64)])
 def test_tiles_and_key_splits_of_any_size_match_float64(harness, rows_per_tile, keys_per_split):
     h = harness(page_size=4, rows_per_tile=rows_per_tile, keys_per_split=keys_per_split)
     for seq in (0, 1):
