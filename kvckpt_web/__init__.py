@@ -3,8 +3,8 @@
 from .durable.persist import gc, list_generations, list_names, restore, save, verify
 from .durable.tvm_export import read_tvm_export, write_tvm_export
 from .errors import (CapacityError, CheckpointStateError, CorruptionError, DeviceError, FieldError, FormatError,
-                     KVCkptError, LayoutHashMismatch, MetadataError, NotFoundError, SequenceError, StoreError,
-                     TensorError, UnsupportedLayoutError)
+                     KVCkptError, LayoutHashMismatch, MetadataError, ModelUnavailableError, NotFoundError,
+                     SequenceError, StoreError, TensorError, UnsupportedLayoutError)
 from .gpu.device import Device
 from .gpu.open import open_device, open_device_async
 from .gpu.tensors import DeviceArray, HostTensor
@@ -17,9 +17,9 @@ from .tvm.layout import CacheLimits, KVLayout
 __all__ = [
     "CacheLimits", "CapacityError", "CheckpointStateError", "CorruptionError", "Device", "DeviceArray",
     "DeviceError", "FieldError", "FileStore", "FormatError", "HostTensor", "IndexedDBStore", "KVCkptError",
-    "KVLayout", "LayoutHashMismatch", "MemoryStore", "MetadataError", "NotFoundError", "OPFSStore", "PageGroups",
-    "PagedKVCache", "SequenceError", "StoreError", "TensorError", "UnsupportedLayoutError", "gc",
-    "list_generations", "list_names", "open_device", "open_device_async", "read_tvm_export", "restore", "save",
-    "verify", "write_tvm_export",
+    "KVLayout", "LayoutHashMismatch", "MemoryStore", "MetadataError", "ModelUnavailableError", "NotFoundError",
+    "OPFSStore", "PageGroups", "PagedKVCache", "SequenceError", "StoreError", "TensorError",
+    "UnsupportedLayoutError", "gc", "list_generations", "list_names", "open_device", "open_device_async",
+    "read_tvm_export", "restore", "save", "verify", "write_tvm_export",
 ]
 __version__ = "0.1.0"

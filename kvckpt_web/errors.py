@@ -87,3 +87,7 @@ class StoreError(KVCkptError):
 
 class NotFoundError(KVCkptError):
     """A store holds no checkpoint of the requested name or generation."""
+
+
+class ModelUnavailableError(KVCkptError):
+    """A model cannot be loaded or run in this build or installation."""

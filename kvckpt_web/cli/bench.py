@@ -27,6 +27,7 @@ from ..kv.cache import PagedKVCache
 from ..stores.store import FileStore
 from ..tvm.layout import CacheLimits, KVLayout
 from .soak import run_soak
+from .bench_generate import bench_generate
 
 EXPORT_LAYOUT = KVLayout(page_size=16, num_layers=16, num_qo_heads=32, num_kv_heads=8, qk_head_dim=128,
                          dtype="float16")
@@ -473,7 +474,7 @@ async def bench_soak(device: Device | None = None, repeats: int = 0, paths: tupl
     return []
 
 
-BENCHES = {"export": bench_export, "save": bench_save, "soak": bench_soak}
+BENCHES = {"export": bench_export, "save": bench_save, "soak": bench_soak, "generate": bench_generate}
 
 
 def run(names: list[str], repeats: int, paths: tuple[str, ...], echo: Callable[[str], None] = print, *,

@@ -1,4 +1,4 @@
-"""The ``kvckpt`` command line: demo, inspect, verify, convert, gc, bench."""
+"""The ``kvckpt`` command line: demo, generate, inspect, verify, convert, gc, bench."""
 
 from __future__ import annotations
 
@@ -10,10 +10,11 @@ from pathlib import Path
 from typing import Any
 
 from ..durable.tvm_export import read_tvm_export
-from ..errors import KVCkptError
+from ..errors import KVCkptError, ModelUnavailableError
+from ..model.demo import WorkerConfig, run_generation_demo
 from ..tvm.metadata import layout_from_metadata, limits_from_metadata, validate_import
 from ..web.serve import DEFAULT_PYODIDE, DEFAULT_WHEELS, make_server
-from . import bench, store_commands
+from . import bench, generate, store_commands
 from .demo import run_demo, worker_main
 
 
@@ -57,7 +58,17 @@ def cmd_inspect(args: argparse.Namespace) -> int | None:
 
 
 def cmd_demo(args: argparse.Namespace) -> None:
-    run_demo(store_commands.check_at_least("--tokens", args.tokens, 1), args.seed, Path(args.dir) if args.dir else None)
+    directory = Path(args.dir) if args.dir else None
+    if args.kv_only:
+        return run_demo(store_commands.check_at_least("--tokens", args.tokens, 1), args.seed, directory)
+    config = WorkerConfig()
+    config = WorkerConfig(sampler={**config.sampler, "seed": args.seed},
+                          max_tokens=store_commands.check_at_least("--max-tokens", args.max_tokens, 1))
+    try:
+        run_generation_demo(config, kill_after=store_commands.check_at_least("--kill-after", args.kill_after, 1),
+                            directory=directory)
+    except ModelUnavailableError as exc:
+        raise ModelUnavailableError(f"{exc} (kvckpt demo --kv-only runs the K/V-level demo)") from None
 
 
 def cmd_bench(args: argparse.Namespace) -> None:
@@ -90,11 +101,18 @@ def build_parser() -> argparse.ArgumentParser:
                                      "on WebGPU.")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
-    p = sub.add_parser("demo", help="fill a SmolLM2-layout cache in a worker, export, SIGKILL it, restore and verify")
-    p.add_argument("--tokens", type=int, default=3000, help="tokens to fill (default 3000)")
-    p.add_argument("--seed", type=int, default=0, help="seed of the K/V values (default 0)")
-    p.add_argument("--dir", help="where to write the TVM export directory (default: a temporary directory); an "
-                   "existing one must be empty or an earlier demo's export")
+    p = sub.add_parser("demo", help="generate a SmolLM2 reply with autosave in a worker, SIGKILL it mid-reply, resume "
+                       "in a fresh process and compare with an uninterrupted run (--kv-only: fill a SmolLM2-layout "
+                       "cache with seeded K/V, export, SIGKILL, restore and verify)")
+    p.add_argument("--kv-only", action="store_true", help="the K/V-level demo, without a model")
+    p.add_argument("--seed", type=int, default=0, help="seed of the sampler, or with --kv-only of the K/V (default 0)")
+    p.add_argument("--max-tokens", type=int, default=64, help="reply tokens to generate (default 64)")
+    p.add_argument("--kill-after", type=int, default=16, help="SIGKILL the worker once a checkpoint holds this many "
+                   "reply tokens (default 16)")
+    p.add_argument("--tokens", type=int, default=3000, help="with --kv-only: tokens to fill (default 3000)")
+    p.add_argument("--dir", help="where to write the checkpoint store, or with --kv-only the TVM export directory "
+                   "(default: a temporary directory; an existing export directory must be empty or an earlier "
+                   "demo's export)")
     p.set_defaults(func=cmd_demo)
 
     p = sub.add_parser("inspect", help="summarise and validate a TVM export directory or a checkpoint store "
@@ -117,8 +135,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=store_commands.cmd_convert)
 
     p = sub.add_parser("bench", help="throughput vs raw transfers of the same bytes, measured in the same run")
-    p.add_argument("names", nargs="*", default=["export"], choices=["export", "save", "soak"],
-                   help="benchmarks to run (soak: kill -9 trials of processes that are saving)")
+    p.add_argument("names", nargs="*", default=["export"], choices=["export", "save", "soak", "generate"],
+                   help="benchmarks to run (soak: kill -9 trials of processes that are saving; generate: the "
+                        "embedded model's prefill, decode, and resume vs re-prefill)")
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--trials", type=int, default=200, help="trials of the soak benchmark (default 200)")
     p.add_argument("--path", choices=["auto", "kernel", "copy", "mapped", "all"], default="all",
@@ -127,6 +146,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_bench)
 
     store_commands.add_parsers(sub)
+    generate.add_parsers(sub)
 
     p = sub.add_parser("serve", help="serve the browser runtime (page, kvckpt.mjs, pinned Pyodide, wheels) offline "
                        "on 127.0.0.1")

@@ -21,11 +21,13 @@ import asyncio
 from typing import Any
 
 from ..errors import DeviceError
-from .device import (Buffer, Clear, Command, Copy, CopyRuns, Device, DeviceInfo, Usage, done, grid, map_window,
-                     uniform_params)
+from .device import (Buffer, Clear, Command, Copy, CopyRuns, Device, DeviceInfo, Dispatch, Texture, Usage, done, map_window,
+                     uniform_params, workgroup_counts)
 
 _MAP_READ = 1  # GPUMapMode.READ
 _MAP_WRITE = 2  # GPUMapMode.WRITE
+_TEXTURE_COPY_DST = 0x02  # GPUTextureUsage.COPY_DST
+_TEXTURE_BINDING = 0x04  # GPUTextureUsage.TEXTURE_BINDING
 
 
 def _ffi() -> tuple[Any, Any, Any]:
@@ -70,6 +72,7 @@ class BrowserDevice(Device):
             max_buffer_size=int(limits.maxBufferSize),
             max_workgroups_per_dim=int(limits.maxComputeWorkgroupsPerDimension),
             storage_offset_alignment=int(limits.minStorageBufferOffsetAlignment),
+            max_texture_dim=int(limits.maxTextureDimension2D),
         )
         from pyodide.ffi import create_proxy  # type: ignore[import-not-found]
 
@@ -123,7 +126,22 @@ class BrowserDevice(Device):
         except JsException as exc:
             raise DeviceError(f"buffer {label!r} of {size} bytes: {exc}") from None
 
-    def destroy(self, buffer: Buffer) -> None:
+    def _create_texture(self, width: int, height: int, texel_format: str, label: str) -> tuple[Any, Any]:
+        _, _, JsException = _ffi()
+        try:
+            texture = self._device.createTexture(_obj({"size": [width, height, 1], "format": texel_format,
+                                                       "usage": _TEXTURE_BINDING | _TEXTURE_COPY_DST, "label": label}))
+        except JsException as exc:
+            raise DeviceError(f"texture {label!r} of {width} x {height}: {exc}") from None
+        return texture, texture.createView()
+
+    def _write_texture(self, texture: Texture, data: bytes | bytearray | memoryview) -> None:
+        self._queue.writeTexture(_obj({"texture": texture.native}), self._u8(data),
+                                 _obj({"bytesPerRow": texture.width * texture.channels * 4,
+                                       "rowsPerImage": texture.height}), _obj([texture.width, texture.height, 1]))
+
+    def destroy(self, buffer: Buffer | Texture) -> None:
+        self.forget_bind_groups(buffer)
         buffer.native.destroy()
 
     def _u8(self, data: bytes | bytearray | memoryview) -> Any:
@@ -141,6 +159,7 @@ class BrowserDevice(Device):
         if self._params is None or self._params_size < size:
             if self._params is not None:
                 self._params.destroy()
+                self.forget_bind_groups()
             self._params_size = max(size, 4096)
             self._params = self._device.createBuffer(_obj({"size": self._params_size, "usage": int(
                 Usage.UNIFORM | Usage.COPY_DST), "label": "kvckpt.params"}))
@@ -157,7 +176,11 @@ class BrowserDevice(Device):
         slots = iter(offsets)
         encoder = self._device.createCommandEncoder()
         copy = encoder.copyBufferToBuffer
+        compute = None  # the open compute pass, shared by consecutive dispatches
         for command in commands:
+            if compute is not None and not isinstance(command, Dispatch):
+                compute.end()
+                compute = None
             if isinstance(command, Copy):
                 copy(command.src.native, command.src_offset, command.dst.native, command.dst_offset, command.size)
             elif isinstance(command, CopyRuns):
@@ -168,16 +191,18 @@ class BrowserDevice(Device):
                 encoder.clearBuffer(command.buffer.native, command.offset, command.size)
             else:
                 pipeline = command.kernel.native
-                entries = self.bind_entries(params, next(slots), command)
-                bind_group = self._device.createBindGroup(
-                    _obj({"layout": pipeline.getBindGroupLayout(0), "entries": entries}))
-                x, y = grid(command.invocations, self.info.max_workgroups_per_dim)
-                compute = encoder.beginComputePass()
+                bind_group = self.bind_group(params, next(slots), command)
+                if compute is None:
+                    compute = encoder.beginComputePass()
                 compute.setPipeline(pipeline)
                 compute.setBindGroup(0, bind_group)
-                compute.dispatchWorkgroups(x, y, 1)
-                compute.end()
+                compute.dispatchWorkgroups(*workgroup_counts(command, self.info.max_workgroups_per_dim))
+        if compute is not None:
+            compute.end()
         return encoder.finish()
+
+    def _create_bind_group(self, pipeline: Any, entries: list[dict[str, Any]]) -> Any:
+        return self._device.createBindGroup(_obj({"layout": pipeline.getBindGroupLayout(0), "entries": entries}))
 
     def commit(self, encoded: Any) -> None:
         self._queue.submit(self._js.Array.of(encoded))

@@ -47,6 +47,32 @@ class Buffer:
     label: str = ""
 
 
+@dataclass(eq=False)
+class Texture:
+    """A 2-D texture of ``width`` x ``height`` texels, each ``channels`` (1 or 4) 32-bit unsigned integers,
+    that kernels read with ``textureLoad`` (``texture_2d<u32>``); ``view`` is the native view they bind.
+
+    Kernels on a CPU adapter fetch texels with vector gathers where storage buffer loads go lane by lane
+    (lavapipe: the model's Q4 matrix-vector products ran 4x faster from textures than from storage buffers).
+    """
+
+    width: int
+    height: int
+    channels: int
+    native: Any = field(repr=False)
+    view: Any = field(repr=False)
+    label: str = ""
+
+    @property
+    def size(self) -> int:
+        """Bytes of texel data."""
+        return self.width * self.height * self.channels * 4
+
+
+TEXEL_FORMATS = {1: "r32uint", 4: "rgba32uint"}
+"""WebGPU texture format of a texture with 1 or 4 channels."""
+
+
 @dataclass(frozen=True)
 class Copy:
     """Copy ``size`` bytes from ``src`` at ``src_offset`` to ``dst`` at ``dst_offset``."""
@@ -88,13 +114,22 @@ class Region:
 
 @dataclass(frozen=True)
 class Dispatch:
-    """Run ``kernel`` over ``invocations`` threads with uniform ``params`` (binding 0) and storage ``buffers``
-    (bindings 1..n: whole buffers or regions)."""
+    """Run ``kernel`` with uniform ``params`` (binding 0) and ``buffers`` (bindings 1..n: whole buffers or
+    regions, bound as the shader declares them, storage or uniform; or textures) over either ``invocations``
+    threads (workgroups of :data:`WORKGROUP_SIZE` on a 2-D grid that the shader linearises) or exactly
+    ``workgroups`` = (x, y, z) workgroups of the shader's own size.
+
+    Consecutive dispatches of one submit share one compute pass (WebGPU orders their storage accesses).
+    With ``keep_bindings`` the device keeps the bind group for the next dispatch of the same kernel,
+    parameter slot and bindings (see :meth:`Device.bind_group`): for bindings that live long, as weights do.
+    """
 
     kernel: "Kernel"
     params: bytes
-    buffers: tuple[Buffer | Region, ...]
-    invocations: int
+    buffers: tuple[Buffer | Region | Texture, ...]
+    invocations: int = 0
+    workgroups: tuple[int, int, int] | None = None
+    keep_bindings: bool = False
 
 
 Command = Copy | CopyRuns | Clear | Dispatch
@@ -121,6 +156,8 @@ class DeviceInfo:
     max_workgroups_per_dim: int
     #: minStorageBufferOffsetAlignment: where a storage binding may start.
     storage_offset_alignment: int = 256
+    #: maxTextureDimension2D: texels along either side of a texture.
+    max_texture_dim: int = 8192
     #: Storage buffers may also be mappable, and mapping one costs no copy (a CPU adapter whose
     #: backend allows mapping any buffer): see :meth:`Device.copy_from_buffer`.
     maps_storage: bool = False
@@ -154,6 +191,16 @@ def done(value: Any) -> "asyncio.Future[Any]":
     return future
 
 
+def workgroup_counts(dispatch: Dispatch, max_per_dim: int) -> tuple[int, int, int]:
+    """The (x, y, z) workgroup counts to dispatch for ``dispatch``; DeviceError past ``max_per_dim``."""
+    if dispatch.workgroups is None:
+        return (*grid(dispatch.invocations, max_per_dim), 1)
+    if any(not 0 < n <= max_per_dim for n in dispatch.workgroups):
+        raise DeviceError(f"dispatch {dispatch.kernel.name}: expected 1..{max_per_dim} workgroups per dimension, "
+                          f"got {dispatch.workgroups}")
+    return dispatch.workgroups
+
+
 def grid(invocations: int, max_per_dim: int) -> tuple[int, int]:
     """Workgroup counts (x, y) covering ``invocations`` threads; shaders linearise ``x + y * num_workgroups.x``."""
     groups = max(1, -(-invocations // WORKGROUP_SIZE))
@@ -172,6 +219,7 @@ class Device(ABC):
 
     def __init__(self) -> None:
         self._kernels: dict[tuple[str, str], Kernel] = {}
+        self._bind_groups: dict[tuple[Any, ...], Any] = {}
         #: Per-device memo of measured choices (e.g. the faster page-transfer path).
         self.choices: dict[str, Any] = {}
 
@@ -200,6 +248,9 @@ class Device(ABC):
         entries = [{"binding": 0, "resource": {"buffer": params, "offset": params_offset,
                                                "size": len(dispatch.params)}}]
         for i, target in enumerate(dispatch.buffers):
+            if isinstance(target, Texture):
+                entries.append({"binding": i + 1, "resource": target.view})
+                continue
             region = target if isinstance(target, Region) else Region(target, 0, target.size)
             self.check_binding_size(region.size, region.buffer.label)
             if region.offset % self.info.storage_offset_alignment:
@@ -209,11 +260,64 @@ class Device(ABC):
                                                            "size": region.size}})
         return entries
 
+    def bind_group(self, params: Any, params_offset: int, dispatch: Dispatch) -> Any:
+        """The native bind group of ``dispatch`` with its parameters at ``params_offset`` of the native buffer
+        ``params``. With ``dispatch.keep_bindings`` it is made once per (kernel, parameter slot, bindings) and
+        kept until :meth:`forget_bind_groups` (which :meth:`destroy` calls): a decode step binds the same
+        weights and activations every time, and making a group costs ~0.1 ms. A kept group holds its buffers."""
+        if not dispatch.keep_bindings:
+            return self._create_bind_group(dispatch.kernel.native, self.bind_entries(params, params_offset, dispatch))
+        key = (dispatch.kernel, params_offset, len(dispatch.params), dispatch.buffers)
+        group = self._bind_groups.get(key)
+        if group is None:
+            group = self._bind_groups[key] = self._create_bind_group(
+                dispatch.kernel.native, self.bind_entries(params, params_offset, dispatch))
+        return group
+
+    def forget_bind_groups(self, resource: "Buffer | Texture | None" = None) -> None:
+        """Drop the cached bind groups that bind ``resource`` (all of them when None: the parameters buffer
+        was replaced)."""
+        if resource is None:
+            self._bind_groups.clear()
+            return
+        self._bind_groups = {key: group for key, group in self._bind_groups.items()
+                             if not any(b is resource or getattr(b, "buffer", None) is resource for b in key[3])}
+
     def create_buffer(self, size: int, usage: Usage, label: str = "") -> Buffer:
         """A zero-filled buffer of ``size`` bytes (rounded up to 4)."""
         size = max(COPY_ALIGN, -(-size // COPY_ALIGN) * COPY_ALIGN)
         self.check_buffer_size(size, label)
         return Buffer(size=size, usage=usage, native=self._create_buffer(size, usage, label), label=label)
+
+    def create_texture(self, width: int, height: int, channels: int, label: str = "") -> Texture:
+        """A zero-filled texture that kernels read (see :class:`Texture`); DeviceError past the adapter's limit."""
+        if channels not in TEXEL_FORMATS:
+            raise DeviceError(f"texture {label!r} channels: expected one of {sorted(TEXEL_FORMATS)}, got {channels}")
+        if not (0 < width <= self.info.max_texture_dim and 0 < height <= self.info.max_texture_dim):
+            raise DeviceError(f"texture {label!r}: expected 1..{self.info.max_texture_dim} texels a side "
+                              f"(adapter maxTextureDimension2D), got {width} x {height}")
+        native, view = self._create_texture(width, height, TEXEL_FORMATS[channels], label)
+        return Texture(width, height, channels, native, view, label)
+
+    def write_texture(self, texture: Texture, data: bytes | bytearray | memoryview) -> None:
+        """Queue a write of every texel of ``texture``: ``data`` holds its rows back to back (ordered before later
+        submits)."""
+        size = len(memoryview(data).cast("B"))
+        if size != texture.size:
+            raise DeviceError(f"texture {texture.label!r} data: expected {texture.size} bytes, got {size}")
+        self._write_texture(texture, data)
+
+    @abstractmethod
+    def _create_texture(self, width: int, height: int, texel_format: str, label: str) -> tuple[Any, Any]:
+        """Create the native texture (TEXTURE_BINDING | COPY_DST) and its view."""
+
+    @abstractmethod
+    def _write_texture(self, texture: Texture, data: bytes | bytearray | memoryview) -> None:
+        """Queue the write :meth:`write_texture` checked."""
+
+    @abstractmethod
+    def _create_bind_group(self, pipeline: Any, entries: list[dict[str, Any]]) -> Any:
+        """Create the native bind group of group 0 of ``pipeline``."""
 
     @abstractmethod
     def _compile(self, source: str, entry: str) -> Any:
@@ -224,8 +328,8 @@ class Device(ABC):
         """Create the native buffer."""
 
     @abstractmethod
-    def destroy(self, buffer: Buffer) -> None:
-        """Release ``buffer`` now."""
+    def destroy(self, buffer: Buffer | Texture) -> None:
+        """Release ``buffer`` (or a texture) now."""
 
     @abstractmethod
     def write(self, buffer: Buffer, offset: int, data: bytes | bytearray | memoryview) -> None:

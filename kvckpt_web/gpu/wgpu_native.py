@@ -11,8 +11,8 @@ from typing import Any, Callable
 import numpy
 
 from ..errors import DeviceError
-from .device import (Buffer, Clear, Command, Copy, CopyRuns, Device, DeviceInfo, Usage, done, grid, map_window,
-                     uniform_params)
+from .device import (Buffer, Clear, Command, Copy, CopyRuns, Device, DeviceInfo, Dispatch, Texture, Usage, done, map_window,
+                     uniform_params, workgroup_counts)
 
 
 def _quiet_runtime_dir() -> None:
@@ -22,6 +22,9 @@ def _quiet_runtime_dir() -> None:
         os.makedirs(path, mode=0o700, exist_ok=True)
         os.environ["XDG_RUNTIME_DIR"] = path
 
+
+TEXTURE_COPY_DST = 0x02  # GPUTextureUsage.COPY_DST
+TEXTURE_BINDING = 0x04  # GPUTextureUsage.TEXTURE_BINDING
 
 MAPPABLE_STORAGE = "mappable-primary-buffers"
 """wgpu-native's feature that lets any buffer be mappable; requested on CPU adapters only (see :meth:`WgpuDevice.open`)."""
@@ -84,6 +87,7 @@ class WgpuDevice(Device):
         self._premapped: dict[Any, Any] = {}  # upload staging buffer -> its pending WRITE map
         self._unmapped: list[Buffer] = []  # upload staging the last submit read: mapped again at the next one
         self._unsubmitted_writes = False  # queue writes made since the last submit
+        self._params: Any = None  # the kernel parameters' uniform buffer (see _params_buffer)
         self._helper = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="kvckpt-wgpu-map")
         limits = device.limits
         adapter_info = adapter.info
@@ -96,6 +100,7 @@ class WgpuDevice(Device):
             max_buffer_size=int(limits["max-buffer-size"]),
             max_workgroups_per_dim=int(limits["max-compute-workgroups-per-dimension"]),
             storage_offset_alignment=int(limits["min-storage-buffer-offset-alignment"]),
+            max_texture_dim=int(limits["max-texture-dimension-2d"]),
             maps_storage=MAPPABLE_STORAGE in device.features,
         )
 
@@ -138,7 +143,22 @@ class WgpuDevice(Device):
     def _create_buffer(self, size: int, usage: Usage, label: str) -> Any:
         return self._device.create_buffer(size=size, usage=int(usage), label=label)
 
-    def destroy(self, buffer: Buffer) -> None:
+    def _create_texture(self, width: int, height: int, texel_format: str, label: str) -> tuple[Any, Any]:
+        texture = self._device.create_texture(size=(width, height, 1), format=texel_format, label=label,
+                                              usage=TEXTURE_BINDING | TEXTURE_COPY_DST)
+        return texture, texture.create_view()
+
+    def _write_texture(self, texture: Texture, data: bytes | bytearray | memoryview) -> None:
+        self._device.queue.write_texture({"texture": texture.native}, data,
+                                         {"bytes_per_row": texture.width * texture.channels * 4,
+                                          "rows_per_image": texture.height}, (texture.width, texture.height, 1))
+        self._unsubmitted_writes = True
+
+    def destroy(self, buffer: Buffer | Texture) -> None:
+        self.forget_bind_groups(buffer)
+        if isinstance(buffer, Texture):
+            buffer.native.destroy()
+            return
         self._unmapped = [b for b in self._unmapped if b is not buffer]
         premapped = self._premapped.pop(buffer.native, None)
         if premapped is not None:  # let the map finish: wgpu-py reports an aborted one from its callback
@@ -155,12 +175,16 @@ class WgpuDevice(Device):
 
     def encode(self, commands: list[Command]) -> tuple[Any, list[Buffer]]:
         blob, offsets = uniform_params(commands)
-        params = self._device.create_buffer_with_data(data=blob, usage=int(Usage.UNIFORM)) if blob else None
+        params = self._params_buffer(blob) if blob else None
         slots = iter(offsets)
         encoder = self._device.create_command_encoder()
         staged: list[Buffer] = []
         copy = encoder.copy_buffer_to_buffer
+        compute = None  # the open compute pass, shared by consecutive dispatches
         for command in commands:
+            if compute is not None and not isinstance(command, Dispatch):
+                compute.end()
+                compute = None
             if isinstance(command, (Copy, CopyRuns)):
                 src, dst = command.src.native, command.dst.native
                 if isinstance(command, Copy):
@@ -174,15 +198,31 @@ class WgpuDevice(Device):
                 encoder.clear_buffer(command.buffer.native, command.offset, command.size)
             else:
                 pipeline = command.kernel.native
-                entries = self.bind_entries(params, next(slots), command)
-                bind_group = self._device.create_bind_group(layout=pipeline.get_bind_group_layout(0), entries=entries)
-                x, y = grid(command.invocations, self.info.max_workgroups_per_dim)
-                compute = encoder.begin_compute_pass()
+                bind_group = self.bind_group(params, next(slots), command)
+                if compute is None:
+                    compute = encoder.begin_compute_pass()
                 compute.set_pipeline(pipeline)
                 compute.set_bind_group(0, bind_group)
-                compute.dispatch_workgroups(x, y, 1)
-                compute.end()
+                compute.dispatch_workgroups(*workgroup_counts(command, self.info.max_workgroups_per_dim))
+        if compute is not None:
+            compute.end()
         return encoder.finish(), staged
+
+    def _params_buffer(self, blob: bytes) -> Any:
+        """The one uniform buffer of kernel parameters (grown as needed), ``blob`` queued into it: written at
+        encoding, it serves the next commit (so bind groups that bind it can be kept)."""
+        if self._params is None or self._params.size < len(blob):
+            if self._params is not None:
+                self._params.destroy()
+                self.forget_bind_groups()
+            self._params = self._device.create_buffer(size=max(len(blob), 4096), label="kvckpt.params",
+                                                      usage=int(Usage.UNIFORM | Usage.COPY_DST))
+        self._device.queue.write_buffer(self._params, 0, blob)
+        self._unsubmitted_writes = True
+        return self._params
+
+    def _create_bind_group(self, pipeline: Any, entries: list[dict[str, Any]]) -> Any:
+        return self._device.create_bind_group(layout=pipeline.get_bind_group_layout(0), entries=entries)
 
     def commit(self, encoded: tuple[Any, list[Buffer]]) -> None:
         command_buffer, staged = encoded

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import functools
+import struct
 from importlib import resources
 from pathlib import Path
 
@@ -20,3 +21,8 @@ def source(area: str, name: str) -> str:
     if in_tree.is_file():
         return in_tree.read_text(encoding="utf-8")
     raise DeviceError(f"shader {area}/{name}.wgsl: expected in the kvckpt_web package or ./shaders, got neither")
+
+
+def pack_params(*values: int) -> bytes:
+    """Kernel parameters: u32 values, little-endian, in order (a kernel's ``Params`` struct of u32 fields)."""
+    return struct.pack(f"<{len(values)}I", *values)

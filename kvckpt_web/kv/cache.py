@@ -3,7 +3,8 @@
 One storage buffer per layer holds ``[num_total_pages, 2, num_kv_heads, page_size,
 head_dim]`` elements. Sequences own lists of pages (``pool``); a forward pass
 reserves token slots (``begin_forward``), the caller appends each layer's K and V
-(``append_kv``, a WGSL kernel) and ends it (``end_forward``). The checkpoint
+(``append_kv``, a WGSL kernel) and ends it (``end_forward``); model kernels that write K/V
+themselves find the reserved slots in ``current_forward`` and the pages in ``page_table``. The checkpoint
 primitives come from :class:`~kvckpt_web.kv.checkpoint.CheckpointMixin`.
 """
 
@@ -25,10 +26,23 @@ from .transfer import TRANSFERS, PageMover, known_path, measure_path
 
 
 @dataclass(frozen=True)
-class _Forward:
+class ForwardPass:
+    """The forward pass in progress (see :meth:`PagedKVCache.current_forward`).
+
+    Its tokens are those of ``seq_ids[0]`` (``lengths[0]`` of them), then those of ``seq_ids[1]``, and so on;
+    for each token, ``positions`` holds its index in its sequence and ``slots`` where its K/V go in every
+    layer: ``page_id * page_size + slot in page``.
+    """
+
     seq_ids: tuple[int, ...]
     lengths: tuple[int, ...]
-    num_tokens: int
+    positions: tuple[int, ...]
+    slots: tuple[int, ...]
+
+    @property
+    def num_tokens(self) -> int:
+        """Tokens appended by this forward, over all its sequences."""
+        return len(self.slots)
 
 
 class MappedPages:
@@ -71,7 +85,7 @@ class PagedKVCache(CheckpointMixin):
         self.layers = self._allocate_layers()
         self.seqs = SequenceTable(self.num_total_pages, layout.page_size)
         self.mover = PageMover(device, layout)
-        self._forward: _Forward | None = None
+        self._forward: ForwardPass | None = None
         self._buffers: dict[str, Buffer] = {}
         self._mapped_slots: set[int] = set()
         self._host_slots: dict[int, memoryview] = {}  # map_pages' buffers where the host copies pages in place
@@ -210,6 +224,11 @@ class PagedKVCache(CheckpointMixin):
         """Pages no sequence uses."""
         return self.seqs.pool.num_free
 
+    def page_table(self, seq_id: int) -> list[int]:
+        """The physical page ids of ``seq_id``'s logical pages, in order (token ``t`` is in slot
+        ``t % page_size`` of page ``page_table(seq_id)[t // page_size]``); forked sequences share pages."""
+        return list(self.seqs.get(seq_id).pages)
+
     def sequence_state(self, seq_id: int) -> SequenceState:
         """A snapshot of ``seq_id`` for change tracking: which sequence object it is, its length and pop count."""
         return self.seqs.get(seq_id).state()
@@ -247,9 +266,19 @@ class PagedKVCache(CheckpointMixin):
         if total > self.limits.prefill_chunk_size:
             raise CapacityError(f"append_lengths: expected at most prefill_chunk_size={self.limits.prefill_chunk_size} "
                                 f"tokens per forward, got {total}")
-        positions = self.seqs.reserve(seq_ids, lengths)
-        self._upload_u32("positions", positions)
-        self._forward = _Forward(tuple(seq_ids), tuple(lengths), total)
+        starts = [self.seqs.get(s).length for s in seq_ids]
+        slots = self.seqs.reserve(seq_ids, lengths)
+        self._upload_u32("slots", slots)
+        self._forward = ForwardPass(tuple(seq_ids), tuple(lengths),
+                                    tuple(p for start, n in zip(starts, lengths) for p in range(start, start + n)),
+                                    tuple(slots))
+
+    def current_forward(self) -> ForwardPass:
+        """The forward pass in progress; CheckpointStateError if none is."""
+        if self._forward is None:
+            raise CheckpointStateError("current_forward: expected a forward pass in progress (call begin_forward), "
+                                       "got none")
+        return self._forward
 
     def append_kv(self, layer: int, k: Any, v: Any) -> None:
         """Write layer ``layer``'s K and V, each ``(num_tokens, num_kv_heads, head_dim)``, for the current forward."""
@@ -268,7 +297,7 @@ class PagedKVCache(CheckpointMixin):
         else:
             self.device.write(kv, 0, k_bytes)
             self.device.write(kv, nbytes, v_bytes)
-        self.device.submit([kv_append(self.device, pages=self.layers[layer], positions=self._buffers["positions"],
+        self.device.submit([kv_append(self.device, pages=self.layers[layer], positions=self._buffers["slots"],
                                       kv=kv, num_tokens=fwd.num_tokens, num_kv_heads=lay.num_kv_heads,
                                       head_dim=lay.head_dim, page_size=lay.page_size, elem_bytes=lay.elem_bytes)])
 

@@ -6,19 +6,13 @@ Their WGSL lives in ``shaders/kv/*.wgsl``, one kernel family per file. Each func
 
 from __future__ import annotations
 
-import struct
-
 from ..gpu.device import Buffer, Device, Dispatch, Region
-from ..gpu.wgsl import source
+from ..gpu.wgsl import pack_params, source
 
 
 def elem_shift(elem_bytes: int) -> int:
     """log2 of elements per u32 word: 1 for 16-bit elements, 0 for 32-bit."""
     return {2: 1, 4: 0}[elem_bytes]
-
-
-def _params(*values: int) -> bytes:
-    return struct.pack(f"<{len(values)}I", *values)
 
 
 def page_copy(device: Device, entry: str, *, pages: Buffer | Region, page_table: Buffer, dense: Buffer, num_pages: int,
@@ -28,7 +22,7 @@ def page_copy(device: Device, entry: str, *, pages: Buffer | Region, page_table:
     (``pack4``/``scatter4``) where the pages and ``dense_word_offset`` are whole 16-byte units."""
     per_invocation = 4 if words_per_page % 4 == 0 and dense_word_offset % 4 == 0 else 1
     kernel = device.kernel("page_copy", source("kv", "page_copy"), entry + ("4" if per_invocation == 4 else ""))
-    params = _params(num_pages, words_per_page, tail_tokens, elem_shift(elem_bytes), head_dim, page_size,
+    params = pack_params(num_pages, words_per_page, tail_tokens, elem_shift(elem_bytes), head_dim, page_size,
                      dense_word_offset, table_offset)
     return Dispatch(kernel, params, (pages, page_table, dense), num_pages * words_per_page // per_invocation)
 
@@ -40,6 +34,6 @@ def kv_append(device: Device, *, pages: Buffer | Region, positions: Buffer, kv: 
     shift = elem_shift(elem_bytes)
     aligned = (head_dim * elem_bytes) % 4 == 0
     units = head_dim >> shift if aligned else head_dim
-    params = _params(num_tokens, num_kv_heads, head_dim, page_size, shift, int(aligned),
+    params = pack_params(num_tokens, num_kv_heads, head_dim, page_size, shift, int(aligned),
                      num_tokens * num_kv_heads * head_dim, units)
     return Dispatch(kernel, params, (pages, positions, kv), 2 * num_tokens * num_kv_heads * units)

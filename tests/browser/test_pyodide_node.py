@@ -8,7 +8,7 @@ import subprocess
 from browser_harness import REPO, build_wheel, pyodide_dir, unavailable, wheels_dir
 
 PURE_TESTS = ["tests/tvm/test_layout.py", "tests/tvm/test_metadata.py", "tests/durable/test_container.py",
-              "tests/kv/test_pool.py", "tests/stores/test_store.py::TestMemoryStore"]
+              "tests/kv/test_pool.py", "tests/stores/test_store.py::TestMemoryStore", "tests/model/test_sampler.py"]
 WHEELS = ["pytest", "pluggy", "iniconfig", "packaging", "pygments", "hypothesis", "attrs", "sortedcontainers"]
 
 

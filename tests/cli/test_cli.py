@@ -100,8 +100,8 @@ def test_convert_of_a_tvm_export_reproduces_it_byte_for_byte(tmp_path, device, c
     assert ours.groups == theirs.groups
 
 
-def test_demo_restores_every_byte_after_the_worker_is_killed(device, tmp_path):
-    result = subprocess.run([sys.executable, "-m", "kvckpt_web.cli", "demo", "--tokens", "70", "--dir",
+def test_kv_only_demo_restores_every_byte_after_the_worker_is_killed(device, tmp_path):
+    result = subprocess.run([sys.executable, "-m", "kvckpt_web.cli.main", "demo", "--kv-only", "--tokens", "70", "--dir",
                              str(tmp_path / "demo")], capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr
     assert "killed with SIGKILL" in result.stdout
@@ -168,8 +168,9 @@ def test_convert_with_force_refuses_a_dst_that_is_no_directory_in_one_line(expor
 
 
 def _demo(capfd, *argv: str) -> tuple[int, str]:
-    """Run ``kvckpt demo`` in this process (its workers write to the same stderr); exit status and stderr."""
-    status = main(["demo", *argv])
+    """Run ``kvckpt demo --kv-only`` in this process (its workers write to the same stderr); exit status and
+    stderr."""
+    status = main(["demo", "--kv-only", *argv])
     return status, capfd.readouterr().err
 
 

@@ -198,3 +198,29 @@ def test_host_copies_in_place_are_refused_where_storage_does_not_map(unmapped_de
                 copy(buffer, [(0, memoryview(bytearray(4)))])
     finally:
         unmapped_device.destroy(buffer)
+
+
+def test_explicit_workgroup_counts_past_the_limit_are_refused():
+    from kvckpt_web.gpu.device import Dispatch, Kernel, workgroup_counts
+
+    dispatch = Dispatch(Kernel("k", None), b"", (), workgroups=(65536, 1, 1))
+    with pytest.raises(DeviceError, match="65535"):
+        workgroup_counts(dispatch, 65535)
+    assert workgroup_counts(Dispatch(Kernel("k", None), b"", (), workgroups=(3, 2, 1)), 65535) == (3, 2, 1)
+
+
+def test_a_destroyed_buffer_leaves_no_kept_bind_group_holding_it(device):
+    from kvckpt_web.kv import kernels
+    from kvckpt_web.gpu.device import Dispatch
+
+    kept = device.create_buffer(1024, Usage.STORAGE, "test.kept")
+    table = device.create_buffer(64, Usage.STORAGE, "test.table")
+    dense = device.create_buffer(1024, Usage.STORAGE, "test.dense")
+    dispatch = kernels.page_copy(device, "scatter", pages=kept, page_table=table, dense=dense, num_pages=0,
+                                 words_per_page=4, tail_tokens=1, elem_bytes=4, head_dim=4, page_size=1,
+                                 dense_word_offset=0)
+    device.submit([Dispatch(dispatch.kernel, dispatch.params, dispatch.buffers, 1, keep_bindings=True)])
+    device.destroy(kept)
+    assert not any(kept in key[3] for key in device._bind_groups)
+    device.destroy(table)
+    device.destroy(dense)

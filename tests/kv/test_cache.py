@@ -169,6 +169,39 @@ def test_end_forward_without_a_forward_is_refused(make_cache):
         make_cache().end_forward()
 
 
+def test_current_forward_gives_each_tokens_position_and_slot_in_batch_order(make_model):
+    model = make_model()
+    model.add(0, 5)
+    model.add(1, 2)
+    cache = model.cache
+    cache.begin_forward([0, 1], [2, 3])
+    fwd = cache.current_forward()
+    assert (fwd.seq_ids, fwd.lengths, fwd.num_tokens) == ((0, 1), (2, 3), 5)
+    assert fwd.positions == (5, 6, 2, 3, 4)
+    tables = [cache.page_table(0)] * 2 + [cache.page_table(1)] * 3
+    assert fwd.slots == tuple(table[p // 4] * 4 + p % 4 for table, p in zip(tables, fwd.positions))
+
+
+def test_current_forward_without_a_forward_is_refused(make_cache):
+    with pytest.raises(CheckpointStateError, match="begin_forward"):
+        make_cache().current_forward()
+
+
+def test_page_table_lists_a_sequences_pages_in_order_and_a_fork_shares_its_full_pages(make_model):
+    model = make_model()
+    model.add(0, 9)
+    model.fork(0, 1, 8)
+    parent, child = model.cache.page_table(0), model.cache.page_table(1)
+    assert len(parent) == 3 and len(child) == 2
+    assert child == parent[:2]
+    assert len(set(parent)) == 3
+
+
+def test_page_table_of_an_unknown_sequence_is_refused(make_cache):
+    with pytest.raises(SequenceError):
+        make_cache().page_table(0)
+
+
 # ----- append_kv validation ----------------------------------------------------------------------------
 
 

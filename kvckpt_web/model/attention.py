@@ -1,0 +1,236 @@
+"""Attention of a llama-style model over a :class:`~kvckpt_web.kv.cache.PagedKVCache`.
+
+Per layer of a forward pass, three dispatches: :meth:`PagedAttention.rope_append` rotates Q in place and writes
+the rotated K and V into the cache pages at the slots ``begin_forward`` reserved (``shaders/model/rope.wgsl``);
+:meth:`PagedAttention.attend` then computes causal grouped-query attention of every new token over its
+sequence's pages in two passes: partial softmax sums over key ranges (``shaders/model/paged_attention.wgsl``),
+then their merge in a fixed order (``shaders/model/attention_merge.wgsl``). Prefill chunks and decode steps
+are the same call: a token attends to every earlier token of its sequence and to itself, through its page table.
+
+How the work is cut (measured on lavapipe, see bench/README.md): an invocation serves a tile of up to
+``rows_per_tile`` consecutive tokens of one sequence and every query head of one KV head, so each K/V word it
+loads serves ``rows_per_tile * group`` rows; keys are split into ranges so that a decode step still has
+:data:`MIN_INVOCATIONS` invocations (and so that none runs past llvmpipe's loop budget).
+
+Q/K/V come in TVM's fused layout: one f32 buffer ``qkv`` of ``[num_tokens, num_qo_heads + 2 * num_kv_heads,
+head_dim]``, tokens in the order of :class:`~kvckpt_web.kv.cache.ForwardPass`.
+"""
+
+from __future__ import annotations
+
+import math
+import struct
+
+from ..kv.cache import ForwardPass, PagedKVCache
+from ..gpu.device import Buffer, Dispatch, Kernel, Region, Usage
+from ..errors import FieldError, TensorError
+from ..gpu.wgsl import source
+from ..gpu.specialize import specialize
+
+#: Largest head_dim the attention kernel holds in registers (per invocation, ``rows_per_tile * group`` rows of Q
+#: and of the output).
+MAX_HEAD_DIM = 128
+#: Bytes of one token's record in the ``tokens`` buffer (vec4<u32>: position, slot, page table offset, unused).
+TOKEN_RECORD_BYTES = 16
+#: Bytes of one tile's record in the ``tiles`` buffer (vec2<u32>: first token, rows).
+TILE_RECORD_BYTES = 8
+#: llvmpipe (lavapipe) ends a shader invocation's loops once all its loops together have run 65535 iterations
+#: (its LP_MAX_TGSI_LOOP_ITERATIONS), silently; the key loop is paged_attention.wgsl's only loop, so a key range
+#: is cut below that.
+MAX_KEYS_PER_SPLIT = 65535 - 1
+#: Query rows (tokens x query heads of one KV head) an invocation serves by default, and at most: more rows share
+#: each K/V load but take longer to compile. For 9/3 heads of head_dim 64 on lavapipe, a 1024-token prefill chunk
+#: took 304 ms a layer with 12 rows (4 tokens) and 215 ms with 24 (8 tokens), whose kernel took 7 s and 40 s to
+#: compile the first time on a machine (Mesa keeps compiled kernels on disk).
+ROW_HEADS = 12
+MAX_ROW_HEADS = 24
+#: Tokens per tile at most.
+MAX_ROWS_PER_TILE = 8
+#: Key ranges are split until a dispatch has this many invocations (a decode step has one tile per sequence).
+MIN_INVOCATIONS = 96
+#: ... but no range is cut shorter than this many keys (each split costs a partial record per row and a merge step).
+MIN_KEYS_PER_SPLIT = 16
+
+
+def rope_inv_freq(head_dim: int, theta: float, scale: float) -> list[float]:
+    """RoPE's per-pair angle rate for rope_mode "normal": ``scale / theta ** (2 * i / head_dim)``, i < head_dim / 2
+    (TVM's ``rope_freq_default`` with its position scale folded in)."""
+    return [scale / theta ** (2 * i / head_dim) for i in range(head_dim // 2)]
+
+
+class PagedAttention:
+    """The RoPE/K-V write and attention dispatches of forward passes over ``cache``.
+
+    The dispatches of a forward read a per-token table and the sequences' page tables that are uploaded when
+    the first of them is built after ``begin_forward``; submit them before the next ``begin_forward``.
+    ``rows_per_tile`` (tokens per tile) and ``keys_per_split`` (the longest key range of an invocation) override
+    the defaults derived from :data:`ROW_HEADS` (up to :data:`MAX_ROW_HEADS`) and :data:`MIN_INVOCATIONS`;
+    results agree within float32 rounding whatever they are. A forward of one token per sequence (a decode
+    step) uses one-row tiles; each tile size is a kernel of its own, compiled at its first use.
+    """
+
+    def __init__(self, cache: PagedKVCache, *, rows_per_tile: int | None = None,
+                 keys_per_split: int | None = None) -> None:
+        lay = cache.layout
+        if lay.dtype != "float16":
+            raise FieldError("layout.dtype", "'float16' (the attention kernels read and write float16 pages)",
+                             lay.dtype)
+        if lay.head_dim % 8 or lay.head_dim > MAX_HEAD_DIM:
+            raise FieldError("layout.qk_head_dim", f"a multiple of 8 <= {MAX_HEAD_DIM}", lay.head_dim)
+        if lay.num_qo_heads % lay.num_kv_heads:
+            raise FieldError("layout.num_qo_heads", f"a multiple of num_kv_heads={lay.num_kv_heads}",
+                             lay.num_qo_heads)
+        if lay.rope_mode not in ("normal", "none"):
+            raise FieldError("layout.rope_mode", "'normal' or 'none' (the K/V write applies RoPE itself)",
+                             lay.rope_mode)
+        group = lay.num_qo_heads // lay.num_kv_heads
+        most_rows = max(1, min(MAX_ROWS_PER_TILE, MAX_ROW_HEADS // group))
+        rows = max(1, min(MAX_ROWS_PER_TILE, ROW_HEADS // group)) if rows_per_tile is None else rows_per_tile
+        if isinstance(rows, bool) or not isinstance(rows, int) or not 1 <= rows <= most_rows:
+            raise FieldError("rows_per_tile", f"1..{most_rows} (at most {MAX_ROWS_PER_TILE} tokens and "
+                                              f"{MAX_ROW_HEADS} rows of {group} query heads per KV head)",
+                             rows_per_tile)
+        if keys_per_split is not None and (isinstance(keys_per_split, bool) or not isinstance(keys_per_split, int)
+                                           or not 1 <= keys_per_split <= MAX_KEYS_PER_SPLIT):
+            raise FieldError("keys_per_split", f"1..{MAX_KEYS_PER_SPLIT}", keys_per_split)
+        self.cache = cache
+        self.layout = lay
+        self.rows_per_tile = rows
+        self._max_keys_per_split = MAX_KEYS_PER_SPLIT if keys_per_split is None else keys_per_split
+        self._min_keys_per_split = MIN_KEYS_PER_SPLIT if keys_per_split is None else keys_per_split
+        device = cache.device
+        rates = rope_inv_freq(lay.head_dim, lay.rotary_theta, lay.rotary_scale) if lay.rope_mode == "normal" \
+            else [0.0] * (lay.head_dim // 2)
+        self._inv_freq = device.create_buffer(4 * len(rates), Usage.STORAGE | Usage.COPY_DST, "attention.inv_freq")
+        device.write(self._inv_freq, 0, struct.pack(f"<{len(rates)}f", *rates))
+        limits = cache.limits
+        self._tokens = device.create_buffer(TOKEN_RECORD_BYTES * limits.prefill_chunk_size,
+                                            Usage.STORAGE | Usage.COPY_DST, "attention.tokens")
+        self._page_table = device.create_buffer(4 * limits.reserved_num_seqs * cache.num_total_pages,
+                                                Usage.STORAGE | Usage.COPY_DST, "attention.page_table")
+        self._tiles = device.create_buffer(TILE_RECORD_BYTES * limits.prefill_chunk_size,
+                                           Usage.STORAGE | Usage.COPY_DST, "attention.tiles")
+        self._partial: Buffer | None = None  # grown to the largest forward's partial records
+        self._uploaded: ForwardPass | None = None
+        self._kernels: dict[int, tuple[Kernel, Kernel]] = {}  # tile rows -> (partial sums, merge)
+        self._num_tiles = 0
+        self._tile_rows = 0
+        self._keys_per_split = 0
+        self._num_splits = 0
+
+    @property
+    def qkv_bytes_per_token(self) -> int:
+        """Bytes of one token's row of ``qkv``."""
+        lay = self.layout
+        return 4 * (lay.num_qo_heads + 2 * lay.num_kv_heads) * lay.head_dim
+
+    @property
+    def out_bytes_per_token(self) -> int:
+        """Bytes of one token's row of the attention output."""
+        return 4 * self.layout.num_qo_heads * self.layout.head_dim
+
+    def close(self) -> None:
+        """Release this object's device buffers (the cache stays)."""
+        for buf in (self._inv_freq, self._tokens, self._page_table, self._tiles, self._partial):
+            if buf is not None:
+                self.cache.device.destroy(buf)
+
+    def _forward(self) -> ForwardPass:
+        """The cache's forward pass, its token records, page tables and tiles uploaded and its key split chosen
+        once."""
+        fwd = self.cache.current_forward()
+        if fwd is self._uploaded:
+            return fwd
+        table: list[int] = []
+        records: list[int] = []
+        tiles: list[int] = []
+        token = 0
+        self._tile_rows = 1 if max(fwd.lengths, default=1) == 1 else self.rows_per_tile
+        for seq_id, length in zip(fwd.seq_ids, fwd.lengths):
+            offset = len(table)
+            table += self.cache.page_table(seq_id)
+            for row in range(0, length, self._tile_rows):
+                tiles += (token + row, min(self._tile_rows, length - row))
+            for _ in range(length):
+                records += (fwd.positions[token], fwd.slots[token], offset, 0)
+                token += 1
+        device = self.cache.device
+        device.write(self._tokens, 0, struct.pack(f"<{len(records)}I", *records))
+        device.write(self._page_table, 0, struct.pack(f"<{len(table)}I", *table))
+        device.write(self._tiles, 0, struct.pack(f"<{len(tiles)}I", *tiles))
+        self._num_tiles = len(tiles) // 2
+        keys = max(fwd.positions) + 1 if fwd.num_tokens else 1
+        wanted_splits = -(-MIN_INVOCATIONS // (self._num_tiles * self.layout.num_kv_heads)) if tiles else 1
+        self._keys_per_split = min(self._max_keys_per_split, max(self._min_keys_per_split, -(-keys // wanted_splits)))
+        self._num_splits = -(-keys // self._keys_per_split)
+        need = max(1, fwd.num_tokens) * self.layout.num_qo_heads * self._num_splits * self._record_bytes
+        if self._partial is None or self._partial.size < need:
+            if self._partial is not None:
+                device.destroy(self._partial)
+            self._partial = device.create_buffer(need, Usage.STORAGE, "attention.partial")
+        self._uploaded = fwd
+        return fwd
+
+    @property
+    def _record_bytes(self) -> int:
+        """Bytes of one partial record: head_dim / 4 vec4 of weighted V, one vec4 (maximum, sum of weights)."""
+        return 16 * (self.layout.head_dim // 4 + 1)
+
+    def _check_rows(self, name: str, target: Buffer | Region, per_token: int, num_tokens: int) -> None:
+        if target.size < per_token * num_tokens:
+            raise TensorError(f"{name}.size", f"at least {per_token * num_tokens} bytes ({num_tokens} tokens of "
+                                              f"{per_token})", target.size)
+
+    def _layer(self, layer: int) -> Region:
+        if isinstance(layer, bool) or not isinstance(layer, int) or not 0 <= layer < self.layout.num_layers:
+            raise TensorError("layer", f"0..{self.layout.num_layers - 1}", layer)
+        return self.cache.layers[layer]
+
+    def rope_append(self, layer: int, qkv: Buffer | Region) -> Dispatch:
+        """Rotate the Q of ``qkv`` in place and write the rotated K and the V into ``layer``'s pages."""
+        fwd = self._forward()
+        pages = self._layer(layer)
+        self._check_rows("qkv", qkv, self.qkv_bytes_per_token, fwd.num_tokens)
+        lay = self.layout
+        device = self.cache.device
+        kernel = device.kernel("rope", source("model", "rope"), "rope_append")
+        params = struct.pack("<5I", fwd.num_tokens, lay.num_qo_heads, lay.num_kv_heads, lay.head_dim, lay.page_size)
+        heads = lay.num_qo_heads + 2 * lay.num_kv_heads
+        return Dispatch(kernel, params, (qkv, pages, self._tokens, self._inv_freq),
+                        fwd.num_tokens * heads * (lay.head_dim // 2))
+
+    def attend(self, layer: int, qkv: Buffer | Region, out: Buffer | Region) -> list[Dispatch]:
+        """The two dispatches (partial sums, merge) that write into ``out`` (f32 ``[num_tokens, num_qo_heads,
+        head_dim]``) each new token's attention over its sequence's K/V in ``layer``'s pages, positions 0 to
+        its own, with the (rotated) Q of ``qkv``. Submit both, in order."""
+        fwd = self._forward()
+        pages = self._layer(layer)
+        self._check_rows("qkv", qkv, self.qkv_bytes_per_token, fwd.num_tokens)
+        self._check_rows("out", out, self.out_bytes_per_token, fwd.num_tokens)
+        lay = self.layout
+        device = self.cache.device
+        attend, merge = self._attention_kernels(self._tile_rows)
+        splits = self._num_splits
+        params = struct.pack("<6If", self._num_tiles, lay.num_qo_heads, lay.num_kv_heads, lay.page_size,
+                             self._keys_per_split, splits, 1 / math.sqrt(lay.head_dim))
+        partial = Region(self._partial, 0, max(1, fwd.num_tokens) * lay.num_qo_heads * splits * self._record_bytes)
+        out_rows = fwd.num_tokens * lay.num_qo_heads
+        return [Dispatch(attend, params, (qkv, pages, self._tokens, self._page_table, self._tiles, partial),
+                         self._num_tiles * lay.num_kv_heads * splits),
+                Dispatch(merge, struct.pack("<4I", out_rows, lay.num_qo_heads, self._keys_per_split, splits),
+                         (partial, self._tokens, out), out_rows * lay.head_dim // 4)]
+
+    def _attention_kernels(self, rows: int) -> tuple[Kernel, Kernel]:
+        """The partial-sum kernel for tiles of ``rows`` tokens and the merge kernel, specialised once."""
+        kernels = self._kernels.get(rows)
+        if kernels is None:
+            lay = self.layout
+            device = self.cache.device
+            group = lay.num_qo_heads // lay.num_kv_heads
+            quads = lay.head_dim // 4
+            kernels = self._kernels[rows] = (
+                device.kernel("paged_attention", specialize(source("model", "paged_attention"), dict(
+                    QUADS=quads, WORDS=quads // 2, GROUP=group, ROWS=rows, N=rows * group)), "attend"),
+                device.kernel("attention_merge", specialize(source("model", "attention_merge"), dict(QUADS=quads)),
+                              "merge"))
+        return kernels

@@ -1,0 +1,95 @@
+"""The chat template of a GGUF model: ChatML, rendered in plain Python (Pyodide has no jinja2).
+
+A GGUF's ``tokenizer.chat_template`` is a Jinja template. Rather than interpret Jinja, this module recognises
+the ChatML form SmolLM2 ships (optionally with a default system turn put before a first non-system message)
+and renders it directly; any other template is refused, and such a model's caller formats its prompt itself.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from ..errors import FieldError, FormatError
+
+if TYPE_CHECKING:
+    from .gguf import GGUFFile
+
+__all__ = ["TEMPLATE_KEY", "ChatTemplate"]
+
+TEMPLATE_KEY = "tokenizer.chat_template"
+"""The GGUF metadata key holding the Jinja chat template."""
+
+_NL = r"(?:\n|\\n)"  # a newline written as itself or as an escape inside a Jinja string literal
+_SYSTEM_BLOCK = (r"\{%-? ?if loop\.first and messages\[0\]\['role'\] != 'system' ?-?%\}"
+                 r"\{\{ ?'<\|im_start\|>system" + _NL + r"(?P<system>[^'\\]*)<\|im_end\|>" + _NL + r"' ?\}\}"
+                 r"\{%-? ?endif ?-?%\}")
+_CHATML = re.compile(
+    r"\s*\{%-? ?for message in messages ?-?%\}"
+    r"(?:" + _SYSTEM_BLOCK + r")?"
+    r"\{\{ ?'<\|im_start\|>' \+ message\['role'\] \+ '" + _NL + r"' \+ message\['content'\] \+ "
+    r"'<\|im_end\|>(?:' \+ '" + _NL + r"'|" + _NL + r"')"  # "'<|im_end|>' + '\n'" or "'<|im_end|>\n'"
+    r" ?\}\}\{%-? ?endfor ?-?%\}"
+    r"\{%-? ?if add_generation_prompt ?-?%\}\{\{ ?'<\|im_start\|>assistant" + _NL + r"' ?\}\}\{%-? ?endif ?-?%\}\s*")
+
+
+@dataclass(frozen=True)
+class ChatTemplate:
+    """ChatML: ``<|im_start|>{role}\\n{content}<|im_end|>\\n`` per message.
+
+    ``default_system`` (None: no default) is the system turn put first when the first message is not a
+    system message.
+    """
+
+    default_system: str | None = None
+
+    @classmethod
+    def from_text(cls, template: str) -> ChatTemplate:
+        """The ChatML template written as Jinja ``template``; refuses any other template."""
+        match = _CHATML.fullmatch(template)
+        if match is None:
+            got = template if len(template) <= 80 else template[:77] + "..."
+            raise FormatError(TEMPLATE_KEY, "a ChatML template (<|im_start|>role ... <|im_end|>)", got,
+                              "not supported here: format the prompt yourself and encode it with the tokenizer")
+        return cls(match.group("system"))
+
+    @classmethod
+    def from_gguf(cls, f: GGUFFile) -> ChatTemplate:
+        """The chat template of GGUF file ``f`` (its ``tokenizer.chat_template``)."""
+        return cls.from_text(f.field(TEMPLATE_KEY, str))
+
+    def render(self, messages: Sequence[Mapping[str, str]], *, add_generation_prompt: bool = False) -> str:
+        """The prompt text of ``messages`` (each with a ``role`` and a ``content`` string).
+
+        ``add_generation_prompt`` ends it with the opening of an assistant turn, for the model to complete.
+        """
+        if isinstance(messages, (str, bytes)) or not isinstance(messages, Sequence):
+            raise FieldError("messages", "a sequence of {'role', 'content'} mappings", type(messages).__name__)
+        parts = []
+        for i, message in enumerate(messages):
+            role, content = _role(message, i), _content(message, i)
+            if i == 0 and self.default_system is not None and role != "system":
+                parts.append(f"<|im_start|>system\n{self.default_system}<|im_end|>\n")
+            parts.append(f"<|im_start|>{role}\n{content}<|im_end|>\n")
+        if add_generation_prompt:
+            parts.append("<|im_start|>assistant\n")
+        return "".join(parts)
+
+
+def _role(message: Mapping[str, str], i: int) -> str:
+    if not isinstance(message, Mapping):
+        raise FieldError(f"messages[{i}]", "a mapping with 'role' and 'content'", type(message).__name__)
+    role = message.get("role")
+    if not isinstance(role, str) or not role:
+        got = role if isinstance(role, str) else type(role).__name__
+        raise FieldError(f"messages[{i}].role", "a non-empty str", got)
+    return role
+
+
+def _content(message: Mapping[str, str], i: int) -> str:
+    content = message.get("content")
+    if not isinstance(content, str):
+        raise FieldError(f"messages[{i}].content", "a str", type(content).__name__)
+    return content

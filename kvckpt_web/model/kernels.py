@@ -1,0 +1,169 @@
+"""Dispatch builders for the dense model kernels (``shaders/model/*.wgsl``).
+
+Each function builds the dispatches of one kernel, its uniform parameters packed to match the ``Params``
+struct of the shader; the device keeps their bind groups (``Dispatch.keep_bindings``): the buffers a model
+binds (weights, activations) live as long as the model. Activations are f32, row-major (tokens, features).
+The products read their input ``x`` as a uniform binding of :data:`X_WINDOW` bytes (loads that all
+invocations share are scalar loads on a CPU adapter, where storage loads go lane by lane), so the buffers
+they read come from :func:`activations`, and a call over more tokens than one window holds is split into
+one dispatch per window.
+"""
+
+from __future__ import annotations
+
+import math
+import struct
+
+from ..gpu.device import UNIFORM_ALIGN, Buffer, Device, Dispatch, Region, Usage
+from ..errors import TensorError
+from ..gpu.wgsl import pack_params, source
+from .weights import Q4_1, Q8_0, DenseTensor, QuantizedTensor
+
+X_WINDOW = 65536
+"""Bytes of ``x`` a product binds (WebGPU's default maxUniformBufferBindingSize; ``x`` in quant.wgsl)."""
+
+ROWS = 8
+"""Rows per invocation of the products of one token (``ROWS`` in quant.wgsl)."""
+
+TILE_ROWS, TILE = 4, 4
+"""Rows and tokens per invocation of the tiled products, for several tokens (``TILE`` in quant.wgsl)."""
+
+WORKGROUP = 64
+"""Invocations per workgroup of the products, the norm and the first top-k pass (``@workgroup_size``)."""
+
+TOPK_CHUNK = 256
+"""Values per invocation of the first top-k pass."""
+
+TOPK_MAX = 64
+"""Largest k of :func:`topk` (``K_MAX`` in topk.wgsl)."""
+
+
+def activations(device: Device, floats: int, label: str) -> Buffer:
+    """A buffer of ``floats`` f32 activations that kernels write and products read (with :data:`X_WINDOW`
+    bytes of slack, so that a product can bind a whole window from any token of it)."""
+    return device.create_buffer(4 * floats + X_WINDOW,
+                                Usage.STORAGE | Usage.UNIFORM | Usage.COPY_DST | Usage.COPY_SRC, label)
+
+
+def matvec(device: Device, weight: QuantizedTensor, x: Buffer, y: Buffer, tokens: int = 1,
+           accumulate: bool = False, norm: DenseTensor | None = None, eps: float = 0.0) -> list[Dispatch]:
+    """``y[t] = W x[t]`` (or ``y[t] += W x[t]`` with ``accumulate``: the residual add) for each of ``tokens``
+    rows of ``x``, ``W`` a Q4_1 or Q8_0 matrix (the tied embedding as the output head). With ``norm`` (an
+    RMSNorm weight) the product takes ``RMSNorm(x[t])`` with ``eps`` instead: the norm costs no dispatch.
+    ``x`` (from :func:`activations`) and ``y`` are different buffers."""
+    _check_type(weight, Q4_1, Q8_0)
+    if weight.ggml_type == Q4_1:
+        return _products(device, "q4_1_matvec", (weight,), x, y, tokens, accumulate, norm, eps, "q4_1_matmul")
+    return _products(device, "q8_0_matvec", (weight,), x, y, tokens, accumulate, norm, eps)
+
+
+def gated(device: Device, gate: QuantizedTensor, up: QuantizedTensor, x: Buffer, y: Buffer, tokens: int = 1,
+          norm: DenseTensor | None = None, eps: float = 0.0) -> list[Dispatch]:
+    """``y[t] = silu(G x[t]) * (U x[t])``, the gated MLP's hidden activations, for Q4_1 ``gate`` and ``up``;
+    ``x[t]`` RMS-normalized first with ``norm`` and ``eps`` if given (as in :func:`matvec`)."""
+    _check_type(gate, Q4_1)
+    _check_type(up, Q4_1)
+    if (up.rows, up.blocks) != (gate.rows, gate.blocks):
+        raise TensorError(f"{up.name}: shape", (gate.rows, gate.cols), (up.rows, up.cols))
+    return _products(device, "q4_1_gated", (gate, up), x, y, tokens, False, norm, eps, "q4_1_gated_matmul")
+
+
+def embed(device: Device, table: QuantizedTensor, ids: Buffer, out: Buffer, tokens: int) -> Dispatch:
+    """``out[t] = table[ids[t]]`` dequantized, for ``tokens`` u32 token ids (a Q8_0 ``table``)."""
+    _check_type(table, Q8_0)
+    _check_size("out", out, 4 * tokens * table.cols)
+    _check_size("ids", ids, 4 * tokens)
+    kernel = device.kernel("model.quant", source("model", "quant"), "q8_0_rows")
+    return Dispatch(kernel, _quant_params(table, tokens), (table.scales, table.quants, ids, out),
+                    tokens * table.blocks * 8, keep_bindings=True)
+
+
+def rms_norm(device: Device, x: Buffer, weight: DenseTensor, out: Buffer, tokens: int, eps: float) -> Dispatch:
+    """``out[t] = x[t] / sqrt(mean(x[t]^2) + eps) * weight`` for each of ``tokens`` rows of ``x``."""
+    dim = weight.shape[0]
+    _check_size("x", x, 4 * tokens * dim)
+    _check_size("out", out, 4 * tokens * dim)
+    kernel = device.kernel("model.norm", source("model", "norm"), "rms_norm")
+    params = struct.pack("<2If4x", tokens, dim, eps)
+    return Dispatch(kernel, params, (x, weight.buffer, out), workgroups=(-(-tokens // WORKGROUP), 1, 1),
+                    keep_bindings=True)
+
+
+def topk_candidates_bytes(n: int, k: int) -> int:
+    """Bytes of the scratch buffer :func:`topk` needs for ``n`` values."""
+    return 8 * k * -(-n // TOPK_CHUNK)
+
+
+def topk(device: Device, values: Buffer, n: int, k: int, candidates: Buffer, best: Buffer) -> list[Dispatch]:
+    """The two dispatches that write the top ``k`` of ``n`` f32 ``values`` to ``best``: k (f32 bits, u32 index)
+    pairs, larger values first, the lower index first among equal ones (k = 1: the argmax).
+
+    ``candidates`` is scratch of :func:`topk_candidates_bytes` bytes."""
+    if not 1 <= k <= min(TOPK_MAX, n):
+        raise TensorError("k", f"1..{min(TOPK_MAX, n)}", k)
+    _check_size("values", values, 4 * n)
+    _check_size("candidates", candidates, topk_candidates_bytes(n, k))
+    _check_size("best", best, 8 * k)
+    chunks = -(-n // TOPK_CHUNK)
+    params = pack_params(n, k, TOPK_CHUNK, chunks)
+    shader = source("model", "topk")
+    return [Dispatch(device.kernel("model.topk", shader, "chunk_topk"), params, (values, candidates),
+                     workgroups=(-(-chunks // WORKGROUP), 1, 1), keep_bindings=True),
+            Dispatch(device.kernel("model.topk", shader, "merge_topk"), params, (candidates, best),
+                     workgroups=(1, 1, 1), keep_bindings=True)]
+
+
+def _products(device: Device, entry: str, weights: tuple[QuantizedTensor, ...], x: Buffer, y: Buffer, tokens: int,
+              accumulate: bool, norm: DenseTensor | None, eps: float, tiled: str | None = None) -> list[Dispatch]:
+    """The dispatches of product ``entry`` of ``weights`` over ``tokens`` rows of ``x``, one per window; of its
+    ``tiled`` form (4 rows x :data:`TILE` tokens an invocation) where a window has several tokens."""
+    first = weights[0]
+    token_bytes = 4 * first.cols
+    # tokens per window: as many as fit, in steps that keep each window's offset aligned for a uniform binding
+    step = UNIFORM_ALIGN // math.gcd(token_bytes, UNIFORM_ALIGN)
+    per_window = X_WINDOW // token_bytes // step * step
+    if per_window == 0:
+        raise TensorError(f"{first.name}: columns", f"at most {X_WINDOW // 4}, in steps of 64", first.cols)
+    last_window = (tokens - 1) // per_window * per_window * token_bytes
+    if x.size < last_window + X_WINDOW:
+        raise TensorError("x: buffer bytes", f"at least {last_window + X_WINDOW} (see activations())", x.size)
+    _check_size("y", y, 4 * tokens * first.rows)
+    if x is y:  # WebGPU refuses a buffer bound as uniform and as writable storage in one dispatch
+        raise TensorError("y", "a buffer other than x", y.label)
+    if norm is not None and norm.shape != (first.cols,):
+        raise TensorError(f"{norm.name}: shape", (first.cols,), norm.shape)
+    shader = source("model", "quant")
+    up = tuple(t for w in weights[1:] for t in (w.scales, w.quants))
+    dispatches = []
+    for start in range(0, tokens, per_window):
+        count = min(per_window, tokens - start)
+        if tiled is not None and count > 1:
+            kernel = device.kernel("model.quant", shader, tiled)
+            groups = (-(-first.rows // (TILE_ROWS * WORKGROUP)), -(-count // TILE), 1)
+        else:
+            kernel = device.kernel("model.quant", shader, entry)
+            groups = (-(-first.rows // (ROWS * WORKGROUP)), count, 1)
+        params = _quant_params(first, count, accumulate, start, norm is not None, eps)
+        window = Region(x, start * token_bytes, X_WINDOW)
+        # without a norm the kernel reads no norm weight, but a 64 KiB uniform must be bound: the window again
+        norm_binding = window if norm is None else Region(norm.buffer, 0, X_WINDOW)
+        dispatches.append(Dispatch(kernel, params, (first.scales, first.quants, window, y, norm_binding) + up,
+                                   workgroups=groups, keep_bindings=True))
+    return dispatches
+
+
+def _quant_params(weight: QuantizedTensor, tokens: int, accumulate: bool = False, token_base: int = 0,
+                  normalize: bool = False, eps: float = 0.0) -> bytes:
+    """quant.wgsl's Params for ``weight`` (x's tokens ``weight.cols`` floats apart)."""
+    return struct.pack("<9If2I", weight.rows, weight.blocks, tokens, int(accumulate), weight.scale_shift,
+                       weight.quant_shift, weight.blocks * 8, token_base, int(normalize), eps, 0, 0)
+
+
+def _check_type(weight: QuantizedTensor, *types: int) -> None:
+    if weight.ggml_type not in types:
+        raise TensorError(f"{weight.name}: ggml type", " or ".join(map(str, types)), weight.ggml_type)
+
+
+def _check_size(name: str, buffer: Buffer, needed: int) -> None:
+    if buffer.size < needed:
+        raise TensorError(f"{name}: buffer bytes", f"at least {needed}", buffer.size)

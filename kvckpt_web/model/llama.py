@@ -1,0 +1,269 @@
+"""A llama-architecture model (SmolLM2-135M and its kin) running on the WGSL kernels over a paged cache.
+
+:class:`LlamaModel` implements :class:`~kvckpt_web.model.protocol.CausalLM`. Loading checks every tensor of
+the GGUF file (presence, GGUF shape, ggml type) before anything is uploaded, and puts the weights on the
+device still quantized. GGUF stores the rows of ``attn_q``/``attn_k`` permuted for ggml's adjacent-pair
+RoPE; they are put back in Hugging Face order while the projections are fused into one Q/K/V matrix, so
+the kernels apply rotate-half RoPE (rope_mode "normal") and the K in the cache is the K a TVM/WebLLM build
+of the model keeps. A forward encodes every layer of a prefill chunk (or a decode step) into one submit and
+leaves the logits on the GPU: :class:`GPULogits` reads back only the argmax or the top k.
+
+Pure Python over the device layer (struct, memoryview): it runs in Pyodide as on the desktop.
+"""
+
+from __future__ import annotations
+
+import heapq
+import struct
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from ..gpu.device import Buffer, Command, Copy, Device, Usage
+from ..errors import CheckpointStateError, FieldError, FormatError, SequenceError
+from ..tvm.layout import KVLayout
+from . import kernels
+from .attention import PagedAttention
+from .config import LlamaConfig
+from .gguf import GGML_TYPES, GGUFFile, GGUFTensor
+from .weights import F32, Q4_1, Q8_0, DenseTensor, QuantizedTensor, upload_stacked, upload_tensor
+
+if TYPE_CHECKING:
+    from ..kv.cache import PagedKVCache
+
+BLOCK_NORMS = ("attn_norm", "ffn_norm")
+
+
+@dataclass(frozen=True)
+class TensorSpec:
+    """What one tensor of the file must be: GGUF shape (ne0 first) and one of the allowed ggml types."""
+
+    shape: tuple[int, ...]
+    types: tuple[int, ...]
+
+
+def tensor_specs(c: LlamaConfig, has_output: bool) -> dict[str, TensorSpec]:
+    """Every tensor a llama GGUF of configuration ``c`` holds (``output.weight`` if ``has_output``)."""
+    specs = {"token_embd.weight": TensorSpec((c.hidden, c.vocab), (Q8_0,)),
+             "output_norm.weight": TensorSpec((c.hidden,), (F32,))}
+    if has_output:
+        specs["output.weight"] = TensorSpec((c.hidden, c.vocab), (Q8_0, Q4_1))
+    shapes = {"attn_q": (c.hidden, c.q_rows), "attn_k": (c.hidden, c.kv_rows), "attn_v": (c.hidden, c.kv_rows),
+              "attn_output": (c.q_rows, c.hidden), "ffn_gate": (c.hidden, c.ffn), "ffn_up": (c.hidden, c.ffn),
+              "ffn_down": (c.ffn, c.hidden)}
+    for i in range(c.num_layers):
+        for name in BLOCK_NORMS:
+            specs[f"blk.{i}.{name}.weight"] = TensorSpec((c.hidden,), (F32,))
+        for name, shape in shapes.items():
+            specs[f"blk.{i}.{name}.weight"] = TensorSpec(shape, (Q4_1,))
+    return specs
+
+
+def check_tensors(f: GGUFFile, c: LlamaConfig) -> None:
+    """FormatError naming the first tensor of ``f`` that is missing, unexpected, or of another shape or type."""
+    specs = tensor_specs(c, "output.weight" in f.tensors)
+    for name, spec in specs.items():
+        t = f.tensors.get(name)
+        if t is None:
+            raise FormatError(f"tensors[{name!r}]", "present", "missing")
+        if t.type not in spec.types:
+            raise FormatError(f"tensors[{name!r}].type", " or ".join(GGML_TYPES[x].name for x in spec.types),
+                              t.type_name, "unsupported tensor type")
+        if t.shape != spec.shape:
+            raise FormatError(f"tensors[{name!r}].shape", spec.shape, t.shape)
+    extra = sorted(set(f.tensors) - set(specs))
+    if extra:
+        raise FormatError("tensors", f"only the {len(specs)} tensors of a llama model", f"also {extra[0]!r}",
+                          "unsupported tensor")
+
+
+def hf_row_order(rows: int, head_dim: int) -> list[int]:
+    """For each row of a Hugging Face q/k projection, the GGUF row it is stored in.
+
+    GGUF's conversion interleaves the two halves of each head (HF row ``(head, half, i)`` is stored as row
+    ``(head, i, half)``) so that ggml's RoPE rotates adjacent rows; this is the inverse.
+    """
+    half = head_dim // 2
+    return [r - r % head_dim + 2 * (r % half) + (r % head_dim) // half for r in range(rows)]
+
+
+def _rows(t: GGUFTensor, order: list[int]) -> bytes:
+    """The bytes of quantized tensor ``t``'s rows in ``order`` (each row is whole blocks)."""
+    size = t.nbytes // t.shape[1]
+    data = t.data
+    return b"".join(data[r * size:(r + 1) * size] for r in order)
+
+
+@dataclass(frozen=True)
+class _Layer:
+    attn_norm: DenseTensor
+    qkv: QuantizedTensor
+    attn_output: QuantizedTensor
+    ffn_norm: DenseTensor
+    ffn_gate: QuantizedTensor
+    ffn_up: QuantizedTensor
+    ffn_down: QuantizedTensor
+
+
+class _Scratch:
+    """The activation buffers of forwards of up to ``tokens`` tokens."""
+
+    def __init__(self, device: Device, c: LlamaConfig, tokens: int) -> None:
+        self.tokens = tokens
+        self.ids = device.create_buffer(4 * tokens, Usage.STORAGE | Usage.COPY_DST, "llama.ids")
+        self.residual = kernels.activations(device, tokens * c.hidden, "llama.residual")
+        self.qkv = device.create_buffer(4 * tokens * (c.q_rows + 2 * c.kv_rows), Usage.STORAGE, "llama.qkv")
+        self.attn = kernels.activations(device, tokens * c.q_rows, "llama.attn")
+        self.ffn = kernels.activations(device, tokens * c.ffn, "llama.ffn")
+
+    def destroy(self, device: Device) -> None:
+        for buffer in (self.ids, self.residual, self.qkv, self.attn, self.ffn):
+            device.destroy(buffer)
+
+
+class LlamaModel:
+    """A llama GGUF model on ``device``: :class:`~kvckpt_web.model.protocol.CausalLM` over a PagedKVCache."""
+
+    def __init__(self, f: GGUFFile, device: Device) -> None:
+        c = LlamaConfig.from_gguf(f)
+        check_tensors(f, c)
+        self.config = c
+        self.device = device
+        self.identity = f.digest
+        self.max_context = c.max_context
+        self.vocab_size = c.vocab
+
+        def upload(name: str) -> QuantizedTensor | DenseTensor:
+            t = f.tensors[name]
+            return upload_tensor(device, name, t.type, t.shape, t.data)
+
+        q_order, k_order = hf_row_order(c.q_rows, c.head_dim), hf_row_order(c.kv_rows, c.head_dim)
+        self.layers: list[_Layer] = []
+        for i in range(c.num_layers):
+            q, k, v = (f.tensors[f"blk.{i}.{n}.weight"] for n in ("attn_q", "attn_k", "attn_v"))
+            parts = [(Q4_1, q.shape, _rows(q, q_order)), (Q4_1, k.shape, _rows(k, k_order)), (Q4_1, v.shape, v.data)]
+            self.layers.append(_Layer(
+                upload(f"blk.{i}.attn_norm.weight"),  # type: ignore[arg-type]
+                upload_stacked(device, f"blk.{i}.attn_qkv", parts),
+                *(upload(f"blk.{i}.{n}.weight") for n in ("attn_output", "ffn_norm", "ffn_gate", "ffn_up",
+                                                          "ffn_down"))))
+        self.embedding = upload("token_embd.weight")
+        self.head = upload("output.weight") if "output.weight" in f.tensors else self.embedding
+        self.output_norm = upload("output_norm.weight")
+        self._last = kernels.activations(device, c.hidden, "llama.last")
+        self.logits = device.create_buffer(4 * c.vocab, Usage.STORAGE | Usage.COPY_SRC, "llama.logits")
+        self._candidates = device.create_buffer(kernels.topk_candidates_bytes(c.vocab, kernels.TOPK_MAX),
+                                                Usage.STORAGE, "llama.topk_candidates")
+        self._best = device.create_buffer(8 * kernels.TOPK_MAX, Usage.STORAGE | Usage.COPY_SRC, "llama.topk")
+        self._readback = device.create_buffer(4 * max(c.vocab, 2 * kernels.TOPK_MAX),
+                                              Usage.MAP_READ | Usage.COPY_DST, "llama.readback")
+        self._scratch: _Scratch | None = None
+        self._attention: PagedAttention | None = None
+        self.forwards = 0
+        """How many forward passes ran (a :class:`GPULogits` is valid until the next one)."""
+        device.submit([])
+
+    def kv_layout(self, page_size: int = 16) -> KVLayout:
+        """Float16 K/V of every layer, RoPE (rope_mode "normal", the file's theta) applied as K is written."""
+        c = self.config
+        return KVLayout(page_size=page_size, num_layers=c.num_layers, num_qo_heads=c.num_qo_heads,
+                        num_kv_heads=c.num_kv_heads, qk_head_dim=c.head_dim, dtype="float16", rope_mode="normal",
+                        rotary_theta=c.rope_theta)
+
+    async def forward(self, cache: "PagedKVCache", seq_id: int, tokens: list[int]) -> "GPULogits":
+        """Run ``tokens`` after what ``seq_id`` holds, in chunks of the cache's prefill_chunk_size, and return
+        the last token's logits (on the GPU)."""
+        if not tokens:
+            raise SequenceError("tokens: expected at least one token id, got none")
+        for i, t in enumerate(tokens):
+            if isinstance(t, bool) or not isinstance(t, int) or not 0 <= t < self.vocab_size:
+                raise SequenceError(f"tokens[{i}]: expected a token id in [0, {self.vocab_size}), got {t!r}")
+        if cache.layout != self.kv_layout(cache.layout.page_size):
+            raise FieldError("cache.layout", f"this model's {self.kv_layout(cache.layout.page_size)}", cache.layout)
+        chunk = cache.limits.prefill_chunk_size
+        attention = self._attention_for(cache)
+        for start in range(0, len(tokens), chunk):
+            part = tokens[start:start + chunk]
+            scratch = self._scratch_for(len(part))
+            cache.begin_forward([seq_id], [len(part)])
+            try:
+                self.device.write(scratch.ids, 0, struct.pack(f"<{len(part)}I", *part))
+                commands = self._encode(attention, scratch, len(part), last=start + chunk >= len(tokens))
+                self.device.submit(commands)
+            finally:
+                cache.end_forward()
+            self.forwards += 1
+        return GPULogits(self, self.forwards)
+
+    def _attention_for(self, cache: "PagedKVCache") -> PagedAttention:
+        if self._attention is None or self._attention.cache is not cache:
+            if self._attention is not None:
+                self._attention.close()
+            self._attention = PagedAttention(cache)
+        return self._attention
+
+    def _scratch_for(self, tokens: int) -> _Scratch:
+        if self._scratch is None or self._scratch.tokens < tokens:
+            if self._scratch is not None:
+                self._scratch.destroy(self.device)
+            self._scratch = _Scratch(self.device, self.config, tokens)
+        return self._scratch
+
+    def _encode(self, attention: PagedAttention, s: _Scratch, n: int, last: bool) -> list[Command]:
+        """The commands of one forward pass of ``n`` tokens (with the final norm and head if ``last``)."""
+        c, d = self.config, self.device
+        eps = c.rms_eps
+        commands: list[Command] = [kernels.embed(d, self.embedding, s.ids, s.residual, n)]  # type: ignore[arg-type]
+        for i, layer in enumerate(self.layers):  # each RMSNorm is folded into the product after it
+            commands += kernels.matvec(d, layer.qkv, s.residual, s.qkv, n, norm=layer.attn_norm, eps=eps)
+            commands.append(attention.rope_append(i, s.qkv))
+            commands += attention.attend(i, s.qkv, s.attn)
+            commands += kernels.matvec(d, layer.attn_output, s.attn, s.residual, n, accumulate=True)
+            commands += kernels.gated(d, layer.ffn_gate, layer.ffn_up, s.residual, s.ffn, n, norm=layer.ffn_norm,
+                                      eps=eps)
+            commands += kernels.matvec(d, layer.ffn_down, s.ffn, s.residual, n, accumulate=True)
+        if last:
+            row = 4 * c.hidden
+            commands.append(Copy(s.residual, (n - 1) * row, self._last, 0, row))
+            commands += kernels.matvec(d, self.head, self._last, self.logits,  # type: ignore[arg-type]
+                                       norm=self.output_norm, eps=eps)  # type: ignore[arg-type]
+        return commands
+
+    async def top_k(self, k: int) -> list[tuple[int, float]]:
+        """The ``k`` largest logits of the last forward as (token id, logit), largest first, ties lower id first:
+        picked on the GPU up to :data:`kernels.TOPK_MAX`, beyond that from all logits read back."""
+        n = self.vocab_size
+        k = max(1, min(k, n))
+        if k <= kernels.TOPK_MAX:
+            picks = kernels.topk(self.device, self.logits, n, k, self._candidates, self._best)
+            pairs = struct.unpack(f"<{2 * k}I", await self._read(picks, self._best, 8 * k))
+            return [(pairs[2 * j + 1], _f32(pairs[2 * j])) for j in range(k)]
+        values = struct.unpack(f"<{n}f", await self._read([], self.logits, 4 * n))
+        return [(i, values[i]) for i in heapq.nsmallest(k, range(n), key=lambda i: (-values[i], i))]
+
+    async def _read(self, commands: list[Command], src: Buffer, size: int) -> memoryview:
+        """Run ``commands``, then read back ``size`` bytes of ``src``."""
+        self.device.submit(commands + [Copy(src, 0, self._readback, 0, size)])
+        return await self.device.read(self._readback, 0, size)
+
+
+def _f32(bits: int) -> float:
+    return struct.unpack("<f", struct.pack("<I", bits))[0]
+
+
+class GPULogits:
+    """The logits of a model's last forward, in its ``logits`` buffer; valid until its next forward."""
+
+    def __init__(self, model: LlamaModel, forward: int) -> None:
+        self._model = model
+        self._forward = forward
+
+    async def argmax(self) -> int:
+        """The id of the largest logit (ties: the lowest id), found on the GPU."""
+        return (await self.top_k(1))[0][0]
+
+    async def top_k(self, k: int) -> list[tuple[int, float]]:
+        """The ``k`` largest logits as (token id, logit), largest first, ties lower id first."""
+        if self._model.forwards != self._forward:
+            raise CheckpointStateError(f"logits: expected those of the model's last forward ({self._model.forwards}), "
+                                       f"got those of forward {self._forward}")
+        return await self._model.top_k(k)

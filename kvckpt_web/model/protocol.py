@@ -1,0 +1,73 @@
+"""What a generation session needs of a model and of its text codec.
+
+A :class:`CausalLM` runs tokens through a causal language model whose K/V live in a
+:class:`~kvckpt_web.kv.cache.PagedKVCache`; :class:`Logits` are its output for the last token,
+kept where the model computed them (on the GPU for the WGSL runner) until asked for.
+A :class:`TextCodec` turns chat messages into token ids and ids back into text.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Protocol
+
+if TYPE_CHECKING:
+    from ..kv.cache import PagedKVCache
+    from ..tvm.layout import KVLayout
+
+
+class Logits(Protocol):
+    """The next-token logits of the last token a forward ran."""
+
+    async def argmax(self) -> int:
+        """The id of the largest logit (ties: the lowest id)."""
+        ...
+
+    async def top_k(self, k: int) -> list[tuple[int, float]]:
+        """The ``k`` largest logits (all of them if ``k`` is at least the vocabulary) as (token id, logit),
+        largest first (ties: lower id first)."""
+        ...
+
+
+class CausalLM(Protocol):
+    """A causal language model that keeps its K/V in a paged cache."""
+
+    identity: str
+    """A digest of the model file's header and tensor table: checkpoints record it."""
+    max_context: int
+    """The most tokens (positions) one sequence may hold."""
+    vocab_size: int
+    """How many token ids the logits cover."""
+
+    def kv_layout(self, page_size: int = 16) -> "KVLayout":
+        """The layout of the K/V this model writes, with pages of ``page_size`` tokens."""
+        ...
+
+    async def forward(self, cache: "PagedKVCache", seq_id: int, tokens: list[int]) -> Logits:
+        """Run ``tokens`` (a prefill chunk or one decode token) after what ``seq_id`` holds; append their K/V to
+        it (one forward pass of the cache) and return the last token's logits."""
+        ...
+
+
+class TextCodec(Protocol):
+    """A model's tokenizer and chat template."""
+
+    eos_ids: tuple[int, ...]
+    """Token ids that end a reply."""
+
+    def encode_chat(self, messages: Sequence[dict[str, str]]) -> list[int]:
+        """The prompt token ids of a conversation (``{"role", "content"}`` messages), ready for the reply."""
+        ...
+
+    def decode(self, tokens: Sequence[int]) -> str:
+        """The text of ``tokens``; an incomplete UTF-8 sequence at the end decodes to U+FFFD."""
+        ...
+
+
+@dataclass(frozen=True)
+class LoadedModel:
+    """A model ready to generate: the network and the codec of its text."""
+
+    model: CausalLM
+    text: TextCodec

@@ -1,0 +1,54 @@
+// The attention output from paged_attention.wgsl's partial sums: per (token, query head), its splits combined in
+// split order (the same bits on every run).
+//
+// Specialised by kvckpt_web.specialize with QUADS = head_dim / 4.
+//
+// Bindings (group 0):
+//   0  uniform              Params
+//   1  storage, read        partial  per (token, query head, split) QUADS + 1 vec4 (see paged_attention.wgsl)
+//   2  storage, read        tokens   per token: vec4(position in its sequence, ...) as in paged_attention.wgsl
+//   3  storage, read_write  out      f32 [num_tokens, num_qo_heads, head_dim] as vec4
+//
+// A token at position p has p / keys_per_split + 1 splits. Split s's record holds its maximum score m_s, its
+// sum of weights l_s = sum exp(score - m_s) and its weighted V sum a_s; with m the maximum of the m_s, the output
+// is sum a_s exp(m_s - m) / sum l_s exp(m_s - m). Invocation i writes one vec4 of one (token, query head) row.
+
+struct Params {
+  num_rows: u32,  // num_tokens * num_qo_heads
+  num_qo_heads: u32,
+  keys_per_split: u32,
+  num_splits: u32,
+}
+
+@group(0) @binding(0) var<uniform> params: Params;
+@group(0) @binding(1) var<storage, read> partial: array<vec4<f32>>;
+@group(0) @binding(2) var<storage, read> tokens: array<vec4<u32>>;
+@group(0) @binding(3) var<storage, read_write> out: array<vec4<f32>>;
+
+const LOWEST: f32 = -3.4028234e38;
+
+@compute @workgroup_size(256)
+fn merge(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
+  let i = gid.x + gid.y * nwg.x * 256u;
+  if (i >= params.num_rows * QUADS) {
+    return;
+  }
+  let row = i / QUADS;
+  let c = i % QUADS;
+  let splits = tokens[row / params.num_qo_heads].x / params.keys_per_split + 1u;
+  let base = row * params.num_splits * (QUADS + 1u);
+  var m = LOWEST;
+  for (var s = 0u; s < splits; s++) {
+    m = max(m, partial[base + s * (QUADS + 1u) + QUADS].x);
+  }
+  var total = 0.0;
+  var acc = vec4<f32>(0.0);
+  for (var s = 0u; s < splits; s++) {
+    let at = base + s * (QUADS + 1u);
+    let stats = partial[at + QUADS];
+    let f = exp(stats.x - m);
+    total += stats.y * f;
+    acc += partial[at + c] * f;
+  }
+  out[i] = acc / total;
+}

