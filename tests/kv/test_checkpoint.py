@@ -19,7 +19,7 @@ import pytest
 
 from kvckpt_web import (CapacityError, CheckpointStateError, DeviceArray, LayoutHashMismatch, MetadataError,
                         PagedKVCache, PageGroups, SequenceError, TensorError, UnsupportedLayoutError)
-from kvckpt_web.cli.bench import scatter_free_pages
+from kvckpt_web.kv.scatter import scatter_free_pages
 from kvckpt_web.gpu.device import CopyRuns, Usage
 from kvckpt_web.kv.transfer import page_runs
 
