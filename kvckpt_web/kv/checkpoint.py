@@ -226,40 +226,23 @@ class CheckpointIO:
             if state.imported[group_id]:
                 raise CheckpointStateError(f"import_groups: checkpoint group {group_id} was already imported")
             views[group_id] = as_bytes(data, f"groups[{group_id}]", self.layout.dtype, nbytes)
-        if nbytes == 0 or not views or self.maps_pages:
-            if self.maps_pages:
-                layers = [self.layers[g] for g in views]
-                for buffer, runs in self.mover.host_runs(layers, state.seq.pages, list(views.values())).items():
-                    self.device.copy_to_buffer(buffer, runs)
-            for group_id in views:
-                state.imported[group_id] = True
+        if self.maps_pages:
+            layers = [self.layers[g] for g in views]
+            for buffer, runs in self.mover.host_runs(layers, state.seq.pages, list(views.values())).items():
+                self.device.copy_to_buffer(buffer, runs)
+        elif nbytes and views:
+            await self._import_staged(state, groups, views, nbytes)
             return
+        for group_id in views:
+            state.imported[group_id] = True
+
+    async def _import_staged(self, state: Import, groups: Any, views: dict[int, memoryview], nbytes: int) -> None:
+        """:meth:`import_groups` of ``views`` (``nbytes`` each) uploaded to staging and scattered by the device."""
         path = await self._resolve_page_path()
         pages = state.seq.pages
         table = self._upload_u32("table", pages)
-        # One copy may carry several layers when no other page of the cache is in use (the bytes
-        # between the layers' runs then land in free pages only).
-        others_free = self.seqs.pool.num_free == self.seqs.pool.num_pages - len(pages)
-
-        def span(step: list[int]) -> int | None:
-            if not others_free or step[-1] - step[0] != len(step) - 1:
-                return None
-            return self.mover.span_stride(path, [self.layers[g] for g in step], pages)
-
-        ids = list(views)
         per = max(2, self.mover.batch_bytes // nbytes)  # layers per step (at least two, which one copy may carry)
-        # (layers, their stride in staging, whether one copy carries them all, the host bytes to upload)
-        if isinstance(groups, PageGroups) and len(ids) == len(self.layers) and groups.stride % 4 == 0:
-            uploads = [(ids, groups.stride, span(ids) == groups.stride, [groups.host])]  # copies move whole words
-        else:
-            uploads = []
-            for first in range(0, len(ids), per):
-                step = ids[first:first + per]
-                one = span(step)
-                stride = one or nbytes
-                gap = bytes(stride - nbytes)
-                uploads.append((step, stride, one is not None, [part for g in step for part in (views[g], gap)][:-1]))
-        for k, (step, stride, whole, parts) in enumerate(uploads):
+        for k, (step, stride, whole, parts) in enumerate(self._uploads(path, pages, groups, views, nbytes, per)):
             staging = self._buffer(f"write_staging{k % 2}", span_bytes(len(step), nbytes, stride),
                                    Usage.MAP_WRITE | Usage.COPY_SRC)
             await self.device.upload(staging, 0, parts)
@@ -270,6 +253,31 @@ class CheckpointIO:
                                                              one_copy=whole, src_offset=first * stride))
             for group_id in step:
                 state.imported[group_id] = True
+
+    def _uploads(self, path: str, pages: list[int], groups: Any, views: dict[int, memoryview], nbytes: int,
+                 per: int) -> list[tuple[list[int], int, bool, list[Any]]]:
+        """The steps of a staged import: (group ids, their stride in staging, whether one copy carries them
+        all, the host bytes to upload): every group of one ``PageGroups`` in one step, else ``per`` a step."""
+        # One copy may carry several layers when no other page of the cache is in use (the bytes
+        # between the layers' runs then land in free pages only).
+        others_free = self.seqs.pool.num_free == self.seqs.pool.num_pages - len(pages)
+
+        def span(step: list[int]) -> int | None:
+            if not others_free or step[-1] - step[0] != len(step) - 1:
+                return None
+            return self.mover.span_stride(path, [self.layers[g] for g in step], pages)
+
+        ids = list(views)
+        if isinstance(groups, PageGroups) and len(ids) == len(self.layers) and groups.stride % 4 == 0:
+            return [(ids, groups.stride, span(ids) == groups.stride, [groups.host])]  # copies move whole words
+        uploads = []
+        for first in range(0, len(ids), per):
+            step = ids[first:first + per]
+            one = span(step)
+            stride = one or nbytes
+            gap = bytes(stride - nbytes)
+            uploads.append((step, stride, one is not None, [part for g in step for part in (views[g], gap)][:-1]))
+        return uploads
 
     async def load_checkpoint(self, metadata_json: str | bytes, groups: Seq[Any], *,
                               seq_id: int | None = None, exclusive: bool = True) -> None:
