@@ -29,7 +29,7 @@ $(STAMP): pyproject.toml
 	$(BIN)/python -m pip install -q -e ".[test]" "$(TVM)"
 	touch $(STAMP)
 
-# The browser runtime (issue 4): system Chromium (WebGPU on SwiftShader, driven by Python Playwright;
+# The browser runtime: system Chromium (WebGPU on SwiftShader, driven by Python Playwright;
 # `playwright install` is never run), the pinned npm package pyodide and the pure wheels served beside it.
 PYODIDE_VERSION := 314.0.7
 WEB        := build/web
