@@ -6,7 +6,7 @@ import hashlib
 
 import pytest
 
-from browser_harness import PyPage
+from .browser_harness import PyPage
 
 STORES = ["IndexedDBStore", "OPFSStore"]
 
