@@ -78,10 +78,9 @@ def wheels_dir() -> Path:
 
 def build_wheel(out: Path) -> Path:
     """The kvckpt_web wheel of this source tree (hatchling, no network)."""
-    out.mkdir(parents=True, exist_ok=True)
-    subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation", "-w", str(out),
-                    str(REPO)], check=True, capture_output=True, text=True)
-    return next(out.glob("kvckpt_web-*.whl"))
+    from kvckpt_web.web.serve import build_wheel as build
+
+    return build(REPO, out)
 
 
 @pytest.fixture(scope="package")
