@@ -54,7 +54,7 @@ def build_wheel(source: str | os.PathLike[str], out: str | os.PathLike[str]) -> 
     wheels = sorted(out.glob("kvckpt_web-*.whl"))
     if build.returncode != 0 or not wheels:
         raise KVCkptError(f"wheel of {source}: expected a kvckpt_web wheel built by pip (hatchling installed), "
-                          f"got exit status {build.returncode}: {build.stderr.strip()[-500:]}")
+                          f"got exit status {build.returncode}: {' '.join(build.stderr.split())[-500:]}")
     return wheels[-1]
 
 
