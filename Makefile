@@ -64,8 +64,8 @@ $(WEB_STAMP):
 test-browser: setup web-deps
 	$(BIN)/python -m pytest -q --reruns 1 tests/browser
 
+# Run from this checkout, `kvckpt serve` builds the wheel of the current source at start and serves it.
 serve: setup web-deps
-	$(BIN)/python -m pip wheel -q --no-deps --no-build-isolation -w $(WEB)/wheels .
 	$(BIN)/kvckpt serve
 
 bench-browser: setup web-deps
