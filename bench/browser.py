@@ -26,7 +26,7 @@ from kvckpt_web.gpu.browser import BrowserDevice
 from kvckpt_web.gpu.device import Copy, Usage
 from kvckpt_web.stores.browser import IndexedDBStore, OPFSStore
 from kvckpt_web.durable.persist import forget, restore, save
-from kvckpt_web.cli.bench import scatter_free_pages
+from kvckpt_web.kv.scatter import scatter_free_pages
 
 R = REPEATS
 now = lambda: js.performance.now() / 1000

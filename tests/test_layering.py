@@ -9,7 +9,6 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
-import pytest
 
 PACKAGE = Path(__file__).resolve().parents[1] / "kvckpt_web"
 ROOT = "kvckpt_web"
@@ -28,13 +27,6 @@ LAYERS = {
     "cli": 6,  # the command line (its ``serve`` command runs the web layer's server)
 }
 FOUNDATION = {"kvckpt_web.errors", "kvckpt_web.jsontext"}
-
-#: Import edges allowed to close a cycle, each with why. Phase B of the package layout removes this one:
-#: the checkpoint primitives become a module the cache calls instead of a mixin that names the cache.
-KNOWN_CYCLE_EDGES = {
-    ("kvckpt_web.kv.checkpoint", "kvckpt_web.kv.cache"),  # CheckpointMixin's ``self: PagedKVCache`` hints
-}
-
 
 def module_name(path: Path) -> str:
     parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
@@ -144,10 +136,6 @@ def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
     return found
 
 
-def without_known_cycle_edges(graph: dict[str, set[str]]) -> dict[str, set[str]]:
-    return {m: {t for t in imported if (m, t) not in KNOWN_CYCLE_EDGES} for m, imported in graph.items()}
-
-
 def test_every_module_is_in_a_layer():
     outside = [m for m in MODULES if m != ROOT and layer_of(m) is None]
     assert outside == [], f"modules in no layer of LAYERS: {outside}"
@@ -158,13 +146,7 @@ def test_imports_flow_down_the_layers():
 
 
 def test_the_package_has_no_import_cycles():
-    assert cycles(without_known_cycle_edges(import_graph())) == []
-
-
-@pytest.mark.parametrize("edge", sorted(KNOWN_CYCLE_EDGES))
-def test_each_known_cycle_edge_still_exists(edge):
-    importer, imported = edge
-    assert imported in import_graph()[importer], f"{edge} is gone: remove it from KNOWN_CYCLE_EDGES"
+    assert cycles(import_graph()) == []
 
 
 def test_an_upward_import_is_reported():
@@ -180,6 +162,6 @@ def test_a_sibling_import_is_reported():
 
 
 def test_a_cycle_within_a_layer_is_reported():
-    graph = without_known_cycle_edges(import_graph())
+    graph = import_graph()
     graph["kvckpt_web.kv.kernels"] = graph["kvckpt_web.kv.kernels"] | {"kvckpt_web.kv.transfer"}
     assert cycles(graph) == [["kvckpt_web.kv.kernels", "kvckpt_web.kv.transfer"]]

@@ -6,6 +6,7 @@ import argparse
 import json
 import os
 import sys
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -13,7 +14,7 @@ from ..durable.tvm_export import read_tvm_export
 from ..errors import KVCkptError, ModelUnavailableError
 from ..model.demo import WorkerConfig, run_generation_demo
 from ..tvm.metadata import layout_from_metadata, limits_from_metadata, validate_import
-from ..web.serve import DEFAULT_PYODIDE, DEFAULT_WHEELS, make_server
+from ..web.serve import DEFAULT_PYODIDE, DEFAULT_WHEELS, build_wheel, make_server, source_checkout
 from . import bench, generate, store_commands
 from .demo import run_demo, worker_main
 
@@ -78,17 +79,24 @@ def cmd_bench(args: argparse.Namespace) -> None:
 
 
 def cmd_serve(args: argparse.Namespace) -> None:
+    """Serve the browser runtime; run from a source checkout, with the wheel of that source, built at start
+    (once the server could listen), served before the ``--wheels`` directories."""
     pyodide = args.pyodide or os.environ.get("KVCKPT_PYODIDE") or DEFAULT_PYODIDE
     wheels = args.wheels or [os.environ.get("KVCKPT_WHEELS") or DEFAULT_WHEELS]
-    server = make_server(pyodide, wheels, host=args.host, port=args.port)
-    host, port = server.server_address[:2]
-    print(f"kvckpt_web browser runtime on http://{host}:{port}/ (Ctrl-C to stop)", flush=True)
-    try:
-        server.serve_forever()
-    except KeyboardInterrupt:
-        pass
-    finally:
-        server.server_close()
+    source = source_checkout()
+    with tempfile.TemporaryDirectory(prefix="kvckpt-wheel-") as fresh:
+        server = make_server(pyodide, [fresh, *wheels] if source else wheels, host=args.host, port=args.port)
+        try:
+            if source:
+                print(f"building the kvckpt_web wheel of {source}", file=sys.stderr, flush=True)
+                build_wheel(source, fresh)
+            host, port = server.server_address[:2]
+            print(f"kvckpt_web browser runtime on http://{host}:{port}/ (Ctrl-C to stop)", flush=True)
+            server.serve_forever()
+        except KeyboardInterrupt:
+            pass
+        finally:
+            server.server_close()
 
 
 def cmd_demo_worker(args: argparse.Namespace) -> None:
@@ -155,7 +163,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--pyodide", default=None, help="the npm package pyodide directory "
                    "(default: $KVCKPT_PYODIDE or build/web/node_modules/pyodide)")
     p.add_argument("--wheels", action="append", default=None, help="directory of wheels to serve under /wheels/ "
-                   "(repeatable; default: $KVCKPT_WHEELS or build/web/wheels)")
+                   "(repeatable; default: $KVCKPT_WHEELS or build/web/wheels); run from a source checkout, "
+                   "the wheel of that source is built at start and served before these")
     p.set_defaults(func=cmd_serve)
 
     for name in ("_demo-worker", "_demo-verify"):  # the demo's child processes, not for people

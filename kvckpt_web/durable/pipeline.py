@@ -30,10 +30,7 @@ HASH_THREADS = max(1, min(8, os.cpu_count() or 1))
 """Threads a save or restore hashes its chunks on."""
 
 INLINE_HASH_BYTES = (16 << 20) // HASH_THREADS
-"""A save that reads at most this many bytes hashes each chunk on the event loop when it is stored, without
-a trip through the hash threads (8 MiB with two). On two cores that trip cost more than the threads' second
-core gave back: incremental saves on tmpfs of 1, 4 and 8 MiB took 8.3, 8.1 and 11.2 ms hashed inline against
-9.1, 9.3 and 11.8 ms on the threads; 16 and 32 MiB came out even. More threads break even sooner."""
+"""A save of at most this many bytes hashes on the event loop, where a trip to the hash threads costs more than it saves."""
 
 _IN_BROWSER = sys.platform == "emscripten"
 

@@ -30,12 +30,10 @@ MAPPABLE_STORAGE = "mappable-primary-buffers"
 """wgpu-native's feature that lets any buffer be mappable; requested on CPU adapters only (see :meth:`WgpuDevice.open`)."""
 
 UPLOAD_STAGING = Usage.MAP_WRITE | Usage.STORAGE
-"""Of these usages, an upload staging buffer (mapped again for its next upload after each submit) has
-MAP_WRITE alone: a storage buffer that maps in place is mapped only by the host copies into it."""
+"""Usages telling upload staging (MAP_WRITE alone, mapped again after each submit) from pages that map in place."""
 
 ALIASED_PIECE_BYTES = 1 << 20
-"""Piece size of a host copy whose destination trails its source by less than :data:`ALIAS_WINDOW` bytes
-modulo 4 KiB (see :func:`host_copy`)."""
+"""Piece size of a host copy slowed by 4K aliasing (see :func:`host_copy`)."""
 
 ALIAS_WINDOW = 512
 """Bytes past the source (modulo 4 KiB) within which a destination makes one large host copy slow."""
@@ -47,8 +45,7 @@ def host_copy(dst: numpy.ndarray, src: numpy.ndarray) -> None:
     A destination 1-511 bytes past its source modulo 4 KiB (a bytearray, 16 bytes into its page,
     filled from a page-aligned mapping) is copied in pieces of :data:`ALIASED_PIECE_BYTES`: one
     large copy takes glibc's non-temporal loop, whose loads then alias its pending stores (4K
-    aliasing); measured here for 256 MiB: 72-80 ms in one copy, 40-44 ms in 1 MiB pieces, 22 ms
-    when source and destination share their page offset.
+    aliasing).
     """
     size = len(src)
     step = ALIASED_PIECE_BYTES if 0 < (dst.ctypes.data - src.ctypes.data) % 4096 < ALIAS_WINDOW else size
@@ -57,8 +54,7 @@ def host_copy(dst: numpy.ndarray, src: numpy.ndarray) -> None:
 
 
 GIL_FREE_COPY_BYTES = 1 << 20
-"""Runs at least this long are copied by numpy, which lets other threads run meanwhile (a save's hashing
-and writes while its next batch is copied); shorter ones by a slice, which costs less per call."""
+"""Runs at least this long are copied by numpy, which releases the GIL; shorter ones by a slice, cheaper per call."""
 
 
 def _copy_run(dst: memoryview, src: memoryview) -> None:

@@ -4,23 +4,24 @@ One storage buffer per layer holds ``[num_total_pages, 2, num_kv_heads, page_siz
 head_dim]`` elements. Sequences own lists of pages (``pool``); a forward pass
 reserves token slots (``begin_forward``), the caller appends each layer's K and V
 (``append_kv``, a WGSL kernel) and ends it (``end_forward``); model kernels that write K/V
-themselves find the reserved slots in ``current_forward`` and the pages in ``page_table``. The checkpoint
-primitives come from :class:`~kvckpt_web.kv.checkpoint.CheckpointMixin`.
+themselves find the reserved slots in ``current_forward`` and the pages in ``page_table``. TVM's checkpoint
+primitives are methods of the cache, carried out by the :class:`~kvckpt_web.kv.checkpoint.CheckpointIO` it owns.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any, Callable, Sequence as Seq
 
 from ..errors import CapacityError, CheckpointStateError, SequenceError, TensorError, is_int
-from ..gpu.device import Buffer, Clear, Command, Copy, Device, Region, Usage
-from ..gpu.tensors import HostTensor, as_bytes, span_bytes, zeroed
+from ..gpu.device import Buffer, Command, Copy, Device, Usage
+from ..gpu.tensors import DeviceArray, HostTensor, as_bytes, span_bytes, zeroed
 from ..tvm.layout import CacheLimits, KVLayout
 from ..tvm.metadata import layout_from_metadata, limits_from_metadata, parse_metadata
-from .checkpoint import CheckpointMixin
+from .arenas import allocate_layers
+from .checkpoint import CheckpointIO
 from .kernels import kv_append
-from .page_groups import PageGroups
+from .page_groups import MappedPages, PageGroups
 from .pool import PageCopy, SequenceState, SequenceTable
 from .transfer import TRANSFERS, PageMover, known_path, measure_path
 
@@ -45,21 +46,7 @@ class ForwardPass:
         return len(self.slots)
 
 
-class MappedPages:
-    """Page groups viewed in mapped device memory (see :meth:`PagedKVCache.map_pages`)."""
-
-    def __init__(self, groups: list[memoryview], unmap: Callable[[], None] | None) -> None:
-        self.groups = groups
-        self._unmap = unmap
-
-    def release(self) -> None:
-        """Unmap; the group views must no longer be used. Calling it again does nothing."""
-        unmap, self._unmap = self._unmap, None
-        if unmap is not None:
-            unmap()
-
-
-class PagedKVCache(CheckpointMixin):
+class PagedKVCache:
     """A TVM-compatible paged K/V cache on a :class:`~kvckpt_web.gpu.device.Device`.
 
     ``transfer`` says how pages move (see :mod:`~kvckpt_web.kv.transfer`): "kernel" or "copy" on the
@@ -82,47 +69,24 @@ class PagedKVCache(CheckpointMixin):
         self.limits = limits or CacheLimits()
         self.num_total_pages = self.limits.num_total_pages(layout.page_size)
         self.transfer = transfer
-        self.layers = self._allocate_layers()
+        self.layers = allocate_layers(device, layout, self.num_total_pages, mappable=self.maps_pages)
         self.seqs = SequenceTable(self.num_total_pages, layout.page_size)
         self.mover = PageMover(device, layout)
         self._forward: ForwardPass | None = None
         self._buffers: dict[str, Buffer] = {}
         self._mapped_slots: set[int] = set()
         self._host_slots: dict[int, memoryview] = {}  # map_pages' buffers where the host copies pages in place
-        CheckpointMixin.__init__(self)
+        self._checkpoint = CheckpointIO(
+            layout=layout, limits=self.limits, device=device, seqs=self.seqs, layers=self.layers, mover=self.mover,
+            maps_pages=self.maps_pages, check_open=self._check_open, forward=lambda: self._forward,
+            buffer=self._buffer, upload_u32=self._upload_u32, page_path=self.page_path,
+            resolve_page_path=self._resolve_page_path, read_pages=self.read_pages)
 
     @classmethod
     def from_metadata(cls, device: Device, metadata_json: str | bytes, *, transfer: str = "auto") -> "PagedKVCache":
         """A new empty cache whose layout and limits are those of the cache that wrote ``metadata_json``."""
         metadata = parse_metadata(metadata_json)
         return cls(device, layout_from_metadata(metadata), limits_from_metadata(metadata), transfer=transfer)
-
-    def _allocate_layers(self) -> list[Region]:
-        """One region per layer, packed into as few buffers ("arenas") as the adapter allows.
-
-        Layers sit ``stride`` bytes apart (the layer size rounded up to the storage offset alignment), so
-        the same run of pages in consecutive layers can move in one copy. The arenas are cleared on the
-        device's queue at once, where wgpu would zero each at its first use: a restore into a new cache
-        then reads and verifies its checkpoint while the queue clears, instead of waiting for it at import.
-        """
-        info = self.device.info
-        size = self.num_total_pages * self.layout.page_bytes
-        self.device.check_binding_size(size, "kv layer")
-        align = info.storage_offset_alignment
-        stride = -(-size // align) * align
-        per_arena = max(1, min(self.layout.num_layers, info.max_buffer_size // stride))
-        usage = Usage.STORAGE | Usage.COPY_SRC | Usage.COPY_DST
-        if self.maps_pages:
-            usage |= Usage.MAP_READ | Usage.MAP_WRITE
-        layers: list[Region] = []
-        arenas: list[Buffer] = []
-        for first in range(0, self.layout.num_layers, per_arena):
-            count = min(per_arena, self.layout.num_layers - first)
-            arenas.append(self.device.create_buffer(span_bytes(count, size, stride), usage,
-                                                    f"kv.layers{first}-{first + count - 1}"))
-            layers += [Region(arenas[-1], i * stride, size) for i in range(count)]
-        self.device.submit([Clear(arena, 0, arena.size) for arena in arenas])
-        return layers
 
     # ----- buffers reused across calls -------------------------------------------------------------
 
@@ -186,15 +150,81 @@ class PagedKVCache(CheckpointMixin):
             self.device.destroy(buf)
         for buf in self._buffers.values():
             self.device.destroy(buf)
-        self.layers, self._buffers, self._host_slots = [], {}, {}
+        self.layers.clear()  # the list the checkpoint primitives hold too
+        self._buffers, self._host_slots = {}, {}
         self.mover.close()
+
+    # ----- TVM's checkpoint primitives (see :mod:`~kvckpt_web.kv.checkpoint`) -------------------------
+
+    def get_layout_hash(self) -> str:
+        """FNV-1a 64 hash of this cache's layout, as 16 hex digits (TVM's ``get_layout_hash``)."""
+        return self.layout.layout_hash()
+
+    def get_checkpoint_metadata(self, seq_id: int) -> str:
+        """The checkpoint metadata JSON of ``seq_id``, byte-identical to TVM's."""
+        return self._checkpoint.get_checkpoint_metadata(seq_id)
+
+    def empty_group(self, num_logical_pages: int) -> DeviceArray:
+        """A new device page group tensor for ``num_logical_pages`` pages."""
+        return self._checkpoint.empty_group(num_logical_pages)
+
+    def export_page_group(self, seq_id: int, group_id: int, dst: DeviceArray) -> None:
+        """Pack layer ``group_id`` of ``seq_id`` into ``dst`` (unused tail of the last page zeroed)."""
+        self._checkpoint.export_page_group(seq_id, group_id, dst)
+
+    def prepare_import(self, seq_id: int, metadata_json: str | bytes, *, exclusive: bool = True) -> None:
+        """Validate ``metadata_json`` fully and reserve pages for it; nothing changes if it is rejected.
+
+        ``exclusive`` (TVM's behaviour) clears every other sequence; ``exclusive=False`` keeps them and
+        replaces ``seq_id`` only when ``finish_import`` succeeds.
+        """
+        self._checkpoint.prepare_import(seq_id, metadata_json, exclusive=exclusive)
+
+    def import_page_group(self, seq_id: int, group_id: int, src: DeviceArray) -> None:
+        """Scatter page group ``group_id`` from ``src`` into the pages reserved by ``prepare_import``."""
+        self._checkpoint.import_page_group(seq_id, group_id, src)
+
+    def finish_import(self, seq_id: int) -> None:
+        """Complete the import once every group is in; the sequence then exists with its imported length."""
+        self._checkpoint.finish_import(seq_id)
+
+    def abort_import(self, seq_id: int) -> None:
+        """Abandon an import: release its pages; with ``exclusive=False`` the old ``seq_id`` is kept."""
+        self._checkpoint.abort_import(seq_id)
+
+    def get_sequence_length(self, seq_id: int) -> int:
+        """Tokens in ``seq_id``; refused while a checkpoint import is in progress."""
+        return self._checkpoint.get_sequence_length(seq_id)
+
+    async def export_groups(self, seq_id: int, out: memoryview | None = None) -> PageGroups:
+        """Every page group of ``seq_id`` as bytes (TVM's raw little-endian group tensors), in one readback."""
+        return await self._checkpoint.export_groups(seq_id, out)
+
+    async def export_group_bytes(self, seq_id: int, group_id: int) -> bytes:
+        """Page group ``group_id`` of ``seq_id`` as bytes."""
+        return await self._checkpoint.export_group_bytes(seq_id, group_id)
+
+    async def import_groups(self, seq_id: int, groups: dict[int, Any] | Seq[Any]) -> None:
+        """Import page groups from host bytes (a list of every group, or ``{group_id: bytes}``); every group
+        as one :class:`~kvckpt_web.kv.page_groups.PageGroups` goes up in one host copy."""
+        await self._checkpoint.import_groups(seq_id, groups)
+
+    async def import_group_bytes(self, seq_id: int, group_id: int, data: Any) -> None:
+        """Import page group ``group_id`` from host bytes."""
+        await self._checkpoint.import_groups(seq_id, {group_id: data})
+
+    async def load_checkpoint(self, metadata_json: str | bytes, groups: Seq[Any], *, seq_id: int | None = None,
+                              exclusive: bool = True) -> None:
+        """prepare_import + every group + finish_import; on any error the import is abandoned and a call
+        rejected before prepare_import leaves the cache as it was."""
+        await self._checkpoint.load_checkpoint(metadata_json, groups, seq_id=seq_id, exclusive=exclusive)
 
     # ----- sequences --------------------------------------------------------------------------------
 
     def _check_not_importing(self, operation: str) -> None:
-        if self._import is not None:
+        if self._checkpoint.importing is not None:
             raise CheckpointStateError(f"{operation}: expected no checkpoint import in progress, got an import of "
-                                       f"seq_id {self._import.seq_id} (call finish_import or abort_import first)")
+                                       f"seq_id {self._checkpoint.importing.seq_id} (call finish_import or abort_import first)")
 
     def add_sequence(self, seq_id: int) -> None:
         """Create an empty sequence ``seq_id``."""
@@ -245,9 +275,9 @@ class PagedKVCache(CheckpointMixin):
 
     def begin_forward(self, seq_ids: list[int], append_lengths: list[int]) -> None:
         """Reserve slots for ``append_lengths[i]`` new tokens of each ``seq_ids[i]`` (all or nothing)."""
-        if self._import is not None:
+        if self._checkpoint.importing is not None:
             raise CheckpointStateError("begin_forward: cannot begin a forward pass before checkpoint import is "
-                                       f"finished (seq_id {self._import.seq_id} is being imported)")
+                                       f"finished (seq_id {self._checkpoint.importing.seq_id} is being imported)")
         if self._forward is not None:
             raise CheckpointStateError("begin_forward: expected no forward pass in progress, got one "
                                        f"(seq_ids {list(self._forward.seq_ids)}); call end_forward first")
@@ -397,7 +427,7 @@ class PagedKVCache(CheckpointMixin):
         return groups
 
     async def map_pages(self, seq_id: int, page_begin: int = 0, page_end: int | None = None, *,
-                        slot: int = 0) -> "MappedPages":
+                        slot: int = 0) -> MappedPages:
         """Like :meth:`read_pages`, into a buffer of ``slot`` that is reused: a mapped staging buffer, or where
         :attr:`maps_pages`, a host buffer the pages are copied into in place (no device work to wait for).
 

@@ -7,60 +7,83 @@ helpers that move page groups as bytes. Extensions, which leave the format of a
 seq-0 checkpoint unchanged: any sequence id may be checkpointed, and
 ``prepare_import(..., exclusive=False)`` replaces one sequence instead of clearing
 the cache; ``abort_import`` abandons an import.
+
+:class:`CheckpointIO` holds the import state machine of one cache and is given the
+cache's parts it works on; :class:`~kvckpt_web.kv.cache.PagedKVCache` owns one and
+offers its methods under TVM's names.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Sequence as Seq
+from typing import Any, Awaitable, Callable, Sequence as Seq
 
 from ..errors import CheckpointStateError, SequenceError, TensorError, is_int
-from ..gpu.device import Usage
+from ..gpu.device import Buffer, Device, Region, Usage
 from ..gpu.tensors import DeviceArray, as_bytes, span_bytes
+from ..tvm.layout import CacheLimits, KVLayout
 from ..tvm.metadata import ImportPlan, parse_metadata, validate_import, write_metadata
 from .page_groups import PageGroups
-from .pool import Sequence
-
-if TYPE_CHECKING:
-    from .cache import PagedKVCache
+from .pool import Sequence, SequenceTable
+from .transfer import PageMover
 
 _GROUP_LAYOUT = "(1,num_logical_pages,2,num_kv_heads,page_size,qk_head_dim)"
 
 
 @dataclass
-class _Import:
+class Import:
+    """A checkpoint import in progress: the sequence it builds and the groups already in."""
+
     seq_id: int
     seq: Sequence
     exclusive: bool
     imported: list[bool] = field(default_factory=list)
 
 
-class CheckpointMixin:
-    """Checkpoint primitives of :class:`~kvckpt_web.kv.cache.PagedKVCache`."""
+class CheckpointIO:
+    """TVM's checkpoint primitives over one cache's pages, and the state of its import.
 
-    def __init__(self) -> None:
-        self._import: _Import | None = None
+    It is given what it works on: the cache's layout, limits, device, sequence table, layer regions
+    (a list the cache empties when it closes) and page mover; whether the host moves pages through
+    mapped page buffers; and the cache's helpers: ``check_open(operation)``, ``forward()`` (the forward
+    pass in progress or None), ``buffer(name, size, usage)`` and ``upload_u32(name, values)`` (device
+    buffers reused across calls), ``page_path()`` and ``resolve_page_path()`` (the device path in use,
+    the second measuring it first where needed) and ``read_pages(seq_id, begin, end, out)``.
+    """
+
+    def __init__(self, *, layout: KVLayout, limits: CacheLimits, device: Device, seqs: SequenceTable,
+                 layers: list[Region], mover: PageMover, maps_pages: bool, check_open: Callable[[str], None],
+                 forward: Callable[[], Any], buffer: Callable[[str, int, Usage], Buffer],
+                 upload_u32: Callable[[str, list[int]], Buffer], page_path: Callable[[], str],
+                 resolve_page_path: Callable[[], Awaitable[str]],
+                 read_pages: Callable[..., Awaitable[PageGroups]]) -> None:
+        self.layout, self.limits, self.device, self.seqs = layout, limits, device, seqs
+        self.layers, self.mover, self.maps_pages = layers, mover, maps_pages
+        self._check_open, self._forward, self._buffer, self._upload_u32 = check_open, forward, buffer, upload_u32
+        self._page_path, self._resolve_page_path, self._read_pages = page_path, resolve_page_path, read_pages
+        #: The import in progress, if any.
+        self.importing: Import | None = None
 
     # ----- state checks -----------------------------------------------------------------------------
 
-    def _export_seq(self: "PagedKVCache", seq_id: int, operation: str) -> Sequence:
+    def _export_seq(self, seq_id: int, operation: str) -> Sequence:
         self._check_open(operation)
         self.layout.check_checkpointable()
-        if self._import is not None:
+        if self.importing is not None:
             raise CheckpointStateError(f"{operation}: checkpoint import must be finished before exporting a "
-                                       f"checkpoint (seq_id {self._import.seq_id} is being imported)")
-        if self._forward is not None:  # some layers may hold the new tokens' K/V and others not yet
+                                       f"checkpoint (seq_id {self.importing.seq_id} is being imported)")
+        if self._forward() is not None:  # some layers may hold the new tokens' K/V and others not yet
             raise CheckpointStateError(f"{operation}: expected no forward pass in progress, got one (seq_ids "
-                                       f"{list(self._forward.seq_ids)}); call end_forward first")
+                                       f"{list(self._forward().seq_ids)}); call end_forward first")
         return self.seqs.get(seq_id)
 
-    def _check_group_id(self: "PagedKVCache", group_id: int, operation: str) -> None:
+    def _check_group_id(self, group_id: int, operation: str) -> None:
         n = self.layout.num_layers
         if not is_int(group_id, 0, n - 1):
             raise TensorError(f"{operation}.group_id", f"0..{n - 1} (invalid group id; only {n} groups are available)",
                               group_id)
 
-    def _check_group_tensor(self: "PagedKVCache", tensor: DeviceArray, npages: int, operation: str,
+    def _check_group_tensor(self, tensor: DeviceArray, npages: int, operation: str,
                             usage: Usage) -> None:
         lay = self.layout
         where = f"{operation} expects the tensor in layout {_GROUP_LAYOUT}"
@@ -78,9 +101,9 @@ class CheckpointMixin:
             raise TensorError(f"{operation}.offset", f"a multiple of 4 leaving {npages * lay.page_bytes} bytes "
                               f"in a {tensor.buffer.size}-byte buffer", tensor.offset)
 
-    def _importing(self: "PagedKVCache", seq_id: int, operation: str) -> _Import:
+    def _import_of(self, seq_id: int, operation: str) -> Import:
         self.layout.check_checkpointable()
-        state = self._import
+        state = self.importing
         if state is None:
             raise CheckpointStateError(f"{operation}: checkpoint import has not been prepared")
         if seq_id != state.seq_id:
@@ -90,32 +113,28 @@ class CheckpointMixin:
 
     # ----- the seven primitives ---------------------------------------------------------------------
 
-    def get_layout_hash(self: "PagedKVCache") -> str:
-        """FNV-1a 64 hash of this cache's layout, as 16 hex digits (TVM's ``get_layout_hash``)."""
-        return self.layout.layout_hash()
-
-    def get_checkpoint_metadata(self: "PagedKVCache", seq_id: int) -> str:
+    def get_checkpoint_metadata(self, seq_id: int) -> str:
         """The checkpoint metadata JSON of ``seq_id``, byte-identical to TVM's."""
         seq = self._export_seq(seq_id, "get_checkpoint_metadata")
         return write_metadata(self.layout, self.limits, seq_id, seq.length)
 
-    def empty_group(self: "PagedKVCache", num_logical_pages: int) -> DeviceArray:
+    def empty_group(self, num_logical_pages: int) -> DeviceArray:
         """A new device page group tensor for ``num_logical_pages`` pages."""
         buf = self.device.create_buffer(num_logical_pages * self.layout.page_bytes,
                                         Usage.STORAGE | Usage.COPY_SRC | Usage.COPY_DST, "kvckpt.group")
         return DeviceArray(buf, self.layout.group_shape(num_logical_pages), self.layout.dtype)
 
-    def export_page_group(self: "PagedKVCache", seq_id: int, group_id: int, dst: DeviceArray) -> None:
+    def export_page_group(self, seq_id: int, group_id: int, dst: DeviceArray) -> None:
         """Pack layer ``group_id`` of ``seq_id`` into ``dst`` (unused tail of the last page zeroed)."""
         seq = self._export_seq(seq_id, "export_page_group")
         self._check_group_id(group_id, "export_page_group")
         self._check_group_tensor(dst, len(seq.pages), "ExportPageGroup", Usage.COPY_DST)
         table = self._upload_u32("table", seq.pages)
         tail = seq.length - (len(seq.pages) - 1) * self.layout.page_size
-        self.device.submit(self.mover.pack(self.page_path(), self.layers[group_id], table, seq.pages, tail,
+        self.device.submit(self.mover.pack(self._page_path(), self.layers[group_id], table, seq.pages, tail,
                                            dst.buffer, dst.offset))
 
-    def prepare_import(self: "PagedKVCache", seq_id: int, metadata_json: str | bytes, *, exclusive: bool = True) -> None:
+    def prepare_import(self, seq_id: int, metadata_json: str | bytes, *, exclusive: bool = True) -> None:
         """Validate ``metadata_json`` fully and reserve pages for it; nothing changes if it is rejected.
 
         ``exclusive`` (TVM's behaviour) clears every other sequence; ``exclusive=False`` keeps them and
@@ -125,70 +144,70 @@ class CheckpointMixin:
         if exclusive:
             self.seqs.clear()
         pages = self.seqs.pool.allocate(plan.num_logical_pages)
-        self._import = _Import(seq_id, Sequence(seq_id, plan.seq_length, pages), exclusive,
+        self.importing = Import(seq_id, Sequence(seq_id, plan.seq_length, pages), exclusive,
                                [False] * self.layout.num_layers)
 
-    def _check_import(self: "PagedKVCache", seq_id: int, metadata_json: str | bytes) -> ImportPlan:
+    def _check_import(self, seq_id: int, metadata_json: str | bytes) -> ImportPlan:
         """Everything :meth:`prepare_import` checks before it changes anything; the import's plan."""
         self._check_open("prepare_import")
-        if self._import is not None:
+        if self.importing is not None:
             raise CheckpointStateError(f"prepare_import: expected no import in progress, got one for seq_id "
-                                       f"{self._import.seq_id}")
-        if self._forward is not None:
+                                       f"{self.importing.seq_id}")
+        if self._forward() is not None:
             raise CheckpointStateError("prepare_import: expected no forward pass in progress, got one")
         if not is_int(seq_id, 0):
             raise SequenceError(f"prepare_import.seq_id: expected a non-negative integer, got {seq_id!r}")
         return validate_import(metadata_json, self.layout, self.limits, seq_id)
 
-    def import_page_group(self: "PagedKVCache", seq_id: int, group_id: int, src: DeviceArray) -> None:
+    def import_page_group(self, seq_id: int, group_id: int, src: DeviceArray) -> None:
         """Scatter page group ``group_id`` from ``src`` into the pages reserved by ``prepare_import``."""
-        state = self._importing(seq_id, "import_page_group")
+        state = self._import_of(seq_id, "import_page_group")
         self._check_group_id(group_id, "import_page_group")
         if state.imported[group_id]:
             raise CheckpointStateError(f"import_page_group: checkpoint group {group_id} was already imported")
         self._check_group_tensor(src, len(state.seq.pages), "ImportPageGroup", Usage.COPY_SRC)
         table = self._upload_u32("table", state.seq.pages)
-        self.device.submit(self.mover.scatter(self.page_path(), src.buffer, src.offset, table, state.seq.pages,
+        self.device.submit(self.mover.scatter(self._page_path(), src.buffer, src.offset, table, state.seq.pages,
                                               self.layers[group_id]))
         state.imported[group_id] = True
 
-    def finish_import(self: "PagedKVCache", seq_id: int) -> None:
+    def finish_import(self, seq_id: int) -> None:
         """Complete the import once every group is in; the sequence then exists with its imported length."""
-        state = self._importing(seq_id, "finish_import")
+        state = self._import_of(seq_id, "finish_import")
         for group_id, done in enumerate(state.imported):
             if not done:
                 raise CheckpointStateError(f"finish_import: checkpoint import is missing group {group_id}")
         if seq_id in self.seqs.seqs:
             self.seqs.remove(seq_id)
         self.seqs.seqs[seq_id] = state.seq
-        self._import = None
+        self.importing = None
 
-    def abort_import(self: "PagedKVCache", seq_id: int) -> None:
+    def abort_import(self, seq_id: int) -> None:
         """Abandon an import: release its pages; with ``exclusive=False`` the old ``seq_id`` is kept."""
-        state = self._importing(seq_id, "abort_import")
+        state = self._import_of(seq_id, "abort_import")
         self.seqs.pool.release(state.seq.pages)
-        self._import = None
+        self.importing = None
 
-    def get_sequence_length(self: "PagedKVCache", seq_id: int) -> int:
+    def get_sequence_length(self, seq_id: int) -> int:
         """Tokens in ``seq_id``; refused while a checkpoint import is in progress."""
-        if self._import is not None:
+        if self.importing is not None:
             raise CheckpointStateError("get_sequence_length: sequence length is unavailable until checkpoint import "
                                        "is finished")
         return self.seqs.get(seq_id).length
 
     # ----- host helpers -----------------------------------------------------------------------------
 
-    async def export_groups(self: "PagedKVCache", seq_id: int, out: memoryview | None = None) -> PageGroups:
+    async def export_groups(self, seq_id: int, out: memoryview | None = None) -> PageGroups:
         """Every page group of ``seq_id`` as bytes (TVM's raw little-endian group tensors), in one readback."""
         seq = self._export_seq(seq_id, "export_groups")
-        return await self.read_pages(seq_id, 0, len(seq.pages), out)
+        return await self._read_pages(seq_id, 0, len(seq.pages), out)
 
-    async def export_group_bytes(self: "PagedKVCache", seq_id: int, group_id: int) -> bytes:
+    async def export_group_bytes(self, seq_id: int, group_id: int) -> bytes:
         """Page group ``group_id`` of ``seq_id`` as bytes."""
         self._check_group_id(group_id, "export_group_bytes")
         return bytes((await self.export_groups(seq_id))[group_id])
 
-    async def import_groups(self: "PagedKVCache", seq_id: int, groups: dict[int, Any] | Seq[Any]) -> None:
+    async def import_groups(self, seq_id: int, groups: dict[int, Any] | Seq[Any]) -> None:
         """Import page groups from host bytes (a list of every group, or ``{group_id: bytes}``).
 
         With the "mapped" transfer the host copies them straight into the mapped page buffers.
@@ -198,7 +217,7 @@ class CheckpointMixin:
         slots, the host filling one while the GPU scatters the other. A scatter that one copy cannot
         carry is submitted in such steps too, each encoded while the GPU runs the one before.
         """
-        state = self._importing(seq_id, "import_groups")
+        state = self._import_of(seq_id, "import_groups")
         items = dict(groups) if isinstance(groups, dict) else dict(enumerate(groups))
         nbytes = len(state.seq.pages) * self.layout.page_bytes
         views = {}
@@ -207,40 +226,23 @@ class CheckpointMixin:
             if state.imported[group_id]:
                 raise CheckpointStateError(f"import_groups: checkpoint group {group_id} was already imported")
             views[group_id] = as_bytes(data, f"groups[{group_id}]", self.layout.dtype, nbytes)
-        if nbytes == 0 or not views or self.maps_pages:
-            if self.maps_pages:
-                layers = [self.layers[g] for g in views]
-                for buffer, runs in self.mover.host_runs(layers, state.seq.pages, list(views.values())).items():
-                    self.device.copy_to_buffer(buffer, runs)
-            for group_id in views:
-                state.imported[group_id] = True
+        if self.maps_pages:
+            layers = [self.layers[g] for g in views]
+            for buffer, runs in self.mover.host_runs(layers, state.seq.pages, list(views.values())).items():
+                self.device.copy_to_buffer(buffer, runs)
+        elif nbytes and views:
+            await self._import_staged(state, groups, views, nbytes)
             return
+        for group_id in views:
+            state.imported[group_id] = True
+
+    async def _import_staged(self, state: Import, groups: Any, views: dict[int, memoryview], nbytes: int) -> None:
+        """:meth:`import_groups` of ``views`` (``nbytes`` each) uploaded to staging and scattered by the device."""
         path = await self._resolve_page_path()
         pages = state.seq.pages
         table = self._upload_u32("table", pages)
-        # One copy may carry several layers when no other page of the cache is in use (the bytes
-        # between the layers' runs then land in free pages only).
-        others_free = self.seqs.pool.num_free == self.num_total_pages - len(pages)
-
-        def span(step: list[int]) -> int | None:
-            if not others_free or step[-1] - step[0] != len(step) - 1:
-                return None
-            return self.mover.span_stride(path, [self.layers[g] for g in step], pages)
-
-        ids = list(views)
         per = max(2, self.mover.batch_bytes // nbytes)  # layers per step (at least two, which one copy may carry)
-        # (layers, their stride in staging, whether one copy carries them all, the host bytes to upload)
-        if isinstance(groups, PageGroups) and len(ids) == len(self.layers) and groups.stride % 4 == 0:
-            uploads = [(ids, groups.stride, span(ids) == groups.stride, [groups.host])]  # copies move whole words
-        else:
-            uploads = []
-            for first in range(0, len(ids), per):
-                step = ids[first:first + per]
-                one = span(step)
-                stride = one or nbytes
-                gap = bytes(stride - nbytes)
-                uploads.append((step, stride, one is not None, [part for g in step for part in (views[g], gap)][:-1]))
-        for k, (step, stride, whole, parts) in enumerate(uploads):
+        for k, (step, stride, whole, parts) in enumerate(self._uploads(path, pages, groups, views, nbytes, per)):
             staging = self._buffer(f"write_staging{k % 2}", span_bytes(len(step), nbytes, stride),
                                    Usage.MAP_WRITE | Usage.COPY_SRC)
             await self.device.upload(staging, 0, parts)
@@ -252,11 +254,32 @@ class CheckpointMixin:
             for group_id in step:
                 state.imported[group_id] = True
 
-    async def import_group_bytes(self: "PagedKVCache", seq_id: int, group_id: int, data: Any) -> None:
-        """Import page group ``group_id`` from host bytes."""
-        await self.import_groups(seq_id, {group_id: data})
+    def _uploads(self, path: str, pages: list[int], groups: Any, views: dict[int, memoryview], nbytes: int,
+                 per: int) -> list[tuple[list[int], int, bool, list[Any]]]:
+        """The steps of a staged import: (group ids, their stride in staging, whether one copy carries them
+        all, the host bytes to upload): every group of one ``PageGroups`` in one step, else ``per`` a step."""
+        # One copy may carry several layers when no other page of the cache is in use (the bytes
+        # between the layers' runs then land in free pages only).
+        others_free = self.seqs.pool.num_free == self.seqs.pool.num_pages - len(pages)
 
-    async def load_checkpoint(self: "PagedKVCache", metadata_json: str | bytes, groups: Seq[Any], *,
+        def span(step: list[int]) -> int | None:
+            if not others_free or step[-1] - step[0] != len(step) - 1:
+                return None
+            return self.mover.span_stride(path, [self.layers[g] for g in step], pages)
+
+        ids = list(views)
+        if isinstance(groups, PageGroups) and len(ids) == len(self.layers) and groups.stride % 4 == 0:
+            return [(ids, groups.stride, span(ids) == groups.stride, [groups.host])]  # copies move whole words
+        uploads = []
+        for first in range(0, len(ids), per):
+            step = ids[first:first + per]
+            one = span(step)
+            stride = one or nbytes
+            gap = bytes(stride - nbytes)
+            uploads.append((step, stride, one is not None, [part for g in step for part in (views[g], gap)][:-1]))
+        return uploads
+
+    async def load_checkpoint(self, metadata_json: str | bytes, groups: Seq[Any], *,
                               seq_id: int | None = None, exclusive: bool = True) -> None:
         """prepare_import + every group + finish_import; on any error the import is abandoned.
 
@@ -276,6 +299,6 @@ class CheckpointMixin:
             await self.import_groups(seq_id, groups)
             self.finish_import(seq_id)
         except BaseException:
-            if self._import is not None:
+            if self.importing is not None:
                 self.abort_import(seq_id)
             raise

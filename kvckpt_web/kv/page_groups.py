@@ -1,6 +1,9 @@
-"""Page groups on the host: every layer's dense page group of one sequence, as views into one buffer."""
+"""Page groups on the host: every layer's dense page group of one sequence, as views into one host buffer
+(:class:`PageGroups`) or into mapped memory (:class:`MappedPages`)."""
 
 from __future__ import annotations
+
+from typing import Callable
 
 from ..errors import TensorError
 from ..gpu.tensors import span_bytes, zeroed
@@ -32,3 +35,17 @@ class PageGroups(tuple):
         """``count`` zeroed groups in a new host buffer."""
         stride = group_bytes if stride is None else stride
         return cls(zeroed(span_bytes(count, group_bytes, stride)), group_bytes, count, stride)
+
+
+class MappedPages:
+    """Page groups viewed in mapped device memory (see :meth:`~kvckpt_web.kv.cache.PagedKVCache.map_pages`)."""
+
+    def __init__(self, groups: list[memoryview], unmap: Callable[[], None] | None) -> None:
+        self.groups = groups
+        self._unmap = unmap
+
+    def release(self) -> None:
+        """Unmap; the group views must no longer be used. Calling it again does nothing."""
+        unmap, self._unmap = self._unmap, None
+        if unmap is not None:
+            unmap()

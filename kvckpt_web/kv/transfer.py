@@ -38,17 +38,10 @@ TRANSFERS = PATHS + ("mapped",)
 """What a cache's ``transfer`` may name besides "auto" (see the module's docstring for "mapped")."""
 
 CPU_COPY_PIECE_BYTES = 512 << 10
-"""Largest copy of a run of pages on a CPU adapter (whole pages; at least one). x86 glibc copies blocks
-below the L2 size (AMD) or its non-temporal threshold (Intel) with ``rep movsb``. On the AMD EPYC
-this project is tested on, 16 MiB blocks take a temporal vector loop instead: a sequence's 16 MiB
-runs moved 5-10% faster in 512 KiB pieces, alternating in one process, and isolated 8-64 MiB copies
-measured alike either way at other hours. Copies of the whole span of every layer (one run, see
-:meth:`PageMover.span_stride`) are not cut: those are large enough for glibc's non-temporal stores."""
+"""Largest copy of a run of pages on a CPU adapter (whole pages, at least one), a block size glibc copies fastest."""
 
 TRANSFER_BATCH_BYTES = 32 << 20
-"""Bytes per step of an export or import: an export submits its packing in steps (each encoded while the
-GPU packs the one before); an import scatters one step while the host fills the next. An export that one
-copy moves whole is not split."""
+"""Bytes per step of an export or import, so that the GPU moves one step while the host prepares the next."""
 
 
 def in_pieces(runs: list[tuple[int, int, int]], piece: int | None) -> list[tuple[int, int, int]]:

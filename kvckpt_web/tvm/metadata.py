@@ -280,9 +280,19 @@ class ImportPlan:
 
 
 def validate_import(metadata_json: str | bytes, layout: KVLayout, limits: CacheLimits, seq_id: int) -> ImportPlan:
-    """Every check of TVM's ``PrepareImport`` against a cache of ``layout``/``limits``, importing into ``seq_id``."""
+    """Every check of TVM's ``PrepareImport`` against a cache of ``layout``/``limits``, importing into ``seq_id``,
+    in TVM's order."""
     layout.check_checkpointable()
     m = _Reader(parse_metadata(metadata_json), "metadata")
+    _check_layout(m, layout)
+    seq_length, npages = _check_length(m, layout, limits, seq_id)
+    _check_logical_pages(m, layout, seq_length, npages)
+    _check_groups(m, layout, npages)
+    return ImportPlan(seq_id=seq_id, seq_length=seq_length, num_logical_pages=npages)
+
+
+def _check_layout(m: _Reader, layout: KVLayout) -> None:
+    """The metadata's format, layout fields, source limits, layout hash and attention kinds."""
     m.expect("int", "format_version", FORMAT_VERSION)
     m.expect("str", "cache_type", CACHE_TYPE)
     for name in ("page_size", "num_layers", "layer_begin", "layer_end", "num_qo_heads", "num_kv_heads",
@@ -309,6 +319,9 @@ def validate_import(metadata_json: str | bytes, layout: KVLayout, limits: CacheL
         if got != expected:
             raise MetadataError(f"metadata.attn_kinds[{i}]", expected, got)
 
+
+def _check_length(m: _Reader, layout: KVLayout, limits: CacheLimits, seq_id: int) -> tuple[int, int]:
+    """The sequence id and length, and that both caches hold its pages: (seq_length, logical pages)."""
     m.expect("int", "seq_id", seq_id)
     seq_length = m.int("seq_length")
     if not 0 <= seq_length <= _INT32_MAX:
@@ -322,7 +335,11 @@ def validate_import(metadata_json: str | bytes, layout: KVLayout, limits: CacheL
     if npages > own_pages:
         raise MetadataError("metadata.seq_length", f"at most {own_pages} pages (this cache only has {own_pages} pages)",
                             f"{seq_length} tokens = {npages} pages")
+    return seq_length, npages
 
+
+def _check_logical_pages(m: _Reader, layout: KVLayout, seq_length: int, npages: int) -> None:
+    """Each logical page's index, start position and length."""
     pages = m.list("logical_pages")
     if len(pages) != npages:
         raise MetadataError("metadata.logical_pages", f"{npages} entries (sequence length {seq_length} "
@@ -337,6 +354,9 @@ def validate_import(metadata_json: str | bytes, layout: KVLayout, limits: CacheL
                 p.expect("int", name, expected)
         start += want[2][1]
 
+
+def _check_groups(m: _Reader, layout: KVLayout, npages: int) -> None:
+    """Each page group's layers, dtype, shape and size."""
     groups = m.list("groups")
     if len(groups) != layout.num_layers:
         raise MetadataError("metadata.groups", f"{layout.num_layers} entries", len(groups), "size mismatch")
@@ -356,4 +376,3 @@ def validate_import(metadata_json: str | bytes, layout: KVLayout, limits: CacheL
             if not is_int(dim, expected, expected):
                 raise MetadataError(f"metadata.groups[{g}].shape[{d}]", expected, dim, "shape mismatch")
         r.expect("int", "nbytes", npages * layout.page_bytes)
-    return ImportPlan(seq_id=seq_id, seq_length=seq_length, num_logical_pages=npages)

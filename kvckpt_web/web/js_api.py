@@ -1,8 +1,9 @@
 """What ``web/kvckpt.mjs`` calls: a page drives caches and checkpoints from JavaScript without writing Python.
 
 Each function adapts JS values (plain objects, typed arrays) to the Python API and
-back; the Python API stays the single source of truth. Results cross as JSON text,
-K/V bytes as ``Uint8Array``.
+back; the Python API stays the single source of truth. Results cross as JSON text
+whose keys are in JavaScript's camelCase (``seqLength``, ``appState``), K/V bytes as
+``Uint8Array``.
 """
 
 from __future__ import annotations
@@ -29,6 +30,17 @@ _device: Any = None
 def _py(value: Any) -> Any:
     """A JS value (JsProxy) as the matching Python value; Python values pass through."""
     return value.to_py() if hasattr(value, "to_py") else value
+
+
+def _camel(name: str) -> str:
+    """``seq_length`` as ``seqLength``."""
+    head, *rest = name.split("_")
+    return head + "".join(word.capitalize() for word in rest)
+
+
+def _json(fields: dict[str, Any]) -> str:
+    """A result's fields as JSON text for JavaScript: its keys in camelCase (the values as they are)."""
+    return json.dumps({_camel(key): value for key, value in fields.items()})
 
 
 def _bytes(value: Any) -> bytes:
@@ -122,22 +134,25 @@ async def read_kv(handle: int, seq_id: int, start: int, end: int) -> Any:
 
 
 async def checkpoint(handle: int, seq_id: int, store: str, store_name: str, name: str, app_state: Any = None) -> str:
-    """Save ``seq_id`` as the next generation of ``name``; the SaveResult as JSON."""
+    """Save ``seq_id`` as the next generation of ``name``; ``{name, generation, seqLength, chunksWritten,
+    bytesWritten}`` as JSON."""
     result = await save(_cache(handle), seq_id, await _store(store, store_name), name,
                         app_state=_py(app_state) or {})
-    return json.dumps({"name": result.name, "generation": result.generation, "seq_length": result.seq_length,
-                       "chunks_written": result.chunks_written, "bytes_written": result.bytes_written})
+    return _json({"name": result.name, "generation": result.generation, "seq_length": result.seq_length,
+                  "chunks_written": result.chunks_written, "bytes_written": result.bytes_written})
 
 
 async def restore(handle: int, store: str, store_name: str, name: str, seq_id: Any = None) -> str:
-    """Load the newest generation of ``name`` into the cache; the RestoreResult (with app_state) as JSON."""
+    """Load the newest generation of ``name`` into the cache; ``{name, generation, seqId, seqLength, appState}``
+    as JSON."""
     result = await restore_checkpoint(await _store(store, store_name), name, _cache(handle), seq_id=_py(seq_id))
-    return json.dumps({"name": result.name, "generation": result.generation, "seq_id": result.seq_id,
-                       "seq_length": result.seq_length, "app_state": result.app_state})
+    return _json({"name": result.name, "generation": result.generation, "seq_id": result.seq_id,
+                  "seq_length": result.seq_length, "app_state": result.app_state})
 
 
 async def gc(store: str, store_name: str, keep: int = DEFAULT_KEEP) -> str:
     """Keep the newest ``keep`` generations of each name (0: all of them), then delete every chunk none of them
-    uses, such as those of a failed save; the GcResult as JSON."""
+    uses, such as those of a failed save; the GcResult's fields as JSON (``keptManifests``, ``deletedChunks``,
+    ...)."""
     result = await collect(await _store(store, store_name), keep=None if keep == 0 else keep)
-    return json.dumps(dataclasses.asdict(result))
+    return _json(dataclasses.asdict(result))

@@ -1,18 +1,22 @@
 // kvckpt_web in the browser: boot Pyodide offline and install the kvckpt_web wheel.
 //
 // The Python package is the single source of truth; this module only loads it and
-// forwards a few calls:
+// forwards a few calls. Results are plain objects with camelCase keys, as the arguments:
 //
 //   import { boot } from "/kvckpt.mjs";
 //   const kv = await boot();                       // Pyodide + micropip + kvckpt_web from this origin
-//   const cache = await kv.createCache({page_size: 16, num_layers: 30, num_qo_heads: 9, num_kv_heads: 3,
-//                                       qk_head_dim: 64, dtype: "float16"}, {max_total_seq_len: 4096});
+//   const layout = {page_size: 16, num_layers: 2, num_qo_heads: 8, num_kv_heads: 2, qk_head_dim: 64,
+//                   dtype: "float16"};            // kvckpt_web.KVLayout's fields
+//   const cache = await kv.createCache(layout, {max_total_seq_len: 1024});   // CacheLimits' fields
+//   const n = 20;                                  // new tokens; K and V of each layer: raw little-endian
+//   const bytes = n * layout.num_kv_heads * layout.qk_head_dim * 2;   // float16 (n, num_kv_heads, head_dim)
+//   const layers = Array.from({length: layout.num_layers}, () => [new Uint8Array(bytes), new Uint8Array(bytes)]);
 //   cache.addSequence(0);
-//   cache.append([0], [n], layers);                // layers[i] = [kBytes, vBytes] (typed arrays) of layer i
-//   await cache.checkpoint({seqId: 0, store: "indexeddb", storeName: "kv", name: "chat", appState: {...}});
-//   ... after a crash, in a fresh page:
-//   const {appState} = await cache.restore({store: "indexeddb", storeName: "kv", name: "chat"});
-//   await kv.gc({store: "indexeddb", storeName: "kv"});   // frees what a failed checkpoint left
+//   cache.append([0], [n], layers);                // layers[i] = [k, v] of layer i
+//   await cache.checkpoint({seqId: 0, store: "indexeddb", storeName: "kv", name: "chat", appState: {turn: 1}});
+//   // after a crash, in a fresh page: boot() and createCache(layout, ...) again, then
+//   const {appState, seqLength} = await cache.restore({store: "indexeddb", storeName: "kv", name: "chat"});
+//   await kv.gc({store: "indexeddb", storeName: "kv"});   // deletes what a failed checkpoint left
 //   const r = await kv.runJSON("import json; json.dumps({'ok': 1})");   // or any Python
 //
 // Served by `kvckpt serve` (routes /pyodide/, /wheels/ and /wheels/index.json).
@@ -57,7 +61,8 @@ export class KVCkpt {
 
   // Keep the newest `keep` generations of each name in an IndexedDB or OPFS store (0 keeps all; left out, the
   // default of kvckpt_web.persist.gc), then delete every chunk none of them uses, such as those a failed
-  // checkpoint left. Returns {kept_manifests, deleted_manifests, deleted_chunks, freed_bytes, damaged_manifests}.
+  // checkpoint left. Returns {keptManifests, deletedManifests, deletedChunks, freedBytes, damagedManifests,
+  // keptReasons}.
   async gc({ store = "indexeddb", storeName = "kvckpt", keep } = {}) {
     const args = keep === undefined ? [store, storeName] : [store, storeName, keep];
     return JSON.parse(await this.api.gc(...args));
@@ -92,12 +97,14 @@ export class KVCache {
     return { k: pair[0], v: pair[1] };
   }
 
-  // Save sequence seqId as the next generation of `name` in an IndexedDB or OPFS store.
+  // Save sequence seqId as the next generation of `name` in an IndexedDB or OPFS store; returns
+  // {name, generation, seqLength, chunksWritten, bytesWritten}. Over the storage quota it rejects with a
+  // StoreError ("storage quota exceeded"); the last committed generation stays, kv.gc() frees the rest.
   async checkpoint({ seqId = 0, store = "indexeddb", storeName = "kvckpt", name, appState = {} }) {
     return JSON.parse(await this.api.checkpoint(this.handle, seqId, store, storeName, name, appState));
   }
 
-  // Load the newest generation of `name`; returns {name, generation, seq_id, seq_length, app_state}.
+  // Load the newest generation of `name`; returns {name, generation, seqId, seqLength, appState}.
   async restore({ store = "indexeddb", storeName = "kvckpt", name, seqId = null }) {
     return JSON.parse(await this.api.restore(this.handle, store, storeName, name, seqId ?? undefined));
   }

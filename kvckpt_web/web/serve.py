@@ -7,6 +7,8 @@ and OPFS require):
 * ``/pyodide/`` -- the files of the pinned npm package ``pyodide`` (no CDN);
 * ``/wheels/`` -- pure-Python wheels (micropip, packaging, kvckpt_web, ...) from one or more
   directories, plus ``/wheels/index.json`` listing them, which the page uses to find them.
+  A project's wheels come from the first directory that holds one, so a freshly built
+  kvckpt_web wheel put first hides a stale one further on.
 
 Nothing here runs in Pyodide.
 """
@@ -16,6 +18,8 @@ from __future__ import annotations
 import json
 import os
 import posixpath
+import subprocess
+import sys
 import threading
 import urllib.parse
 from functools import partial
@@ -31,6 +35,32 @@ DEFAULT_WHEELS = Path("build/web/wheels")
 _TYPES = {".mjs": "text/javascript", ".js": "text/javascript", ".wasm": "application/wasm",
           ".whl": "application/zip", ".json": "application/json", ".zip": "application/zip",
           ".html": "text/html; charset=utf-8", ".map": "application/json"}
+
+
+def source_checkout() -> Path | None:
+    """The source tree this package runs from (``pyproject.toml`` beside the package), or None when it runs
+    from an installed wheel."""
+    root = WEB_DIR.parents[1]
+    return root if (root / "pyproject.toml").is_file() else None
+
+
+def build_wheel(source: str | os.PathLike[str], out: str | os.PathLike[str]) -> Path:
+    """Build the kvckpt_web wheel of the source tree ``source`` into directory ``out`` and return its path
+    (hatchling from this environment, no build isolation, no network). KVCkptError if the build fails."""
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    build = subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation",
+                            "--no-index", "-w", str(out), str(source)], capture_output=True, text=True)
+    wheels = sorted(out.glob("kvckpt_web-*.whl"))
+    if build.returncode != 0 or not wheels:
+        raise KVCkptError(f"wheel of {source}: expected a kvckpt_web wheel built by pip (hatchling installed), "
+                          f"got exit status {build.returncode}: {' '.join(build.stderr.split())[-500:]}")
+    return wheels[-1]
+
+
+def _project(wheel: str) -> str:
+    """The normalized project name of a wheel file name (as kvckpt.mjs matches it)."""
+    return posixpath.basename(wheel).split("-")[0].lower().replace(".", "_")
 
 
 class _Handler(SimpleHTTPRequestHandler):
@@ -53,11 +83,14 @@ class _Handler(SimpleHTTPRequestHandler):
         return _TYPES.get(posixpath.splitext(path)[1].lower()) or super().guess_type(path)
 
     def _wheels(self) -> dict[str, Path]:
+        """File name -> path of the wheels served: each project's from the first directory holding one."""
         found: dict[str, Path] = {}
         for d in self.wheel_dirs:
             if d.is_dir():
+                seen = {_project(name) for name in found}
                 for p in sorted(d.glob("*.whl")):
-                    found.setdefault(p.name, p)
+                    if _project(p.name) not in seen:
+                        found[p.name] = p
         return found
 
     def do_GET(self) -> None:

@@ -78,13 +78,12 @@ def wheels_dir() -> Path:
 
 def build_wheel(out: Path) -> Path:
     """The kvckpt_web wheel of this source tree (hatchling, no network)."""
-    out.mkdir(parents=True, exist_ok=True)
-    subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation", "-w", str(out),
-                    str(REPO)], check=True, capture_output=True, text=True)
-    return next(out.glob("kvckpt_web-*.whl"))
+    from kvckpt_web.web.serve import build_wheel as build
+
+    return build(REPO, out)
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def browser_prereqs() -> dict[str, Any]:
     chromium = find_chromium()
     if chromium is None:
@@ -107,7 +106,7 @@ def browser_prereqs() -> dict[str, Any]:
     return {"chromium": chromium, "pyodide": pyo, "wheels": wheels}
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def web_server(browser_prereqs, tmp_path_factory) -> str:
     """Base URL of a `kvckpt serve` server on 127.0.0.1 serving Pyodide and a fresh kvckpt_web wheel."""
     from kvckpt_web.web.serve import serve_in_thread
@@ -119,7 +118,7 @@ def web_server(browser_prereqs, tmp_path_factory) -> str:
     server.shutdown()
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def playwright_instance(browser_prereqs):
     from playwright.sync_api import sync_playwright
 
@@ -128,7 +127,7 @@ def playwright_instance(browser_prereqs):
     pw.stop()
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def browser_context(playwright_instance, browser_prereqs, tmp_path_factory):
     """A headless Chromium with a persistent profile (storage survives navigation)."""
     profile = tmp_path_factory.mktemp("profile")
@@ -167,7 +166,7 @@ class PyPage:
         return self.page.evaluate("(src) => window.runPy(src)", src)
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def py_page(browser_context, web_server) -> PyPage:
     """One booted page for the session, with ``dev`` (a BrowserDevice) opened in its Python globals."""
     page = PyPage(browser_context.new_page(), web_server).boot()

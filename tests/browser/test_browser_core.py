@@ -39,7 +39,7 @@ def test_export_equals_appended_kv_with_zero_tail(py_page, transfer, dtype, head
         from kvckpt_web.gpu.device import Copy, Usage
         lay = kvtest.layout(dtype={dtype!r}, qk_head_dim={head_dim})
         cache = PagedKVCache(dev, lay, kvtest.limits(), transfer={transfer!r})
-        from kvckpt_web.cli.bench import scatter_free_pages
+        from kvckpt_web.kv.scatter import scatter_free_pages
         scatter_free_pages(cache, first_id=10)  # every page seq 0 gets stands apart
         cache.add_sequence(0); cache.add_sequence(1)
         # interleave two sequences; 13 tokens: partial last page

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 
-from browser_harness import CDPChromium, PyPage
+from .browser_harness import CDPChromium, PyPage
 
 LAYOUT = "kvtest.layout(page_size=16, num_layers=4, qk_head_dim=32)"
 LIMITS = "kvtest.limits(max_total_seq_len=8192, prefill_chunk_size=64)"

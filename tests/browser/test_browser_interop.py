@@ -7,7 +7,7 @@ import base64
 import json
 from concurrent.futures import ThreadPoolExecutor
 
-import kvtest
+from . import kvtest
 from kvckpt_web import PagedKVCache
 from kvckpt_web.durable.persist import restore, save
 from kvckpt_web.stores.store import MemoryStore

@@ -25,8 +25,8 @@ def test_js_page_checkpoints_to_indexeddb_and_restores_into_a_new_cache(py_page)
         return {{saved, restored, length: other.sequenceLength(0), sameK: same(a.k, b.k), sameV: same(a.v, b.v),
                  layer1token0: same(b.k.slice(n * 32, n * 32 + 32), k1)}};
     }}""")
-    assert out["saved"]["generation"] >= 1 and out["saved"]["seq_length"] == 6
-    assert out["restored"]["app_state"] == {"tokens": [1, 2, 3]}
+    assert out["saved"]["generation"] >= 1 and out["saved"]["seqLength"] == 6
+    assert out["restored"]["appState"] == {"tokens": [1, 2, 3]}
     assert out["restored"]["generation"] == out["saved"]["generation"]
     assert out["length"] == 6
     assert out["sameK"] and out["sameV"] and out["layer1token0"]

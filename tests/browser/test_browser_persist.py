@@ -6,7 +6,7 @@ import hashlib
 
 import pytest
 
-from browser_harness import PyPage
+from .browser_harness import PyPage
 
 STORES = ["IndexedDBStore", "OPFSStore"]
 
@@ -178,10 +178,10 @@ QUOTA_RESTORE = f"""async ([store, storeName]) => {{
     const kv = await window.kvckpt;
     const other = await kv.createCache({QUOTA_LAYOUT}, {QUOTA_LIMITS});
     const restored = await other.restore({{store, storeName, name: "chat"}});
-    const n = restored.seq_length;
+    const n = restored.seqLength;
     const a = await window.quotaCache.readKV(0, 0, n), b = await other.readKV(0, 0, n);
     const same = (x, y) => x.length === y.length && x.every((v, i) => v === y[i]);
-    return {{generation: restored.generation, app_state: restored.app_state, length: n,
+    return {{generation: restored.generation, appState: restored.appState, length: n,
              same: same(a.k, b.k) && same(a.v, b.v)}};
 }}"""
 
@@ -250,7 +250,7 @@ def test_checkpoint_over_a_full_quota_keeps_the_last_committed_generation(quota_
     quota_page.fill(store, f"quota-keep-{store}")
     quota_page.page.evaluate(QUOTA_CHECKPOINT, [store, f"quota-keep-{store}"])
     restored = quota_page.page.evaluate(QUOTA_RESTORE, [store, f"quota-keep-{store}"])
-    assert restored == {"generation": 1, "app_state": {"turn": 1}, "length": COMMITTED, "same": True}
+    assert restored == {"generation": 1, "appState": {"turn": 1}, "length": COMMITTED, "same": True}
 
 
 @pytest.mark.parametrize("store", JS_STORES)
@@ -264,9 +264,9 @@ def test_js_gc_removes_the_chunks_of_a_checkpoint_over_quota_and_keeps_the_commi
         (await window.kvckpt).gc({store, storeName})""", [store, name])
     restored = quota_page.page.evaluate(QUOTA_RESTORE, [store, name])
     assert orphans  # the small chunks of the failed checkpoint fit and were stored
-    assert gc["deleted_chunks"] == len(orphans) and len(gc["kept_manifests"]) == 1
+    assert gc["deletedChunks"] == len(orphans) and len(gc["keptManifests"]) == 1
     assert chunk_keys(quota_page, store, name) == committed
-    assert restored == {"generation": 1, "app_state": {"turn": 1}, "length": COMMITTED, "same": True}
+    assert restored == {"generation": 1, "appState": {"turn": 1}, "length": COMMITTED, "same": True}
 
 
 @pytest.mark.parametrize("store", JS_STORES)
@@ -278,7 +278,7 @@ def test_checkpoint_after_one_over_quota_is_restorable_once_there_is_room(quota_
     outcome = quota_page.page.evaluate(QUOTA_CHECKPOINT, [store, name])
     restored = quota_page.page.evaluate(QUOTA_RESTORE, [store, name])
     assert outcome == "saved generation 2"
-    assert restored == {"generation": 2, "app_state": {"turn": 2}, "length": GROWN, "same": True}
+    assert restored == {"generation": 2, "appState": {"turn": 2}, "length": GROWN, "same": True}
 
 
 @pytest.mark.parametrize("record", ["'text'", "42", "{bytes: [1, 2]}"])

@@ -5,7 +5,7 @@ from __future__ import annotations
 import shutil
 import subprocess
 
-from browser_harness import REPO, build_wheel, pyodide_dir, unavailable, wheels_dir
+from .browser_harness import REPO, build_wheel, pyodide_dir, unavailable, wheels_dir
 
 PURE_TESTS = ["tests/tvm/test_layout.py", "tests/tvm/test_metadata.py", "tests/durable/test_container.py",
               "tests/kv/test_pool.py", "tests/stores/test_store.py::TestMemoryStore", "tests/model/test_sampler.py"]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import zipfile
 
-from browser_harness import REPO, build_wheel, unavailable
+from .browser_harness import REPO, build_wheel, unavailable
 
 
 def test_wheel_ships_every_shader_under_kvckpt_web_shaders_and_the_page_files(tmp_path):

@@ -4,7 +4,7 @@ import asyncio
 
 import pytest
 
-from kvckpt_web.cli.bench import HEADER, Row, _paired_rounds
+from kvckpt_web.cli.bench_rows import HEADER, Row, paired_rounds
 from kvckpt_web.errors import FieldError
 
 
@@ -63,6 +63,6 @@ def test_paired_rounds_warm_up_once_then_alternate_which_runs_first():
             calls.append(name)
         return run
 
-    op_times, base_times = asyncio.run(_paired_rounds(recorder("op"), recorder("base"), 3))
+    op_times, base_times = asyncio.run(paired_rounds(recorder("op"), recorder("base"), 3))
     assert calls == ["base", "op", "op", "base", "base", "op", "op", "base"]
     assert len(op_times) == len(base_times) == 3  # the warm-up round is not recorded

@@ -6,10 +6,10 @@ import asyncio
 
 import pytest
 
-from kvckpt_web.cli.bench import bench_export, bench_save, expand_paths, scatter_free_pages
-from kvckpt_web.kv.cache import PagedKVCache
+from kvckpt_web.cli.bench_export import bench_export
+from kvckpt_web.cli.bench_rows import expand_paths
+from kvckpt_web.cli.bench_save import bench_save
 
-from kvmodel import small_layout, small_limits
 
 TOKENS = 64  # 4 pages of each of 16 layers: 4 MiB
 
@@ -71,14 +71,3 @@ def test_bench_save_ends_with_a_verdict_on_each_target_from_its_rows(device, tmp
     full, incremental = rows[1], rows[2]
     assert lines[-1] == (f"copy path: full save vs raw write+fsync {full.verdict(0.8)}; "
                          f"incremental save vs full save {incremental.verdict(20)}")
-
-
-def test_scatter_free_pages_leaves_every_other_page_free_for_the_next_sequence(device):
-    cache = PagedKVCache(device, small_layout(), small_limits(), transfer="copy")  # 17 pages of 4 tokens
-    scatter_free_pages(cache, first_id=10)
-    assert cache.get_num_available_pages() == 8
-    cache.add_sequence(0)
-    cache.begin_forward([0], [8 * 4])
-    cache.end_forward()
-    assert cache.seqs.get(0).pages == [1, 3, 5, 7, 9, 11, 13, 15]
-    cache.close()

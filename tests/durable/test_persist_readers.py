@@ -69,6 +69,7 @@ async def main(directory, role, seconds):
             cache.end_forward()
             await save(cache, 0, store, "live", keep=1, pages_per_chunk=1)
             count += 1
+            await asyncio.sleep(0.02)  # as the gc does: writers poll for the lock, so a tight loop starves the other
             if deadline is None and n == 3:
                 print("ready", flush=True)
                 deadline = time.monotonic() + seconds

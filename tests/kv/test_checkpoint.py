@@ -19,7 +19,7 @@ import pytest
 
 from kvckpt_web import (CapacityError, CheckpointStateError, DeviceArray, LayoutHashMismatch, MetadataError,
                         PagedKVCache, PageGroups, SequenceError, TensorError, UnsupportedLayoutError)
-from kvckpt_web.cli.bench import scatter_free_pages
+from kvckpt_web.kv.scatter import scatter_free_pages
 from kvckpt_web.gpu.device import CopyRuns, Usage
 from kvckpt_web.kv.transfer import page_runs
 
@@ -391,7 +391,7 @@ def test_import_into_an_empty_cache_restores_every_layer_through_one_copy(make_m
     target = make_model(transfer="copy", num_layers=3)
     target.cache.prepare_import(0, metadata)
     cache = target.cache
-    assert cache.mover.span_stride("copy", cache.layers, cache._import.seq.pages) is not None
+    assert cache.mover.span_stride("copy", cache.layers, cache._checkpoint.importing.seq.pages) is not None
     run(cache.import_groups(0, groups))
     cache.finish_import(0)
     target.ref[0] = source.ref[0]
@@ -499,7 +499,7 @@ def test_page_groups_of_another_length_are_refused_naming_the_group(make_model):
         run(target.cache.load_checkpoint(source.cache.get_checkpoint_metadata(0),
                                          run(shorter.cache.export_groups(0))))
     assert info.value.field == "groups[0].nbytes"
-    assert target.cache.sequence_ids() == [] and target.cache._import is None
+    assert target.cache.sequence_ids() == [] and target.cache._checkpoint.importing is None
 
 
 def test_import_of_separate_group_buffers_goes_up_in_steps(make_model, monkeypatch):

@@ -29,7 +29,7 @@ import pytest
 pytest.importorskip("tvm", reason="Apache TVM is not installed (CI installs it)")
 
 from kvckpt_web import CacheLimits, KVLayout, PagedKVCache  # noqa: E402
-from kvckpt_web.cli.bench import scatter_free_pages  # noqa: E402
+from kvckpt_web.kv.scatter import scatter_free_pages  # noqa: E402
 
 import tvm_reference as ref
 

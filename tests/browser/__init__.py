@@ -1,0 +1,1 @@
+"""The browser suite, a package so that its Playwright fixtures (package scope) end with its last test."""
