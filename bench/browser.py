@@ -24,7 +24,8 @@ import random, js, statistics
 from kvckpt_web import PagedKVCache, KVLayout, CacheLimits
 from kvckpt_web.gpu.browser import BrowserDevice
 from kvckpt_web.gpu.device import Copy, Usage
-from kvckpt_web.stores.browser import IndexedDBStore, OPFSStore
+from kvckpt_web.stores.indexeddb import IndexedDBStore
+from kvckpt_web.stores.opfs import OPFSStore
 from kvckpt_web.durable.persist import forget, restore, save
 from kvckpt_web.cli.bench import scatter_free_pages
 

@@ -10,8 +10,10 @@ from .gpu.open import open_device, open_device_async
 from .gpu.tensors import DeviceArray, HostTensor
 from .kv.cache import PagedKVCache
 from .kv.page_groups import PageGroups
-from .stores.browser import IndexedDBStore, OPFSStore
-from .stores.store import FileStore, MemoryStore
+from .stores.file import FileStore
+from .stores.indexeddb import IndexedDBStore
+from .stores.memory import MemoryStore
+from .stores.opfs import OPFSStore
 from .tvm.layout import CacheLimits, KVLayout
 
 __all__ = [

@@ -24,7 +24,7 @@ from ..gpu.device import Copy, CopyRuns, Device, Usage
 from ..gpu.open import open_device
 from ..gpu.tensors import zeroed
 from ..kv.cache import PagedKVCache
-from ..stores.store import FileStore
+from ..stores.file import FileStore
 from ..tvm.layout import CacheLimits, KVLayout
 from .soak import run_soak
 

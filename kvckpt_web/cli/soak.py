@@ -34,7 +34,7 @@ from ..durable.persist import restore, save, verify
 from ..gpu.device import Device
 from ..gpu.open import open_device
 from ..kv.cache import PagedKVCache
-from ..stores.store import FileStore
+from ..stores.file import FileStore
 from ..tvm.layout import CacheLimits, KVLayout
 
 LAYOUT = KVLayout(page_size=4, num_layers=2, num_qo_heads=4, num_kv_heads=2, qk_head_dim=8, dtype="float16",

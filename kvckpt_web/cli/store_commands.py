@@ -23,7 +23,7 @@ from ..durable.tvm_export import METADATA_FILE, check_replaceable, read_tvm_expo
 from ..errors import FieldError, FormatError, NotFoundError
 from ..gpu.open import open_device
 from ..kv.cache import PagedKVCache
-from ..stores.store import FileStore
+from ..stores.file import FileStore
 
 
 def check_at_least(field: str, value: int, minimum: int) -> int:

@@ -58,7 +58,7 @@ from .pipeline import Hasher, HashState, MappedBatches, cache_lock, offload, run
 if TYPE_CHECKING:
     from ..gpu.device import Device
     from ..kv.pool import SequenceState
-    from ..stores.store import Store
+    from ..stores.base import Store
 
 __all__ = [
     "DEFAULT_CHUNK_BYTES",

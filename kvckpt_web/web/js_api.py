@@ -18,7 +18,8 @@ from ..durable.persist import save
 from ..errors import FieldError
 from ..gpu.open import open_device_async
 from ..kv.cache import PagedKVCache
-from ..stores.browser import IndexedDBStore, OPFSStore
+from ..stores.indexeddb import IndexedDBStore
+from ..stores.opfs import OPFSStore
 from ..tvm.layout import CacheLimits, KVLayout
 
 _caches: dict[int, PagedKVCache] = {}

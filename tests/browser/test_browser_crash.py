@@ -21,7 +21,8 @@ def test_sigkill_during_autosave_then_restore(browser_prereqs, playwright_instan
             import asyncio, js
             from kvckpt_web import PagedKVCache
             from kvckpt_web.gpu.browser import BrowserDevice
-            from kvckpt_web.stores.browser import IndexedDBStore, OPFSStore
+            from kvckpt_web.stores.indexeddb import IndexedDBStore
+            from kvckpt_web.stores.opfs import OPFSStore
             from kvckpt_web.durable.persist import save
             dev = await BrowserDevice.open()
             stores = {{"idb": await IndexedDBStore.open("crash"), "opfs": await OPFSStore.open("crash")}}
@@ -57,7 +58,8 @@ def test_sigkill_during_autosave_then_restore(browser_prereqs, playwright_instan
         out = page.run(f"""
             from kvckpt_web import PagedKVCache
             from kvckpt_web.gpu.browser import BrowserDevice
-            from kvckpt_web.stores.browser import IndexedDBStore, OPFSStore
+            from kvckpt_web.stores.indexeddb import IndexedDBStore
+            from kvckpt_web.stores.opfs import OPFSStore
             from kvckpt_web.durable.persist import restore
             dev = await BrowserDevice.open()
             result = {{}}

@@ -10,7 +10,7 @@ from concurrent.futures import ThreadPoolExecutor
 import kvtest
 from kvckpt_web import PagedKVCache
 from kvckpt_web.durable.persist import restore, save
-from kvckpt_web.stores.store import MemoryStore
+from kvckpt_web.stores.memory import MemoryStore
 
 
 def run_desktop(coro):
@@ -83,7 +83,7 @@ def test_persisted_container_moves_both_ways(py_page, device):
     out = py_page.run("""
         from kvckpt_web import PagedKVCache
         from kvckpt_web.durable.persist import save
-        from kvckpt_web.stores.store import MemoryStore
+        from kvckpt_web.stores.memory import MemoryStore
         cache = PagedKVCache(dev, kvtest.layout(), kvtest.limits())
         cache.add_sequence(0)
         kvtest.append(cache, 0, 21, 0, 14)
@@ -113,7 +113,7 @@ def test_persisted_container_moves_both_ways(py_page, device):
     res = py_page.run(f"""
         from kvckpt_web import PagedKVCache
         from kvckpt_web.durable.persist import restore
-        from kvckpt_web.stores.store import MemoryStore
+        from kvckpt_web.stores.memory import MemoryStore
         data = {{k: kvtest.unb64(v) for k, v in {json.dumps({k: kvtest.b64(v) for k, v in back.items()})}.items()}}
         cache = PagedKVCache(dev, kvtest.layout(), kvtest.limits())
         r = await restore(MemoryStore(data), "chat", cache)

@@ -19,7 +19,9 @@ from kvckpt_web.durable.container import decode_manifest
 from kvckpt_web.errors import FieldError, FormatError, NotFoundError, StoreError
 from kvckpt_web.durable.persist import (DEFAULT_CHUNK_BYTES, forget, gc, list_generations, list_names, restore, save,
                                 verify)
-from kvckpt_web.stores.store import FileStore, MemoryStore, Store
+from kvckpt_web.stores.file import FileStore
+from kvckpt_web.stores.memory import MemoryStore
+from kvckpt_web.stores.base import Store
 
 from kvmodel import KVModel, run, small_limits
 from store_suite import needs_direct_io, spy_writes

@@ -20,7 +20,7 @@ import pytest
 from kvckpt_web import PagedKVCache
 from kvckpt_web.errors import CorruptionError, FormatError, KVCkptError, NotFoundError
 from kvckpt_web.durable.persist import gc, list_generations, restore, save, verify
-from kvckpt_web.stores.store import MemoryStore
+from kvckpt_web.stores.memory import MemoryStore
 
 from kvmodel import KVModel, run, small_layout, small_limits
 
