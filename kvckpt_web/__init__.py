@@ -1,7 +1,11 @@
 """kvckpt_web: a crash-resumable, TVM-compatible paged KV cache on WebGPU."""
 
-from .durable.persist import gc, list_generations, list_names, restore, save, verify
+from .durable.catalog import list_generations, list_names
+from .durable.restore import restore
+from .durable.retention import gc
+from .durable.save import save
 from .durable.tvm_export import read_tvm_export, write_tvm_export
+from .durable.verify import verify
 from .errors import (CapacityError, CheckpointStateError, CorruptionError, DeviceError, FieldError, FormatError,
                      KVCkptError, LayoutHashMismatch, MetadataError, NotFoundError, SequenceError, StoreError,
                      TensorError, UnsupportedLayoutError)

@@ -17,8 +17,10 @@ from dataclasses import dataclass
 from typing import Any, Awaitable, Callable
 
 from ..durable.container import plan_chunks
-from ..durable.persist import IO_CONCURRENCY, default_pages_per_chunk, forget, restore, save
-from ..durable.pipeline import run_bounded
+from ..durable.memo import forget
+from ..durable.pipeline import IO_CONCURRENCY, run_bounded
+from ..durable.restore import restore
+from ..durable.save import default_pages_per_chunk, save
 from ..errors import FieldError
 from ..gpu.device import Copy, CopyRuns, Device, Usage
 from ..gpu.open import open_device

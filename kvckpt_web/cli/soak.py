@@ -30,7 +30,9 @@ from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from ..durable.persist import restore, save, verify
+from ..durable.restore import restore
+from ..durable.save import save
+from ..durable.verify import verify
 from ..gpu.device import Device
 from ..gpu.open import open_device
 from ..kv.cache import PagedKVCache

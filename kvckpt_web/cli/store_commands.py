@@ -17,9 +17,14 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from ..durable.container import STORE_TOPS, validate_name
-from ..durable.persist import CHUNKS, Progress, gc, list_generations, list_names, load_manifest, restore, save, verify
+from ..durable.catalog import list_generations, list_names, load_manifest
+from ..durable.container import CHUNKS, STORE_TOPS, validate_name
+from ..durable.restore import restore
+from ..durable.results import Progress
+from ..durable.retention import gc
+from ..durable.save import save
 from ..durable.tvm_export import METADATA_FILE, check_replaceable, read_tvm_export, write_tvm_export
+from ..durable.verify import verify
 from ..errors import FieldError, FormatError, NotFoundError
 from ..gpu.open import open_device
 from ..kv.cache import PagedKVCache

@@ -35,6 +35,9 @@ a trip through the hash threads (8 MiB with two). On two cores that trip cost mo
 core gave back: incremental saves on tmpfs of 1, 4 and 8 MiB took 8.3, 8.1 and 11.2 ms hashed inline against
 9.1, 9.3 and 11.8 ms on the threads; 16 and 32 MiB came out even. More threads break even sooner."""
 
+IO_CONCURRENCY = 16
+"""Chunk reads or writes (with their hashing) in flight at once."""
+
 _IN_BROWSER = sys.platform == "emscripten"
 
 _CACHE_LOCKS: "weakref.WeakKeyDictionary[Any, dict[str, tuple[asyncio.AbstractEventLoop, asyncio.Lock]]]" = \

@@ -112,7 +112,7 @@ def test_save_navigate_away_and_back_restore(fresh_page, web_server, kind):
         from kvckpt_web import PagedKVCache
         from kvckpt_web.gpu.browser import BrowserDevice
         from kvckpt_web.stores.{kind.removesuffix('Store').lower()} import {kind} as S
-        from kvckpt_web.durable.persist import save
+        from kvckpt_web.durable.save import save
         dev = await BrowserDevice.open()
         store = await S.open("nav-{kind}")
         cache = PagedKVCache(dev, kvtest.layout(), kvtest.limits())
@@ -129,7 +129,7 @@ def test_save_navigate_away_and_back_restore(fresh_page, web_server, kind):
         from kvckpt_web import PagedKVCache
         from kvckpt_web.gpu.browser import BrowserDevice
         from kvckpt_web.stores.{kind.removesuffix('Store').lower()} import {kind} as S
-        from kvckpt_web.durable.persist import restore
+        from kvckpt_web.durable.restore import restore
         dev = await BrowserDevice.open()
         store = await S.open("nav-{kind}")
         cache = PagedKVCache(dev, kvtest.layout(), kvtest.limits())

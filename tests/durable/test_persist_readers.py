@@ -18,7 +18,9 @@ import pytest
 
 from kvckpt_web import PagedKVCache
 from kvckpt_web.cli.store_commands import describe_store
-from kvckpt_web.durable.persist import list_generations, restore, verify
+from kvckpt_web.durable.catalog import list_generations
+from kvckpt_web.durable.restore import restore
+from kvckpt_web.durable.verify import verify
 from kvckpt_web.tvm.layout import CacheLimits
 from kvckpt_web.cli.soak import LAYOUT
 from kvckpt_web.stores.file import FileStore
@@ -35,7 +37,8 @@ generation (so each save's retention deletes it from the generation before)."""
 WRITER = r"""
 import asyncio, os, sys, time
 from kvckpt_web import PagedKVCache, open_device
-from kvckpt_web.durable.persist import gc, save
+from kvckpt_web.durable.retention import gc
+from kvckpt_web.durable.save import save
 from kvckpt_web.tvm.layout import CacheLimits
 from kvckpt_web.cli.soak import LAYOUT
 from kvckpt_web.stores.file import FileStore
