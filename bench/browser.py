@@ -3,7 +3,7 @@
 * export / import throughput of a 64 MiB sequence vs a raw copyBufferToBuffer + mapAsync readback /
   upload of the same bytes (target >= 0.8x), in one run of pages on both paths, and on the copy path
   also with a second sequence appended in turns ("interleaved") and with every page apart ("scattered");
-* IndexedDBStore vs OPFSStore save and restore throughput of that 64 MiB checkpoint (persist.save/restore).
+* IndexedDBStore vs OPFSStore save and restore throughput of that 64 MiB checkpoint (save/restore).
 
 Run from the repository root: ``.venv/bin/python -m bench.browser [--repeats N]`` (it shares the page
 harness of the browser tests, ``tests/browser/browser_harness.py``).
@@ -24,8 +24,11 @@ import random, js, statistics
 from kvckpt_web import PagedKVCache, KVLayout, CacheLimits
 from kvckpt_web.gpu.browser import BrowserDevice
 from kvckpt_web.gpu.device import Copy, Usage
-from kvckpt_web.stores.browser import IndexedDBStore, OPFSStore
-from kvckpt_web.durable.persist import forget, restore, save
+from kvckpt_web.stores.indexeddb import IndexedDBStore
+from kvckpt_web.stores.opfs import OPFSStore
+from kvckpt_web.durable.memo import forget
+from kvckpt_web.durable.restore import restore
+from kvckpt_web.durable.save import save
 from kvckpt_web.kv.scatter import scatter_free_pages
 
 R = REPEATS

@@ -1,7 +1,11 @@
 """kvckpt_web: a crash-resumable, TVM-compatible paged KV cache on WebGPU."""
 
-from .durable.persist import gc, list_generations, list_names, restore, save, verify
+from .durable.catalog import list_generations, list_names
+from .durable.restore import restore
+from .durable.retention import gc
+from .durable.save import save
 from .durable.tvm_export import read_tvm_export, write_tvm_export
+from .durable.verify import verify
 from .errors import (CapacityError, CheckpointStateError, CorruptionError, DeviceError, FieldError, FormatError,
                      KVCkptError, LayoutHashMismatch, MetadataError, ModelUnavailableError, NotFoundError,
                      SequenceError, StoreError, TensorError, UnsupportedLayoutError)
@@ -10,8 +14,10 @@ from .gpu.open import open_device, open_device_async
 from .gpu.tensors import DeviceArray, HostTensor
 from .kv.cache import PagedKVCache
 from .kv.page_groups import PageGroups
-from .stores.browser import IndexedDBStore, OPFSStore
-from .stores.store import FileStore, MemoryStore
+from .stores.file import FileStore
+from .stores.indexeddb import IndexedDBStore
+from .stores.memory import MemoryStore
+from .stores.opfs import OPFSStore
 from .tvm.layout import CacheLimits, KVLayout
 
 __all__ = [

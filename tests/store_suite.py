@@ -19,7 +19,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from kvckpt_web.errors import FormatError, StoreError
-from kvckpt_web.stores.store import TEMP_PREFIX, Store
+from kvckpt_web.stores.file import TEMP_PREFIX
+from kvckpt_web.stores.base import Store
 
 T = TypeVar("T")
 

@@ -9,14 +9,16 @@ import tempfile
 import time
 from typing import Any, Awaitable, Callable
 
-from ..durable.container import plan_chunks
-from ..durable.persist import IO_CONCURRENCY, default_pages_per_chunk, forget, restore, save
-from ..durable.pipeline import run_bounded
+from ..durable.container import CHUNKS, plan_chunks
+from ..durable.memo import forget
+from ..durable.pipeline import IO_CONCURRENCY, run_bounded
+from ..durable.restore import restore
+from ..durable.save import default_pages_per_chunk, save
 from ..gpu.device import Copy, Device, Usage
 from ..gpu.open import open_device
 from ..gpu.tensors import zeroed
 from ..kv.cache import PagedKVCache
-from ..stores.store import FileStore
+from ..stores.file import FileStore
 from ..tvm.layout import CacheLimits
 from .bench_rows import EXPORT_LAYOUT, EXPORT_TOKENS, HEADER, Probe, Row, emit, expand_paths
 
@@ -124,7 +126,7 @@ class _SaveBench:
         """The ``(offset, size)`` spans of the host bytes as chunk files, as a save's batch writes them."""
         host = self.host
         async with to.batch():
-            await run_bounded((lambda k=k, at=at, n=n: to.set(f"chunks/{k}", host[at:at + n])
+            await run_bounded((lambda k=k, at=at, n=n: to.set(f"{CHUNKS}{k:064x}", host[at:at + n])
                                for k, (at, n) in enumerate(spans)), IO_CONCURRENCY)
 
     async def run_path(self, path: str, repeats: int, rows: list[Row], echo: Callable[[str], None]) -> str:

@@ -2,7 +2,7 @@
 
 Each trial runs a worker process that fills a small cache in three deterministic
 stages (seeded appends and pops) and saves generation 1, 2 and 3 of one name in
-a :class:`~kvckpt_web.stores.store.FileStore`. During the third save it dies by
+a :class:`~kvckpt_web.stores.file.FileStore`. During the third save it dies by
 SIGKILL: either at a chosen step of the store's ``fault`` hook (before a write,
 fsync, link, rename or directory fsync) or at a random instant chosen by the
 parent while every step sleeps a random moment. Trials alternate the store's two
@@ -30,11 +30,13 @@ from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from ..durable.persist import restore, save, verify
+from ..durable.restore import restore
+from ..durable.save import save
+from ..durable.verify import verify
 from ..gpu.device import Device
 from ..gpu.open import open_device
 from ..kv.cache import PagedKVCache
-from ..stores.store import FileStore
+from ..stores.file import FileStore
 from ..tvm.layout import CacheLimits, KVLayout
 
 LAYOUT = KVLayout(page_size=4, num_layers=2, num_qo_heads=4, num_kv_heads=2, qk_head_dim=8, dtype="float16",

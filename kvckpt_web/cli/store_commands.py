@@ -1,6 +1,6 @@
 """The store commands of ``kvckpt``: inspect and verify a checkpoint store, gc, and convert to and from it.
 
-A store here is a :class:`~kvckpt_web.stores.store.FileStore` directory. Long operations
+A store here is a :class:`~kvckpt_web.stores.file.FileStore` directory. Long operations
 report progress on stderr (after the first second, then about once a second).
 """
 
@@ -17,13 +17,18 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from ..durable.container import STORE_TOPS, validate_name
-from ..durable.persist import CHUNKS, Progress, gc, list_generations, list_names, load_manifest, restore, save, verify
+from ..durable.catalog import list_generations, list_names, load_manifest
+from ..durable.container import CHUNKS, STORE_TOPS, validate_name
+from ..durable.restore import restore
+from ..durable.results import Progress
+from ..durable.retention import gc
+from ..durable.save import save
 from ..durable.tvm_export import METADATA_FILE, check_replaceable, read_tvm_export, write_tvm_export
+from ..durable.verify import verify
 from ..errors import FieldError, FormatError, NotFoundError
 from ..gpu.open import open_device
 from ..kv.cache import PagedKVCache
-from ..stores.store import FileStore
+from ..stores.file import FileStore
 
 
 def check_at_least(field: str, value: int, minimum: int) -> int:

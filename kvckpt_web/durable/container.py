@@ -32,6 +32,8 @@ __all__ = [
     "MAGIC",
     "MAX_BODY_BYTES",
     "MAX_MANIFEST_BYTES",
+    "CHUNKS",
+    "MANIFESTS",
     "STORE_TOPS",
     "ChunkRef",
     "Manifest",
@@ -47,6 +49,7 @@ __all__ = [
     "validate_name",
     "check_chunk_digest",
     "check_chunk_size",
+    "is_chunk_key",
     "verify_chunk",
 ]
 
@@ -63,13 +66,18 @@ MAX_INT = 2**53 - 1
 """Largest integer in a manifest field: every JSON reader holds it exactly."""
 
 _PREFIX = struct.Struct("<8sII")  # magic, format version, body length
-_CHUNK_PREFIX = "chunks/"
 _DIGEST_BYTES = 32
 
 MAX_MANIFEST_BYTES = _PREFIX.size + MAX_BODY_BYTES + _DIGEST_BYTES
 """Longest manifest a reader accepts: header, the longest body, checksum."""
 
-STORE_TOPS = ("manifests", "chunks")
+MANIFESTS = "manifests/"
+"""The key prefix of every manifest: ``manifests/<name>/<generation as 20 digits>``."""
+
+CHUNKS = "chunks/"
+"""The key prefix of every chunk: ``chunks/<sha256 hex>``."""
+
+STORE_TOPS = (MANIFESTS.rstrip("/"), CHUNKS.rstrip("/"))
 """The first segment of every key of a checkpoint store."""
 _NAME_RE = re.compile(r"[A-Za-z0-9._-]{1,128}")
 _HEX64_RE = re.compile(r"[0-9a-f]{64}")
@@ -127,12 +135,20 @@ def chunk_digest(data: bytes | bytearray | memoryview) -> str:
 
 def chunk_key(digest: str) -> str:
     """The store key of the chunk whose sha256 hex is ``digest``."""
-    return _CHUNK_PREFIX + _check_digest("digest", digest)
+    return CHUNKS + _check_digest("digest", digest)
+
+
+def is_chunk_key(key: str) -> bool:
+    """Whether ``key`` is the key of a chunk (``chunks/`` and 64 lowercase hex digits)."""
+    try:
+        return chunk_key(key[len(CHUNKS):]) == key
+    except FormatError:
+        return False
 
 
 def manifest_prefix(name: str) -> str:
     """The store-key prefix under which all manifests of sequence ``name`` live."""
-    return f"manifests/{validate_name(name)}/"
+    return f"{MANIFESTS}{validate_name(name)}/"
 
 
 def manifest_key(name: str, generation: int) -> str:
@@ -143,8 +159,8 @@ def manifest_key(name: str, generation: int) -> str:
 def parse_manifest_key(key: str) -> tuple[str, int]:
     """The (name, generation) of a key made by :func:`manifest_key`."""
     parts = key.split("/") if isinstance(key, str) else []
-    if len(parts) != 3 or parts[0] != "manifests" or _GENERATION_RE.fullmatch(parts[2]) is None:
-        raise FormatError("manifest key", "'manifests/<name>/<20 digits>'", key)
+    if len(parts) != 3 or f"{parts[0]}/" != MANIFESTS or _GENERATION_RE.fullmatch(parts[2]) is None:
+        raise FormatError("manifest key", f"'{MANIFESTS}<name>/<20 digits>'", key)
     return validate_name(parts[1]), _check_int("generation", int(parts[2]), 1)
 
 
@@ -178,7 +194,7 @@ class ChunkRef:
     @cached_property
     def key(self) -> str:
         """The store key of this chunk (a store refuses it if ``sha256`` is not 64 hex digits)."""
-        return _CHUNK_PREFIX + self.sha256
+        return CHUNKS + self.sha256
 
     @cached_property
     def entry_json(self) -> str | None:
@@ -195,7 +211,7 @@ class ChunkRef:
     def describe(self) -> str:
         """``chunks/<hex> (group G, pages A..B)`` for messages."""
         last = self.first_page + self.num_pages - 1
-        return f"chunk {_CHUNK_PREFIX}{self.sha256} (group {self.group}, pages {self.first_page}..{last})"
+        return f"chunk {CHUNKS}{self.sha256} (group {self.group}, pages {self.first_page}..{last})"
 
 
 def split_group(

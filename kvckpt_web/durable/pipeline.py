@@ -32,6 +32,9 @@ HASH_THREADS = max(1, min(8, os.cpu_count() or 1))
 INLINE_HASH_BYTES = (16 << 20) // HASH_THREADS
 """A save of at most this many bytes hashes on the event loop, where a trip to the hash threads costs more than it saves."""
 
+IO_CONCURRENCY = 16
+"""Chunk reads or writes (with their hashing) in flight at once."""
+
 _IN_BROWSER = sys.platform == "emscripten"
 
 _CACHE_LOCKS: "weakref.WeakKeyDictionary[Any, dict[str, tuple[asyncio.AbstractEventLoop, asyncio.Lock]]]" = \

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from ..errors import FormatError, MetadataError, is_int
-from ..stores.store import file_kind, fsync_dir
+from ..stores.file import file_kind, fsync_dir
 from ..tvm.metadata import parse_metadata
 
 METADATA_FILE = "metadata.json"

@@ -12,14 +12,15 @@ import dataclasses
 import json
 from typing import Any
 
-from ..durable.persist import DEFAULT_KEEP
-from ..durable.persist import gc as collect
-from ..durable.persist import restore as restore_checkpoint
-from ..durable.persist import save
+from ..durable.restore import restore as restore_checkpoint
+from ..durable.retention import DEFAULT_KEEP
+from ..durable.retention import gc as collect
+from ..durable.save import save
 from ..errors import FieldError
 from ..gpu.open import open_device_async
 from ..kv.cache import PagedKVCache
-from ..stores.browser import IndexedDBStore, OPFSStore
+from ..stores.indexeddb import IndexedDBStore
+from ..stores.opfs import OPFSStore
 from ..tvm.layout import CacheLimits, KVLayout
 
 _caches: dict[int, PagedKVCache] = {}

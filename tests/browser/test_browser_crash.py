@@ -21,8 +21,9 @@ def test_sigkill_during_autosave_then_restore(browser_prereqs, playwright_instan
             import asyncio, js
             from kvckpt_web import PagedKVCache
             from kvckpt_web.gpu.browser import BrowserDevice
-            from kvckpt_web.stores.browser import IndexedDBStore, OPFSStore
-            from kvckpt_web.durable.persist import save
+            from kvckpt_web.stores.indexeddb import IndexedDBStore
+            from kvckpt_web.stores.opfs import OPFSStore
+            from kvckpt_web.durable.save import save
             dev = await BrowserDevice.open()
             stores = {{"idb": await IndexedDBStore.open("crash"), "opfs": await OPFSStore.open("crash")}}
             cache = PagedKVCache(dev, {LAYOUT}, {LIMITS})
@@ -57,8 +58,9 @@ def test_sigkill_during_autosave_then_restore(browser_prereqs, playwright_instan
         out = page.run(f"""
             from kvckpt_web import PagedKVCache
             from kvckpt_web.gpu.browser import BrowserDevice
-            from kvckpt_web.stores.browser import IndexedDBStore, OPFSStore
-            from kvckpt_web.durable.persist import restore
+            from kvckpt_web.stores.indexeddb import IndexedDBStore
+            from kvckpt_web.stores.opfs import OPFSStore
+            from kvckpt_web.durable.restore import restore
             dev = await BrowserDevice.open()
             result = {{}}
             for kind, opener in (("idb", IndexedDBStore.open), ("opfs", OPFSStore.open)):

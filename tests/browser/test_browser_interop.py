@@ -9,8 +9,9 @@ from concurrent.futures import ThreadPoolExecutor
 
 from . import kvtest
 from kvckpt_web import PagedKVCache
-from kvckpt_web.durable.persist import restore, save
-from kvckpt_web.stores.store import MemoryStore
+from kvckpt_web.durable.restore import restore
+from kvckpt_web.durable.save import save
+from kvckpt_web.stores.memory import MemoryStore
 
 
 def run_desktop(coro):
@@ -79,11 +80,11 @@ def test_desktop_checkpoint_loads_in_browser(py_page, device):
 
 
 def test_persisted_container_moves_both_ways(py_page, device):
-    """A persist.save() container written in the browser restores on desktop, and back."""
+    """A save() container written in the browser restores on desktop, and back."""
     out = py_page.run("""
         from kvckpt_web import PagedKVCache
-        from kvckpt_web.durable.persist import save
-        from kvckpt_web.stores.store import MemoryStore
+        from kvckpt_web.durable.save import save
+        from kvckpt_web.stores.memory import MemoryStore
         cache = PagedKVCache(dev, kvtest.layout(), kvtest.limits())
         cache.add_sequence(0)
         kvtest.append(cache, 0, 21, 0, 14)
@@ -112,8 +113,8 @@ def test_persisted_container_moves_both_ways(py_page, device):
     assert groups == kvtest.expected_groups(lay, 21, 14)
     res = py_page.run(f"""
         from kvckpt_web import PagedKVCache
-        from kvckpt_web.durable.persist import restore
-        from kvckpt_web.stores.store import MemoryStore
+        from kvckpt_web.durable.restore import restore
+        from kvckpt_web.stores.memory import MemoryStore
         data = {{k: kvtest.unb64(v) for k, v in {json.dumps({k: kvtest.b64(v) for k, v in back.items()})}.items()}}
         cache = PagedKVCache(dev, kvtest.layout(), kvtest.limits())
         r = await restore(MemoryStore(data), "chat", cache)

@@ -22,7 +22,7 @@ def fresh_page(browser_context, web_server):
 @pytest.mark.parametrize("kind", STORES)
 def test_store_contract(py_page, kind):
     out = py_page.run(f"""
-        from kvckpt_web.stores.browser import {kind} as S
+        from kvckpt_web.stores.{kind.removesuffix('Store').lower()} import {kind} as S
         from kvckpt_web.errors import FormatError, StoreError
         s = await S.open("contract-{kind}")
         for k in await s.list_prefix(""):
@@ -67,7 +67,7 @@ def test_store_contract(py_page, kind):
 def test_lock_excludes_other_holders_and_tabs(py_page, fresh_page, kind):
     py_page.run(f"""
         import asyncio
-        from kvckpt_web.stores.browser import {kind} as S
+        from kvckpt_web.stores.{kind.removesuffix('Store').lower()} import {kind} as S
         lock_store = await S.open("locked-{kind}")
         held, release = asyncio.Event(), asyncio.Event()
         async def hold():
@@ -81,7 +81,7 @@ def test_lock_excludes_other_holders_and_tabs(py_page, fresh_page, kind):
     other_tab = fresh_page.page.evaluate("""(name) => navigator.locks.request(name, {ifAvailable: true},
         (lock) => lock !== null)""", lock_name)
     other_tab_py = fresh_page.run(f"""
-        from kvckpt_web.stores.browser import {kind} as S
+        from kvckpt_web.stores.{kind.removesuffix('Store').lower()} import {kind} as S
         from kvckpt_web.errors import StoreError
         s = await S.open("locked-{kind}")
         try:
@@ -111,8 +111,8 @@ def test_save_navigate_away_and_back_restore(fresh_page, web_server, kind):
     saved = fresh_page.run(f"""
         from kvckpt_web import PagedKVCache
         from kvckpt_web.gpu.browser import BrowserDevice
-        from kvckpt_web.stores.browser import {kind} as S
-        from kvckpt_web.durable.persist import save
+        from kvckpt_web.stores.{kind.removesuffix('Store').lower()} import {kind} as S
+        from kvckpt_web.durable.save import save
         dev = await BrowserDevice.open()
         store = await S.open("nav-{kind}")
         cache = PagedKVCache(dev, kvtest.layout(), kvtest.limits())
@@ -128,8 +128,8 @@ def test_save_navigate_away_and_back_restore(fresh_page, web_server, kind):
     out = fresh_page.run(f"""
         from kvckpt_web import PagedKVCache
         from kvckpt_web.gpu.browser import BrowserDevice
-        from kvckpt_web.stores.browser import {kind} as S
-        from kvckpt_web.durable.persist import restore
+        from kvckpt_web.stores.{kind.removesuffix('Store').lower()} import {kind} as S
+        from kvckpt_web.durable.restore import restore
         dev = await BrowserDevice.open()
         store = await S.open("nav-{kind}")
         cache = PagedKVCache(dev, kvtest.layout(), kvtest.limits())
@@ -221,7 +221,7 @@ def quota_page(browser_context, web_server, request):
 
 def chunk_keys(page: PyPage, store: str, store_name: str) -> list[str]:
     return page.run(f"""
-        from kvckpt_web.stores.browser import {PY_STORES[store]} as S
+        from kvckpt_web.stores.{store} import {PY_STORES[store]} as S
         result = await (await S.open("{store_name}")).list_prefix("chunks/")
     """)
 
@@ -284,7 +284,7 @@ def test_checkpoint_after_one_over_quota_is_restorable_once_there_is_room(quota_
 @pytest.mark.parametrize("record", ["'text'", "42", "{bytes: [1, 2]}"])
 def test_indexeddb_record_that_is_not_bytes_is_a_corruption_error_naming_the_key(fresh_page, record):
     fresh_page.run("""
-        from kvckpt_web.stores.browser import IndexedDBStore
+        from kvckpt_web.stores.indexeddb import IndexedDBStore
         s = await IndexedDBStore.open("not-bytes")
         await s.set("chunks/x", b"placeholder")
         s.close()
@@ -300,7 +300,7 @@ def test_indexeddb_record_that_is_not_bytes_is_a_corruption_error_naming_the_key
         open.onerror = () => reject(open.error);
     }})""")
     error = fresh_page.run("""
-        from kvckpt_web.stores.browser import IndexedDBStore
+        from kvckpt_web.stores.indexeddb import IndexedDBStore
         from kvckpt_web.errors import CorruptionError
         s = await IndexedDBStore.open("not-bytes")
         try:

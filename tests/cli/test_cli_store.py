@@ -14,8 +14,8 @@ from kvckpt_web.cli.main import main
 from kvckpt_web.cli.store_commands import progress_printer
 from kvckpt_web.durable.container import MAX_MANIFEST_BYTES
 from kvckpt_web.errors import StoreError
-from kvckpt_web.durable.persist import list_generations
-from kvckpt_web.stores.store import FileStore
+from kvckpt_web.durable.catalog import list_generations
+from kvckpt_web.stores.file import FileStore
 from kvckpt_web.durable.tvm_export import group_file, read_tvm_export, write_tvm_export
 
 

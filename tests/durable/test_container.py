@@ -33,7 +33,7 @@ from kvckpt_web.durable.container import (
 )
 from kvckpt_web.errors import CorruptionError, FormatError, KVCkptError
 from kvckpt_web.jsontext import MAX_NESTING
-from kvckpt_web.stores.store import validate_key
+from kvckpt_web.stores.base import validate_key
 
 C0, C1 = bytes(range(16)), bytes(range(16, 24))
 D0 = "be45cb2605bf36bebde684841a28f0fd43c69850a3dce5fedba69928ee3a8991"

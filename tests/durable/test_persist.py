@@ -1,4 +1,4 @@
-"""Durable checkpoints (kvckpt_web.durable.persist): save, restore, incremental saves, retention, gc, verify.
+"""Durable checkpoints (kvckpt_web.durable): save, restore, incremental saves, retention, gc, verify.
 
 Every restore is checked byte for byte against the numpy model of what the
 sequence held when it was saved.
@@ -14,12 +14,20 @@ from typing import Any
 import pytest
 
 from kvckpt_web import CapacityError, CheckpointStateError, LayoutHashMismatch
-from kvckpt_web.durable import persist, pipeline
+from kvckpt_web.durable import pipeline
+from kvckpt_web.durable import restore as restoring
+from kvckpt_web.durable import save as saving
+from kvckpt_web.durable.catalog import list_generations, list_names
 from kvckpt_web.durable.container import decode_manifest
+from kvckpt_web.durable.memo import forget
+from kvckpt_web.durable.restore import restore
+from kvckpt_web.durable.retention import gc
+from kvckpt_web.durable.save import DEFAULT_CHUNK_BYTES, save
+from kvckpt_web.durable.verify import verify
 from kvckpt_web.errors import FieldError, FormatError, NotFoundError, StoreError
-from kvckpt_web.durable.persist import (DEFAULT_CHUNK_BYTES, forget, gc, list_generations, list_names, restore, save,
-                                verify)
-from kvckpt_web.stores.store import FileStore, MemoryStore, Store
+from kvckpt_web.stores.base import Store
+from kvckpt_web.stores.file import FileStore
+from kvckpt_web.stores.memory import MemoryStore
 
 from kvmodel import KVModel, run, small_limits
 from store_suite import needs_direct_io, spy_writes
@@ -274,7 +282,7 @@ def test_a_save_to_a_file_store_counts_every_chunk_it_writes_at_once(model, tmp_
     store = FileStore(tmp_path)
     result = saved(model, store)
     written = result.num_chunks
-    assert written <= persist.LIST_THRESHOLD and result.chunks_written == written
+    assert written <= saving.LIST_THRESHOLD and result.chunks_written == written
     assert len(run(store.list_prefix("chunks/"))) == written
 
 
@@ -766,7 +774,7 @@ def test_a_small_save_hashes_on_the_loop_and_a_large_one_on_the_hash_threads(mod
 @pytest.fixture
 def small_batches(monkeypatch: pytest.MonkeyPatch) -> None:
     """Saves map one chunk column per batch, two batches at a time: slots are reused within one save."""
-    monkeypatch.setattr(persist, "READ_BATCH_BYTES", 1)
+    monkeypatch.setattr(saving, "READ_BATCH_BYTES", 1)
     monkeypatch.setattr(pipeline, "READ_SLOTS", 2)
 
 
@@ -873,7 +881,7 @@ class SavingMidRead(MemoryStore):
         return await super()._get(key)
 
 
-@pytest.mark.parametrize("collections", [1, persist.READ_ATTEMPTS - 1])
+@pytest.mark.parametrize("collections", [1, restoring.READ_ATTEMPTS - 1])
 def test_a_restore_of_the_newest_collected_while_it_is_read_restores_the_newest_there_is_then(model, target,
                                                                                                collections):
     model.add(0, 33)
@@ -901,8 +909,8 @@ def test_a_restore_of_the_newest_gives_up_with_a_store_error_if_it_is_collected_
     model.add(0, 33)
     backing: dict[str, bytes] = {}
     saved(model, MemoryStore(backing), keep=1)
-    with pytest.raises(StoreError, match=f"{persist.READ_ATTEMPTS} times in a row"):
-        restored(SavingMidRead(backing, model, persist.READ_ATTEMPTS), target)
+    with pytest.raises(StoreError, match=f"{restoring.READ_ATTEMPTS} times in a row"):
+        restored(SavingMidRead(backing, model, restoring.READ_ATTEMPTS), target)
     assert target.sequence_ids() == []
 
 

@@ -19,8 +19,12 @@ import pytest
 
 from kvckpt_web import PagedKVCache
 from kvckpt_web.errors import CorruptionError, FormatError, KVCkptError, NotFoundError
-from kvckpt_web.durable.persist import gc, list_generations, restore, save, verify
-from kvckpt_web.stores.store import MemoryStore
+from kvckpt_web.durable.catalog import list_generations
+from kvckpt_web.durable.restore import restore
+from kvckpt_web.durable.retention import gc
+from kvckpt_web.durable.save import save
+from kvckpt_web.durable.verify import verify
+from kvckpt_web.stores.memory import MemoryStore
 
 from kvmodel import KVModel, run, small_layout, small_limits
 

@@ -14,8 +14,10 @@ import pytest
 
 from kvckpt_web import PagedKVCache
 from kvckpt_web.cli.soak import LAYOUT, LIMITS, NAME, PAGES_PER_CHUNK, SEQ, STAGES, apply_stage, run_soak
-from kvckpt_web.durable.persist import restore, save, verify
-from kvckpt_web.stores.store import FAULT_STEPS, FileStore
+from kvckpt_web.durable.restore import restore
+from kvckpt_web.durable.save import save
+from kvckpt_web.durable.verify import verify
+from kvckpt_web.stores.file import FAULT_STEPS, FileStore
 
 from kvmodel import run
 

@@ -18,10 +18,12 @@ import pytest
 
 from kvckpt_web import PagedKVCache
 from kvckpt_web.cli.store_commands import describe_store
-from kvckpt_web.durable.persist import list_generations, restore, verify
+from kvckpt_web.durable.catalog import list_generations
+from kvckpt_web.durable.restore import restore
+from kvckpt_web.durable.verify import verify
 from kvckpt_web.tvm.layout import CacheLimits
 from kvckpt_web.cli.soak import LAYOUT
-from kvckpt_web.stores.store import FileStore
+from kvckpt_web.stores.file import FileStore
 
 from kvmodel import run
 
@@ -35,10 +37,11 @@ generation (so each save's retention deletes it from the generation before)."""
 WRITER = r"""
 import asyncio, os, sys, time
 from kvckpt_web import PagedKVCache, open_device
-from kvckpt_web.durable.persist import gc, save
+from kvckpt_web.durable.retention import gc
+from kvckpt_web.durable.save import save
 from kvckpt_web.tvm.layout import CacheLimits
 from kvckpt_web.cli.soak import LAYOUT
-from kvckpt_web.stores.store import FileStore
+from kvckpt_web.stores.file import FileStore
 
 LIMITS = CacheLimits(reserved_num_seqs=2, max_total_seq_len=1024, prefill_chunk_size=256)
 

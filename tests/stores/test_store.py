@@ -20,9 +20,11 @@ from store_suite import StoreTests, needs_direct_io, run, spy_writes
 
 from kvckpt_web.errors import FormatError, StoreError
 from kvckpt_web.gpu.tensors import zeroed
-from kvckpt_web.stores import store as store_module
-from kvckpt_web.stores.store import (DIRECT_IO_BLOCK, FAULT_STEPS, LOCK_NAME, TEMP_PREFIX, FileStore, MemoryStore,
-                                     Store, takes_unnamed_files)
+from kvckpt_web.stores import file as file_module
+from kvckpt_web.stores.base import Store
+from kvckpt_web.stores.file import (DIRECT_IO_BLOCK, FAULT_STEPS, LOCK_NAME, TEMP_PREFIX, FileStore,
+                                    takes_unnamed_files)
+from kvckpt_web.stores.memory import MemoryStore
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -202,13 +204,13 @@ def test_batch_fsyncs_every_changed_directory_at_its_end(tmp_path: Path, monkeyp
     store = FileStore(tmp_path)
     run(store.set("x/old", b"v"))
     synced: list[str] = []
-    real = store_module.fsync_dir
+    real = file_module.fsync_dir
 
     def recording(path: str) -> None:
         real(path)
         synced.append(os.fspath(path))
 
-    monkeypatch.setattr(store_module, "fsync_dir", recording)
+    monkeypatch.setattr(file_module, "fsync_dir", recording)
 
     async def changes() -> None:
         async with store.batch():
@@ -352,7 +354,7 @@ def _refuse_links(monkeypatch: pytest.MonkeyPatch) -> None:
     def cross_device(fd: int, path: str) -> None:
         raise OSError(18, "Invalid cross-device link")
 
-    monkeypatch.setattr(store_module, "link_unnamed", cross_device)
+    monkeypatch.setattr(file_module, "link_unnamed", cross_device)
 
 
 WITHOUT_UNNAMED_FILES = {
@@ -623,7 +625,7 @@ def run_child(code: str, *args: str, timeout: float = 60) -> subprocess.Complete
 
 KILL_AT_STEP = """
     import asyncio, os, sys
-    from kvckpt_web.stores.store import FileStore
+    from kvckpt_web.stores.file import FileStore
     from kvckpt_web.gpu.tensors import zeroed
 
     def fault(step):
@@ -660,7 +662,7 @@ def test_kill_at_every_step_leaves_old_or_new(tmp_path: Path, unnamed: bool, ste
 TRY_LOCK = """
     import asyncio, sys
     from kvckpt_web.errors import StoreError
-    from kvckpt_web.stores.store import FileStore
+    from kvckpt_web.stores.file import FileStore
 
     async def main():
         async with FileStore(sys.argv[1]).lock(timeout=float(sys.argv[2])):
@@ -675,7 +677,7 @@ TRY_LOCK = """
 
 HOLD_LOCK = """
     import asyncio, sys
-    from kvckpt_web.stores.store import FileStore
+    from kvckpt_web.stores.file import FileStore
 
     async def main():
         async with FileStore(sys.argv[1]).lock(timeout=5):

@@ -1,0 +1,166 @@
+"""The catalog of a checkpoint store: the manifests it holds, by name and generation, decoded and described.
+
+A manifest under another key than its own is corruption. The chunk keys each manifest uses are remembered by
+the SHA-256 of its bytes (a bounded, process-wide memo), so retention and gc decode each manifest once.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections import OrderedDict
+from typing import TYPE_CHECKING
+
+from ..errors import CorruptionError, FieldError, FormatError, KVCkptError, NotFoundError, is_int
+from ..tvm.metadata import parse_metadata
+from .container import (MANIFESTS, MAX_MANIFEST_BYTES, Manifest, decode_manifest, manifest_key, manifest_prefix,
+                        parse_manifest_key, validate_name)
+from .results import GenerationInfo
+
+if TYPE_CHECKING:
+    from ..stores.base import Store
+
+__all__ = ["at_key", "decode_at", "decoded_refs", "list_generations", "list_names", "load_manifest",
+           "manifest_keys", "referenced", "refs_of", "remember_refs"]
+
+
+def at_key(exc: KVCkptError, where: str) -> KVCkptError:
+    """``exc`` with ``where`` (a store key) in front of its message, same type."""
+    if isinstance(exc, FieldError):
+        return type(exc)(f"{where}: {exc.field}", exc.expected, exc.got)
+    return type(exc)(f"{where}: {exc}")
+
+
+async def manifest_keys(store: "Store", name: str | None = None) -> list[tuple[str, int, str]]:
+    """(name, generation, key) of every manifest key (of ``name``), by name then generation; junk keys skipped."""
+    prefix = manifest_prefix(name) if name is not None else MANIFESTS
+    out = []
+    for key in await store.list_prefix(prefix):
+        try:
+            key_name, generation = parse_manifest_key(key)
+        except FormatError:
+            continue
+        out.append((key_name, generation, key))
+    return sorted(out)
+
+
+async def list_names(store: "Store") -> list[str]:
+    """Names with at least one manifest in ``store``, sorted."""
+    return sorted({n for n, _, _ in await manifest_keys(store)})
+
+
+def decode_at(key: str, data: bytes | None) -> Manifest:
+    """Decode the manifest stored under ``key``; errors name the key; a manifest under another key is corruption."""
+    if data is None:
+        raise NotFoundError(f"{key}: no such manifest")
+    try:
+        manifest = decode_manifest(data)
+    except (FormatError, CorruptionError) as exc:
+        raise at_key(exc, key) from None
+    name, generation = parse_manifest_key(key)
+    if (manifest.name, manifest.generation) != (name, generation):
+        raise CorruptionError(f"{key}: holds the manifest of name {manifest.name!r} generation "
+                              f"{manifest.generation}, expected name {name!r} generation {generation}")
+    return manifest
+
+
+async def load_manifest(store: "Store", name: str, generation: int | None = None) -> tuple[Manifest, bytes]:
+    """The decoded manifest of ``name`` (its newest generation unless told) and its envelope bytes.
+
+    Raises :class:`NotFoundError` if there is none, :class:`CorruptionError` or :class:`FormatError`
+    (both naming the key) if it is damaged.
+    """
+    validate_name(name)
+    if generation is None:
+        keys = await manifest_keys(store, name)
+        if not keys:
+            raise NotFoundError(f"{manifest_prefix(name)}: no checkpoint named {name!r} in {store!r}")
+        key = keys[-1][2]
+    else:
+        key = manifest_key(name, generation)
+    data = await store.get(key, max_bytes=MAX_MANIFEST_BYTES)
+    if data is None and generation is not None:
+        have = [g for _, g, _ in await manifest_keys(store, name)]
+        raise NotFoundError(f"{key}: no generation {generation} of {name!r} (generations in store: {have})")
+    return decode_at(key, data), data
+
+
+async def list_generations(store: "Store", name: str | None = None) -> list[GenerationInfo]:
+    """Every manifest in ``store`` (of ``name``, or of all names), by name then generation; damaged ones say why.
+
+    A manifest another writer deletes between the listing and its reading is left out.
+    """
+    if name is not None:
+        validate_name(name)
+    found = [(n, g, key, await store.get(key, max_bytes=MAX_MANIFEST_BYTES))
+             for n, g, key in await manifest_keys(store, name)]
+    return [_describe(n, g, key, data) for n, g, key, data in found if data is not None]
+
+
+def _describe(name: str, generation: int, key: str, data: bytes | None) -> GenerationInfo:
+    size = len(data) if data is not None else 0
+    try:
+        m = decode_at(key, data)
+        meta = parse_metadata(m.tvm_metadata)
+    except KVCkptError as exc:
+        return GenerationInfo(name, generation, key, size, error=str(exc))
+    ints = {k: meta.get(k) if is_int(meta.get(k)) else None
+            for k in ("seq_id", "seq_length")}
+    return GenerationInfo(name, generation, key, size, None, m.created_ms, ints["seq_id"], ints["seq_length"],
+                          m.num_groups, m.num_logical_pages, m.pages_per_chunk,
+                          tuple(ref.key for ref in m.chunk_refs()), tuple(ref.nbytes for ref in m.chunk_refs()),
+                          m.num_groups * m.num_logical_pages * m.page_bytes, m.app_state)
+
+
+_REFS: "OrderedDict[bytes, frozenset[str]]" = OrderedDict()
+"""The chunk keys of recently decoded manifests, by the SHA-256 of their bytes (so never stale)."""
+_REFS_MAX = 64
+
+
+async def refs_of(store: "Store", key: str) -> frozenset[str] | None:
+    """The chunk keys the manifest under ``key`` uses; None if it is missing or cannot be decoded.
+
+    Decoded reference sets are remembered by the SHA-256 of the envelope bytes, so a result is
+    never stale.
+    """
+    return decoded_refs(key, await store.get(key, max_bytes=MAX_MANIFEST_BYTES))
+
+
+def decoded_refs(key: str, data: bytes | None) -> frozenset[str] | None:
+    """The chunk keys of the manifest ``data`` stored under ``key``; None if it is missing or damaged."""
+    if data is None:
+        return None
+    digest = hashlib.sha256(data).digest()
+    refs = _REFS.get(digest)
+    if refs is None:
+        try:
+            refs = frozenset(decode_at(key, data).chunk_keys())
+        except KVCkptError:
+            return None
+        _keep_refs(digest, refs)
+    else:
+        _REFS.move_to_end(digest)
+    return refs
+
+
+def remember_refs(envelope: bytes, chunk_keys: frozenset[str]) -> None:
+    """Remember that the manifest ``envelope`` uses ``chunk_keys`` (a save's or restore's, decoded already)."""
+    _keep_refs(hashlib.sha256(envelope).digest(), chunk_keys)
+
+
+def _keep_refs(digest: bytes, chunk_keys: frozenset[str]) -> None:
+    _REFS[digest] = chunk_keys
+    while len(_REFS) > _REFS_MAX:
+        _REFS.popitem(last=False)
+
+
+async def referenced(store: "Store") -> tuple[set[str], list[str]]:
+    """Every chunk key used by a manifest of any name, and the keys of manifests that could not be read."""
+    used: set[str] = set()
+    damaged = []
+    for _, _, key in await manifest_keys(store):
+        refs = await refs_of(store, key)
+        if refs is None:
+            damaged.append(key)
+        else:
+            used |= refs
+    return used, damaged

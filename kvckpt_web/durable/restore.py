@@ -1,0 +1,170 @@
+"""Restore: a generation of a named sequence read from a store, verified, and imported into a cache.
+
+Readers take no lock, so they never hold up a save: a generation that another process's retention or gc
+collects while it is read is not damage. Restoring the newest starts again from the manifests that exist
+then, reading only the chunks it does not hold yet.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from ..errors import CorruptionError, FieldError, FormatError, LayoutHashMismatch, NotFoundError, StoreError, is_int
+from ..kv.page_groups import PageGroups
+from ..tvm.layout import CacheLimits, KVLayout
+from ..tvm.metadata import dump_tvm_json, parse_metadata, validate_import
+from .catalog import at_key, load_manifest, manifest_keys
+from .container import MAX_MANIFEST_BYTES, ChunkRef, Manifest, check_chunk_digest, check_chunk_size
+from .memo import remember, trusted_chunks
+from .pipeline import IO_CONCURRENCY, Hasher, cache_lock, run_bounded
+from .results import Progress, RestoreResult
+
+if TYPE_CHECKING:
+    from ..kv.cache import PagedKVCache
+    from ..stores.base import Store
+
+__all__ = ["READ_ATTEMPTS", "check_fits", "restore", "restore_into"]
+
+
+async def restore(store: "Store", name: str, cache: "PagedKVCache", *, seq_id: int | None = None,
+                  generation: int | None = None, progress: Progress | None = None) -> RestoreResult:
+    """Load generation ``generation`` (default: the newest) of ``name`` into ``cache`` as ``seq_id``.
+
+    ``seq_id`` defaults to the one the checkpoint was taken from. The manifest, its TVM metadata
+    against this cache's layout and limits, and every chunk's size and SHA-256 are verified before
+    the cache is touched; then prepare_import (non-exclusive: other sequences stay), import_groups
+    and finish_import run, and on any error the import is aborted, leaving ``cache`` as it was. An
+    existing ``seq_id`` is replaced only when the import finishes (the cache needs free pages for the
+    checkpoint meanwhile). A damaged newest generation is an error, never a silent fallback: pass
+    ``generation`` to load an older one. Takes no lock: if another process's retention or gc deletes
+    the generation while it is read, a restore of the newest starts again from the newest there is
+    then (up to :data:`READ_ATTEMPTS` times, reading only the chunks it does not hold yet), and one of
+    a given ``generation`` raises :class:`NotFoundError`. Raises :class:`NotFoundError`,
+    :class:`CorruptionError` / :class:`FormatError` naming the damaged key, :class:`MetadataError`
+    (:class:`LayoutHashMismatch`), :class:`CapacityError`, or :class:`StoreError` if the newest kept
+    being collected.
+    """
+    return await restore_into(store, name, cache, seq_id, generation, progress, record=True)
+
+
+READ_ATTEMPTS = 8
+"""Times a restore of the newest generation starts again when other writers collect what it is reading."""
+
+
+async def restore_into(store: "Store", name: str, cache: "PagedKVCache", seq_id: int | None, generation: int | None,
+                       progress: Progress | None, *, record: bool) -> RestoreResult:
+    """:func:`restore`; only if ``record``, this process remembers what it loaded for its next save of ``name``."""
+    groups: PageGroups | None = None
+    fetched: set[ChunkRef] = set()  # chunks in `groups` already, from an attempt whose generation was collected
+    for _ in range(READ_ATTEMPTS):
+        try:
+            manifest, envelope = await load_manifest(store, name, generation)
+        except NotFoundError:
+            if generation is None and await manifest_keys(store, name):
+                continue  # the newest it listed was collected before it was read
+            raise
+        key = manifest.key
+        metadata, target = _metadata_for(manifest.tvm_metadata, seq_id)
+        check_fits(manifest, metadata, cache.layout, cache.limits, target, key)
+        if groups is None or groups.group_bytes != manifest.num_logical_pages * manifest.page_bytes:
+            groups, fetched = _carried(manifest, groups, fetched, cache.host_groups(manifest.num_logical_pages))
+        try:
+            await _fetch_groups(store, manifest, key, groups, progress, fetched)
+            break
+        except CorruptionError as exc:
+            if await store.get(key, max_bytes=MAX_MANIFEST_BYTES) == envelope:
+                raise  # the manifest is still there, so is every chunk it uses: this one is damaged
+            if generation is not None:
+                raise NotFoundError(f"{key}: deleted by another writer (retention or gc) while it was being read "
+                                    f"({exc})") from None
+    else:
+        raise StoreError(f"restore {name!r}: other writers collected the newest generation while it was being read, "
+                         f"{READ_ATTEMPTS} times in a row")
+    async with cache_lock(cache):
+        cache.prepare_import(target, metadata, exclusive=False)
+        try:
+            await cache.import_groups(target, groups)
+            cache.finish_import(target)
+        except BaseException:
+            cache.abort_import(target)
+            raise
+    if record:
+        remember(store, envelope, manifest, cache.sequence_state(target))
+        trusted_chunks(store).update(manifest.chunk_keys())  # each one read back and verified
+    seq_length = cache.get_sequence_length(target)
+    return RestoreResult(name, manifest.generation, key, target, seq_length, manifest.app_state,
+                         sum(len(g) for g in manifest.chunks), sum(len(g) for g in groups))
+
+
+def _metadata_for(text: str, seq_id: int | None) -> tuple[str, int]:
+    """The metadata text to import and the target seq id: the stored text verbatim unless another seq id is asked."""
+    meta = parse_metadata(text)
+    stored = meta.get("seq_id")
+    if seq_id is None:
+        if not is_int(stored, 0):
+            raise FormatError("tvm_metadata.seq_id", "a non-negative integer", stored)
+        return text, stored
+    if not is_int(seq_id, 0):
+        raise FieldError("seq_id", "a non-negative integer", seq_id)
+    if stored == seq_id and is_int(stored):
+        return text, seq_id
+    meta["seq_id"] = seq_id  # same key, same position: only this field's text changes
+    return dump_tvm_json(meta), seq_id
+
+
+def _carried(manifest: Manifest, old: PageGroups | None, fetched: set[ChunkRef], new: PageGroups
+             ) -> tuple[PageGroups, set[ChunkRef]]:
+    """``new`` with the chunks of ``manifest`` that ``old`` holds already (``fetched``) copied in, and those."""
+    carried = {ref for ref in manifest.chunk_refs() if ref in fetched}
+    for ref in carried:
+        lo = ref.first_page * manifest.page_bytes
+        new[ref.group][lo:lo + ref.nbytes] = old[ref.group][lo:lo + ref.nbytes]
+    return new, carried
+
+
+def check_fits(manifest: Manifest, metadata: str, lay: KVLayout, limits: CacheLimits, seq_id: int, key: str) -> None:
+    """Everything about ``manifest`` (to import with ``metadata`` as ``seq_id``) that can be checked against a
+    cache of layout ``lay`` and ``limits`` without one; errors name ``key``."""
+    try:
+        got_hash = parse_metadata(metadata).get("layout_hash")
+        if got_hash != lay.layout_hash():
+            raise LayoutHashMismatch("tvm_metadata.layout_hash", lay.layout_hash(), got_hash,
+                                     "the checkpoint was written by a cache of another layout")
+        plan = validate_import(metadata, lay, limits, seq_id)
+    except FieldError as exc:
+        raise at_key(exc, key) from None
+    for what, expected, got in (("page_bytes", lay.page_bytes, manifest.page_bytes),
+                                ("num_groups", lay.num_layers, manifest.num_groups),
+                                ("num_logical_pages", plan.num_logical_pages, manifest.num_logical_pages)):
+        if expected != got:
+            raise FormatError(f"{key}: {what}", f"{expected} (from tvm_metadata and the cache layout)", got)
+
+
+async def _fetch_groups(store: "Store", manifest: Manifest, key: str, groups: PageGroups,
+                        progress: Progress | None, fetched: set[ChunkRef]) -> PageGroups:
+    """Every group's bytes read into ``groups``, each chunk in place and verified (size and SHA-256);
+    CorruptionError names a damaged one. Chunks in ``fetched`` are in ``groups`` already; each one read
+    and verified is added to it."""
+    pb = manifest.page_bytes
+    everything = list(manifest.chunk_refs())
+    refs = [ref for ref in everything if ref not in fetched]
+    done = [len(everything) - len(refs)]
+    hasher = Hasher()
+
+    async def fetch(ref: ChunkRef) -> None:
+        view = groups[ref.group][ref.first_page * pb:ref.first_page * pb + ref.nbytes]
+        try:
+            check_chunk_size(ref, await store.get_into(ref.key, view))
+            check_chunk_digest(ref, (await hasher.digest(view))[0])
+        except CorruptionError as exc:
+            raise at_key(exc, key) from None
+        fetched.add(ref)
+        done[0] += 1
+        if progress is not None:
+            progress("restore", done[0], len(everything))
+
+    try:
+        await run_bounded((lambda r=r: fetch(r) for r in refs), IO_CONCURRENCY)
+    finally:
+        await hasher.close()
+    return groups

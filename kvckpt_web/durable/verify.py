@@ -1,0 +1,163 @@
+"""Verify: every manifest and chunk of a store (or of one name) checked, and optionally loaded into a GPU cache.
+
+Takes no lock: damage found in a manifest, or in a chunk it uses, is reported only if that manifest still
+holds the bytes verify read once it is done, so a generation another process collects meanwhile is not.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import TYPE_CHECKING
+
+from ..errors import CorruptionError, FormatError, KVCkptError
+from ..kv.cache import PagedKVCache
+from ..tvm.layout import CacheLimits
+from ..tvm.metadata import layout_from_metadata, limits_from_metadata, parse_metadata
+from .catalog import decode_at, manifest_keys
+from .container import (CHUNKS, MAX_MANIFEST_BYTES, ChunkRef, Manifest, chunk_digest, chunk_key, is_chunk_key,
+                        validate_name, verify_chunk)
+from .pipeline import IO_CONCURRENCY, offload, run_bounded
+from .restore import check_fits, restore_into
+from .results import Progress, VerifyReport
+
+if TYPE_CHECKING:
+    from ..gpu.device import Device
+    from ..stores.base import Store
+
+__all__ = ["verify"]
+
+#: Each problem found, and the keys of the manifests it concerns (none: it stands anyway).
+Found = list[tuple[str, list[str]]]
+
+
+async def verify(store: "Store", *, name: str | None = None, device: "Device | None" = None,
+                 progress: Progress | None = None) -> VerifyReport:
+    """Check everything in ``store`` (or only the manifests of ``name`` and their chunks).
+
+    Decodes every manifest and checks it against its key and its TVM metadata; re-hashes every chunk
+    (all of them when ``name`` is None, also those no manifest uses); with a ``device``, restores
+    every intact generation into a fresh GPU cache of its layout and checks that it reads back
+    byte-identical. Never raises for damage: it is listed in ``problems``. Takes no lock: damage
+    found in a manifest, or in a chunk it uses, is reported only if that manifest still holds the
+    bytes verify read once it is done, so a generation another process collects meanwhile is not.
+    """
+    if name is not None:
+        validate_name(name)
+    report = VerifyReport()
+    envelopes: dict[str, bytes] = {}
+    found: Found = []
+    manifests = await _check_manifests(store, name, report, envelopes, found)
+    bad = await _check_chunks(store, name, manifests, report, found, progress)
+    if device is not None:
+        intact = [(key, m) for key, m in manifests if not any(ref.key in bad for ref in m.chunk_refs())]
+        await _check_loads(store, device, intact, report, found, progress)
+    report.problems = await _standing(store, found, envelopes)
+    return report
+
+
+def _naming(key: str, exc: KVCkptError) -> str:
+    """The message of ``exc`` with ``key`` in front, unless it starts with it."""
+    return str(exc) if str(exc).startswith(key) else f"{key}: {exc}"
+
+
+async def _check_manifests(store: "Store", name: str | None, report: VerifyReport, envelopes: dict[str, bytes],
+                           found: Found) -> list[tuple[str, Manifest]]:
+    """The manifests (of ``name``) that decode, match their key and fit their TVM metadata; each one read goes
+    into ``envelopes``, and what is wrong with the others into ``found``."""
+    manifests: list[tuple[str, Manifest]] = []
+    for _, _, key in await manifest_keys(store, name):
+        try:
+            data = await store.get(key, max_bytes=MAX_MANIFEST_BYTES)
+        except FormatError as exc:  # longer than any manifest can be
+            report.manifests_checked.append(key)
+            found.append((str(exc), []))
+            continue
+        if data is None:  # deleted since it was listed
+            continue
+        envelopes[key] = data
+        report.manifests_checked.append(key)
+        try:
+            m = decode_at(key, data)
+            meta = parse_metadata(m.tvm_metadata)
+            check_fits(m, m.tvm_metadata, layout_from_metadata(meta), limits_from_metadata(meta), meta.get("seq_id"),
+                       key)
+        except KVCkptError as exc:
+            found.append((_naming(key, exc), [key]))
+            continue
+        manifests.append((key, m))
+    return manifests
+
+
+async def _check_chunks(store: "Store", name: str | None, manifests: list[tuple[str, Manifest]],
+                        report: VerifyReport, found: Found, progress: Progress | None) -> set[str]:
+    """Re-hash every chunk ``manifests`` use against their refs and, with no ``name``, every other chunk against
+    its own key; the damaged ones."""
+    refs: dict[str, ChunkRef] = {}
+    users: dict[str, list[str]] = {}
+    for key, m in manifests:
+        for ref in m.chunk_refs():
+            refs.setdefault(ref.key, ref)
+            users.setdefault(ref.key, []).append(key)
+    listed = set(await store.list_prefix(CHUNKS)) if name is None else set()
+    todo = sorted(set(refs) | {k for k in listed if is_chunk_key(k)})
+    bad: set[str] = set()
+    done = [0]
+
+    async def check(ckey: str) -> None:
+        data = await store.get(ckey)
+        ref = refs.get(ckey)
+        if ref is None:
+            report.unreferenced_chunks.append(ckey)
+            digest = None if data is None else await offload(chunk_digest, data)
+            if digest is not None and chunk_key(digest) != ckey:
+                found.append((f"{ckey}: unreferenced chunk: sha256 expected {ckey[len(CHUNKS):]}, got {digest}", []))
+                bad.add(ckey)
+        else:
+            try:
+                await offload(verify_chunk, ref, data)
+            except CorruptionError as exc:
+                bad.add(ckey)
+                found.append((f"{exc} (used by {', '.join(users[ckey])})", users[ckey]))
+        report.chunks_checked += 1
+        report.bytes_checked += len(data) if data is not None else 0
+        done[0] += 1
+        if progress is not None:
+            progress("verify chunks", done[0], len(todo))
+
+    await run_bounded(((lambda k=k: check(k)) for k in todo), IO_CONCURRENCY)
+    report.unreferenced_chunks.sort()
+    return bad
+
+
+async def _check_loads(store: "Store", device: "Device", intact: list[tuple[str, Manifest]], report: VerifyReport,
+                       found: Found, progress: Progress | None) -> None:
+    """Restore each of ``intact`` into a fresh GPU cache of its layout and check that it reads back identical."""
+    for i, (key, m) in enumerate(intact):
+        meta = parse_metadata(m.tvm_metadata)
+        layout = layout_from_metadata(meta)
+        pages = max(1, m.num_logical_pages)
+        limits = limits_from_metadata(meta)
+        cache = PagedKVCache(device, layout, CacheLimits(1, pages * layout.page_size, limits.prefill_chunk_size))
+        try:
+            result = await restore_into(store, m.name, cache, None, m.generation, None, record=False)
+            back = await cache.read_pages(result.seq_id, 0, m.num_logical_pages)
+            for ref in m.chunk_refs():
+                lo = ref.first_page * m.page_bytes
+                if chunk_digest(back[ref.group][lo:lo + ref.nbytes]) != ref.sha256:
+                    raise CorruptionError(f"{key}: {ref.describe()} reads back different from the GPU cache")
+            report.loaded.append(key)
+        except KVCkptError as exc:
+            found.append((_naming(key, exc), [key]))
+        finally:
+            cache.close()
+        if progress is not None:
+            progress("verify load", i + 1, len(intact))
+
+
+async def _standing(store: "Store", found: Found, envelopes: dict[str, bytes]) -> list[str]:
+    """The problems of ``found`` that stand: a manifest deleted or replaced since it was read was collected by
+    another writer, not damaged."""
+    concerned = sorted({key for _, keys in found for key in keys})
+    current = dict(zip(concerned, await asyncio.gather(*(store.get(key, max_bytes=MAX_MANIFEST_BYTES)
+                                                         for key in concerned))))
+    return [text for text, keys in found if not keys or any(current[k] == envelopes[k] for k in keys)]

@@ -1,0 +1,255 @@
+"""The store contract: an async key/value map of bytes, the durable layer under checkpoints.
+
+A store knows nothing about KV caches. Keys are ``'/'``-separated relative
+names whose segments use only ``[A-Za-z0-9._-]`` (``"."`` and ``".."`` are not
+segments). Values are bytes. :meth:`Store.set` is atomic: a reader sees the
+old value or the new one, never a mix.
+
+Implementations, one module each: :class:`~kvckpt_web.stores.memory.MemoryStore`,
+:class:`~kvckpt_web.stores.file.FileStore`, and in the browser
+:class:`~kvckpt_web.stores.indexeddb.IndexedDBStore` and :class:`~kvckpt_web.stores.opfs.OPFSStore`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import time
+from abc import ABC, abstractmethod
+from collections.abc import Callable
+from contextlib import AbstractAsyncContextManager, nullcontext
+from typing import Any
+
+from ..errors import FormatError, StoreError
+
+__all__ = [
+    "DEFAULT_LOCK_TIMEOUT",
+    "Store",
+    "check_value_size",
+    "poll_acquire",
+    "validate_key",
+    "validate_prefix",
+]
+
+
+MAX_SEGMENT_CHARS = 200
+"""Longest key segment; leaves room for FileStore's temp-name decoration within 255 bytes."""
+
+MAX_KEY_CHARS = 1024
+"""Longest key."""
+
+DEFAULT_LOCK_TIMEOUT = 10.0
+"""Seconds :meth:`Store.lock` waits for the lock unless told otherwise."""
+
+_SEGMENT_RE = re.compile(r"[A-Za-z0-9._-]+")
+_PARTIAL_RE = re.compile(r"[A-Za-z0-9._-]*")
+_KEY_RULE = "'/'-separated segments of [A-Za-z0-9._-], none '.' or '..'"
+
+
+def is_segment(segment: str) -> bool:
+    return (
+        len(segment) <= MAX_SEGMENT_CHARS
+        and segment not in (".", "..")
+        and _SEGMENT_RE.fullmatch(segment) is not None
+    )
+
+
+def validate_key(key: str) -> str:
+    """Return ``key`` if it is a valid store key, else raise :class:`FormatError`."""
+    if not isinstance(key, str):
+        raise FormatError("key", "a str", type(key).__name__)
+    if not key or len(key) > MAX_KEY_CHARS:
+        raise FormatError("key", f"1 to {MAX_KEY_CHARS} characters", key)
+    for segment in key.split("/"):
+        if not is_segment(segment):
+            raise FormatError("key", _KEY_RULE, key, f"bad segment {segment!r}")
+    return key
+
+
+def validate_prefix(prefix: str) -> str:
+    """Return ``prefix`` if it can start a key (``""`` starts every key), else raise :class:`FormatError`."""
+    if not isinstance(prefix, str):
+        raise FormatError("prefix", "a str", type(prefix).__name__)
+    if len(prefix) > MAX_KEY_CHARS:
+        raise FormatError("prefix", f"at most {MAX_KEY_CHARS} characters", prefix)
+    *dirs, last = prefix.split("/")
+    for segment in dirs:
+        if not is_segment(segment):
+            raise FormatError("prefix", _KEY_RULE, prefix, f"bad segment {segment!r}")
+    if _PARTIAL_RE.fullmatch(last) is None:
+        raise FormatError("prefix", _KEY_RULE, prefix, f"bad segment {last!r}")
+    return prefix
+
+
+def check_value_size(key: str, nbytes: int, max_bytes: int) -> None:
+    """Raise :class:`FormatError` naming ``key`` if its value of ``nbytes`` bytes is longer than ``max_bytes``."""
+    if nbytes > max_bytes:
+        raise FormatError(f"{key} length", f"at most {max_bytes} bytes", nbytes)
+
+
+def _as_view(data: Any) -> memoryview:
+    if isinstance(data, (bytes, bytearray, memoryview)):
+        return memoryview(data).cast("B")
+    raise FormatError("data", "bytes, bytearray or memoryview", type(data).__name__)
+
+
+class Store(ABC):
+    """An async store of bytes under validated keys.
+
+    The public methods validate keys, enforce ``read_only`` and count
+    ``bytes_written``; backends implement the underscored methods, which get
+    keys already validated.
+    """
+
+    def __init__(self, *, read_only: bool = False, lock_timeout: float = DEFAULT_LOCK_TIMEOUT) -> None:
+        self._read_only = bool(read_only)
+        self._lock_timeout = float(lock_timeout)
+        self._bytes_written = 0
+
+    @property
+    def read_only(self) -> bool:
+        """True if :meth:`set`, :meth:`delete` and :meth:`lock` refuse with :class:`StoreError`."""
+        return self._read_only
+
+    @property
+    def bytes_written(self) -> int:
+        """Total payload bytes of the successful :meth:`set` calls on this object."""
+        return self._bytes_written
+
+    def _check_writable(self, what: str) -> None:
+        if self._read_only:
+            raise StoreError(f"{what}: store {self!r} is read-only")
+
+    async def get(self, key: str, *, max_bytes: int | None = None) -> bytes | None:
+        """The value under ``key``, or None if there is none.
+
+        ``max_bytes`` bounds what the caller can take: a longer value raises :class:`FormatError` naming
+        the key, and backends that can tell the length first (FileStore) read none of it.
+        """
+        validate_key(key)
+        if max_bytes is None:
+            return await self._get(key)
+        return await self._get_bounded(key, max_bytes)
+
+    async def get_into(self, key: str, out: memoryview) -> int | None:
+        """The length of the value under ``key`` (None if there is none), read into ``out`` if it is that long.
+
+        If the lengths differ, ``out`` is left as it was.
+        """
+        validate_key(key)
+        if not isinstance(out, (bytearray, memoryview)) or memoryview(out).readonly:
+            raise FormatError("out", "a writable bytearray or memoryview", type(out).__name__)
+        return await self._get_into(key, memoryview(out).cast("B"))
+
+    def _payload(self, key: str, data: Any) -> memoryview:
+        """``data`` to store under ``key``, once the key, the data and the store allow it."""
+        validate_key(key)
+        payload = _as_view(data)  # backends that keep it copy it; the caller's buffer is only read during set
+        self._check_writable(f"set {key!r}")
+        return payload
+
+    async def set(self, key: str, data: bytes | bytearray | memoryview) -> None:
+        """Store ``data`` under ``key`` atomically, replacing any old value."""
+        payload = self._payload(key, data)
+        await self._set(key, payload)
+        self._bytes_written += len(payload)
+
+    async def set_if_absent(self, key: str, data: bytes | bytearray | memoryview) -> bool:
+        """Store ``data`` under ``key`` as :meth:`set` does, unless ``key`` holds a value already; True if it stored.
+
+        Meant for content-addressed values, where a value already there is the same bytes. Between
+        the check and the write it excludes other writers only while the caller holds :meth:`lock`.
+        """
+        payload = self._payload(key, data)
+        stored = await self._set_if_absent(key, payload)
+        if stored:
+            self._bytes_written += len(payload)
+        return stored
+
+    async def delete(self, key: str) -> None:
+        """Remove ``key``; a missing key is not an error."""
+        validate_key(key)
+        self._check_writable(f"delete {key!r}")
+        await self._delete(key)
+
+    async def exists(self, key: str) -> bool:
+        """Whether ``key`` holds a value."""
+        return await self._exists(validate_key(key))
+
+    async def list_prefix(self, prefix: str) -> list[str]:
+        """All keys that start with the string ``prefix``, sorted by code point."""
+        return sorted(await self._list_prefix(validate_prefix(prefix)))
+
+    def lock(self, timeout: float | None = None) -> AbstractAsyncContextManager[None]:
+        """An async context manager holding the writer lock of this store.
+
+        It excludes every other holder (another task, process or tab), is not
+        re-entrant, and raises :class:`StoreError` naming the lock if it cannot
+        be had within ``timeout`` seconds (the store's ``lock_timeout`` if None).
+        """
+        self._check_writable("lock")
+        return self._lock(self._lock_timeout if timeout is None else float(timeout))
+
+    def batch(self) -> AbstractAsyncContextManager[None]:
+        """An async context manager in which each :meth:`set` and :meth:`delete` stays atomic but may leave
+        making itself durable to the end of the batch.
+
+        When it exits (also by an error), every set and delete that completed inside it is durable,
+        so a group of writes costs one durability barrier instead of one each: a save writes its
+        chunks in one batch and commits its manifest after it. Writes must complete before it exits.
+        A batch covers the task that opens it and the tasks started inside it; other tasks' writes
+        stay durable when they return.
+        """
+        return self._batch()
+
+    @abstractmethod
+    async def _get(self, key: str) -> bytes | None: ...
+
+    async def _get_bounded(self, key: str, max_bytes: int) -> bytes | None:
+        data = await self._get(key)
+        if data is not None:
+            check_value_size(key, len(data), max_bytes)
+        return data
+
+    async def _get_into(self, key: str, out: memoryview) -> int | None:
+        data = await self._get(key)
+        if data is not None and len(data) == len(out):
+            out[:] = data
+        return None if data is None else len(data)
+
+    @abstractmethod
+    async def _set(self, key: str, data: memoryview) -> None: ...
+
+    async def _set_if_absent(self, key: str, data: memoryview) -> bool:
+        if await self._exists(key):
+            return False
+        await self._set(key, data)
+        return True
+
+    @abstractmethod
+    async def _delete(self, key: str) -> None: ...
+
+    @abstractmethod
+    async def _exists(self, key: str) -> bool: ...
+
+    @abstractmethod
+    async def _list_prefix(self, prefix: str) -> list[str]: ...
+
+    @abstractmethod
+    def _lock(self, timeout: float) -> AbstractAsyncContextManager[None]: ...
+
+    def _batch(self) -> AbstractAsyncContextManager[None]:
+        return nullcontext()  # backends whose writes are durable when they return
+
+
+async def poll_acquire(try_acquire: Callable[[], bool], timeout: float, lock_name: str) -> None:
+    """Call ``try_acquire`` until it returns True, or raise StoreError after ``timeout`` seconds."""
+    deadline = time.monotonic() + max(timeout, 0.0)
+    delay = 0.005
+    while not try_acquire():
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            raise StoreError(f"lock {lock_name}: not acquired within {timeout} s (held by another writer)")
+        await asyncio.sleep(min(delay, remaining))
+        delay = min(delay * 2, 0.1)
+
