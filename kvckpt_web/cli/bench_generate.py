@@ -15,10 +15,11 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from ..durable.restore import restore
+from ..durable.save import save
 from ..gpu.device import Copy, Device, Usage
 from ..gpu.open import open_device
-from ..durable.persist import restore, save
-from ..stores.store import FileStore
+from ..stores.file import FileStore
 
 CONTEXT = 1024
 DECODE_TOKENS = 32

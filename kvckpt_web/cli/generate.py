@@ -88,12 +88,12 @@ async def _generate(args: argparse.Namespace, loaded: Any, device: Any, settings
 
 
 def cmd_generate(args: argparse.Namespace) -> None:
+    from ..durable.catalog import load_manifest
     from ..durable.container import validate_name
     from ..gpu.open import open_device
     from ..model.loader import default_model_path, load_model
     from ..model.session import Autosave, StopRules
-    from ..durable.persist import load_manifest
-    from ..stores.store import FileStore
+    from ..stores.file import FileStore
 
     _check_args(args)
     settings = None if args.resume else _settings(args)

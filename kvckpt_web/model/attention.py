@@ -21,11 +21,11 @@ from __future__ import annotations
 import math
 import struct
 
-from ..kv.cache import ForwardPass, PagedKVCache
-from ..gpu.device import Buffer, Dispatch, Kernel, Region, Usage
 from ..errors import FieldError, TensorError
-from ..gpu.wgsl import source
+from ..gpu.device import Buffer, Dispatch, Kernel, Region, Usage
 from ..gpu.specialize import specialize
+from ..gpu.wgsl import source
+from ..kv.cache import ForwardPass, PagedKVCache
 
 #: Largest head_dim the attention kernel holds in registers (per invocation, ``rows_per_tile * group`` rows of Q
 #: and of the output).

@@ -65,7 +65,7 @@ def resolve_factory(spec: str) -> Callable[[Any], LoadedModel]:
 
 async def _worker(config: WorkerConfig, mode: str, emit: Callable[[dict[str, Any]], None]) -> None:
     from ..gpu.open import open_device
-    from ..stores.store import FileStore
+    from ..stores.file import FileStore
     from .sampler import SamplingSettings
     from .session import Autosave, Generator, StopRules, new_cache, resume
 

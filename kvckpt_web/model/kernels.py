@@ -14,8 +14,8 @@ from __future__ import annotations
 import math
 import struct
 
-from ..gpu.device import UNIFORM_ALIGN, Buffer, Device, Dispatch, Region, Usage
 from ..errors import TensorError
+from ..gpu.device import UNIFORM_ALIGN, Buffer, Device, Dispatch, Region, Usage
 from ..gpu.wgsl import pack_params, source
 from .weights import Q4_1, Q8_0, DenseTensor, QuantizedTensor
 

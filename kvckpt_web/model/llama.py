@@ -18,8 +18,8 @@ import struct
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from ..gpu.device import Buffer, Command, Copy, Device, Usage
 from ..errors import CheckpointStateError, FieldError, FormatError, SequenceError
+from ..gpu.device import Buffer, Command, Copy, Device, Usage
 from ..tvm.layout import KVLayout
 from . import kernels
 from .attention import PagedAttention

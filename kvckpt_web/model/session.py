@@ -4,7 +4,7 @@ A :class:`Generator` runs a :class:`~kvckpt_web.model.protocol.CausalLM` over a 
 one token at a time, picking each next token with a
 :class:`~kvckpt_web.model.sampler.Sampler`, until an end-of-sequence id, a stop string, the
 token limit or the context ends it. Every ``Autosave.every`` tokens, at the end of the prefill and
-when it finishes, it saves the sequence with :func:`kvckpt_web.durable.persist.save`; the checkpoint's
+when it finishes, it saves the sequence with :func:`kvckpt_web.durable.save.save`; the checkpoint's
 ``app_state`` (see :func:`app_state_of`) holds every token id, where the K/V end, the sampler's
 state and the model's identity.
 
@@ -26,17 +26,21 @@ from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from ..durable.catalog import load_manifest
 from ..durable.container import validate_name
+from ..durable.restore import restore
+from ..durable.results import Progress, SaveResult
+from ..durable.retention import DEFAULT_KEEP
+from ..durable.save import save
 from ..errors import CheckpointStateError, CorruptionError, FieldError, FormatError, MetadataError, SequenceError
 from ..tvm.layout import CacheLimits
-from ..durable.persist import DEFAULT_KEEP, Progress, SaveResult, load_manifest, restore, save
 from .protocol import CausalLM, Logits
 from .sampler import Sampler, SamplingSettings
 
 if TYPE_CHECKING:
-    from ..kv.cache import PagedKVCache
     from ..gpu.device import Device
-    from ..stores.store import Store
+    from ..kv.cache import PagedKVCache
+    from ..stores.base import Store
 
 __all__ = ["APP_FORMAT", "APP_VERSION", "Autosave", "FINISH_REASONS", "GenerationResult", "Generator",
            "ResumeReport", "StopRules", "TokenEvent", "app_state_of", "candidate_count", "new_cache", "resume"]

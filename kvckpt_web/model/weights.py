@@ -12,8 +12,8 @@ from array import array
 from dataclasses import dataclass
 from math import prod
 
-from ..gpu.device import Buffer, Device, Texture, Usage
 from ..errors import TensorError
+from ..gpu.device import Buffer, Device, Texture, Usage
 
 #: GGML type ids (the GGUF tensor info's type field).
 F32 = 0

@@ -24,8 +24,8 @@ from tiny_llama import CONFIG  # noqa: E402
 from kvckpt_web.model.loader import load_model  # noqa: E402
 from kvckpt_web.model.sampler import SamplingSettings  # noqa: E402
 from kvckpt_web.model.session import Autosave, Generator, StopRules, new_cache  # noqa: E402
-from kvckpt_web.durable.persist import list_generations, load_manifest, restore  # noqa: E402
-from kvckpt_web.stores.store import MemoryStore  # noqa: E402
+from kvckpt_web import MemoryStore, list_generations, restore  # noqa: E402
+from kvckpt_web.durable.catalog import load_manifest  # noqa: E402
 
 NAME = "chat"
 

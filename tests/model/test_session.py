@@ -15,8 +15,8 @@ from kvckpt_web.errors import CheckpointStateError, FieldError, FormatError, KVC
 from kvckpt_web.model.sampler import SamplingSettings
 from kvckpt_web.model.session import (APP_FORMAT, APP_VERSION, Autosave, Generator, StopRules, candidate_count,
                                       new_cache, resume)
-from kvckpt_web.durable.persist import list_generations, load_manifest, save
-from kvckpt_web.stores.store import MemoryStore
+from kvckpt_web import MemoryStore, list_generations, save
+from kvckpt_web.durable.catalog import load_manifest
 
 try:  # tests/ as a plain directory on sys.path (pytest's default import mode)
     from kvmodel import run
