@@ -19,6 +19,8 @@ from ..durable.restore import restore
 from ..durable.save import save
 from ..gpu.device import Copy, Device, Usage
 from ..gpu.open import open_device
+from ..model.loader import default_model_path, load_model
+from ..model.session import new_cache
 from ..stores.file import FileStore
 
 CONTEXT = 1024
@@ -38,8 +40,6 @@ TEXT = ("The lighthouse keeper climbed the stairs every evening, counted the shi
 async def bench_generate(device: Device | None = None, repeats: int = 5, paths: tuple[str, ...] = (),
                          echo: Callable[[str], None] = print) -> list[str]:
     """Run the benchmark and print its rows and verdicts; the printed lines."""
-    from ..model.loader import default_model_path, load_model
-    from ..model.session import new_cache
 
     lines: list[str] = []
 

@@ -13,7 +13,14 @@ import time
 from pathlib import Path
 from typing import Any
 
+from ..durable.catalog import load_manifest
+from ..durable.container import validate_name
 from ..errors import FieldError
+from ..gpu.open import open_device
+from ..model.loader import default_model_path, load_model
+from ..model.sampler import SamplingSettings
+from ..model.session import Autosave, Generator, StopRules, new_cache, resume
+from ..stores.file import FileStore
 
 SAMPLER_FLAGS = {"seed": "--seed", "temperature": "--temperature", "top_k": "--top-k", "top_p": "--top-p",
                  "repetition_penalty": "--repetition-penalty"}
@@ -41,8 +48,6 @@ def _check_args(args: argparse.Namespace) -> None:
 
 
 def _settings(args: argparse.Namespace) -> Any:
-    from ..model.sampler import SamplingSettings
-
     given = {key: getattr(args, key) for key in SAMPLER_FLAGS if getattr(args, key) is not None}
     return SamplingSettings(**given)
 
@@ -58,8 +63,6 @@ def _write(text: str) -> None:
 
 async def _generate(args: argparse.Namespace, loaded: Any, device: Any, settings: Any, stop: Any,
                     autosave: Any) -> None:
-    from ..model.session import Generator, new_cache, resume
-
     model, codec = loaded.model, loaded.text
     context = model.max_context if args.context is None else min(args.context, model.max_context)
     cache = new_cache(model, device, max_tokens=context, prefill_chunk=args.prefill_chunk)
@@ -88,13 +91,6 @@ async def _generate(args: argparse.Namespace, loaded: Any, device: Any, settings
 
 
 def cmd_generate(args: argparse.Namespace) -> None:
-    from ..durable.catalog import load_manifest
-    from ..durable.container import validate_name
-    from ..gpu.open import open_device
-    from ..model.loader import default_model_path, load_model
-    from ..model.session import Autosave, StopRules
-    from ..stores.file import FileStore
-
     _check_args(args)
     settings = None if args.resume else _settings(args)
     stop = StopRules(args.max_tokens if args.max_tokens is not None else 256)

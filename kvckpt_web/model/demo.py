@@ -26,7 +26,11 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import KVCkptError, ModelUnavailableError
+from ..gpu.open import open_device
+from ..stores.file import FileStore
 from .protocol import LoadedModel
+from .sampler import SamplingSettings
+from .session import Autosave, Generator, StopRules, new_cache, resume
 
 DEFAULT_FACTORY = "kvckpt_web.model.loader:load_default"
 DEMO_PROMPT = "Write a short story about a lighthouse keeper who finds a message in a bottle."
@@ -64,11 +68,6 @@ def resolve_factory(spec: str) -> Callable[[Any], LoadedModel]:
 
 
 async def _worker(config: WorkerConfig, mode: str, emit: Callable[[dict[str, Any]], None]) -> None:
-    from ..gpu.open import open_device
-    from ..stores.file import FileStore
-    from .sampler import SamplingSettings
-    from .session import Autosave, Generator, StopRules, new_cache, resume
-
     start = time.perf_counter()
     device = open_device()
     loaded = resolve_factory(config.factory)(device)

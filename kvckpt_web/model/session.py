@@ -33,13 +33,13 @@ from ..durable.results import Progress, SaveResult
 from ..durable.retention import DEFAULT_KEEP
 from ..durable.save import save
 from ..errors import CheckpointStateError, CorruptionError, FieldError, FormatError, MetadataError, SequenceError
+from ..kv.cache import PagedKVCache
 from ..tvm.layout import CacheLimits
 from .protocol import CausalLM, Logits
 from .sampler import Sampler, SamplingSettings
 
 if TYPE_CHECKING:
     from ..gpu.device import Device
-    from ..kv.cache import PagedKVCache
     from ..stores.base import Store
 
 __all__ = ["APP_FORMAT", "APP_VERSION", "Autosave", "FINISH_REASONS", "GenerationResult", "Generator",
@@ -498,8 +498,6 @@ def new_cache(model: CausalLM, device: "Device", *, max_tokens: int | None = Non
               page_size: int = 16, num_seqs: int = 1) -> "PagedKVCache":
     """A cache of ``model``'s layout for ``num_seqs`` sequences of up to ``max_tokens`` (default: the model's
     context) tokens each, taking up to ``prefill_chunk`` tokens per forward."""
-    from ..kv.cache import PagedKVCache
-
     tokens = model.max_context if max_tokens is None else _int("max_tokens", max_tokens, 1)
     return PagedKVCache(device, model.kv_layout(page_size), CacheLimits(num_seqs, num_seqs * tokens, prefill_chunk))
 

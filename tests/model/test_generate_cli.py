@@ -1,6 +1,6 @@
 """``kvckpt generate``: text streamed to stdout, progress on stderr, --resume, one-line errors.
 
-The model comes through the loader seam (``kvckpt_web.model.loader.load_model``), replaced here by the
+The model comes through the loader seam (``load_model``, as ``kvckpt generate`` imports it), replaced here by the
 test double, except where the real llama runner is the point (the tiny random GGUF, SmolLM2).
 """
 
@@ -9,15 +9,13 @@ from __future__ import annotations
 import pytest
 
 from kvckpt_web.cli.main import main
+from kvckpt_web.cli import generate
 from kvckpt_web.model import loader
 from kvckpt_web.model.protocol import LoadedModel
 from kvckpt_web.model.sampler import SamplingSettings
 from kvckpt_web.model.session import Generator, StopRules, new_cache
 
-try:  # tests/ as a plain directory on sys.path (pytest's default import mode)
-    from kvmodel import run
-except ImportError:  # tests/ as a package
-    from tests.kvmodel import run
+from kvmodel import run
 from lm_double import DoubleLM, DoubleText
 
 PROMPT = "tell me about the sea."
@@ -34,7 +32,7 @@ def one_line_error(capsys) -> str:
 @pytest.fixture
 def double_model(monkeypatch, tmp_path):
     """``load_model`` gives the test double; returns the --model path to pass."""
-    monkeypatch.setattr(loader, "load_model", lambda path, device: LoadedModel(DoubleLM(), DoubleText()))
+    monkeypatch.setattr(generate, "load_model", lambda path, device: LoadedModel(DoubleLM(), DoubleText()))
     path = tmp_path / "double.gguf"
     path.write_bytes(b"")
     return str(path)

@@ -18,10 +18,7 @@ from kvckpt_web.model.session import (APP_FORMAT, APP_VERSION, Autosave, Generat
 from kvckpt_web import MemoryStore, list_generations, save
 from kvckpt_web.durable.catalog import load_manifest
 
-try:  # tests/ as a plain directory on sys.path (pytest's default import mode)
-    from kvmodel import run
-except ImportError:  # tests/ as a package
-    from tests.kvmodel import run
+from kvmodel import run
 from lm_double import EOS, DoubleLM, DoubleText
 
 TEXT = DoubleText()
