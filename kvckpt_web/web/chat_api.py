@@ -249,6 +249,7 @@ async def _reprefill_ms(tokens: list[int]) -> float:
     finally:
         scratch.close()
 
+
 async def _run() -> str:
     """Step the generation until it finishes or :func:`pause` asks; a failed autosave is reported and
     autosave waits for :func:`save_now`, generation goes on."""
