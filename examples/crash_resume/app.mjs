@@ -6,7 +6,7 @@ const STORE_NAME = "kvckpt-demo";
 const $ = (id) => document.getElementById(id);
 const state = (window.demo = {
   phase: "starting", model: null, name: null, prompt: "", reply: "", tokens: 0, committed: null,
-  restored: null, problem: null, finishReason: null, conversations: [], errors: [],
+  restored: null, problem: null, finishReason: null, generated: null, conversations: [], errors: [],
 });
 
 // ----- the worker ------------------------------------------------------------------------------
@@ -132,6 +132,7 @@ function onEvent(e) {
     case "restored":
       state.restored = e;
       showReply(e.prompt, e.text);
+      showRestored(e);
       break;
     default:
       break;
@@ -147,30 +148,24 @@ function rememberedPrefill(identity) {
   return value > 0 ? value : null;
 }
 
-function showRestored(result) {
-  const r = state.restored;
-  const perToken = result.reprefillMs !== null ? result.reprefillMs / r.tokens : rememberedPrefill(state.model.identity);
-  if (result.reprefillMs !== null) {
-    localStorage.setItem(`kvckpt-demo:prefill-ms-per-token:${state.model.identity}`, String(perToken));
-  }
-  const reprefill = perToken * r.tokens;
-  const how = r.kvRestored
-    ? `restored ${r.tokens} tokens in ${ms(r.restoreMs)}`
-    : `replayed ${r.tokens} saved tokens in ${ms(r.replayMs)} (the K/V were not usable)`;
-  const versus = r.kvRestored
-    ? ` · a re-prefill of the same ${r.tokens} tokens takes ${ms(reprefill)} on this device ` +
-      `(${result.reprefillMs !== null ? "measured now" : "measured once"}): ${(reprefill / r.restoreMs).toFixed(0)}x`
-    : "";
+function showRestored(r) {
+  const measured = r.reprefillMs !== null;
+  const perToken = measured ? r.reprefillMs / r.tokens : rememberedPrefill(state.model.identity);
+  if (measured) localStorage.setItem(`kvckpt-demo:prefill-ms-per-token:${state.model.identity}`, String(perToken));
+  r.reprefillEstimateMs = perToken * r.tokens;
+  const versus = ` · a re-prefill of the same ${r.tokens} tokens takes ${ms(r.reprefillEstimateMs)} on this device ` +
+    `(${measured ? "measured now" : "measured once"}): ${(r.reprefillEstimateMs / r.restoreMs).toFixed(0)}x`;
   $("restored").hidden = false;
-  $("restored").textContent = how + versus;
-  state.restored.reprefillMs = reprefill;
+  $("restored").textContent = r.kvRestored
+    ? `restored ${r.tokens} tokens in ${ms(r.restoreMs)}` + versus
+    : `replayed ${r.tokens} saved tokens in ${ms(r.replayMs)} (the K/V were not usable: ${r.reason})`;
 }
 
 async function resume(name, { replay = false, generation = null } = {}) {
   clearProblem();
   state.name = name;
   setPhase("restoring", replay ? "replaying the saved tokens" : "restoring");
-  const measure = !rememberedPrefill(state.model.identity);
+  const measure = !replay && !rememberedPrefill(state.model.identity);
   let result;
   try {
     result = await runner.call("resume", { store: store(), storeName: STORE_NAME, name, replay, measure,
@@ -187,8 +182,8 @@ async function resume(name, { replay = false, generation = null } = {}) {
 }
 
 function finished(result) {
-  if (state.restored && state.restored.reprefillMs === undefined) showRestored(result);
   state.finishReason = result.finishReason;
+  state.generated = result.tokens;
   setPhase(result.finishReason ? "finished" : "paused", result.finishReason ? `finished (${result.finishReason})` : "paused");
   refresh();
 }

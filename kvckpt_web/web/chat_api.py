@@ -11,7 +11,7 @@ what happens while a call runs reaches JavaScript as events, JSON text given to 
 * ``{"type": "saved", "generation", "tokens", "bytes", "ms"}`` -- a committed checkpoint;
 * ``{"type": "saveFailed", "error"}`` -- an autosave failed (the last committed generation stays); autosave
   waits for :func:`save_now`;
-* ``{"type": "finished", "finishReason", "text"}`` or ``{"type": "paused"}`` -- the generation stopped.
+* ``{"type": "finished" or "paused", "finishReason", "text"}`` -- the generation stopped.
 """
 
 from __future__ import annotations
@@ -180,7 +180,8 @@ START_OPTIONS = {"store": "indexeddb", "storeName": "kvckpt-demo", "name": None,
 @_reported
 async def start(prompt: str, options: Any = None) -> str:
     """Generate the model's reply to ``prompt`` as conversation ``options.name``, autosaving every
-    ``options.every`` tokens; runs until the reply ends or :func:`pause`; JSON ``{finishReason, text}``."""
+    ``options.every`` tokens; runs until the reply ends or :func:`pause`; JSON ``{finishReason, text, tokens}``
+    (the generated token ids)."""
     o = _options(options, START_OPTIONS)
     loaded = _model()
     if not isinstance(prompt, str) or not prompt.strip():
@@ -205,9 +206,10 @@ async def resume_saved(options: Any = None) -> str:
     it like :func:`start`.
 
     JSON ``{problem: {reason, message}}`` if its K/V cannot be used and ``options.replay`` is false (nothing
-    changed); else ``{kvRestored, generation, tokens, restoreMs, replayMs, reprefillMs, prompt, text,
-    finishReason}`` once the generation stops, ``reprefillMs`` being a re-prefill of the same tokens into a
-    scratch cache, timed, when ``options.measure`` (else null).
+    changed); else, once the generation stops, what :func:`start` returns. A ``restored`` event says first how
+    the K/V came back: ``{kvRestored, reason, message, generation, tokens, restoreMs, replayMs, reprefillMs,
+    prompt, text}``, ``reprefillMs`` being a re-prefill of the same tokens into a scratch cache, timed, when
+    ``options.measure`` (else null).
     """
     o = _options(options, RESUME_OPTIONS)
     loaded = _model()
@@ -262,11 +264,8 @@ async def _run() -> str:
             _chat.autosave, gen.autosave = gen.autosave, None
             _event("saveFailed", error=error_fields(exc),
                    committed=gen.last_save.generation if gen.last_save is not None else None)
-    if gen.finish_reason is None:
-        _event("paused")
-        return _json(finish_reason=None, text=gen.text)
-    _event("finished", finish_reason=gen.finish_reason, text=gen.text)
-    return _json(finish_reason=gen.finish_reason, text=gen.text)
+    _event("finished" if gen.finish_reason else "paused", finish_reason=gen.finish_reason, text=gen.text)
+    return _json(finish_reason=gen.finish_reason, text=gen.text, tokens=gen.generated_tokens)
 
 
 def pause() -> None:

@@ -107,13 +107,19 @@ def browser_prereqs() -> dict[str, Any]:
 
 
 @pytest.fixture(scope="package")
-def web_server(browser_prereqs, tmp_path_factory) -> str:
+def fresh_wheel(browser_prereqs, tmp_path_factory) -> Path:
+    """A directory holding the kvckpt_web wheel of this tree, built once."""
+    fresh = tmp_path_factory.mktemp("wheel")
+    build_wheel(fresh)
+    return fresh
+
+
+@pytest.fixture(scope="package")
+def web_server(browser_prereqs, fresh_wheel) -> str:
     """Base URL of a `kvckpt serve` server on 127.0.0.1 serving Pyodide and a fresh kvckpt_web wheel."""
     from kvckpt_web.web.serve import serve_in_thread
 
-    fresh = tmp_path_factory.mktemp("wheel")
-    build_wheel(fresh)
-    server, url = serve_in_thread(browser_prereqs["pyodide"], [fresh, browser_prereqs["wheels"]], port=0)
+    server, url = serve_in_thread(browser_prereqs["pyodide"], [fresh_wheel, browser_prereqs["wheels"]], port=0)
     yield url
     server.shutdown()
 

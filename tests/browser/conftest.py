@@ -1,4 +1,5 @@
 """Fixtures of the browser tests; the harness itself is in browser_harness.py (bench/browser.py imports it too)."""
 
-from .browser_harness import (browser_context, browser_prereqs, playwright_instance, py_page,  # noqa: F401
-                             web_server)
+from .browser_harness import (browser_context, browser_prereqs, fresh_wheel, playwright_instance,  # noqa: F401
+                              py_page, web_server)
+from .demo_page import demo_server  # noqa: F401

@@ -1,0 +1,91 @@
+"""The crash-resume page (examples/crash_resume) with the tiny random llama: a reply interrupted by a killed
+browser or by the page's crash control continues, on reopening, to the tokens of an uninterrupted run."""
+
+from __future__ import annotations
+
+import os
+
+from .browser_harness import CDPChromium
+from .demo_page import REPO, open_demo
+
+TOKENS, EVERY, KILL_AFTER = 48, 8, 20
+SHOT = REPO / "build" / "screenshots" / "crash_resume.png"
+
+
+def uninterrupted(browser_prereqs, playwright_instance, url, tmp_path, **settings) -> dict:
+    browser = CDPChromium(browser_prereqs["chromium"], tmp_path / "clean-profile", playwright_instance)
+    try:
+        page = open_demo(browser, url).open()
+        page.configure(max_tokens=TOKENS, every=EVERY, **settings)
+        return page.run_to_end()
+    finally:
+        browser.close()
+
+
+def test_a_reply_killed_with_the_browser_continues_after_relaunch_to_the_uninterrupted_tokens(
+        browser_prereqs, playwright_instance, demo_server, tmp_path):
+    want = uninterrupted(browser_prereqs, playwright_instance, demo_server.url, tmp_path, seed=7)
+    profile = tmp_path / "profile"
+    browser = CDPChromium(browser_prereqs["chromium"], profile, playwright_instance)
+    try:
+        page = open_demo(browser, demo_server.url).open()
+        page.configure(max_tokens=TOKENS, every=EVERY, seed=7)
+        page.generate()
+        page.wait(f"d => d.tokens >= {KILL_AFTER} && d.committed !== null")
+        SHOT.parent.mkdir(parents=True, exist_ok=True)
+        page.page.screenshot(path=str(SHOT), full_page=True)
+        if os.environ.get("KVCKPT_UPDATE_SCREENSHOT") == "1":  # README's picture, from this run
+            (REPO / "docs" / "crash_resume.png").write_bytes(SHOT.read_bytes())
+        killed_at = page.state()["tokens"]
+    finally:
+        browser.kill()  # SIGKILL: no unload handler, no save
+    assert killed_at < TOKENS
+
+    browser = CDPChromium(browser_prereqs["chromium"], profile, playwright_instance)
+    try:
+        page = open_demo(browser, demo_server.url).open()
+        page.wait("d => d.phase === 'finished'")
+        got = page.state()
+    finally:
+        browser.close()
+    assert got["restored"]["kvRestored"] is True and got["restored"]["tokens"] > 0
+    assert got["generated"] == want["generated"] and got["reply"] == want["reply"]
+
+
+def test_the_crash_control_terminates_the_worker_and_reopening_continues_to_the_uninterrupted_tokens(
+        browser_prereqs, playwright_instance, demo_server, tmp_path):
+    want = uninterrupted(browser_prereqs, playwright_instance, demo_server.url, tmp_path)
+    browser = CDPChromium(browser_prereqs["chromium"], tmp_path / "profile", playwright_instance)
+    try:
+        page = open_demo(browser, demo_server.url).open()
+        page.configure(max_tokens=TOKENS, every=EVERY)
+        page.generate()
+        page.wait(f"d => d.tokens >= {KILL_AFTER} && d.committed !== null")
+        page.page.click("#crash")
+        page.wait("d => d.phase === 'crashed'")
+        page.page.click("#fresh")  # "Reopen": a new worker, as a reopened tab
+        page.wait("d => d.phase === 'finished'")
+        got = page.state()
+    finally:
+        browser.close()
+    assert got["restored"]["kvRestored"] is True
+    assert got["generated"] == want["generated"] and got["reply"] == want["reply"]
+
+
+def test_a_restore_shows_its_time_beside_a_measured_re_prefill_of_the_same_tokens(
+        browser_prereqs, playwright_instance, demo_server, tmp_path):
+    browser = CDPChromium(browser_prereqs["chromium"], tmp_path / "profile", playwright_instance)
+    try:
+        page = open_demo(browser, demo_server.url).open()
+        page.configure(max_tokens=TOKENS, every=EVERY)
+        page.generate()
+        page.wait(f"d => d.tokens >= {KILL_AFTER} && d.committed !== null")
+        page.page.click("#crash")
+        page.page.click("#fresh")
+        page.wait("d => d.restored !== null")
+        restored = page.state()["restored"]
+        text = page.page.inner_text("#restored")
+    finally:
+        browser.close()
+    assert restored["reprefillMs"] > 0 and restored["restoreMs"] > 0
+    assert text.startswith(f"restored {restored['tokens']} tokens in ") and "re-prefill of the same" in text
