@@ -43,14 +43,18 @@ def test_js_errors_name_the_field(py_page):
     assert "layers: expected 2 [k, v] pairs, got 1" in message
 
 
-def test_js_create_cache_names_an_unknown_layout_field(py_page):
-    message = py_page.page.evaluate("""async () => {
+def test_js_create_cache_rejects_an_unknown_layout_field_with_a_field_error_naming_it(py_page):
+    error = py_page.page.evaluate("""async () => {
         const kv = await window.kvckpt;
         try { await kv.createCache({page_size: 4, num_layers: 2, num_qo_heads: 4, num_kv_heads: 2,
                                     qk_head_dim: 8, head_size: 8}); return "accepted"; }
-        catch (e) { return String(e.message); }
+        catch (e) { return {isError: e instanceof Error, isPythonError: e instanceof kv.pyodide.ffi.PythonError,
+                            name: e.name, message: e.message, field: e.field, expected: e.expected, got: e.got}; }
     }""")
-    assert "layout.head_size: expected one of" in message
+    assert error["isError"] and not error["isPythonError"]
+    assert (error["name"], error["field"], error["got"]) == ("FieldError", "layout.head_size", "an unknown field")
+    assert error["expected"].startswith("one of [") and "'qk_head_dim'" in error["expected"]
+    assert error["message"] == f"layout.head_size: expected {error['expected']}, got 'an unknown field'"
 
 
 OTHER_LAYOUT = "{page_size: 4, num_layers: 2, num_qo_heads: 4, num_kv_heads: 2, qk_head_dim: 16, dtype: 'float16'}"
