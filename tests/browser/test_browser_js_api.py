@@ -194,15 +194,15 @@ def test_js_guard_makes_python_calls_of_other_modules_reject_with_plain_errors(p
 def test_js_closing_caches_that_restores_filled_leaves_no_gpu_memory_behind(py_page):
     out = py_page.page.evaluate(f"""async () => {{ {SETUP}
         await cache.checkpoint({{seqId: 0, store: "indexeddb", storeName: "js-errors", name: "again"}});
-        const before = kv.deviceMemory();
+        const before = await kv.deviceMemory();
         const during = [];
         for (let i = 0; i < 3; i++) {{
             const fresh = await kv.createCache({LAYOUT}, {LIMITS});
             await fresh.restore({{store: "indexeddb", storeName: "js-errors", name: "again"}});
-            during.push(kv.deviceMemory());
+            during.push(await kv.deviceMemory());
             fresh.close();
         }}
-        const after = kv.deviceMemory();
+        const after = await kv.deviceMemory();
         cache.close();
         return {{before, during, after}};
     }}""")

@@ -10,7 +10,7 @@ import json
 import sys
 import traceback
 
-from kvckpt_web.errors import FieldError, NotFoundError
+from kvckpt_web.errors import FieldError, NotFoundError, UnusableCheckpointError
 from kvckpt_web.web.js_api import describe_error
 
 
@@ -33,6 +33,11 @@ def test_a_field_error_gives_its_class_one_line_message_field_expected_and_got(m
 def test_another_kvckpt_error_gives_its_class_and_message_only(monkeypatch):
     assert thrown(NotFoundError("no checkpoint 'chat'"), monkeypatch) == {
         "name": "NotFoundError", "message": "no checkpoint 'chat'"}
+
+
+def test_an_unusable_checkpoint_error_gives_its_reason(monkeypatch):
+    assert thrown(UnusableCheckpointError("model", "app_state.model: another model's"), monkeypatch) == {
+        "name": "UnusableCheckpointError", "message": "app_state.model: another model's", "reason": "model"}
 
 
 def test_values_json_cannot_carry_arrive_as_text(monkeypatch):
