@@ -8,7 +8,7 @@ from .durable.tvm_export import read_tvm_export, write_tvm_export
 from .durable.verify import verify
 from .errors import (CapacityError, CheckpointStateError, CorruptionError, DeviceError, FieldError, FormatError,
                      KVCkptError, LayoutHashMismatch, MetadataError, ModelUnavailableError, NotFoundError,
-                     SequenceError, StoreError, TensorError, UnsupportedLayoutError)
+                     SequenceError, StoreError, TensorError, UnsupportedLayoutError, UnusableCheckpointError)
 from .gpu.device import Device
 from .gpu.open import open_device, open_device_async
 from .gpu.tensors import DeviceArray, HostTensor
@@ -25,7 +25,7 @@ __all__ = [
     "DeviceError", "FieldError", "FileStore", "FormatError", "HostTensor", "IndexedDBStore", "KVCkptError",
     "KVLayout", "LayoutHashMismatch", "MemoryStore", "MetadataError", "ModelUnavailableError", "NotFoundError",
     "OPFSStore", "PageGroups", "PagedKVCache", "SequenceError", "StoreError", "TensorError",
-    "UnsupportedLayoutError", "gc", "list_generations", "list_names", "open_device", "open_device_async",
+    "UnsupportedLayoutError", "UnusableCheckpointError", "gc", "list_generations", "list_names", "open_device", "open_device_async",
     "read_tvm_export", "restore", "save", "verify", "write_tvm_export",
 ]
 __version__ = "0.1.0"

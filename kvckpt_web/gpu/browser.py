@@ -140,9 +140,8 @@ class BrowserDevice(Device):
                                  _obj({"bytesPerRow": texture.width * texture.channels * 4,
                                        "rowsPerImage": texture.height}), _obj([texture.width, texture.height, 1]))
 
-    def destroy(self, buffer: Buffer | Texture) -> None:
-        self.forget_bind_groups(buffer)
-        buffer.native.destroy()
+    def _destroy(self, resource: Buffer | Texture) -> None:
+        resource.native.destroy()
 
     def _u8(self, data: bytes | bytearray | memoryview) -> Any:
         view = memoryview(data).cast("B")

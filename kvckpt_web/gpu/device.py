@@ -222,6 +222,18 @@ class Device(ABC):
         self._bind_groups: dict[tuple[Any, ...], Any] = {}
         #: Per-device memo of measured choices (e.g. the faster page-transfer path).
         self.choices: dict[str, Any] = {}
+        self._live: dict[int, int] = {}  # id of each buffer and texture created and not destroyed -> its bytes
+
+    @property
+    def live_resources(self) -> int:
+        """How many buffers and textures made by :meth:`create_buffer` and :meth:`create_texture` are not yet
+        destroyed (what the caller must still :meth:`destroy`; internal parameter buffers are not counted)."""
+        return len(self._live)
+
+    @property
+    def live_bytes(self) -> int:
+        """Bytes of the buffers and textures :attr:`live_resources` counts."""
+        return sum(self._live.values())
 
     def kernel(self, name: str, source: str, entry: str) -> Kernel:
         """The compiled pipeline for ``entry`` of WGSL ``source``; compiled once per device."""
@@ -287,7 +299,9 @@ class Device(ABC):
         """A zero-filled buffer of ``size`` bytes (rounded up to 4)."""
         size = max(COPY_ALIGN, -(-size // COPY_ALIGN) * COPY_ALIGN)
         self.check_buffer_size(size, label)
-        return Buffer(size=size, usage=usage, native=self._create_buffer(size, usage, label), label=label)
+        buffer = Buffer(size=size, usage=usage, native=self._create_buffer(size, usage, label), label=label)
+        self._live[id(buffer)] = size
+        return buffer
 
     def create_texture(self, width: int, height: int, channels: int, label: str = "") -> Texture:
         """A zero-filled texture that kernels read (see :class:`Texture`); DeviceError past the adapter's limit."""
@@ -297,7 +311,9 @@ class Device(ABC):
             raise DeviceError(f"texture {label!r}: expected 1..{self.info.max_texture_dim} texels a side "
                               f"(adapter maxTextureDimension2D), got {width} x {height}")
         native, view = self._create_texture(width, height, TEXEL_FORMATS[channels], label)
-        return Texture(width, height, channels, native, view, label)
+        texture = Texture(width, height, channels, native, view, label)
+        self._live[id(texture)] = texture.size
+        return texture
 
     def write_texture(self, texture: Texture, data: bytes | bytearray | memoryview) -> None:
         """Queue a write of every texel of ``texture``: ``data`` holds its rows back to back (ordered before later
@@ -327,9 +343,15 @@ class Device(ABC):
     def _create_buffer(self, size: int, usage: Usage, label: str) -> Any:
         """Create the native buffer."""
 
+    def destroy(self, resource: Buffer | Texture) -> None:
+        """Release ``resource`` (a buffer or a texture) now, and forget the bind groups that bind it."""
+        self.forget_bind_groups(resource)
+        self._live.pop(id(resource), None)
+        self._destroy(resource)
+
     @abstractmethod
-    def destroy(self, buffer: Buffer | Texture) -> None:
-        """Release ``buffer`` (or a texture) now."""
+    def _destroy(self, resource: Buffer | Texture) -> None:
+        """Release the native buffer or texture."""
 
     @abstractmethod
     def write(self, buffer: Buffer, offset: int, data: bytes | bytearray | memoryview) -> None:

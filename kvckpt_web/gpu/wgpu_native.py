@@ -150,8 +150,7 @@ class WgpuDevice(Device):
                                           "rows_per_image": texture.height}, (texture.width, texture.height, 1))
         self._unsubmitted_writes = True
 
-    def destroy(self, buffer: Buffer | Texture) -> None:
-        self.forget_bind_groups(buffer)
+    def _destroy(self, buffer: Buffer | Texture) -> None:
         if isinstance(buffer, Texture):
             buffer.native.destroy()
             return

@@ -145,7 +145,8 @@ class PagedKVCache:
             raise CheckpointStateError(f"{operation}: expected an open cache, got a closed one (close() was called)")
 
     def close(self) -> None:
-        """Release every device buffer of this cache."""
+        """Release every device buffer of this cache (its GPU memory, now: a page should close each cache it is
+        done with); every later use of it raises CheckpointStateError. Closing again does nothing."""
         for buf in {id(layer.buffer): layer.buffer for layer in self.layers}.values():
             self.device.destroy(buf)
         for buf in self._buffers.values():
@@ -221,29 +222,31 @@ class PagedKVCache:
 
     # ----- sequences --------------------------------------------------------------------------------
 
-    def _check_not_importing(self, operation: str) -> None:
+    def _check_editable(self, operation: str) -> None:
+        """CheckpointStateError unless the cache is open and no checkpoint import is in progress."""
+        self._check_open(operation)
         if self._checkpoint.importing is not None:
             raise CheckpointStateError(f"{operation}: expected no checkpoint import in progress, got an import of "
                                        f"seq_id {self._checkpoint.importing.seq_id} (call finish_import or abort_import first)")
 
     def add_sequence(self, seq_id: int) -> None:
         """Create an empty sequence ``seq_id``."""
-        self._check_not_importing("add_sequence")
+        self._check_editable("add_sequence")
         self.seqs.add(seq_id)
 
     def remove_sequence(self, seq_id: int) -> None:
         """Delete sequence ``seq_id`` and free its pages."""
-        self._check_not_importing("remove_sequence")
+        self._check_editable("remove_sequence")
         self.seqs.remove(seq_id)
 
     def fork_sequence(self, parent_id: int, child_id: int, fork_pos: int = -1) -> None:
         """Create ``child_id`` sharing the first ``fork_pos`` tokens of ``parent_id`` (-1: all)."""
-        self._check_not_importing("fork_sequence")
+        self._check_editable("fork_sequence")
         self._copy_pages(self.seqs.fork(parent_id, child_id, fork_pos))
 
     def popn(self, seq_id: int, n: int) -> None:
         """Drop the last ``n`` tokens of ``seq_id``."""
-        self._check_not_importing("popn")
+        self._check_editable("popn")
         self._copy_pages(self.seqs.popn(seq_id, n))
 
     def sequence_ids(self) -> list[int]:
@@ -275,6 +278,7 @@ class PagedKVCache:
 
     def begin_forward(self, seq_ids: list[int], append_lengths: list[int]) -> None:
         """Reserve slots for ``append_lengths[i]`` new tokens of each ``seq_ids[i]`` (all or nothing)."""
+        self._check_open("begin_forward")
         if self._checkpoint.importing is not None:
             raise CheckpointStateError("begin_forward: cannot begin a forward pass before checkpoint import is "
                                        f"finished (seq_id {self._checkpoint.importing.seq_id} is being imported)")
@@ -392,6 +396,7 @@ class PagedKVCache:
         packed into one staging buffer that comes back in one host copy: on this project's CPU adapter one
         large copy outran copies in steps overlapped with the packing (they compete for memory bandwidth).
         """
+        self._check_open("read_pages")
         ids, tail = self._page_range(seq_id, page_begin, page_end)
         if self.maps_pages:
             return self._read_mapped(ids, tail, out)

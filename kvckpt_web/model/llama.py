@@ -25,7 +25,8 @@ from . import kernels
 from .attention import PagedAttention
 from .config import LlamaConfig
 from .gguf import GGML_TYPES, GGUFFile, GGUFTensor
-from .weights import F32, Q4_1, Q8_0, DenseTensor, QuantizedTensor, upload_stacked, upload_tensor
+from .weights import (F32, Q4_1, Q8_0, DenseTensor, DeviceTensor, QuantizedTensor, destroy_tensor, upload_stacked,
+                      upload_tensor)
 
 if TYPE_CHECKING:
     from ..kv.cache import PagedKVCache
@@ -160,7 +161,34 @@ class LlamaModel:
         self._attention: PagedAttention | None = None
         self.forwards = 0
         """How many forward passes ran (a :class:`GPULogits` is valid until the next one)."""
+        self.closed = False
+        """Whether :meth:`close` has released the model's device memory."""
         device.submit([])
+
+    def close(self) -> None:
+        """Release every device buffer and texture of this model now (weights, activations, the attention's
+        buffers); every later forward or read of logits raises CheckpointStateError. Closing again does
+        nothing. The caches it ran over stay open."""
+        if self.closed:
+            return
+        self.closed = True
+        weights: list[DeviceTensor] = [self.embedding, self.head, self.output_norm]
+        for layer in self.layers:
+            weights += [layer.attn_norm, layer.qkv, layer.attn_output, layer.ffn_norm, layer.ffn_gate, layer.ffn_up,
+                        layer.ffn_down]
+        for tensor in {id(t): t for t in weights}.values():  # the head may be the embedding
+            destroy_tensor(self.device, tensor)
+        for buffer in (self._last, self.logits, self._candidates, self._best, self._readback):
+            self.device.destroy(buffer)
+        if self._scratch is not None:
+            self._scratch.destroy(self.device)
+        if self._attention is not None:
+            self._attention.close()
+        self.layers, self._scratch, self._attention = [], None, None
+
+    def _check_open(self, operation: str) -> None:
+        if self.closed:
+            raise CheckpointStateError(f"{operation}: expected an open model, got a closed one (close() was called)")
 
     def kv_layout(self, page_size: int = 16) -> KVLayout:
         """Float16 K/V of every layer, RoPE (rope_mode "normal", the file's theta) applied as K is written."""
@@ -172,6 +200,7 @@ class LlamaModel:
     async def forward(self, cache: "PagedKVCache", seq_id: int, tokens: list[int]) -> "GPULogits":
         """Run ``tokens`` after what ``seq_id`` holds, in chunks of the cache's prefill_chunk_size, and return
         the last token's logits (on the GPU)."""
+        self._check_open("forward")
         if not tokens:
             raise SequenceError("tokens: expected at least one token id, got none")
         for i, t in enumerate(tokens):
@@ -231,6 +260,7 @@ class LlamaModel:
     async def top_k(self, k: int) -> list[tuple[int, float]]:
         """The ``k`` largest logits of the last forward as (token id, logit), largest first, ties lower id first:
         picked on the GPU up to :data:`kernels.TOPK_MAX`, beyond that from all logits read back."""
+        self._check_open("top_k")
         n = self.vocab_size
         k = max(1, min(k, n))
         if k <= kernels.TOPK_MAX:

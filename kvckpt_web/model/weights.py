@@ -135,6 +135,12 @@ def _quantized(device: Device, name: str, ggml_type: int, blocks: int, rows: int
                            _texture(device, f"{name}.quants", 4, count * QUANT_TEXELS[ggml_type], quants))
 
 
+def destroy_tensor(device: Device, tensor: DeviceTensor) -> None:
+    """Release the device memory of ``tensor`` (its textures or its buffer)."""
+    for resource in (tensor.scales, tensor.quants) if isinstance(tensor, QuantizedTensor) else (tensor.buffer,):
+        device.destroy(resource)
+
+
 def split_blocks(ggml_type: int, view: memoryview, count: int) -> tuple[bytes | array, array]:
     """The scales texels (4 bytes a block) and quant texels (16 or 32 bytes a block) of ``count`` GGUF blocks.
 

@@ -3,25 +3,31 @@
 Each function adapts JS values (plain objects, typed arrays) to the Python API and
 back; the Python API stays the single source of truth. Results cross as JSON text
 whose keys are in JavaScript's camelCase (``seqLength``, ``appState``), K/V bytes as
-``Uint8Array``.
+``Uint8Array``. Errors cross as Pyodide's PythonError, which kvckpt.mjs turns into plain
+JS errors with :func:`describe_error`.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import json
+import math
+import sys
+import traceback
 from typing import Any
 
 from ..durable.restore import restore as restore_checkpoint
 from ..durable.retention import DEFAULT_KEEP
 from ..durable.retention import gc as collect
 from ..durable.save import save
-from ..errors import FieldError
+from ..errors import CheckpointStateError, FieldError, KVCkptError, is_int
+from ..gpu.tensors import as_bytes
 from ..kv.cache import PagedKVCache
 from ..tvm.layout import CacheLimits, KVLayout
 from .runtime import device, open_store
 
 _caches: dict[int, PagedKVCache] = {}
+_issued = 0  # handles are 1, 2, ...: never reused, so a closed cache's handle never reaches another cache
 
 
 def _py(value: Any) -> Any:
@@ -55,7 +61,13 @@ def _fields(what: str, value: Any, cls: type) -> dict[str, Any]:
     return dict(value)
 
 
+def _closed(handle: int) -> bool:
+    return handle not in _caches and is_int(handle, 1, _issued)
+
+
 def _cache(handle: int) -> PagedKVCache:
+    if _closed(handle):
+        raise CheckpointStateError(f"cache {handle}: expected an open cache, got a closed one (close() was called)")
     if handle not in _caches:
         raise FieldError("cache", f"an open cache handle {sorted(_caches)}", handle)
     return _caches[handle]
@@ -63,19 +75,28 @@ def _cache(handle: int) -> PagedKVCache:
 
 async def create_cache(layout: Any, limits: Any = None, transfer: str = "auto") -> int:
     """Open a cache of ``layout`` (KVLayout's fields) and ``limits`` (CacheLimits' fields); its handle."""
+    global _issued
     lay, lim = _fields("layout", _py(layout), KVLayout), _fields("limits", _py(limits) or {}, CacheLimits)
     if isinstance(lay.get("attn_kinds"), list):
         lay["attn_kinds"] = tuple(lay["attn_kinds"])
     cache = PagedKVCache(await device(), KVLayout(**lay), CacheLimits(**lim), transfer=transfer)
-    handle = max(_caches, default=0) + 1
-    _caches[handle] = cache
-    return handle
+    _issued += 1
+    _caches[_issued] = cache
+    return _issued
 
 
 def close_cache(handle: int) -> None:
-    """Release a cache's GPU memory."""
-    _cache(handle).close()
-    del _caches[handle]
+    """Release a cache's GPU memory now (every buffer of it is destroyed) and forget its handle; every later use
+    of the handle raises CheckpointStateError. Closing again does nothing."""
+    if not _closed(handle):
+        _cache(handle).close()
+        del _caches[handle]
+
+
+async def device_memory() -> str:
+    """``{liveResources, liveBytes}`` as JSON: the buffers and textures kvckpt_web holds on this page's device."""
+    dev = await device()
+    return _json({"live_resources": dev.live_resources, "live_bytes": dev.live_bytes})
 
 
 def add_sequence(handle: int, seq_id: int) -> None:
@@ -94,13 +115,21 @@ def sequence_length(handle: int, seq_id: int) -> int:
 
 
 def append(handle: int, seq_ids: Any, lengths: Any, layers: Any) -> None:
-    """One forward pass: ``layers[i] = [k, v]``, the raw bytes of layer i's K and V for every new token."""
+    """One forward pass: ``layers[i] = [k, v]``, the raw bytes of layer i's K and V for every new token.
+
+    The size of every K and V is checked before the forward begins: a bad call leaves the cache as it was.
+    """
     cache = _cache(handle)
-    layers = _py(layers)
-    if len(layers) != cache.layout.num_layers:
-        raise FieldError("layers", f"{cache.layout.num_layers} [k, v] pairs", len(layers))
+    lay, layers, lengths = cache.layout, _py(layers), list(_py(lengths))
+    if len(layers) != lay.num_layers:
+        raise FieldError("layers", f"{lay.num_layers} [k, v] pairs", len(layers))
     kv = [(_bytes(k), _bytes(v)) for k, v in layers]
-    cache.begin_forward(list(_py(seq_ids)), list(_py(lengths)))
+    if all(is_int(n, 1) for n in lengths):  # else begin_forward names the bad length
+        nbytes = sum(lengths) * lay.num_kv_heads * lay.head_dim * lay.elem_bytes
+        for i, (k, v) in enumerate(kv):
+            as_bytes(k, f"layers[{i}].k", lay.dtype, nbytes)
+            as_bytes(v, f"layers[{i}].v", lay.dtype, nbytes)
+    cache.begin_forward(list(_py(seq_ids)), lengths)
     try:
         for layer, (k, v) in enumerate(kv):
             cache.append_kv(layer, k, v)
@@ -139,3 +168,36 @@ async def gc(store: str, store_name: str, keep: int = DEFAULT_KEEP) -> str:
     ...)."""
     result = await collect(await open_store(store, store_name), keep=None if keep == 0 else keep)
     return _json(dataclasses.asdict(result))
+
+
+def describe_error(traceback_text: str) -> str:
+    """What kvckpt.mjs's ``toError`` makes of a Pyodide PythonError whose message (a formatted traceback) is
+    ``traceback_text``, as JSON: ``{name, message}``, and ``field``, ``expected``, ``got`` for a FieldError,
+    ``reason`` for an UnusableCheckpointError.
+
+    The exception is ``sys.last_exc``, where Pyodide keeps the last one that reached JavaScript, if the
+    traceback ends with it. A kvckpt_web error gives its class name and its one-line message; anything else
+    (another exception, or one that is no longer ``sys.last_exc``) the name "PythonError" and the traceback's
+    last line ("TypeError: ...").
+    """
+    exc = getattr(sys, "last_exc", None)
+    text = traceback_text.rstrip()
+    if not isinstance(exc, KVCkptError) or not text.endswith("".join(traceback.format_exception_only(exc)).rstrip()):
+        return json.dumps({"name": "PythonError", "message": text.splitlines()[-1] if text else ""})
+    fields: dict[str, Any] = {"name": type(exc).__name__, "message": str(exc)}
+    for key in ("field", "expected", "got", "reason"):  # FieldError's; UnusableCheckpointError's
+        if hasattr(exc, key):
+            fields[key] = _plain(getattr(exc, key))
+    return json.dumps(fields)
+
+
+def _plain(value: Any) -> Any:
+    """``value`` as JSON carries it: numbers, strings, booleans, null, lists and objects of them; anything else
+    (and a float JSON has no literal for) as its ``str``."""
+    if value is None or isinstance(value, (bool, int, str)) or (isinstance(value, float) and math.isfinite(value)):
+        return value
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    if isinstance(value, dict):
+        return {str(k): _plain(v) for k, v in value.items()}
+    return str(value)

@@ -18,6 +18,25 @@
 //   const {appState, seqLength} = await cache.restore({store: "indexeddb", storeName: "kv", name: "chat"});
 //   await kv.gc({store: "indexeddb", storeName: "kv"});   // deletes what a failed checkpoint left
 //   const r = await kv.runJSON("import json; json.dumps({'ok': 1})");   // or any Python
+//   cache.close();                                 // frees its GPU memory now: close each cache when done
+//
+// Errors: every method of KVCkpt and KVCache throws (or rejects with) a plain Error, never Pyodide's PythonError.
+// Its `message` is kvckpt_web's one-line message and its `name` the kvckpt_web exception class (kvckpt_web/errors.py:
+// "FieldError", "TensorError", "NotFoundError", "StoreError", "CheckpointStateError", ...); an error about one
+// value (FieldError and its subclasses) also has `field`, `expected` and `got`, an UnusableCheckpointError `reason`
+// ("model", "layout", "corrupt", "length"). Any other Python exception arrives as name "PythonError", message the
+// traceback's last line ("TypeError: ..."). `cause` is Pyodide's PythonError (with the traceback). A bad call
+// leaves the cache and the store as they were.
+//
+//   try { cache.append([0], [n + 1], layers); }
+//   catch (e) { if (e.name === "TensorError") console.log(e.field, e.expected, e.got); }   // "layers[0].k.nbytes"
+//
+// Other code that calls Python in a Pyodide where kvckpt_web is installed (a page's worker running its own module)
+// gets the same errors with `toError` on what it catches, or with `guard` around a Python object:
+//
+//   import { guard, toError } from "/kvckpt.mjs";
+//   try { await pyodide.runPythonAsync(source); } catch (e) { throw toError(pyodide, e); }
+//   const mine = guard(pyodide, pyodide.pyimport("my_module"));   // mine.f(...) throws or rejects as above
 //
 // Served by `kvckpt serve` (routes /pyodide/, /wheels/ and /wheels/index.json).
 
@@ -47,10 +66,42 @@ export async function boot({ base = here.href, packages = [], log = () => {} } =
   return new KVCkpt(pyodide);
 }
 
+// The Error to throw for `e`, an exception caught from a call into Python: a PythonError becomes a plain Error as
+// described above (read from the Python exception through kvckpt_web.web.js_api.describe_error); any other Error
+// is returned as it is, any other value wrapped in an Error.
+export function toError(pyodide, e) {
+  if (!(e instanceof pyodide.ffi.PythonError)) return e instanceof Error ? e : new Error(String(e));
+  const api = pyodide.pyimport("kvckpt_web.web.js_api");
+  let info;
+  try { info = JSON.parse(api.describe_error(e.message)); } finally { api.destroy(); }
+  const error = new Error(info.message, { cause: e });
+  error.name = info.name;
+  error.stack = `${info.name}: ${info.message}\n${e.message}`;   // the Python traceback, for whoever debugs
+  for (const key of ["field", "expected", "got", "reason"]) if (key in info) error[key] = info[key];
+  return error;
+}
+
+// `target` (a Python object: a module, a class instance) whose callable attributes throw, or return promises that
+// reject, with toError's Errors; other attributes as they are.
+export function guard(pyodide, target) {
+  const settle = (out) => out && typeof out.then === "function"
+    ? Promise.resolve(out).catch((e) => { throw toError(pyodide, e); })
+    : out;
+  return new Proxy({}, {
+    get(_, name) {
+      const value = target[name];
+      if (typeof value !== "function") return value;
+      return (...args) => {
+        try { return settle(value(...args)); } catch (e) { throw toError(pyodide, e); }
+      };
+    },
+  });
+}
+
 export class KVCkpt {
   constructor(pyodide) {
     this.pyodide = pyodide;
-    this.api = pyodide.pyimport("kvckpt_web.web.js_api");
+    this.api = guard(pyodide, pyodide.pyimport("kvckpt_web.web.js_api"));
   }
 
   // A paged KV cache on this page's WebGPU device. `layout` and `limits` take the field names of
@@ -68,9 +119,14 @@ export class KVCkpt {
     return JSON.parse(await this.api.gc(...args));
   }
 
+  // {liveResources, liveBytes}: the GPU buffers and textures kvckpt_web holds on this page's device (closed
+  // caches hold none).
+  async deviceMemory() { return JSON.parse(await this.api.device_memory()); }
+
   // Run Python source (top-level await allowed); its last expression must be a JSON string.
   async runJSON(source) {
-    const out = await this.pyodide.runPythonAsync(source);
+    let out;
+    try { out = await this.pyodide.runPythonAsync(source); } catch (e) { throw toError(this.pyodide, e); }
     return typeof out === "string" ? JSON.parse(out) : out;
   }
 }
@@ -85,6 +141,10 @@ export class KVCache {
   addSequence(seqId) { this.api.add_sequence(this.handle, seqId); }
   removeSequence(seqId) { this.api.remove_sequence(this.handle, seqId); }
   sequenceLength(seqId) { return this.api.sequence_length(this.handle, seqId); }
+
+  // Release the cache's GPU memory now (its buffers are destroyed, not left to garbage collection): close every
+  // cache you are done with, such as one a restore filled for a look. Later calls reject with a
+  // CheckpointStateError; closing again does nothing.
   close() { this.api.close_cache(this.handle); }
 
   // One forward pass: lengths[i] new tokens for seqIds[i]; layers[l] = [k, v], the raw K and V bytes of

@@ -170,7 +170,7 @@ QUOTA_SETUP = f"""async ([store, storeName]) => {{
 
 QUOTA_CHECKPOINT = f"""async ([store, storeName]) => {{
     const saving = window.quotaCache.checkpoint({{seqId: 0, store, storeName, name: "chat", appState: {{turn: 2}}}})
-        .then((r) => "saved generation " + r.generation, (e) => String(e.message));
+        .then((r) => "saved generation " + r.generation, (e) => `${{e.name}}: ${{e.message}}`);
     return Promise.race([saving, new Promise((done) => setTimeout(() => done("still pending"), {HANG_MS}))]);
 }}"""
 
@@ -235,7 +235,7 @@ def lock_is_free(page: PyPage, store: str, store_name: str) -> bool:
 def test_checkpoint_over_a_full_quota_rejects_with_a_store_error_naming_the_quota(quota_page, store):
     quota_page.fill(store, f"quota-error-{store}")
     outcome = quota_page.page.evaluate(QUOTA_CHECKPOINT, [store, f"quota-error-{store}"])
-    assert "StoreError" in outcome and "storage quota exceeded" in outcome, outcome
+    assert outcome.startswith("StoreError: ") and "storage quota exceeded" in outcome, outcome
 
 
 @pytest.mark.parametrize("store", JS_STORES)

@@ -224,3 +224,14 @@ def test_a_destroyed_buffer_leaves_no_kept_bind_group_holding_it(device):
     assert not any(kept in key[3] for key in device._bind_groups)
     device.destroy(table)
     device.destroy(dense)
+
+
+def test_live_resources_count_what_is_created_until_it_is_destroyed(device):
+    before = device.live_resources, device.live_bytes
+    buffer = device.create_buffer(1000, Usage.STORAGE, "test.live")
+    texture = device.create_texture(8, 2, 4, "test.live")
+    assert (device.live_resources, device.live_bytes) == (before[0] + 2, before[1] + 1000 + 8 * 2 * 4 * 4)
+    device.destroy(buffer)
+    device.destroy(texture)
+    device.destroy(buffer)  # again: nothing more to release
+    assert (device.live_resources, device.live_bytes) == before

@@ -474,3 +474,48 @@ def test_a_closed_cache_exports_nothing(make_model):
     model.cache.close()
     with pytest.raises(CheckpointStateError, match="closed"):
         model.cache.get_checkpoint_metadata(0)
+
+
+@pytest.mark.parametrize("transfer", ["kernel", "copy", "mapped"])
+def test_restores_into_fresh_caches_that_are_closed_leave_no_device_memory_behind(device, make_model, transfer):
+    model = make_model(transfer=transfer)
+    model.add(0, 23)
+    store = MemoryStore()
+    run(save(model.cache, 0, store, "a"))
+    before = device.live_resources, device.live_bytes
+    for _ in range(3):
+        fresh = PagedKVCache(device, model.layout, model.cache.limits, transfer=transfer)
+        run(restore(store, "a", fresh))
+        run(fresh.debug_get_kv(0, 0, 23))
+        fresh.close()
+        assert (device.live_resources, device.live_bytes) == before
+
+
+CLOSED_USES = {
+    "add_sequence": lambda cache: cache.add_sequence(1),
+    "remove_sequence": lambda cache: cache.remove_sequence(0),
+    "fork_sequence": lambda cache: cache.fork_sequence(0, 1),
+    "popn": lambda cache: cache.popn(0, 1),
+    "begin_forward": lambda cache: cache.begin_forward([0], [1]),
+    "read_pages": lambda cache: run(cache.debug_get_kv(0, 0, 5)),
+}
+
+
+@pytest.mark.parametrize("use", CLOSED_USES)
+def test_a_closed_cache_refuses_use_and_allocates_nothing(device, make_model, use):
+    model = make_model()
+    model.add(0, 5)
+    model.cache.close()
+    before = device.live_resources
+    with pytest.raises(CheckpointStateError, match=f"{use}: expected an open cache, got a closed one"):
+        CLOSED_USES[use](model.cache)
+    assert device.live_resources == before
+
+
+def test_closing_a_cache_again_does_nothing(device, make_model):
+    model = make_model()
+    model.add(0, 5)
+    model.cache.close()
+    before = device.live_resources
+    model.cache.close()
+    assert model.cache.closed and device.live_resources == before

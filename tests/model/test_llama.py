@@ -23,7 +23,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 from reference import load_gguf, reference_forward  # noqa: E402
 from tiny_llama import CONFIG, CONTEXT, F32, Q8_0, write_tiny_llama  # noqa: E402
 
-from kvckpt_web.errors import FormatError, KVCkptError, SequenceError  # noqa: E402
+from kvckpt_web.errors import CheckpointStateError, FormatError, KVCkptError, SequenceError  # noqa: E402
 from kvckpt_web.model.loader import load_model  # noqa: E402
 from kvckpt_web.model.session import new_cache  # noqa: E402
 
@@ -144,6 +144,61 @@ def test_logits_of_an_earlier_forward_are_refused(device, tiny):
     with pytest.raises(KVCkptError, match="logits"):
         run(stale())
     cache.close()
+
+
+@pytest.fixture
+def ran_model(device, tiny_llama_path):  # type: ignore[no-untyped-def]
+    """A model of its own (loaded after counting the device's live resources) that ran a prefill and a decode
+    step over a cache, which is closed: ``(model, live resources and bytes before loading it)``."""
+    before = device.live_resources, device.live_bytes
+    model = load_model(tiny_llama_path, device).model
+    cache = new_cache(model, device, max_tokens=8, prefill_chunk=8, num_seqs=1)
+    cache.add_sequence(0)
+
+    async def generate() -> None:
+        await (await model.forward(cache, 0, [5, 6, 7])).argmax()
+        await (await model.forward(cache, 0, [8])).top_k(3)
+
+    run(generate())
+    cache.close()
+    yield model, before
+    model.close()
+
+
+def test_closing_a_model_releases_every_buffer_and_texture_it_made(device, ran_model):
+    model, before = ran_model
+    assert (device.live_resources, device.live_bytes) != before
+    model.close()
+    assert model.closed and (device.live_resources, device.live_bytes) == before
+
+
+def test_closing_a_model_again_does_nothing(device, ran_model):
+    model, before = ran_model
+    model.close()
+    model.close()
+    assert (device.live_resources, device.live_bytes) == before
+
+
+def test_a_closed_model_refuses_forwards_with_a_state_error(device, ran_model):
+    model, _ = ran_model
+    model.close()
+    cache = new_cache(model, device, max_tokens=8, prefill_chunk=8, num_seqs=1)
+    cache.add_sequence(0)
+    with pytest.raises(CheckpointStateError, match="forward: expected an open model, got a closed one"):
+        run(model.forward(cache, 0, [5]))
+    assert cache.get_sequence_length(0) == 0
+    cache.close()
+
+
+def test_logits_of_a_closed_model_are_refused(device, ran_model):
+    model, _ = ran_model
+    cache = new_cache(model, device, max_tokens=8, prefill_chunk=8, num_seqs=1)
+    cache.add_sequence(0)
+    logits = run(model.forward(cache, 0, [5]))
+    cache.close()
+    model.close()
+    with pytest.raises(CheckpointStateError, match="top_k: expected an open model"):
+        run(logits.argmax())
 
 
 @pytest.mark.parametrize("tokens", [[], [5, 300], [-1]])
