@@ -267,6 +267,10 @@ def main() -> int:
     parser.add_argument("--context", type=int, default=300, help="prompt tokens of the model rows (default 300)")
     parser.add_argument("--decode", type=int, default=16, help="tokens to generate in the model rows (default 16)")
     args = parser.parse_args()
+    for flag, value, least in (("--repeats", args.repeats, 1), ("--context", args.context, 1),
+                               ("--decode", args.decode, 2)):
+        if value < least:
+            parser.error(f"{flag}: expected an integer >= {least}, got {value}")
     parts = [args.only] if args.only else ["kv", "model"]
     from playwright.sync_api import sync_playwright
 
@@ -282,6 +286,9 @@ def main() -> int:
             model = default_model_path()
         except ModelUnavailableError as exc:
             print(f"model rows skipped: {exc}", file=sys.stderr)
+            parts.remove("model")
+    if not parts:
+        return 0
     out = model_out = None
     with tempfile.TemporaryDirectory() as tmp:
         harness.build_wheel(Path(tmp) / "wheel")
@@ -293,7 +300,7 @@ def main() -> int:
             page = harness.PyPage(ctx.new_page(), url).boot()
             if "kv" in parts:
                 out = page.run(BENCH.replace("REPEATS", str(args.repeats)))
-            if model is not None:
+            if "model" in parts:
                 model_out = page.run(MODEL_BENCH.replace("REPEATS", str(args.repeats))
                                      .replace("CONTEXT_TOKENS", str(args.context))
                                      .replace("DECODE_TOKENS", str(args.decode)).replace("BENCH_TEXT", repr(TEXT)))
