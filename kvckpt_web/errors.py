@@ -89,5 +89,13 @@ class NotFoundError(KVCkptError):
     """A store holds no checkpoint of the requested name or generation."""
 
 
+class UnusableCheckpointError(KVCkptError):
+    """A checkpoint's K/V cannot be used here; ``reason`` says why ("model", "layout", "corrupt", "length")."""
+
+    def __init__(self, reason: str, message: str) -> None:
+        self.reason = reason
+        super().__init__(message)
+
+
 class ModelUnavailableError(KVCkptError):
     """A model cannot be loaded or run in this build or installation."""

@@ -35,6 +35,8 @@ class SaveResult:
     warnings: tuple[str, ...] = ()
     """What went wrong without failing the save: chunks it found damaged and rewrote, damaged manifests it
     kept, a failed clean-up after the commit."""
+    seconds: float = 0.0
+    """Wall time the save took, waiting for the store lock included."""
 
 
 @dataclass(frozen=True)

@@ -8,10 +8,11 @@ the chunks no remaining manifest of any name uses; while a manifest cannot be re
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
-from ..errors import CorruptionError, FieldError, KVCkptError, is_int
+from ..errors import CorruptionError, FieldError, KVCkptError, NotFoundError, is_int
 from .catalog import decode_at, decoded_refs, manifest_keys, referenced, refs_of
 from .container import (CHUNKS, MAX_MANIFEST_BYTES, ChunkRef, check_chunk_digest, check_chunk_size, chunk_digest,
                         is_chunk_key, validate_name)
@@ -22,7 +23,7 @@ from .results import GcResult, Progress
 if TYPE_CHECKING:
     from ..stores.base import Store
 
-__all__ = ["DEFAULT_KEEP", "check_keep", "gc", "retain"]
+__all__ = ["DEFAULT_KEEP", "check_keep", "delete_name", "gc", "retain"]
 
 DEFAULT_KEEP = 2
 """Generations of each name a save keeps (the new one and the one before)."""
@@ -171,3 +172,17 @@ async def gc(store: "Store", *, keep: int | None = DEFAULT_KEEP, names: Iterable
                     progress("gc", i + 1, len(unused))
         trusted_chunks(store).difference_update(unused)
     return GcResult(kept, tuple(drop), len(unused), freed, (), kept_reasons)
+
+
+async def delete_name(store: "Store", name: str, *, progress: Progress | None = None) -> GcResult:
+    """Delete every generation of ``name`` (a deletion asked for: restorable ones too), then every chunk no
+    other manifest uses; NotFoundError if ``store`` holds no generation of ``name``."""
+    validate_name(name)
+    async with store.lock():
+        keys = tuple(key for _, _, key in await manifest_keys(store, name))
+        if not keys:
+            raise NotFoundError(f"name: expected a checkpoint named {name!r} in the store, got none")
+        async with store.batch():
+            for key in keys:
+                await store.delete(key)
+    return dataclasses.replace(await gc(store, keep=None, progress=progress), deleted_manifests=keys)

@@ -20,6 +20,7 @@ store are still not written again.
 from __future__ import annotations
 
 import asyncio
+import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -68,6 +69,7 @@ async def save(cache: "PagedKVCache", seq_id: int, store: "Store", name: str, *,
     manifest is committed, the store still holds the previous generations intact; a failure of the
     clean-up after the commit is reported in ``warnings`` instead.
     """
+    started = time.perf_counter()
     app_state, ppc = _checked_arguments(cache, name, keep, app_state, pages_per_chunk)
     lay = cache.layout
     page_bytes, num_groups = lay.page_bytes, lay.num_layers
@@ -106,7 +108,8 @@ async def save(cache: "PagedKVCache", seq_id: int, store: "Store", name: str, *,
         except KVCkptError as exc:  # the checkpoint is committed: report, do not fail the save
             dropped, deleted, retained = [], 0, [f"retention after the commit failed (kvckpt gc retries): {exc}"]
     return SaveResult(name, generation, manifest.key, seq_id, state.length, len(plan) * num_groups, stored, written,
-                      npages - reuse.chunks * ppc, tuple(dropped), deleted, tuple(warnings + retained))
+                      npages - reuse.chunks * ppc, tuple(dropped), deleted, tuple(warnings + retained),
+                      time.perf_counter() - started)
 
 
 def _checked_arguments(cache: "PagedKVCache", name: str, keep: int, app_state: dict[str, Any] | None,

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 
 from ..errors import FieldError, ModelUnavailableError
 from .codec import ChatCodec
-from .gguf import open_gguf
+from .gguf import GGUFFile, open_gguf
 from .llama import LlamaModel
 from .protocol import LoadedModel
 
@@ -48,7 +48,11 @@ def load_model(path: str | os.PathLike[str], device: "Device") -> LoadedModel:
     path = Path(path)
     if not path.is_file():
         raise FieldError("model", "a GGUF model file", str(path), "missing" if not path.exists() else "not a file")
-    f = open_gguf(path)
+    return load_gguf(open_gguf(path), device)
+
+
+def load_gguf(f: GGUFFile, device: "Device") -> LoadedModel:
+    """The model of the parsed GGUF ``f`` (a file, or bytes a page fetched) on ``device``."""
     text = ChatCodec.from_gguf(f)  # the file, its tokenizer and chat template are checked before any upload
     return LoadedModel(LlamaModel(f, device), text)
 

@@ -32,7 +32,8 @@ from ..durable.restore import restore
 from ..durable.results import Progress, SaveResult
 from ..durable.retention import DEFAULT_KEEP
 from ..durable.save import save
-from ..errors import CheckpointStateError, CorruptionError, FieldError, FormatError, MetadataError, SequenceError
+from ..errors import (CheckpointStateError, CorruptionError, FieldError, FormatError, MetadataError, SequenceError,
+                      UnusableCheckpointError)
 from ..kv.cache import PagedKVCache
 from ..tvm.layout import CacheLimits
 from .protocol import CausalLM, Logits
@@ -513,7 +514,7 @@ async def resume(store: "Store", name: str, model: CausalLM, cache: "PagedKVCach
                  max_tokens: int | None = None, decode: Callable[[Sequence[int]], str] | None = None,
                  on_token: Callable[[TokenEvent], None] | None = None,
                  on_save: Callable[[SaveResult], None] | None = None,
-                 progress: Progress | None = None) -> Generator:
+                 progress: Progress | None = None, replay: bool = True) -> Generator:
     """The generation saved as ``name`` in ``store``, ready to continue in sequence ``seq_id`` of ``cache``.
 
     Imports the checkpoint's K/V if they fit ``model`` and ``cache``; otherwise (another model identity,
@@ -522,7 +523,8 @@ async def resume(store: "Store", name: str, model: CausalLM, cache: "PagedKVCach
     ``resume_report`` says which happened and why. ``max_tokens`` replaces the saved limit (a generation
     that ended at its limit goes on under a higher one; one that ended otherwise stays finished). Raises
     NotFoundError if there is no checkpoint, and CorruptionError or FormatError if its manifest or
-    ``app_state`` cannot be read: only then are its tokens lost.
+    ``app_state`` cannot be read: only then are its tokens lost. With ``replay=False`` K/V that cannot be used
+    raise UnusableCheckpointError (naming the reason) instead, and the cache is left as it was.
     """
     if seq_id in cache.sequence_ids():
         raise SequenceError(f"seq_id: expected a sequence id not in the cache, got {seq_id}")
@@ -556,6 +558,8 @@ async def resume(store: "Store", name: str, model: CausalLM, cache: "PagedKVCach
                                              f"(app_state.kv_length), got {restored.seq_length}")
         restore_s = time.perf_counter() - start
     replay_s = 0.0
+    if reason is not None and not replay:
+        raise UnusableCheckpointError(reason, message)
     if reason is not None:
         start = time.perf_counter()
         cache.add_sequence(seq_id)

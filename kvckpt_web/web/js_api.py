@@ -17,15 +17,11 @@ from ..durable.retention import DEFAULT_KEEP
 from ..durable.retention import gc as collect
 from ..durable.save import save
 from ..errors import FieldError
-from ..gpu.open import open_device_async
 from ..kv.cache import PagedKVCache
-from ..stores.indexeddb import IndexedDBStore
-from ..stores.opfs import OPFSStore
 from ..tvm.layout import CacheLimits, KVLayout
+from .runtime import device, open_store
 
 _caches: dict[int, PagedKVCache] = {}
-_stores: dict[tuple[str, str], Any] = {}
-_device: Any = None
 
 
 def _py(value: Any) -> Any:
@@ -65,26 +61,12 @@ def _cache(handle: int) -> PagedKVCache:
     return _caches[handle]
 
 
-async def _store(kind: str, name: str) -> Any:
-    """The store of ``kind`` ("indexeddb", "opfs") named ``name``, opened once per page (incremental saves
-    remember what they wrote per store object)."""
-    kinds = {"indexeddb": IndexedDBStore, "opfs": OPFSStore}
-    if kind not in kinds:
-        raise FieldError("store", "'indexeddb' or 'opfs'", kind)
-    if (kind, name) not in _stores:
-        _stores[(kind, name)] = await kinds[kind].open(name)
-    return _stores[(kind, name)]
-
-
 async def create_cache(layout: Any, limits: Any = None, transfer: str = "auto") -> int:
     """Open a cache of ``layout`` (KVLayout's fields) and ``limits`` (CacheLimits' fields); its handle."""
-    global _device
-    if _device is None:
-        _device = await open_device_async()
     lay, lim = _fields("layout", _py(layout), KVLayout), _fields("limits", _py(limits) or {}, CacheLimits)
     if isinstance(lay.get("attn_kinds"), list):
         lay["attn_kinds"] = tuple(lay["attn_kinds"])
-    cache = PagedKVCache(_device, KVLayout(**lay), CacheLimits(**lim), transfer=transfer)
+    cache = PagedKVCache(await device(), KVLayout(**lay), CacheLimits(**lim), transfer=transfer)
     handle = max(_caches, default=0) + 1
     _caches[handle] = cache
     return handle
@@ -137,7 +119,7 @@ async def read_kv(handle: int, seq_id: int, start: int, end: int) -> Any:
 async def checkpoint(handle: int, seq_id: int, store: str, store_name: str, name: str, app_state: Any = None) -> str:
     """Save ``seq_id`` as the next generation of ``name``; ``{name, generation, seqLength, chunksWritten,
     bytesWritten}`` as JSON."""
-    result = await save(_cache(handle), seq_id, await _store(store, store_name), name,
+    result = await save(_cache(handle), seq_id, await open_store(store, store_name), name,
                         app_state=_py(app_state) or {})
     return _json({"name": result.name, "generation": result.generation, "seq_length": result.seq_length,
                   "chunks_written": result.chunks_written, "bytes_written": result.bytes_written})
@@ -146,7 +128,7 @@ async def checkpoint(handle: int, seq_id: int, store: str, store_name: str, name
 async def restore(handle: int, store: str, store_name: str, name: str, seq_id: Any = None) -> str:
     """Load the newest generation of ``name`` into the cache; ``{name, generation, seqId, seqLength, appState}``
     as JSON."""
-    result = await restore_checkpoint(await _store(store, store_name), name, _cache(handle), seq_id=_py(seq_id))
+    result = await restore_checkpoint(await open_store(store, store_name), name, _cache(handle), seq_id=_py(seq_id))
     return _json({"name": result.name, "generation": result.generation, "seq_id": result.seq_id,
                   "seq_length": result.seq_length, "app_state": result.app_state})
 
@@ -155,5 +137,5 @@ async def gc(store: str, store_name: str, keep: int = DEFAULT_KEEP) -> str:
     """Keep the newest ``keep`` generations of each name (0: all of them), then delete every chunk none of them
     uses, such as those of a failed save; the GcResult's fields as JSON (``keptManifests``, ``deletedChunks``,
     ...)."""
-    result = await collect(await _store(store, store_name), keep=None if keep == 0 else keep)
+    result = await collect(await open_store(store, store_name), keep=None if keep == 0 else keep)
     return _json(dataclasses.asdict(result))

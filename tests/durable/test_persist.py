@@ -21,7 +21,7 @@ from kvckpt_web.durable.catalog import list_generations, list_names
 from kvckpt_web.durable.container import decode_manifest
 from kvckpt_web.durable.memo import forget
 from kvckpt_web.durable.restore import restore
-from kvckpt_web.durable.retention import gc
+from kvckpt_web.durable.retention import delete_name, gc
 from kvckpt_web.durable.save import DEFAULT_CHUNK_BYTES, save
 from kvckpt_web.durable.verify import verify
 from kvckpt_web.errors import FieldError, FormatError, NotFoundError, StoreError
@@ -520,6 +520,31 @@ def test_gc_keep_applies_per_name(model):
         saved(model, store, name, keep=5)
     result = run(gc(store, keep=1))
     assert result.kept_manifests == ("manifests/a/00000000000000000003", "manifests/b/00000000000000000002")
+
+
+def test_delete_name_removes_every_generation_of_the_name_and_only_the_chunks_no_other_name_uses(model, target):
+    model.add(0, 16)
+    store = MemoryStore()
+    saved(model, store, "keep")
+    kept = chunk_keys(store)
+    model.append({0: 16})
+    saved(model, store, "gone", keep=5)
+    saved(model, store, "gone", keep=5)
+    result = run(delete_name(store, "gone"))
+    assert result.deleted_manifests == (key_of("gone", 1), key_of("gone", 2))
+    assert result.kept_manifests == (key_of("keep", 1),) and chunk_keys(store) == kept
+    assert run(restore(store, "keep", target)).seq_length == 16
+
+
+def test_delete_name_of_a_name_not_stored_raises_not_found_and_deletes_nothing(model):
+    model.add(0, 16)
+    store = MemoryStore()
+    saved(model, store, "keep")
+    run(store.set("chunks/" + "ab" * 32, b"orphan"))
+    before = {key: run(store.get(key)) for key in run(store.list_prefix(""))}
+    with pytest.raises(NotFoundError, match="'other'"):
+        run(delete_name(store, "other"))
+    assert {key: run(store.get(key)) for key in run(store.list_prefix(""))} == before
 
 
 def key_of(name: str, generation: int) -> str:

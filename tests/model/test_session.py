@@ -11,7 +11,8 @@ import dataclasses
 
 import pytest
 
-from kvckpt_web.errors import CheckpointStateError, FieldError, FormatError, KVCkptError, NotFoundError, SequenceError
+from kvckpt_web.errors import (CheckpointStateError, FieldError, FormatError, KVCkptError, NotFoundError, SequenceError,
+                               UnusableCheckpointError)
 from kvckpt_web.model.sampler import SamplingSettings
 from kvckpt_web.model.session import (APP_FORMAT, APP_VERSION, Autosave, Generator, StopRules, candidate_count,
                                       new_cache, resume)
@@ -205,6 +206,22 @@ def test_a_checkpoint_of_another_model_identity_is_rerun_with_the_same_continuat
     assert not gen.resume_report.kv_restored and gen.resume_report.reason == "model"
     assert "lm-double:double:0" in gen.resume_report.message
     assert run(gen.run()).generated_tokens == want.generated_tokens
+
+
+@pytest.mark.parametrize("how", ["corrupt", "model"])
+def test_resume_without_replay_raises_the_reason_and_leaves_the_cache_and_checkpoint(make_cache, how):
+    store = MemoryStore()
+    interrupted(make_cache, store, TOP_P, produced=9)
+    if how == "corrupt":
+        _damage_a_chunk(store, "corrupt")
+    before = {key: run(store.get(key)) for key in run(store.list_prefix(""))}
+    model = DoubleLM(name="renamed") if how == "model" else DoubleLM()
+    cache = make_cache(model)
+    with pytest.raises(UnusableCheckpointError) as err:
+        run(resume(store, "chat", model, cache, decode=TEXT.decode, replay=False))
+    assert err.value.reason == how
+    assert cache.sequence_ids() == [] and cache.get_num_available_pages() == cache.num_total_pages
+    assert {key: run(store.get(key)) for key in run(store.list_prefix(""))} == before
 
 
 def test_rerunning_the_saved_tokens_repeats_the_forward_calls_of_the_original_run(make_cache):

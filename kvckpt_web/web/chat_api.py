@@ -1,0 +1,354 @@
+"""The crash-resume page's model runner: what its Web Worker (``examples/crash_resume/worker.mjs``) calls.
+
+One model and one conversation at a time, on the worker's WebGPU device, autosaved every N tokens to
+an IndexedDB or OPFS store under the conversation's name. Each call returns JSON text (camelCase keys);
+what happens while a call runs reaches JavaScript as events, JSON text given to the callback of
+:func:`set_emit`:
+
+* ``{"type": "upload", "done", "total"}`` -- weights uploaded to the GPU, in tensors;
+* ``{"type": "prefill", "done", "total"}`` and ``{"type": "replay", "done", "total"}`` -- tokens run;
+* ``{"type": "token", "index", "text", "tokensPerS"}`` -- a generated token and the reply text it made final;
+* ``{"type": "saved", "generation", "tokens", "bytes", "ms"}`` -- a committed checkpoint;
+* ``{"type": "saveFailed", "error"}`` -- an autosave failed (the last committed generation stays); autosave
+  waits for :func:`save_now`;
+* ``{"type": "finished", "finishReason", "text"}`` or ``{"type": "paused"}`` -- the generation stopped.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import json
+import time
+from collections.abc import Callable
+from typing import Any
+
+from ..durable.catalog import list_generations
+from ..durable.results import GenerationInfo, SaveResult
+from ..durable.retention import delete_name
+from ..errors import FieldError, KVCkptError, StoreError, UnusableCheckpointError
+from ..model.gguf import parse_gguf
+from ..model.loader import load_gguf
+from ..model.protocol import LoadedModel
+from ..model.sampler import SamplingSettings
+from ..model.session import Autosave, Generator, StopRules, TokenEvent, new_cache, resume
+from .runtime import device, open_store
+
+__all__ = ["close", "conversation", "conversations", "delete", "load_model", "pause", "resume_saved", "save_now",
+           "set_emit", "start", "take_error"]
+
+
+class _Chat:
+    """This worker's model, cache and generation."""
+
+    def __init__(self) -> None:
+        self.loaded: LoadedModel | None = None
+        self.cache: Any = None
+        self.gen: Generator | None = None
+        self.autosave: Autosave | None = None
+        self.pausing = False
+        self.error: BaseException | None = None
+        self.emit: Callable[[str], None] = lambda text: None
+
+
+_chat = _Chat()
+
+
+def _reported(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """``fn`` (sync or async) keeping the exception it raises for :func:`take_error`."""
+    if inspect.iscoroutinefunction(fn):
+        @functools.wraps(fn)
+        async def calling(*args: Any) -> Any:
+            try:
+                return await fn(*args)
+            except Exception as exc:
+                _chat.error = exc
+                raise
+        return calling
+
+    @functools.wraps(fn)
+    def called(*args: Any) -> Any:
+        try:
+            return fn(*args)
+        except Exception as exc:
+            _chat.error = exc
+            raise
+    return called
+
+
+def _py(value: Any) -> Any:
+    """A JS value (JsProxy) as the matching Python value; Python values pass through."""
+    return value.to_py() if hasattr(value, "to_py") else value
+
+
+def _camel(name: str) -> str:
+    head, *rest = name.split("_")
+    return head + "".join(word.capitalize() for word in rest)
+
+
+def _json(**fields: Any) -> str:
+    return json.dumps({_camel(key): value for key, value in fields.items()})
+
+
+def _event(kind: str, **fields: Any) -> None:
+    _chat.emit(_json(type=kind, **fields))
+
+
+def error_fields(exc: BaseException) -> dict[str, Any]:
+    """An exception as the fields a page shows: its class name, one-line message, and field/expected/got."""
+    fields: dict[str, Any] = {"name": type(exc).__name__, "message": str(exc)}
+    for key in ("field", "expected", "got", "reason"):
+        if hasattr(exc, key):
+            value = getattr(exc, key)
+            fields[key] = value if isinstance(value, (str, int, float, bool, type(None))) else str(value)
+    return fields
+
+
+def _options(value: Any, known: dict[str, Any]) -> dict[str, Any]:
+    """``value`` (a JS object) over the defaults ``known``; FieldError naming an unknown option."""
+    given = _py(value) or {}
+    if not isinstance(given, dict):
+        raise FieldError("options", "an object", type(given).__name__)
+    for key in given:
+        if key not in known:
+            raise FieldError(f"options.{key}", f"one of {sorted(known)}", "an unknown option")
+    return {**known, **given}
+
+
+def _model() -> LoadedModel:
+    if _chat.loaded is None:
+        raise FieldError("model", "a model loaded with load_model()", "none")
+    return _chat.loaded
+
+
+def set_emit(callback: Callable[[str], None]) -> None:
+    """Send events (JSON text) to ``callback`` from now on."""
+    _chat.emit = callback
+
+
+@_reported
+async def load_model(data: Any) -> str:
+    """Load the GGUF file's bytes ``data`` (a Uint8Array) as the model, replacing any other; JSON
+    ``{identity, numLayers, vocabSize, maxContext, loadMs}``."""
+    close()
+    started = time.perf_counter()
+    raw = data.to_py() if hasattr(data, "to_py") else data  # a memoryview of the Uint8Array's bytes, copied once
+    f = parse_gguf(bytes(raw))
+    _chat.loaded = load_gguf(f, await device())
+    model = _chat.loaded.model
+    return _json(identity=model.identity, num_layers=model.kv_layout().num_layers, vocab_size=model.vocab_size,
+                 max_context=model.max_context, load_ms=(time.perf_counter() - started) * 1e3)
+
+
+def _generator_hooks(started_at: int) -> dict[str, Any]:
+    """The callbacks of a Generator that turn its tokens, saves and progress into events."""
+    clock = {"t0": time.perf_counter(), "first": started_at}
+
+    def on_token(event: TokenEvent) -> None:
+        made = event.index + 1 - clock["first"]
+        elapsed = time.perf_counter() - clock["t0"]
+        _event("token", index=event.index, text=event.text,
+               tokens_per_s=made / elapsed if made > 0 and elapsed > 0 else None)
+
+    def on_save(result: SaveResult) -> None:
+        _event("saved", generation=result.generation, tokens=result.seq_length, bytes=result.bytes_written,
+               ms=result.seconds * 1e3, name=result.name)
+
+    def progress(phase: str, done: int, total: int) -> None:
+        if phase in ("prefill", "replay"):
+            _event(phase, done=done, total=total)
+            if done == total:  # decode speed counts from the first decoded token
+                clock["t0"] = time.perf_counter()
+
+    return {"on_token": on_token, "on_save": on_save, "progress": progress}
+
+
+async def _new_cache(context: int) -> Any:
+    if _chat.cache is not None:
+        _chat.cache.close()
+        _chat.cache = None
+    loaded = _model()
+    _chat.cache = new_cache(loaded.model, await device(), max_tokens=min(context, loaded.model.max_context),
+                            prefill_chunk=64)
+    return _chat.cache
+
+
+START_OPTIONS = {"store": "indexeddb", "storeName": "kvckpt-demo", "name": None, "every": 16, "maxTokens": 128,
+                 "context": 1024, "temperature": 0.0, "seed": 0, "topK": 0, "topP": 1.0}
+
+
+@_reported
+async def start(prompt: str, options: Any = None) -> str:
+    """Generate the model's reply to ``prompt`` as conversation ``options.name``, autosaving every
+    ``options.every`` tokens; runs until the reply ends or :func:`pause`; JSON ``{finishReason, text}``."""
+    o = _options(options, START_OPTIONS)
+    loaded = _model()
+    if not isinstance(prompt, str) or not prompt.strip():
+        raise FieldError("prompt", "a non-empty text", prompt if isinstance(prompt, str) else type(prompt).__name__)
+    settings = SamplingSettings(temperature=o["temperature"], seed=o["seed"], top_k=o["topK"], top_p=o["topP"])
+    stop = StopRules(o["maxTokens"], loaded.text.eos_ids)
+    autosave = Autosave(await open_store(o["store"], o["storeName"]), o["name"], o["every"])
+    tokens = loaded.text.encode_chat([{"role": "user", "content": prompt}])
+    cache = await _new_cache(o["context"])
+    _chat.gen = await Generator.start(loaded.model, cache, tokens, settings, stop=stop, autosave=autosave,
+                                      decode=loaded.text.decode, **_generator_hooks(0))
+    return await _run()
+
+
+RESUME_OPTIONS = {"store": "indexeddb", "storeName": "kvckpt-demo", "name": None, "generation": None, "every": 16,
+                  "context": 1024, "replay": False, "measure": False}
+
+
+@_reported
+async def resume_saved(options: Any = None) -> str:
+    """Continue conversation ``options.name`` from its newest checkpoint (or ``options.generation``), then run
+    it like :func:`start`.
+
+    JSON ``{problem: {reason, message}}`` if its K/V cannot be used and ``options.replay`` is false (nothing
+    changed); else ``{kvRestored, generation, tokens, restoreMs, replayMs, reprefillMs, prompt, text,
+    finishReason}`` once the generation stops, ``reprefillMs`` being a re-prefill of the same tokens into a
+    scratch cache, timed, when ``options.measure`` (else null).
+    """
+    o = _options(options, RESUME_OPTIONS)
+    loaded = _model()
+    store = await open_store(o["store"], o["storeName"])
+    autosave = Autosave(store, o["name"], o["every"])
+    cache = await _new_cache(o["context"])
+    try:
+        _chat.gen = gen = await resume(store, o["name"], loaded.model, cache, generation=o["generation"],
+                                       autosave=autosave, decode=loaded.text.decode, replay=bool(o["replay"]),
+                                       **_generator_hooks(0))
+    except UnusableCheckpointError as exc:
+        return _json(problem=error_fields(exc))
+    gen.on_token = _generator_hooks(len(gen.generated_tokens))["on_token"]
+    report = gen.resume_report
+    reprefill_ms = await _reprefill_ms(gen.tokens[:gen.kv_length]) if o["measure"] else None
+    _event("restored", kv_restored=report.kv_restored, reason=report.reason, message=report.message,
+           generation=report.generation, tokens=report.kv_length, restore_ms=report.restore_s * 1e3,
+           replay_ms=report.replay_s * 1e3, reprefill_ms=reprefill_ms,
+           prompt=loaded.text.decode(gen.prompt_tokens), text=gen.text)
+    return await _run()
+
+
+async def _reprefill_ms(tokens: list[int]) -> float:
+    """Milliseconds to run ``tokens`` through the model into a scratch cache of the same layout and limits,
+    after a warm-up forward of the first prefill chunk (pipelines are built once per page, not per prefill)."""
+    loaded = _model()
+    limits = _chat.cache.limits
+    scratch = new_cache(loaded.model, await device(), max_tokens=limits.max_total_seq_len,
+                        prefill_chunk=limits.prefill_chunk_size, num_seqs=2)
+    try:
+        scratch.add_sequence(1)
+        await (await loaded.model.forward(scratch, 1, tokens[:limits.prefill_chunk_size])).argmax()
+        scratch.remove_sequence(1)
+        scratch.add_sequence(0)
+        started = time.perf_counter()
+        logits = await loaded.model.forward(scratch, 0, tokens)
+        await logits.argmax()  # waits for the GPU
+        return (time.perf_counter() - started) * 1e3
+    finally:
+        scratch.close()
+
+
+async def _run() -> str:
+    """Step the generation until it finishes or :func:`pause` asks; a failed autosave is reported and
+    autosave waits for :func:`save_now`, generation goes on."""
+    gen = _chat.gen
+    _chat.pausing = False
+    while gen.finish_reason is None and not _chat.pausing:
+        try:
+            await gen.step()
+        except StoreError as exc:
+            _chat.autosave, gen.autosave = gen.autosave, None
+            _event("saveFailed", error=error_fields(exc),
+                   committed=gen.last_save.generation if gen.last_save is not None else None)
+    if gen.finish_reason is None:
+        _event("paused")
+        return _json(finish_reason=None, text=gen.text)
+    _event("finished", finish_reason=gen.finish_reason, text=gen.text)
+    return _json(finish_reason=gen.finish_reason, text=gen.text)
+
+
+def pause() -> None:
+    """Stop the running generation after its current token (it stays resumable from its last checkpoint)."""
+    _chat.pausing = True
+
+
+@_reported
+async def save_now() -> str:
+    """Save the current generation now, turning autosave back on after a failed one; the saved event's JSON."""
+    gen = _chat.gen
+    if gen is None:
+        raise FieldError("generation", "a started or resumed generation", "none")
+    if gen.autosave is None and _chat.autosave is not None:
+        gen.autosave, _chat.autosave = _chat.autosave, None
+    result = await gen.save()
+    return _json(generation=result.generation, tokens=result.seq_length, bytes=result.bytes_written,
+                 ms=result.seconds * 1e3)
+
+
+def _summary(info: GenerationInfo, identity: str | None) -> dict[str, Any]:
+    """One stored generation as the storage panel lists it."""
+    app = info.app_state or {}
+    tokens = app.get("prompt_tokens"), app.get("generated_tokens")
+    sizes = dict(zip(info.chunk_keys, info.chunk_nbytes))
+    return {"name": info.name, "generation": info.generation, "error": info.error,
+            "tokens": sum(len(t) for t in tokens if isinstance(t, list)) or info.seq_length,
+            "kvTokens": info.seq_length, "bytes": sum(sizes.values()) + info.manifest_bytes,
+            "createdMs": info.created_ms, "finishReason": app.get("finish_reason"),
+            "sameModel": identity is not None and app.get("model") == identity}
+
+
+@_reported
+async def conversations(store: str = "indexeddb", store_name: str = "kvckpt-demo") -> str:
+    """The conversations saved in the store, newest first: JSON list of the newest generation of each
+    (``name, generation, tokens, kvTokens, bytes, createdMs, finishReason, sameModel, error``)."""
+    identity = _chat.loaded.model.identity if _chat.loaded is not None else None
+    newest: dict[str, GenerationInfo] = {}
+    for info in await list_generations(await open_store(store, store_name)):
+        newest[info.name] = info  # listed by name, then generation
+    rows = [_summary(info, identity) for info in newest.values()]
+    return json.dumps(sorted(rows, key=lambda r: -(r["createdMs"] or 0)))
+
+
+@_reported
+async def conversation(store: str, store_name: str, name: str) -> str:
+    """Every generation of conversation ``name``, and its prompt and reply as text when this model wrote it:
+    JSON ``{generations: [...], prompt, reply, sampler}``."""
+    identity = _chat.loaded.model.identity if _chat.loaded is not None else None
+    infos = await list_generations(await open_store(store, store_name), name)
+    if not infos:
+        raise FieldError("name", "a conversation in the store", name)
+    app = infos[-1].app_state or {}
+    same = identity is not None and app.get("model") == identity
+    decode = _chat.loaded.text.decode if same else None
+    return json.dumps({"generations": [_summary(i, identity) for i in infos], "model": app.get("model"),
+                       "prompt": decode(app.get("prompt_tokens", [])) if decode else None,
+                       "reply": decode(app.get("generated_tokens", [])) if decode else None,
+                       "sampler": app.get("sampler")})
+
+
+@_reported
+async def delete(store: str, store_name: str, name: str) -> str:
+    """Delete every generation of conversation ``name`` and the chunks only it used; the GcResult as JSON."""
+    result = await delete_name(await open_store(store, store_name), name)
+    return _json(deleted_manifests=list(result.deleted_manifests), deleted_chunks=result.deleted_chunks,
+                 freed_bytes=result.freed_bytes)
+
+
+@_reported
+def close() -> None:
+    """Release the cache's and the model's GPU memory."""
+    for closing in (_chat.cache, _chat.loaded.model if _chat.loaded is not None else None):
+        if closing is not None and hasattr(closing, "close"):
+            closing.close()
+    _chat.cache = _chat.loaded = _chat.gen = None
+
+
+def take_error() -> str | None:
+    """The error the last failed call raised, as JSON of :func:`error_fields` (then forgotten); None if none."""
+    exc, _chat.error = _chat.error, None
+    if exc is None:
+        return None
+    return json.dumps(error_fields(exc) if isinstance(exc, KVCkptError) else
+                      {"name": "PythonError", "message": f"{type(exc).__name__}: {exc}"})
