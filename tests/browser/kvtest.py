@@ -1,7 +1,8 @@
-"""Helpers that run INSIDE Pyodide in the test page (copied into its file system as ``kvtest``).
+"""Helpers that run INSIDE Pyodide in the test page (copied into its file system as ``kvtest``), and on the
+desktop where a test compares both.
 
 Pure Python, no numpy: deterministic K/V bytes, the expected page groups of a sequence,
-base64 transport, and a tiny model of a cache being filled.
+base64 transport, a tiny model of a cache being filled, and one generation with a loaded model.
 """
 
 from __future__ import annotations
@@ -10,6 +11,8 @@ import base64
 import hashlib
 
 from kvckpt_web import CacheLimits, KVLayout, PagedKVCache
+from kvckpt_web.model.sampler import SamplingSettings
+from kvckpt_web.model.session import Generator, StopRules, new_cache
 
 SMALL = dict(page_size=4, num_layers=2, num_qo_heads=4, num_kv_heads=2, qk_head_dim=8, dtype="float16",
              rope_mode="none")
@@ -89,3 +92,56 @@ def digest(groups) -> str:
     for g in groups:
         h.update(bytes(g))
     return h.hexdigest()
+
+
+
+def chat_prompt(loaded, content: str) -> list[int]:
+    """The prompt token ids of one user message ``content`` for ``loaded`` (a LoadedModel)."""
+    return loaded.text.encode_chat([{"role": "user", "content": content}])
+
+
+def generation_cache(loaded, device, prompt: list[int], max_tokens: int) -> PagedKVCache:
+    """A fresh one-sequence cache for ``prompt`` and ``max_tokens`` more: 16-token prefill chunks and pages."""
+    return new_cache(loaded.model, device, max_tokens=len(prompt) + max_tokens, prefill_chunk=16, page_size=16)
+
+
+async def start_generation(loaded, cache: PagedKVCache, prompt: list[int], settings: dict, max_tokens: int,
+                           autosave=None) -> Generator:
+    """A generation of exactly ``max_tokens`` tokens (no end-of-sequence stop) sampled under ``settings``
+    (SamplingSettings fields)."""
+    return await Generator.start(loaded.model, cache, prompt, SamplingSettings(**settings), stop=StopRules(max_tokens),
+                                 autosave=autosave)
+
+
+async def generate(loaded, device, content: str, settings: dict, max_tokens: int) -> list[int]:
+    """The ``max_tokens`` tokens ``loaded`` (a LoadedModel on ``device``) generates after one user message
+    ``content``, run uninterrupted in a fresh :func:`generation_cache`."""
+    prompt = chat_prompt(loaded, content)
+    cache = generation_cache(loaded, device, prompt, max_tokens)
+    try:
+        gen = await start_generation(loaded, cache, prompt, settings, max_tokens)
+        return list((await gen.run()).generated_tokens)
+    finally:
+        cache.close()
+
+
+async def greedy_logits(loaded, device, content: str, steps: int) -> list[list[float]]:
+    """The logits (indexed by token id) ``loaded`` gives after one user message ``content`` and after each of
+    ``steps`` greedy tokens that follow it."""
+    prompt = chat_prompt(loaded, content)
+    model = loaded.model
+    cache = generation_cache(loaded, device, prompt, steps)
+    cache.add_sequence(0)
+    try:
+        logits = await model.forward(cache, 0, prompt)
+        out = []
+        for step in range(steps + 1):
+            values = [0.0] * model.vocab_size
+            for token, value in await logits.top_k(model.vocab_size):
+                values[token] = value
+            out.append(values)
+            if step < steps:
+                logits = await model.forward(cache, 0, [await logits.argmax()])
+        return out
+    finally:
+        cache.close()

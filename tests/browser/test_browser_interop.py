@@ -2,22 +2,15 @@
 
 from __future__ import annotations
 
-import asyncio
 import base64
 import json
-from concurrent.futures import ThreadPoolExecutor
 
 from . import kvtest
+from .browser_harness import run_desktop
 from kvckpt_web import PagedKVCache
 from kvckpt_web.durable.restore import restore
 from kvckpt_web.durable.save import save
 from kvckpt_web.stores.memory import MemoryStore
-
-
-def run_desktop(coro):
-    """asyncio.run in a thread: Playwright's sync API keeps an event loop running in this one."""
-    with ThreadPoolExecutor(1) as pool:
-        return pool.submit(asyncio.run, coro).result()
 
 
 def test_browser_checkpoint_loads_on_desktop(py_page, device):
