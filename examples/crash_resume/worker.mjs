@@ -3,7 +3,7 @@
 // The page sends {id, op, args}; the worker answers {id, ok: true, result} or {id, ok: false, error}
 // where error is {name, message, field?, expected?, got?}, and posts {event} for what happens meanwhile
 // (see kvckpt_web/web/chat_api.py). Terminating this worker is the demo's crash: nothing runs on the way out.
-import { boot } from "/kvckpt.mjs";
+import { boot, guard } from "/kvckpt.mjs";
 
 let kv = null;
 let api = null;
@@ -19,14 +19,10 @@ class DemoError extends Error {
   }
 }
 
-// A thrown value as {name, message, field, expected, got, reason}; a Python exception through chat_api.
+// A thrown Error (plain ones from guard()'s Python calls included) as the fields the page shows.
 function describe(e) {
-  if (e && e.constructor && e.constructor.name === "PythonError" && api) {
-    const last = api.take_error();
-    return last ? JSON.parse(last) : { name: "PythonError", message: String(e.message).trim().split("\n").pop() };
-  }
   const fields = { name: e?.name ?? "Error", message: String(e?.message ?? e) };
-  for (const key of ["field", "expected", "got", "reason", "status"]) if (e && key in e) fields[key] = e[key];
+  for (const key of ["field", "expected", "got", "reason"]) if (e && key in e) fields[key] = e[key];
   return fields;
 }
 
@@ -72,7 +68,7 @@ const ops = {
     const started = performance.now();
     const webgpu = "gpu" in navigator && (await navigator.gpu.requestAdapter()) !== null;
     kv = await boot({ log: (m) => event({ type: "log", message: String(m) }) });
-    api = kv.pyodide.pyimport("kvckpt_web.web.chat_api");
+    api = guard(kv.pyodide, kv.pyodide.pyimport("kvckpt_web.web.chat_api"));
     api.set_emit((text) => event(JSON.parse(text)));
     const error = webgpu ? null : { name: "NoWebGPU", field: "navigator.gpu", expected: "a WebGPU adapter", got: "none",
       message: "navigator.gpu: expected a WebGPU adapter, got none (this browser has WebGPU off or unsupported; " +

@@ -49,6 +49,10 @@ class CausalLM(Protocol):
         it (one forward pass of the cache) and return the last token's logits."""
         ...
 
+    def close(self) -> None:
+        """Release the model's GPU memory (idempotent); it cannot run afterwards."""
+        ...
+
 
 class TextCodec(Protocol):
     """A model's tokenizer and chat template."""

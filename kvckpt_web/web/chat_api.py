@@ -16,8 +16,6 @@ what happens while a call runs reaches JavaScript as events, JSON text given to 
 
 from __future__ import annotations
 
-import functools
-import inspect
 import json
 import time
 from collections.abc import Callable
@@ -26,16 +24,16 @@ from typing import Any
 from ..durable.catalog import list_generations
 from ..durable.results import GenerationInfo, SaveResult
 from ..durable.retention import delete_name
-from ..errors import FieldError, KVCkptError, StoreError, UnusableCheckpointError
+from ..errors import FieldError, StoreError, UnusableCheckpointError
 from ..model.gguf import parse_gguf
 from ..model.loader import load_gguf
 from ..model.protocol import LoadedModel
 from ..model.sampler import SamplingSettings
 from ..model.session import Autosave, Generator, StopRules, TokenEvent, new_cache, resume
-from .runtime import device, open_store
+from .runtime import camel_json, device, error_fields, open_store, to_py
 
 __all__ = ["close", "conversation", "conversations", "delete", "load_model", "pause", "resume_saved", "save_now",
-           "set_emit", "start", "take_error"]
+           "set_emit", "start"]
 
 
 class _Chat:
@@ -47,66 +45,23 @@ class _Chat:
         self.gen: Generator | None = None
         self.autosave: Autosave | None = None
         self.pausing = False
-        self.error: BaseException | None = None
         self.emit: Callable[[str], None] = lambda text: None
 
 
 _chat = _Chat()
 
 
-def _reported(fn: Callable[..., Any]) -> Callable[..., Any]:
-    """``fn`` (sync or async) keeping the exception it raises for :func:`take_error`."""
-    if inspect.iscoroutinefunction(fn):
-        @functools.wraps(fn)
-        async def calling(*args: Any) -> Any:
-            try:
-                return await fn(*args)
-            except Exception as exc:
-                _chat.error = exc
-                raise
-        return calling
-
-    @functools.wraps(fn)
-    def called(*args: Any) -> Any:
-        try:
-            return fn(*args)
-        except Exception as exc:
-            _chat.error = exc
-            raise
-    return called
-
-
-def _py(value: Any) -> Any:
-    """A JS value (JsProxy) as the matching Python value; Python values pass through."""
-    return value.to_py() if hasattr(value, "to_py") else value
-
-
-def _camel(name: str) -> str:
-    head, *rest = name.split("_")
-    return head + "".join(word.capitalize() for word in rest)
-
-
 def _json(**fields: Any) -> str:
-    return json.dumps({_camel(key): value for key, value in fields.items()})
+    return camel_json(fields)
 
 
 def _event(kind: str, **fields: Any) -> None:
     _chat.emit(_json(type=kind, **fields))
 
 
-def error_fields(exc: BaseException) -> dict[str, Any]:
-    """An exception as the fields a page shows: its class name, one-line message, and field/expected/got."""
-    fields: dict[str, Any] = {"name": type(exc).__name__, "message": str(exc)}
-    for key in ("field", "expected", "got", "reason"):
-        if hasattr(exc, key):
-            value = getattr(exc, key)
-            fields[key] = value if isinstance(value, (str, int, float, bool, type(None))) else str(value)
-    return fields
-
-
 def _options(value: Any, known: dict[str, Any]) -> dict[str, Any]:
     """``value`` (a JS object) over the defaults ``known``; FieldError naming an unknown option."""
-    given = _py(value) or {}
+    given = to_py(value) or {}
     if not isinstance(given, dict):
         raise FieldError("options", "an object", type(given).__name__)
     for key in given:
@@ -126,13 +81,12 @@ def set_emit(callback: Callable[[str], None]) -> None:
     _chat.emit = callback
 
 
-@_reported
 async def load_model(data: Any) -> str:
     """Load the GGUF file's bytes ``data`` (a Uint8Array) as the model, replacing any other; JSON
     ``{identity, numLayers, vocabSize, maxContext, loadMs}``."""
     close()
     started = time.perf_counter()
-    raw = data.to_py() if hasattr(data, "to_py") else data  # a memoryview of the Uint8Array's bytes, copied once
+    raw = to_py(data)  # a memoryview of the Uint8Array's bytes, copied once below
     f = parse_gguf(bytes(raw))
     _chat.loaded = load_gguf(f, await device())
     model = _chat.loaded.model
@@ -177,7 +131,6 @@ START_OPTIONS = {"store": "indexeddb", "storeName": "kvckpt-demo", "name": None,
                  "context": 1024, "temperature": 0.0, "seed": 0, "topK": 0, "topP": 1.0}
 
 
-@_reported
 async def start(prompt: str, options: Any = None) -> str:
     """Generate the model's reply to ``prompt`` as conversation ``options.name``, autosaving every
     ``options.every`` tokens; runs until the reply ends or :func:`pause`; JSON ``{finishReason, text, tokens}``
@@ -200,7 +153,6 @@ RESUME_OPTIONS = {"store": "indexeddb", "storeName": "kvckpt-demo", "name": None
                   "context": 1024, "replay": False, "measure": False}
 
 
-@_reported
 async def resume_saved(options: Any = None) -> str:
     """Continue conversation ``options.name`` from its newest checkpoint (or ``options.generation``), then run
     it like :func:`start`.
@@ -273,7 +225,6 @@ def pause() -> None:
     _chat.pausing = True
 
 
-@_reported
 async def save_now() -> str:
     """Save the current generation now, turning autosave back on after a failed one; the saved event's JSON."""
     gen = _chat.gen
@@ -298,7 +249,6 @@ def _summary(info: GenerationInfo, identity: str | None) -> dict[str, Any]:
             "sameModel": identity is not None and app.get("model") == identity}
 
 
-@_reported
 async def conversations(store: str = "indexeddb", store_name: str = "kvckpt-demo") -> str:
     """The conversations saved in the store, newest first: JSON list of the newest generation of each
     (``name, generation, tokens, kvTokens, bytes, createdMs, finishReason, sameModel, error``)."""
@@ -310,7 +260,6 @@ async def conversations(store: str = "indexeddb", store_name: str = "kvckpt-demo
     return json.dumps(sorted(rows, key=lambda r: -(r["createdMs"] or 0)))
 
 
-@_reported
 async def conversation(store: str, store_name: str, name: str) -> str:
     """Every generation of conversation ``name``, and its prompt and reply as text when this model wrote it:
     JSON ``{generations: [...], prompt, reply, sampler}``."""
@@ -327,7 +276,6 @@ async def conversation(store: str, store_name: str, name: str) -> str:
                        "sampler": app.get("sampler")})
 
 
-@_reported
 async def delete(store: str, store_name: str, name: str) -> str:
     """Delete every generation of conversation ``name`` and the chunks only it used; the GcResult as JSON."""
     result = await delete_name(await open_store(store, store_name), name)
@@ -335,19 +283,10 @@ async def delete(store: str, store_name: str, name: str) -> str:
                  freed_bytes=result.freed_bytes)
 
 
-@_reported
 def close() -> None:
     """Release the cache's and the model's GPU memory."""
-    for closing in (_chat.cache, _chat.loaded.model if _chat.loaded is not None else None):
-        if closing is not None and hasattr(closing, "close"):
-            closing.close()
+    if _chat.cache is not None:
+        _chat.cache.close()
+    if _chat.loaded is not None:
+        _chat.loaded.model.close()
     _chat.cache = _chat.loaded = _chat.gen = None
-
-
-def take_error() -> str | None:
-    """The error the last failed call raised, as JSON of :func:`error_fields` (then forgotten); None if none."""
-    exc, _chat.error = _chat.error, None
-    if exc is None:
-        return None
-    return json.dumps(error_fields(exc) if isinstance(exc, KVCkptError) else
-                      {"name": "PythonError", "message": f"{type(exc).__name__}: {exc}"})

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import math
 import sys
 import traceback
 from typing import Any
@@ -24,26 +23,10 @@ from ..errors import CheckpointStateError, FieldError, KVCkptError, is_int
 from ..gpu.tensors import as_bytes
 from ..kv.cache import PagedKVCache
 from ..tvm.layout import CacheLimits, KVLayout
-from .runtime import device, open_store
+from .runtime import camel_json, device, error_fields, open_store, to_py
 
 _caches: dict[int, PagedKVCache] = {}
 _issued = 0  # handles are 1, 2, ...: never reused, so a closed cache's handle never reaches another cache
-
-
-def _py(value: Any) -> Any:
-    """A JS value (JsProxy) as the matching Python value; Python values pass through."""
-    return value.to_py() if hasattr(value, "to_py") else value
-
-
-def _camel(name: str) -> str:
-    """``seq_length`` as ``seqLength``."""
-    head, *rest = name.split("_")
-    return head + "".join(word.capitalize() for word in rest)
-
-
-def _json(fields: dict[str, Any]) -> str:
-    """A result's fields as JSON text for JavaScript: its keys in camelCase (the values as they are)."""
-    return json.dumps({_camel(key): value for key, value in fields.items()})
 
 
 def _bytes(value: Any) -> bytes:
@@ -76,7 +59,7 @@ def _cache(handle: int) -> PagedKVCache:
 async def create_cache(layout: Any, limits: Any = None, transfer: str = "auto") -> int:
     """Open a cache of ``layout`` (KVLayout's fields) and ``limits`` (CacheLimits' fields); its handle."""
     global _issued
-    lay, lim = _fields("layout", _py(layout), KVLayout), _fields("limits", _py(limits) or {}, CacheLimits)
+    lay, lim = _fields("layout", to_py(layout), KVLayout), _fields("limits", to_py(limits) or {}, CacheLimits)
     if isinstance(lay.get("attn_kinds"), list):
         lay["attn_kinds"] = tuple(lay["attn_kinds"])
     cache = PagedKVCache(await device(), KVLayout(**lay), CacheLimits(**lim), transfer=transfer)
@@ -96,7 +79,7 @@ def close_cache(handle: int) -> None:
 async def device_memory() -> str:
     """``{liveResources, liveBytes}`` as JSON: the buffers and textures kvckpt_web holds on this page's device."""
     dev = await device()
-    return _json({"live_resources": dev.live_resources, "live_bytes": dev.live_bytes})
+    return camel_json({"live_resources": dev.live_resources, "live_bytes": dev.live_bytes})
 
 
 def add_sequence(handle: int, seq_id: int) -> None:
@@ -120,7 +103,7 @@ def append(handle: int, seq_ids: Any, lengths: Any, layers: Any) -> None:
     The size of every K and V is checked before the forward begins: a bad call leaves the cache as it was.
     """
     cache = _cache(handle)
-    lay, layers, lengths = cache.layout, _py(layers), list(_py(lengths))
+    lay, layers, lengths = cache.layout, to_py(layers), list(to_py(lengths))
     if len(layers) != lay.num_layers:
         raise FieldError("layers", f"{lay.num_layers} [k, v] pairs", len(layers))
     kv = [(_bytes(k), _bytes(v)) for k, v in layers]
@@ -129,7 +112,7 @@ def append(handle: int, seq_ids: Any, lengths: Any, layers: Any) -> None:
         for i, (k, v) in enumerate(kv):
             as_bytes(k, f"layers[{i}].k", lay.dtype, nbytes)
             as_bytes(v, f"layers[{i}].v", lay.dtype, nbytes)
-    cache.begin_forward(list(_py(seq_ids)), lengths)
+    cache.begin_forward(list(to_py(seq_ids)), lengths)
     try:
         for layer, (k, v) in enumerate(kv):
             cache.append_kv(layer, k, v)
@@ -149,16 +132,16 @@ async def checkpoint(handle: int, seq_id: int, store: str, store_name: str, name
     """Save ``seq_id`` as the next generation of ``name``; ``{name, generation, seqLength, chunksWritten,
     bytesWritten}`` as JSON."""
     result = await save(_cache(handle), seq_id, await open_store(store, store_name), name,
-                        app_state=_py(app_state) or {})
-    return _json({"name": result.name, "generation": result.generation, "seq_length": result.seq_length,
+                        app_state=to_py(app_state) or {})
+    return camel_json({"name": result.name, "generation": result.generation, "seq_length": result.seq_length,
                   "chunks_written": result.chunks_written, "bytes_written": result.bytes_written})
 
 
 async def restore(handle: int, store: str, store_name: str, name: str, seq_id: Any = None) -> str:
     """Load the newest generation of ``name`` into the cache; ``{name, generation, seqId, seqLength, appState}``
     as JSON."""
-    result = await restore_checkpoint(await open_store(store, store_name), name, _cache(handle), seq_id=_py(seq_id))
-    return _json({"name": result.name, "generation": result.generation, "seq_id": result.seq_id,
+    result = await restore_checkpoint(await open_store(store, store_name), name, _cache(handle), seq_id=to_py(seq_id))
+    return camel_json({"name": result.name, "generation": result.generation, "seq_id": result.seq_id,
                   "seq_length": result.seq_length, "app_state": result.app_state})
 
 
@@ -167,7 +150,7 @@ async def gc(store: str, store_name: str, keep: int = DEFAULT_KEEP) -> str:
     uses, such as those of a failed save; the GcResult's fields as JSON (``keptManifests``, ``deletedChunks``,
     ...)."""
     result = await collect(await open_store(store, store_name), keep=None if keep == 0 else keep)
-    return _json(dataclasses.asdict(result))
+    return camel_json(dataclasses.asdict(result))
 
 
 def describe_error(traceback_text: str) -> str:
@@ -184,20 +167,4 @@ def describe_error(traceback_text: str) -> str:
     text = traceback_text.rstrip()
     if not isinstance(exc, KVCkptError) or not text.endswith("".join(traceback.format_exception_only(exc)).rstrip()):
         return json.dumps({"name": "PythonError", "message": text.splitlines()[-1] if text else ""})
-    fields: dict[str, Any] = {"name": type(exc).__name__, "message": str(exc)}
-    for key in ("field", "expected", "got", "reason"):  # FieldError's; UnusableCheckpointError's
-        if hasattr(exc, key):
-            fields[key] = _plain(getattr(exc, key))
-    return json.dumps(fields)
-
-
-def _plain(value: Any) -> Any:
-    """``value`` as JSON carries it: numbers, strings, booleans, null, lists and objects of them; anything else
-    (and a float JSON has no literal for) as its ``str``."""
-    if value is None or isinstance(value, (bool, int, str)) or (isinstance(value, float) and math.isfinite(value)):
-        return value
-    if isinstance(value, (list, tuple)):
-        return [_plain(v) for v in value]
-    if isinstance(value, dict):
-        return {str(k): _plain(v) for k, v in value.items()}
-    return str(value)
+    return json.dumps(error_fields(exc))

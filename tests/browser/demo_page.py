@@ -97,6 +97,9 @@ class DemoPage:
             self.page.fill("#seed", str(seed))
 
     def generate(self) -> None:
+        state = self.state()
+        if state["problem"] is not None or state["model"] is None:
+            raise AssertionError(f"the page cannot generate: {state}\nconsole:\n" + "\n".join(self.console[-20:]))
         self.page.click("#generate")
 
     def run_to_end(self) -> dict[str, Any]:

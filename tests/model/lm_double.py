@@ -55,6 +55,9 @@ class DoubleLM:
         self.forwards: list[int] = []
         """The length of every forward call, in order."""
 
+    def close(self) -> None:
+        """Nothing to release: the double keeps its weights on the host."""
+
     def kv_layout(self, page_size: int = 16) -> KVLayout:
         return KVLayout(page_size=page_size, num_layers=LAYERS, num_qo_heads=4, num_kv_heads=KV_HEADS,
                         qk_head_dim=HEAD_DIM, dtype="float32", rope_mode="none")
