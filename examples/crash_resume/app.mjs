@@ -107,7 +107,7 @@ function onEvent(e) {
       setLoad(0.8 * e.done / e.total, `fetched ${kib(e.done)} of ${kib(e.total)}`);
       break;
     case "upload":
-      setLoad(0.8 + 0.2 * e.done / e.total, `uploaded ${e.done} of ${e.total} tensors to the GPU`);
+      setLoad(0.8 + 0.2 * e.done / e.total, `uploaded ${e.done} of ${e.total} parts of the weights to the GPU`);
       break;
     case "prefill": case "replay":
       setPhase(state.phase, `${e.type} ${e.done}/${e.total} tokens`);

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import heapq
 import struct
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -124,7 +125,9 @@ class _Scratch:
 class LlamaModel:
     """A llama GGUF model on ``device``: :class:`~kvckpt_web.model.protocol.CausalLM` over a PagedKVCache."""
 
-    def __init__(self, f: GGUFFile, device: Device) -> None:
+    def __init__(self, f: GGUFFile, device: Device, progress: Callable[[int, int], None] | None = None) -> None:
+        """Upload ``f``'s weights to ``device``; ``progress(done, total)`` hears of each layer's weights and, last,
+        of the embedding, head and output norm."""
         c = LlamaConfig.from_gguf(f)
         check_tensors(f, c)
         self.config = c
@@ -147,9 +150,13 @@ class LlamaModel:
                 upload_stacked(device, f"blk.{i}.attn_qkv", parts),
                 *(upload(f"blk.{i}.{n}.weight") for n in ("attn_output", "ffn_norm", "ffn_gate", "ffn_up",
                                                           "ffn_down"))))
+            if progress is not None:
+                progress(i + 1, c.num_layers + 1)
         self.embedding = upload("token_embd.weight")
         self.head = upload("output.weight") if "output.weight" in f.tensors else self.embedding
         self.output_norm = upload("output_norm.weight")
+        if progress is not None:
+            progress(c.num_layers + 1, c.num_layers + 1)
         self._last = kernels.activations(device, c.hidden, "llama.last")
         self.logits = device.create_buffer(4 * c.vocab, Usage.STORAGE | Usage.COPY_SRC, "llama.logits")
         self._candidates = device.create_buffer(kernels.topk_candidates_bytes(c.vocab, kernels.TOPK_MAX),

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -51,10 +52,11 @@ def load_model(path: str | os.PathLike[str], device: "Device") -> LoadedModel:
     return load_gguf(open_gguf(path), device)
 
 
-def load_gguf(f: GGUFFile, device: "Device") -> LoadedModel:
-    """The model of the parsed GGUF ``f`` (a file, or bytes a page fetched) on ``device``."""
+def load_gguf(f: GGUFFile, device: "Device", progress: Callable[[int, int], None] | None = None) -> LoadedModel:
+    """The model of the parsed GGUF ``f`` (a file, or bytes a page fetched) on ``device``; ``progress(done, total)``
+    hears of the weights uploaded, in parts."""
     text = ChatCodec.from_gguf(f)  # the file, its tokenizer and chat template are checked before any upload
-    return LoadedModel(LlamaModel(f, device), text)
+    return LoadedModel(LlamaModel(f, device, progress), text)
 
 
 def load_default(device: "Device") -> LoadedModel:

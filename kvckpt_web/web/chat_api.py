@@ -5,7 +5,7 @@ an IndexedDB or OPFS store under the conversation's name. Each call returns JSON
 what happens while a call runs reaches JavaScript as events, JSON text given to the callback of
 :func:`set_emit`:
 
-* ``{"type": "upload", "done", "total"}`` -- weights uploaded to the GPU, in tensors;
+* ``{"type": "upload", "done", "total"}`` -- weights uploaded to the GPU, in parts (a layer's, then the rest);
 * ``{"type": "prefill", "done", "total"}`` and ``{"type": "replay", "done", "total"}`` -- tokens run;
 * ``{"type": "token", "index", "text", "tokensPerS"}`` -- a generated token and the reply text it made final;
 * ``{"type": "saved", "generation", "tokens", "bytes", "ms"}`` -- a committed checkpoint;
@@ -88,7 +88,7 @@ async def load_model(data: Any) -> str:
     started = time.perf_counter()
     raw = to_py(data)  # a memoryview of the Uint8Array's bytes, copied once below
     f = parse_gguf(bytes(raw))
-    _chat.loaded = load_gguf(f, await device())
+    _chat.loaded = load_gguf(f, await device(), lambda done, total: _event("upload", done=done, total=total))
     model = _chat.loaded.model
     return _json(identity=model.identity, num_layers=model.kv_layout().num_layers, vocab_size=model.vocab_size,
                  max_context=model.max_context, load_ms=(time.perf_counter() - started) * 1e3)

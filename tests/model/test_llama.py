@@ -24,6 +24,8 @@ from reference import load_gguf, reference_forward  # noqa: E402
 from tiny_llama import CONFIG, CONTEXT, F32, Q8_0, write_tiny_llama  # noqa: E402
 
 from kvckpt_web.errors import CheckpointStateError, FormatError, KVCkptError, SequenceError  # noqa: E402
+from kvckpt_web.model.gguf import open_gguf  # noqa: E402
+from kvckpt_web.model.loader import load_gguf as load_gguf_model  # noqa: E402
 from kvckpt_web.model.loader import load_model  # noqa: E402
 from kvckpt_web.model.session import new_cache  # noqa: E402
 
@@ -130,6 +132,14 @@ def test_the_same_forwards_give_bitwise_identical_logits(device, tiny):
         return out
 
     assert run(logits()) == run(logits())
+
+
+def test_loading_reports_the_upload_of_each_layer_then_of_the_rest(device, tiny_llama_path):
+    heard = []
+    model = load_gguf_model(open_gguf(tiny_llama_path), device, lambda done, total: heard.append((done, total)))
+    model.model.close()
+    parts = CONFIG.num_layers + 1
+    assert heard == [(i, parts) for i in range(1, parts + 1)]
 
 
 def test_logits_of_an_earlier_forward_are_refused(device, tiny):
