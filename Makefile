@@ -65,7 +65,7 @@ $(WEB_STAMP):
 # Headless Chromium on a shared 2-core machine occasionally misses a timeout: a failed browser test is
 # retried once (the retry is reported); a real defect fails both times.
 test-browser: setup web-deps
-	$(BIN)/python -m pytest -q --reruns 1 tests/browser
+	KVCKPT_REQUIRE_MODEL=1 $(BIN)/python -m pytest -q --reruns 1 tests/browser
 
 # Run from this checkout, `kvckpt serve` builds the wheel of the current source at start and serves it.
 serve: setup web-deps
