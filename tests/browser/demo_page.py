@@ -102,6 +102,15 @@ class DemoPage:
             raise AssertionError(f"the page cannot generate: {state}\nconsole:\n" + "\n".join(self.console[-20:]))
         self.page.click("#generate")
 
+    def crash_and_reopen(self, after_tokens: int) -> None:
+        """Generate until ``after_tokens`` tokens and a checkpoint exist, press Crash (the worker is terminated),
+        then Reopen (a new worker, as a reopened tab)."""
+        self.generate()
+        self.wait(f"d => d.tokens >= {after_tokens} && d.committed !== null")
+        self.page.click("#crash")
+        self.wait("d => d.phase === 'crashed'")
+        self.page.click("#fresh")
+
     def run_to_end(self) -> dict[str, Any]:
         """Generate with the current settings until the reply ends; the final state."""
         self.generate()

@@ -72,11 +72,7 @@ def test_the_crash_control_terminates_the_worker_and_reopening_continues_to_the_
     try:
         page = open_demo(browser, demo_server.url).open()
         page.configure(max_tokens=TOKENS, every=EVERY)
-        page.generate()
-        page.wait(f"d => d.tokens >= {KILL_AFTER} && d.committed !== null")
-        page.page.click("#crash")
-        page.wait("d => d.phase === 'crashed'")
-        page.page.click("#fresh")  # "Reopen": a new worker, as a reopened tab
+        page.crash_and_reopen(after_tokens=KILL_AFTER)
         page.wait("d => d.phase === 'finished'")
         got = page.state()
     finally:
@@ -91,10 +87,7 @@ def test_a_restore_shows_its_time_beside_a_measured_re_prefill_of_the_same_token
     try:
         page = open_demo(browser, demo_server.url).open()
         page.configure(max_tokens=TOKENS, every=EVERY)
-        page.generate()
-        page.wait(f"d => d.tokens >= {KILL_AFTER} && d.committed !== null")
-        page.page.click("#crash")
-        page.page.click("#fresh")
+        page.crash_and_reopen(after_tokens=KILL_AFTER)
         page.wait("d => d.restored !== null")
         restored = page.state()["restored"]
         text = page.page.inner_text("#restored")

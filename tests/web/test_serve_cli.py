@@ -10,9 +10,6 @@ import subprocess
 import sys
 import time
 import urllib.request
-from pathlib import Path
-
-import pytest
 
 from kvckpt_web.cli.main import main
 
@@ -20,14 +17,6 @@ from kvckpt_web.cli.main import main
 def fetch(url: str) -> bytes:
     with urllib.request.urlopen(url, timeout=30) as r:
         return r.read()
-
-
-@pytest.fixture
-def pyodide(tmp_path: Path) -> Path:
-    pyo = tmp_path / "pyodide"
-    pyo.mkdir()
-    (pyo / "pyodide.mjs").write_text("export {}")
-    return pyo
 
 
 def one_line_error(capsys) -> str:

@@ -30,14 +30,6 @@ def status_of(url: str) -> int:
 
 
 @pytest.fixture
-def pyodide(tmp_path: Path) -> Path:
-    pyo = tmp_path / "pyodide"
-    pyo.mkdir()
-    (pyo / "pyodide.mjs").write_text("export {}")
-    return pyo
-
-
-@pytest.fixture
 def page(tmp_path: Path) -> Path:
     page = tmp_path / "page"
     page.mkdir()
