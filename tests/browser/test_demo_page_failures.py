@@ -187,11 +187,9 @@ def full_quota_page(browser, demo_server, request):
     so an origin that wrote before would not see the new quota. ``lift()`` gives the browser's quota back."""
     label = hashlib.sha256(request.node.nodeid.encode()).hexdigest()[:12]
     page = open_demo(browser, demo_server.url.replace("127.0.0.1", f"q{label}.localhost"))
-    page.page.goto("about:blank")
     cdp = browser.context.new_cdp_session(page.page)
-    origin = page.url.split("/", 3)[:3]
-    origin = "/".join(origin)
-    page.open()
+    page.open()  # lists the (empty) store: nothing written yet
+    origin = page.page.evaluate("location.origin")
     usage = cdp.send("Storage.getUsageAndQuota", {"origin": origin})["usage"]
     cdp.send("Storage.overrideQuotaForOrigin", {"origin": origin, "quotaSize": usage + QUOTA_MARGIN})
     page.lift = lambda: cdp.send("Storage.overrideQuotaForOrigin", {"origin": origin})
