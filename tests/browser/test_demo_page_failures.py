@@ -10,6 +10,8 @@ import re
 
 import pytest
 
+from kvckpt_web.model.loader import INSTALL_HINT
+
 from .browser_harness import CDPChromium
 from .demo_page import DemoPage, edit_record, open_demo, stored_records
 
@@ -253,6 +255,7 @@ def test_a_missing_model_file_is_named_with_the_install_hint_and_saved_conversat
     page.open()
     got = page.state()
     assert got["problem"]["kind"] == "model-missing" and got["problem"]["title"] == "The model cannot be loaded"
-    assert "model.gguf" in got["problem"]["message"], got["problem"]
+    message = got["problem"]["message"]
+    assert str(demo_server.model_path) in message and INSTALL_HINT in message, message
     assert offered(page) == set() and got["model"] is None
     assert listed(got, saved["name"])["generation"] == saved["committed"]["generation"]
