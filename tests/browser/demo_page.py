@@ -114,13 +114,16 @@ def open_demo(browser: CDPChromium, url: str) -> DemoPage:
     return DemoPage(browser.context.new_page(), url)
 
 
-# The page's IndexedDB store, edited from the page's main thread as something outside the page would (a damaged
-# disk, a lost write): ``[key, action]`` where action is "flip" (one byte of the record changed), "delete" or
-# "garbage" (the record replaced by bytes that are no checkpoint record).
-EDIT_RECORD = """async ([key, action]) => {
+OPEN_DB = """
     const db = await new Promise((ok, fail) => {
         const r = indexedDB.open("kvckpt-demo"); r.onsuccess = () => ok(r.result); r.onerror = () => fail(r.error);
     });
+"""  # JS statements: ``db``, the page's IndexedDB database
+
+# The page's IndexedDB store, edited from the page's main thread as something outside the page would (a damaged
+# disk, a lost write): ``[key, action]`` where action is "flip" (one byte of the record changed), "delete" or
+# "garbage" (the record replaced by bytes that are no checkpoint record).
+EDIT_RECORD = "async ([key, action]) => {" + OPEN_DB + """
     const done = (request) => new Promise((ok, fail) => { request.onsuccess = () => ok(request.result);
                                                           request.onerror = () => fail(request.error); });
     const store = db.transaction("kv", "readwrite").objectStore("kv");
@@ -134,10 +137,7 @@ EDIT_RECORD = """async ([key, action]) => {
 
 # The records of the page's IndexedDB store: {key: the record's bytes as text (latin-1)} for manifests, the keys
 # alone (value null) for chunks.
-READ_RECORDS = """async () => {
-    const db = await new Promise((ok, fail) => {
-        const r = indexedDB.open("kvckpt-demo"); r.onsuccess = () => ok(r.result); r.onerror = () => fail(r.error);
-    });
+READ_RECORDS = "async () => {" + OPEN_DB + """
     const store = db.transaction("kv").objectStore("kv");
     const [keys, values] = await Promise.all([store.getAllKeys(), store.getAll()].map((request) =>
         new Promise((ok, fail) => { request.onsuccess = () => ok(request.result); request.onerror = fail; })));
@@ -153,4 +153,5 @@ def edit_record(page: DemoPage, key: str, action: str) -> None:
 
 
 def stored_records(page: DemoPage) -> dict[str, str | None]:
+    """The records of the page's IndexedDB store (see READ_RECORDS)."""
     return page.page.evaluate(READ_RECORDS)
