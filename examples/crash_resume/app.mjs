@@ -307,7 +307,8 @@ async function open() {
   setLoad(1, `loaded in ${ms(state.model.fetchMs + state.model.loadMs)}`);
   setPhase("ready", "ready");
   await refresh();
-  const open = state.conversations.find((row) => !row.error && row.finishReason === null);
+  // A damaged newest record may hide an unfinished conversation: resuming it shows the problem and what is left.
+  const open = state.conversations.find((row) => row.error || row.finishReason === null);
   if (open) await resume(open.name);
 }
 

@@ -214,10 +214,12 @@ def free_port() -> int:
 class CDPChromium:
     """A Chromium we start ourselves (so we can SIGKILL it), driven over CDP by Playwright."""
 
-    def __init__(self, chromium: str, profile: Path, playwright) -> None:
+    def __init__(self, chromium: str, profile: Path, playwright, *, webgpu: bool = True) -> None:
+        """``webgpu=False``: without ``--enable-unsafe-webgpu``, as a browser with WebGPU off."""
         self.port = free_port()
+        flags = [f for f in CHROMIUM_FLAGS if webgpu or f != "--enable-unsafe-webgpu"]
         self.proc = subprocess.Popen(
-            [chromium, "--headless", *CHROMIUM_FLAGS, f"--user-data-dir={profile}",
+            [chromium, "--headless", *flags, f"--user-data-dir={profile}",
              "--remote-debugging-address=127.0.0.1", f"--remote-debugging-port={self.port}", "about:blank"],
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
         deadline = time.monotonic() + 60

@@ -32,8 +32,9 @@ class DemoServer:
         self.url = url
         self.model_path = model_path
 
-    def use_tiny(self, seed: int = 0) -> None:
-        write_tiny_llama(self.model_path, seed=seed)
+    def use_tiny(self, seed: int = 0, metadata: dict[str, Any] | None = None) -> None:
+        """The tiny llama of ``seed``; ``metadata`` adds llama keys (another header: another model identity)."""
+        write_tiny_llama(self.model_path, seed=seed, metadata=metadata)
 
     def use_file(self, path: Path) -> None:
         shutil.copyfile(path, self.model_path)
@@ -120,3 +121,46 @@ class DemoPage:
 
 def open_demo(browser: CDPChromium, url: str) -> DemoPage:
     return DemoPage(browser.context.new_page(), url)
+
+
+OPEN_DB = """
+    const db = await new Promise((ok, fail) => {
+        const r = indexedDB.open("kvckpt-demo"); r.onsuccess = () => ok(r.result); r.onerror = () => fail(r.error);
+    });
+"""  # JS statements: ``db``, the page's IndexedDB database
+
+# The page's IndexedDB store, edited from the page's main thread as something outside the page would (a damaged
+# disk, a lost write): ``[key, action]`` where action is "flip" (one byte of the record changed), "delete" or
+# "garbage" (the record replaced by bytes that are no checkpoint record).
+EDIT_RECORD = "async ([key, action]) => {" + OPEN_DB + """
+    const done = (request) => new Promise((ok, fail) => { request.onsuccess = () => ok(request.result);
+                                                          request.onerror = () => fail(request.error); });
+    const store = db.transaction("kv", "readwrite").objectStore("kv");
+    const value = await done(store.get(key));
+    if (value === undefined) throw new Error(`no record ${key}`);
+    if (action === "delete") await done(store.delete(key));
+    else if (action === "garbage") await done(store.put(new TextEncoder().encode("not a manifest"), key));
+    else { const bytes = new Uint8Array(value); bytes[bytes.length >> 1] ^= 0xff; await done(store.put(bytes, key)); }
+    db.close();
+}"""
+
+# The records of the page's IndexedDB store: {key: the record's bytes as text (latin-1)} for manifests, the keys
+# alone (value null) for chunks.
+READ_RECORDS = "async () => {" + OPEN_DB + """
+    const store = db.transaction("kv").objectStore("kv");
+    const [keys, values] = await Promise.all([store.getAllKeys(), store.getAll()].map((request) =>
+        new Promise((ok, fail) => { request.onsuccess = () => ok(request.result); request.onerror = fail; })));
+    db.close();
+    return Object.fromEntries(keys.map((k, i) => [k, k.startsWith("manifests/")
+        ? String.fromCharCode(...new Uint8Array(values[i])) : null]));
+}"""
+
+
+def edit_record(page: DemoPage, key: str, action: str) -> None:
+    """Change one record of the page's IndexedDB store behind the page's back (see EDIT_RECORD)."""
+    page.page.evaluate(EDIT_RECORD, [key, action])
+
+
+def stored_records(page: DemoPage) -> dict[str, str | None]:
+    """The records of the page's IndexedDB store (see READ_RECORDS)."""
+    return page.page.evaluate(READ_RECORDS)
