@@ -104,9 +104,9 @@ class GGUFTensor:
 class GGUFFile:
     """A parsed GGUF file: its metadata, its tensor table (in file order) and views of the tensor data.
 
-    ``digest`` is the SHA-256 (hex) of the header, metadata and tensor table bytes, everything before the
-    data section's padding: it identifies the model (quantization, tokenizer and tensor layout included)
-    without reading the tensor data.
+    ``digest`` is the SHA-256 (hex) of the header, metadata and tensor table bytes (everything before the
+    data section's padding), then of the data section: it identifies the model, weights included, so a
+    fine-tune of the same shapes is another model.
     """
 
     version: int
@@ -309,8 +309,9 @@ def parse_gguf(buffer: bytes | bytearray | memoryview | mmap.mmap) -> GGUFFile:
     tensors = {name: GGUFTensor(name, type_id, shape, offset, nbytes,
                                 view[data_offset + offset:data_offset + offset + nbytes])
                for name, type_id, shape, offset, nbytes in entries}
-    digest = hashlib.sha256(view[:table_end]).hexdigest()
-    return GGUFFile(version, metadata, tensors, alignment, data_offset, digest)
+    digest = hashlib.sha256(view[:table_end])
+    digest.update(view[data_offset:])
+    return GGUFFile(version, metadata, tensors, alignment, data_offset, digest.hexdigest())
 
 
 def open_gguf(path: str | os.PathLike[str]) -> GGUFFile:

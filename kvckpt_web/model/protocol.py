@@ -34,7 +34,7 @@ class CausalLM(Protocol):
     """A causal language model that keeps its K/V in a paged cache."""
 
     identity: str
-    """A digest of the model file's header and tensor table: checkpoints record it."""
+    """A digest of the model file (header, tensor table and weights): checkpoints record it."""
     max_context: int
     """The most tokens (positions) one sequence may hold."""
     vocab_size: int

@@ -32,9 +32,9 @@ class DemoServer:
         self.url = url
         self.model_path = model_path
 
-    def use_tiny(self, seed: int = 0, metadata: dict[str, Any] | None = None) -> None:
-        """The tiny llama of ``seed``; ``metadata`` adds llama keys (another header: another model identity)."""
-        write_tiny_llama(self.model_path, seed=seed, metadata=metadata)
+    def use_tiny(self, seed: int = 0) -> None:
+        """The tiny llama of ``seed`` (another seed: other weights, another model identity)."""
+        write_tiny_llama(self.model_path, seed=seed)
 
     def use_file(self, path: Path) -> None:
         shutil.copyfile(path, self.model_path)

@@ -15,7 +15,7 @@ import pytest
 from kvckpt_web.errors import FormatError
 from kvckpt_web.model.gguf import GGML_TYPES, GGUFFile, open_gguf, parse_gguf
 
-SMOLLM_DIGEST = "cd2d87a25589b59f222688858608478fd7ed55b0cefdc3e96076591029713ce4"
+SMOLLM_DIGEST = "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53"
 
 VT = gguf.GGUFValueType
 Q4_1 = gguf.GGMLQuantizationType.Q4_1
@@ -196,10 +196,10 @@ def test_version_2_is_read(small: bytes) -> None:
     assert parse_gguf(patched(small, 4, "I", 2)).version == 2
 
 
-def test_digest_covers_header_metadata_and_table(small: bytes) -> None:
+def test_digest_covers_header_metadata_table_and_data(small: bytes) -> None:
     f = parse_gguf(small)
     table_end = tensor_info(small, "tensor.gamma")["end"]
-    assert f.digest == hashlib.sha256(small[:table_end]).hexdigest()
+    assert f.digest == hashlib.sha256(small[:table_end] + small[f.data_offset:]).hexdigest()
 
 
 def test_digest_changes_with_metadata(small: bytes) -> None:
@@ -207,9 +207,9 @@ def test_digest_changes_with_metadata(small: bytes) -> None:
     assert parse_gguf(other).digest != parse_gguf(small).digest
 
 
-def test_digest_ignores_tensor_data(small: bytes) -> None:
+def test_digest_changes_with_one_bit_of_tensor_data(small: bytes) -> None:
     other = small[:-1] + bytes([small[-1] ^ 1])
-    assert parse_gguf(other).digest == parse_gguf(small).digest
+    assert parse_gguf(other).digest != parse_gguf(small).digest
 
 
 # ---------------------------------------------------------------- metadata accessor
