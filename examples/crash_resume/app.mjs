@@ -122,6 +122,7 @@ function onEvent(e) {
       state.committed = e;
       $("committed").textContent = `last committed: generation ${e.generation} · ${e.tokens} tokens · ` +
         `${kib(e.bytes)} written in ${ms(e.ms)} · ${$("store").selectedOptions[0].text}`;
+      refresh();  // the storage panel lists what is committed now
       break;
     case "saveFailed":
       showProblem(e.error.message.includes("quota") ? "quota" : "save", "Saving failed", e.error, {
