@@ -8,13 +8,7 @@ LIMITS = "{max_total_seq_len: 64, prefill_chunk_size: 64}"
 
 def test_js_page_checkpoints_to_indexeddb_and_restores_into_a_new_cache(py_page):
     out = py_page.page.evaluate(f"""async () => {{
-        const kv = await window.kvckpt;
-        const cache = await kv.createCache({LAYOUT}, {LIMITS});
-        cache.addSequence(0);
-        const n = 6, bytes = n * 2 * 8 * 2;
-        const fill = (a, b) => Uint8Array.from({{length: bytes}}, (_, i) => (i * a + b) & 255);
-        const layers = [0, 1].map((l) => [fill(7, l), fill(3, l + 1)]);
-        cache.append([0], [n], layers);
+        {SETUP}
         const saved = await cache.checkpoint({{seqId: 0, store: "indexeddb", storeName: "js-api", name: "chat",
                                               appState: {{tokens: [1, 2, 3]}}}});
         const other = await kv.createCache({LAYOUT}, {LIMITS});
