@@ -6,8 +6,8 @@ from .durable.retention import gc
 from .durable.save import save
 from .durable.tvm_export import read_tvm_export, write_tvm_export
 from .durable.verify import verify
-from .errors import (CapacityError, CheckpointStateError, CorruptionError, DeviceError, FieldError, FormatError,
-                     KVCkptError, LayoutHashMismatch, MetadataError, ModelUnavailableError, NotFoundError,
+from .errors import (CapacityError, CheckpointStateError, ConflictError, CorruptionError, DeviceError, FieldError,
+                     FormatError, KVCkptError, LayoutHashMismatch, MetadataError, ModelUnavailableError, NotFoundError,
                      SequenceError, StoreError, TensorError, UnsupportedLayoutError, UnusableCheckpointError)
 from .gpu.device import Device
 from .gpu.open import open_device, open_device_async
@@ -21,8 +21,8 @@ from .stores.opfs import OPFSStore
 from .tvm.layout import CacheLimits, KVLayout
 
 __all__ = [
-    "CacheLimits", "CapacityError", "CheckpointStateError", "CorruptionError", "Device", "DeviceArray",
-    "DeviceError", "FieldError", "FileStore", "FormatError", "HostTensor", "IndexedDBStore", "KVCkptError",
+    "CacheLimits", "CapacityError", "CheckpointStateError", "ConflictError", "CorruptionError", "Device",
+    "DeviceArray", "DeviceError", "FieldError", "FileStore", "FormatError", "HostTensor", "IndexedDBStore", "KVCkptError",
     "KVLayout", "LayoutHashMismatch", "MemoryStore", "MetadataError", "ModelUnavailableError", "NotFoundError",
     "OPFSStore", "PageGroups", "PagedKVCache", "SequenceError", "StoreError", "TensorError",
     "UnsupportedLayoutError", "UnusableCheckpointError", "gc", "list_generations", "list_names", "open_device", "open_device_async",

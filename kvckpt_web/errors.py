@@ -89,6 +89,10 @@ class NotFoundError(KVCkptError):
     """A store holds no checkpoint of the requested name or generation."""
 
 
+class ConflictError(KVCkptError):
+    """Another writer or another conversation holds what this call would write (a checkpoint name)."""
+
+
 class UnusableCheckpointError(KVCkptError):
     """A checkpoint's K/V cannot be used here; ``reason`` says why ("model", "layout", "corrupt", "length")."""
 
