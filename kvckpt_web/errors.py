@@ -89,6 +89,10 @@ class NotFoundError(KVCkptError):
     """A store holds no checkpoint of the requested name or generation."""
 
 
+class ContextFullError(FieldError):
+    """A prompt leaves no room in the context for a reply; the message names the limit and the token counts."""
+
+
 class ConflictError(KVCkptError):
     """Another writer or another conversation holds what this call would write (a checkpoint name)."""
 

@@ -23,8 +23,9 @@ LAYERS = {
     "kv": 2,  # the paged KV cache (needs gpu and tvm)
     "durable": 3,  # checkpoints in a store (needs kv, stores, tvm, gpu)
     "model": 4,  # models on the cache
-    "web": 5,  # the browser runtime
-    "cli": 6,  # the command line (its ``serve`` command runs the web layer's server)
+    "engine": 5,  # the chat engine: conversations over a model, its cache and a store
+    "web": 6,  # the browser runtime
+    "cli": 7,  # the command line (its ``serve`` command runs the web layer's server)
 }
 FOUNDATION = {"kvckpt_web.errors", "kvckpt_web.jsontext"}
 

@@ -17,7 +17,12 @@ from ..errors import FieldError, FormatError
 if TYPE_CHECKING:
     from .gguf import GGUFFile
 
-__all__ = ["TEMPLATE_KEY", "ChatTemplate"]
+__all__ = ["END", "START", "TEMPLATE_KEY", "ChatTemplate"]
+
+START = "<|im_start|>"
+"""ChatML's marker opening a turn (a special token)."""
+END = "<|im_end|>"
+"""ChatML's marker closing a turn (a special token): a reply ends there."""
 
 TEMPLATE_KEY = "tokenizer.chat_template"
 """The GGUF metadata key holding the Jinja chat template."""
@@ -71,10 +76,10 @@ class ChatTemplate:
         for i, message in enumerate(messages):
             role, content = _role(message, i), _content(message, i)
             if i == 0 and self.default_system is not None and role != "system":
-                parts.append(f"<|im_start|>system\n{self.default_system}<|im_end|>\n")
-            parts.append(f"<|im_start|>{role}\n{content}<|im_end|>\n")
+                parts.append(f"{START}system\n{self.default_system}{END}\n")
+            parts.append(f"{START}{role}\n{content}{END}\n")
         if add_generation_prompt:
-            parts.append("<|im_start|>assistant\n")
+            parts.append(f"{START}assistant\n")
         return "".join(parts)
 
 

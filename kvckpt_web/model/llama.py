@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from ..errors import CheckpointStateError, FieldError, FormatError, SequenceError
+from ..gpu import wgsl
 from ..gpu.device import Buffer, Command, Copy, Device, Usage
 from ..tvm.layout import KVLayout
 from . import kernels
@@ -133,6 +134,7 @@ class LlamaModel:
         self.config = c
         self.device = device
         self.identity = f.digest
+        self.kernels = wgsl.digest("model", "kv")
         self.max_context = c.max_context
         self.vocab_size = c.vocab
 

@@ -35,6 +35,9 @@ class CausalLM(Protocol):
 
     identity: str
     """A digest of the model file (header, tensor table and weights): checkpoints record it."""
+    kernels: str
+    """A digest of the code that computes its K/V (the same weights run by other kernels may differ in the
+    last bits): what K/V reused across processes are scoped by, with the identity and the cache layout."""
     max_context: int
     """The most tokens (positions) one sequence may hold."""
     vocab_size: int
@@ -61,7 +64,24 @@ class TextCodec(Protocol):
     """Token ids that end a reply."""
 
     def encode_chat(self, messages: Sequence[dict[str, str]]) -> list[int]:
-        """The prompt token ids of a conversation (``{"role", "content"}`` messages), ready for the reply."""
+        """The prompt token ids of a conversation (``{"role", "content"}`` messages), ready for the reply: the
+        :meth:`preamble`, each message's :meth:`turn`, then the :meth:`reply_opening`."""
+        ...
+
+    def preamble(self, first_role: str) -> list[int]:
+        """The ids before the first message (of role ``first_role``): a BOS, a default system turn, or none."""
+        ...
+
+    def turn(self, role: str, content: str) -> list[int]:
+        """The ids of one message's turn, its content encoded as text."""
+        ...
+
+    def reply_opening(self) -> list[int]:
+        """The ids that open the assistant's turn; the model writes its reply after them."""
+        ...
+
+    def reply_closing(self) -> list[int]:
+        """The ids that close an assistant turn after the reply's ids (an end-of-turn id left out)."""
         ...
 
     def decode(self, tokens: Sequence[int]) -> str:

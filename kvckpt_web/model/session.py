@@ -33,7 +33,7 @@ from ..durable.results import Progress, SaveResult
 from ..durable.retention import DEFAULT_KEEP
 from ..durable.save import save
 from ..errors import (CheckpointStateError, CorruptionError, FieldError, FormatError, MetadataError, SequenceError,
-                      UnusableCheckpointError)
+                      UnusableCheckpointError, is_int)
 from ..kv.cache import PagedKVCache
 from ..tvm.layout import CacheLimits
 from .protocol import CausalLM, Logits
@@ -44,7 +44,8 @@ if TYPE_CHECKING:
     from ..stores.base import Store
 
 __all__ = ["APP_FORMAT", "APP_VERSION", "Autosave", "FINISH_REASONS", "GenerationResult", "Generator",
-           "ResumeReport", "StopRules", "TokenEvent", "app_state_of", "candidate_count", "new_cache", "resume"]
+           "ResumeReport", "SavedGeneration", "StopRules", "TokenEvent", "app_state_of", "candidate_count",
+           "check_replies", "new_cache", "parse_app_state", "resume"]
 
 APP_FORMAT = "kvckpt.generation"
 """The ``format`` tag of a generation's ``app_state``."""
@@ -112,11 +113,15 @@ class Autosave:
     """Save once this many tokens were added to the cache since the last save (prefill included)."""
     keep: int = DEFAULT_KEEP
     """Generations of ``name`` to keep."""
+    pages_per_chunk: int | None = None
+    """Pages per chunk of its checkpoints (None: the save's default, about 1 MiB)."""
 
     def __post_init__(self) -> None:
         validate_name(self.name)
         _int("autosave.every", self.every, 1)
         _int("autosave.keep", self.keep, 1)
+        if self.pages_per_chunk is not None:
+            _int("autosave.pages_per_chunk", self.pages_per_chunk, 1)
 
 
 @dataclass(frozen=True)
@@ -163,22 +168,25 @@ class ResumeReport:
 
 def app_state_of(model_identity: str, prompt: Sequence[int], generated: Sequence[int], kv_length: int,
                  prefill_chunk: int, sampler_state: dict[str, Any], stop: StopRules,
-                 finish_reason: str | None) -> dict[str, Any]:
+                 finish_reason: str | None, replies: Sequence[tuple[int, int]] = (),
+                 extra: dict[str, Any] | None = None) -> dict[str, Any]:
     """The ``app_state`` a generation saves with its K/V.
 
     ``prompt_tokens + generated_tokens`` are every token so far; the checkpoint's K/V are those of the
     first ``kv_length`` of them (always fewer than all: the rest are pending); ``sampler`` is the sampler's
-    state after the last pick; ``prefill_chunk`` fixes how the prompt was split into forward calls.
+    state after the last pick; ``prefill_chunk`` fixes how the prompt was split into forward calls, and
+    ``replies`` (``[start, end)`` of each earlier reply's generated ids in the prompt, whose tokens were run
+    one per call) how earlier turns were; ``extra`` is the caller's own JSON object, kept as it is.
     """
     return {"format": APP_FORMAT, "version": APP_VERSION, "model": model_identity,
             "prompt_tokens": list(prompt), "generated_tokens": list(generated), "kv_length": kv_length,
             "prefill_chunk": prefill_chunk, "sampler": sampler_state, "stop": stop.to_json(),
-            "finish_reason": finish_reason}
+            "finish_reason": finish_reason, "replies": [list(r) for r in replies], "extra": extra or {}}
 
 
 @dataclass
-class _Saved:
-    """A generation's ``app_state``, checked."""
+class SavedGeneration:
+    """A generation's ``app_state``, checked (what :func:`parse_app_state` returns)."""
 
     model: str
     prompt: list[int]
@@ -188,9 +196,11 @@ class _Saved:
     sampler: Sampler
     stop: StopRules
     finish_reason: str | None
+    replies: list[tuple[int, int]]
+    extra: dict[str, Any]
 
 
-def _parse_app_state(app_state: Any) -> _Saved:
+def parse_app_state(app_state: Any) -> SavedGeneration:
     """The generation state in a checkpoint's ``app_state``; FormatError naming the field if it is not one."""
     if not isinstance(app_state, dict):
         raise FormatError("app_state", "a JSON object", type(app_state).__name__)
@@ -224,8 +234,31 @@ def _parse_app_state(app_state: Any) -> _Saved:
     reason = app_state.get("finish_reason")
     if reason is not None and reason not in FINISH_REASONS:
         raise FormatError("app_state.finish_reason", f"null or one of {FINISH_REASONS}", reason)
-    return _Saved(model, prompt, generated, kv_length, prefill_chunk, sampler,
-                  StopRules.from_json(app_state.get("stop"), "app_state.stop"), reason)
+    extra = app_state.get("extra", {})
+    if not isinstance(extra, dict):
+        raise FormatError("app_state.extra", "a JSON object", type(extra).__name__)
+    try:
+        replies = check_replies("app_state.replies", app_state.get("replies", []), len(prompt))
+    except FieldError as exc:
+        raise FormatError(exc.field, exc.expected, exc.got) from None
+    return SavedGeneration(model, prompt, generated, kv_length, prefill_chunk, sampler,
+                  StopRules.from_json(app_state.get("stop"), "app_state.stop"), reason, replies, extra)
+
+
+def check_replies(field_name: str, replies: Any, prompt_length: int) -> list[tuple[int, int]]:
+    """``replies`` as ``(start, end)`` pairs: ordered, apart, each holding at least one token, all in the prompt's
+    ``prompt_length`` tokens; FieldError naming the first bad one."""
+    if isinstance(replies, (str, bytes)) or not isinstance(replies, Sequence):
+        raise FieldError(field_name, "a list of [start, end] pairs", type(replies).__name__)
+    out: list[tuple[int, int]] = []
+    for i, pair in enumerate(replies):
+        floor = out[-1][1] if out else 0
+        if (isinstance(pair, (str, bytes)) or not isinstance(pair, Sequence) or len(pair) != 2
+                or not all(is_int(v) for v in pair) or not floor <= pair[0] < pair[1] <= prompt_length):
+            raise FieldError(f"{field_name}[{i}]", f"[start, end] with {floor} <= start < end <= {prompt_length}",
+                             repr(pair))
+        out.append((pair[0], pair[1]))
+    return out
 
 
 class _Text:
@@ -268,6 +301,16 @@ class _Text:
         return delta, stopped
 
 
+def context_of(model: CausalLM, cache: "PagedKVCache", context: int | None = None) -> int:
+    """The most tokens a sequence may hold: the model's and the cache's limit, and ``context`` if given."""
+    limit = min(model.max_context, cache.limits.max_total_seq_len)
+    if context is None:
+        return limit
+    if not is_int(context, 1):
+        raise FieldError("context", "an integer >= 1", context)
+    return min(limit, context)
+
+
 def _check_chunk(prefill_chunk: int, cache: "PagedKVCache") -> int:
     limit = cache.limits.prefill_chunk_size
     if isinstance(prefill_chunk, bool) or not isinstance(prefill_chunk, int) or not 1 <= prefill_chunk <= limit:
@@ -282,10 +325,10 @@ class Generator:
     Build one with :meth:`start` (a new prompt) or :func:`resume` (a checkpoint).
     """
 
-    def __init__(self, model: CausalLM, cache: "PagedKVCache", seq_id: int, saved: _Saved, *,
+    def __init__(self, model: CausalLM, cache: "PagedKVCache", seq_id: int, saved: SavedGeneration, *,
                  autosave: Autosave | None, decode: Callable[[Sequence[int]], str] | None,
                  on_token: Callable[[TokenEvent], None] | None, on_save: Callable[[SaveResult], None] | None,
-                 progress: Progress | None) -> None:
+                 progress: Progress | None, context: int | None = None) -> None:
         self.model = model
         self.cache = cache
         self.seq_id = seq_id
@@ -300,7 +343,9 @@ class Generator:
         self.kv_length = saved.kv_length
         self.prefill_chunk = saved.prefill_chunk
         self.finish_reason = saved.finish_reason
-        self.context = min(model.max_context, cache.limits.max_total_seq_len)
+        self.replies = list(saved.replies)
+        self.extra = saved.extra
+        self.context = context_of(model, cache, context)
         self.last_save: SaveResult | None = None
         self.resume_report: ResumeReport | None = None
         self._saved_at = saved.kv_length
@@ -318,30 +363,49 @@ class Generator:
                     autosave: Autosave | None = None, decode: Callable[[Sequence[int]], str] | None = None,
                     on_token: Callable[[TokenEvent], None] | None = None,
                     on_save: Callable[[SaveResult], None] | None = None,
-                    progress: Progress | None = None) -> "Generator":
-        """A generation of ``prompt`` (token ids) in a new sequence ``seq_id`` of ``cache``.
+                    progress: Progress | None = None, kv_length: int = 0,
+                    replies: Sequence[tuple[int, int]] = (), extra: dict[str, Any] | None = None,
+                    context: int | None = None) -> "Generator":
+        """A generation of ``prompt`` (token ids) in sequence ``seq_id`` of ``cache``: a new sequence, or with
+        ``kv_length`` > 0 the existing one, which holds the K/V of ``prompt[:kv_length]`` (an earlier turn's,
+        or a prefix restored or forked), so only the rest is prefilled.
 
+        ``replies`` are the ``[start, end)`` spans of earlier replies' generated ids in ``prompt`` (how those
+        tokens were run, for a replay); ``extra`` is the caller's JSON object saved with every checkpoint.
         Refuses, before the cache is touched, an empty prompt or one longer than the context
-        (the smaller of the model's and the cache's), and a ``prefill_chunk`` (default: the cache's
-        prefill_chunk_size) the cache cannot take in one forward; stop strings need ``decode``.
+        (the smaller of the model's and the cache's), a ``kv_length`` the sequence does not hold or that
+        leaves no prompt token to run, and a ``prefill_chunk`` (default: the cache's prefill_chunk_size) the
+        cache cannot take in one forward; stop strings need ``decode``. ``context`` bounds the sequence below
+        the model's and the cache's own limits (a cache shared by several sequences).
         """
         prompt = _token_ids("prompt", prompt)
         for i, t in enumerate(prompt):
             if t >= model.vocab_size:
                 raise FieldError(f"prompt[{i}]", f"a token id below the vocabulary size {model.vocab_size}", t)
-        context = min(model.max_context, cache.limits.max_total_seq_len)
+        context = context_of(model, cache, context)
         if not prompt:
             raise FieldError("prompt", "at least one token", "an empty prompt")
         if len(prompt) > context:
             raise FieldError("prompt", f"at most {context} tokens (the context of the model and cache)",
                              f"{len(prompt)} tokens")
         chunk = _check_chunk(cache.limits.prefill_chunk_size if prefill_chunk is None else prefill_chunk, cache)
+        if not is_int(kv_length, 0, len(prompt) - 1):
+            raise FieldError("kv_length", f"an integer in [0, {len(prompt) - 1}] (a prompt token must be left to run)",
+                             kv_length)
+        if kv_length and (seq_id not in cache.sequence_ids() or cache.get_sequence_length(seq_id) != kv_length):
+            held = cache.get_sequence_length(seq_id) if seq_id in cache.sequence_ids() else "no sequence"
+            raise FieldError("kv_length", f"the length of sequence {seq_id} in the cache", kv_length,
+                             f"it holds {held}")
+        if extra is not None and not isinstance(extra, dict):
+            raise FieldError("extra", "a JSON object", type(extra).__name__)
         if isinstance(sampler, SamplingSettings):
             sampler = Sampler(sampler)
-        saved = _Saved(model.identity, prompt, [], 0, chunk, sampler, stop, None)
+        saved = SavedGeneration(model.identity, prompt, [], kv_length, chunk, sampler, stop, None,
+                       check_replies("replies", replies, len(prompt)), dict(extra or {}))
         gen = cls(model, cache, seq_id, saved, autosave=autosave, decode=decode, on_token=on_token,
-                  on_save=on_save, progress=progress)
-        cache.add_sequence(seq_id)
+                  on_save=on_save, progress=progress, context=context)
+        if not kv_length:
+            cache.add_sequence(seq_id)
         return gen
 
     # ----- state --------------------------------------------------------------------------------
@@ -364,7 +428,8 @@ class Generator:
     def app_state(self) -> dict[str, Any]:
         """What a save of this generation records now (see :func:`app_state_of`)."""
         return app_state_of(self.model.identity, self.prompt_tokens, self.generated_tokens, self.kv_length,
-                            self.prefill_chunk, self.sampler.to_json(), self.stop, self.finish_reason)
+                            self.prefill_chunk, self.sampler.to_json(), self.stop, self.finish_reason, self.replies,
+                            self.extra)
 
     def result(self) -> GenerationResult:
         """The finished generation; FieldError while it is still running."""
@@ -381,12 +446,18 @@ class Generator:
             raise FieldError("autosave", "a store and name to save to", "none")
         self._check_usable()
         result = await save(self.cache, self.seq_id, self.autosave.store, self.autosave.name,
-                            app_state=self.app_state(), keep=self.autosave.keep)
+                            app_state=self.app_state(), keep=self.autosave.keep,
+                            pages_per_chunk=self.autosave.pages_per_chunk)
         self._saved_at = self.kv_length
         self.last_save = result
         if self.on_save is not None:
             self.on_save(result)
         return result
+
+    @property
+    def failed(self) -> bool:
+        """Whether a forward failed part-way: the sequence may hold part of it and this generator cannot go on."""
+        return self._failed is not None
 
     def _check_usable(self) -> None:
         if self._failed is not None:
@@ -394,10 +465,14 @@ class Generator:
                                        "part of it: resume from the last checkpoint instead")
 
     async def _forward(self, tokens: list[int]) -> Logits:
+        before = self.cache.sequence_state(self.seq_id)
         try:
             logits = await self.model.forward(self.cache, self.seq_id, tokens)
-        except BaseException as exc:  # the sequence may hold part of this forward: nothing can follow it
-            self._failed = exc
+        except BaseException as exc:
+            # refused before it touched the sequence (an import in progress, no free page): the step can be
+            # taken again; otherwise the sequence may hold part of this forward and nothing can follow it
+            if self.cache.closed or self.cache.sequence_state(self.seq_id) != before:
+                self._failed = exc
             raise
         self.kv_length += len(tokens)
         return logits
@@ -464,17 +539,26 @@ class Generator:
             pass
         return self.result()
 
+    def _call_end(self, position: int, target: int) -> int:
+        """Where the forward call that ran token ``position`` ended, in the run that made this sequence (stopping
+        at ``target``): a reply's generated tokens ran one per call (but its last, which the next turn's
+        prefill ran), every other stretch in prefill chunks aligned to multiples of ``prefill_chunk``."""
+        aligned = (position // self.prefill_chunk + 1) * self.prefill_chunk
+        for start, end in (*self.replies, (len(self.prompt_tokens), len(self.prompt_tokens) + len(self.generated_tokens))):
+            if start <= position < end - 1:
+                return position + 1
+            if position < start:
+                return min(target, start, aligned)
+        return min(target, aligned)
+
     async def _replay(self) -> None:
         """Run the first ``kv_length`` tokens into the (empty) sequence in the forward calls the original run
-        made: prompt chunks from token 0, then one token per call."""
-        target, tokens, prompt_len = self.kv_length, self.tokens, len(self.prompt_tokens)
+        made (see :meth:`_call_end`). K/V an earlier turn took from another conversation's prefix were made
+        by that conversation's calls: replayed as a prefill, they may differ in the last bits."""
+        target, tokens = self.kv_length, self.tokens
         self.kv_length = 0
         while self.kv_length < target:
-            if self.kv_length < prompt_len:
-                end = min(target, prompt_len, (self.kv_length // self.prefill_chunk + 1) * self.prefill_chunk)
-            else:
-                end = self.kv_length + 1
-            await self._forward(tokens[self.kv_length:end])
+            await self._forward(tokens[self.kv_length:self._call_end(self.kv_length, target)])
             if self.progress is not None:
                 self.progress("replay", self.kv_length, target)
 
@@ -514,7 +598,7 @@ async def resume(store: "Store", name: str, model: CausalLM, cache: "PagedKVCach
                  max_tokens: int | None = None, decode: Callable[[Sequence[int]], str] | None = None,
                  on_token: Callable[[TokenEvent], None] | None = None,
                  on_save: Callable[[SaveResult], None] | None = None,
-                 progress: Progress | None = None, replay: bool = True) -> Generator:
+                 progress: Progress | None = None, replay: bool = True, context: int | None = None) -> Generator:
     """The generation saved as ``name`` in ``store``, ready to continue in sequence ``seq_id`` of ``cache``.
 
     Imports the checkpoint's K/V if they fit ``model`` and ``cache``; otherwise (another model identity,
@@ -529,18 +613,18 @@ async def resume(store: "Store", name: str, model: CausalLM, cache: "PagedKVCach
     if seq_id in cache.sequence_ids():
         raise SequenceError(f"seq_id: expected a sequence id not in the cache, got {seq_id}")
     manifest, _ = await load_manifest(store, name, generation)
-    saved = _parse_app_state(manifest.app_state)
+    saved = parse_app_state(manifest.app_state)
     if max_tokens is not None:
         saved.stop = StopRules(max_tokens, saved.stop.eos_ids, saved.stop.stop_strings)
         if saved.finish_reason in (None, "length"):  # the limit alone decides whether it goes on
             saved.finish_reason = "length" if len(saved.generated) >= max_tokens else None
     _check_chunk(saved.prefill_chunk, cache)
-    context = min(model.max_context, cache.limits.max_total_seq_len)
+    context = context_of(model, cache, context)
     if saved.kv_length > context:
         raise FieldError("app_state.kv_length", f"at most {context} tokens (the context of the model and cache)",
                          saved.kv_length)
     gen = Generator(model, cache, seq_id, saved, autosave=autosave, decode=decode,
-                    on_token=on_token, on_save=on_save, progress=progress)
+                    on_token=on_token, on_save=on_save, progress=progress, context=context)
     reason, message, restore_s = None, "", 0.0
     if saved.model != model.identity:
         reason, message = "model", (f"app_state.model: expected {model.identity!r} (this model), got "

@@ -47,6 +47,7 @@ class DoubleLM:
     def __init__(self, seed: int = 0, max_context: int = 96, name: str = "double") -> None:
         rng = np.random.default_rng(seed)
         self.identity = f"lm-double:{name}:{seed}"
+        self.kernels = "numpy"
         self.max_context = max_context
         self.vocab_size = VOCAB
         self.embed = rng.standard_normal((VOCAB, LAYERS, 2, KV_HEADS, HEAD_DIM)).astype(np.float32)
@@ -104,8 +105,20 @@ class DoubleText:
     def encode_chat(self, messages: Sequence[dict[str, str]]) -> list[int]:
         ids = []
         for m in messages:
-            ids += [BOS] + self.encode(f"{m['role']}\n{m['content']}\n")
-        return ids + [BOS] + self.encode("assistant\n")
+            ids += self.turn(m["role"], m["content"])
+        return ids + self.reply_opening()
+
+    def preamble(self, first_role: str) -> list[int]:
+        return []
+
+    def turn(self, role: str, content: str) -> list[int]:
+        return [BOS] + self.encode(f"{role}\n{content}\n")
+
+    def reply_opening(self) -> list[int]:
+        return [BOS] + self.encode("assistant\n")
+
+    def reply_closing(self) -> list[int]:
+        return self.encode("\n")
 
     def decode(self, tokens: Sequence[int]) -> str:
         return "".join(ALPHABET[t - 2] if t >= 2 else "" for t in tokens)

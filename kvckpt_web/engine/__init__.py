@@ -1,0 +1,10 @@
+"""The chat engine: OpenAI-shaped multi-turn chat on the paged cache, with prefix reuse in memory and from the
+store, and replies that survive a crash (see :mod:`kvckpt_web.engine.engine`)."""
+
+from .conversations import ConversationInfo
+from .engine import DEFAULT_CONTEXT, Engine
+from .request import ChatRequest, Message
+from .responses import ChatChunk, ChatCompletion, Timings, Usage
+
+__all__ = ["DEFAULT_CONTEXT", "ChatChunk", "ChatCompletion", "ChatRequest", "ConversationInfo", "Engine", "Message",
+           "Timings", "Usage"]

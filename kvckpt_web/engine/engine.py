@@ -1,0 +1,415 @@
+"""The chat engine: OpenAI-shaped chat completions on the paged cache, whose conversations survive a crash.
+
+Each call gets the whole message list. The engine builds the prompt (its own replies put back as the ids it
+generated), reuses the longest prefix whose K/V it has (a slot of its cache, or a checkpoint in its store
+found through the prefix index), prefills only the rest and streams the reply, autosaving it every
+``autosave_every`` tokens under the conversation's name. A reply cut by a crash or stopped by
+:meth:`Engine.interrupt` is listed by :meth:`Engine.unfinished` and continued by :meth:`Engine.resume` with
+the tokens an uninterrupted run gives. All work on the cache runs in turns of one :class:`Scheduler`.
+"""
+
+from __future__ import annotations
+
+import secrets
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from ..durable.catalog import list_names
+from ..durable.restore import restore
+from ..durable.retention import DEFAULT_KEEP, delete_name
+from ..errors import (CapacityError, ConflictError, ContextFullError, FieldError, KVCkptError, NotFoundError,
+                      is_int)
+from ..kv.cache import PagedKVCache
+from ..model.sampler import MAX_SEED, SamplingSettings
+from ..model.session import Autosave, Generator, StopRules, resume
+from ..tvm.layout import CacheLimits
+from ..durable.prefix_index import PrefixIndex
+from .conversations import ConversationInfo, describe
+from .prompt import build_prompt
+from .record import ChatExtra
+from .request import ChatRequest
+from .responses import ChatChunk, ChatCompletion, Timings, Usage
+from .scheduler import Scheduler
+from .slots import Slot, Slots
+from .sources import PrefixSource, Sources
+
+if TYPE_CHECKING:
+    from ..gpu.device import Device
+    from ..model.protocol import LoadedModel
+    from ..stores.base import Store
+
+__all__ = ["DEFAULT_CONTEXT", "Engine"]
+
+DEFAULT_CONTEXT = 4096
+"""Tokens per conversation unless told (the model's own context if smaller)."""
+
+_FINISH = {"eos": "stop", "stop": "stop", "length": "length", "context": "length"}
+
+
+@dataclass
+class _Turn:
+    """One reply being generated."""
+
+    gen: Generator
+    slot: Slot
+    completion_id: str
+    created: int
+    prompt_tokens: int
+    cached_tokens: int
+    restore_s: float
+    started: float
+    first_token_at: float | None = None
+    last_token_at: float | None = None
+    save_s: float = 0.0
+    interrupted: bool = False
+    sent: list[int] = field(default_factory=list)
+
+
+class Engine:
+    """A model, its paged cache and (optionally) a store of conversations.
+
+    ``context`` bounds each conversation (prompt and reply); the cache holds ``sequences`` conversations and
+    ``cache_tokens`` tokens in all (default: twice the context), evicting the least recently used idle one
+    when full (its K/V are committed to the store already). Prompts are prefilled ``prefill_chunk`` tokens per
+    forward; checkpoints keep ``keep`` generations and cut each layer into chunks of ``chunk_tokens`` tokens,
+    small enough that conversations sharing a prefix share its chunks.
+    """
+
+    def __init__(self, loaded: "LoadedModel", device: "Device", *, store: "Store | None" = None,
+                 model_name: str = "kvckpt", context: int | None = None, sequences: int = 4,
+                 cache_tokens: int | None = None, page_size: int = 16, prefill_chunk: int = 128,
+                 autosave_every: int = 32, keep: int = DEFAULT_KEEP, chunk_tokens: int = 256) -> None:
+        for name, value in (("sequences", sequences), ("page_size", page_size), ("prefill_chunk", prefill_chunk),
+                            ("autosave_every", autosave_every), ("keep", keep), ("chunk_tokens", chunk_tokens)):
+            if not is_int(value, 1):
+                raise FieldError(name, "an integer >= 1", value)
+        if context is not None and not is_int(context, 2):
+            raise FieldError("context", "an integer >= 2 or None", context)
+        if not isinstance(model_name, str) or not model_name:
+            raise FieldError("model_name", "a non-empty string", model_name)
+        self.model, self.codec = loaded.model, loaded.text
+        self.model_name = model_name
+        self.context = min(self.model.max_context, context or DEFAULT_CONTEXT)
+        total = 2 * self.context if cache_tokens is None else cache_tokens
+        if not is_int(total, self.context):
+            raise FieldError("cache_tokens", f"an integer >= the context ({self.context})", total)
+        self.cache = PagedKVCache(device, self.model.kv_layout(page_size), CacheLimits(sequences, total, prefill_chunk))
+        self.page_size = page_size
+        self.prefill_chunk = prefill_chunk
+        self.autosave_every, self.keep = autosave_every, keep
+        self.pages_per_chunk = max(1, chunk_tokens // page_size)
+        self.store = store
+        self.scope = f"{self.model.identity}/{self.cache.get_layout_hash()}/{self.model.kernels}"
+        self.slots = Slots(sequences)
+        self.scheduler = Scheduler()
+        index = PrefixIndex(store, self.scope) if store is not None else None
+        self.sources = Sources(self.slots, store, index, page_size, self._reply_text)
+        self._turns: list[_Turn] = []
+
+    # ----- chat ---------------------------------------------------------------------------------
+
+    async def chat(self, messages: Any, *, stream: bool = False, **settings: Any
+                   ) -> ChatCompletion | AsyncIterator[ChatChunk]:
+        """The reply to ``messages`` (OpenAI's ``[{"role", "content"}, ...]``, the whole conversation each
+        call): a :class:`ChatCompletion`, or with ``stream`` an async iterator of :class:`ChatChunk`.
+
+        ``settings`` are :class:`ChatRequest`'s (``max_tokens``, ``temperature``, ``top_p``, ``top_k``,
+        ``seed``, ``stop``, ``repetition_penalty``, ``cache_prompt``, ``conversation``). Bad input and a
+        prompt the context cannot answer raise here, before anything changes.
+        """
+        return await self.create(ChatRequest(messages, **settings), stream=stream)
+
+    async def create(self, request: ChatRequest, *, stream: bool = False
+                     ) -> ChatCompletion | AsyncIterator[ChatChunk]:
+        """:meth:`chat` for a request built already (e.g. by :meth:`ChatRequest.from_openai`)."""
+        if not isinstance(request, ChatRequest):
+            raise FieldError("request", "a ChatRequest", type(request).__name__)
+        async with self.scheduler.turn():
+            turn = await self._begin(request)
+        return self._stream(turn) if stream else await self._collect(self._stream(turn))
+
+    async def _begin(self, request: ChatRequest) -> _Turn:
+        started = time.perf_counter()
+        await self.sources.refresh()
+        prompt = await build_prompt(self.codec, request.messages, self.sources.known_reply)
+        n = len(prompt.tokens)
+        if n >= self.context:
+            raise ContextFullError("messages", f"a prompt of at most {self.context - 1} tokens (the context is "
+                                   f"{self.context} tokens, and the reply needs at least one)", f"{n} tokens")
+        name = request.conversation or await self.sources.continued(prompt.tokens) or _new_name()
+        await self._check_conversation(name)
+        source = await self.sources.longest_prefix(prompt.tokens[:n - 1]) if request.cache_prompt else PrefixSource(0)
+        max_tokens = min(request.max_tokens or self.context, self.context - n)
+        restore_begin = time.perf_counter()
+        slot = await self._place(name, source, n + max_tokens)
+        restore_s = time.perf_counter() - restore_begin if source.record is not None else 0.0
+        seed = request.seed if request.seed is not None else secrets.randbelow(MAX_SEED + 1)
+        settings = {**request.settings_json(), "seed": seed, "conversation": name}
+        sampling = SamplingSettings(request.temperature, request.top_k, request.top_p, request.repetition_penalty, seed)
+        completion_id, created = f"chatcmpl-{secrets.token_hex(12)}", int(time.time())
+        extra = ChatExtra(request.messages, settings, completion_id, created)
+        try:
+            gen = await Generator.start(
+                self.model, self.cache, prompt.tokens, sampling,
+                stop=StopRules(max_tokens, self.codec.eos_ids, request.stop), seq_id=slot.seq_id,
+                prefill_chunk=self.prefill_chunk, autosave=self._autosave(name), decode=self.codec.decode,
+                kv_length=source.length, replies=prompt.replies, extra=extra.to_json(), context=self.context)
+        except BaseException:
+            self._drop(slot)
+            raise
+        slot.tokens, slot.kv_length, slot.replies = list(prompt.tokens[:source.length]), source.length, prompt.replies
+        return self._track(_Turn(gen, slot, completion_id, created, n, source.length, restore_s, started))
+
+    async def _check_conversation(self, name: str) -> None:
+        """Refuse a conversation name another model's conversation, or a checkpoint that is no chat, holds."""
+        if self.store is None or not await self.sources.has(name):
+            return
+        record = await self.sources.record(name)
+        if record is None:
+            raise ConflictError(f"conversation: expected a chat conversation named {name!r} or a new name, got a "
+                                "checkpoint that is not one (or is damaged): pass another name")
+        if record.saved.model != self.model.identity:
+            raise FieldError("conversation", f"a conversation of this model ({self.model.identity[:16]}...)",
+                             name, f"it was written by model {record.saved.model[:16]}...")
+
+    def _autosave(self, name: str) -> Autosave | None:
+        if self.store is None:
+            return None
+        return Autosave(self.store, name, self.autosave_every, self.keep, pages_per_chunk=self.pages_per_chunk)
+
+    def _track(self, turn: _Turn) -> _Turn:
+        turn.slot.busy = True
+        turn.slot.gen = turn.gen
+        self._turns.append(turn)
+
+        def saved(result: Any) -> None:
+            turn.save_s += result.seconds
+
+        turn.gen.on_save = saved
+        return turn
+
+    async def _stream(self, turn: _Turn) -> AsyncIterator[ChatChunk]:
+        gen, first = turn.gen, True
+        model_name, name = self.model_name, turn.slot.conversation
+        try:
+            if gen.generated_tokens:  # a resumed reply: what it had written comes first
+                turn.sent = list(gen.generated_tokens)
+                yield ChatChunk(turn.completion_id, turn.created, model_name, name, gen.text,
+                                tuple(gen.generated_tokens), first=True)
+                first = False
+            while gen.finish_reason is None and not turn.interrupted:
+                async with self.scheduler.turn():
+                    event = await gen.step()
+                if event is None:
+                    continue
+                now = time.perf_counter()
+                turn.first_token_at = turn.first_token_at or now
+                turn.last_token_at = now
+                turn.sent.append(event.token)
+                yield ChatChunk(turn.completion_id, turn.created, model_name, name, event.text, (event.token,),
+                                first=first)
+                first = False
+            await self._save_stopped(gen)
+            yield ChatChunk(turn.completion_id, turn.created, model_name, name,
+                            finish_reason=_FINISH.get(gen.finish_reason, "abort"), usage=self._usage(turn),
+                            first=first)
+        finally:
+            if not gen.failed:  # a consumer that went away stops the reply as an interrupt does
+                try:
+                    await self._save_stopped(gen)
+                except (KVCkptError, OSError):
+                    pass  # nobody to tell: the slot stays uncommitted, so it is not evicted unsaved
+            self._end(turn)
+
+    async def _save_stopped(self, gen: Generator) -> None:
+        """Save a reply that stopped unfinished, unless the store holds its state already."""
+        if gen.finish_reason is None and not _committed(gen):
+            async with self.scheduler.turn():
+                await gen.save()
+
+    async def _collect(self, chunks: AsyncIterator[ChatChunk]) -> ChatCompletion:
+        text, ids, last = [], [], None
+        async for chunk in chunks:
+            text.append(chunk.text)
+            ids += chunk.token_ids
+            last = chunk
+        return ChatCompletion(last.id, last.created, last.model, last.conversation, "".join(text), tuple(ids),
+                              last.finish_reason, last.usage)
+
+    def _usage(self, turn: _Turn) -> Usage:
+        gen = turn.gen
+        first, last = turn.first_token_at, turn.last_token_at
+        prefill_s = (first - turn.started - turn.restore_s) if first is not None else 0.0
+        decode_s = max(0.0, (last - first) - turn.save_s) if first is not None and last is not None else 0.0
+        timings = Timings(turn.restore_s, max(0.0, prefill_s), decode_s,
+                          turn.prompt_tokens - turn.cached_tokens, max(0, len(turn.sent) - 1))
+        return Usage(turn.prompt_tokens, len(gen.generated_tokens), turn.cached_tokens, timings)
+
+    def _end(self, turn: _Turn) -> None:
+        """The reply stopped (finished, interrupted, or its consumer went away): its slot keeps its state."""
+        slot, gen = turn.slot, turn.gen
+        if turn in self._turns:
+            self._turns.remove(turn)
+        slot.busy = False
+        if gen.failed:  # its K/V may hold part of a forward: nothing can follow it
+            self._drop(slot)
+            return
+        slot.tokens, slot.kv_length = gen.tokens, gen.kv_length
+        slot.replies = gen.replies + ([(len(gen.prompt_tokens), len(gen.tokens))] if gen.generated_tokens else [])
+        slot.committed = _committed(gen)
+        self.slots.touch(slot)
+
+    def interrupt(self) -> None:
+        """Stop every reply being generated after its current token; each stays resumable (:meth:`resume`)."""
+        for turn in self._turns:
+            turn.interrupted = True
+
+    # ----- placing a reply in the cache ---------------------------------------------------------
+
+    async def _place(self, name: str, source: PrefixSource, tokens: int) -> Slot:
+        """A slot for conversation ``name`` whose sequence holds the ``source.length`` tokens to reuse, with
+        room for ``tokens`` in all; the K/V come from the slot itself, a fork of another, or the store."""
+        own = self.slots.of_conversation(name)
+        if own is not None and own.busy:
+            raise ConflictError(f"conversation {name!r}: a reply is being generated in it; wait for it or interrupt it")
+        n = source.length
+        if own is not None and source.slot is own:
+            self._reserve(tokens - n, keep=(own,))
+            self.cache.popn(own.seq_id, own.kv_length - n)
+            if n == 0:
+                self.cache.remove_sequence(own.seq_id)
+            own.kv_length, own.tokens = n, own.tokens[:n]
+            return own
+        if own is not None:
+            self._drop(own)  # this turn supersedes what it held
+        keep = (source.slot,) if source.slot is not None else ()
+        seq_id = await self._free_sequence(keep)
+        self._reserve(tokens - n, keep=keep)
+        if source.slot is not None:
+            self.cache.fork_sequence(source.slot.seq_id, seq_id, n)
+        elif source.record is not None:
+            await restore(self.store, source.record.name, self.cache, seq_id=seq_id,
+                          generation=source.record.generation, length=n)
+        return self.slots.add(Slot(seq_id, [], n, conversation=name))
+
+    async def _free_sequence(self, keep: tuple[Slot, ...]) -> int:
+        seq_id = self.slots.free_seq_id()
+        while seq_id is None:
+            self._evict_one(keep, "a free sequence")
+            seq_id = self.slots.free_seq_id()
+        return seq_id
+
+    def _reserve(self, tokens: int, keep: tuple[Slot, ...]) -> None:
+        """Evict idle slots (not those in ``keep``) until ``tokens`` more tokens fit in free pages."""
+        while self.cache.get_num_available_pages() * self.page_size < tokens:
+            self._evict_one(keep, f"room for {tokens} tokens")
+
+    def _evict_one(self, keep: tuple[Slot, ...], wanted: str) -> None:
+        for slot in self.slots.eviction_order():
+            if slot not in keep and slot.committed:
+                self._drop(slot)
+                return
+        raise CapacityError(f"cache: expected {wanted} after evicting idle conversations, got none evictable "
+                            f"({len(self.slots)} in the cache, busy or not yet saved)")
+
+    def _drop(self, slot: Slot) -> None:
+        if slot.seq_id in self.cache.sequence_ids():
+            self.cache.remove_sequence(slot.seq_id)
+        self.slots.remove(slot)
+
+    def _reply_text(self, ids: list[int]) -> str:
+        ended = bool(ids) and ids[-1] in self.codec.eos_ids
+        return self.codec.decode(ids[:len(ids) - ended])
+
+    # ----- conversations ------------------------------------------------------------------------
+
+    async def resume(self, name: str, *, stream: bool = False) -> ChatCompletion | AsyncIterator[ChatChunk]:
+        """Continue conversation ``name``'s unfinished reply (cut by a crash, or stopped) with the tokens an
+        uninterrupted run gives; its first chunk holds what was written before. FieldError if the reply
+        finished, NotFoundError if there is no such conversation."""
+        async with self.scheduler.turn():
+            turn = await self._resume_turn(name)
+        return self._stream(turn) if stream else await self._collect(self._stream(turn))
+
+    async def _resume_turn(self, name: str) -> _Turn:
+        started = time.perf_counter()
+        own = self.slots.of_conversation(name)
+        if own is not None and own.busy:
+            raise ConflictError(f"conversation {name!r}: a reply is being generated in it")
+        if own is not None and own.gen is not None and own.gen.finish_reason is None and own.committed:
+            gen, restore_s, slot = own.gen, 0.0, own
+        else:
+            record = await self.sources.record(name)
+            if record is None:
+                raise NotFoundError(f"conversation: expected an unfinished conversation named {name!r}, got none")
+            if record.finished:
+                raise FieldError("conversation", "a conversation whose last reply is unfinished", name,
+                                 f"its reply finished ({record.saved.finish_reason})")
+            if own is not None:
+                self._drop(own)
+            seq_id = await self._free_sequence(())
+            self._reserve(self.context, keep=())
+            gen = await resume(self.store, name, self.model, self.cache, seq_id=seq_id, autosave=self._autosave(name),
+                               decode=self.codec.decode, context=self.context)
+            restore_s = gen.resume_report.restore_s + gen.resume_report.replay_s
+            slot = self.slots.add(Slot(seq_id, gen.tokens, gen.kv_length, conversation=name))
+        extra = ChatExtra.from_json(gen.extra)
+        return self._track(_Turn(gen, slot, extra.completion_id, extra.created, len(gen.prompt_tokens),
+                                 len(gen.prompt_tokens), restore_s, started))
+
+    async def conversations(self) -> list[ConversationInfo]:
+        """Every conversation in the store (or, without one, in the cache), the most recent first."""
+        infos = []
+        if self.store is not None:
+            for name in await list_names(self.store):
+                record = await self.sources.record(name)
+                infos.append(describe(name, record, self.model.identity, self._reply_text))
+        else:
+            infos = [describe(s.conversation, None, self.model.identity, self._reply_text, s)
+                     for s in self.slots if s.conversation]
+        return sorted(infos, key=lambda i: -(i.updated_ms or 0))
+
+    async def unfinished(self) -> list[ConversationInfo]:
+        """Conversations of this model whose last reply was cut by a crash or stopped: :meth:`resume` them."""
+        return [i for i in await self.conversations() if not i.finished and i.same_model and i.error is None]
+
+    async def conversation(self, name: str) -> ConversationInfo:
+        """Conversation ``name`` with its messages (the last reply so far included); NotFoundError if none."""
+        for info in await self.conversations():
+            if info.name == name:
+                return info
+        raise NotFoundError(f"conversation: expected a conversation named {name!r}, got none")
+
+    async def delete(self, name: str) -> None:
+        """Delete conversation ``name``: its slot, every generation and the chunks only it used."""
+        async with self.scheduler.turn():
+            own = self.slots.of_conversation(name)
+            if own is not None and own.busy:
+                raise ConflictError(f"conversation {name!r}: a reply is being generated in it")
+            if self.store is not None:
+                await delete_name(self.store, name)
+                self.sources.forget(name)
+            elif own is None:
+                raise NotFoundError(f"conversation: expected a conversation named {name!r}, got none")
+            if own is not None:
+                self._drop(own)
+
+    def close(self) -> None:
+        """Release the cache's GPU memory; the engine cannot be used afterwards (the model stays loaded)."""
+        self.interrupt()
+        self.cache.close()
+
+
+def _committed(gen: Generator) -> bool:
+    """Whether the store holds ``gen``'s state as it is now (always, without a store)."""
+    if gen.autosave is None:
+        return True
+    if gen.last_save is not None:
+        return gen.last_save.seq_length == gen.kv_length
+    return gen.resume_report is not None and gen.resume_report.kv_length == gen.kv_length
+
+
+def _new_name() -> str:
+    return time.strftime("chat-%Y%m%d-%H%M%S-", time.gmtime()) + secrets.token_hex(3)

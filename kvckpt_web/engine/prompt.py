@@ -1,0 +1,50 @@
+"""A request's messages as prompt token ids, with the engine's own replies put back as the ids it generated.
+
+Re-tokenizing a reply's text need not give the ids the model generated (a word split otherwise, a space
+merged), and then the K/V cached for the conversation no longer match its prompt. So where an assistant
+message is a reply the engine wrote after exactly the tokens before it (found by :data:`KnownReply`), its
+generated ids stand in place of its text; other messages are encoded turn by turn, their text as text.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from .request import Message
+
+if TYPE_CHECKING:
+    from ..model.codec import ChatCodec
+
+__all__ = ["KnownReply", "Prompt", "build_prompt"]
+
+KnownReply = Callable[[list[int], str], Awaitable["list[int] | None"]]
+"""``known(prefix, text)``: the ids of a reply the engine generated right after the token ids ``prefix`` whose
+text is ``text``, or None."""
+
+
+@dataclass(frozen=True)
+class Prompt:
+    """The prompt ids of a request and where its earlier replies' generated ids are in them."""
+
+    tokens: list[int]
+    replies: list[tuple[int, int]]
+    """``[start, end)`` of each recognised reply's generated ids (an end-of-turn id it generated included)."""
+
+
+async def build_prompt(codec: "ChatCodec", messages: Sequence[Message], known: KnownReply) -> Prompt:
+    """The prompt of ``messages`` (checked already), ending with the opening of the assistant's turn."""
+    tokens = codec.preamble(messages[0].role)
+    replies: list[tuple[int, int]] = []
+    for message in messages:
+        if message.role == "assistant":
+            opening = tokens + codec.reply_opening()
+            ids = await known(opening, message.content)
+            if ids is not None:
+                ended = bool(ids) and ids[-1] in codec.eos_ids
+                tokens = opening + ids[:len(ids) - ended] + codec.reply_closing()
+                replies.append((len(opening), len(opening) + len(ids)))
+                continue
+        tokens += codec.turn(message.role, message.content)
+    return Prompt(tokens + codec.reply_opening(), replies)

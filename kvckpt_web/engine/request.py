@@ -1,0 +1,194 @@
+"""A chat request: the whole message list and how to answer it, checked field by field.
+
+:meth:`ChatRequest.from_openai` reads the body of an OpenAI ``POST /v1/chat/completions`` (what the HTTP API
+and the browser's ``engine.chat.completions.create`` are given); Python callers build a :class:`ChatRequest`
+directly. Either way every field is checked before anything runs, and a bad one is a :class:`FieldError`
+naming it (``messages[2].role``, ``max_tokens``, ...).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from ..durable.container import validate_name
+from ..errors import FieldError, is_int
+from ..model.sampler import MAX_SEED
+
+__all__ = ["ROLES", "ChatRequest", "Message", "check_messages"]
+
+ROLES = ("system", "user", "assistant")
+"""The roles a message may have."""
+
+MAX_STOP_STRINGS = 4
+"""Most stop strings a request may give (as OpenAI's API allows)."""
+
+_IGNORED = frozenset({"model", "user", "n", "stream", "stream_options", "frequency_penalty", "presence_penalty"})
+"""OpenAI body keys that are read elsewhere (``model``, ``stream``, ``stream_options``) or checked for their
+neutral value only (``n`` 1, penalties 0): the rest of the API."""
+
+_SETTINGS = ("max_tokens", "temperature", "top_p", "top_k", "seed", "stop", "repetition_penalty", "cache_prompt",
+             "conversation")
+
+
+@dataclass(frozen=True)
+class Message:
+    """One message of a conversation."""
+
+    role: str
+    content: str
+
+    def to_json(self) -> dict[str, str]:
+        return {"role": self.role, "content": self.content}
+
+
+def _content(value: Any, where: str) -> str:
+    """A message's text: a string, or OpenAI's list of ``{"type": "text", "text": ...}`` parts joined."""
+    if isinstance(value, str):
+        return value
+    if isinstance(value, Sequence) and not isinstance(value, (str, bytes)):
+        parts = []
+        for i, part in enumerate(value):
+            if not isinstance(part, Mapping) or part.get("type") != "text" or not isinstance(part.get("text"), str):
+                raise FieldError(f"{where}[{i}]", "a text part {'type': 'text', 'text': str} (only text is supported)",
+                                 part.get("type") if isinstance(part, Mapping) else type(part).__name__)
+            parts.append(part["text"])
+        return "".join(parts)
+    raise FieldError(where, "a string", type(value).__name__)
+
+
+def _message(value: Any, i: int) -> Message:
+    where = f"messages[{i}]"
+    if isinstance(value, Message):
+        value = value.to_json()
+    if not isinstance(value, Mapping):
+        raise FieldError(where, "an object with 'role' and 'content'", type(value).__name__)
+    for key in value:
+        if key not in ("role", "content", "name"):
+            raise FieldError(f"{where}.{key}", "only 'role', 'content' and 'name'", "an unsupported key")
+    role = value.get("role")
+    if role not in ROLES:
+        raise FieldError(f"{where}.role", f"one of {list(ROLES)}", role if isinstance(role, str) else
+                         type(role).__name__)
+    if "content" not in value:
+        raise FieldError(f"{where}.content", "a string", "none")
+    content = _content(value["content"], f"{where}.content")
+    if "\x00" in content or any(0xD800 <= ord(c) <= 0xDFFF for c in content):
+        raise FieldError(f"{where}.content", "Unicode text (no NUL, no lone surrogates)", "invalid text")
+    return Message(role, content)
+
+
+def check_messages(messages: Any) -> tuple[Message, ...]:
+    """``messages`` as :class:`Message` objects: a non-empty list of system / user / assistant messages whose
+    last one is the user's; FieldError naming the first bad field."""
+    if isinstance(messages, (str, bytes, Mapping)) or not isinstance(messages, Sequence):
+        raise FieldError("messages", "a list of {'role', 'content'} messages", type(messages).__name__)
+    if not messages:
+        raise FieldError("messages", "at least one message", "an empty list")
+    checked = tuple(_message(m, i) for i, m in enumerate(messages))
+    if checked[-1].role != "user":
+        raise FieldError(f"messages[{len(checked) - 1}].role", "'user' (the last message is the one answered)",
+                         checked[-1].role)
+    return checked
+
+
+def _number(name: str, value: Any, low: float, high: float, *, low_open: bool = False) -> float:
+    ok = (isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+          and (value > low if low_open else value >= low) and value <= high)
+    if not ok:
+        bound = f"({low}, {high}]" if low_open else f"[{low}, {high}]"
+        raise FieldError(name, f"a number in {bound}", value if isinstance(value, (int, float)) else
+                         type(value).__name__)
+    return float(value)
+
+
+def _stops(value: Any) -> tuple[str, ...]:
+    if value is None:
+        return ()
+    if isinstance(value, str):
+        value = [value]
+    if not isinstance(value, Sequence) or isinstance(value, bytes):
+        raise FieldError("stop", "a string or a list of strings", type(value).__name__)
+    if len(value) > MAX_STOP_STRINGS:
+        raise FieldError("stop", f"at most {MAX_STOP_STRINGS} strings", len(value))
+    for i, s in enumerate(value):
+        if not isinstance(s, str) or not s:
+            raise FieldError(f"stop[{i}]", "a non-empty string", s if isinstance(s, str) else type(s).__name__)
+    return tuple(value)
+
+
+@dataclass(frozen=True)
+class ChatRequest:
+    """What to answer and how.
+
+    ``max_tokens`` None lets the reply run to the end of the context. ``seed`` None draws a seed for the
+    reply and records it, so a resumed reply continues the same draws. ``cache_prompt`` False prefills the
+    whole prompt from nothing (the K/V of a prefix reused from another conversation may differ from a cold
+    prefill in the last bits). ``conversation`` names the conversation the reply is saved under (default:
+    the conversation the messages continue, else a new one).
+    """
+
+    messages: tuple[Message, ...]
+    max_tokens: int | None = None
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+    seed: int | None = None
+    stop: tuple[str, ...] = ()
+    repetition_penalty: float = 1.0
+    cache_prompt: bool = True
+    conversation: str | None = None
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "messages", check_messages(self.messages))
+        if self.max_tokens is not None and not is_int(self.max_tokens, 1):
+            raise FieldError("max_tokens", "an integer >= 1 or null", self.max_tokens)
+        object.__setattr__(self, "temperature", _number("temperature", self.temperature, 0, 2))
+        object.__setattr__(self, "top_p", _number("top_p", self.top_p, 0, 1, low_open=True))
+        if not is_int(self.top_k, 0):
+            raise FieldError("top_k", "an integer >= 0 (0: off)", self.top_k)
+        if self.seed is not None and not is_int(self.seed, 0, MAX_SEED):
+            raise FieldError("seed", f"an integer in [0, {MAX_SEED}] or null", self.seed)
+        object.__setattr__(self, "stop", _stops(self.stop))
+        object.__setattr__(self, "repetition_penalty",
+                           _number("repetition_penalty", self.repetition_penalty, 0, 10, low_open=True))
+        if not isinstance(self.cache_prompt, bool):
+            raise FieldError("cache_prompt", "true or false", self.cache_prompt)
+        if self.conversation is not None:
+            if not isinstance(self.conversation, str):
+                raise FieldError("conversation", "a conversation name (string) or null",
+                                 type(self.conversation).__name__)
+            validate_name(self.conversation)
+
+    @classmethod
+    def from_openai(cls, body: Any) -> "ChatRequest":
+        """The request in an OpenAI chat-completions body (plus ``top_k``, ``repetition_penalty``,
+        ``cache_prompt`` and ``conversation``); unknown keys and values the engine cannot honour (``n`` other
+        than 1, non-zero frequency or presence penalties, tools) are refused, naming the key."""
+        if not isinstance(body, Mapping):
+            raise FieldError("body", "a JSON object", type(body).__name__)
+        for key in body:
+            if key not in _IGNORED and key not in _SETTINGS and key not in ("messages", "max_completion_tokens"):
+                raise FieldError(key, "a supported chat-completions parameter", "an unknown or unsupported key")
+        if body.get("n", 1) != 1:
+            raise FieldError("n", "1 (one choice per request)", body.get("n"))
+        for key in ("frequency_penalty", "presence_penalty"):
+            if body.get(key, 0) not in (0, 0.0, None):
+                raise FieldError(key, "0 (use repetition_penalty)", body.get(key))
+        if "max_tokens" in body and "max_completion_tokens" in body:
+            raise FieldError("max_completion_tokens", "not together with max_tokens", body["max_completion_tokens"])
+        given = {k: body[k] for k in _SETTINGS if k in body and body[k] is not None}
+        if body.get("max_completion_tokens") is not None:
+            given["max_tokens"] = body["max_completion_tokens"]
+        if "messages" not in body:
+            raise FieldError("messages", "a list of {'role', 'content'} messages", "none")
+        return cls(body["messages"], **given)
+
+    def settings_json(self) -> dict[str, Any]:
+        """The request's settings (everything but the messages) as JSON."""
+        return {"max_tokens": self.max_tokens, "temperature": self.temperature, "top_p": self.top_p,
+                "top_k": self.top_k, "seed": self.seed, "stop": list(self.stop),
+                "repetition_penalty": self.repetition_penalty, "cache_prompt": self.cache_prompt,
+                "conversation": self.conversation}

@@ -1,0 +1,104 @@
+"""What the engine answers: a whole reply (:class:`ChatCompletion`) or its pieces as they come
+(:class:`ChatChunk`), with the :class:`Usage` of the call; ``to_openai()`` gives OpenAI's wire format.
+
+Beyond OpenAI's fields, ``usage`` carries ``timings`` (seconds of restoring K/V, of prefill and of decode,
+measured once the GPU work has finished, and the rates they give), and a top-level ``kvckpt`` object names
+the conversation the reply is saved under and the reply's token ids. Clients that do not know them ignore them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+__all__ = ["FINISH_REASONS", "ChatChunk", "ChatCompletion", "Timings", "Usage"]
+
+FINISH_REASONS = ("stop", "length", "abort")
+"""Why a reply ended, as OpenAI's ``finish_reason`` says it: an end-of-turn token or a stop string, the token
+limit or the context, an interrupt (the reply stays resumable)."""
+
+
+@dataclass(frozen=True)
+class Timings:
+    """Where the time of one call went, measured when the GPU work had finished."""
+
+    restore_s: float = 0.0
+    """Reading, verifying and importing K/V from the store (a persistent prefix hit or a resume)."""
+    prefill_s: float = 0.0
+    """Running the prompt tokens the cache did not hold."""
+    decode_s: float = 0.0
+    """Generating the reply after its first token (which the prefill produced)."""
+    prefill_tokens: int = 0
+    decode_tokens: int = 0
+
+    def to_json(self) -> dict[str, Any]:
+        rate = lambda n, s: n / s if n and s > 0 else None  # noqa: E731
+        return {"restore_s": self.restore_s, "prefill_s": self.prefill_s, "decode_s": self.decode_s,
+                "prefill_tokens_per_s": rate(self.prefill_tokens, self.prefill_s),
+                "decode_tokens_per_s": rate(self.decode_tokens, self.decode_s)}
+
+
+@dataclass(frozen=True)
+class Usage:
+    """Token counts of one call: ``cached_tokens`` of the ``prompt_tokens`` came from the cache or the store
+    instead of being prefilled."""
+
+    prompt_tokens: int
+    completion_tokens: int
+    cached_tokens: int
+    timings: Timings = field(default_factory=Timings)
+
+    def to_openai(self) -> dict[str, Any]:
+        return {"prompt_tokens": self.prompt_tokens, "completion_tokens": self.completion_tokens,
+                "total_tokens": self.prompt_tokens + self.completion_tokens,
+                "prompt_tokens_details": {"cached_tokens": self.cached_tokens},
+                "timings": self.timings.to_json()}
+
+
+@dataclass(frozen=True)
+class ChatChunk:
+    """A piece of a streamed reply: new text and the token ids that made it final; the last chunk has the
+    ``finish_reason`` and the ``usage``."""
+
+    id: str
+    created: int
+    model: str
+    conversation: str
+    text: str = ""
+    token_ids: tuple[int, ...] = ()
+    finish_reason: str | None = None
+    usage: Usage | None = None
+    first: bool = False
+    """The first chunk of the reply (it carries the assistant role)."""
+
+    def to_openai(self) -> dict[str, Any]:
+        delta: dict[str, Any] = {"role": "assistant"} if self.first else {}
+        if self.text or self.first:
+            delta["content"] = self.text
+        out = {"id": self.id, "object": "chat.completion.chunk", "created": self.created, "model": self.model,
+               "choices": [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": self.finish_reason}],
+               "kvckpt": {"conversation": self.conversation, "token_ids": list(self.token_ids)}}
+        if self.usage is not None:
+            out["usage"] = self.usage.to_openai()
+        return out
+
+
+@dataclass(frozen=True)
+class ChatCompletion:
+    """A whole reply."""
+
+    id: str
+    created: int
+    model: str
+    conversation: str
+    text: str
+    token_ids: tuple[int, ...]
+    finish_reason: str
+    usage: Usage
+
+    def to_openai(self) -> dict[str, Any]:
+        return {"id": self.id, "object": "chat.completion", "created": self.created, "model": self.model,
+                "choices": [{"index": 0, "message": {"role": "assistant", "content": self.text},
+                             "logprobs": None, "finish_reason": self.finish_reason}],
+                "usage": self.usage.to_openai(),
+                "kvckpt": {"conversation": self.conversation, "token_ids": list(self.token_ids)}}

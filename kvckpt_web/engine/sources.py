@@ -1,0 +1,139 @@
+"""Where an engine finds K/V and replies it made before: its cache's slots, and its store's checkpoints found
+through the persistent prefix index.
+
+Both are searched the same way, so a process that restarted finds in the store exactly what one that never
+stopped finds in its cache (every slot it could use is committed there), and reuses the same prefix: the
+prompt is then run in the same forward calls and the reply has the same tokens. A prefix shorter than a page is
+not reused from either (the index holds only full pages).
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from ..durable.catalog import load_manifest, manifest_keys
+from ..durable.prefix_index import PrefixIndex
+from ..errors import KVCkptError
+from .record import ChatRecord
+from .slots import Slot, Slots, common_prefix
+
+if TYPE_CHECKING:
+    from ..stores.base import Store
+
+__all__ = ["PrefixSource", "Sources"]
+
+RECORDS_KEPT = 256
+"""Checkpoints whose records a :class:`Sources` keeps decoded (a manifest never changes under its key)."""
+HITS_TRIED = 4
+"""Index candidates whose tokens are compared with a prompt, longest match first."""
+
+
+@dataclass(frozen=True)
+class PrefixSource:
+    """Where the longest reusable prefix of a prompt is: a slot of the cache or a checkpoint in the store."""
+
+    length: int
+    slot: Slot | None = None
+    record: ChatRecord | None = None
+
+
+class Sources:
+    """The slots and the store an engine reuses K/V and replies from."""
+
+    def __init__(self, slots: Slots, store: "Store | None", index: PrefixIndex | None, page_size: int,
+                 decode_reply: Callable[[Sequence[int]], str]) -> None:
+        self.slots = slots
+        self.store = store
+        self.index = index
+        self.page_size = page_size
+        self._decode_reply = decode_reply
+        self._records: "OrderedDict[tuple[str, int], ChatRecord | None]" = OrderedDict()
+
+    async def record(self, name: str, generation: int | None = None) -> ChatRecord | None:
+        """The chat record of ``name``'s generation (newest if None); None if it is missing, damaged, or not a
+        chat generation."""
+        if self.store is None:
+            return None
+        if generation is None:
+            keys = await manifest_keys(self.store, name)
+            if not keys:
+                return None
+            generation = keys[-1][1]
+        key = (name, generation)
+        if key in self._records:
+            self._records.move_to_end(key)
+            return self._records[key]
+        try:
+            manifest, _ = await load_manifest(self.store, name, generation)
+            record = ChatRecord.from_app_state(name, generation, manifest.created_ms, manifest.app_state)
+        except KVCkptError:
+            record = None
+        self._records[key] = record
+        while len(self._records) > RECORDS_KEPT:
+            self._records.popitem(last=False)
+        return record
+
+    async def has(self, name: str) -> bool:
+        """Whether the store holds any generation of ``name``."""
+        return self.store is not None and bool(await manifest_keys(self.store, name))
+
+    def forget(self, name: str) -> None:
+        """Drop what is kept of ``name``'s records (it was deleted)."""
+        for key in [k for k in self._records if k[0] == name]:
+            del self._records[key]
+
+    async def refresh(self) -> None:
+        """Read the index records other writers committed since the last refresh (once per request)."""
+        if self.index is not None:
+            await self.index.refresh()
+
+    async def _candidates(self, tokens: Sequence[int]) -> list[ChatRecord]:
+        """The store's records whose K/V share the most full pages with ``tokens``, best first."""
+        if self.index is None:
+            return []
+        out = []
+        for hit in self.index.lookup(tokens)[:HITS_TRIED]:
+            record = await self.record(hit.name, hit.generation)
+            if record is not None:
+                out.append(record)
+        return out
+
+    async def longest_prefix(self, tokens: Sequence[int]) -> PrefixSource:
+        """The longest prefix of ``tokens`` whose K/V a slot or a checkpoint holds (at least a page, else
+        nothing); a slot wins a tie, as it costs no reading."""
+        slot, n = self.slots.best_prefix(tokens)
+        best = PrefixSource(n, slot=slot) if n >= self.page_size else PrefixSource(0)
+        for record in await self._candidates(tokens):
+            m = common_prefix(record.tokens[:record.saved.kv_length], tokens)
+            if m > best.length and m >= self.page_size:
+                best = PrefixSource(m, record=record)
+        return best
+
+    async def continued(self, tokens: Sequence[int]) -> str | None:
+        """The conversation whose every token (its pending one too) ``tokens`` start with, if its newest
+        generation is in the store or its slot is idle: the conversation a request's reply continues."""
+        for slot in self.slots:
+            if slot.conversation and not slot.busy and common_prefix(slot.tokens, tokens) == len(slot.tokens):
+                return slot.conversation
+        for record in await self._candidates(tokens):
+            newest = await self.record(record.name)
+            if (newest is not None and newest.generation == record.generation
+                    and common_prefix(record.tokens, tokens) == len(record.tokens)):
+                return record.name
+        return None
+
+    async def known_reply(self, prefix: list[int], text: str) -> list[int] | None:
+        """The generated ids of a reply that followed exactly ``prefix`` and reads ``text``, from a slot or a
+        checkpoint; None if no source holds one."""
+        spans: list[tuple[list[int], list[tuple[int, int]]]] = [(s.tokens, s.replies) for s in self.slots]
+        spans += [(r.tokens, r.replies) for r in await self._candidates(prefix)]
+        for tokens, replies in spans:
+            for start, end in replies:
+                if start == len(prefix) and tokens[:start] == prefix:
+                    ids = tokens[start:end]
+                    if self._decode_reply(ids) == text:
+                        return ids
+        return None

@@ -1,0 +1,37 @@
+"""Fixtures of the engine tests: engines over the K/V-honest test double of ``tests/model/lm_double.py``.
+
+``make_engine(store=None, **kwargs)`` builds an engine (closed after the test); a second engine on the same store
+is what a restarted process is.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "model"))
+
+from kvckpt_web.engine import Engine  # noqa: E402
+from kvckpt_web.model.protocol import LoadedModel  # noqa: E402
+
+from lm_double import DoubleLM, DoubleText  # noqa: E402
+
+ENGINE_DEFAULTS = {"context": 256, "sequences": 3, "page_size": 4, "prefill_chunk": 8, "autosave_every": 5,
+                   "chunk_tokens": 16}
+
+
+@pytest.fixture
+def make_engine(device):
+    """``make_engine(store=None, model=None, text=None, **engine_kwargs)``: an engine on the double."""
+    made = []
+
+    def make(store=None, model=None, text=None, **kwargs):
+        loaded = LoadedModel(model or DoubleLM(max_context=512), text or DoubleText())
+        made.append(Engine(loaded, device, store=store, model_name="double", **{**ENGINE_DEFAULTS, **kwargs}))
+        return made[-1]
+
+    yield make
+    for engine in made:
+        engine.close()

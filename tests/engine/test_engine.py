@@ -1,0 +1,298 @@
+"""The chat engine: OpenAI-shaped replies, prefix reuse in the cache and from the store, a conversation that
+survives restarts and interrupts with the tokens of an uninterrupted run.
+
+The model is the K/V-honest double (``tests/model/lm_double.py``): its logits depend on every byte of the K/V it
+reads back, so a prefix reused wrongly changes the tokens. A second engine on the same store is a restarted
+process; real ``kill -9`` of processes is in ``test_engine_crash.py``.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from kvckpt_web import FileStore, MemoryStore
+from kvckpt_web.engine import ChatChunk, ChatCompletion
+from kvckpt_web.errors import ContextFullError, FieldError, KVCkptError, NotFoundError
+
+from kvmodel import run
+from lm_double import DoubleLM, DoubleText
+
+USER_TURNS = ["hello there, who are you?", "tell me about the sea.", "and the wind?", "why is the sky blue?",
+              "count to five.", "what is a boat?", "say something nice.", "goodbye!"]
+GREEDY = {"temperature": 0.0, "max_tokens": 12}
+SEEDED = {"temperature": 0.9, "top_p": 0.9, "seed": 7, "max_tokens": 12}
+
+
+def snapshot(store: MemoryStore) -> dict[str, bytes]:
+    return {key: bytes(value) for key, value in store._data.items()}
+
+
+async def converse(engine, turns, settings, messages=None):
+    """Chat turn by turn; the replies (ChatCompletion) and the messages at the end."""
+    messages = list(messages or [])
+    replies = []
+    for text in turns:
+        messages.append({"role": "user", "content": text})
+        reply = await engine.chat(messages, **settings)
+        replies.append(reply)
+        messages.append({"role": "assistant", "content": reply.text})
+    return replies, messages
+
+
+# ----- one reply ------------------------------------------------------------------------------------
+
+
+def test_a_reply_carries_its_text_ids_finish_reason_and_usage(make_engine):
+    engine = make_engine()
+    reply = run(engine.chat([{"role": "user", "content": "hello"}], **GREEDY))
+    assert isinstance(reply, ChatCompletion)
+    assert reply.finish_reason in ("stop", "length") and 1 <= len(reply.token_ids) <= 12
+    assert reply.text == DoubleText().decode([t for t in reply.token_ids if t != 0])
+    assert reply.usage.prompt_tokens == len(DoubleText().encode_chat([{"role": "user", "content": "hello"}]))
+    assert reply.usage.completion_tokens == len(reply.token_ids) and reply.usage.cached_tokens == 0
+    wire = reply.to_openai()
+    assert wire["object"] == "chat.completion" and wire["choices"][0]["message"]["role"] == "assistant"
+    assert wire["usage"]["prompt_tokens_details"]["cached_tokens"] == 0
+
+
+def test_a_streamed_reply_is_the_same_reply_in_chunks(make_engine):
+    whole = run(make_engine().chat([{"role": "user", "content": "hello"}], **GREEDY))
+
+    async def streamed():
+        chunks = [c async for c in await make_engine().chat([{"role": "user", "content": "hello"}], stream=True,
+                                                            **GREEDY)]
+        return chunks
+
+    chunks = run(streamed())
+    assert all(isinstance(c, ChatChunk) for c in chunks)
+    assert chunks[0].first and chunks[0].to_openai()["choices"][0]["delta"]["role"] == "assistant"
+    assert "".join(c.text for c in chunks) == whole.text
+    assert [t for c in chunks for t in c.token_ids] == list(whole.token_ids)
+    assert chunks[-1].finish_reason == whole.finish_reason and chunks[-1].usage is not None
+    assert all(c.finish_reason is None and c.usage is None for c in chunks[:-1])
+
+
+# ----- prefix reuse -----------------------------------------------------------------------------------
+
+
+def test_the_next_turn_prefills_only_its_own_tokens(make_engine):
+    engine = make_engine(store=MemoryStore())
+    model = engine.model
+
+    async def body():
+        replies, messages = await converse(engine, USER_TURNS[:2], GREEDY)
+        return replies
+
+    replies = run(body())
+    second = replies[1].usage
+    history = replies[0].usage.prompt_tokens + replies[0].usage.completion_tokens - 1  # the last token is pending
+    assert second.cached_tokens == history
+    assert second.timings.prefill_tokens == second.prompt_tokens - history
+    assert model.forwards  # the double records every forward's length: none re-ran the history
+    assert sum(model.forwards) == (replies[0].usage.prompt_tokens + replies[0].usage.completion_tokens - 1
+                                   + second.prompt_tokens - history + second.completion_tokens - 1)
+
+
+def test_a_restarted_engine_restores_the_history_from_the_store_and_gives_the_same_tokens(make_engine, tmp_path):
+    async def body():
+        one = make_engine(store=FileStore(tmp_path / "s"))
+        want, messages = await converse(one, USER_TURNS[:3], GREEDY)
+        again = make_engine(store=FileStore(tmp_path / "s"))
+        first, _ = await converse(again, USER_TURNS[:1], GREEDY)
+        # the first turn again: the whole prompt was seen, so all but its last token come from the store
+        return want, first, messages
+
+    want, first, _ = run(body())
+    assert first[0].token_ids == want[0].token_ids
+
+
+@pytest.mark.parametrize("settings", [GREEDY, SEEDED], ids=["greedy", "seeded"])
+def test_eight_turns_give_the_same_tokens_never_interrupted_and_restarted_after_every_turn(make_engine, tmp_path,
+                                                                                           settings):
+    async def uninterrupted():
+        replies, _ = await converse(make_engine(store=MemoryStore()), USER_TURNS, settings)
+        return [r.token_ids for r in replies]
+
+    async def restarted():
+        messages, out = [], []
+        for i, text in enumerate(USER_TURNS):
+            engine = make_engine(store=FileStore(tmp_path / "s"))  # a new process for every turn
+            replies, messages = await converse(engine, [text], settings, messages)
+            out.append(replies[0].token_ids)
+            if i:
+                assert replies[0].usage.cached_tokens > 0 and replies[0].usage.timings.restore_s > 0
+            engine.close()
+        return out
+
+    assert run(restarted()) == run(uninterrupted())
+
+
+@pytest.mark.parametrize("settings", [GREEDY, SEEDED], ids=["greedy", "seeded"])
+def test_eight_turns_interrupted_mid_reply_and_resumed_by_a_new_engine_give_the_same_tokens(make_engine, tmp_path,
+                                                                                            settings):
+    async def uninterrupted():
+        replies, _ = await converse(make_engine(store=MemoryStore()), USER_TURNS, settings)
+        return [r.token_ids for r in replies]
+
+    async def cut_every_reply():
+        messages, out = [], []
+        for text in USER_TURNS:
+            messages.append({"role": "user", "content": text})
+            engine = make_engine(store=FileStore(tmp_path / "s"))
+            stream = await engine.chat(messages, stream=True, **settings)
+            async for chunk in stream:
+                if chunk.token_ids and not chunk.finish_reason:
+                    engine.interrupt()  # stop after the first token: the reply is saved unfinished
+            engine.close()
+            again = make_engine(store=FileStore(tmp_path / "s"))
+            (info,) = await again.unfinished()
+            reply = await again.resume(info.name)
+            out.append(reply.token_ids)
+            messages.append({"role": "assistant", "content": reply.text})
+            again.close()
+        return out
+
+    assert run(cut_every_reply()) == run(uninterrupted())
+
+
+def test_an_interrupted_reply_ends_with_abort_and_is_listed_unfinished(make_engine):
+    engine = make_engine(store=MemoryStore())
+
+    async def body():
+        stream = await engine.chat([{"role": "user", "content": "hello"}], stream=True, **GREEDY)
+        chunks = []
+        async for chunk in stream:
+            chunks.append(chunk)
+            if len(chunks) == 2:
+                engine.interrupt()
+        return chunks, await engine.unfinished()
+
+    chunks, unfinished = run(body())
+    assert chunks[-1].finish_reason == "abort"
+    assert [u.name for u in unfinished] == [chunks[0].conversation]
+
+
+def test_an_edited_last_message_forks_and_reuses_the_shared_prefix(make_engine):
+    engine = make_engine(store=MemoryStore())
+
+    async def body():
+        replies, messages = await converse(engine, USER_TURNS[:2], GREEDY)
+        edited = messages[:-2] + [{"role": "user", "content": "tell me about the moon."}]
+        return replies, await engine.chat(edited, **GREEDY)
+
+    replies, fork = run(body())
+    assert fork.conversation != replies[1].conversation  # a new conversation, the old one kept
+    assert fork.usage.cached_tokens >= replies[1].usage.cached_tokens  # the history before the edit
+
+
+def test_cache_prompt_false_prefills_everything(make_engine):
+    engine = make_engine(store=MemoryStore())
+
+    async def body():
+        _, messages = await converse(engine, USER_TURNS[:1], GREEDY)
+        messages.append({"role": "user", "content": "more"})
+        return await engine.chat(messages, cache_prompt=False, **GREEDY)
+
+    assert run(body()).usage.cached_tokens == 0
+
+
+def test_a_reply_is_recognised_by_its_text_and_its_generated_ids_are_reused(make_engine):
+    class Drifting(DoubleText):
+        """Encodes an assistant message's text otherwise than the model wrote it: only the generated ids match."""
+
+        def turn(self, role, content):
+            return super().turn(role, content[::-1] if role == "assistant" else content)
+
+    engine = make_engine(store=MemoryStore(), text=Drifting())
+
+    async def body():
+        return await converse(engine, USER_TURNS[:2], GREEDY)
+
+    replies, _ = run(body())
+    history = replies[0].usage.prompt_tokens + replies[0].usage.completion_tokens - 1
+    assert replies[1].usage.cached_tokens == history
+
+
+def test_conversations_beyond_the_cache_are_evicted_least_recently_used_and_come_back_from_the_store(make_engine):
+    engine = make_engine(store=MemoryStore(), sequences=2, cache_tokens=256)
+
+    async def body():
+        threads = {}
+        for name in ("a", "b", "c"):
+            threads[name] = await converse(engine, [f"hello {name}"], {**GREEDY, "conversation": name})
+        _, messages = threads["a"]
+        messages.append({"role": "user", "content": "and again"})
+        return await engine.chat(messages, **GREEDY, conversation="a")
+
+    again = run(body())
+    assert again.usage.cached_tokens > 0 and again.usage.timings.restore_s > 0
+
+
+# ----- bad input --------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("messages, field", [
+    ([], "messages"), ("hello", "messages"), ([{"role": "robot", "content": "x"}], "messages[0].role"),
+    ([{"role": "user"}], "messages[0].content"), ([{"role": "user", "content": 5}], "messages[0].content"),
+    ([{"role": "user", "content": "x"}, {"role": "assistant", "content": "y"}], "messages[1].role"),
+    ([{"role": "user", "content": "x", "tool_calls": []}], "messages[0].tool_calls"),
+], ids=["empty", "string", "unknown role", "no content", "content not text", "last not user", "unknown key"])
+def test_bad_messages_are_refused_naming_the_field_and_nothing_is_stored(make_engine, messages, field):
+    store = MemoryStore()
+    engine = make_engine(store=store)
+    with pytest.raises(FieldError) as caught:
+        run(engine.chat(messages, **GREEDY))
+    assert caught.value.field == field
+    assert snapshot(store) == {}
+
+
+def test_a_prompt_the_context_cannot_answer_is_refused_with_the_counts(make_engine):
+    store = MemoryStore()
+    engine = make_engine(store=store, context=32)
+    with pytest.raises(ContextFullError) as caught:
+        run(engine.chat([{"role": "user", "content": "x" * 40}], **GREEDY))
+    assert "32" in str(caught.value) and "tokens" in str(caught.value)
+    assert snapshot(store) == {}
+
+
+def test_a_conversation_of_another_model_is_refused(make_engine):
+    store = MemoryStore()
+    run(make_engine(store=store).chat([{"role": "user", "content": "hi"}], **GREEDY, conversation="c"))
+    before = snapshot(store)
+    other = make_engine(store=store, model=DoubleLM(max_context=512, name="other"))
+    with pytest.raises(FieldError) as caught:
+        run(other.chat([{"role": "user", "content": "hi"}], **GREEDY, conversation="c"))
+    assert caught.value.field == "conversation"
+    assert snapshot(store) == before
+
+
+def test_resuming_a_finished_or_missing_conversation_is_refused(make_engine):
+    engine = make_engine(store=MemoryStore())
+    reply = run(engine.chat([{"role": "user", "content": "hi"}], **GREEDY))
+    with pytest.raises(FieldError):
+        run(engine.resume(reply.conversation))
+    with pytest.raises(NotFoundError):
+        run(engine.resume("nothing-here"))
+
+
+def test_delete_removes_a_conversation_from_the_store_and_the_cache(make_engine):
+    store = MemoryStore()
+    engine = make_engine(store=store)
+    reply = run(engine.chat([{"role": "user", "content": "hi"}], **GREEDY))
+    run(engine.delete(reply.conversation))
+    assert run(engine.conversations()) == []
+    assert not any(key.startswith("manifests/") for key in store._data)
+    assert len(engine.slots) == 0
+
+
+def test_history_lists_the_messages_and_the_reply(make_engine):
+    engine = make_engine(store=MemoryStore())
+    replies, messages = run(converse(engine, USER_TURNS[:2], GREEDY))
+    info = run(engine.conversation(replies[-1].conversation))
+    assert [m.to_json() for m in info.messages] == messages
+    assert info.finished and info.title == USER_TURNS[0]
+
+
+def test_a_kvckpterror_subclass_is_raised_for_a_wrong_request_object(make_engine):
+    with pytest.raises(KVCkptError):
+        run(make_engine().create({"messages": []}))
