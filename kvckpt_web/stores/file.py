@@ -24,7 +24,8 @@ from typing import Any, TypeVar
 from ..errors import FormatError, StoreError
 from .base import DEFAULT_LOCK_TIMEOUT, Store, check_value_size, is_segment, poll_acquire
 
-__all__ = ["DIRECT_IO_BLOCK", "FAULT_STEPS", "LOCK_NAME", "TEMP_PREFIX", "FileStore", "file_kind", "fsync_dir"]
+__all__ = ["CLAIM_PREFIX", "DIRECT_IO_BLOCK", "FAULT_STEPS", "LOCK_NAME", "TEMP_PREFIX", "FileStore", "file_kind",
+           "fsync_dir"]
 
 _T = TypeVar("_T")
 
@@ -34,6 +35,10 @@ TEMP_PREFIX = "~tmp."
 
 LOCK_NAME = "~kvckpt.lock"
 """Name of FileStore's lock file in its directory."""
+
+CLAIM_PREFIX = "~kvckpt.claim."
+"""FileStore's claim file of a checkpoint name in its directory is this followed by the name; it exists while the
+name is claimed (and after a holder that was killed, until the name's next claim is released)."""
 
 FAULT_STEPS = ("write", "fsync", "link", "rename", "dirsync")
 """The steps of a :class:`FileStore` write, in order, as passed to its ``fault`` hook. An unnamed file is
@@ -177,7 +182,7 @@ class FileStore(Store):
     def check_directory(directory: str | os.PathLike[str], tops: Collection[str], *, new: bool = False) -> None:
         """Raise :class:`FormatError` naming ``directory`` and what it holds unless it is a FileStore directory
         whose keys all start with one of the segments ``tops``: it holds only such directories and FileStore's
-        own files (its lock, temp files), at least one of them. With ``new``, a missing or empty directory,
+        own files (its lock, claim files, temp files), at least one of them. With ``new``, a missing or empty directory,
         where a FileStore may be made, passes too.
         """
         path = os.fspath(directory)
@@ -196,7 +201,7 @@ class FileStore(Store):
             if new:
                 return
             raise FormatError(path, expected, "an empty directory")
-        foreign = [e for e in entries if not (e == LOCK_NAME or e.startswith(TEMP_PREFIX)
+        foreign = [e for e in entries if not (e == LOCK_NAME or e.startswith((TEMP_PREFIX, CLAIM_PREFIX))
                                               or (e in tops and os.path.isdir(os.path.join(path, e))))]
         if foreign:
             shown = ", ".join(foreign[:5]) + (f" and {len(foreign) - 5} more" if len(foreign) > 5 else "")
@@ -218,6 +223,10 @@ class FileStore(Store):
     def lock_path(self) -> str:
         """Path of the lock file."""
         return os.path.join(self.directory, LOCK_NAME)
+
+    def claim_path(self, name: str) -> str:
+        """Path of the claim file of checkpoint name ``name``."""
+        return os.path.join(self.directory, CLAIM_PREFIX + name)
 
     def _path(self, key: str) -> str:
         return os.path.join(self.directory, *key.split("/"))
@@ -536,3 +545,44 @@ class FileStore(Store):
             yield
         finally:
             os.close(fd)  # closing the only descriptor releases the flock
+
+    @asynccontextmanager
+    async def _claim(self, name: str) -> AsyncIterator[None]:
+        path = self.claim_path(name)
+        fd = self._take_claim(name, path)
+        try:
+            yield
+        finally:
+            try:
+                os.unlink(path)  # while still locked: see _take_claim
+            except OSError:
+                pass  # a claim file left behind is harmless: the next claim of the name takes it over
+            os.close(fd)  # releases the flock
+
+    def _take_claim(self, name: str, path: str) -> int:
+        """An open descriptor of the claim file ``path``, holding its flock; ConflictError if another holds it.
+
+        A holder removes the file before it lets go of its lock, so a claimer that opened the file just
+        before may lock a file no longer under ``path``: it then tries again with the file there now.
+        """
+        import fcntl  # POSIX only: keep the module importable in Pyodide
+
+        while True:
+            try:
+                fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+            except OSError as exc:
+                raise StoreError(f"claim {name!r}: cannot open {path} ({exc})") from exc
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                held = os.path.samestat(os.fstat(fd), os.stat(path))
+            except BlockingIOError:
+                os.close(fd)
+                raise self._claimed(name) from None
+            except FileNotFoundError:
+                held = False
+            except OSError as exc:
+                os.close(fd)
+                raise StoreError(f"claim {name!r}: flock of {path} failed ({exc})") from exc
+            if held:
+                return fd
+            os.close(fd)

@@ -15,7 +15,7 @@ class MemoryStore(Store):
 
     ``data``, if given, is used as the backing mapping (not copied), so two
     MemoryStores may share it -- e.g. a read-only view of a writable one. The
-    lock belongs to this object.
+    lock and the claims belong to this object.
     """
 
     def __init__(
@@ -28,6 +28,7 @@ class MemoryStore(Store):
         super().__init__(read_only=read_only, lock_timeout=lock_timeout)
         self._data: MutableMapping[str, bytes] = {} if data is None else data
         self._locked = False
+        self._claims: set[str] = set()
 
     def __repr__(self) -> str:
         return f"MemoryStore(<{len(self._data)} keys>, read_only={self.read_only})"
@@ -60,4 +61,15 @@ class MemoryStore(Store):
             yield
         finally:
             self._locked = False
+        self._claims: set[str] = set()
 
+
+    @asynccontextmanager
+    async def _claim(self, name: str) -> AsyncIterator[None]:
+        if name in self._claims:
+            raise self._claimed(name)
+        self._claims.add(name)
+        try:
+            yield
+        finally:
+            self._claims.discard(name)
