@@ -430,6 +430,18 @@ def test_a_save_keeps_the_newest_k_generations(model, target):
         assert restored(store, target, generation=generation)[1] == expected[generation]
 
 
+def test_a_save_with_keep_none_keeps_every_generation_and_every_chunk(model):
+    model.add(0, 20)
+    store = MemoryStore()
+    for _ in range(4):
+        model.popn(0, 10)  # each generation holds chunks of its own
+        model.append({0: 10})
+        saved(model, store, keep=None)
+    infos = run(list_generations(store, "s"))
+    assert [i.generation for i in infos] == [1, 2, 3, 4]
+    assert chunk_keys(store) == set().union(*(i.chunk_keys for i in infos)) and len(chunk_keys(store)) > 2
+
+
 def test_retention_deletes_exactly_the_chunks_no_kept_manifest_uses(model):
     model.add(0, 50)
     store = MemoryStore()
