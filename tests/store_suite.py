@@ -433,6 +433,18 @@ class StoreTests:
 
         run(body())
 
+    def test_a_claim_stays_held_across_event_loops_until_it_is_left(self, store: Store) -> None:
+        async def other() -> None:
+            async with store.claim("chat"):
+                pass
+
+        held = store.claim("chat")
+        run(held.__aenter__())  # a generation holds its name's claim while the loops it runs in come and go
+        with pytest.raises(ConflictError):
+            run(other())
+        run(held.__aexit__(None, None, None))
+        run(other())
+
     def test_claims_of_different_names_do_not_interfere(self, store: Store) -> None:
         async def body() -> None:
             async with store.claim("chat"), store.claim("chat-2"), store.lock(timeout=1):

@@ -16,7 +16,7 @@ import asyncio
 import re
 import time
 from abc import ABC, abstractmethod
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from contextlib import AbstractAsyncContextManager, nullcontext
 from typing import Any
 
@@ -204,7 +204,7 @@ class Store(ABC):
             raise FormatError("name", f"1 to {MAX_SEGMENT_CHARS} characters of [A-Za-z0-9._-], not '.' or '..'",
                               name if isinstance(name, str) else type(name).__name__)
         self._check_writable(f"claim {name!r}")
-        return self._claim(name)
+        return _Claim(lambda: self._claim(name))
 
     def _claimed(self, name: str) -> ConflictError:
         """The error of a claim of ``name`` another holder has."""
@@ -260,10 +260,29 @@ class Store(ABC):
     def _lock(self, timeout: float) -> AbstractAsyncContextManager[None]: ...
 
     @abstractmethod
-    def _claim(self, name: str) -> AbstractAsyncContextManager[None]: ...
+    async def _claim(self, name: str) -> Callable[[], None]:
+        """Take the claim of ``name`` (``self._claimed(name)`` if another holder has it); what releases it."""
 
     def _batch(self) -> AbstractAsyncContextManager[None]:
         return nullcontext()  # backends whose writes are durable when they return
+
+
+class _Claim(AbstractAsyncContextManager[None]):
+    """What :meth:`Store.claim` returns. A plain object rather than an ``asynccontextmanager``: an event loop
+    that shuts down finalizes the async generators still suspended in it, which would release a claim a
+    generation holds across ``asyncio.run`` calls; only leaving it releases this one."""
+
+    def __init__(self, take: Callable[[], Awaitable[Callable[[], None]]]) -> None:
+        self._take = take
+        self._release: Callable[[], None] | None = None
+
+    async def __aenter__(self) -> None:
+        self._release = await self._take()
+
+    async def __aexit__(self, *exc_info: Any) -> None:
+        release, self._release = self._release, None
+        if release is not None:
+            release()
 
 
 async def poll_acquire(try_acquire: Callable[[], bool], timeout: float, lock_name: str) -> None:

@@ -546,26 +546,20 @@ class FileStore(Store):
         finally:
             os.close(fd)  # closing the only descriptor releases the flock
 
-    @asynccontextmanager
-    async def _claim(self, name: str) -> AsyncIterator[None]:
+    async def _claim(self, name: str) -> Callable[[], None]:
+        """Hold the flock of the name's claim file. Its holder removes the file before it lets go of the lock, so
+        a claimer that opened the file just before may lock a file no longer under its path: it then tries
+        again with the file there now."""
+        import fcntl  # POSIX only: keep the module importable in Pyodide
+
         path = self.claim_path(name)
-        fd = self._take_claim(name, path)
-        try:
-            yield
-        finally:
+
+        def release() -> None:
             try:
-                os.unlink(path)  # while still locked: see _take_claim
+                os.unlink(path)  # while still locked
             except OSError:
                 pass  # a claim file left behind is harmless: the next claim of the name takes it over
             os.close(fd)  # releases the flock
-
-    def _take_claim(self, name: str, path: str) -> int:
-        """An open descriptor of the claim file ``path``, holding its flock; ConflictError if another holds it.
-
-        A holder removes the file before it lets go of its lock, so a claimer that opened the file just
-        before may lock a file no longer under ``path``: it then tries again with the file there now.
-        """
-        import fcntl  # POSIX only: keep the module importable in Pyodide
 
         while True:
             try:
@@ -584,5 +578,5 @@ class FileStore(Store):
                 os.close(fd)
                 raise StoreError(f"claim {name!r}: flock of {path} failed ({exc})") from exc
             if held:
-                return fd
+                return release
             os.close(fd)

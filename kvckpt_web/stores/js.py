@@ -13,7 +13,7 @@ not bytes raises :class:`CorruptionError` naming its key.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from typing import Any
 
@@ -196,8 +196,7 @@ class BrowserStore(Store):
         finally:
             release()
 
-    @asynccontextmanager
-    async def _claim(self, name: str) -> AsyncIterator[None]:
+    async def _claim(self, name: str) -> Callable[[], None]:
         lock_name = f"{self._lock_name}:claim:{name}"
         helpers, JsException = self._web_locks(f"claim {lock_name}")
         try:
@@ -206,7 +205,4 @@ class BrowserStore(Store):
             raise StoreError(f"claim {lock_name}: {exc}") from None
         if release is False:
             raise self._claimed(name)
-        try:
-            yield
-        finally:
-            release()
+        return release

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, MutableMapping
+from collections.abc import AsyncIterator, Callable, MutableMapping
 from contextlib import asynccontextmanager
 
 from .base import DEFAULT_LOCK_TIMEOUT, Store, poll_acquire
@@ -64,12 +64,8 @@ class MemoryStore(Store):
         self._claims: set[str] = set()
 
 
-    @asynccontextmanager
-    async def _claim(self, name: str) -> AsyncIterator[None]:
+    async def _claim(self, name: str) -> Callable[[], None]:
         if name in self._claims:
             raise self._claimed(name)
         self._claims.add(name)
-        try:
-            yield
-        finally:
-            self._claims.discard(name)
+        return lambda: self._claims.discard(name)
