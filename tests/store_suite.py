@@ -445,6 +445,17 @@ class StoreTests:
         run(held.__aexit__(None, None, None))
         run(other())
 
+    def test_a_claim_outlasts_the_writer_locks_taken_while_it_is_held(self, store: Store) -> None:
+        async def body() -> None:
+            async with store.claim("chat"):
+                async with store.lock(timeout=1):
+                    await store.set("k", b"v")
+                with pytest.raises(ConflictError):
+                    async with store.claim("chat"):
+                        pass
+
+        run(body())
+
     def test_claims_of_different_names_do_not_interfere(self, store: Store) -> None:
         async def body() -> None:
             async with store.claim("chat"), store.claim("chat-2"), store.lock(timeout=1):

@@ -61,8 +61,6 @@ class MemoryStore(Store):
             yield
         finally:
             self._locked = False
-        self._claims: set[str] = set()
-
 
     async def _claim(self, name: str) -> Callable[[], None]:
         if name in self._claims:
