@@ -48,7 +48,7 @@ class Conversation:
 
     @classmethod
     def from_json(cls, value: Any, field_name: str = "app_state.conversation") -> "Conversation":
-        """The conversation ``value`` (its JSON object) records; FormatError naming the field if it is no such object."""
+        """The conversation ``value`` (its JSON object) records; FormatError naming the field unless it is one."""
         if not isinstance(value, dict):
             raise FormatError(field_name, "a JSON object", type(value).__name__)
         cid, created = value.get("id"), value.get("created_ms")
