@@ -260,8 +260,9 @@ class Store(ABC):
     def _lock(self, timeout: float) -> AbstractAsyncContextManager[None]: ...
 
     @abstractmethod
-    async def _claim(self, name: str) -> Callable[[], None]:
-        """Take the claim of ``name`` (``self._claimed(name)`` if another holder has it); what releases it."""
+    async def _claim(self, name: str) -> Callable[[], Awaitable[None]]:
+        """Take the claim of ``name`` (``self._claimed(name)`` if another holder has it); what releases it (done
+        once it returns: a claim of the name right after succeeds)."""
 
     def _batch(self) -> AbstractAsyncContextManager[None]:
         return nullcontext()  # backends whose writes are durable when they return
@@ -272,9 +273,9 @@ class _Claim(AbstractAsyncContextManager[None]):
     that shuts down finalizes the async generators still suspended in it, which would release a claim a
     generation holds across ``asyncio.run`` calls; only leaving it releases this one."""
 
-    def __init__(self, take: Callable[[], Awaitable[Callable[[], None]]]) -> None:
+    def __init__(self, take: Callable[[], Awaitable[Callable[[], Awaitable[None]]]]) -> None:
         self._take = take
-        self._release: Callable[[], None] | None = None
+        self._release: Callable[[], Awaitable[None]] | None = None
 
     async def __aenter__(self) -> None:
         self._release = await self._take()
@@ -282,7 +283,7 @@ class _Claim(AbstractAsyncContextManager[None]):
     async def __aexit__(self, *exc_info: Any) -> None:
         release, self._release = self._release, None
         if release is not None:
-            release()
+            await release()
 
 
 async def poll_acquire(try_acquire: Callable[[], bool], timeout: float, lock_name: str) -> None:

@@ -17,7 +17,7 @@ import secrets
 import stat
 import sys
 import threading
-from collections.abc import AsyncIterator, Callable, Collection
+from collections.abc import AsyncIterator, Awaitable, Callable, Collection
 from contextlib import asynccontextmanager
 from typing import Any, TypeVar
 
@@ -546,7 +546,7 @@ class FileStore(Store):
         finally:
             os.close(fd)  # closing the only descriptor releases the flock
 
-    async def _claim(self, name: str) -> Callable[[], None]:
+    async def _claim(self, name: str) -> Callable[[], Awaitable[None]]:
         """Hold the flock of the name's claim file. Its holder removes the file before it lets go of the lock, so
         a claimer that opened the file just before may lock a file no longer under its path: it then tries
         again with the file there now."""
@@ -554,7 +554,7 @@ class FileStore(Store):
 
         path = self.claim_path(name)
 
-        def release() -> None:
+        async def release() -> None:
             try:
                 os.unlink(path)  # while still locked
             except OSError:

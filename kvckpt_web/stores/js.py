@@ -13,7 +13,7 @@ not bytes raises :class:`CorruptionError` naming its key.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from typing import Any
 
@@ -67,13 +67,15 @@ _JS_HELPERS = r"""
       }).catch(reject);
     });
   },
-  // Resolves to a release function if the Web Lock `name` was free and is now held, else to false, at once.
+  // Resolves at once: to false if the Web Lock `name` is held, else to a function that releases the lock now
+  // held, returning a promise that resolves once the lock is free again.
   claim(name) {
     return new Promise((resolve, reject) => {
-      navigator.locks.request(name, { mode: "exclusive", ifAvailable: true }, (lock) => {
+      const released = navigator.locks.request(name, { mode: "exclusive", ifAvailable: true }, (lock) => {
         if (lock === null) return resolve(false);
-        return new Promise((release) => resolve(() => release()));
-      }).catch(reject);
+        return new Promise((release) => resolve(() => { release(); return released; }));
+      });
+      released.catch(reject);
     });
   },
   async listFiles(dir, prefix, out) {
@@ -196,13 +198,17 @@ class BrowserStore(Store):
         finally:
             release()
 
-    async def _claim(self, name: str) -> Callable[[], None]:
+    async def _claim(self, name: str) -> Callable[[], Awaitable[None]]:
         lock_name = f"{self._lock_name}:claim:{name}"
         helpers, JsException = self._web_locks(f"claim {lock_name}")
         try:
-            release = await call(helpers, "claim", lock_name)
+            release_lock = await call(helpers, "claim", lock_name)
         except JsException as exc:
             raise StoreError(f"claim {lock_name}: {exc}") from None
-        if release is False:
+        if release_lock is False:
             raise self._claimed(name)
+
+        async def release() -> None:
+            await release_lock()  # the lock is free once it resolves
+
         return release

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Callable, MutableMapping
+from collections.abc import AsyncIterator, Awaitable, Callable, MutableMapping
 from contextlib import asynccontextmanager
 
 from .base import DEFAULT_LOCK_TIMEOUT, Store, poll_acquire
@@ -62,8 +62,12 @@ class MemoryStore(Store):
         finally:
             self._locked = False
 
-    async def _claim(self, name: str) -> Callable[[], None]:
+    async def _claim(self, name: str) -> Callable[[], Awaitable[None]]:
         if name in self._claims:
             raise self._claimed(name)
         self._claims.add(name)
-        return lambda: self._claims.discard(name)
+
+        async def release() -> None:
+            self._claims.discard(name)
+
+        return release
