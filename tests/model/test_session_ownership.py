@@ -42,6 +42,25 @@ def finished(gen):
     return run(body())
 
 
+def saved_directly(make_cache, store, name, app_state):
+    """A checkpoint of the prompt's first ``app_state["kv_length"]`` tokens (default 8) saved as ``name`` through
+    the library with ``app_state``, as another writer (or an older version) may have left it."""
+    model = DoubleLM()
+    cache = make_cache(model)
+    cache.add_sequence(0)
+    run(model.forward(cache, 0, PROMPT[:app_state.get("kv_length", 8)]))
+    run(save(cache, 0, store, name, app_state=app_state))
+
+
+def first_save(make_cache, store):
+    """The app_state of a reply's first autosave (after its first prefill chunk) as 'chat' in ``store``."""
+    gen = start(make_cache, store)
+    run(gen.step())
+    run(gen.close())
+    manifest, _ = run(load_manifest(store, "chat"))
+    return manifest.app_state
+
+
 def snapshot(store):
     return {key: run(store.get(key)) for key in run(store.list_prefix(""))}
 
@@ -86,17 +105,10 @@ def test_a_resumed_reply_saves_under_the_conversation_it_resumed(make_cache):
 
 def test_a_checkpoint_without_a_conversation_still_resumes_and_goes_on_without_one(make_cache):
     store = MemoryStore()
-    gen = start(make_cache, store)
-    run(gen.step())
-    run(gen.close())
-    manifest, _ = run(load_manifest(store, "chat"))
-    older = dict(manifest.app_state)
+    older = first_save(make_cache, store)
     del older["conversation"]  # as a checkpoint written before generations recorded one
+    saved_directly(make_cache, store, "old", older)
     model = DoubleLM()
-    cache = make_cache(model)
-    cache.add_sequence(0)
-    run(model.forward(cache, 0, PROMPT[:older["kv_length"]]))
-    run(save(cache, 0, store, "old", app_state=older))
     again = run(resume(store, "old", model, make_cache(model), autosave=Autosave(store, "old", 4),
                        decode=TEXT.decode))
     finished(again)
@@ -108,15 +120,8 @@ def test_a_checkpoint_without_a_conversation_still_resumes_and_goes_on_without_o
                                           ({"id": "ab" * 16, "created_ms": -1}, "app_state.conversation.created_ms")])
 def test_resume_of_a_checkpoint_whose_conversation_is_malformed_names_the_field(make_cache, value, field):
     store = MemoryStore()
-    gen = start(make_cache, store)
-    run(gen.step())
-    run(gen.close())
-    manifest, _ = run(load_manifest(store, "chat"))
+    saved_directly(make_cache, store, "bad", {**first_save(make_cache, store), "conversation": value})
     model = DoubleLM()
-    cache = make_cache(model)
-    cache.add_sequence(0)
-    run(model.forward(cache, 0, PROMPT[:manifest.app_state["kv_length"]]))
-    run(save(cache, 0, store, "bad", app_state={**manifest.app_state, "conversation": value}))
     with pytest.raises(FormatError) as info:
         run(resume(store, "bad", model, make_cache(model)))
     assert info.value.field == field
@@ -141,13 +146,9 @@ def test_a_new_reply_on_a_name_holding_another_conversation_is_refused_and_write
     finished(start(make_cache, store, prompt=OTHER_PROMPT, name="chat-2"))  # another name takes it
 
 
-def test_a_new_reply_on_a_name_holding_checkpoints_of_no_conversation_is_refused(make_cache, device):
+def test_a_new_reply_on_a_name_holding_checkpoints_of_no_conversation_is_refused(make_cache):
     store = MemoryStore()
-    model = DoubleLM()
-    cache = make_cache(model)
-    cache.add_sequence(0)
-    run(model.forward(cache, 0, PROMPT[:8]))
-    run(save(cache, 0, store, "chat", app_state={"note": "not a generation"}))
+    saved_directly(make_cache, store, "chat", {"note": "not a generation"})
     before = snapshot(store)
     with pytest.raises(ConflictError, match="'chat'.*no conversation id"):
         start(make_cache, store)
