@@ -206,8 +206,8 @@ def cmd_gc(args: argparse.Namespace) -> int:
 
 async def _source_manifest(src: str, name: str | None, generation: int | None) -> tuple[FileStore, Manifest] | None:
     """The store SRC and the manifest of its checkpoint to convert (``name``: needed if it holds several); None for
-    a TVM export directory."""
-    if not is_store(src):
+    a TVM export directory (FormatError naming SRC if it is neither)."""
+    if source_kind(src) == "tvm":
         if generation is not None:
             raise FormatError("--generation", "a store as SRC (a TVM export directory has one checkpoint)", src)
         return None
@@ -276,7 +276,7 @@ async def convert(src: str, dst: str, to: str, *, name: str | None = None, gener
     store DST this call created is removed again if the conversion fails.
     """
     check_convert(src, dst, to, name=name, generation=generation, force=force, keep=keep)
-    source = await _source_manifest(src, name, generation) if source_kind(src) == "store" else None
+    source = await _source_manifest(src, name, generation)
     if to == "tvm":
         cache, seq_id = await _load_source(src, source, open_device())
         try:
@@ -300,13 +300,14 @@ async def convert(src: str, dst: str, to: str, *, name: str | None = None, gener
             try:
                 result = await save(cache, seq_id, store, target_name, app_state=app_state, keep=keep,
                                     progress=progress_printer())
+                groups = cache.layout.num_layers
             finally:
                 cache.close()
     except BaseException:
         if created:
             shutil.rmtree(dst, ignore_errors=True)  # made by this call: nothing in it is anyone else's
         raise
-    return {"seq_length": result.seq_length, "groups": cache.layout.num_layers, "to": "kvckpt",
+    return {"seq_length": result.seq_length, "groups": groups, "to": "kvckpt",
             "name": target_name, "generation": result.generation, "chunks_written": result.chunks_written}
 
 

@@ -147,6 +147,11 @@ class FileStore(Store):
     A key cannot both hold a value and be a directory of other keys (``a`` and
     ``a/b``); such a ``set`` raises :class:`StoreError`. ``delete`` removes the
     directories it leaves empty.
+
+    A :meth:`~Store.claim` of a name is an ``flock`` on the file
+    :data:`CLAIM_PREFIX` + name in the directory (so it excludes other processes
+    and other FileStore objects too); its holder removes the file on release,
+    and a killed holder's lock goes with its process.
     """
 
     def __init__(
@@ -182,8 +187,8 @@ class FileStore(Store):
     def check_directory(directory: str | os.PathLike[str], tops: Collection[str], *, new: bool = False) -> None:
         """Raise :class:`FormatError` naming ``directory`` and what it holds unless it is a FileStore directory
         whose keys all start with one of the segments ``tops``: it holds only such directories and FileStore's
-        own files (its lock, claim files, temp files), at least one of them. With ``new``, a missing or empty directory,
-        where a FileStore may be made, passes too.
+        own files (its lock, claim files, temp files), at least one of them. With ``new``, a missing or empty
+        directory, where a FileStore may be made, passes too.
         """
         path = os.fspath(directory)
         expected = f"a store directory (only {', '.join(t + '/' for t in tops)} and {LOCK_NAME})"

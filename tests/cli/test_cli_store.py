@@ -344,7 +344,7 @@ def test_inspect_exits_1_for_a_store_with_a_damaged_manifest(store_dir, capsys):
     assert "DAMAGED" in capsys.readouterr().out
 
 
-@pytest.mark.parametrize("argv", [["--name", "a/b"], ["--keep", "0"], ["--name", ""]])
+@pytest.mark.parametrize("argv", [["--name", "a/b"], ["--keep", "0"], ["--name", ""], ["--generation", "1"]])
 def test_a_convert_with_a_bad_argument_fails_before_loading_and_leaves_no_dst(export_dir, tmp_path, capsys,
                                                                               monkeypatch, argv):
     monkeypatch.setattr("kvckpt_web.cli.store_commands.open_device", lambda: pytest.fail("opened the GPU for bad arguments"))
