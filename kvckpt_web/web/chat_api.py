@@ -45,11 +45,10 @@ class _Chat:
         self.loaded: LoadedModel | None = None
         self.cache: Any = None
         self.gen: Generator | None = None
-        self.writing: tuple[Any, str] | None = None
-        """The store and name the generation writes."""
+        self.writing: tuple[Any, str] | None = None  # the store and name the generation writes
         self.autosave: Autosave | None = None
         self.pausing = False
-        self.running = False
+        self.running = False  # _run is stepping the generation
         self.emit: Callable[[str], None] = lambda text: None
 
 
