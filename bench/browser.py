@@ -198,6 +198,7 @@ def fresh_cache():
 cache = fresh_cache()
 warm = await Generator.start(model, cache, prompt[:8], SamplingSettings(), stop=StopRules(max_tokens=2))
 await warm.run()  # compiles every pipeline of prefill and decode
+await warm.close()
 cache.remove_sequence(0)
 
 gen = await Generator.start(model, cache, prompt, SamplingSettings(), stop=StopRules(max_tokens=DECODE))
@@ -209,6 +210,7 @@ t = now()
 await gen.run()
 decode_s, decoded = now() - t, len(gen.generated_tokens) - 1
 context = gen.kv_length  # the checkpoint's K/V: every token but the pending one
+await gen.close()
 
 reprefill = fresh_cache()
 await sync()
@@ -238,6 +240,7 @@ for kind, opener in (("IndexedDB", IndexedDBStore.open), ("OPFS", OPFSStore.open
         resumed = await resume(reader, "generation", model, target)
         await sync()
         restores.append(now() - t)
+        await resumed.close()
         if not resumed.resume_report.kv_restored or resumed.kv_length != context:
             raise RuntimeError(f"resume from {kind}: {resumed.resume_report.message}")
         target.close()

@@ -1,7 +1,9 @@
 """``kvckpt generate``: a model's reply to a prompt, streamed to stdout, autosaved, resumable with ``--resume``.
 
 Text goes to stdout as it is produced; loading, prefill progress and what a resume did go to
-stderr. Every argument is checked before the model loads, so bad input changes no checkpoint.
+stderr. Every argument is checked before the model loads, so bad input changes no checkpoint; so is the
+store: a name another writer holds, a checkpoint to resume that is missing, or (without ``--resume``) a name
+that holds a conversation already are refused before the model loads.
 """
 
 from __future__ import annotations
@@ -15,8 +17,9 @@ from typing import Any
 
 from ..durable.catalog import load_manifest
 from ..durable.container import validate_name
-from ..errors import FieldError
+from ..errors import ConflictError, FieldError
 from ..gpu.open import open_device
+from ..model.conversation import check_owner
 from ..model.loader import default_model_path, load_model
 from ..model.sampler import SamplingSettings
 from ..model.session import Autosave, Generator, StopRules, new_cache, resume
@@ -52,6 +55,19 @@ def _settings(args: argparse.Namespace) -> Any:
     return SamplingSettings(**given)
 
 
+async def _check_name(autosave: Autosave, resuming: bool) -> None:
+    """Refuse a name another writer holds now, a missing or unreadable checkpoint to resume, and for a new reply a
+    name that holds a conversation already (ConflictError naming --name)."""
+    async with autosave.store.claim(autosave.name):
+        if resuming:
+            await load_manifest(autosave.store, autosave.name)
+            return
+        try:
+            await check_owner(autosave.store, autosave.name, None)
+        except ConflictError as exc:
+            raise ConflictError(f"--name: {exc} (--resume continues it)") from None
+
+
 def _progress(phase: str, done: int, total: int) -> None:
     _print_err(f"{phase}: {done}/{total} tokens")
 
@@ -82,7 +98,8 @@ async def _generate(args: argparse.Namespace, loaded: Any, device: Any, settings
             prompt = codec.encode_chat([{"role": "user", "content": args.prompt}])
             gen = await Generator.start(model, cache, prompt, settings, stop=stop, prefill_chunk=args.prefill_chunk,
                                         autosave=autosave, decode=codec.decode, on_token=on_token, progress=_progress)
-        await gen.run()
+        async with gen:  # holds the autosave name until the reply ends
+            await gen.run()
         _write("\n")
         saved = f", saved as {autosave.name!r} generation {gen.last_save.generation}" if gen.last_save else ""
         _print_err(f"finished ({gen.finish_reason}) after {len(gen.generated_tokens)} tokens{saved}")
@@ -105,8 +122,8 @@ def cmd_generate(args: argparse.Namespace) -> None:
         if args.resume and not Path(args.store).is_dir():
             raise FieldError("--store", "a checkpoint store directory to resume from", args.store, "missing")
         autosave = Autosave(FileStore(args.store), args.name or "chat", args.autosave_every)
-    if args.resume:  # a missing or unreadable checkpoint is reported before the model loads
-        asyncio.run(load_manifest(autosave.store, autosave.name))
+    if autosave is not None:  # what the store says is reported before the model loads
+        asyncio.run(_check_name(autosave, args.resume))
     path = Path(args.model) if args.model else default_model_path()
     _print_err(f"loading model {path} ...")
     start = time.perf_counter()

@@ -159,7 +159,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--name", help="sequence name in the store (SRC: needed if it holds several; DST: default the "
                    "source's name, else seq0)")
     p.add_argument("--generation", type=int, help="generation to read from a store SRC (default: the newest)")
-    p.add_argument("--keep", type=int, default=2, help="generations of the name a store DST keeps (default 2)")
+    p.add_argument("--keep", type=int, help="keep only the newest K generations of the name in a store DST "
+                   "(default: no retention, every generation stays)")
     p.add_argument("--force", action="store_true", help="replace a TVM export directory DST if it exists (only a "
                    "TVM export or an empty directory: never SRC, a store or other files)")
     p.set_defaults(func=store_commands.cmd_convert)

@@ -18,16 +18,17 @@ from pathlib import Path
 from typing import Any
 
 from ..durable.catalog import list_generations, list_names, load_manifest
-from ..durable.container import CHUNKS, STORE_TOPS, validate_name
+from ..durable.container import CHUNKS, STORE_TOPS, Manifest, validate_name
 from ..durable.restore import restore
 from ..durable.results import Progress
 from ..durable.retention import gc
 from ..durable.save import save
 from ..durable.tvm_export import METADATA_FILE, check_replaceable, read_tvm_export, write_tvm_export
 from ..durable.verify import verify
-from ..errors import FieldError, FormatError, NotFoundError
+from ..errors import ConflictError, FieldError, FormatError, NotFoundError
 from ..gpu.open import open_device
 from ..kv.cache import PagedKVCache
+from ..model.conversation import check_owner, conversation_of
 from ..stores.file import FileStore
 
 
@@ -203,16 +204,13 @@ def cmd_gc(args: argparse.Namespace) -> int:
     return 0
 
 
-async def _load_source(src: str, name: str | None, generation: int | None, device: Any) -> tuple[Any, int, dict, str]:
-    """Load SRC (a TVM export directory or a store) into a new GPU cache: (cache, seq_id, app_state, source name)."""
-    if not is_store(src):
+async def _source_manifest(src: str, name: str | None, generation: int | None) -> tuple[FileStore, Manifest] | None:
+    """The store SRC and the manifest of its checkpoint to convert (``name``: needed if it holds several); None for
+    a TVM export directory (FormatError naming SRC if it is neither)."""
+    if source_kind(src) == "tvm":
         if generation is not None:
             raise FormatError("--generation", "a store as SRC (a TVM export directory has one checkpoint)", src)
-        export = read_tvm_export(src)
-        seq_id = export.metadata.get("seq_id")
-        cache = PagedKVCache.from_metadata(device, export.metadata_json)
-        await cache.load_checkpoint(export.metadata_json, export.groups, seq_id=seq_id)
-        return cache, seq_id, {}, None
+        return None
     store = _open_store(src, read_only=True)
     if name is None:
         names = await list_names(store)
@@ -220,27 +218,44 @@ async def _load_source(src: str, name: str | None, generation: int | None, devic
             raise NotFoundError(f"{src}: pass --name, the store holds {len(names)} names {names}")
         name = names[0]
     manifest, _ = await load_manifest(store, name, generation)
+    return store, manifest
+
+
+async def _load_source(src: str, source: tuple[FileStore, Manifest] | None, device: Any) -> tuple[Any, int]:
+    """Load SRC (a TVM export directory, or ``source``: a store's checkpoint) into a new GPU cache: (cache,
+    seq_id)."""
+    if source is None:
+        export = read_tvm_export(src)
+        seq_id = export.metadata.get("seq_id")
+        cache = PagedKVCache.from_metadata(device, export.metadata_json)
+        await cache.load_checkpoint(export.metadata_json, export.groups, seq_id=seq_id)
+        return cache, seq_id
+    store, manifest = source
     cache = PagedKVCache.from_metadata(device, manifest.tvm_metadata)
     try:
-        result = await restore(store, name, cache, generation=manifest.generation, progress=progress_printer())
+        result = await restore(store, manifest.name, cache, generation=manifest.generation,
+                               progress=progress_printer())
     except BaseException:
         cache.close()
         raise
-    return cache, result.seq_id, result.app_state, name
+    return cache, result.seq_id
 
 
 def check_convert(src: str, dst: str, to: str, *, name: str | None = None, generation: int | None = None,
-                  force: bool = False, keep: int = 2) -> None:
+                  force: bool = False, keep: int | None = None) -> None:
     """Refuse, before any work, arguments :func:`convert` cannot use and a DST it must not touch: SRC itself
-    or a path inside or around it, an existing path without ``force``, and anything but a TVM export
-    directory (``to="tvm"``) or a store (``to="kvckpt"``) or a new or empty directory."""
+    (also through a symbolic link) or a path inside or around it, an existing path without ``force``, and
+    anything but a TVM export directory (``to="tvm"``) or a store (``to="kvckpt"``) or a new or empty
+    directory."""
     if name is not None:
         validate_name(name)
     if generation is not None:
         check_at_least("--generation", generation, 1)
-    check_at_least("--keep", keep, 1)
+    if keep is not None:
+        check_at_least("--keep", keep, 1)
     source, target = Path(src).resolve(), Path(dst).resolve()
-    if target in source.parents or source in target.parents or (target == source and to == "tvm"):
+    same = target == source or (os.path.exists(src) and os.path.exists(dst) and os.path.samefile(src, dst))
+    if same or target in source.parents or source in target.parents:
         raise FormatError("DST", f"a path apart from SRC {src} (not it, not inside it, not holding it)", dst)
     if to == "kvckpt":
         FileStore.check_directory(dst, STORE_TOPS, new=True)
@@ -251,34 +266,49 @@ def check_convert(src: str, dst: str, to: str, *, name: str | None = None, gener
 
 
 async def convert(src: str, dst: str, to: str, *, name: str | None = None, generation: int | None = None,
-                  force: bool = False, keep: int = 2) -> dict[str, Any]:
+                  force: bool = False, keep: int | None = None) -> dict[str, Any]:
     """Convert between TVM export directories and stores through a GPU cache (see ``kvckpt convert --help``).
 
-    Arguments are checked (:func:`check_convert`) before the GPU is touched; a store DST this call
-    created is removed again if the conversion fails.
+    Arguments are checked (:func:`check_convert`) before the GPU is touched. Into a store, the checkpoint
+    becomes the next generation of its name, written under the name's claim, and only ``keep`` (default
+    None: no retention) drops older ones; a name that holds another conversation (a TVM export is a new
+    one) or that another writer holds is refused before the GPU is touched (ConflictError naming --name). A
+    store DST this call created is removed again if the conversion fails.
     """
     check_convert(src, dst, to, name=name, generation=generation, force=force, keep=keep)
-    source_is_store = source_kind(src) == "store"
-    cache, seq_id, app_state, src_name = await _load_source(src, name if source_is_store else None, generation,
-                                                            open_device())
-    try:
-        if to == "tvm":
+    source = await _source_manifest(src, name, generation)
+    if to == "tvm":
+        cache, seq_id = await _load_source(src, source, open_device())
+        try:
             groups = await cache.export_groups(seq_id)
             write_tvm_export(dst, cache.get_checkpoint_metadata(seq_id), groups, overwrite=force)
             return {"seq_length": cache.get_sequence_length(seq_id), "groups": len(groups), "to": "tvm"}
-        target_name = name or src_name or "seq0"
-        created = not os.path.lexists(dst)
-        try:
-            result = await save(cache, seq_id, FileStore(dst), target_name, app_state=app_state, keep=keep,
-                                progress=progress_printer())
-        except BaseException:
-            if created:
-                shutil.rmtree(dst, ignore_errors=True)  # made by this call: nothing in it is anyone else's
-            raise
-        return {"seq_length": result.seq_length, "groups": cache.layout.num_layers, "to": "kvckpt",
-                "name": target_name, "generation": result.generation, "chunks_written": result.chunks_written}
-    finally:
-        cache.close()
+        finally:
+            cache.close()
+    target_name = name or (source[1].name if source is not None else "seq0")
+    app_state = source[1].app_state if source is not None else {}
+    created = not os.path.lexists(dst)
+    store = FileStore(dst)
+    try:
+        async with store.claim(target_name):
+            try:
+                await check_owner(store, target_name, conversation_of(app_state))
+            except ConflictError as exc:
+                new = " (a TVM export is a new conversation)" if source is None else ""
+                raise ConflictError(f"--name: {exc}{new}") from None
+            cache, seq_id = await _load_source(src, source, open_device())
+            try:
+                result = await save(cache, seq_id, store, target_name, app_state=app_state, keep=keep,
+                                    progress=progress_printer())
+                groups = cache.layout.num_layers
+            finally:
+                cache.close()
+    except BaseException:
+        if created:
+            shutil.rmtree(dst, ignore_errors=True)  # made by this call: nothing in it is anyone else's
+        raise
+    return {"seq_length": result.seq_length, "groups": groups, "to": "kvckpt",
+            "name": target_name, "generation": result.generation, "chunks_written": result.chunks_written}
 
 
 def cmd_convert(args: argparse.Namespace) -> None:

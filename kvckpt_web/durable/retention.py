@@ -176,9 +176,10 @@ async def gc(store: "Store", *, keep: int | None = DEFAULT_KEEP, names: Iterable
 
 async def delete_name(store: "Store", name: str, *, progress: Progress | None = None) -> GcResult:
     """Delete every generation of ``name`` (a deletion asked for: restorable ones too), then every chunk no
-    other manifest uses; NotFoundError if ``store`` holds no generation of ``name``."""
+    other manifest uses; NotFoundError if ``store`` holds no generation of ``name``, ConflictError (deleting
+    nothing) while another writer holds the name's :meth:`~kvckpt_web.stores.base.Store.claim`."""
     validate_name(name)
-    async with store.lock():
+    async with store.claim(name), store.lock():
         keys = tuple(key for _, _, key in await manifest_keys(store, name))
         if not keys:
             raise NotFoundError(f"name: expected a checkpoint named {name!r} in the store, got none")

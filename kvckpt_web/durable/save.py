@@ -2,9 +2,10 @@
 
 Commit protocol (all under ``store.lock()``): write every new chunk in one ``store.batch()`` (each ``set``
 atomic, all durable when the batch ends), then the manifest of generation ``newest + 1``; only after that
-manifest is committed, retention (:mod:`.retention`) drops the generations of that name it does not keep and
-then the chunks no remaining manifest of any name uses. A crash at any instant therefore leaves the previous
-or the new generation restorable, plus at worst unreferenced chunks that :func:`~.retention.gc` removes.
+manifest is committed, retention (:mod:`.retention`; none with ``keep=None``) drops the generations of that
+name it does not keep and then the chunks no remaining manifest of any name uses. A crash at any instant
+therefore leaves the previous or the new generation restorable, plus at worst unreferenced chunks that
+:func:`~.retention.gc` removes.
 
 A chunk already in the store is reused only once it is known to hold the bytes its name says: this process
 wrote it or read it back (per store object), else the save reads it once and, if it differs, rewrites it
@@ -54,7 +55,8 @@ def default_pages_per_chunk(page_bytes: int) -> int:
 
 
 async def save(cache: "PagedKVCache", seq_id: int, store: "Store", name: str, *,
-               app_state: dict[str, Any] | None = None, keep: int = DEFAULT_KEEP, pages_per_chunk: int | None = None,
+               app_state: dict[str, Any] | None = None, keep: int | None = DEFAULT_KEEP,
+               pages_per_chunk: int | None = None,
                progress: Progress | None = None) -> SaveResult:
     """Checkpoint sequence ``seq_id`` of ``cache`` as the next generation of ``name`` in ``store``.
 
@@ -62,7 +64,8 @@ async def save(cache: "PagedKVCache", seq_id: int, store: "Store", name: str, *,
     this ``store`` object (and, even then, none the store already holds intact: one this process has
     not written or read back yet is read once, and rewritten if it differs), then the manifest; then
     keeps the newest ``keep`` generations of ``name`` that can be restored (and any damaged one newer
-    than those) and deletes chunks no kept manifest of any name uses.
+    than those) and deletes chunks no kept manifest of any name uses; ``keep=None`` applies no retention
+    (every generation already there stays, the new one is added).
     ``app_state`` (a JSON object) is stored verbatim in the manifest. ``pages_per_chunk`` defaults to
     about :data:`DEFAULT_CHUNK_BYTES` per chunk. The sequence must not change while the save runs
     (:class:`CheckpointStateError` if it did; nothing is committed then). If anything fails before the
@@ -104,7 +107,9 @@ async def save(cache: "PagedKVCache", seq_id: int, store: "Store", name: str, *,
                     for key in sorted(repaired)]
         try:
             names_keys = [key for _, _, key in existing] + [manifest.key]
-            dropped, deleted, retained = await retain(store, keep, names_keys)
+            dropped, deleted, retained = [], 0, []
+            if keep is not None:
+                dropped, deleted, retained = await retain(store, keep, names_keys)
         except KVCkptError as exc:  # the checkpoint is committed: report, do not fail the save
             dropped, deleted, retained = [], 0, [f"retention after the commit failed (kvckpt gc retries): {exc}"]
     return SaveResult(name, generation, manifest.key, seq_id, state.length, len(plan) * num_groups, stored, written,
@@ -112,12 +117,13 @@ async def save(cache: "PagedKVCache", seq_id: int, store: "Store", name: str, *,
                       time.perf_counter() - started)
 
 
-def _checked_arguments(cache: "PagedKVCache", name: str, keep: int, app_state: dict[str, Any] | None,
+def _checked_arguments(cache: "PagedKVCache", name: str, keep: int | None, app_state: dict[str, Any] | None,
                        pages_per_chunk: int | None) -> tuple[dict[str, Any], int]:
     """The app_state and pages per chunk a save of ``cache`` stores, once every argument is checked (an
     app_state no manifest can hold included) before anything is written."""
     validate_name(name)
-    check_keep(keep)
+    if keep is not None:
+        check_keep(keep)
     app_state = {} if app_state is None else app_state
     if not isinstance(app_state, dict):
         raise FormatError("app_state", "a JSON object (dict)", type(app_state).__name__)

@@ -90,7 +90,8 @@ async def _worker(config: WorkerConfig, mode: str, emit: Callable[[dict[str, Any
         gen = await Generator.start(model, cache, prompt, SamplingSettings(**config.sampler),
                                     stop=StopRules(config.max_tokens, text.eos_ids), prefill_chunk=config.prefill_chunk,
                                     autosave=autosave, decode=text.decode, on_save=on_save)
-        emit(_done(await gen.run()))
+        async with gen:
+            emit(_done(await gen.run()))
         return
     if autosave is None:
         raise KVCkptError("store: expected a store directory to resume from, got none")
@@ -100,7 +101,8 @@ async def _worker(config: WorkerConfig, mode: str, emit: Callable[[dict[str, Any
     emit({"event": "resumed", "kv_restored": report.kv_restored, "reason": report.reason, "message": report.message,
           "kv_length": report.kv_length, "generated": len(gen.generated_tokens), "restore_s": report.restore_s,
           "replay_s": report.replay_s})
-    result = await gen.run()
+    async with gen:
+        result = await gen.run()
     # the same context, prefilled from scratch in this process and cache, for comparison
     context = list(result.prompt_tokens + result.generated_tokens)[:report.kv_length]
     cache.add_sequence(1)

@@ -6,7 +6,13 @@ one token at a time, picking each next token with a
 token limit or the context ends it. Every ``Autosave.every`` tokens, at the end of the prefill and
 when it finishes, it saves the sequence with :func:`kvckpt_web.durable.save.save`; the checkpoint's
 ``app_state`` (see :func:`app_state_of`) holds every token id, where the K/V end, the sampler's
-state and the model's identity.
+state, the model's identity and the conversation the reply belongs to
+(:mod:`~kvckpt_web.model.conversation`).
+
+A generator that autosaves holds its name's :meth:`~kvckpt_web.stores.base.Store.claim` from
+:meth:`Generator.start` or :func:`resume` until :meth:`Generator.close`: a second writer of the name is
+refused while it runs, and :meth:`Generator.start` refuses a name that holds another conversation, so no
+reply's retention drops another's generations.
 
 The K/V of a checkpoint never include the last token picked: that token is *pending*. Every
 save happens between two steps, when the tokens the cache holds are a strict prefix of the
@@ -23,11 +29,12 @@ from __future__ import annotations
 
 import time
 from collections.abc import AsyncIterator, Callable, Sequence
+from contextlib import AsyncExitStack
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from ..durable.catalog import load_manifest
-from ..durable.container import validate_name
+from ..durable.container import Manifest, validate_name
 from ..durable.restore import restore
 from ..durable.results import Progress, SaveResult
 from ..durable.retention import DEFAULT_KEEP
@@ -36,6 +43,7 @@ from ..errors import (CheckpointStateError, CorruptionError, FieldError, FormatE
                       UnusableCheckpointError)
 from ..kv.cache import PagedKVCache
 from ..tvm.layout import CacheLimits
+from .conversation import Conversation, check_owner
 from .protocol import CausalLM, Logits
 from .sampler import Sampler, SamplingSettings
 
@@ -163,17 +171,23 @@ class ResumeReport:
 
 def app_state_of(model_identity: str, prompt: Sequence[int], generated: Sequence[int], kv_length: int,
                  prefill_chunk: int, sampler_state: dict[str, Any], stop: StopRules,
-                 finish_reason: str | None) -> dict[str, Any]:
+                 finish_reason: str | None, conversation: Conversation | None = None) -> dict[str, Any]:
     """The ``app_state`` a generation saves with its K/V.
 
     ``prompt_tokens + generated_tokens`` are every token so far; the checkpoint's K/V are those of the
     first ``kv_length`` of them (always fewer than all: the rest are pending); ``sampler`` is the sampler's
-    state after the last pick; ``prefill_chunk`` fixes how the prompt was split into forward calls.
+    state after the last pick; ``prefill_chunk`` fixes how the prompt was split into forward calls;
+    ``conversation`` (``{"id", "created_ms"}``, left out if None) is the conversation the reply belongs to.
+    Version 1 readers that predate ``conversation`` ignore it, and a checkpoint without one still resumes
+    (as a conversation of unknown id).
     """
-    return {"format": APP_FORMAT, "version": APP_VERSION, "model": model_identity,
-            "prompt_tokens": list(prompt), "generated_tokens": list(generated), "kv_length": kv_length,
-            "prefill_chunk": prefill_chunk, "sampler": sampler_state, "stop": stop.to_json(),
-            "finish_reason": finish_reason}
+    state = {"format": APP_FORMAT, "version": APP_VERSION, "model": model_identity,
+             "prompt_tokens": list(prompt), "generated_tokens": list(generated), "kv_length": kv_length,
+             "prefill_chunk": prefill_chunk, "sampler": sampler_state, "stop": stop.to_json(),
+             "finish_reason": finish_reason}
+    if conversation is not None:
+        state["conversation"] = conversation.to_json()
+    return state
 
 
 @dataclass
@@ -188,6 +202,8 @@ class _Saved:
     sampler: Sampler
     stop: StopRules
     finish_reason: str | None
+    conversation: Conversation | None
+    """None: a checkpoint written before generations recorded their conversation."""
 
 
 def _parse_app_state(app_state: Any) -> _Saved:
@@ -224,8 +240,9 @@ def _parse_app_state(app_state: Any) -> _Saved:
     reason = app_state.get("finish_reason")
     if reason is not None and reason not in FINISH_REASONS:
         raise FormatError("app_state.finish_reason", f"null or one of {FINISH_REASONS}", reason)
+    conversation = Conversation.from_json(app_state["conversation"]) if "conversation" in app_state else None
     return _Saved(model, prompt, generated, kv_length, prefill_chunk, sampler,
-                  StopRules.from_json(app_state.get("stop"), "app_state.stop"), reason)
+                  StopRules.from_json(app_state.get("stop"), "app_state.stop"), reason, conversation)
 
 
 class _Text:
@@ -279,7 +296,8 @@ def _check_chunk(prefill_chunk: int, cache: "PagedKVCache") -> int:
 class Generator:
     """One sequence being generated; iterate it (``async for``) for :class:`TokenEvent` as tokens come.
 
-    Build one with :meth:`start` (a new prompt) or :func:`resume` (a checkpoint).
+    Build one with :meth:`start` (a new prompt) or :func:`resume` (a checkpoint), and :meth:`close` it (or use
+    it as ``async with``) to release its autosave name.
     """
 
     def __init__(self, model: CausalLM, cache: "PagedKVCache", seq_id: int, saved: _Saved, *,
@@ -300,11 +318,14 @@ class Generator:
         self.kv_length = saved.kv_length
         self.prefill_chunk = saved.prefill_chunk
         self.finish_reason = saved.finish_reason
+        self.conversation = saved.conversation  # None: resumed from a checkpoint that recorded none
         self.context = min(model.max_context, cache.limits.max_total_seq_len)
         self.last_save: SaveResult | None = None
         self.resume_report: ResumeReport | None = None
         self._saved_at = saved.kv_length
         self._failed: BaseException | None = None
+        self._held = AsyncExitStack()  # the autosave name's claim
+        self._closed = False
         if self.stop.stop_strings and decode is None:
             raise FieldError("stop_strings", "a decode function to match them against", "none")
         self._text = _Text(decode, self.stop)
@@ -323,7 +344,10 @@ class Generator:
 
         Refuses, before the cache is touched, an empty prompt or one longer than the context
         (the smaller of the model's and the cache's), and a ``prefill_chunk`` (default: the cache's
-        prefill_chunk_size) the cache cannot take in one forward; stop strings need ``decode``.
+        prefill_chunk_size) the cache cannot take in one forward; stop strings need ``decode``. The reply is
+        a new conversation: with ``autosave``, ConflictError (nothing written) while another writer holds
+        the name, or if the name holds generations of another conversation (resume it, or use another
+        name, or delete it); the generator holds the name's claim until :meth:`close`.
         """
         prompt = _token_ids("prompt", prompt)
         for i, t in enumerate(prompt):
@@ -338,11 +362,42 @@ class Generator:
         chunk = _check_chunk(cache.limits.prefill_chunk_size if prefill_chunk is None else prefill_chunk, cache)
         if isinstance(sampler, SamplingSettings):
             sampler = Sampler(sampler)
-        saved = _Saved(model.identity, prompt, [], 0, chunk, sampler, stop, None)
+        saved = _Saved(model.identity, prompt, [], 0, chunk, sampler, stop, None, Conversation.new())
         gen = cls(model, cache, seq_id, saved, autosave=autosave, decode=decode, on_token=on_token,
                   on_save=on_save, progress=progress)
-        cache.add_sequence(seq_id)
+        await gen._hold_name(check=True)
+        try:
+            cache.add_sequence(seq_id)
+        except BaseException:
+            await gen.close()
+            raise
         return gen
+
+    async def _hold_name(self, check: bool) -> None:
+        """Claim the autosave name until :meth:`close` (ConflictError at once while another writer holds it);
+        with ``check``, refuse a name that holds another conversation than this one (ConflictError)."""
+        if self.autosave is None:
+            return
+        store, name = self.autosave.store, self.autosave.name
+        await self._held.enter_async_context(store.claim(name))
+        if check:
+            try:
+                await check_owner(store, name, self.conversation)
+            except BaseException:
+                await self.close()
+                raise
+
+    async def close(self) -> None:
+        """Release the autosave name (idempotent); the generator steps and saves no more. The cache and the
+        sequence stay the caller's."""
+        self._closed = True
+        await self._held.aclose()
+
+    async def __aenter__(self) -> "Generator":
+        return self
+
+    async def __aexit__(self, *exc_info: Any) -> None:
+        await self.close()
 
     # ----- state --------------------------------------------------------------------------------
 
@@ -364,7 +419,8 @@ class Generator:
     def app_state(self) -> dict[str, Any]:
         """What a save of this generation records now (see :func:`app_state_of`)."""
         return app_state_of(self.model.identity, self.prompt_tokens, self.generated_tokens, self.kv_length,
-                            self.prefill_chunk, self.sampler.to_json(), self.stop, self.finish_reason)
+                            self.prefill_chunk, self.sampler.to_json(), self.stop, self.finish_reason,
+                            self.conversation)
 
     def result(self) -> GenerationResult:
         """The finished generation; FieldError while it is still running."""
@@ -389,6 +445,8 @@ class Generator:
         return result
 
     def _check_usable(self) -> None:
+        if self._closed:
+            raise CheckpointStateError("generator: closed (its autosave name released); resume it to go on")
         if self._failed is not None:
             raise CheckpointStateError(f"generator: a forward failed ({self._failed!r}) and the sequence may hold "
                                        "part of it: resume from the last checkpoint instead")
@@ -525,6 +583,10 @@ async def resume(store: "Store", name: str, model: CausalLM, cache: "PagedKVCach
     NotFoundError if there is no checkpoint, and CorruptionError or FormatError if its manifest or
     ``app_state`` cannot be read: only then are its tokens lost. With ``replay=False`` K/V that cannot be used
     raise UnusableCheckpointError (naming the reason) instead, and the cache is left as it was.
+
+    With ``autosave``, the generator holds that name's claim until :meth:`Generator.close`: ConflictError at
+    once, nothing changed, while another writer holds it, or if ``autosave`` saves under another name or
+    store than ``name`` in ``store`` and that name holds another conversation.
     """
     if seq_id in cache.sequence_ids():
         raise SequenceError(f"seq_id: expected a sequence id not in the cache, got {seq_id}")
@@ -541,6 +603,21 @@ async def resume(store: "Store", name: str, model: CausalLM, cache: "PagedKVCach
                          saved.kv_length)
     gen = Generator(model, cache, seq_id, saved, autosave=autosave, decode=decode,
                     on_token=on_token, on_save=on_save, progress=progress)
+    # continuing the name it was saved as needs no check: the checkpoint read is that name's conversation
+    await gen._hold_name(check=autosave is not None and (autosave.store is not store or autosave.name != name))
+    try:
+        gen.resume_report = await _bring_back(gen, store, manifest, saved, replay)
+    except BaseException:
+        await gen.close()
+        raise
+    return gen
+
+
+async def _bring_back(gen: Generator, store: "Store", manifest: Manifest, saved: _Saved, replay: bool
+                      ) -> ResumeReport:
+    """Put the K/V of ``manifest`` (the checkpoint ``gen`` was made from) into ``gen``'s sequence: imported if
+    they can be used, else (``replay``) its tokens run again; what happened."""
+    model, cache, seq_id, name = gen.model, gen.cache, gen.seq_id, manifest.name
     reason, message, restore_s = None, "", 0.0
     if saved.model != model.identity:
         reason, message = "model", (f"app_state.model: expected {model.identity!r} (this model), got "
@@ -569,6 +646,5 @@ async def resume(store: "Store", name: str, model: CausalLM, cache: "PagedKVCach
             cache.remove_sequence(seq_id)
             raise
         replay_s = time.perf_counter() - start
-    gen.resume_report = ResumeReport(name, manifest.generation, reason is None, reason,
-                                     message or "restored the checkpoint's K/V", gen.kv_length, restore_s, replay_s)
-    return gen
+    return ResumeReport(name, manifest.generation, reason is None, reason,
+                        message or "restored the checkpoint's K/V", gen.kv_length, restore_s, replay_s)

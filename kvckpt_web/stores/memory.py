@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, MutableMapping
+from collections.abc import AsyncIterator, Awaitable, Callable, MutableMapping
 from contextlib import asynccontextmanager
 
 from .base import DEFAULT_LOCK_TIMEOUT, Store, poll_acquire
@@ -15,7 +15,7 @@ class MemoryStore(Store):
 
     ``data``, if given, is used as the backing mapping (not copied), so two
     MemoryStores may share it -- e.g. a read-only view of a writable one. The
-    lock belongs to this object.
+    lock and the claims belong to this object.
     """
 
     def __init__(
@@ -28,6 +28,7 @@ class MemoryStore(Store):
         super().__init__(read_only=read_only, lock_timeout=lock_timeout)
         self._data: MutableMapping[str, bytes] = {} if data is None else data
         self._locked = False
+        self._claims: set[str] = set()
 
     def __repr__(self) -> str:
         return f"MemoryStore(<{len(self._data)} keys>, read_only={self.read_only})"
@@ -61,3 +62,12 @@ class MemoryStore(Store):
         finally:
             self._locked = False
 
+    async def _claim(self, name: str) -> Callable[[], Awaitable[None]]:
+        if name in self._claims:
+            raise self._claimed(name)
+        self._claims.add(name)
+
+        async def release() -> None:
+            self._claims.discard(name)
+
+        return release

@@ -1,7 +1,9 @@
 """The crash-resume page's model runner: what its Web Worker (``examples/crash_resume/worker.mjs``) calls.
 
 One model and one conversation at a time, on the worker's WebGPU device, autosaved every N tokens to
-an IndexedDB or OPFS store under the conversation's name. Each call returns JSON text (camelCase keys);
+an IndexedDB or OPFS store under the conversation's name, which this worker holds (its Web Lock claim) until
+it starts or resumes another conversation, deletes this one, or closes: another tab or worker cannot write
+or delete it meanwhile (ConflictError). Each call returns JSON text (camelCase keys);
 what happens while a call runs reaches JavaScript as events, JSON text given to the callback of
 :func:`set_emit`:
 
@@ -43,8 +45,10 @@ class _Chat:
         self.loaded: LoadedModel | None = None
         self.cache: Any = None
         self.gen: Generator | None = None
+        self.writing: tuple[Any, str] | None = None  # the store and name the generation writes
         self.autosave: Autosave | None = None
         self.pausing = False
+        self.running = False  # _run is stepping the generation
         self.emit: Callable[[str], None] = lambda text: None
 
 
@@ -84,7 +88,7 @@ def set_emit(callback: Callable[[str], None]) -> None:
 async def load_model(data: Any) -> str:
     """Load the GGUF file's bytes ``data`` (a Uint8Array) as the model, replacing any other; JSON
     ``{identity, numLayers, vocabSize, maxContext, loadMs}``."""
-    close()
+    await close()
     started = time.perf_counter()
     raw = to_py(data)  # a memoryview of the Uint8Array's bytes, copied once below
     f = parse_gguf(bytes(raw))
@@ -117,6 +121,13 @@ def _generator_hooks(started_at: int) -> dict[str, Any]:
     return {"on_token": on_token, "on_save": on_save, "progress": progress}
 
 
+async def _release() -> None:
+    """End this worker's generation, if any, releasing the name it holds."""
+    gen, _chat.gen, _chat.writing = _chat.gen, None, None
+    if gen is not None:
+        await gen.close()
+
+
 async def _new_cache(context: int) -> Any:
     if _chat.cache is not None:
         _chat.cache.close()
@@ -143,9 +154,11 @@ async def start(prompt: str, options: Any = None) -> str:
     stop = StopRules(o["maxTokens"], loaded.text.eos_ids)
     autosave = Autosave(await open_store(o["store"], o["storeName"]), o["name"], o["every"])
     tokens = loaded.text.encode_chat([{"role": "user", "content": prompt}])
+    await _release()
     cache = await _new_cache(o["context"])
     _chat.gen = await Generator.start(loaded.model, cache, tokens, settings, stop=stop, autosave=autosave,
                                       decode=loaded.text.decode, **_generator_hooks(0))
+    _chat.writing = autosave.store, autosave.name
     return await _run()
 
 
@@ -167,6 +180,7 @@ async def resume_saved(options: Any = None) -> str:
     loaded = _model()
     store = await open_store(o["store"], o["storeName"])
     autosave = Autosave(store, o["name"], o["every"])
+    await _release()
     cache = await _new_cache(o["context"])
     try:
         _chat.gen = gen = await resume(store, o["name"], loaded.model, cache, generation=o["generation"],
@@ -174,6 +188,7 @@ async def resume_saved(options: Any = None) -> str:
                                        **_generator_hooks(0))
     except UnusableCheckpointError as exc:
         return _json(problem=error_fields(exc))
+    _chat.writing = store, o["name"]
     gen.on_token = _generator_hooks(len(gen.generated_tokens))["on_token"]
     report = gen.resume_report
     reprefill_ms = await _reprefill_ms(gen.tokens[:gen.kv_length]) if o["measure"] else None
@@ -208,14 +223,17 @@ async def _run() -> str:
     """Step the generation until it finishes or :func:`pause` asks; a failed autosave is reported and
     autosave waits for :func:`save_now`, generation goes on."""
     gen = _chat.gen
-    _chat.pausing = False
-    while gen.finish_reason is None and not _chat.pausing:
-        try:
-            await gen.step()
-        except StoreError as exc:
-            _chat.autosave, gen.autosave = gen.autosave, None
-            _event("saveFailed", error=error_fields(exc),
-                   committed=gen.last_save.generation if gen.last_save is not None else None)
+    _chat.pausing, _chat.running = False, True
+    try:
+        while gen.finish_reason is None and not _chat.pausing:
+            try:
+                await gen.step()
+            except StoreError as exc:
+                _chat.autosave, gen.autosave = gen.autosave, None
+                _event("saveFailed", error=error_fields(exc),
+                       committed=gen.last_save.generation if gen.last_save is not None else None)
+    finally:
+        _chat.running = False
     _event("finished" if gen.finish_reason else "paused", finish_reason=gen.finish_reason, text=gen.text)
     return _json(finish_reason=gen.finish_reason, text=gen.text, tokens=gen.generated_tokens)
 
@@ -277,14 +295,22 @@ async def conversation(store: str, store_name: str, name: str) -> str:
 
 
 async def delete(store: str, store_name: str, name: str) -> str:
-    """Delete every generation of conversation ``name`` and the chunks only it used; the GcResult as JSON."""
-    result = await delete_name(await open_store(store, store_name), name)
+    """Delete every generation of conversation ``name`` and the chunks only it used; the GcResult as JSON.
+
+    This worker's own conversation is deleted once it is paused or finished (its generation ends); while it
+    generates, or while another tab or worker writes it, the delete is refused (ConflictError)."""
+    target = await open_store(store, store_name)
+    if _chat.writing == (target, name) and not _chat.running:
+        await _release()
+    result = await delete_name(target, name)
     return _json(deleted_manifests=list(result.deleted_manifests), deleted_chunks=result.deleted_chunks,
                  freed_bytes=result.freed_bytes)
 
 
-def close() -> None:
-    """Release the cache's and the model's GPU memory."""
+async def close() -> None:
+    """End the generation (releasing its conversation's name) and release the cache's and the model's GPU
+    memory."""
+    await _release()
     if _chat.cache is not None:
         _chat.cache.close()
     if _chat.loaded is not None:

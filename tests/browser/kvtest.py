@@ -119,8 +119,8 @@ async def generate(loaded, device, content: str, settings: dict, max_tokens: int
     prompt = chat_prompt(loaded, content)
     cache = generation_cache(loaded, device, prompt, max_tokens)
     try:
-        gen = await start_generation(loaded, cache, prompt, settings, max_tokens)
-        return list((await gen.run()).generated_tokens)
+        async with await start_generation(loaded, cache, prompt, settings, max_tokens) as gen:
+            return list((await gen.run()).generated_tokens)
     finally:
         cache.close()
 

@@ -130,12 +130,14 @@ def test_a_generation_checkpointed_to_indexeddb_resumes_in_a_fresh_cache_to_the_
                                             Autosave(await IndexedDBStore.open("generation"), "seeded", every=8))
         async for event in gen:
             if event.index + 1 == 13:
-                break  # abandoned, as a closed tab abandons it
+                break  # abandoned, as a closed tab abandons it (and its Web Locks)
+        await gen.close()
         cache.close()
         again = kvtest.generation_cache(tiny, dev, prompt, {TOKENS})
         gen = await resume(await IndexedDBStore.open("generation"), "seeded", tiny.model, again)
-        result = {{"want": want, "restored": gen.resume_report.kv_restored, "resumed_at": len(gen.generated_tokens),
-                  "got": list((await gen.run()).generated_tokens)}}
+        async with gen:
+            result = {{"want": want, "restored": gen.resume_report.kv_restored,
+                      "resumed_at": len(gen.generated_tokens), "got": list((await gen.run()).generated_tokens)}}
         again.close()
     """)
     assert out["restored"] and 0 < out["resumed_at"] < 13

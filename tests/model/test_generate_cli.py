@@ -14,6 +14,7 @@ from kvckpt_web.model import loader
 from kvckpt_web.model.protocol import LoadedModel
 from kvckpt_web.model.sampler import SamplingSettings
 from kvckpt_web.model.session import Generator, StopRules, new_cache
+from kvckpt_web.stores.file import FileStore
 
 from kvmodel import run
 from lm_double import DoubleLM, DoubleText
@@ -44,7 +45,10 @@ def expected_text(device, settings: SamplingSettings, max_tokens: int) -> str:
     try:
         gen = run(Generator.start(model, cache, text.encode_chat([{"role": "user", "content": PROMPT}]), settings,
                                   stop=StopRules(max_tokens, text.eos_ids), decode=text.decode))
-        return run(gen.run()).text
+        try:
+            return run(gen.run()).text
+        finally:
+            run(gen.close())
     finally:
         cache.close()
 
@@ -68,6 +72,47 @@ def test_generate_resume_continues_a_saved_reply_as_one_uninterrupted_run(device
     out, err = capsys.readouterr()
     assert out == expected_text(device, SamplingSettings(temperature=0.9, seed=2), 25) + "\n"
     assert "resumed 'talk' generation" in err and "restored" in err
+
+
+def snapshot(directory) -> dict[str, bytes]:
+    return {str(p.relative_to(directory)): p.read_bytes() for p in sorted(directory.rglob("*")) if p.is_file()}
+
+
+@pytest.fixture
+def saved_reply(double_model, tmp_path, capsys, monkeypatch):
+    """A store holding a reply saved as 'talk'; from then on, loading a model fails the test. The store path."""
+    store = tmp_path / "store"
+    assert main(["generate", "--model", double_model, "--store", str(store), "--name", "talk", "--prompt", PROMPT,
+                 "--max-tokens", "8", "--autosave-every", "3", "--prefill-chunk", "16"]) == 0
+    capsys.readouterr()
+    monkeypatch.setattr(generate, "load_model", lambda path, device: pytest.fail("loaded the model"))
+    return store
+
+
+def test_generate_on_a_name_that_holds_a_conversation_is_refused_before_the_model_loads(saved_reply, double_model,
+                                                                                       capsys):
+    before = snapshot(saved_reply)
+    assert main(["generate", "--model", double_model, "--store", str(saved_reply), "--name", "talk", "--prompt",
+                 "another question"]) == 1
+    error = one_line_error(capsys)
+    assert "--name" in error and "'talk'" in error and "another conversation" in error and "--resume" in error
+    assert snapshot(saved_reply) == before
+
+
+@pytest.mark.parametrize("resuming", [True, False], ids=["resume", "new-reply"])
+def test_generate_on_a_name_another_writer_holds_is_refused_before_the_model_loads(saved_reply, double_model,
+                                                                                  capsys, resuming):
+    before = snapshot(saved_reply)
+    held = FileStore(saved_reply).claim("talk")  # as a running `kvckpt generate --resume` of the name holds it
+    run(held.__aenter__())
+    try:
+        assert main(["generate", "--model", double_model, "--store", str(saved_reply), "--name", "talk",
+                     *(["--resume"] if resuming else ["--prompt", "hi"])]) == 1
+    finally:
+        run(held.__aexit__(None, None, None))
+    error = one_line_error(capsys)
+    assert "'talk'" in error and "held by another writer" in error
+    assert snapshot(saved_reply) == before
 
 
 @pytest.mark.parametrize("argv, names", [

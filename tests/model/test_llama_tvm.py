@@ -42,7 +42,8 @@ def checkpoint(device, tiny_llama_path):  # type: ignore[no-untyped-def]
         prompt = loaded.text.encode_chat([{"role": "user", "content": "what is the weather there?"}])
         gen = await Generator.start(loaded.model, cache, prompt, SamplingSettings(), stop=StopRules(24),
                                     autosave=Autosave(store, NAME, every=8))
-        await gen.run()
+        async with gen:
+            await gen.run()
         cache.close()
         generations = await list_generations(store, NAME)
         middle = next(g.generation for g in generations if 0 < len(g.app_state["generated_tokens"]) < 24)

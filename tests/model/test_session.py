@@ -15,7 +15,7 @@ from kvckpt_web.errors import (CheckpointStateError, FieldError, FormatError, KV
                                UnusableCheckpointError)
 from kvckpt_web.model.sampler import SamplingSettings
 from kvckpt_web.model.session import (APP_FORMAT, APP_VERSION, Autosave, Generator, StopRules, candidate_count,
-                                      new_cache, resume)
+                                      resume)
 from kvckpt_web import MemoryStore, list_generations, save
 from kvckpt_web.durable.catalog import load_manifest
 
@@ -29,20 +29,6 @@ TOP_P = SamplingSettings(temperature=0.9, top_p=0.85, seed=11)
 TOP_K_PENALTY = SamplingSettings(temperature=0.8, top_k=6, repetition_penalty=1.3, seed=5)
 
 
-@pytest.fixture
-def make_cache(device):
-    """``make_cache(model, page_size=4, prefill_chunk=8, max_tokens=None)``: a cache of the model's layout."""
-    made = []
-
-    def make(model, page_size=4, prefill_chunk=8, max_tokens=None):
-        made.append(new_cache(model, device, max_tokens=max_tokens, prefill_chunk=prefill_chunk, page_size=page_size))
-        return made[-1]
-
-    yield make
-    for cache in made:
-        cache.close()
-
-
 def start(model, cache, settings=GREEDY, *, prompt=PROMPT, stop=StopRules(30), prefill_chunk=8, **kwargs):
     return run(Generator.start(model, cache, prompt, settings, stop=stop, prefill_chunk=prefill_chunk,
                                decode=TEXT.decode, **kwargs))
@@ -50,11 +36,18 @@ def start(model, cache, settings=GREEDY, *, prompt=PROMPT, stop=StopRules(30), p
 
 def uninterrupted(make_cache, settings=GREEDY, **kwargs):
     model = DoubleLM()
-    return run(start(model, make_cache(model), settings, **kwargs).run())
+    gen = start(model, make_cache(model), settings, **kwargs)
+
+    async def whole():
+        async with gen:
+            return await gen.run()
+
+    return run(whole())
 
 
 def interrupted(make_cache, store, settings, produced, *, every=5, **kwargs):
-    """Generate with autosave and abandon the generator after ``produced`` tokens, as a crash would."""
+    """Generate with autosave and abandon the generator after ``produced`` tokens, as a crash would (which
+    releases its name too)."""
     model = DoubleLM()
     gen = start(model, make_cache(model), settings, autosave=Autosave(store, "chat", every), **kwargs)
 
@@ -62,6 +55,7 @@ def interrupted(make_cache, store, settings, produced, *, every=5, **kwargs):
         async for event in gen:
             if event.index + 1 == produced:
                 break
+        await gen.close()
 
     run(some())
     return gen
