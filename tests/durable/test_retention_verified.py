@@ -103,45 +103,40 @@ def test_a_save_does_not_reuse_a_chunk_a_restore_found_damaged_unread(model, tar
 
 
 def test_retention_reads_each_chunk_it_verified_once(model):
-    model.add(0, 40)
-    store = MemoryStore()
-    for _ in range(3):
-        model.append({0: 5})
-        saved(model, store, keep=10)
+    store = BetweenPhases()
+    generations_saved(model, store)
     forget(store)  # a new process: it trusts none of the stored chunks
-    reads = chunk_reads(store)
+    store.reads.clear()
     for _ in range(2):
         model.append({0: 5})
         saved(model, store, keep=2)
-    assert len(reads) == len(set(reads)), reads
+    keys = [key for key, _ in store.reads]
+    assert keys and len(keys) == len(set(keys)), keys
 
 
 # ----- gc: judged without the lock, collected under it --------------------------------------------------------
 
 
-def chunk_reads(store: MemoryStore) -> list[str]:
-    """The chunk keys read from ``store`` from now on (not the sizes asked for)."""
-    keys: list[str] = []
-    real = store._get_into
-
-    async def get_into(key: str, out: memoryview) -> int | None:
-        if key.startswith("chunks/") and len(out):
-            keys.append(key)
-        return await real(key, out)
-
-    store._get_into = get_into  # type: ignore[method-assign]
-    return keys
+def generations_saved(model: KVModel, store: MemoryStore) -> dict[int, list[bytes]]:
+    """Generations 1 to 3 of "s", 5 tokens apart (each with chunks of its own), all kept; what each holds."""
+    model.add(0, 40)
+    expected = {}
+    for generation in (1, 2, 3):
+        model.append({0: 5})
+        saved(model, store, keep=10)
+        expected[generation] = model.expected_groups(0)
+    return expected
 
 
 class BetweenPhases(MemoryStore):
     """A store that runs ``hook`` once, the first time its lock is asked for (by gc: after it judged, before
-    it collects)."""
+    it collects), and records each chunk read."""
 
     def __init__(self) -> None:
         super().__init__()
         self.hook: Callable[[], Awaitable[None]] | None = None
-        self.reads_under_lock: list[bool] = []
-        """For each chunk read (not a size asked for), whether the lock was held."""
+        self.reads: list[tuple[str, bool]] = []
+        """Each chunk read (not a size asked for), and whether the lock was held then."""
 
     def lock(self, timeout: float | None = None) -> Any:
         hook, self.hook = self.hook, None
@@ -159,19 +154,17 @@ class BetweenPhases(MemoryStore):
 
     async def _get_into(self, key: str, out: memoryview) -> int | None:
         if key.startswith("chunks/") and len(out):
-            self.reads_under_lock.append(self._locked)
+            self.reads.append((key, self._locked))
         return await super()._get_into(key, out)
 
 
 def test_gc_reads_and_hashes_chunks_without_holding_the_store_lock(model):
-    model.add(0, 40)
     store = BetweenPhases()
-    for _ in range(3):
-        model.append({0: 5})
-        saved(model, store, keep=10)
+    generations_saved(model, store)
+    store.reads.clear()
     result = run(gc(store, keep=1))
     assert result.deleted_manifests == (key_of(1), key_of(2))
-    assert store.reads_under_lock and not any(store.reads_under_lock)
+    assert store.reads and not any(locked for _, locked in store.reads)
 
 
 def test_a_save_committed_while_gc_judges_keeps_every_chunk_its_manifest_names(model, target):
@@ -206,13 +199,8 @@ def test_a_save_committed_while_gc_judges_keeps_every_chunk_its_manifest_names(m
 
 
 def test_gc_drops_nothing_of_a_name_whose_counted_generation_went_while_it_judged(model, target):
-    model.add(0, 24)
     store = BetweenPhases()
-    expected = {}
-    for generation in (1, 2, 3):
-        model.append({0: 9})
-        saved(model, store, keep=10)
-        expected[generation] = model.expected_groups(0)
+    expected = generations_saved(model, store)
 
     async def another_writer_deletes_the_newest() -> None:
         await store.delete(key_of(3))
