@@ -117,12 +117,16 @@ _REFS_MAX = 64
 
 
 async def refs_of(store: "Store", key: str) -> frozenset[str] | None:
-    """The chunk keys the manifest under ``key`` uses; None if it is missing or cannot be decoded.
+    """The chunk keys the manifest under ``key`` uses; None if it is missing or cannot be read or decoded.
 
     Decoded reference sets are remembered by the SHA-256 of the envelope bytes, so a result is
     never stale.
     """
-    return decoded_refs(key, await store.get(key, max_bytes=MAX_MANIFEST_BYTES))
+    try:
+        data = await store.get(key, max_bytes=MAX_MANIFEST_BYTES)
+    except FormatError:  # longer than any manifest, or no value (a FIFO, a device): it cannot be read
+        return None
+    return decoded_refs(key, data)
 
 
 def decoded_refs(key: str, data: bytes | None) -> frozenset[str] | None:

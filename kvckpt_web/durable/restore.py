@@ -14,7 +14,8 @@ from ..kv.page_groups import PageGroups
 from ..tvm.layout import CacheLimits, KVLayout
 from ..tvm.metadata import dump_tvm_json, parse_metadata, validate_import
 from .catalog import at_key, load_manifest, manifest_keys
-from .container import MAX_MANIFEST_BYTES, ChunkRef, Manifest, check_chunk_digest, check_chunk_size
+from .chunk_reads import read_chunk_into
+from .container import MAX_MANIFEST_BYTES, ChunkRef, Manifest, check_chunk_digest
 from .memo import remember, trusted_chunks
 from .pipeline import IO_CONCURRENCY, Hasher, cache_lock, run_bounded
 from .results import Progress, RestoreResult
@@ -143,8 +144,8 @@ def check_fits(manifest: Manifest, metadata: str, lay: KVLayout, limits: CacheLi
 async def _fetch_groups(store: "Store", manifest: Manifest, key: str, groups: PageGroups,
                         progress: Progress | None, fetched: set[ChunkRef]) -> PageGroups:
     """Every group's bytes read into ``groups``, each chunk in place and verified (size and SHA-256);
-    CorruptionError names a damaged one. Chunks in ``fetched`` are in ``groups`` already; each one read
-    and verified is added to it."""
+    CorruptionError names a damaged one, which this process no longer trusts. Chunks in ``fetched`` are in
+    ``groups`` already; each one read and verified is added to it."""
     pb = manifest.page_bytes
     everything = list(manifest.chunk_refs())
     refs = [ref for ref in everything if ref not in fetched]
@@ -154,9 +155,10 @@ async def _fetch_groups(store: "Store", manifest: Manifest, key: str, groups: Pa
     async def fetch(ref: ChunkRef) -> None:
         view = groups[ref.group][ref.first_page * pb:ref.first_page * pb + ref.nbytes]
         try:
-            check_chunk_size(ref, await store.get_into(ref.key, view))
+            await read_chunk_into(store, ref, view)
             check_chunk_digest(ref, (await hasher.digest(view))[0])
         except CorruptionError as exc:
+            trusted_chunks(store).discard(ref.key)  # found damaged: no later save reuses it unread
             raise at_key(exc, key) from None
         fetched.add(ref)
         done[0] += 1

@@ -27,7 +27,8 @@ from typing import TYPE_CHECKING, Any
 
 from ..errors import CheckpointStateError, FieldError, FormatError, KVCkptError, is_int
 from .catalog import manifest_keys
-from .container import CHUNKS, ChunkRef, Manifest, chunk_key, encode_manifest, plan_chunks, validate_name
+from .container import (CHUNKS, MAX_MANIFEST_BYTES, ChunkRef, Manifest, chunk_key, encode_manifest, plan_chunks,
+                        validate_name)
 from .memo import last_saved, remember, trusted_chunks
 from .pipeline import IO_CONCURRENCY, HashState, MappedBatches, cache_lock, run_bounded
 from .results import Progress, SaveResult
@@ -154,19 +155,28 @@ async def _nothing() -> None:
     return None
 
 
+async def _bytes_of(store: "Store", key: str) -> bytes | None:
+    """The manifest under ``key``; None if there is none or it cannot be one (too long, a FIFO, ...)."""
+    try:
+        return await store.get(key, max_bytes=MAX_MANIFEST_BYTES)
+    except FormatError:
+        return None
+
+
 async def _reusable(store: "Store", cache: "PagedKVCache", seq_id: int, name: str, ppc: int, num_chunks: int
                     ) -> tuple[list[tuple[str, int, str]], _Reuse]:
     """The manifest keys of ``name`` (listed under the lock the save holds) and what the save can keep from this
     process's last save of it: chunks whose pages are all unchanged, if the store still holds that save's
-    manifest (read while the manifests are listed)."""
+    manifest (read while the manifests are listed) and this process still trusts each chunk it uses."""
     lay = cache.layout
     prev = last_saved(store, name)
     if prev is not None and (prev.page_bytes, prev.pages_per_chunk, len(prev.chunks)) != (lay.page_bytes, ppc,
                                                                                             lay.num_layers):
         prev = None
     existing, kept = await asyncio.gather(manifest_keys(store, name),
-                                          store.get(prev.key) if prev is not None else _nothing())
-    if prev is None or kept != prev.envelope:  # nothing to go by, or its chunks may be gone
+                                          _bytes_of(store, prev.key) if prev is not None else _nothing())
+    if prev is None or kept != prev.envelope or not prev.chunk_keys <= trusted_chunks(store):
+        # nothing to go by, its chunks may be gone, or a restore or verify found one of them damaged since
         return existing, _Reuse(0, ((),) * lay.num_layers, frozenset(), {})
     unchanged_pages = cache.unchanged_prefix(seq_id, prev.state) // lay.page_size
     reuse = min(unchanged_pages // ppc, len(prev.chunks[0]), num_chunks)

@@ -6,8 +6,10 @@ one token at a time, picking each next token with a
 token limit or the context ends it. Every ``Autosave.every`` tokens, at the end of the prefill and
 when it finishes, it saves the sequence with :func:`kvckpt_web.durable.save.save`; the checkpoint's
 ``app_state`` (see :func:`app_state_of`) holds every token id, where the K/V end, the sampler's
-state, the model's identity and the conversation the reply belongs to
-(:mod:`~kvckpt_web.model.conversation`).
+state, the model's identity, the settings a resumed run continues with and the conversation the reply
+belongs to (:mod:`~kvckpt_web.model.conversation`). A save that fails in the store (a full disk, the store's
+lock not had in time) does not end the generation: it is reported, the last committed checkpoint stays,
+and the next save tries again.
 
 A generator that autosaves holds its name's :meth:`~kvckpt_web.stores.base.Store.claim` from
 :meth:`Generator.start` or :func:`resume` until :meth:`Generator.close`: a second writer of the name is
@@ -27,6 +29,7 @@ one token per call), so the K/V and the continuation are the same either way.
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import AsyncExitStack
@@ -40,7 +43,7 @@ from ..durable.results import Progress, SaveResult
 from ..durable.retention import DEFAULT_KEEP
 from ..durable.save import save
 from ..errors import (CheckpointStateError, CorruptionError, FieldError, FormatError, MetadataError, SequenceError,
-                      UnusableCheckpointError)
+                      StoreError, UnusableCheckpointError)
 from ..kv.cache import PagedKVCache
 from ..tvm.layout import CacheLimits
 from .conversation import Conversation, check_owner
@@ -51,8 +54,9 @@ if TYPE_CHECKING:
     from ..gpu.device import Device
     from ..stores.base import Store
 
-__all__ = ["APP_FORMAT", "APP_VERSION", "Autosave", "FINISH_REASONS", "GenerationResult", "Generator",
-           "ResumeReport", "StopRules", "TokenEvent", "app_state_of", "candidate_count", "new_cache", "resume"]
+__all__ = ["APP_FORMAT", "APP_VERSION", "Autosave", "DEFAULT_AUTOSAVE_EVERY", "FINISH_REASONS", "GenerationResult",
+           "Generator", "ResumeReport", "StopRules", "TokenEvent", "app_state_of", "candidate_count", "new_cache",
+           "resume", "resume_limits"]
 
 APP_FORMAT = "kvckpt.generation"
 """The ``format`` tag of a generation's ``app_state``."""
@@ -60,6 +64,8 @@ APP_VERSION = 1
 """The ``version`` of the ``app_state`` schema this module writes and reads."""
 FINISH_REASONS = ("eos", "stop", "length", "context")
 """Why a generation ended: an end-of-sequence id, a stop string, ``max_tokens``, the context is full."""
+DEFAULT_AUTOSAVE_EVERY = 64
+"""Tokens between two autosaves of a new generation that does not say."""
 
 
 def _int(field_name: str, value: Any, minimum: int) -> int:
@@ -116,15 +122,19 @@ class Autosave:
 
     store: "Store"
     name: str
-    every: int = 64
-    """Save once this many tokens were added to the cache since the last save (prefill included)."""
-    keep: int = DEFAULT_KEEP
-    """Generations of ``name`` to keep."""
+    every: int | None = None
+    """Save once this many tokens were added to the cache since the last save or failed try (prefill
+    included); None: the checkpoint's interval when resumed, else :data:`DEFAULT_AUTOSAVE_EVERY`."""
+    keep: int | None = None
+    """Generations of ``name`` to keep; None: the checkpoint's when resumed, else
+    :data:`~kvckpt_web.durable.retention.DEFAULT_KEEP`."""
 
     def __post_init__(self) -> None:
         validate_name(self.name)
-        _int("autosave.every", self.every, 1)
-        _int("autosave.keep", self.keep, 1)
+        if self.every is not None:
+            _int("autosave.every", self.every, 1)
+        if self.keep is not None:
+            _int("autosave.keep", self.keep, 1)
 
 
 @dataclass(frozen=True)
@@ -171,15 +181,18 @@ class ResumeReport:
 
 def app_state_of(model_identity: str, prompt: Sequence[int], generated: Sequence[int], kv_length: int,
                  prefill_chunk: int, sampler_state: dict[str, Any], stop: StopRules,
-                 finish_reason: str | None, conversation: Conversation | None = None) -> dict[str, Any]:
+                 finish_reason: str | None, conversation: Conversation | None = None, *, context: int | None = None,
+                 autosave_every: int | None = None, autosave_keep: int | None = None) -> dict[str, Any]:
     """The ``app_state`` a generation saves with its K/V.
 
     ``prompt_tokens + generated_tokens`` are every token so far; the checkpoint's K/V are those of the
     first ``kv_length`` of them (always fewer than all: the rest are pending); ``sampler`` is the sampler's
     state after the last pick; ``prefill_chunk`` fixes how the prompt was split into forward calls;
     ``conversation`` (``{"id", "created_ms"}``, left out if None) is the conversation the reply belongs to.
-    Version 1 readers that predate ``conversation`` ignore it, and a checkpoint without one still resumes
-    (as a conversation of unknown id).
+    What a resumed run continues with unless told otherwise: ``context`` (the most tokens of prompt and
+    reply), ``autosave_every`` and ``autosave_keep`` (its autosave's interval and generations kept). Each
+    optional key is left out when None; version 1 readers that predate them ignore them, and a checkpoint
+    without them still resumes (a conversation of unknown id, the caller's or default settings).
     """
     state = {"format": APP_FORMAT, "version": APP_VERSION, "model": model_identity,
              "prompt_tokens": list(prompt), "generated_tokens": list(generated), "kv_length": kv_length,
@@ -187,6 +200,9 @@ def app_state_of(model_identity: str, prompt: Sequence[int], generated: Sequence
              "finish_reason": finish_reason}
     if conversation is not None:
         state["conversation"] = conversation.to_json()
+    for key, value in (("context", context), ("autosave_every", autosave_every), ("autosave_keep", autosave_keep)):
+        if value is not None:
+            state[key] = value
     return state
 
 
@@ -204,6 +220,9 @@ class _Saved:
     finish_reason: str | None
     conversation: Conversation | None
     """None: a checkpoint written before generations recorded their conversation."""
+    context: int | None = None
+    autosave_every: int | None = None
+    autosave_keep: int | None = None
 
 
 def _parse_app_state(app_state: Any) -> _Saved:
@@ -220,6 +239,8 @@ def _parse_app_state(app_state: Any) -> _Saved:
         generated = _token_ids("app_state.generated_tokens", app_state.get("generated_tokens"))
         kv_length = _int("app_state.kv_length", app_state.get("kv_length"), 0)
         prefill_chunk = _int("app_state.prefill_chunk", app_state.get("prefill_chunk"), 1)
+        context, every, keep = (None if app_state.get(key) is None else _int(f"app_state.{key}", app_state[key], 1)
+                                for key in ("context", "autosave_every", "autosave_keep"))
     except FieldError as exc:
         raise FormatError(exc.field, exc.expected, exc.got) from None
     if not prompt:
@@ -242,7 +263,16 @@ def _parse_app_state(app_state: Any) -> _Saved:
         raise FormatError("app_state.finish_reason", f"null or one of {FINISH_REASONS}", reason)
     conversation = Conversation.from_json(app_state["conversation"]) if "conversation" in app_state else None
     return _Saved(model, prompt, generated, kv_length, prefill_chunk, sampler,
-                  StopRules.from_json(app_state.get("stop"), "app_state.stop"), reason, conversation)
+                  StopRules.from_json(app_state.get("stop"), "app_state.stop"), reason, conversation, context, every,
+                  keep)
+
+
+def resume_limits(app_state: Any) -> tuple[int, int | None]:
+    """What a cache must take to resume the generation saved with ``app_state``: its prefill chunk, and its
+    context (None in checkpoints written before it was recorded); FormatError naming the field if
+    ``app_state`` is not a generation's."""
+    saved = _parse_app_state(app_state)
+    return saved.prefill_chunk, saved.context
 
 
 class _Text:
@@ -303,14 +333,17 @@ class Generator:
     def __init__(self, model: CausalLM, cache: "PagedKVCache", seq_id: int, saved: _Saved, *,
                  autosave: Autosave | None, decode: Callable[[Sequence[int]], str] | None,
                  on_token: Callable[[TokenEvent], None] | None, on_save: Callable[[SaveResult], None] | None,
-                 progress: Progress | None) -> None:
+                 on_save_error: Callable[[Exception], None] | None, progress: Progress | None) -> None:
         self.model = model
         self.cache = cache
         self.seq_id = seq_id
         self.sampler = saved.sampler
-        self.autosave = autosave
+        self.autosave = None if autosave is None else dataclasses.replace(
+            autosave, every=_first(autosave.every, saved.autosave_every, DEFAULT_AUTOSAVE_EVERY),
+            keep=_first(autosave.keep, saved.autosave_keep, DEFAULT_KEEP))
         self.on_token = on_token
         self.on_save = on_save
+        self.on_save_error = on_save_error
         self.progress = progress
         self.stop = saved.stop
         self.prompt_tokens = list(saved.prompt)
@@ -319,10 +352,12 @@ class Generator:
         self.prefill_chunk = saved.prefill_chunk
         self.finish_reason = saved.finish_reason
         self.conversation = saved.conversation  # None: resumed from a checkpoint that recorded none
-        self.context = min(model.max_context, cache.limits.max_total_seq_len)
+        self.context = _context(model, cache, saved.context)
         self.last_save: SaveResult | None = None
+        self.save_error: Exception | None = None
+        """Why the last save failed (a StoreError or OSError); None once a save succeeds."""
         self.resume_report: ResumeReport | None = None
-        self._saved_at = saved.kv_length
+        self._tried_at = saved.kv_length  # the kv_length of the last save or failed try: autosave counts from it
         self._failed: BaseException | None = None
         self._held = AsyncExitStack()  # the autosave name's claim
         self._closed = False
@@ -339,6 +374,7 @@ class Generator:
                     autosave: Autosave | None = None, decode: Callable[[Sequence[int]], str] | None = None,
                     on_token: Callable[[TokenEvent], None] | None = None,
                     on_save: Callable[[SaveResult], None] | None = None,
+                    on_save_error: Callable[[Exception], None] | None = None,
                     progress: Progress | None = None) -> "Generator":
         """A generation of ``prompt`` (token ids) in a new sequence ``seq_id`` of ``cache``.
 
@@ -348,12 +384,13 @@ class Generator:
         a new conversation: with ``autosave``, ConflictError (nothing written) while another writer holds
         the name, or if the name holds generations of another conversation (resume it, or use another
         name, or delete it); the generator holds the name's claim until :meth:`close`.
+        ``on_save_error`` hears of each autosave that failed (generation goes on; see :meth:`step`).
         """
         prompt = _token_ids("prompt", prompt)
         for i, t in enumerate(prompt):
             if t >= model.vocab_size:
                 raise FieldError(f"prompt[{i}]", f"a token id below the vocabulary size {model.vocab_size}", t)
-        context = min(model.max_context, cache.limits.max_total_seq_len)
+        context = _context(model, cache)
         if not prompt:
             raise FieldError("prompt", "at least one token", "an empty prompt")
         if len(prompt) > context:
@@ -364,7 +401,7 @@ class Generator:
             sampler = Sampler(sampler)
         saved = _Saved(model.identity, prompt, [], 0, chunk, sampler, stop, None, Conversation.new())
         gen = cls(model, cache, seq_id, saved, autosave=autosave, decode=decode, on_token=on_token,
-                  on_save=on_save, progress=progress)
+                  on_save=on_save, on_save_error=on_save_error, progress=progress)
         await gen._hold_name(check=True)
         try:
             cache.add_sequence(seq_id)
@@ -416,11 +453,21 @@ class Generator:
         """Whether the generation has ended (``finish_reason`` says why)."""
         return self.finish_reason is not None
 
+    @property
+    def committed_generation(self) -> int | None:
+        """The generation of the last checkpoint this generation committed, else of the one it resumed from;
+        None if neither (what a resume after a crash now would continue from)."""
+        if self.last_save is not None:
+            return self.last_save.generation
+        return None if self.resume_report is None else self.resume_report.generation
+
     def app_state(self) -> dict[str, Any]:
         """What a save of this generation records now (see :func:`app_state_of`)."""
+        auto = self.autosave
         return app_state_of(self.model.identity, self.prompt_tokens, self.generated_tokens, self.kv_length,
                             self.prefill_chunk, self.sampler.to_json(), self.stop, self.finish_reason,
-                            self.conversation)
+                            self.conversation, context=self.context, autosave_every=auto.every if auto else None,
+                            autosave_keep=auto.keep if auto else None)
 
     def result(self) -> GenerationResult:
         """The finished generation; FieldError while it is still running."""
@@ -432,17 +479,32 @@ class Generator:
     # ----- running ------------------------------------------------------------------------------
 
     async def save(self) -> SaveResult:
-        """Save the sequence and its ``app_state`` now (to the autosave store and name)."""
+        """Save the sequence and its ``app_state`` now (to the autosave store and name); a failure in the store
+        (StoreError, OSError) is also kept in ``save_error``."""
         if self.autosave is None:
             raise FieldError("autosave", "a store and name to save to", "none")
         self._check_usable()
-        result = await save(self.cache, self.seq_id, self.autosave.store, self.autosave.name,
-                            app_state=self.app_state(), keep=self.autosave.keep)
-        self._saved_at = self.kv_length
+        self._tried_at = self.kv_length
+        try:
+            result = await save(self.cache, self.seq_id, self.autosave.store, self.autosave.name,
+                                app_state=self.app_state(), keep=self.autosave.keep)
+        except (StoreError, OSError) as exc:
+            self.save_error = exc
+            raise
+        self.save_error = None
         self.last_save = result
         if self.on_save is not None:
             self.on_save(result)
         return result
+
+    async def _autosave(self) -> None:
+        """:meth:`save`, except that a failure in the store goes to ``on_save_error`` and generation goes on:
+        the last committed checkpoint stays, and the next interval (or the end) tries again."""
+        try:
+            await self.save()
+        except (StoreError, OSError) as exc:
+            if self.on_save_error is not None:
+                self.on_save_error(exc)
 
     def _check_usable(self) -> None:
         if self._closed:
@@ -468,7 +530,10 @@ class Generator:
         return self.sampler.pick(await logits.top_k(k), tokens)
 
     async def step(self) -> TokenEvent | None:
-        """Run the next forward (a prefill chunk or the pending token); the token it produced, if any."""
+        """Run the next forward (a prefill chunk or the pending token); the token it produced, if any.
+
+        Autosaves when due; a save that fails in the store (StoreError, OSError) is reported to
+        ``on_save_error`` and kept in ``save_error``, and the generation goes on."""
         self._check_usable()
         if self.finish_reason is not None:
             return None
@@ -479,8 +544,8 @@ class Generator:
             if self.progress is not None:
                 self.progress("prefill", self.kv_length, prompt_len)
             if self.kv_length < prompt_len:
-                if self.autosave is not None and self.kv_length - self._saved_at >= self.autosave.every:
-                    await self.save()
+                if self.autosave is not None and self.kv_length - self._tried_at >= self.autosave.every:
+                    await self._autosave()
                 return None
         else:
             logits = await self._forward([self.generated_tokens[-1]])
@@ -490,8 +555,8 @@ class Generator:
         if self.on_token is not None:
             self.on_token(event)
         if self.autosave is not None and (len(self.generated_tokens) == 1 or self.finish_reason is not None
-                                          or self.kv_length - self._saved_at >= self.autosave.every):
-            await self.save()
+                                          or self.kv_length - self._tried_at >= self.autosave.every):
+            await self._autosave()
         return event
 
     def _finish_check(self, token: int) -> TokenEvent:
@@ -553,6 +618,17 @@ def candidate_count(settings: SamplingSettings, previous: Sequence[int], vocab_s
     return min(vocab_size, keep + (len(set(previous)) if penalty > 1 else 0))
 
 
+def _context(model: CausalLM, cache: "PagedKVCache", limit: int | None = None) -> int:
+    """The most tokens of prompt and reply a generation holds: the least of the model's context, the cache's
+    and ``limit`` (None: no other limit)."""
+    return min(model.max_context, cache.limits.max_total_seq_len, limit or model.max_context)
+
+
+def _first(*values: int | None) -> int:
+    """The first of ``values`` that is not None (the last never is)."""
+    return next(v for v in values if v is not None)
+
+
 def new_cache(model: CausalLM, device: "Device", *, max_tokens: int | None = None, prefill_chunk: int = 512,
               page_size: int = 16, num_seqs: int = 1) -> "PagedKVCache":
     """A cache of ``model``'s layout for ``num_seqs`` sequences of up to ``max_tokens`` (default: the model's
@@ -569,20 +645,25 @@ def _why_not(exc: Exception) -> str:
 
 async def resume(store: "Store", name: str, model: CausalLM, cache: "PagedKVCache", *,
                  seq_id: int = 0, generation: int | None = None, autosave: Autosave | None = None,
-                 max_tokens: int | None = None, decode: Callable[[Sequence[int]], str] | None = None,
+                 max_tokens: int | None = None, context: int | None = None,
+                 decode: Callable[[Sequence[int]], str] | None = None,
                  on_token: Callable[[TokenEvent], None] | None = None,
                  on_save: Callable[[SaveResult], None] | None = None,
+                 on_save_error: Callable[[Exception], None] | None = None,
                  progress: Progress | None = None, replay: bool = True) -> Generator:
-    """The generation saved as ``name`` in ``store``, ready to continue in sequence ``seq_id`` of ``cache``.
+    """The generation saved as ``name`` in ``store`` (its newest generation, or ``generation``), ready to
+    continue in sequence ``seq_id`` of ``cache``.
 
     Imports the checkpoint's K/V if they fit ``model`` and ``cache``; otherwise (another model identity,
     another layout, a damaged or missing chunk, another length) runs the saved tokens through ``model``
     again. Either way the continuation is the one an uninterrupted run produces; the generator's
-    ``resume_report`` says which happened and why. ``max_tokens`` replaces the saved limit (a generation
-    that ended at its limit goes on under a higher one; one that ended otherwise stays finished). Raises
-    NotFoundError if there is no checkpoint, and CorruptionError or FormatError if its manifest or
-    ``app_state`` cannot be read: only then are its tokens lost. With ``replay=False`` K/V that cannot be used
-    raise UnusableCheckpointError (naming the reason) instead, and the cache is left as it was.
+    ``resume_report`` says which happened and why. The run goes on with the checkpoint's settings: its
+    prefill chunk, its context (also when ``cache`` holds more) and, where ``autosave`` leaves them None,
+    its autosave interval and generations kept. ``max_tokens`` and ``context`` replace the saved limits
+    (a generation that ended at a limit goes on under a higher one; one that ended otherwise stays
+    finished). Raises NotFoundError if there is no checkpoint, and CorruptionError or FormatError if its
+    manifest or ``app_state`` cannot be read: only then are its tokens lost. With ``replay=False`` K/V that
+    cannot be used raise UnusableCheckpointError (naming the reason) instead, and the cache is left as it was.
 
     With ``autosave``, the generator holds that name's claim until :meth:`Generator.close`: ConflictError at
     once, nothing changed, while another writer holds it, or if ``autosave`` saves under another name or
@@ -594,15 +675,19 @@ async def resume(store: "Store", name: str, model: CausalLM, cache: "PagedKVCach
     saved = _parse_app_state(manifest.app_state)
     if max_tokens is not None:
         saved.stop = StopRules(max_tokens, saved.stop.eos_ids, saved.stop.stop_strings)
-        if saved.finish_reason in (None, "length"):  # the limit alone decides whether it goes on
-            saved.finish_reason = "length" if len(saved.generated) >= max_tokens else None
+    if context is not None:
+        saved.context = _int("context", context, 1)
     _check_chunk(saved.prefill_chunk, cache)
-    context = min(model.max_context, cache.limits.max_total_seq_len)
-    if saved.kv_length > context:
-        raise FieldError("app_state.kv_length", f"at most {context} tokens (the context of the model and cache)",
+    room = _context(model, cache)
+    if saved.kv_length > room:
+        raise FieldError("app_state.kv_length", f"at most {room} tokens (the context of the model and cache)",
                          saved.kv_length)
-    gen = Generator(model, cache, seq_id, saved, autosave=autosave, decode=decode,
-                    on_token=on_token, on_save=on_save, progress=progress)
+    if (max_tokens, context) != (None, None) and saved.finish_reason in (None, "length", "context"):
+        # the limits alone decide whether it goes on
+        saved.finish_reason = ("length" if len(saved.generated) >= saved.stop.max_tokens
+                               else "context" if saved.kv_length >= _context(model, cache, saved.context) else None)
+    gen = Generator(model, cache, seq_id, saved, autosave=autosave, decode=decode, on_token=on_token,
+                    on_save=on_save, on_save_error=on_save_error, progress=progress)
     # continuing the name it was saved as needs no check: the checkpoint read is that name's conversation
     await gen._hold_name(check=autosave is not None and (autosave.store is not store or autosave.name != name))
     try:

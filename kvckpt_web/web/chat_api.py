@@ -11,8 +11,8 @@ what happens while a call runs reaches JavaScript as events, JSON text given to 
 * ``{"type": "prefill", "done", "total"}`` and ``{"type": "replay", "done", "total"}`` -- tokens run;
 * ``{"type": "token", "index", "text", "tokensPerS"}`` -- a generated token and the reply text it made final;
 * ``{"type": "saved", "generation", "tokens", "bytes", "ms"}`` -- a committed checkpoint;
-* ``{"type": "saveFailed", "error"}`` -- an autosave failed (the last committed generation stays); autosave
-  waits for :func:`save_now`;
+* ``{"type": "saveFailed", "error", "committed"}`` -- an autosave failed (the last committed generation stays,
+  the generation goes on); the next autosave tries again, :func:`save_now` at once;
 * ``{"type": "finished" or "paused", "finishReason", "text"}`` -- the generation stopped.
 """
 
@@ -26,7 +26,7 @@ from typing import Any
 from ..durable.catalog import list_generations
 from ..durable.results import GenerationInfo, SaveResult
 from ..durable.retention import delete_name
-from ..errors import FieldError, StoreError, UnusableCheckpointError
+from ..errors import FieldError, UnusableCheckpointError
 from ..model.gguf import parse_gguf
 from ..model.loader import load_gguf
 from ..model.protocol import LoadedModel
@@ -46,7 +46,6 @@ class _Chat:
         self.cache: Any = None
         self.gen: Generator | None = None
         self.writing: tuple[Any, str] | None = None  # the store and name the generation writes
-        self.autosave: Autosave | None = None
         self.pausing = False
         self.running = False  # _run is stepping the generation
         self.emit: Callable[[str], None] = lambda text: None
@@ -99,7 +98,7 @@ async def load_model(data: Any) -> str:
 
 
 def _generator_hooks(started_at: int) -> dict[str, Any]:
-    """The callbacks of a Generator that turn its tokens, saves and progress into events."""
+    """The callbacks of a Generator that turn its tokens, saves, failed autosaves and progress into events."""
     clock = {"t0": time.perf_counter(), "first": started_at}
 
     def on_token(event: TokenEvent) -> None:
@@ -112,13 +111,17 @@ def _generator_hooks(started_at: int) -> dict[str, Any]:
         _event("saved", generation=result.generation, tokens=result.seq_length, bytes=result.bytes_written,
                ms=result.seconds * 1e3, name=result.name)
 
+    def on_save_error(exc: Exception) -> None:
+        _event("saveFailed", error=error_fields(exc),
+               committed=_chat.gen.committed_generation if _chat.gen is not None else None)
+
     def progress(phase: str, done: int, total: int) -> None:
         if phase in ("prefill", "replay"):
             _event(phase, done=done, total=total)
             if done == total:  # decode speed counts from the first decoded token
                 clock["t0"] = time.perf_counter()
 
-    return {"on_token": on_token, "on_save": on_save, "progress": progress}
+    return {"on_token": on_token, "on_save": on_save, "on_save_error": on_save_error, "progress": progress}
 
 
 async def _release() -> None:
@@ -162,13 +165,13 @@ async def start(prompt: str, options: Any = None) -> str:
     return await _run()
 
 
-RESUME_OPTIONS = {"store": "indexeddb", "storeName": "kvckpt-demo", "name": None, "generation": None, "every": 16,
+RESUME_OPTIONS = {"store": "indexeddb", "storeName": "kvckpt-demo", "name": None, "generation": None, "every": None,
                   "context": 1024, "replay": False, "measure": False}
 
 
 async def resume_saved(options: Any = None) -> str:
     """Continue conversation ``options.name`` from its newest checkpoint (or ``options.generation``), then run
-    it like :func:`start`.
+    it like :func:`start`, autosaving every ``options.every`` tokens (default: as the checkpoint did).
 
     JSON ``{problem: {reason, message}}`` if its K/V cannot be used and ``options.replay`` is false (nothing
     changed); else, once the generation stops, what :func:`start` returns. A ``restored`` event says first how
@@ -220,18 +223,13 @@ async def _reprefill_ms(tokens: list[int]) -> float:
 
 
 async def _run() -> str:
-    """Step the generation until it finishes or :func:`pause` asks; a failed autosave is reported and
-    autosave waits for :func:`save_now`, generation goes on."""
+    """Step the generation until it finishes or :func:`pause` asks (a failed autosave is an event, and
+    generation goes on)."""
     gen = _chat.gen
     _chat.pausing, _chat.running = False, True
     try:
         while gen.finish_reason is None and not _chat.pausing:
-            try:
-                await gen.step()
-            except StoreError as exc:
-                _chat.autosave, gen.autosave = gen.autosave, None
-                _event("saveFailed", error=error_fields(exc),
-                       committed=gen.last_save.generation if gen.last_save is not None else None)
+            await gen.step()
     finally:
         _chat.running = False
     _event("finished" if gen.finish_reason else "paused", finish_reason=gen.finish_reason, text=gen.text)
@@ -244,12 +242,11 @@ def pause() -> None:
 
 
 async def save_now() -> str:
-    """Save the current generation now, turning autosave back on after a failed one; the saved event's JSON."""
+    """Save the current generation now (after a failed autosave: without waiting for the next); the saved
+    event's JSON."""
     gen = _chat.gen
     if gen is None:
         raise FieldError("generation", "a started or resumed generation", "none")
-    if gen.autosave is None and _chat.autosave is not None:
-        gen.autosave, _chat.autosave = _chat.autosave, None
     result = await gen.save()
     return _json(generation=result.generation, tokens=result.seq_length, bytes=result.bytes_written,
                  ms=result.seconds * 1e3)

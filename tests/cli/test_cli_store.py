@@ -391,13 +391,15 @@ def test_inspect_refuses_a_manifest_longer_than_the_format_allows_before_reading
 
 
 @pytest.mark.parametrize("command", [["verify", "--no-load"], ["verify"]])
-def test_a_chunk_that_is_a_fifo_fails_the_command_without_blocking(store_dir, capsys, unblock_fifo, command):
+def test_verify_reports_a_chunk_that_is_a_fifo_as_damage_without_blocking(store_dir, capsys, unblock_fifo, command):
     chunk = sorted((store_dir / "chunks").iterdir())[0]
     chunk.unlink()
     unblock_fifo(chunk)
     assert main([command[0], str(store_dir), *command[1:]]) == 1
     out, err = capsys.readouterr()
-    assert "FIFO" in out + err
+    problems = [line for line in out.splitlines() if line.startswith("PROBLEM: ")]
+    assert len(problems) == 1 and f"chunks/{chunk.name}" in problems[0] and "FIFO" in problems[0], out
+    assert f"{len(list((store_dir / 'chunks').iterdir()))} chunks" in out and "error" not in err
 
 
 def test_verify_reports_a_manifest_linked_to_a_device_as_damaged(store_dir, capsys):

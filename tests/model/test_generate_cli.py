@@ -6,10 +6,15 @@ test double, except where the real llama runner is the point (the tiny random GG
 
 from __future__ import annotations
 
+import os
+from pathlib import Path
+
 import pytest
 
 from kvckpt_web.cli.main import main
 from kvckpt_web.cli import generate
+from kvckpt_web.durable.catalog import list_generations
+from kvckpt_web.errors import StoreError
 from kvckpt_web.model import loader
 from kvckpt_web.model.protocol import LoadedModel
 from kvckpt_web.model.sampler import SamplingSettings
@@ -113,6 +118,112 @@ def test_generate_on_a_name_another_writer_holds_is_refused_before_the_model_loa
     error = one_line_error(capsys)
     assert "'talk'" in error and "held by another writer" in error
     assert snapshot(saved_reply) == before
+# ----- a resumed reply keeps the settings it was started with ---------------------------------------------------
+
+
+def started(double_model: str, store: Path, *flags: str) -> list[str]:
+    """Start a reply of 8 tokens saved as 'talk' in ``store`` with ``flags``; the flags that resume it."""
+    common = ["--model", double_model, "--store", str(store), "--name", "talk"]
+    assert main(["generate", *common, "--prompt", PROMPT, "--temperature", "0.9", "--seed", "2", "--max-tokens", "8",
+                 *flags]) == 0
+    return ["generate", *common, "--resume"]
+
+
+def generations(store: Path) -> list[int]:
+    return [info.generation for info in run(list_generations(FileStore(store, read_only=True), "talk"))]
+
+
+def test_a_reply_started_with_a_prefill_chunk_resumes_without_repeating_it(device, double_model, tmp_path, capsys):
+    resume = started(double_model, tmp_path / "store", "--prefill-chunk", "600")
+    capsys.readouterr()
+    assert main([*resume, "--max-tokens", "25"]) == 0
+    assert capsys.readouterr().out == expected_text(device, SamplingSettings(temperature=0.9, seed=2), 25) + "\n"
+
+
+def test_a_resumed_reply_autosaves_at_the_interval_it_was_started_with(double_model, tmp_path):
+    resume = started(double_model, tmp_path / "a", "--autosave-every", "3")
+    assert main([*resume, "--max-tokens", "25"]) == 0
+    told = started(double_model, tmp_path / "b", "--autosave-every", "3")
+    assert main([*told, "--max-tokens", "25", "--autosave-every", "3"]) == 0
+    assert generations(tmp_path / "a") == generations(tmp_path / "b")
+
+
+def test_a_prefill_chunk_below_the_saved_replys_is_refused_before_the_model_loads(double_model, tmp_path, capsys):
+    resume = started(double_model, tmp_path / "store", "--prefill-chunk", "16")
+    capsys.readouterr()
+    assert main([*resume, "--prefill-chunk", "8"]) == 1
+    assert "--prefill-chunk: expected at least 16" in one_line_error(capsys)
+
+
+def test_generate_resume_generation_continues_the_older_one_beside_a_damaged_newest(device, double_model, tmp_path,
+                                                                                     capsys):
+    store = tmp_path / "store"
+    resume = started(double_model, store, "--autosave-every", "3")
+    older, newest = generations(store)
+    os.truncate(store / "manifests" / "talk" / f"{newest:020d}", 30)
+    capsys.readouterr()
+    assert main(resume) == 1
+    assert f"{newest:020d}" in one_line_error(capsys)
+    assert main([*resume, "--generation", str(older), "--max-tokens", "25"]) == 0
+    out, err = capsys.readouterr()
+    assert out == expected_text(device, SamplingSettings(temperature=0.9, seed=2), 25) + "\n"
+    assert f"resumed 'talk' generation {older} " in err
+
+
+def test_generate_resume_of_a_generation_not_stored_lists_those_there_are(double_model, tmp_path, capsys):
+    store = tmp_path / "store"
+    resume = started(double_model, store, "--autosave-every", "3")
+    capsys.readouterr()
+    assert main([*resume, "--generation", "99"]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("kvckpt: error: ") and len(err.splitlines()) == 1, err  # before the model loads
+    assert "no generation 99 of 'talk'" in err and f"generations in store: {generations(store)}" in err
+
+
+# ----- a failed autosave ----------------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def full_disk(monkeypatch):
+    """``full_disk(commits)``: the stores of ``kvckpt generate`` fail the manifest writes numbered in ``commits``
+    (from 1) as a full disk does."""
+
+    def make(commits: set[int]) -> None:
+        count = [0]
+
+        class FullDisk(FileStore):
+            async def _set(self, key: str, data: memoryview) -> None:
+                if key.startswith("manifests/"):
+                    count[0] += 1
+                    if count[0] in commits:
+                        raise StoreError(f"set {key!r}: cannot write it ([Errno 28] No space left on device)")
+                await super()._set(key, data)
+
+        monkeypatch.setattr(generate, "FileStore", FullDisk)
+
+    return make
+
+
+def test_a_failed_autosave_is_a_warning_and_the_reply_goes_on(device, double_model, tmp_path, capsys, full_disk):
+    full_disk({2})
+    started(double_model, tmp_path / "store", "--autosave-every", "3")
+    out, err = capsys.readouterr()
+    assert out == expected_text(device, SamplingSettings(temperature=0.9, seed=2), 8) + "\n"
+    warnings = [line for line in err.splitlines() if line.startswith("kvckpt: warning: ")]
+    assert len(warnings) == 1 and "autosave of 'talk' failed" in warnings[0] and "No space left" in warnings[0]
+
+
+def test_a_failed_final_save_exits_1_naming_the_last_committed_generation(device, double_model, tmp_path, capsys,
+                                                                          full_disk):
+    full_disk(set(range(2, 100)))
+    argv = ["generate", "--model", double_model, "--store", str(tmp_path / "store"), "--name", "talk", "--prompt",
+            PROMPT, "--temperature", "0.9", "--seed", "2", "--max-tokens", "8", "--autosave-every", "3"]
+    assert main(argv) == 1
+    out, err = capsys.readouterr()
+    assert out == expected_text(device, SamplingSettings(temperature=0.9, seed=2), 8) + "\n"
+    assert err.splitlines()[-1].startswith("kvckpt: error: the last save of 'talk' failed")
+    assert "its last committed checkpoint is generation 1" in err.splitlines()[-1]
+    assert generations(tmp_path / "store") == [1]
 
 
 @pytest.mark.parametrize("argv, names", [
@@ -121,6 +232,7 @@ def test_generate_on_a_name_another_writer_holds_is_refused_before_the_model_loa
     (["--resume", "--store", "{tmp}/s", "--seed", "3"], "--seed"),
     (["--resume", "--store", "{tmp}/missing"], "--store"),
     (["--resume", "--store", "{tmp}/s", "--name", "nothing"], "no checkpoint named 'nothing'"),
+    (["--prompt", "hi", "--generation", "2"], "--generation"),
     (["--prompt", "  "], "--prompt"),
     ([], "--prompt"),
     (["--prompt", "hi", "--name", "x"], "--name"),
@@ -134,7 +246,7 @@ def test_generate_on_a_name_another_writer_holds_is_refused_before_the_model_loa
     (["--prompt", "hi", "--prefill-chunk", "0"], "--prefill-chunk"),
     (["--prompt", "hi", "--model", "{tmp}/none.gguf"], "model"),
 ], ids=["resume-without-store", "resume-with-prompt", "resume-with-sampler-flag", "resume-from-missing-store",
-        "resume-of-a-missing-checkpoint",
+        "resume-of-a-missing-checkpoint", "generation-without-resume",
         "blank-prompt", "no-prompt", "name-without-store", "bad-name", "negative-temperature", "zero-top-p",
         "negative-top-k", "zero-penalty", "zero-max-tokens", "zero-autosave-every", "zero-prefill-chunk",
         "missing-model-file"])
