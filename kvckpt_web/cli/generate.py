@@ -20,7 +20,9 @@ from ..gpu.open import open_device
 from ..model.loader import default_model_path, load_model
 from ..model.sampler import SamplingSettings
 from ..model.session import Autosave, Generator, StopRules, new_cache, resume
+from ..model.tokenizer import utf8
 from ..stores.file import FileStore
+from .store_commands import check_store_target
 
 SAMPLER_FLAGS = {"seed": "--seed", "temperature": "--temperature", "top_k": "--top-k", "top_p": "--top-p",
                  "repetition_penalty": "--repetition-penalty"}
@@ -43,6 +45,8 @@ def _check_args(args: argparse.Namespace) -> None:
                              "state continue)", getattr(args, given[0].lstrip("-").replace("-", "_")))
     elif args.prompt is None or not args.prompt.strip():
         raise FieldError("--prompt", "a non-empty text", args.prompt if args.prompt is not None else "none")
+    else:
+        utf8("--prompt", args.prompt)  # bytes of the command line that are not UTF-8 arrive as lone surrogates
     if args.name is not None and args.store is None:
         raise FieldError("--name", "--store DIR to save into", "no --store")
 
@@ -99,12 +103,13 @@ def cmd_generate(args: argparse.Namespace) -> None:
             raise FieldError(flag, "an integer >= 1", value)
     autosave = None
     if args.store is not None:
-        validate_name(args.name or "chat")
+        name = validate_name("chat" if args.name is None else args.name)
         if args.autosave_every < 1:
             raise FieldError("--autosave-every", "an integer >= 1", args.autosave_every)
         if args.resume and not Path(args.store).is_dir():
             raise FieldError("--store", "a checkpoint store directory to resume from", args.store, "missing")
-        autosave = Autosave(FileStore(args.store), args.name or "chat", args.autosave_every)
+        check_store_target("--store", args.store)
+        autosave = Autosave(FileStore(args.store), name, args.autosave_every)
     if args.resume:  # a missing or unreadable checkpoint is reported before the model loads
         asyncio.run(load_manifest(autosave.store, autosave.name))
     path = Path(args.model) if args.model else default_model_path()

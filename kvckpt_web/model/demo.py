@@ -135,6 +135,8 @@ def worker_main(argv: list[str] | None = None) -> int:
     except KVCkptError as exc:
         emit({"event": "error", "type": type(exc).__name__, "message": str(exc)})
         return 1
+    except KeyboardInterrupt:  # Ctrl-C reaches the workers with the demo: the demo says it was interrupted
+        return 130
     return 0
 
 
