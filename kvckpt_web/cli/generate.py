@@ -24,7 +24,9 @@ from ..model.conversation import check_owner
 from ..model.loader import default_model_path, load_model
 from ..model.sampler import SamplingSettings
 from ..model.session import Autosave, Generator, StopRules, new_cache, resume, resume_limits
+from ..model.tokenizer import utf8
 from ..stores.file import FileStore
+from .store_commands import check_store_target
 
 SAMPLER_FLAGS = {"seed": "--seed", "temperature": "--temperature", "top_k": "--top-k", "top_p": "--top-p",
                  "repetition_penalty": "--repetition-penalty"}
@@ -47,8 +49,11 @@ def _check_args(args: argparse.Namespace) -> None:
                              "state continue)", getattr(args, given[0].lstrip("-").replace("-", "_")))
     elif args.prompt is None or not args.prompt.strip():
         raise FieldError("--prompt", "a non-empty text", args.prompt if args.prompt is not None else "none")
-    elif args.generation is not None:
-        raise FieldError("--generation", "--resume (the generation of the saved reply to continue)", args.generation)
+    else:
+        utf8("--prompt", args.prompt)  # bytes of the command line that are not UTF-8 arrive as lone surrogates
+        if args.generation is not None:
+            raise FieldError("--generation", "--resume (the generation of the saved reply to continue)",
+                             args.generation)
     if args.name is not None and args.store is None:
         raise FieldError("--name", "--store DIR to save into", "no --store")
 
@@ -93,6 +98,8 @@ async def _generate(args: argparse.Namespace, loaded: Any, device: Any, settings
     chunk, context = (512, None) if saved is None else saved[:2]
     chunk = args.prefill_chunk or chunk
     context = min(args.context or context or model.max_context, model.max_context)
+    prompt = None if saved is not None else codec.encode_chat([{"role": "user", "content": args.prompt}],
+                                                              max_tokens=context)
     cache = new_cache(model, device, max_tokens=context, prefill_chunk=chunk)
     try:
         on_token = lambda event: _write(event.text)  # noqa: E731 - streamed as produced
@@ -108,7 +115,6 @@ async def _generate(args: argparse.Namespace, loaded: Any, device: Any, settings
                        f"{len(gen.generated_tokens)} generated tokens: {how}")
             _write(gen.text)
         else:
-            prompt = codec.encode_chat([{"role": "user", "content": args.prompt}])
             gen = await Generator.start(model, cache, prompt, settings, stop=stop, prefill_chunk=chunk,
                                         autosave=autosave, decode=codec.decode, on_token=on_token, progress=_progress)
         if autosave is not None:
@@ -137,12 +143,13 @@ def cmd_generate(args: argparse.Namespace) -> None:
             raise FieldError(flag, "an integer >= 1", value)
     autosave = saved = manifest = None
     if args.store is not None:
-        validate_name(args.name or "chat")
+        name = validate_name("chat" if args.name is None else args.name)
         if args.autosave_every is not None and args.autosave_every < 1:
             raise FieldError("--autosave-every", "an integer >= 1", args.autosave_every)
         if args.resume and not Path(args.store).is_dir():
             raise FieldError("--store", "a checkpoint store directory to resume from", args.store, "missing")
-        autosave = Autosave(FileStore(args.store), args.name or "chat", args.autosave_every)
+        check_store_target("--store", args.store)
+        autosave = Autosave(FileStore(args.store), name, args.autosave_every)
     if autosave is not None:  # what the store says is reported before the model loads
         if args.generation is not None and args.generation < 1:
             raise FieldError("--generation", "an integer >= 1", args.generation)

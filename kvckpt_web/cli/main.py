@@ -12,9 +12,10 @@ from pathlib import Path
 from typing import Any
 
 from ..durable.tvm_export import read_tvm_export
-from ..errors import KVCkptError, ModelUnavailableError
+from ..errors import FieldError, KVCkptError, ModelUnavailableError
 from ..model.demo import WorkerConfig, run_generation_demo
 from ..model.loader import default_model_path
+from ..model.sampler import MAX_SEED
 from ..tvm.metadata import layout_from_metadata, limits_from_metadata, validate_import
 from ..web.serve import (DEFAULT_PYODIDE, DEFAULT_WHEELS, build_wheel, check_model_file, check_page_dir, make_server,
                          source_checkout)
@@ -62,9 +63,14 @@ def cmd_inspect(args: argparse.Namespace) -> int | None:
 
 
 def cmd_demo(args: argparse.Namespace) -> None:
-    directory = Path(args.dir) if args.dir else None
+    """Run a demo; its arguments are checked before any worker starts (or loads the model)."""
+    if not 0 <= args.seed <= MAX_SEED:
+        raise FieldError("--seed", f"an integer in [0, {MAX_SEED}]", args.seed)
+    directory = Path(store_commands.check_path("--dir", args.dir)) if args.dir is not None else None
     if args.kv_only:
         return run_demo(store_commands.check_at_least("--tokens", args.tokens, 1), args.seed, directory)
+    if directory is not None:
+        store_commands.check_store_target("--dir", args.dir)
     config = WorkerConfig()
     config = WorkerConfig(sampler={**config.sampler, "seed": args.seed},
                           max_tokens=store_commands.check_at_least("--max-tokens", args.max_tokens, 1))
@@ -205,10 +211,14 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Run ``kvckpt``; returns the exit status (1 with a one-line error for any checkpoint error or OSError)."""
+    """Run ``kvckpt``; returns the exit status (1 with a one-line error for any checkpoint error or OSError, 130
+    with one line when interrupted by Ctrl-C)."""
     args = build_parser().parse_args(argv)
     try:
         return args.func(args) or 0
+    except KeyboardInterrupt:
+        print("kvckpt: interrupted", file=sys.stderr)
+        return 130
     except KVCkptError as exc:
         print(f"kvckpt: error: {exc}", file=sys.stderr)
     except OSError as exc:  # a path the system refused: missing, no permission, read-only, full, ...

