@@ -77,9 +77,6 @@ class PagedAttention:
                              lay.dtype)
         if lay.head_dim % 8 or lay.head_dim > MAX_HEAD_DIM:
             raise FieldError("layout.qk_head_dim", f"a multiple of 8 <= {MAX_HEAD_DIM}", lay.head_dim)
-        if lay.num_qo_heads % lay.num_kv_heads:
-            raise FieldError("layout.num_qo_heads", f"a multiple of num_kv_heads={lay.num_kv_heads}",
-                             lay.num_qo_heads)
         if lay.rope_mode not in ("normal", "none"):
             raise FieldError("layout.rope_mode", "'normal' or 'none' (the K/V write applies RoPE itself)",
                              lay.rope_mode)
