@@ -6,6 +6,7 @@ import sys
 from dataclasses import dataclass
 from typing import Any
 
+from ..checks import check_buffer
 from ..errors import TensorError
 from .device import Buffer
 
@@ -25,10 +26,7 @@ def as_bytes(data: Any, field: str, dtype: str, nbytes: int) -> memoryview:
     got_dtype = getattr(data, "dtype", None)
     if got_dtype is not None and str(got_dtype) != dtype:
         raise TensorError(f"{field}.dtype", dtype, str(got_dtype))
-    try:
-        view = memoryview(data)
-    except TypeError:
-        raise TensorError(field, "a bytes-like object or array", type(data).__name__) from None
+    view = check_buffer(field, data, error=TensorError)
     if not view.c_contiguous:
         raise TensorError(field, "a C-contiguous buffer", "a strided view")
     view = view.cast("B")
