@@ -17,6 +17,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+from ..checks import check_int
 from ..durable.catalog import list_generations, list_names, load_manifest
 from ..durable.container import CHUNKS, STORE_TOPS, validate_name
 from ..durable.restore import restore
@@ -25,17 +26,15 @@ from ..durable.retention import gc
 from ..durable.save import save
 from ..durable.tvm_export import METADATA_FILE, check_replaceable, read_tvm_export, write_tvm_export
 from ..durable.verify import verify
-from ..errors import FieldError, FormatError, NotFoundError
+from ..errors import FormatError, NotFoundError
 from ..gpu.open import open_device
 from ..kv.cache import PagedKVCache
 from ..stores.file import FileStore
 
 
 def check_at_least(field: str, value: int, minimum: int) -> int:
-    """``value`` if it is at least ``minimum``, else :class:`FieldError` naming the option ``field``."""
-    if value < minimum:
-        raise FieldError(field, f"an integer >= {minimum}", value)
-    return value
+    """``value`` if it is an integer >= ``minimum``, else :class:`FieldError` naming the option ``field``."""
+    return check_int(field, value, minimum)
 
 
 def is_store(path: str | Path) -> bool:

@@ -12,7 +12,9 @@ import dataclasses
 from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
-from ..errors import CorruptionError, FieldError, KVCkptError, NotFoundError, is_int
+from ..checks import check_callable, check_each, check_int
+from ..errors import CorruptionError, KVCkptError, NotFoundError
+from ..stores.base import check_store
 from .catalog import decode_at, decoded_refs, manifest_keys, referenced, refs_of
 from .container import (CHUNKS, MAX_MANIFEST_BYTES, ChunkRef, check_chunk_digest, check_chunk_size, chunk_digest,
                         is_chunk_key, validate_name)
@@ -31,9 +33,7 @@ DEFAULT_KEEP = 2
 
 def check_keep(keep: int) -> int:
     """``keep`` if it is an integer >= 1, else :class:`FieldError`."""
-    if not is_int(keep, 1):
-        raise FieldError("keep", "an integer >= 1", keep)
-    return keep
+    return check_int("keep", keep, 1)
 
 
 async def _unusable(store: "Store", key: str, trusted: set[str], deep: bool, seen: dict[str, str | None]
@@ -123,9 +123,9 @@ async def retain(store: "Store", keep: int, keys: list[str]) -> tuple[list[str],
 
 async def gc(store: "Store", *, keep: int | None = DEFAULT_KEEP, names: Iterable[str] | None = None,
              progress: Progress | None = None) -> GcResult:
-    """Keep the newest ``keep`` manifests of each name that can be restored (``names``: only those names;
-    ``keep=None``: every manifest), then delete every chunk no remaining manifest uses, including those of
-    interrupted saves.
+    """Keep the newest ``keep`` manifests of each name that can be restored (``names``: only those names, a
+    collection: a bare str is refused; ``keep=None``: every manifest), then delete every chunk no remaining
+    manifest uses, including those of interrupted saves.
 
     A manifest can be restored if it decodes, matches its key, and every chunk it uses is stored with
     its size and SHA-256 (each chunk read once, even one this process wrote). A damaged
@@ -133,9 +133,12 @@ async def gc(store: "Store", *, keep: int | None = DEFAULT_KEEP, names: Iterable
     can be restored, none of its manifests is deleted. ``kept_reasons`` says why each was kept. While a
     kept manifest cannot be read, no chunk is deleted (it is reported in ``damaged_manifests``).
     """
+    check_store(store)
     if keep is not None:
         check_keep(keep)
-    only = None if names is None else {validate_name(n) for n in names}
+    only = None if names is None else set(check_each("names", names, "a list of checkpoint names",
+                                                     lambda field, name: validate_name(name, field)))
+    check_callable("progress", progress)
     async with store.lock():
         entries = await manifest_keys(store)
         by_name: dict[str, list[str]] = {}
@@ -177,7 +180,9 @@ async def gc(store: "Store", *, keep: int | None = DEFAULT_KEEP, names: Iterable
 async def delete_name(store: "Store", name: str, *, progress: Progress | None = None) -> GcResult:
     """Delete every generation of ``name`` (a deletion asked for: restorable ones too), then every chunk no
     other manifest uses; NotFoundError if ``store`` holds no generation of ``name``."""
+    check_store(store)
     validate_name(name)
+    check_callable("progress", progress)
     async with store.lock():
         keys = tuple(key for _, _, key in await manifest_keys(store, name))
         if not keys:
