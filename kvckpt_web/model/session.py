@@ -109,7 +109,7 @@ class StopRules:
         if not isinstance(value, dict):
             raise FormatError(field_name, "a JSON object", type(value).__name__)
         try:
-            return cls(value.get("max_tokens"), tuple(value.get("eos_ids", ())), tuple(value.get("stop_strings", ())))
+            return cls(value.get("max_tokens"), value.get("eos_ids", ()), value.get("stop_strings", ()))
         except FieldError as exc:
             raise FormatError(f"{field_name}.{exc.field}", exc.expected, exc.got) from None
 

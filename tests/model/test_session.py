@@ -402,6 +402,16 @@ def test_bad_stop_rules_are_a_field_error(kwargs, field):
     assert info.value.field == field
 
 
+@pytest.mark.parametrize("stop, field", [(dict(max_tokens=5, eos_ids=2), "app_state.stop.eos_ids"),
+                                         (dict(max_tokens=5, stop_strings=None), "app_state.stop.stop_strings"),
+                                         (dict(max_tokens="5"), "app_state.stop.max_tokens")],
+                         ids=["eos_ids=int", "stop_strings=null", "max_tokens=str"])
+def test_stop_rules_of_the_wrong_type_in_a_saved_app_state_are_a_format_error(stop, field):
+    with pytest.raises(FormatError) as info:
+        StopRules.from_json(stop, "app_state.stop")
+    assert info.value.field == field
+
+
 @pytest.mark.parametrize("kwargs", [dict(name="no/slash"), dict(every=0), dict(keep=0)])
 def test_bad_autosave_options_are_a_kvckpt_error(kwargs):
     with pytest.raises(KVCkptError):
