@@ -18,10 +18,12 @@ from typing import Any
 
 import pytest
 
-from kvckpt_web import (FieldError, FileStore, IndexedDBStore, KVCkptError, MemoryStore, OPFSStore, PagedKVCache,
-                        gc, list_generations, list_names, read_tvm_export, restore, save, verify, write_tvm_export)
+from kvckpt_web import (DeviceArray, FieldError, FileStore, HostTensor, IndexedDBStore, KVCkptError, MemoryStore,
+                        OPFSStore, PagedKVCache, PageGroups, gc, list_generations, list_names, read_tvm_export,
+                        restore, save, verify, write_tvm_export)
 from kvckpt_web.durable.catalog import load_manifest
 from kvckpt_web.durable.retention import delete_name
+from kvckpt_web.gpu.device import Buffer, Usage
 
 from kvmodel import KVModel, names_field, run
 
@@ -182,6 +184,14 @@ CALLS: list[tuple[str, Callable[[World], Any], str]] = [
     ("host_nbytes page_begin=None", lambda w: w.cache.host_nbytes(0, None), "page_begin"),
     ("map_pages page_end=str", lambda w: w.cache.map_pages(0, 0, "1"), "page_end"),
     ("debug_get_kv start=float", lambda w: w.cache.debug_get_kv(0, 0.0, 2), "start"),
+    # ----- host and device tensors
+    ("PageGroups host=None", lambda w: PageGroups(None, 4, 1), "PageGroups.host"),
+    ("PageGroups group_bytes=str", lambda w: PageGroups(memoryview(bytearray(8)), "4", 2), "PageGroups.group_bytes"),
+    ("PageGroups.zeros count=None", lambda w: PageGroups.zeros(None, 4), "PageGroups.count"),
+    ("DeviceArray buffer=None", lambda w: DeviceArray(None, (1, 1, 2, 2, 4, 8), "float16"), "buffer"),
+    ("DeviceArray offset=-4", lambda w: DeviceArray(Buffer(16, Usage.STORAGE, None), (1,), "float16", -4), "offset"),
+    ("HostTensor shape=int", lambda w: HostTensor(b"\0\0", 1, "float16"), "shape"),
+    ("HostTensor data=str", lambda w: HostTensor("ab", (1,), "float16"), "data"),
 ]
 
 

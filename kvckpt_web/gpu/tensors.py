@@ -6,9 +6,14 @@ import sys
 from dataclasses import dataclass
 from typing import Any
 
-from ..checks import check_buffer
+from ..checks import check_buffer, check_each, check_instance, check_int
 from ..errors import TensorError
 from .device import Buffer
+
+
+def _check_shape(field: str, shape: Any) -> tuple[int, ...]:
+    return tuple(check_each(field, shape, "a tuple of dimensions",
+                            lambda item, dim: check_int(item, dim, 0, error=TensorError)))
 
 
 @dataclass(frozen=True)
@@ -19,6 +24,12 @@ class DeviceArray:
     shape: tuple[int, ...]
     dtype: str
     offset: int = 0
+
+    def __post_init__(self) -> None:
+        check_instance("buffer", self.buffer, Buffer, "a device Buffer")
+        object.__setattr__(self, "shape", _check_shape("shape", self.shape))
+        check_instance("dtype", self.dtype, str, "a dtype name")
+        check_int("offset", self.offset, 0, error=TensorError)
 
 
 def as_bytes(data: Any, field: str, dtype: str, nbytes: int) -> memoryview:
@@ -64,6 +75,11 @@ class HostTensor:
     data: bytes
     shape: tuple[int, ...]
     dtype: str
+
+    def __post_init__(self) -> None:
+        check_buffer("data", self.data, error=TensorError)
+        object.__setattr__(self, "shape", _check_shape("shape", self.shape))
+        check_instance("dtype", self.dtype, str, "a dtype name")
 
     def numpy(self) -> Any:
         """A read-only numpy view (desktop only; bfloat16 needs the ``ml_dtypes`` package)."""
