@@ -15,8 +15,8 @@ from typing import Any, TypeVar
 
 from .errors import FieldError, is_int
 
-__all__ = ["check_bool", "check_callable", "check_each", "check_instance", "check_int", "check_buffer", "check_items",
-           "check_path", "check_seconds", "check_writable", "type_name"]
+__all__ = ["check_bool", "check_buffer", "check_callable", "check_collection", "check_each", "check_instance",
+           "check_int", "check_items", "check_path", "check_seconds", "check_writable", "type_name"]
 
 _T = TypeVar("_T")
 
@@ -91,15 +91,20 @@ def check_callable(field: str, value: Any) -> Any:
     return value
 
 
-def check_items(field: str, value: Any, expected: str) -> list[Any]:
-    """The items of the collection ``value`` as a list; a bare str or bytes (one value, not a collection of
-    them) and anything that cannot be iterated are refused (``expected`` says what the collection holds)."""
+def check_collection(field: str, value: Any, expected: str) -> Iterable[Any]:
+    """``value`` if it is a collection to iterate: a bare str or bytes (one value, not a collection of them) and
+    anything that cannot be iterated are refused (``expected`` says what the collection holds)."""
     if isinstance(value, (str, bytes, bytearray, memoryview)):
         raise FieldError(field, f"{expected} (a bare {type_name(value)} is one value, not a collection)",
                          type_name(value))
     if not isinstance(value, Iterable):
         raise FieldError(field, expected, type_name(value))
-    return list(value)
+    return value
+
+
+def check_items(field: str, value: Any, expected: str) -> list[Any]:
+    """The items of the collection ``value`` (see :func:`check_collection`) as a list."""
+    return list(check_collection(field, value, expected))
 
 
 def check_each(field: str, value: Any, expected: str, check: Callable[[str, Any], _T]) -> list[_T]:

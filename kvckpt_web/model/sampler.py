@@ -13,7 +13,7 @@ from collections.abc import Iterable
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from ..checks import check_instance
+from ..checks import check_collection, check_instance
 from ..errors import FieldError, is_int
 
 __all__ = ["MAX_SEED", "Sampler", "SamplingSettings", "splitmix64", "uniform"]
@@ -129,9 +129,10 @@ class Sampler:
     def _penalized(self, candidates: Iterable[tuple[int, float]], previous: Iterable[int]) -> list[tuple[int, float]]:
         """The candidates as a list, validated, with seen tokens' logits penalized."""
         penalty = self.settings.repetition_penalty
+        check_collection("previous", previous, "the token ids seen so far")
         seen = set(previous) if penalty != 1 else set()
         out = []
-        for i, candidate in enumerate(candidates):
+        for i, candidate in enumerate(check_collection("candidates", candidates, "(token id, logit) pairs")):
             try:
                 token_id, logit = candidate
             except (TypeError, ValueError):

@@ -517,6 +517,8 @@ def new_cache(model: CausalLM, device: "Device", *, max_tokens: int | None = Non
     """A cache of ``model``'s layout for ``num_seqs`` sequences of up to ``max_tokens`` (default: the model's
     context) tokens each, taking up to ``prefill_chunk`` tokens per forward."""
     check_instance("model", model, CausalLM, "a CausalLM (a loaded model)")
+    for name, value in (("prefill_chunk", prefill_chunk), ("page_size", page_size), ("num_seqs", num_seqs)):
+        check_int(name, value, 1)
     tokens = model.max_context if max_tokens is None else check_int("max_tokens", max_tokens, 1)
     return PagedKVCache(device, model.kv_layout(page_size), CacheLimits(num_seqs, num_seqs * tokens, prefill_chunk))
 

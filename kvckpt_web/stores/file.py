@@ -184,6 +184,7 @@ class FileStore(Store):
         where a FileStore may be made, passes too.
         """
         path = check_path("directory", directory)
+        check_bool("new", new)
         tops = check_each("tops", tops, "key segments", lambda field, top: check_instance(field, top, str, "a str"))
         expected = f"a store directory (only {', '.join(t + '/' for t in tops)} and {LOCK_NAME})"
         try:

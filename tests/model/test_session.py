@@ -451,6 +451,11 @@ WRONG_ARGUMENTS = [
     ("Sampler settings=dict", lambda m, c, s: Sampler({"temperature": 0}), "settings"),
     ("new_cache model=None", lambda m, c, s: new_cache(None, c.device), "model"),
     ("new_cache max_tokens=str", lambda m, c, s: new_cache(m, c.device, max_tokens="64"), "max_tokens"),
+    ("new_cache num_seqs=str", lambda m, c, s: new_cache(m, c.device, num_seqs="2"), "num_seqs"),
+    ("new_cache page_size=0", lambda m, c, s: new_cache(m, c.device, page_size=0), "page_size"),
+    ("Sampler.pick candidates=int", lambda m, c, s: Sampler().pick(5), "candidates"),
+    ("Sampler.pick previous=int",
+     lambda m, c, s: Sampler(SamplingSettings(repetition_penalty=1.2)).pick([(1, 0.5)], 3), "previous"),
 ]
 
 
