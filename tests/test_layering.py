@@ -16,7 +16,7 @@ ROOT = "kvckpt_web"
 #: Each layer and its rank: a module may import its own layer and any layer of a lower rank. Layers of
 #: one rank are siblings and do not import each other (gpu, tvm and stores know only the foundation).
 LAYERS = {
-    "foundation": 0,  # kvckpt_web/errors.py, kvckpt_web/jsontext.py
+    "foundation": 0,  # kvckpt_web/errors.py, kvckpt_web/checks.py, kvckpt_web/jsontext.py
     "gpu": 1,  # WebGPU: device interface, backends, WGSL loader, device tensors
     "tvm": 1,  # TVM's contract: layout, limits, layout hash, metadata
     "stores": 1,  # key-value stores
@@ -26,7 +26,7 @@ LAYERS = {
     "web": 5,  # the browser runtime
     "cli": 6,  # the command line (its ``serve`` command runs the web layer's server)
 }
-FOUNDATION = {"kvckpt_web.errors", "kvckpt_web.jsontext"}
+FOUNDATION = {"kvckpt_web.errors", "kvckpt_web.checks", "kvckpt_web.jsontext"}
 
 def module_name(path: Path) -> str:
     parts = path.relative_to(PACKAGE.parent).with_suffix("").parts

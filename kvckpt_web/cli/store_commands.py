@@ -17,6 +17,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+from ..checks import check_int
 from ..durable.catalog import list_generations, list_names, load_manifest
 from ..durable.container import CHUNKS, STORE_TOPS, Manifest, validate_name
 from ..durable.restore import restore
@@ -33,10 +34,8 @@ from ..stores.file import FileStore
 
 
 def check_at_least(field: str, value: int, minimum: int) -> int:
-    """``value`` if it is at least ``minimum``, else :class:`FieldError` naming the option ``field``."""
-    if value < minimum:
-        raise FieldError(field, f"an integer >= {minimum}", value)
-    return value
+    """``value`` if it is an integer >= ``minimum``, else :class:`FieldError` naming the option ``field``."""
+    return check_int(field, value, minimum)
 
 
 def check_path(flag: str, path: str) -> str:

@@ -25,7 +25,7 @@ from functools import cached_property
 from typing import Any
 
 from ..errors import CorruptionError, FormatError
-from ..jsontext import MAX_NESTING, nesting_depth, unique_keys
+from ..jsontext import MAX_NESTING, nesting_depth, non_string_key, unique_keys
 
 __all__ = [
     "FORMAT_VERSION",
@@ -103,13 +103,13 @@ _CHUNK_KEYS = frozenset({"first_page", "nbytes", "num_pages", "sha256"})
 # -- names and keys -----------------------------------------------------------
 
 
-def validate_name(name: str) -> str:
-    """Return ``name`` if it is a valid sequence name, else raise :class:`FormatError`.
+def validate_name(name: str, field: str = "name") -> str:
+    """Return ``name`` if it is a valid sequence name, else raise :class:`FormatError` naming ``field``.
 
     Valid: 1 to 128 characters of ``[A-Za-z0-9._-]``, other than ``.`` and ``..``.
     """
     if not isinstance(name, str) or _NAME_RE.fullmatch(name) is None or name in (".", ".."):
-        raise FormatError("name", "1-128 characters of [A-Za-z0-9._-], not '.' or '..'", name)
+        raise FormatError(field, "1-128 characters of [A-Za-z0-9._-], not '.' or '..'", name)
     return name
 
 
@@ -486,6 +486,10 @@ def encode_manifest(manifest: Manifest, *, metadata_is_valid: bool = False) -> b
     """
     body = _to_body(manifest, table=False)
     _parse_header(body, metadata_is_valid)  # the writer enforces exactly what the reader checks
+    bad_key = non_string_key(body["app_state"])
+    if bad_key is not None:  # json.dumps would write it as a string: it would come back as another key
+        path, key = bad_key
+        raise FormatError(f"app_state{path} key {key!r}", "a str (JSON object keys are strings)", type(key).__name__)
     table = _table_json(manifest)
     if table is None:  # not what the reader accepts: its checks say why
         body = _to_body(manifest)

@@ -9,7 +9,9 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from ..checks import check_callable, check_int
 from ..errors import CorruptionError, FieldError, FormatError, LayoutHashMismatch, NotFoundError, StoreError, is_int
+from ..kv.cache import check_cache
 from ..kv.page_groups import PageGroups
 from ..tvm.layout import CacheLimits, KVLayout
 from ..tvm.metadata import dump_tvm_json, parse_metadata, validate_import
@@ -55,6 +57,10 @@ READ_ATTEMPTS = 8
 async def restore_into(store: "Store", name: str, cache: "PagedKVCache", seq_id: int | None, generation: int | None,
                        progress: Progress | None, *, record: bool) -> RestoreResult:
     """:func:`restore`; only if ``record``, this process remembers what it loaded for its next save of ``name``."""
+    check_cache(cache)
+    if seq_id is not None:
+        check_int("seq_id", seq_id, 0)
+    check_callable("progress", progress)
     groups: PageGroups | None = None
     fetched: set[ChunkRef] = set()  # chunks in `groups` already, from an attempt whose generation was collected
     for _ in range(READ_ATTEMPTS):
@@ -105,8 +111,6 @@ def _metadata_for(text: str, seq_id: int | None) -> tuple[str, int]:
         if not is_int(stored, 0):
             raise FormatError("tvm_metadata.seq_id", "a non-negative integer", stored)
         return text, stored
-    if not is_int(seq_id, 0):
-        raise FieldError("seq_id", "a non-negative integer", seq_id)
     if stored == seq_id and is_int(stored):
         return text, seq_id
     meta["seq_id"] = seq_id  # same key, same position: only this field's text changes

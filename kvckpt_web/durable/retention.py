@@ -15,7 +15,9 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from ..errors import CorruptionError, FieldError, KVCkptError, NotFoundError, is_int
+from ..checks import check_callable, check_each, check_int
+from ..errors import CorruptionError, KVCkptError, NotFoundError
+from ..stores.base import check_store
 from .catalog import decode_at, decoded_refs, manifest_keys, referenced, refs_of
 from .chunk_reads import read_chunk, stored_size
 from .container import (CHUNKS, MAX_MANIFEST_BYTES, ChunkRef, check_chunk_digest, chunk_digest, is_chunk_key,
@@ -35,9 +37,7 @@ DEFAULT_KEEP = 2
 
 def check_keep(keep: int) -> int:
     """``keep`` if it is an integer >= 1, else :class:`FieldError`."""
-    if not is_int(keep, 1):
-        raise FieldError("keep", "an integer >= 1", keep)
-    return keep
+    return check_int("keep", keep, 1)
 
 
 async def _unusable(store: "Store", key: str, trusted: set[str], seen: dict[str, str | None]
@@ -139,9 +139,9 @@ async def retain(store: "Store", keep: int, keys: list[str]) -> tuple[list[str],
 
 async def gc(store: "Store", *, keep: int | None = DEFAULT_KEEP, names: Iterable[str] | None = None,
              progress: Progress | None = None) -> GcResult:
-    """Keep the newest ``keep`` manifests of each name that can be restored (``names``: only those names;
-    ``keep=None``: every manifest), then delete every chunk no remaining manifest uses, including those of
-    interrupted saves.
+    """Keep the newest ``keep`` manifests of each name that can be restored (``names``: only those names, a
+    collection: a bare str is refused; ``keep=None``: every manifest), then delete every chunk no remaining
+    manifest uses, including those of interrupted saves.
 
     A manifest can be restored if it decodes, matches its key, and every chunk it uses is stored with
     its size and SHA-256 (each chunk read once, even one this process wrote). A damaged
@@ -153,9 +153,12 @@ async def gc(store: "Store", *, keep: int | None = DEFAULT_KEEP, names: Iterable
     name's manifests are dropped only if those counted as restorable still hold the bytes that were judged,
     and the chunks to delete are those no manifest there is then uses.
     """
+    check_store(store)
     if keep is not None:
         check_keep(keep)
-    only = None if names is None else {validate_name(n) for n in names}
+    only = None if names is None else set(check_each("names", names, "a list of checkpoint names",
+                                                     lambda field, name: validate_name(name, field)))
+    check_callable("progress", progress)
     selections, reasons = await _judge(store, keep, only)
     async with store.lock():
         drop: list[str] = []
@@ -224,7 +227,9 @@ async def delete_name(store: "Store", name: str, *, progress: Progress | None = 
     """Delete every generation of ``name`` (a deletion asked for: restorable ones too), then every chunk no
     other manifest uses; NotFoundError if ``store`` holds no generation of ``name``, ConflictError (deleting
     nothing) while another writer holds the name's :meth:`~kvckpt_web.stores.base.Store.claim`."""
+    check_store(store)
     validate_name(name)
+    check_callable("progress", progress)
     async with store.claim(name), store.lock():
         keys = tuple(key for _, _, key in await manifest_keys(store, name))
         if not keys:

@@ -25,7 +25,11 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from ..errors import CheckpointStateError, FieldError, FormatError, KVCkptError, is_int
+from ..checks import check_callable, check_int
+from ..errors import CheckpointStateError, FormatError, KVCkptError
+from ..kv.cache import check_cache
+from ..kv.pool import check_seq_id
+from ..stores.base import check_store
 from .catalog import manifest_keys
 from .container import (CHUNKS, MAX_MANIFEST_BYTES, ChunkRef, Manifest, chunk_key, encode_manifest, plan_chunks,
                         validate_name)
@@ -74,7 +78,7 @@ async def save(cache: "PagedKVCache", seq_id: int, store: "Store", name: str, *,
     clean-up after the commit is reported in ``warnings`` instead.
     """
     started = time.perf_counter()
-    app_state, ppc = _checked_arguments(cache, name, keep, app_state, pages_per_chunk)
+    app_state, ppc = _checked_arguments(cache, seq_id, store, name, keep, app_state, pages_per_chunk, progress)
     lay = cache.layout
     page_bytes, num_groups = lay.page_bytes, lay.num_layers
     async with store.lock():
@@ -118,21 +122,25 @@ async def save(cache: "PagedKVCache", seq_id: int, store: "Store", name: str, *,
                       time.perf_counter() - started)
 
 
-def _checked_arguments(cache: "PagedKVCache", name: str, keep: int | None, app_state: dict[str, Any] | None,
-                       pages_per_chunk: int | None) -> tuple[dict[str, Any], int]:
+def _checked_arguments(cache: "PagedKVCache", seq_id: int, store: "Store", name: str, keep: int | None,
+                       app_state: dict[str, Any] | None, pages_per_chunk: int | None,
+                       progress: Progress | None) -> tuple[dict[str, Any], int]:
     """The app_state and pages per chunk a save of ``cache`` stores, once every argument is checked (an
     app_state no manifest can hold included) before anything is written."""
+    check_cache(cache)
+    check_seq_id("seq_id", seq_id)
+    check_store(store)
     validate_name(name)
     if keep is not None:
         check_keep(keep)
+    check_callable("progress", progress)
     app_state = {} if app_state is None else app_state
     if not isinstance(app_state, dict):
         raise FormatError("app_state", "a JSON object (dict)", type(app_state).__name__)
     lay = cache.layout
     if pages_per_chunk is None:
         pages_per_chunk = default_pages_per_chunk(lay.page_bytes)
-    if not is_int(pages_per_chunk, 1):
-        raise FieldError("pages_per_chunk", "an integer >= 1", pages_per_chunk)
+    check_int("pages_per_chunk", pages_per_chunk, 1)
     encode_manifest(Manifest(name, 1, "{}", lay.page_bytes, pages_per_chunk, 0, ((),) * lay.num_layers, app_state))
     return app_state, pages_per_chunk
 

@@ -9,8 +9,11 @@ from __future__ import annotations
 import asyncio
 from typing import TYPE_CHECKING
 
+from ..checks import check_callable, check_instance
 from ..errors import CorruptionError, KVCkptError
+from ..gpu.device import Device
 from ..kv.cache import PagedKVCache
+from ..stores.base import check_store
 from ..tvm.layout import CacheLimits
 from ..tvm.metadata import layout_from_metadata, limits_from_metadata, parse_metadata
 from .catalog import decode_at, manifest_keys
@@ -23,7 +26,6 @@ from .restore import check_fits, restore_into
 from .results import Progress, VerifyReport
 
 if TYPE_CHECKING:
-    from ..gpu.device import Device
     from ..stores.base import Store
 
 __all__ = ["verify"]
@@ -45,8 +47,12 @@ async def verify(store: "Store", *, name: str | None = None, device: "Device | N
     found in a manifest, or in a chunk it uses, is reported only if that manifest still holds the
     bytes verify read once it is done, so a generation another process collects meanwhile is not.
     """
+    check_store(store)
     if name is not None:
         validate_name(name)
+    if device is not None:
+        check_instance("device", device, Device, "a Device (open_device()) or None")
+    check_callable("progress", progress)
     report = VerifyReport()
     envelopes: dict[str, bytes] = {}
     found: Found = []

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 if TYPE_CHECKING:
     from ..kv.cache import PagedKVCache
@@ -30,6 +30,7 @@ class Logits(Protocol):
         ...
 
 
+@runtime_checkable
 class CausalLM(Protocol):
     """A causal language model that keeps its K/V in a paged cache."""
 

@@ -36,6 +36,7 @@ from contextlib import AsyncExitStack
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from ..checks import check_bool, check_callable, check_each, check_instance, check_int, type_name
 from ..durable.catalog import load_manifest
 from ..durable.container import Manifest, validate_name
 from ..durable.restore import restore
@@ -44,7 +45,9 @@ from ..durable.retention import DEFAULT_KEEP
 from ..durable.save import save
 from ..errors import (CheckpointStateError, CorruptionError, FieldError, FormatError, MetadataError, SequenceError,
                       StoreError, UnusableCheckpointError)
-from ..kv.cache import PagedKVCache
+from ..kv.cache import PagedKVCache, check_cache
+from ..kv.pool import check_seq_id
+from ..stores.base import check_store
 from ..tvm.layout import CacheLimits
 from .conversation import Conversation, check_owner
 from .protocol import CausalLM, Logits
@@ -68,18 +71,31 @@ DEFAULT_AUTOSAVE_EVERY = 64
 """Tokens between two autosaves of a new generation that does not say."""
 
 
-def _int(field_name: str, value: Any, minimum: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise FieldError(field_name, f"an integer >= {minimum}", value)
+def _token_ids(field_name: str, tokens: Any) -> list[int]:
+    if not isinstance(tokens, Sequence):  # token ids are in order: a list or tuple, not a set
+        raise FieldError(field_name, "a list of token ids", type_name(tokens))
+    return check_each(field_name, tokens, "a list of token ids", lambda field, t: check_int(field, t, 0))
+
+
+def _stop_string(field_name: str, value: Any) -> str:
+    if not isinstance(value, str) or not value:
+        raise FieldError(field_name, "a non-empty string", value if isinstance(value, str) else type_name(value))
     return value
 
 
-def _token_ids(field_name: str, tokens: Any) -> list[int]:
-    if isinstance(tokens, (str, bytes)) or not isinstance(tokens, Sequence):
-        raise FieldError(field_name, "a list of token ids", type(tokens).__name__)
-    for i, t in enumerate(tokens):
-        _int(f"{field_name}[{i}]", t, 0)
-    return list(tokens)
+def _check_callbacks(**callbacks: Any) -> None:
+    """FieldError naming the first of ``callbacks`` (name=value) that is neither None nor callable."""
+    for name, value in callbacks.items():
+        check_callable(name, value)
+
+
+def _check_run_options(model: Any, cache: Any, seq_id: Any, autosave: Any) -> None:
+    """FieldError (SequenceError for ``seq_id``) for a start or resume argument of the wrong type."""
+    check_instance("model", model, CausalLM, "a CausalLM (a loaded model)")
+    check_cache(cache)
+    check_seq_id("seq_id", seq_id)
+    if autosave is not None:
+        check_instance("autosave", autosave, Autosave, "an Autosave or None")
 
 
 @dataclass(frozen=True)
@@ -94,14 +110,10 @@ class StopRules:
     """Texts that end the reply where they first appear in it (not part of the text)."""
 
     def __post_init__(self) -> None:
-        _int("max_tokens", self.max_tokens, 1)
+        check_int("max_tokens", self.max_tokens, 1)
         object.__setattr__(self, "eos_ids", tuple(_token_ids("eos_ids", self.eos_ids)))
-        if isinstance(self.stop_strings, str):
-            raise FieldError("stop_strings", "a list of strings", repr(self.stop_strings))
-        object.__setattr__(self, "stop_strings", tuple(self.stop_strings))
-        for i, s in enumerate(self.stop_strings):
-            if not isinstance(s, str) or not s:
-                raise FieldError(f"stop_strings[{i}]", "a non-empty string", s)
+        object.__setattr__(self, "stop_strings", tuple(check_each("stop_strings", self.stop_strings,
+                                                                  "a list of strings", _stop_string)))
 
     def to_json(self) -> dict[str, Any]:
         return {"max_tokens": self.max_tokens, "eos_ids": list(self.eos_ids), "stop_strings": list(self.stop_strings)}
@@ -111,7 +123,7 @@ class StopRules:
         if not isinstance(value, dict):
             raise FormatError(field_name, "a JSON object", type(value).__name__)
         try:
-            return cls(value.get("max_tokens"), tuple(value.get("eos_ids", ())), tuple(value.get("stop_strings", ())))
+            return cls(value.get("max_tokens"), value.get("eos_ids", ()), value.get("stop_strings", ()))
         except FieldError as exc:
             raise FormatError(f"{field_name}.{exc.field}", exc.expected, exc.got) from None
 
@@ -130,11 +142,12 @@ class Autosave:
     :data:`~kvckpt_web.durable.retention.DEFAULT_KEEP`."""
 
     def __post_init__(self) -> None:
+        check_store(self.store, "autosave.store")
         validate_name(self.name)
         if self.every is not None:
-            _int("autosave.every", self.every, 1)
+            check_int("autosave.every", self.every, 1)
         if self.keep is not None:
-            _int("autosave.keep", self.keep, 1)
+            check_int("autosave.keep", self.keep, 1)
 
 
 @dataclass(frozen=True)
@@ -237,9 +250,9 @@ def _parse_app_state(app_state: Any) -> _Saved:
     try:
         prompt = _token_ids("app_state.prompt_tokens", app_state.get("prompt_tokens"))
         generated = _token_ids("app_state.generated_tokens", app_state.get("generated_tokens"))
-        kv_length = _int("app_state.kv_length", app_state.get("kv_length"), 0)
-        prefill_chunk = _int("app_state.prefill_chunk", app_state.get("prefill_chunk"), 1)
-        context, every, keep = (None if app_state.get(key) is None else _int(f"app_state.{key}", app_state[key], 1)
+        kv_length = check_int("app_state.kv_length", app_state.get("kv_length"), 0)
+        prefill_chunk = check_int("app_state.prefill_chunk", app_state.get("prefill_chunk"), 1)
+        context, every, keep = (None if app_state.get(key) is None else check_int(f"app_state.{key}", app_state[key], 1)
                                 for key in ("context", "autosave_every", "autosave_keep"))
     except FieldError as exc:
         raise FormatError(exc.field, exc.expected, exc.got) from None
@@ -386,6 +399,10 @@ class Generator:
         name, or delete it); the generator holds the name's claim until :meth:`close`.
         ``on_save_error`` hears of each autosave that failed (generation goes on; see :meth:`step`).
         """
+        _check_run_options(model, cache, seq_id, autosave)
+        check_instance("sampler", sampler, (Sampler, SamplingSettings), "a Sampler or SamplingSettings")
+        check_instance("stop", stop, StopRules, "a StopRules")
+        _check_callbacks(decode=decode, on_token=on_token, on_save=on_save, progress=progress)
         prompt = _token_ids("prompt", prompt)
         for i, t in enumerate(prompt):
             if t >= model.vocab_size:
@@ -633,7 +650,10 @@ def new_cache(model: CausalLM, device: "Device", *, max_tokens: int | None = Non
               page_size: int = 16, num_seqs: int = 1) -> "PagedKVCache":
     """A cache of ``model``'s layout for ``num_seqs`` sequences of up to ``max_tokens`` (default: the model's
     context) tokens each, taking up to ``prefill_chunk`` tokens per forward."""
-    tokens = model.max_context if max_tokens is None else _int("max_tokens", max_tokens, 1)
+    check_instance("model", model, CausalLM, "a CausalLM (a loaded model)")
+    for name, value in (("prefill_chunk", prefill_chunk), ("page_size", page_size), ("num_seqs", num_seqs)):
+        check_int(name, value, 1)
+    tokens = model.max_context if max_tokens is None else check_int("max_tokens", max_tokens, 1)
     return PagedKVCache(device, model.kv_layout(page_size), CacheLimits(num_seqs, num_seqs * tokens, prefill_chunk))
 
 
@@ -669,6 +689,12 @@ async def resume(store: "Store", name: str, model: CausalLM, cache: "PagedKVCach
     once, nothing changed, while another writer holds it, or if ``autosave`` saves under another name or
     store than ``name`` in ``store`` and that name holds another conversation.
     """
+    check_store(store)
+    _check_run_options(model, cache, seq_id, autosave)
+    if max_tokens is not None:
+        check_int("max_tokens", max_tokens, 1)
+    _check_callbacks(decode=decode, on_token=on_token, on_save=on_save, progress=progress)
+    check_bool("replay", replay)
     if seq_id in cache.sequence_ids():
         raise SequenceError(f"seq_id: expected a sequence id not in the cache, got {seq_id}")
     manifest, _ = await load_manifest(store, name, generation)
@@ -676,7 +702,7 @@ async def resume(store: "Store", name: str, model: CausalLM, cache: "PagedKVCach
     if max_tokens is not None:
         saved.stop = StopRules(max_tokens, saved.stop.eos_ids, saved.stop.stop_strings)
     if context is not None:
-        saved.context = _int("context", context, 1)
+        saved.context = check_int("context", context, 1)
     _check_chunk(saved.prefill_chunk, cache)
     room = _context(model, cache)
     if saved.kv_length > room:

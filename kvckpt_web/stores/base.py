@@ -20,11 +20,14 @@ from collections.abc import Awaitable, Callable
 from contextlib import AbstractAsyncContextManager, nullcontext
 from typing import Any
 
+from ..checks import check_bool, check_instance, check_int, check_seconds, check_writable
 from ..errors import ConflictError, FormatError, StoreError
 
 __all__ = [
     "DEFAULT_LOCK_TIMEOUT",
     "Store",
+    "check_store",
+    "check_store_options",
     "check_value_size",
     "poll_acquire",
     "validate_key",
@@ -93,6 +96,17 @@ def _as_view(data: Any) -> memoryview:
     raise FormatError("data", "bytes, bytearray or memoryview", type(data).__name__)
 
 
+def check_store_options(read_only: bool, lock_timeout: float) -> None:
+    """FieldError unless ``read_only`` is a bool and ``lock_timeout`` a finite number of seconds >= 0."""
+    check_bool("read_only", read_only)
+    check_seconds("lock_timeout", lock_timeout)
+
+
+def check_store(store: Any, field: str = "store") -> "Store":
+    """``store`` if it is a :class:`Store`, else FieldError naming ``field``."""
+    return check_instance(field, store, Store, "a Store (MemoryStore, FileStore, IndexedDBStore or OPFSStore)")
+
+
 class Store(ABC):
     """An async store of bytes under validated keys.
 
@@ -102,7 +116,8 @@ class Store(ABC):
     """
 
     def __init__(self, *, read_only: bool = False, lock_timeout: float = DEFAULT_LOCK_TIMEOUT) -> None:
-        self._read_only = bool(read_only)
+        check_store_options(read_only, lock_timeout)
+        self._read_only = read_only
         self._lock_timeout = float(lock_timeout)
         self._bytes_written = 0
 
@@ -129,6 +144,7 @@ class Store(ABC):
         validate_key(key)
         if max_bytes is None:
             return await self._get(key)
+        check_int("max_bytes", max_bytes, 0)
         return await self._get_bounded(key, max_bytes)
 
     async def get_into(self, key: str, out: memoryview) -> int | None:
@@ -137,9 +153,7 @@ class Store(ABC):
         If the lengths differ, ``out`` is left as it was.
         """
         validate_key(key)
-        if not isinstance(out, (bytearray, memoryview)) or memoryview(out).readonly:
-            raise FormatError("out", "a writable bytearray or memoryview", type(out).__name__)
-        return await self._get_into(key, memoryview(out).cast("B"))
+        return await self._get_into(key, check_writable("out", out, error=FormatError).cast("B"))
 
     def _payload(self, key: str, data: Any) -> memoryview:
         """``data`` to store under ``key``, once the key, the data and the store allow it."""
@@ -188,7 +202,7 @@ class Store(ABC):
         be had within ``timeout`` seconds (the store's ``lock_timeout`` if None).
         """
         self._check_writable("lock")
-        return self._lock(self._lock_timeout if timeout is None else float(timeout))
+        return self._lock(self._lock_timeout if timeout is None else check_seconds("timeout", timeout))
 
     def claim(self, name: str) -> AbstractAsyncContextManager[None]:
         """An async context manager holding the exclusive write claim on checkpoint name ``name`` while it is held.

@@ -21,6 +21,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Collection
 from contextlib import asynccontextmanager
 from typing import Any, TypeVar
 
+from ..checks import check_bool, check_callable, check_each, check_instance, check_path
 from ..errors import FormatError, StoreError
 from .base import DEFAULT_LOCK_TIMEOUT, Store, check_value_size, is_segment, poll_acquire
 
@@ -165,8 +166,10 @@ class FileStore(Store):
         direct_io: bool = True,
     ) -> None:
         super().__init__(read_only=read_only, lock_timeout=lock_timeout)
-        self.directory = os.path.abspath(os.fspath(directory))
-        self.fault = fault
+        self.directory = os.path.abspath(check_path("directory", directory))
+        self.fault = check_callable("fault", fault)
+        check_bool("unnamed_files", unnamed_files)
+        check_bool("direct_io", direct_io)
         self._swept = False  # temp files of crashed writers are removed under the first lock
         self._unsynced_lock = threading.Lock()
         try:
@@ -177,8 +180,8 @@ class FileStore(Store):
             raise StoreError(f"store directory {self.directory}: cannot create ({exc})") from exc
         if not is_dir:
             raise StoreError(f"store directory {self.directory}: expected a directory, got none")
-        self._unnamed = bool(unnamed_files) and not read_only and takes_unnamed_files(self.directory)
-        self._direct = bool(direct_io) and not read_only and bool(_O_DIRECT)
+        self._unnamed = unnamed_files and not read_only and takes_unnamed_files(self.directory)
+        self._direct = direct_io and not read_only and bool(_O_DIRECT)
 
     def __repr__(self) -> str:
         return f"FileStore({self.directory!r}, read_only={self.read_only})"
@@ -190,7 +193,9 @@ class FileStore(Store):
         own files (its lock, claim files, temp files), at least one of them. With ``new``, a missing or empty
         directory, where a FileStore may be made, passes too.
         """
-        path = os.fspath(directory)
+        path = check_path("directory", directory)
+        check_bool("new", new)
+        tops = check_each("tops", tops, "key segments", lambda field, top: check_instance(field, top, str, "a str"))
         expected = f"a store directory (only {', '.join(t + '/' for t in tops)} and {LOCK_NAME})"
         try:
             entries = sorted(os.listdir(path)) if os.path.isdir(path) and not os.path.islink(path) else None

@@ -17,8 +17,9 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from typing import Any
 
+from ..checks import check_bool, check_instance
 from ..errors import StoreError
-from .base import Store
+from .base import Store, check_store_options
 
 __all__ = ["BrowserStore", "call", "js_object", "pyodide_js", "request_persistence", "store_error", "to_bytes", "u8"]
 
@@ -169,12 +170,19 @@ class BrowserStore(Store):
 
     def __init__(self, name: str, *, read_only: bool, lock_timeout: float, persisted: bool) -> None:
         super().__init__(read_only=read_only, lock_timeout=lock_timeout)
-        self.name = name
+        self.name = check_instance("name", name, str, "a str")
         self.persisted = persisted
         self._lock_name = f"kvckpt:{self.KIND.lower()}:{name}"
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.name!r}, read_only={self.read_only})"
+
+    @staticmethod
+    def check_open(name: str, read_only: bool, lock_timeout: float, persist: bool) -> None:
+        """FieldError for an argument of ``open`` of the wrong type or value, before anything is opened."""
+        check_instance("name", name, str, "a str")
+        check_store_options(read_only, lock_timeout)
+        check_bool("persist", persist)
 
     @staticmethod
     def _web_locks(what: str) -> tuple[Any, Any]:

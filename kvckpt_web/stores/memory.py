@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import AsyncIterator, Awaitable, Callable, MutableMapping
 from contextlib import asynccontextmanager
 
+from ..checks import check_instance
 from .base import DEFAULT_LOCK_TIMEOUT, Store, poll_acquire
 
 __all__ = ["MemoryStore"]
@@ -26,7 +27,8 @@ class MemoryStore(Store):
         lock_timeout: float = DEFAULT_LOCK_TIMEOUT,
     ) -> None:
         super().__init__(read_only=read_only, lock_timeout=lock_timeout)
-        self._data: MutableMapping[str, bytes] = {} if data is None else data
+        self._data: MutableMapping[str, bytes] = {} if data is None else check_instance(
+            "data", data, MutableMapping, "a mutable mapping of keys to bytes (a dict) or None")
         self._locked = False
         self._claims: set[str] = set()
 
