@@ -68,7 +68,7 @@ def bind_address(host: str, port: int, allow_remote: bool = False, *, field: str
         raise FieldError(field, "an address or host name to listen on (default 127.0.0.1)", host,
                          "an empty host listens on every interface: name the address")
     try:
-        found = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+        found = socket.getaddrinfo(host, None, type=socket.SOCK_STREAM)
     except (OSError, UnicodeError) as exc:  # socket.gaierror; an IDNA-invalid name
         raise KVCkptError(f"serve on {host}:{port}: cannot listen ({getattr(exc, 'strerror', None) or exc})") from exc
     loopback = all(ipaddress.ip_address(sockaddr[0].partition("%")[0]).is_loopback
@@ -77,7 +77,7 @@ def bind_address(host: str, port: int, allow_remote: bool = False, *, field: str
         raise FieldError(field, "a loopback address (127.0.0.1, ::1, localhost)", host,
                          f"it reaches beyond this machine: add {consent} to serve other machines")
     family, _, _, _, sockaddr = min(found, key=lambda info: info[0] != socket.AF_INET)  # IPv4 first, as before
-    return BindAddress(host, family, sockaddr, loopback)
+    return BindAddress(host, family, (sockaddr[0], port, *sockaddr[2:]), loopback)
 
 
 def host_name(value: str) -> str | None:
