@@ -278,7 +278,7 @@ def main() -> int:
     parts = [args.only] if args.only else ["kv", "model"]
     from playwright.sync_api import sync_playwright
 
-    from kvckpt_web.web.serve import serve_in_thread
+    from kvckpt_web.server.run import serve_in_thread
 
     chromium = harness.find_chromium()
     if chromium is None:

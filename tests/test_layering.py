@@ -7,6 +7,8 @@ inside functions, under ``if TYPE_CHECKING``; relative or absolute -- is an edge
 from __future__ import annotations
 
 import ast
+import re
+import tomllib
 from pathlib import Path
 
 
@@ -23,9 +25,12 @@ LAYERS = {
     "kv": 2,  # the paged KV cache (needs gpu and tvm)
     "durable": 3,  # checkpoints in a store (needs kv, stores, tvm, gpu)
     "model": 4,  # models on the cache
-    "web": 5,  # the browser runtime
-    "cli": 6,  # the command line (its ``serve`` command runs the web layer's server)
+    "web": 5,  # the browser runtime (Pyodide)
+    "server": 5,  # the desktop HTTP server (``kvckpt serve``); serves web's files by path, never imports it
+    "cli": 6,  # the command line (its ``serve`` command runs the server)
 }
+#: Third-party modules only some layers may import: the ``serve`` extra is desktop-only and optional.
+ONLY_IN = {"starlette": {"server"}, "uvicorn": {"server"}}
 FOUNDATION = {"kvckpt_web.errors", "kvckpt_web.checks", "kvckpt_web.jsontext"}
 
 def module_name(path: Path) -> str:
@@ -68,6 +73,20 @@ def resolve(importer: str, node: ast.ImportFrom | ast.Import) -> set[str]:
             name = name.rpartition(".")[0]
         if name == ROOT or name.startswith(ROOT + "."):
             found.add(name)
+    return found
+
+
+def third_party_imports() -> dict[str, set[str]]:
+    """Module -> the top-level names of the modules outside the package it imports (anywhere in the file)."""
+    found: dict[str, set[str]] = {}
+    for module, path in MODULES.items():
+        names = found.setdefault(module, set())
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"), str(path))):
+            if isinstance(node, ast.Import):
+                names |= {alias.name.partition(".")[0] for alias in node.names}
+            elif isinstance(node, ast.ImportFrom) and not node.level:
+                names.add((node.module or "").partition(".")[0])
+        names.discard(ROOT)
     return found
 
 
@@ -147,6 +166,26 @@ def test_imports_flow_down_the_layers():
 
 def test_the_package_has_no_import_cycles():
     assert cycles(import_graph()) == []
+
+
+def test_the_serve_extra_is_imported_by_the_server_layer_only():
+    outside = sorted(f"{module} imports {name}" for module, names in third_party_imports().items()
+                     for name in names & ONLY_IN.keys() if layer_of(module) not in ONLY_IN[name])
+    assert outside == []
+
+
+def test_the_serve_extra_is_no_dependency_of_the_package():
+    project = tomllib.loads((PACKAGE.parent / "pyproject.toml").read_text(encoding="utf-8"))["project"]
+    required = {re.match(r"[A-Za-z0-9_.-]+", spec).group().lower() for spec in project["dependencies"]}
+    assert not required & ONLY_IN.keys()
+    assert {re.match(r"[A-Za-z0-9_.-]+", spec).group().lower()
+            for spec in project["optional-dependencies"]["serve"]} == ONLY_IN.keys()
+
+
+def test_a_sibling_import_between_web_and_server_is_reported():
+    graph = import_graph()
+    graph["kvckpt_web.server.static"] = graph["kvckpt_web.server.static"] | {"kvckpt_web.web.js_api"}
+    assert layer_violations(graph) == ["kvckpt_web.server.static (server) -> kvckpt_web.web.js_api (web)"]
 
 
 def test_an_upward_import_is_reported():
