@@ -17,6 +17,7 @@ from .catalog import decode_at, manifest_keys
 from .container import (CHUNKS, MAX_MANIFEST_BYTES, ChunkRef, Manifest, chunk_digest, chunk_key, is_chunk_key,
                         validate_name, verify_chunk)
 from .pipeline import IO_CONCURRENCY, offload, run_bounded
+from .prefix_index import check_records
 from .restore import check_fits, restore_into
 from .results import Progress, VerifyReport
 
@@ -37,7 +38,8 @@ async def verify(store: "Store", *, name: str | None = None, device: "Device | N
     Decodes every manifest and checks it against its key and its TVM metadata; re-hashes every chunk
     (all of them when ``name`` is None, also those no manifest uses); with a ``device``, restores
     every intact generation into a fresh GPU cache of its layout and checks that it reads back
-    byte-identical. Never raises for damage: it is listed in ``problems``. Takes no lock: damage
+    byte-identical. Never raises for damage: it is listed in ``problems``; prefix index records that
+    lookups ignore, or whose checkpoint is gone, are listed in ``warnings``. Takes no lock: damage
     found in a manifest, or in a chunk it uses, is reported only if that manifest still holds the
     bytes verify read once it is done, so a generation another process collects meanwhile is not.
     """
@@ -52,6 +54,7 @@ async def verify(store: "Store", *, name: str | None = None, device: "Device | N
         intact = [(key, m) for key, m in manifests if not any(ref.key in bad for ref in m.chunk_refs())]
         await _check_loads(store, device, intact, report, found, progress)
     report.problems = await _standing(store, found, envelopes)
+    report.warnings = await check_records(store, name)  # prefix index records are hints, not checkpoints
     return report
 
 
