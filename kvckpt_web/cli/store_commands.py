@@ -20,6 +20,7 @@ from typing import Any
 from ..checks import check_int
 from ..durable.catalog import list_generations, list_names, load_manifest
 from ..durable.container import CHUNKS, STORE_TOPS, Manifest, validate_name
+from ..durable.prefix_index import count_records
 from ..durable.restore import restore
 from ..durable.results import Progress
 from ..durable.retention import gc
@@ -156,6 +157,7 @@ async def describe_store(path: str | Path) -> dict[str, Any]:
         "manifests": len(gens), "damaged_manifests": [i.key for i in gens if i.error is not None],
         "chunks": {"stored": len(listed), "referenced": len(users), "referenced_nbytes": referenced_bytes,
                    "logical_nbytes": logical, "unreferenced": len(unreferenced)},
+        "prefix_records": await count_records(store),
     }
 
 
@@ -182,6 +184,11 @@ def cmd_inspect_store(args: argparse.Namespace) -> int:
     saved = chunks["logical_nbytes"] - chunks["referenced_nbytes"]
     print(f"  data: {_mib(chunks['logical_nbytes'])} in all checkpoints, {_mib(chunks['referenced_nbytes'])} stored "
           f"({_mib(saved)} saved by sharing); {chunks['unreferenced']} unreferenced chunks (kvckpt gc removes them)")
+    records = info["prefix_records"]
+    if records["records"] or records["other_keys"]:
+        print(f"  prefix index: {records['records']} records in {records['scopes']} scopes, "
+              f"{records['without_checkpoint']} of them of checkpoints no longer stored (kvckpt gc removes them)"
+              + (f"; {records['other_keys']} other keys under prefixes/" if records["other_keys"] else ""))
     if info["damaged_manifests"]:
         print(f"  damaged manifests: {', '.join(info['damaged_manifests'])} (run kvckpt verify)")
     return status
@@ -198,6 +205,8 @@ def cmd_verify(args: argparse.Namespace) -> int:
           + ("" if args.no_load else f", {len(report.loaded)} checkpoints loaded into a GPU cache and read back"))
     if report.unreferenced_chunks:
         print(f"{len(report.unreferenced_chunks)} unreferenced chunks (not an error; kvckpt gc removes them)")
+    for warning in report.warnings:
+        print(f"warning: {warning}")
     if not report.manifests_checked and args.name is not None:
         report.problems.append(f"no checkpoint named {args.name!r} in {args.store}")
     for problem in report.problems:
@@ -217,6 +226,8 @@ def cmd_gc(args: argparse.Namespace) -> int:
     result = asyncio.run(gc(store, keep=keep, names=args.name, progress=progress_printer()))
     print(f"kept {len(result.kept_manifests)} manifests, deleted {len(result.deleted_manifests)} manifests and "
           f"{result.deleted_chunks} unreferenced chunks ({_mib(result.freed_bytes)})")
+    if result.deleted_records:
+        print(f"deleted {result.deleted_records} prefix index records of checkpoints no longer stored")
     for key, why in result.kept_reasons.items():
         print(f"  kept {key}: {why}")
     if result.damaged_manifests:

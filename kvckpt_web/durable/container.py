@@ -34,6 +34,7 @@ __all__ = [
     "MAX_MANIFEST_BYTES",
     "CHUNKS",
     "MANIFESTS",
+    "PREFIXES",
     "STORE_TOPS",
     "ChunkRef",
     "Manifest",
@@ -77,7 +78,11 @@ MANIFESTS = "manifests/"
 CHUNKS = "chunks/"
 """The key prefix of every chunk: ``chunks/<sha256 hex>``."""
 
-STORE_TOPS = (MANIFESTS.rstrip("/"), CHUNKS.rstrip("/"))
+PREFIXES = "prefixes/"
+"""The key prefix of every prefix index record: ``prefixes/<scope id>/<name>/<generation as 20 digits>``
+(FORMAT.md section 7; :mod:`.prefix_records`)."""
+
+STORE_TOPS = (MANIFESTS.rstrip("/"), CHUNKS.rstrip("/"), PREFIXES.rstrip("/"))
 """The first segment of every key of a checkpoint store."""
 _NAME_RE = re.compile(r"[A-Za-z0-9._-]{1,128}")
 _HEX64_RE = re.compile(r"[0-9a-f]{64}")

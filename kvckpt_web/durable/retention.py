@@ -24,6 +24,7 @@ from .container import (CHUNKS, MAX_MANIFEST_BYTES, ChunkRef, check_chunk_digest
                         validate_name)
 from .memo import trusted_chunks
 from .pipeline import IO_CONCURRENCY, offload, run_bounded
+from .prefix_index import drop_records
 from .results import GcResult, Progress
 
 if TYPE_CHECKING:
@@ -124,6 +125,7 @@ async def retain(store: "Store", keep: int, keys: list[str]) -> tuple[list[str],
         candidates |= await refs_of(store, key) or frozenset()
     async with store.batch():  # the manifests are gone for good before any chunk they used is deleted
         await run_bounded(((lambda k=k: store.delete(k)) for k in drop), IO_CONCURRENCY)
+    await drop_records(store, drop)  # their prefix index records go after them
     if not candidates:
         return drop, 0, warnings
     used, damaged = await referenced(store)
@@ -171,11 +173,12 @@ async def gc(store: "Store", *, keep: int | None = DEFAULT_KEEP, names: Iterable
         async with store.batch():  # the manifests are gone for good before any chunk they used is deleted
             for key in drop:
                 await store.delete(key)
+        records = await drop_records(store)  # of the manifests dropped, and any other whose manifest is gone
         used, damaged = await referenced(store)
         kept = tuple(key for _, _, key in await manifest_keys(store))
         kept_reasons = {key: reasons.get(key, "committed while gc ran (not judged)") for key in kept}
         if damaged:
-            return GcResult(kept, tuple(drop), 0, 0, tuple(damaged), kept_reasons)
+            return GcResult(kept, tuple(drop), 0, 0, tuple(damaged), kept_reasons, records)
         chunks = await store.list_prefix(CHUNKS)
         unused = [key for key in chunks if key not in used and is_chunk_key(key)]
         freed = 0
@@ -189,7 +192,7 @@ async def gc(store: "Store", *, keep: int | None = DEFAULT_KEEP, names: Iterable
                 if progress is not None:
                     progress("gc", i + 1, len(unused))
         trusted_chunks(store).difference_update(unused)
-    return GcResult(kept, tuple(drop), len(unused), freed, (), kept_reasons)
+    return GcResult(kept, tuple(drop), len(unused), freed, (), kept_reasons, records)
 
 
 async def _judge(store: "Store", keep: int | None, only: set[str] | None) -> tuple[list[_Selection], dict[str, str]]:

@@ -35,6 +35,8 @@ from .container import (CHUNKS, MAX_MANIFEST_BYTES, ChunkRef, Manifest, chunk_ke
                         validate_name)
 from .memo import last_saved, remember, trusted_chunks
 from .pipeline import IO_CONCURRENCY, HashState, MappedBatches, cache_lock, run_bounded
+from .prefix_index import commit_record
+from .prefix_records import PrefixKey, prefix_record
 from .results import Progress, SaveResult
 from .retention import DEFAULT_KEEP, check_keep, retain
 
@@ -61,8 +63,8 @@ def default_pages_per_chunk(page_bytes: int) -> int:
 
 async def save(cache: "PagedKVCache", seq_id: int, store: "Store", name: str, *,
                app_state: dict[str, Any] | None = None, keep: int | None = DEFAULT_KEEP,
-               pages_per_chunk: int | None = None,
-               progress: Progress | None = None) -> SaveResult:
+               pages_per_chunk: int | None = None, progress: Progress | None = None,
+               prefix: PrefixKey | None = None) -> SaveResult:
     """Checkpoint sequence ``seq_id`` of ``cache`` as the next generation of ``name`` in ``store``.
 
     Writes only chunks whose pages changed since this process last saved or restored ``name`` with
@@ -76,6 +78,10 @@ async def save(cache: "PagedKVCache", seq_id: int, store: "Store", name: str, *,
     (:class:`CheckpointStateError` if it did; nothing is committed then). If anything fails before the
     manifest is committed, the store still holds the previous generations intact; a failure of the
     clean-up after the commit is reported in ``warnings`` instead.
+    ``prefix`` (a :class:`~.prefix_records.PrefixKey` whose ``tokens`` are the ids of the sequence's tokens,
+    exactly its length, else :class:`FieldError` before anything is written) indexes the checkpoint: its
+    prefix index record is written right after the manifest (``SaveResult.prefix_record``); a record that
+    cannot be written is a warning, not a failed save.
     """
     started = time.perf_counter()
     app_state, ppc = _checked_arguments(cache, seq_id, store, name, keep, app_state, pages_per_chunk, progress)
@@ -88,6 +94,7 @@ async def save(cache: "PagedKVCache", seq_id: int, store: "Store", name: str, *,
         plan = plan_chunks(npages, ppc)
         existing, reuse = await _reusable(store, cache, seq_id, name, ppc, len(plan))
         generation = existing[-1][1] + 1 if existing else 1
+        record = prefix_record(prefix, name, generation, state.length, lay.page_size)  # nothing written yet
         written_before = store.bytes_written
         # this save leaves the state over its last chunk's full pages for the next one
         last, full_pages = len(plan) - 1, state.length // lay.page_size
@@ -107,6 +114,7 @@ async def save(cache: "PagedKVCache", seq_id: int, store: "Store", name: str, *,
         await store.set(manifest.key, envelope)  # the commit point
         remember(store, envelope, manifest, state, tails)
         trusted_chunks(store).update(manifest.chunk_keys())  # each one written, read back, or reused
+        record, not_indexed = await commit_record(store, record)  # after the manifest: a crash costs a miss
         written = store.bytes_written - written_before
         warnings = [f"{key}: stored bytes differed from the chunk its name says; rewritten from the cache"
                     for key in sorted(repaired)]
@@ -118,8 +126,8 @@ async def save(cache: "PagedKVCache", seq_id: int, store: "Store", name: str, *,
         except KVCkptError as exc:  # the checkpoint is committed: report, do not fail the save
             dropped, deleted, retained = [], 0, [f"retention after the commit failed (kvckpt gc retries): {exc}"]
     return SaveResult(name, generation, manifest.key, seq_id, state.length, len(plan) * num_groups, stored, written,
-                      npages - reuse.chunks * ppc, tuple(dropped), deleted, tuple(warnings + retained),
-                      time.perf_counter() - started)
+                      npages - reuse.chunks * ppc, tuple(dropped), deleted, tuple(warnings + not_indexed + retained),
+                      time.perf_counter() - started, record)
 
 
 def _checked_arguments(cache: "PagedKVCache", seq_id: int, store: "Store", name: str, keep: int | None,

@@ -22,6 +22,7 @@ from .container import (CHUNKS, MAX_MANIFEST_BYTES, ChunkRef, Manifest, check_ch
                         is_chunk_key, validate_name)
 from .memo import trusted_chunks
 from .pipeline import IO_CONCURRENCY, offload, run_bounded
+from .prefix_index import check_records
 from .restore import check_fits, restore_into
 from .results import Progress, VerifyReport
 
@@ -43,7 +44,8 @@ async def verify(store: "Store", *, name: str | None = None, device: "Device | N
     chunks), reading none longer than its manifest says and reporting no value where one should be (a
     FIFO, a device) as damage of that key; with a ``device``, restores
     every intact generation into a fresh GPU cache of its layout and checks that it reads back
-    byte-identical. Never raises for damage: it is listed in ``problems``. Takes no lock: damage
+    byte-identical. Never raises for damage: it is listed in ``problems``; prefix index records that
+    lookups ignore, or whose checkpoint is gone, are listed in ``warnings``. Takes no lock: damage
     found in a manifest, or in a chunk it uses, is reported only if that manifest still holds the
     bytes verify read once it is done, so a generation another process collects meanwhile is not.
     """
@@ -62,6 +64,7 @@ async def verify(store: "Store", *, name: str | None = None, device: "Device | N
         intact = [(key, m) for key, m in manifests if not any(ref.key in bad for ref in m.chunk_refs())]
         await _check_loads(store, device, intact, report, found, progress)
     report.problems = await _standing(store, found, envelopes)
+    report.warnings = await check_records(store, name)  # prefix index records are hints, not checkpoints
     return report
 
 
