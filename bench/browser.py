@@ -164,7 +164,9 @@ from kvckpt_web.durable.save import save
 from kvckpt_web.model.gguf import parse_gguf
 from kvckpt_web.model.loader import load_gguf
 from kvckpt_web.model.sampler import SamplingSettings
-from kvckpt_web.model.session import Generator, StopRules, new_cache, resume
+from kvckpt_web.model.app_state import StopRules
+from kvckpt_web.model.generator import Generator, new_cache
+from kvckpt_web.model.resume import resume
 from kvckpt_web.stores.indexeddb import IndexedDBStore
 from kvckpt_web.stores.opfs import OPFSStore
 
@@ -198,6 +200,7 @@ def fresh_cache():
 cache = fresh_cache()
 warm = await Generator.start(model, cache, prompt[:8], SamplingSettings(), stop=StopRules(max_tokens=2))
 await warm.run()  # compiles every pipeline of prefill and decode
+await warm.close()
 cache.remove_sequence(0)
 
 gen = await Generator.start(model, cache, prompt, SamplingSettings(), stop=StopRules(max_tokens=DECODE))
@@ -209,6 +212,7 @@ t = now()
 await gen.run()
 decode_s, decoded = now() - t, len(gen.generated_tokens) - 1
 context = gen.kv_length  # the checkpoint's K/V: every token but the pending one
+await gen.close()
 
 reprefill = fresh_cache()
 await sync()
@@ -238,6 +242,7 @@ for kind, opener in (("IndexedDB", IndexedDBStore.open), ("OPFS", OPFSStore.open
         resumed = await resume(reader, "generation", model, target)
         await sync()
         restores.append(now() - t)
+        await resumed.close()
         if not resumed.resume_report.kv_restored or resumed.kv_length != context:
             raise RuntimeError(f"resume from {kind}: {resumed.resume_report.message}")
         target.close()
@@ -275,7 +280,7 @@ def main() -> int:
     parts = [args.only] if args.only else ["kv", "model"]
     from playwright.sync_api import sync_playwright
 
-    from kvckpt_web.web.serve import serve_in_thread
+    from kvckpt_web.server.run import serve_in_thread
 
     chromium = harness.find_chromium()
     if chromium is None:

@@ -6,9 +6,11 @@ from .durable.retention import gc
 from .durable.save import save
 from .durable.tvm_export import read_tvm_export, write_tvm_export
 from .durable.verify import verify
-from .errors import (CapacityError, CheckpointStateError, ConflictError, CorruptionError, DeviceError, FieldError,
-                     FormatError, KVCkptError, LayoutHashMismatch, MetadataError, ModelUnavailableError, NotFoundError,
-                     SequenceError, StoreError, TensorError, UnsupportedLayoutError, UnusableCheckpointError)
+from .engine import ChatChunk, ChatCompletion, ChatRequest, Engine
+from .errors import (CapacityError, CheckpointStateError, ConflictError, ContextFullError, CorruptionError,
+                     DeviceError, FieldError, FormatError, KVCkptError, LayoutHashMismatch, MetadataError,
+                     ModelUnavailableError, NotFoundError, SequenceError, StoreError, TensorError,
+                     UnsupportedLayoutError, UnusableCheckpointError)
 from .gpu.device import Device
 from .gpu.open import open_device, open_device_async
 from .gpu.tensors import DeviceArray, HostTensor
@@ -21,11 +23,12 @@ from .stores.opfs import OPFSStore
 from .tvm.layout import CacheLimits, KVLayout
 
 __all__ = [
-    "CacheLimits", "CapacityError", "CheckpointStateError", "ConflictError", "CorruptionError", "Device",
-    "DeviceArray", "DeviceError", "FieldError", "FileStore", "FormatError", "HostTensor", "IndexedDBStore", "KVCkptError",
-    "KVLayout", "LayoutHashMismatch", "MemoryStore", "MetadataError", "ModelUnavailableError", "NotFoundError",
-    "OPFSStore", "PageGroups", "PagedKVCache", "SequenceError", "StoreError", "TensorError",
-    "UnsupportedLayoutError", "UnusableCheckpointError", "gc", "list_generations", "list_names", "open_device", "open_device_async",
+    "CacheLimits", "CapacityError", "ChatChunk", "ChatCompletion", "ChatRequest", "CheckpointStateError",
+    "ConflictError", "ContextFullError", "CorruptionError", "Device", "DeviceArray", "DeviceError", "Engine",
+    "FieldError", "FileStore", "FormatError", "HostTensor", "IndexedDBStore", "KVCkptError", "KVLayout",
+    "LayoutHashMismatch", "MemoryStore", "MetadataError", "ModelUnavailableError", "NotFoundError", "OPFSStore",
+    "PageGroups", "PagedKVCache", "SequenceError", "StoreError", "TensorError", "UnsupportedLayoutError",
+    "UnusableCheckpointError", "gc", "list_generations", "list_names", "open_device", "open_device_async",
     "read_tvm_export", "restore", "save", "verify", "write_tvm_export",
 ]
 __version__ = "0.1.0"

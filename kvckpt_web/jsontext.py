@@ -29,6 +29,30 @@ def nesting_depth(text: str) -> int:
     return deepest
 
 
+def non_string_key(value: Any) -> tuple[str, Any] | None:
+    """The first object key in ``value`` (dicts and lists, nested) that is not a str, and the path of the object
+    holding it (``.a[2]``); None if every key is a str. JSON has only string keys: ``json.dumps`` would turn
+    such a key into one, and it would come back as another key."""
+    todo: list[tuple[str, Any]] = [("", value)]
+    seen: set[int] = set()  # each container once: shared ones, and cycles (which json.dumps refuses anyway)
+    while todo:
+        path, item = todo.pop()
+        if id(item) in seen:
+            continue
+        if isinstance(item, dict):
+            seen.add(id(item))
+            for key, child in item.items():
+                if not isinstance(key, str):
+                    return path, key
+                if isinstance(child, (dict, list, tuple)):
+                    todo.append((f"{path}.{key}" if key.isidentifier() else f"{path}[{key!r}]", child))
+        elif isinstance(item, (list, tuple)):
+            seen.add(id(item))
+            todo.extend((f"{path}[{i}]", child) for i, child in enumerate(item)
+                        if isinstance(child, (dict, list, tuple)))
+    return None
+
+
 class DuplicateKeyError(ValueError):
     """A JSON object names ``key`` twice (raised inside ``json.loads``; readers report it as their own error)."""
 

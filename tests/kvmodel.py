@@ -1,4 +1,5 @@
-"""Test helpers: small layouts, device buffer I/O, and :class:`KVModel`, a cache with a numpy model of its K/V.
+"""Test helpers: small layouts, device buffer I/O, :class:`KVModel` (a cache with a numpy model of its K/V), and
+what an error names (:func:`names_field`).
 
 :class:`KVModel` drives a :class:`PagedKVCache` together with the K/V each of its
 sequences should hold, so tests can compare what the cache returns with what was
@@ -14,7 +15,7 @@ from typing import Any, TypeVar
 
 import numpy as np
 
-from kvckpt_web import CacheLimits, DeviceArray, KVLayout, PagedKVCache
+from kvckpt_web import CacheLimits, DeviceArray, FieldError, KVCkptError, KVLayout, PagedKVCache
 from kvckpt_web.gpu.device import Copy, Device, Usage
 
 T = TypeVar("T")
@@ -32,6 +33,14 @@ BITS = {"float16": np.uint16, "bfloat16": np.uint16, "float32": np.uint32}
 def run(coro: Awaitable[T]) -> T:
     """Run one coroutine to completion."""
     return asyncio.run(coro)  # type: ignore[arg-type]
+
+
+def names_field(exc: KVCkptError, field: str) -> bool:
+    """Whether ``exc`` names ``field``: as its ``field`` (a FieldError), else at the start of its message (the
+    errors that carry no field, such as SequenceError)."""
+    if isinstance(exc, FieldError):
+        return exc.field == field
+    return str(exc).startswith(f"{field}: ")
 
 
 def small_layout(**overrides: Any) -> KVLayout:

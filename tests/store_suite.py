@@ -18,7 +18,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from kvckpt_web.errors import FormatError, StoreError
+from kvckpt_web.errors import ConflictError, FormatError, StoreError
 from kvckpt_web.stores.file import TEMP_PREFIX
 from kvckpt_web.stores.base import Store
 
@@ -301,6 +301,8 @@ class StoreTests:
             run(ro.delete("k"))
         with pytest.raises(StoreError, match="read-only"):
             ro.lock()
+        with pytest.raises(StoreError, match="read-only"):
+            ro.claim("k")
         assert run(ro.get("k")) == b"v"
         assert ro.bytes_written == 0
 
@@ -384,6 +386,97 @@ class StoreTests:
                 pass
 
         run(body())
+
+    # -- claim -------------------------------------------------------------------
+
+    def test_a_claim_refuses_a_second_claim_of_the_name_at_once_naming_name_and_store(self, store: Store) -> None:
+        async def body() -> str:
+            async with store.claim("chat"):
+                with pytest.raises(ConflictError) as info:
+                    async with store.claim("chat"):
+                        pytest.fail("a second holder got the claim")
+            return str(info.value)
+
+        message = run(body())
+        assert "'chat'" in message and repr(store) in message
+
+    def test_a_claim_refuses_another_task_while_held(self, store: Store) -> None:
+        async def other() -> str:
+            try:
+                async with store.claim("chat"):
+                    return "claimed"
+            except ConflictError:
+                return "refused"
+
+        async def body() -> str:
+            async with store.claim("chat"):
+                return await asyncio.create_task(other())
+
+        assert run(body()) == "refused"
+
+    def test_a_claim_is_released_on_exit(self, store: Store) -> None:
+        async def body() -> None:
+            async with store.claim("chat"):
+                pass
+            async with store.claim("chat"):
+                pass
+
+        run(body())
+
+    def test_a_claim_is_released_when_its_holder_raises(self, store: Store) -> None:
+        async def body() -> None:
+            with pytest.raises(RuntimeError):
+                async with store.claim("chat"):
+                    raise RuntimeError("boom")
+            async with store.claim("chat"):
+                pass
+
+        run(body())
+
+    def test_a_claim_stays_held_across_event_loops_until_it_is_left(self, store: Store) -> None:
+        async def other() -> None:
+            async with store.claim("chat"):
+                pass
+
+        held = store.claim("chat")
+        run(held.__aenter__())  # a generation holds its name's claim while the loops it runs in come and go
+        with pytest.raises(ConflictError):
+            run(other())
+        run(held.__aexit__(None, None, None))
+        run(other())
+
+    def test_a_claim_outlasts_the_writer_locks_taken_while_it_is_held(self, store: Store) -> None:
+        async def body() -> None:
+            async with store.claim("chat"):
+                async with store.lock(timeout=1):
+                    await store.set("k", b"v")
+                with pytest.raises(ConflictError):
+                    async with store.claim("chat"):
+                        pass
+
+        run(body())
+
+    def test_claims_of_different_names_do_not_interfere(self, store: Store) -> None:
+        async def body() -> None:
+            async with store.claim("chat"), store.claim("chat-2"), store.lock(timeout=1):
+                await store.set("k", b"v")
+
+        run(body())
+
+    def test_a_claim_leaves_the_keys_as_they_were(self, store: Store) -> None:
+        async def body() -> tuple[list[str], list[str]]:
+            await store.set("manifests/chat/1", b"m")
+            async with store.claim("chat"):
+                inside = await store.list_prefix("")
+            return inside, await store.list_prefix("")
+
+        assert run(body()) == (["manifests/chat/1"], ["manifests/chat/1"])
+
+    @pytest.mark.parametrize("name", ["", "a/b", "..", "t~ilde", None])
+    def test_a_claim_of_a_name_that_is_no_key_segment_is_refused(self, store: Store, name: Any) -> None:
+        with pytest.raises(FormatError) as info:
+            store.claim(name)
+        assert info.value.field == "name"
 
     # -- model-based -------------------------------------------------------------
 

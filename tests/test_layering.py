@@ -7,6 +7,8 @@ inside functions, under ``if TYPE_CHECKING``; relative or absolute -- is an edge
 from __future__ import annotations
 
 import ast
+import re
+import tomllib
 from pathlib import Path
 
 
@@ -16,7 +18,7 @@ ROOT = "kvckpt_web"
 #: Each layer and its rank: a module may import its own layer and any layer of a lower rank. Layers of
 #: one rank are siblings and do not import each other (gpu, tvm and stores know only the foundation).
 LAYERS = {
-    "foundation": 0,  # kvckpt_web/errors.py, kvckpt_web/jsontext.py
+    "foundation": 0,  # kvckpt_web/errors.py, kvckpt_web/checks.py, kvckpt_web/jsontext.py
     "gpu": 1,  # WebGPU: device interface, backends, WGSL loader, device tensors
     "tvm": 1,  # TVM's contract: layout, limits, layout hash, metadata
     "stores": 1,  # key-value stores
@@ -24,10 +26,13 @@ LAYERS = {
     "durable": 3,  # checkpoints in a store (needs kv, stores, tvm, gpu)
     "model": 4,  # models on the cache
     "engine": 5,  # the chat engine: conversations over a model, its cache and a store
-    "web": 6,  # the browser runtime
-    "cli": 7,  # the command line (its ``serve`` command runs the web layer's server)
+    "web": 6,  # the browser runtime (Pyodide)
+    "server": 6,  # the desktop HTTP server (``kvckpt serve``); serves web's files by path, never imports it
+    "cli": 7,  # the command line (its ``serve`` command runs the server)
 }
-FOUNDATION = {"kvckpt_web.errors", "kvckpt_web.jsontext"}
+#: Third-party modules only some layers may import: the ``serve`` extra is desktop-only and optional.
+ONLY_IN = {"starlette": {"server"}, "uvicorn": {"server"}}
+FOUNDATION = {"kvckpt_web.errors", "kvckpt_web.checks", "kvckpt_web.jsontext"}
 
 def module_name(path: Path) -> str:
     parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
@@ -69,6 +74,20 @@ def resolve(importer: str, node: ast.ImportFrom | ast.Import) -> set[str]:
             name = name.rpartition(".")[0]
         if name == ROOT or name.startswith(ROOT + "."):
             found.add(name)
+    return found
+
+
+def third_party_imports() -> dict[str, set[str]]:
+    """Module -> the top-level names of the modules outside the package it imports (anywhere in the file)."""
+    found: dict[str, set[str]] = {}
+    for module, path in MODULES.items():
+        names = found.setdefault(module, set())
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"), str(path))):
+            if isinstance(node, ast.Import):
+                names |= {alias.name.partition(".")[0] for alias in node.names}
+            elif isinstance(node, ast.ImportFrom) and not node.level:
+                names.add((node.module or "").partition(".")[0])
+        names.discard(ROOT)
     return found
 
 
@@ -148,6 +167,26 @@ def test_imports_flow_down_the_layers():
 
 def test_the_package_has_no_import_cycles():
     assert cycles(import_graph()) == []
+
+
+def test_the_serve_extra_is_imported_by_the_server_layer_only():
+    outside = sorted(f"{module} imports {name}" for module, names in third_party_imports().items()
+                     for name in names & ONLY_IN.keys() if layer_of(module) not in ONLY_IN[name])
+    assert outside == []
+
+
+def test_the_serve_extra_is_no_dependency_of_the_package():
+    project = tomllib.loads((PACKAGE.parent / "pyproject.toml").read_text(encoding="utf-8"))["project"]
+    required = {re.match(r"[A-Za-z0-9_.-]+", spec).group().lower() for spec in project["dependencies"]}
+    assert not required & ONLY_IN.keys()
+    assert {re.match(r"[A-Za-z0-9_.-]+", spec).group().lower()
+            for spec in project["optional-dependencies"]["serve"]} == ONLY_IN.keys()
+
+
+def test_a_sibling_import_between_web_and_server_is_reported():
+    graph = import_graph()
+    graph["kvckpt_web.server.static"] = graph["kvckpt_web.server.static"] | {"kvckpt_web.web.js_api"}
+    assert layer_violations(graph) == ["kvckpt_web.server.static (server) -> kvckpt_web.web.js_api (web)"]
 
 
 def test_an_upward_import_is_reported():

@@ -89,7 +89,7 @@ const ops = {
   async conversations(store, storeName) { return JSON.parse(await api.conversations(store, storeName)); },
   async inspect(store, storeName, name) { return JSON.parse(await api.conversation(store, storeName, name)); },
   async remove(store, storeName, name) { return JSON.parse(await api.delete(store, storeName, name)); },
-  close() { api?.close(); return null; },
+  async close() { await api?.close(); return null; },
 };
 
 self.onmessage = async ({ data }) => {

@@ -20,7 +20,7 @@ from ..durable.save import save
 from ..gpu.device import Copy, Device, Usage
 from ..gpu.open import open_device
 from ..model.loader import default_model_path, load_model
-from ..model.session import new_cache
+from ..model.generator import new_cache
 from ..stores.file import FileStore
 
 CONTEXT = 1024

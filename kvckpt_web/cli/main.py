@@ -12,12 +12,11 @@ from pathlib import Path
 from typing import Any
 
 from ..durable.tvm_export import read_tvm_export
-from ..errors import KVCkptError, ModelUnavailableError
+from ..errors import FieldError, KVCkptError, ModelUnavailableError
 from ..model.demo import WorkerConfig, run_generation_demo
 from ..model.loader import default_model_path
+from ..model.sampler import MAX_SEED
 from ..tvm.metadata import layout_from_metadata, limits_from_metadata, validate_import
-from ..web.serve import (DEFAULT_PYODIDE, DEFAULT_WHEELS, build_wheel, check_model_file, check_page_dir, make_server,
-                         source_checkout)
 from . import bench, generate, store_commands
 from .demo import run_demo, worker_main
 
@@ -62,9 +61,14 @@ def cmd_inspect(args: argparse.Namespace) -> int | None:
 
 
 def cmd_demo(args: argparse.Namespace) -> None:
-    directory = Path(args.dir) if args.dir else None
+    """Run a demo; its arguments are checked before any worker starts (or loads the model)."""
+    if not 0 <= args.seed <= MAX_SEED:
+        raise FieldError("--seed", f"an integer in [0, {MAX_SEED}]", args.seed)
+    directory = Path(store_commands.check_path("--dir", args.dir)) if args.dir is not None else None
     if args.kv_only:
         return run_demo(store_commands.check_at_least("--tokens", args.tokens, 1), args.seed, directory)
+    if directory is not None:
+        store_commands.check_store_target("--dir", args.dir)
     config = WorkerConfig()
     config = WorkerConfig(sampler={**config.sampler, "seed": args.seed},
                           max_tokens=store_commands.check_at_least("--max-tokens", args.max_tokens, 1))
@@ -81,9 +85,15 @@ def cmd_bench(args: argparse.Namespace) -> None:
     bench.run(args.names, args.repeats, (args.path,), trials=args.trials)
 
 
+SERVE_EXTRA = ("starlette", "uvicorn")
+"""The modules of the ``serve`` extra, which ``kvckpt serve`` needs and nothing else does."""
+
+
 def _served_model(path: str | None) -> Path | None:
     """The model ``kvckpt serve`` serves: ``--model`` (which must be a file), else the installed default
     model, else none (the page then says how to install it)."""
+    from ..server.static import check_model_file
+
     if path is not None:
         return check_model_file(path, "--model")
     try:
@@ -94,26 +104,35 @@ def _served_model(path: str | None) -> Path | None:
 
 def cmd_serve(args: argparse.Namespace) -> None:
     """Serve the browser runtime; run from a source checkout, with the wheel of that source, built at start
-    (once the server could listen), served before the ``--wheels`` directories."""
-    pyodide = args.pyodide or os.environ.get("KVCKPT_PYODIDE") or DEFAULT_PYODIDE
-    wheels = args.wheels or [os.environ.get("KVCKPT_WHEELS") or DEFAULT_WHEELS]
-    page = check_page_dir(args.page, "--page") if args.page is not None else None
+    (once the server could listen), served before the ``--wheels`` directories. Every flag is checked before
+    it listens; beyond loopback (``--allow-remote``) it says loudly on stderr what that exposes."""
+    try:
+        from ..server import hosts, run, static, wheel
+    except ModuleNotFoundError as exc:
+        if (exc.name or "").partition(".")[0] not in SERVE_EXTRA:
+            raise
+        raise KVCkptError(f"serve: expected the serve extra (Starlette, uvicorn), got no module {exc.name!r}: "
+                          "pip install 'kvckpt_web[serve]'") from None
+    pyodide = args.pyodide or os.environ.get("KVCKPT_PYODIDE") or static.DEFAULT_PYODIDE
+    wheels = args.wheels or [os.environ.get("KVCKPT_WHEELS") or static.DEFAULT_WHEELS]
+    page = static.check_page_dir(args.page, "--page") if args.page is not None else None
     model = _served_model(args.model)
-    source = source_checkout()
+    address = hosts.bind_address(args.host, args.port, args.allow_remote, field="--host", consent="--allow-remote")
+    source = wheel.source_checkout()
     with tempfile.TemporaryDirectory(prefix="kvckpt-wheel-") as fresh:
-        server = make_server(pyodide, [fresh, *wheels] if source else wheels, host=args.host, port=args.port,
-                             page_dir=page, model=model)
+        server = run.make_server(pyodide, [fresh, *wheels] if source else wheels, host=args.host, port=args.port,
+                                 page_dir=page, model=model, allow_remote=args.allow_remote)
         try:
+            if not address.loopback:
+                print(address.exposure(server.server_address[1]), file=sys.stderr, flush=True)
             if source:
                 print(f"building the kvckpt_web wheel of {source}", file=sys.stderr, flush=True)
-                build_wheel(source, fresh)
-            host, port = server.server_address[:2]
-            url = f"http://{host}:{port}/"
-            print(f"kvckpt_web browser runtime on {url} (Ctrl-C to stop)", flush=True)
+                wheel.build_wheel(source, fresh)
+            print(f"kvckpt_web browser runtime on {server.url} (Ctrl-C to stop)", flush=True)
             print(f"model: {model}" if model is not None else "model: none (the page says how to install one)",
                   file=sys.stderr, flush=True)
             if args.open:
-                webbrowser.open(url)
+                webbrowser.open(server.url)
             server.serve_forever()
         except KeyboardInterrupt:
             pass
@@ -159,7 +178,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--name", help="sequence name in the store (SRC: needed if it holds several; DST: default the "
                    "source's name, else seq0)")
     p.add_argument("--generation", type=int, help="generation to read from a store SRC (default: the newest)")
-    p.add_argument("--keep", type=int, default=2, help="generations of the name a store DST keeps (default 2)")
+    p.add_argument("--keep", type=int, help="keep only the newest K generations of the name in a store DST "
+                   "(default: no retention, every generation stays)")
     p.add_argument("--force", action="store_true", help="replace a TVM export directory DST if it exists (only a "
                    "TVM export or an empty directory: never SRC, a store or other files)")
     p.set_defaults(func=store_commands.cmd_convert)
@@ -179,8 +199,11 @@ def build_parser() -> argparse.ArgumentParser:
     generate.add_parsers(sub)
 
     p = sub.add_parser("serve", help="serve the browser runtime (page, kvckpt.mjs, pinned Pyodide, wheels) offline "
-                       "on 127.0.0.1")
-    p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1: a secure context)")
+                       "on 127.0.0.1 (needs the serve extra: pip install 'kvckpt_web[serve]')")
+    p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1: a secure context); "
+                   "one beyond loopback needs --allow-remote")
+    p.add_argument("--allow-remote", action="store_true", help="allow a --host that other machines reach: they can "
+                   "then fetch every file served, unauthenticated, over plain HTTP")
     p.add_argument("--port", type=int, default=8000, help="port (default 8000; 0 picks a free one)")
     p.add_argument("--pyodide", default=None, help="the npm package pyodide directory "
                    "(default: $KVCKPT_PYODIDE or build/web/node_modules/pyodide)")
@@ -204,10 +227,14 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Run ``kvckpt``; returns the exit status (1 with a one-line error for any checkpoint error or OSError)."""
+    """Run ``kvckpt``; returns the exit status (1 with a one-line error for any checkpoint error or OSError, 130
+    with one line when interrupted by Ctrl-C)."""
     args = build_parser().parse_args(argv)
     try:
         return args.func(args) or 0
+    except KeyboardInterrupt:
+        print("kvckpt: interrupted", file=sys.stderr)
+        return 130
     except KVCkptError as exc:
         print(f"kvckpt: error: {exc}", file=sys.stderr)
     except OSError as exc:  # a path the system refused: missing, no permission, read-only, full, ...

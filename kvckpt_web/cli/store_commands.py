@@ -17,25 +17,49 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+from ..checks import check_int
 from ..durable.catalog import list_generations, list_names, load_manifest
-from ..durable.container import CHUNKS, STORE_TOPS, validate_name
+from ..durable.container import CHUNKS, STORE_TOPS, Manifest, validate_name
+from ..durable.prefix_index import count_records
 from ..durable.restore import restore
 from ..durable.results import Progress
 from ..durable.retention import gc
 from ..durable.save import save
 from ..durable.tvm_export import METADATA_FILE, check_replaceable, read_tvm_export, write_tvm_export
 from ..durable.verify import verify
-from ..errors import FieldError, FormatError, NotFoundError
+from ..errors import ConflictError, FieldError, FormatError, NotFoundError
 from ..gpu.open import open_device
 from ..kv.cache import PagedKVCache
+from ..model.conversation import check_owner, conversation_of
 from ..stores.file import FileStore
 
 
 def check_at_least(field: str, value: int, minimum: int) -> int:
-    """``value`` if it is at least ``minimum``, else :class:`FieldError` naming the option ``field``."""
-    if value < minimum:
-        raise FieldError(field, f"an integer >= {minimum}", value)
-    return value
+    """``value`` if it is an integer >= ``minimum``, else :class:`FieldError` naming the option ``field``."""
+    return check_int(field, value, minimum)
+
+
+def check_path(flag: str, path: str) -> str:
+    """``path`` unless it is '' (which the file system takes for the current directory): FieldError naming
+    ``flag``."""
+    if not path:
+        raise FieldError(flag, "a path", path, "'' would be the current directory")
+    return path
+
+
+def check_store_target(flag: str, path: str) -> None:
+    """Refuse, before any work, a store directory ``flag`` names to write into unless it is a new path, an empty
+    directory or a checkpoint store that this process may write: not '' (the current directory), a file, a
+    directory of other files (a user's, a TVM export), or a read-only one."""
+    FileStore.check_directory(check_path(flag, path), STORE_TOPS, new=True)
+    existing = target = Path(path).absolute()
+    while not os.path.lexists(existing):  # a new store is made in its nearest existing parent
+        existing = existing.parent
+    tops = [target / top for top in STORE_TOPS if (target / top).is_dir()]
+    effective = os.access in os.supports_effective_ids
+    for where in (existing, *tops):
+        if not os.access(where, os.W_OK | os.X_OK, effective_ids=effective):
+            raise FieldError(flag, "a directory this process may write into", path, f"{where} is read-only here")
 
 
 def is_store(path: str | Path) -> bool:
@@ -133,6 +157,7 @@ async def describe_store(path: str | Path) -> dict[str, Any]:
         "manifests": len(gens), "damaged_manifests": [i.key for i in gens if i.error is not None],
         "chunks": {"stored": len(listed), "referenced": len(users), "referenced_nbytes": referenced_bytes,
                    "logical_nbytes": logical, "unreferenced": len(unreferenced)},
+        "prefix_records": await count_records(store),
     }
 
 
@@ -159,6 +184,11 @@ def cmd_inspect_store(args: argparse.Namespace) -> int:
     saved = chunks["logical_nbytes"] - chunks["referenced_nbytes"]
     print(f"  data: {_mib(chunks['logical_nbytes'])} in all checkpoints, {_mib(chunks['referenced_nbytes'])} stored "
           f"({_mib(saved)} saved by sharing); {chunks['unreferenced']} unreferenced chunks (kvckpt gc removes them)")
+    records = info["prefix_records"]
+    if records["records"] or records["other_keys"]:
+        print(f"  prefix index: {records['records']} records in {records['scopes']} scopes, "
+              f"{records['without_checkpoint']} of them of checkpoints no longer stored (kvckpt gc removes them)"
+              + (f"; {records['other_keys']} other keys under prefixes/" if records["other_keys"] else ""))
     if info["damaged_manifests"]:
         print(f"  damaged manifests: {', '.join(info['damaged_manifests'])} (run kvckpt verify)")
     return status
@@ -175,6 +205,8 @@ def cmd_verify(args: argparse.Namespace) -> int:
           + ("" if args.no_load else f", {len(report.loaded)} checkpoints loaded into a GPU cache and read back"))
     if report.unreferenced_chunks:
         print(f"{len(report.unreferenced_chunks)} unreferenced chunks (not an error; kvckpt gc removes them)")
+    for warning in report.warnings:
+        print(f"warning: {warning}")
     if not report.manifests_checked and args.name is not None:
         report.problems.append(f"no checkpoint named {args.name!r} in {args.store}")
     for problem in report.problems:
@@ -194,6 +226,8 @@ def cmd_gc(args: argparse.Namespace) -> int:
     result = asyncio.run(gc(store, keep=keep, names=args.name, progress=progress_printer()))
     print(f"kept {len(result.kept_manifests)} manifests, deleted {len(result.deleted_manifests)} manifests and "
           f"{result.deleted_chunks} unreferenced chunks ({_mib(result.freed_bytes)})")
+    if result.deleted_records:
+        print(f"deleted {result.deleted_records} prefix index records of checkpoints no longer stored")
     for key, why in result.kept_reasons.items():
         print(f"  kept {key}: {why}")
     if result.damaged_manifests:
@@ -203,16 +237,13 @@ def cmd_gc(args: argparse.Namespace) -> int:
     return 0
 
 
-async def _load_source(src: str, name: str | None, generation: int | None, device: Any) -> tuple[Any, int, dict, str]:
-    """Load SRC (a TVM export directory or a store) into a new GPU cache: (cache, seq_id, app_state, source name)."""
-    if not is_store(src):
+async def _source_manifest(src: str, name: str | None, generation: int | None) -> tuple[FileStore, Manifest] | None:
+    """The store SRC and the manifest of its checkpoint to convert (``name``: needed if it holds several); None for
+    a TVM export directory (FormatError naming SRC if it is neither)."""
+    if source_kind(src) == "tvm":
         if generation is not None:
             raise FormatError("--generation", "a store as SRC (a TVM export directory has one checkpoint)", src)
-        export = read_tvm_export(src)
-        seq_id = export.metadata.get("seq_id")
-        cache = PagedKVCache.from_metadata(device, export.metadata_json)
-        await cache.load_checkpoint(export.metadata_json, export.groups, seq_id=seq_id)
-        return cache, seq_id, {}, None
+        return None
     store = _open_store(src, read_only=True)
     if name is None:
         names = await list_names(store)
@@ -220,27 +251,44 @@ async def _load_source(src: str, name: str | None, generation: int | None, devic
             raise NotFoundError(f"{src}: pass --name, the store holds {len(names)} names {names}")
         name = names[0]
     manifest, _ = await load_manifest(store, name, generation)
+    return store, manifest
+
+
+async def _load_source(src: str, source: tuple[FileStore, Manifest] | None, device: Any) -> tuple[Any, int]:
+    """Load SRC (a TVM export directory, or ``source``: a store's checkpoint) into a new GPU cache: (cache,
+    seq_id)."""
+    if source is None:
+        export = read_tvm_export(src)
+        seq_id = export.metadata.get("seq_id")
+        cache = PagedKVCache.from_metadata(device, export.metadata_json)
+        await cache.load_checkpoint(export.metadata_json, export.groups, seq_id=seq_id)
+        return cache, seq_id
+    store, manifest = source
     cache = PagedKVCache.from_metadata(device, manifest.tvm_metadata)
     try:
-        result = await restore(store, name, cache, generation=manifest.generation, progress=progress_printer())
+        result = await restore(store, manifest.name, cache, generation=manifest.generation,
+                               progress=progress_printer())
     except BaseException:
         cache.close()
         raise
-    return cache, result.seq_id, result.app_state, name
+    return cache, result.seq_id
 
 
 def check_convert(src: str, dst: str, to: str, *, name: str | None = None, generation: int | None = None,
-                  force: bool = False, keep: int = 2) -> None:
+                  force: bool = False, keep: int | None = None) -> None:
     """Refuse, before any work, arguments :func:`convert` cannot use and a DST it must not touch: SRC itself
-    or a path inside or around it, an existing path without ``force``, and anything but a TVM export
-    directory (``to="tvm"``) or a store (``to="kvckpt"``) or a new or empty directory."""
+    (also through a symbolic link) or a path inside or around it, an existing path without ``force``, and
+    anything but a TVM export directory (``to="tvm"``) or a store (``to="kvckpt"``) or a new or empty
+    directory."""
     if name is not None:
         validate_name(name)
     if generation is not None:
         check_at_least("--generation", generation, 1)
-    check_at_least("--keep", keep, 1)
+    if keep is not None:
+        check_at_least("--keep", keep, 1)
     source, target = Path(src).resolve(), Path(dst).resolve()
-    if target in source.parents or source in target.parents or (target == source and to == "tvm"):
+    same = target == source or (os.path.exists(src) and os.path.exists(dst) and os.path.samefile(src, dst))
+    if same or target in source.parents or source in target.parents:
         raise FormatError("DST", f"a path apart from SRC {src} (not it, not inside it, not holding it)", dst)
     if to == "kvckpt":
         FileStore.check_directory(dst, STORE_TOPS, new=True)
@@ -251,34 +299,49 @@ def check_convert(src: str, dst: str, to: str, *, name: str | None = None, gener
 
 
 async def convert(src: str, dst: str, to: str, *, name: str | None = None, generation: int | None = None,
-                  force: bool = False, keep: int = 2) -> dict[str, Any]:
+                  force: bool = False, keep: int | None = None) -> dict[str, Any]:
     """Convert between TVM export directories and stores through a GPU cache (see ``kvckpt convert --help``).
 
-    Arguments are checked (:func:`check_convert`) before the GPU is touched; a store DST this call
-    created is removed again if the conversion fails.
+    Arguments are checked (:func:`check_convert`) before the GPU is touched. Into a store, the checkpoint
+    becomes the next generation of its name, written under the name's claim, and only ``keep`` (default
+    None: no retention) drops older ones; a name that holds another conversation (a TVM export is a new
+    one) or that another writer holds is refused before the GPU is touched (ConflictError naming --name). A
+    store DST this call created is removed again if the conversion fails.
     """
     check_convert(src, dst, to, name=name, generation=generation, force=force, keep=keep)
-    source_is_store = source_kind(src) == "store"
-    cache, seq_id, app_state, src_name = await _load_source(src, name if source_is_store else None, generation,
-                                                            open_device())
-    try:
-        if to == "tvm":
+    source = await _source_manifest(src, name, generation)
+    if to == "tvm":
+        cache, seq_id = await _load_source(src, source, open_device())
+        try:
             groups = await cache.export_groups(seq_id)
             write_tvm_export(dst, cache.get_checkpoint_metadata(seq_id), groups, overwrite=force)
             return {"seq_length": cache.get_sequence_length(seq_id), "groups": len(groups), "to": "tvm"}
-        target_name = name or src_name or "seq0"
-        created = not os.path.lexists(dst)
-        try:
-            result = await save(cache, seq_id, FileStore(dst), target_name, app_state=app_state, keep=keep,
-                                progress=progress_printer())
-        except BaseException:
-            if created:
-                shutil.rmtree(dst, ignore_errors=True)  # made by this call: nothing in it is anyone else's
-            raise
-        return {"seq_length": result.seq_length, "groups": cache.layout.num_layers, "to": "kvckpt",
-                "name": target_name, "generation": result.generation, "chunks_written": result.chunks_written}
-    finally:
-        cache.close()
+        finally:
+            cache.close()
+    target_name = name or (source[1].name if source is not None else "seq0")
+    app_state = source[1].app_state if source is not None else {}
+    created = not os.path.lexists(dst)
+    store = FileStore(dst)
+    try:
+        async with store.claim(target_name):
+            try:
+                await check_owner(store, target_name, conversation_of(app_state))
+            except ConflictError as exc:
+                new = " (a TVM export is a new conversation)" if source is None else ""
+                raise ConflictError(f"--name: {exc}{new}") from None
+            cache, seq_id = await _load_source(src, source, open_device())
+            try:
+                result = await save(cache, seq_id, store, target_name, app_state=app_state, keep=keep,
+                                    progress=progress_printer())
+                groups = cache.layout.num_layers
+            finally:
+                cache.close()
+    except BaseException:
+        if created:
+            shutil.rmtree(dst, ignore_errors=True)  # made by this call: nothing in it is anyone else's
+        raise
+    return {"seq_length": result.seq_length, "groups": groups, "to": "kvckpt",
+            "name": target_name, "generation": result.generation, "chunks_written": result.chunks_written}
 
 
 def cmd_convert(args: argparse.Namespace) -> None:

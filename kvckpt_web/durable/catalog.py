@@ -11,6 +11,7 @@ from collections import OrderedDict
 from typing import TYPE_CHECKING
 
 from ..errors import CorruptionError, FieldError, FormatError, KVCkptError, NotFoundError, is_int
+from ..stores.base import check_store
 from ..tvm.metadata import parse_metadata
 from .container import (MANIFESTS, MAX_MANIFEST_BYTES, Manifest, decode_manifest, manifest_key, manifest_prefix,
                         parse_manifest_key, validate_name)
@@ -45,6 +46,7 @@ async def manifest_keys(store: "Store", name: str | None = None) -> list[tuple[s
 
 async def list_names(store: "Store") -> list[str]:
     """Names with at least one manifest in ``store``, sorted."""
+    check_store(store)
     return sorted({n for n, _, _ in await manifest_keys(store)})
 
 
@@ -69,6 +71,7 @@ async def load_manifest(store: "Store", name: str, generation: int | None = None
     Raises :class:`NotFoundError` if there is none, :class:`CorruptionError` or :class:`FormatError`
     (both naming the key) if it is damaged.
     """
+    check_store(store)
     validate_name(name)
     if generation is None:
         keys = await manifest_keys(store, name)
@@ -89,6 +92,7 @@ async def list_generations(store: "Store", name: str | None = None) -> list[Gene
 
     A manifest another writer deletes between the listing and its reading is left out.
     """
+    check_store(store)
     if name is not None:
         validate_name(name)
     found = [(n, g, key, await store.get(key, max_bytes=MAX_MANIFEST_BYTES))
@@ -117,12 +121,16 @@ _REFS_MAX = 64
 
 
 async def refs_of(store: "Store", key: str) -> frozenset[str] | None:
-    """The chunk keys the manifest under ``key`` uses; None if it is missing or cannot be decoded.
+    """The chunk keys the manifest under ``key`` uses; None if it is missing or cannot be read or decoded.
 
     Decoded reference sets are remembered by the SHA-256 of the envelope bytes, so a result is
     never stale.
     """
-    return decoded_refs(key, await store.get(key, max_bytes=MAX_MANIFEST_BYTES))
+    try:
+        data = await store.get(key, max_bytes=MAX_MANIFEST_BYTES)
+    except FormatError:  # longer than any manifest, or no value (a FIFO, a device): it cannot be read
+        return None
+    return decoded_refs(key, data)
 
 
 def decoded_refs(key: str, data: bytes | None) -> frozenset[str] | None:

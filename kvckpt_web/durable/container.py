@@ -25,7 +25,7 @@ from functools import cached_property
 from typing import Any
 
 from ..errors import CorruptionError, FormatError
-from ..jsontext import MAX_NESTING, nesting_depth, unique_keys
+from ..jsontext import MAX_NESTING, nesting_depth, non_string_key, unique_keys
 
 __all__ = [
     "FORMAT_VERSION",
@@ -34,6 +34,7 @@ __all__ = [
     "MAX_MANIFEST_BYTES",
     "CHUNKS",
     "MANIFESTS",
+    "PREFIXES",
     "STORE_TOPS",
     "ChunkRef",
     "Manifest",
@@ -77,7 +78,11 @@ MANIFESTS = "manifests/"
 CHUNKS = "chunks/"
 """The key prefix of every chunk: ``chunks/<sha256 hex>``."""
 
-STORE_TOPS = (MANIFESTS.rstrip("/"), CHUNKS.rstrip("/"))
+PREFIXES = "prefixes/"
+"""The key prefix of every prefix index record: ``prefixes/<scope id>/<name>/<generation as 20 digits>``
+(FORMAT.md section 7; :mod:`.prefix_records`)."""
+
+STORE_TOPS = (MANIFESTS.rstrip("/"), CHUNKS.rstrip("/"), PREFIXES.rstrip("/"))
 """The first segment of every key of a checkpoint store."""
 _NAME_RE = re.compile(r"[A-Za-z0-9._-]{1,128}")
 _HEX64_RE = re.compile(r"[0-9a-f]{64}")
@@ -103,13 +108,13 @@ _CHUNK_KEYS = frozenset({"first_page", "nbytes", "num_pages", "sha256"})
 # -- names and keys -----------------------------------------------------------
 
 
-def validate_name(name: str) -> str:
-    """Return ``name`` if it is a valid sequence name, else raise :class:`FormatError`.
+def validate_name(name: str, field: str = "name") -> str:
+    """Return ``name`` if it is a valid sequence name, else raise :class:`FormatError` naming ``field``.
 
     Valid: 1 to 128 characters of ``[A-Za-z0-9._-]``, other than ``.`` and ``..``.
     """
     if not isinstance(name, str) or _NAME_RE.fullmatch(name) is None or name in (".", ".."):
-        raise FormatError("name", "1-128 characters of [A-Za-z0-9._-], not '.' or '..'", name)
+        raise FormatError(field, "1-128 characters of [A-Za-z0-9._-], not '.' or '..'", name)
     return name
 
 
@@ -486,6 +491,10 @@ def encode_manifest(manifest: Manifest, *, metadata_is_valid: bool = False) -> b
     """
     body = _to_body(manifest, table=False)
     _parse_header(body, metadata_is_valid)  # the writer enforces exactly what the reader checks
+    bad_key = non_string_key(body["app_state"])
+    if bad_key is not None:  # json.dumps would write it as a string: it would come back as another key
+        path, key = bad_key
+        raise FormatError(f"app_state{path} key {key!r}", "a str (JSON object keys are strings)", type(key).__name__)
     table = _table_json(manifest)
     if table is None:  # not what the reader accepts: its checks say why
         body = _to_body(manifest)

@@ -9,12 +9,15 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from ..checks import check_callable, check_int
 from ..errors import CorruptionError, FieldError, FormatError, LayoutHashMismatch, NotFoundError, StoreError, is_int
+from ..kv.cache import check_cache
 from ..kv.page_groups import PageGroups
 from ..tvm.layout import CacheLimits, KVLayout
-from ..tvm.metadata import dump_tvm_json, parse_metadata, validate_import
+from ..tvm.metadata import dump_tvm_json, limits_from_metadata, parse_metadata, validate_import, write_metadata
 from .catalog import at_key, load_manifest, manifest_keys
-from .container import MAX_MANIFEST_BYTES, ChunkRef, Manifest, check_chunk_digest, check_chunk_size
+from .chunk_reads import read_chunk_into
+from .container import MAX_MANIFEST_BYTES, ChunkRef, Manifest, check_chunk_digest
 from .memo import remember, trusted_chunks
 from .pipeline import IO_CONCURRENCY, Hasher, cache_lock, run_bounded
 from .results import Progress, RestoreResult
@@ -27,7 +30,8 @@ __all__ = ["READ_ATTEMPTS", "check_fits", "restore", "restore_into"]
 
 
 async def restore(store: "Store", name: str, cache: "PagedKVCache", *, seq_id: int | None = None,
-                  generation: int | None = None, progress: Progress | None = None) -> RestoreResult:
+                  generation: int | None = None, length: int | None = None,
+                  progress: Progress | None = None) -> RestoreResult:
     """Load generation ``generation`` (default: the newest) of ``name`` into ``cache`` as ``seq_id``.
 
     ``seq_id`` defaults to the one the checkpoint was taken from. The manifest, its TVM metadata
@@ -43,8 +47,17 @@ async def restore(store: "Store", name: str, cache: "PagedKVCache", *, seq_id: i
     :class:`CorruptionError` / :class:`FormatError` naming the damaged key, :class:`MetadataError`
     (:class:`LayoutHashMismatch`), :class:`CapacityError`, or :class:`StoreError` if the newest kept
     being collected.
+
+    ``length`` restores a prefix: only the first ``length`` tokens (1 <= length <= the checkpoint's
+    seq_length, else :class:`FieldError` before the cache is touched). Only the chunks that hold their
+    pages are read, each verified whole, and the sequence then holds exactly ``length`` tokens (the
+    metadata imported is what this cache would write for them). A prefix restore is not remembered as
+    this process's last save of ``name``, since the caller goes on under another name, but the chunks it
+    verified are trusted by later saves.
     """
-    return await restore_into(store, name, cache, seq_id, generation, progress, record=True)
+    if length is not None and not is_int(length, 1):
+        raise FieldError("length", "an integer >= 1 (tokens to restore) or None", length)
+    return await restore_into(store, name, cache, seq_id, generation, progress, record=True, length=length)
 
 
 READ_ATTEMPTS = 8
@@ -52,8 +65,13 @@ READ_ATTEMPTS = 8
 
 
 async def restore_into(store: "Store", name: str, cache: "PagedKVCache", seq_id: int | None, generation: int | None,
-                       progress: Progress | None, *, record: bool) -> RestoreResult:
-    """:func:`restore`; only if ``record``, this process remembers what it loaded for its next save of ``name``."""
+                       progress: Progress | None, *, record: bool, length: int | None = None) -> RestoreResult:
+    """:func:`restore`; only if ``record``, this process trusts the chunks it verified and, unless it loads a
+    prefix (``length``), remembers what it loaded for its next save of ``name``."""
+    check_cache(cache)
+    if seq_id is not None:
+        check_int("seq_id", seq_id, 0)
+    check_callable("progress", progress)
     groups: PageGroups | None = None
     fetched: set[ChunkRef] = set()  # chunks in `groups` already, from an attempt whose generation was collected
     for _ in range(READ_ATTEMPTS):
@@ -65,9 +83,14 @@ async def restore_into(store: "Store", name: str, cache: "PagedKVCache", seq_id:
             raise
         key = manifest.key
         metadata, target = _metadata_for(manifest.tvm_metadata, seq_id)
-        check_fits(manifest, metadata, cache.layout, cache.limits, target, key)
-        if groups is None or groups.group_bytes != manifest.num_logical_pages * manifest.page_bytes:
-            groups, fetched = _carried(manifest, groups, fetched, cache.host_groups(manifest.num_logical_pages))
+        if length is None:
+            check_fits(manifest, metadata, cache.layout, cache.limits, target, key)
+            pages = manifest.num_logical_pages
+        else:
+            metadata = _prefix_metadata(manifest, cache, target, length, key)
+            pages = cache.layout.num_logical_pages(length)
+        if groups is None or groups.group_bytes != pages * manifest.page_bytes:
+            groups, fetched = _carried(manifest, groups, fetched, cache.host_groups(pages))
         try:
             await _fetch_groups(store, manifest, key, groups, progress, fetched)
             break
@@ -88,12 +111,14 @@ async def restore_into(store: "Store", name: str, cache: "PagedKVCache", seq_id:
         except BaseException:
             cache.abort_import(target)
             raise
+    read = _needed(manifest, pages)
     if record:
-        remember(store, envelope, manifest, cache.sequence_state(target))
-        trusted_chunks(store).update(manifest.chunk_keys())  # each one read back and verified
+        if length is None:
+            remember(store, envelope, manifest, cache.sequence_state(target))
+        trusted_chunks(store).update(ref.key for ref in read)  # each one read back and verified
     seq_length = cache.get_sequence_length(target)
-    return RestoreResult(name, manifest.generation, key, target, seq_length, manifest.app_state,
-                         sum(len(g) for g in manifest.chunks), sum(len(g) for g in groups))
+    return RestoreResult(name, manifest.generation, key, target, seq_length, manifest.app_state, len(read),
+                         sum(len(g) for g in groups))
 
 
 def _metadata_for(text: str, seq_id: int | None) -> tuple[str, int]:
@@ -104,12 +129,31 @@ def _metadata_for(text: str, seq_id: int | None) -> tuple[str, int]:
         if not is_int(stored, 0):
             raise FormatError("tvm_metadata.seq_id", "a non-negative integer", stored)
         return text, stored
-    if not is_int(seq_id, 0):
-        raise FieldError("seq_id", "a non-negative integer", seq_id)
     if stored == seq_id and is_int(stored):
         return text, seq_id
     meta["seq_id"] = seq_id  # same key, same position: only this field's text changes
     return dump_tvm_json(meta), seq_id
+
+
+def _prefix_metadata(manifest: Manifest, cache: "PagedKVCache", seq_id: int, length: int, key: str) -> str:
+    """The metadata that imports the first ``length`` tokens of ``manifest`` (checked against this cache's layout,
+    as written by a cache of its own limits) into ``cache`` as ``seq_id``; FieldError if the checkpoint holds
+    fewer tokens or ``cache`` cannot hold that many."""
+    stored = parse_metadata(manifest.tvm_metadata)
+    check_fits(manifest, manifest.tvm_metadata, cache.layout, limits_from_metadata(stored), stored.get("seq_id"), key)
+    if length > stored["seq_length"]:
+        raise FieldError("length", f"an integer in [1, {stored['seq_length']}] (the tokens {key} holds)", length)
+    metadata = write_metadata(cache.layout, cache.limits, seq_id, length)
+    try:
+        validate_import(metadata, cache.layout, cache.limits, seq_id)
+    except FieldError as exc:
+        raise at_key(exc, key) from None
+    return metadata
+
+
+def _needed(manifest: Manifest, pages: int) -> list[ChunkRef]:
+    """The chunks of ``manifest`` that hold any of its first ``pages`` pages."""
+    return [ref for ref in manifest.chunk_refs() if ref.first_page < pages]
 
 
 def _carried(manifest: Manifest, old: PageGroups | None, fetched: set[ChunkRef], new: PageGroups
@@ -142,22 +186,26 @@ def check_fits(manifest: Manifest, metadata: str, lay: KVLayout, limits: CacheLi
 
 async def _fetch_groups(store: "Store", manifest: Manifest, key: str, groups: PageGroups,
                         progress: Progress | None, fetched: set[ChunkRef]) -> PageGroups:
-    """Every group's bytes read into ``groups``, each chunk in place and verified (size and SHA-256);
-    CorruptionError names a damaged one. Chunks in ``fetched`` are in ``groups`` already; each one read
-    and verified is added to it."""
+    """The pages ``groups`` has room for read into it, each chunk that holds any of them read and verified whole
+    (size and SHA-256), in place where all its pages fit; CorruptionError names a damaged one, which this process
+    no longer trusts. Chunks in ``fetched`` are in ``groups`` already; each one read and verified is added to it."""
     pb = manifest.page_bytes
-    everything = list(manifest.chunk_refs())
+    everything = _needed(manifest, groups.group_bytes // pb)
     refs = [ref for ref in everything if ref not in fetched]
     done = [len(everything) - len(refs)]
     hasher = Hasher()
 
     async def fetch(ref: ChunkRef) -> None:
         view = groups[ref.group][ref.first_page * pb:ref.first_page * pb + ref.nbytes]
+        whole = view if len(view) == ref.nbytes else memoryview(bytearray(ref.nbytes))  # pages past the prefix too
         try:
-            check_chunk_size(ref, await store.get_into(ref.key, view))
-            check_chunk_digest(ref, (await hasher.digest(view))[0])
+            await read_chunk_into(store, ref, whole)
+            check_chunk_digest(ref, (await hasher.digest(whole))[0])
         except CorruptionError as exc:
+            trusted_chunks(store).discard(ref.key)  # found damaged: no later save reuses it unread
             raise at_key(exc, key) from None
+        if whole is not view:
+            view[:] = whole[:len(view)]
         fetched.add(ref)
         done[0] += 1
         if progress is not None:

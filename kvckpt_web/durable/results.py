@@ -5,7 +5,10 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from .prefix_records import PrefixRecord
 
 __all__ = ["GcResult", "GenerationInfo", "Progress", "RestoreResult", "SaveResult", "VerifyReport"]
 
@@ -27,7 +30,7 @@ class SaveResult:
     chunks_written: int
     """Chunks this save stored (the others were unchanged or already in the store)."""
     bytes_written: int
-    """Payload bytes this save stored: new chunks plus the manifest."""
+    """Payload bytes this save stored: new chunks, the manifest and its prefix index record."""
     pages_read: int
     """Logical pages per group read back from the GPU."""
     deleted_manifests: tuple[str, ...] = ()
@@ -37,6 +40,9 @@ class SaveResult:
     kept, a failed clean-up after the commit."""
     seconds: float = 0.0
     """Wall time the save took, waiting for the store lock included."""
+    prefix_record: "PrefixRecord | None" = None
+    """The prefix index record the save committed (``prefix=``), for ``PrefixIndex.note``; None without one or
+    if it could not be written (a warning says why)."""
 
 
 @dataclass(frozen=True)
@@ -92,6 +98,8 @@ class GcResult:
     kept_reasons: dict[str, str] = field(default_factory=dict)
     """Why each kept manifest was kept (restorable and among the newest ``keep``, damaged and newer than
     those, or not collected)."""
+    deleted_records: int = 0
+    """Prefix index records deleted: those of the manifests deleted, and any other whose manifest is gone."""
 
 
 @dataclass
@@ -105,6 +113,9 @@ class VerifyReport:
     """Manifests restored into a GPU cache and read back identical."""
     unreferenced_chunks: list[str] = field(default_factory=list)
     problems: list[str] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+    """What is amiss without damaging a checkpoint: prefix index records that lookups ignore or whose
+    checkpoint is gone."""
 
     @property
     def ok(self) -> bool:

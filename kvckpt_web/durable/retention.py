@@ -2,22 +2,29 @@
 
 A generation stays while it is among the newest ``keep`` of its name that can be restored; a damaged one
 newer than those stays too, as evidence, without counting; while fewer than ``keep`` can be restored, none
-is dropped, so the last restorable generation is never deleted. Manifests go first, durably, and only then
-the chunks no remaining manifest of any name uses; while a manifest cannot be read, no chunk is deleted.
+is dropped, so the last restorable generation is never deleted. A generation counts as restorable only once
+each chunk it uses is stored with its SHA-256 (or is one this process wrote or read back intact). Manifests
+go first, durably, and only then the chunks no remaining manifest of any name uses; while a manifest cannot
+be read, no chunk is deleted.
 """
 
 from __future__ import annotations
 
 import dataclasses
 from collections.abc import Iterable
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from ..errors import CorruptionError, FieldError, KVCkptError, NotFoundError, is_int
+from ..checks import check_callable, check_each, check_int
+from ..errors import CorruptionError, KVCkptError, NotFoundError
+from ..stores.base import check_store
 from .catalog import decode_at, decoded_refs, manifest_keys, referenced, refs_of
-from .container import (CHUNKS, MAX_MANIFEST_BYTES, ChunkRef, check_chunk_digest, check_chunk_size, chunk_digest,
-                        is_chunk_key, validate_name)
+from .chunk_reads import read_chunk, stored_size
+from .container import (CHUNKS, MAX_MANIFEST_BYTES, ChunkRef, check_chunk_digest, chunk_digest, is_chunk_key,
+                        validate_name)
 from .memo import trusted_chunks
 from .pipeline import IO_CONCURRENCY, offload, run_bounded
+from .prefix_index import drop_records
 from .results import GcResult, Progress
 
 if TYPE_CHECKING:
@@ -31,15 +38,13 @@ DEFAULT_KEEP = 2
 
 def check_keep(keep: int) -> int:
     """``keep`` if it is an integer >= 1, else :class:`FieldError`."""
-    if not is_int(keep, 1):
-        raise FieldError("keep", "an integer >= 1", keep)
-    return keep
+    return check_int("keep", keep, 1)
 
 
-async def _unusable(store: "Store", key: str, trusted: set[str], deep: bool, seen: dict[str, str | None]
-                    ) -> str | None:
-    """Why the manifest under ``key`` cannot be restored, or None if it can: it decodes and matches its key, and
-    each chunk it uses that is not ``trusted`` is stored with its size (``deep``: and its SHA-256).
+async def _unusable(store: "Store", key: str, trusted: set[str], seen: dict[str, str | None]
+                    ) -> tuple[str | None, bytes | None]:
+    """Why the manifest under ``key`` cannot be restored (None if it can: it decodes and matches its key, and
+    each chunk it uses that is not ``trusted`` is stored with its size and SHA-256), and the bytes it held.
 
     ``seen`` remembers each chunk's finding (None: good) across calls.
     """
@@ -47,60 +52,72 @@ async def _unusable(store: "Store", key: str, trusted: set[str], deep: bool, see
         data = await store.get(key, max_bytes=MAX_MANIFEST_BYTES)
         refs = decoded_refs(key, data)
         if refs is not None and refs <= trusted:
-            return None
+            return None, data
         manifest = decode_at(key, data)
     except KVCkptError as exc:
-        return str(exc)
+        return str(exc), None
     todo = {ref.key: ref for ref in manifest.chunk_refs() if ref.key not in trusted and ref.key not in seen}
-    size_only = memoryview(bytearray())  # get_into gives a value's length and reads it only into a buffer that fits
 
     async def check(ref: ChunkRef) -> None:
         try:
-            if deep:
-                data = memoryview(bytearray(ref.nbytes))
-                check_chunk_size(ref, await store.get_into(ref.key, data))
-                check_chunk_digest(ref, await offload(chunk_digest, data))
-            else:
-                check_chunk_size(ref, await store.get_into(ref.key, size_only))
+            check_chunk_digest(ref, await offload(chunk_digest, await read_chunk(store, ref)))
             seen[ref.key] = None
         except CorruptionError as exc:
             seen[ref.key] = str(exc)
 
     await run_bounded((lambda r=r: check(r) for r in todo.values()), IO_CONCURRENCY)
     bad = [seen[ref.key] for ref in manifest.chunk_refs() if seen.get(ref.key) is not None]
-    return f"{key}: {bad[0]}" if bad else None
+    return (f"{key}: {bad[0]}" if bad else None), data
 
 
-async def _select(store: "Store", keep: int, keys: list[str], trusted: set[str], deep: bool,
-                  seen: dict[str, str | None]) -> tuple[list[str], dict[str, str]]:
-    """Of one name's manifest keys (oldest first): those retention drops, and why it keeps each other one.
+@dataclass
+class _Selection:
+    """What retention decided for one name's manifests."""
+
+    drop: list[str]
+    """The manifest keys it drops, oldest first."""
+    reasons: dict[str, str]
+    """Why it keeps each other manifest it looked at."""
+    counted: dict[str, bytes]
+    """The manifests it counted as restorable, and the bytes each held then: dropping the others is right
+    while they still hold them."""
+
+
+async def _select(store: "Store", keep: int, keys: list[str], trusted: set[str], seen: dict[str, str | None]
+                  ) -> _Selection:
+    """What retention drops of one name's manifest keys (oldest first), and why it keeps each other one.
 
     The newest ``keep`` that can be restored (see :func:`_unusable`) are kept; a damaged one newer than
     the oldest of those is kept too (evidence) but not counted; older ones are dropped. While fewer than
     ``keep`` can be restored, none is dropped: the last restorable generation is never deleted.
     """
-    reasons: dict[str, str] = {}
-    counted = 0
+    selection = _Selection([], {}, {})
     for i in range(len(keys) - 1, -1, -1):
-        if counted == keep:
-            return keys[:i + 1], reasons
-        why = await _unusable(store, keys[i], trusted, deep, seen)
-        if why is None:
-            counted += 1
-            reasons[keys[i]] = f"restorable, {counted} of the newest {keep} that are"
+        if len(selection.counted) == keep:
+            selection.drop = keys[:i + 1]
+            break
+        why, data = await _unusable(store, keys[i], trusted, seen)
+        if why is None and data is not None:
+            selection.counted[keys[i]] = data
+            selection.reasons[keys[i]] = f"restorable, {len(selection.counted)} of the newest {keep} that are"
         else:
-            reasons[keys[i]] = f"damaged, kept as evidence and not counted: {why}"
-    return [], reasons
+            selection.reasons[keys[i]] = f"damaged, kept as evidence and not counted: {why}"
+    return selection
 
 
 async def retain(store: "Store", keep: int, keys: list[str]) -> tuple[list[str], int, list[str]]:
     """Drop the manifests of ``keys`` (every manifest key of one name, oldest first, as listed under the lock
     held) beyond the newest ``keep`` that can be restored, then the chunks only they used; warnings name
-    the damaged manifests kept."""
+    the damaged manifests kept. The chunks of the generations it counts that this process has not written or
+    read back intact are read and hashed (once: then they are trusted)."""
     if len(keys) <= keep:
         return [], 0, []
-    drop, reasons = await _select(store, keep, keys, trusted_chunks(store), False, {})
-    warnings = [f"{key}: {why}" for key, why in reasons.items() if why.startswith("damaged")]
+    trusted = trusted_chunks(store)
+    seen: dict[str, str | None] = {}
+    selection = await _select(store, keep, keys, trusted, seen)
+    trusted.update(key for key, why in seen.items() if why is None)
+    drop = selection.drop
+    warnings = [f"{key}: {why}" for key, why in selection.reasons.items() if why.startswith("damaged")]
     if not drop:
         return [], 0, warnings
     candidates: set[str] = set()
@@ -108,6 +125,7 @@ async def retain(store: "Store", keep: int, keys: list[str]) -> tuple[list[str],
         candidates |= await refs_of(store, key) or frozenset()
     async with store.batch():  # the manifests are gone for good before any chunk they used is deleted
         await run_bounded(((lambda k=k: store.delete(k)) for k in drop), IO_CONCURRENCY)
+    await drop_records(store, drop)  # their prefix index records go after them
     if not candidates:
         return drop, 0, warnings
     used, damaged = await referenced(store)
@@ -117,68 +135,105 @@ async def retain(store: "Store", keep: int, keys: list[str]) -> tuple[list[str],
     unused = sorted(candidates - used)
     async with store.batch():
         await run_bounded(((lambda k=k: store.delete(k)) for k in unused), IO_CONCURRENCY)
-    trusted_chunks(store).difference_update(unused)
+    trusted.difference_update(unused)
     return drop, len(unused), warnings
 
 
 async def gc(store: "Store", *, keep: int | None = DEFAULT_KEEP, names: Iterable[str] | None = None,
              progress: Progress | None = None) -> GcResult:
-    """Keep the newest ``keep`` manifests of each name that can be restored (``names``: only those names;
-    ``keep=None``: every manifest), then delete every chunk no remaining manifest uses, including those of
-    interrupted saves.
+    """Keep the newest ``keep`` manifests of each name that can be restored (``names``: only those names, a
+    collection: a bare str is refused; ``keep=None``: every manifest), then delete every chunk no remaining
+    manifest uses, including those of interrupted saves.
 
     A manifest can be restored if it decodes, matches its key, and every chunk it uses is stored with
     its size and SHA-256 (each chunk read once, even one this process wrote). A damaged
     manifest newer than the kept ones is kept too but not counted; while fewer than ``keep`` of a name
     can be restored, none of its manifests is deleted. ``kept_reasons`` says why each was kept. While a
     kept manifest cannot be read, no chunk is deleted (it is reported in ``damaged_manifests``).
+
+    The chunks are read and hashed without the store's lock, so saves go on meanwhile; under the lock, a
+    name's manifests are dropped only if those counted as restorable still hold the bytes that were judged,
+    and the chunks to delete are those no manifest there is then uses.
     """
+    check_store(store)
     if keep is not None:
         check_keep(keep)
-    only = None if names is None else {validate_name(n) for n in names}
+    only = None if names is None else set(check_each("names", names, "a list of checkpoint names",
+                                                     lambda field, name: validate_name(name, field)))
+    check_callable("progress", progress)
+    selections, reasons = await _judge(store, keep, only)
     async with store.lock():
-        entries = await manifest_keys(store)
-        by_name: dict[str, list[str]] = {}
-        for n, _, key in entries:
-            by_name.setdefault(n, []).append(key)
         drop: list[str] = []
-        reasons: dict[str, str] = {}
-        seen: dict[str, str | None] = {}
-        for n, keys in by_name.items():
-            if keep is None or (only is not None and n not in only):
-                reasons.update((key, "not collected (keep=None)" if keep is None else "not collected (name not selected)")
-                               for key in keys)
-                continue
-            dropped, why = await _select(store, keep, keys, set(), True, seen)
-            drop += dropped
-            reasons.update(why)
+        for selection in selections:
+            if await _still_held(store, selection.counted):
+                drop += selection.drop
+            else:
+                reasons.update((key, "not collected: a generation counted as restorable changed while gc judged "
+                                     "them (run gc again)") for key in selection.drop)
         async with store.batch():  # the manifests are gone for good before any chunk they used is deleted
             for key in drop:
                 await store.delete(key)
+        records = await drop_records(store)  # of the manifests dropped, and any other whose manifest is gone
         used, damaged = await referenced(store)
         kept = tuple(key for _, _, key in await manifest_keys(store))
-        kept_reasons = {key: reasons[key] for key in kept}
+        kept_reasons = {key: reasons.get(key, "committed while gc ran (not judged)") for key in kept}
         if damaged:
-            return GcResult(kept, tuple(drop), 0, 0, tuple(damaged), kept_reasons)
+            return GcResult(kept, tuple(drop), 0, 0, tuple(damaged), kept_reasons, records)
         chunks = await store.list_prefix(CHUNKS)
         unused = [key for key in chunks if key not in used and is_chunk_key(key)]
         freed = 0
-        size_only = memoryview(bytearray())  # get_into gives a value's length and reads it only into a buffer that fits
         async with store.batch():
             for i, key in enumerate(unused):
-                freed += await store.get_into(key, size_only) or 0
+                try:
+                    freed += await stored_size(store, key) or 0
+                except CorruptionError:  # no value (a FIFO, ...) under a chunk's name: it goes all the same
+                    pass
                 await store.delete(key)
                 if progress is not None:
                     progress("gc", i + 1, len(unused))
         trusted_chunks(store).difference_update(unused)
-    return GcResult(kept, tuple(drop), len(unused), freed, (), kept_reasons)
+    return GcResult(kept, tuple(drop), len(unused), freed, (), kept_reasons, records)
+
+
+async def _judge(store: "Store", keep: int | None, only: set[str] | None) -> tuple[list[_Selection], dict[str, str]]:
+    """What :func:`gc` drops of each name it collects (every chunk read and hashed, none trusted), and why it
+    keeps each manifest it does not collect."""
+    by_name: dict[str, list[str]] = {}
+    for n, _, key in await manifest_keys(store):
+        by_name.setdefault(n, []).append(key)
+    selections: list[_Selection] = []
+    reasons: dict[str, str] = {}
+    seen: dict[str, str | None] = {}
+    for n, keys in by_name.items():
+        if keep is None or (only is not None and n not in only):
+            reasons.update((key, "not collected (keep=None)" if keep is None else "not collected (name not selected)")
+                           for key in keys)
+            continue
+        selection = await _select(store, keep, keys, set(), seen)
+        selections.append(selection)
+        reasons.update(selection.reasons)
+    return selections, reasons
+
+
+async def _still_held(store: "Store", envelopes: dict[str, bytes]) -> bool:
+    """Whether each manifest key of ``envelopes`` still holds those bytes."""
+    for key, data in envelopes.items():
+        try:
+            if await store.get(key, max_bytes=MAX_MANIFEST_BYTES) != data:
+                return False
+        except KVCkptError:
+            return False
+    return True
 
 
 async def delete_name(store: "Store", name: str, *, progress: Progress | None = None) -> GcResult:
     """Delete every generation of ``name`` (a deletion asked for: restorable ones too), then every chunk no
-    other manifest uses; NotFoundError if ``store`` holds no generation of ``name``."""
+    other manifest uses; NotFoundError if ``store`` holds no generation of ``name``, ConflictError (deleting
+    nothing) while another writer holds the name's :meth:`~kvckpt_web.stores.base.Store.claim`."""
+    check_store(store)
     validate_name(name)
-    async with store.lock():
+    check_callable("progress", progress)
+    async with store.claim(name), store.lock():
         keys = tuple(key for _, _, key in await manifest_keys(store, name))
         if not keys:
             raise NotFoundError(f"name: expected a checkpoint named {name!r} in the store, got none")

@@ -2,9 +2,10 @@
 
 Commit protocol (all under ``store.lock()``): write every new chunk in one ``store.batch()`` (each ``set``
 atomic, all durable when the batch ends), then the manifest of generation ``newest + 1``; only after that
-manifest is committed, retention (:mod:`.retention`) drops the generations of that name it does not keep and
-then the chunks no remaining manifest of any name uses. A crash at any instant therefore leaves the previous
-or the new generation restorable, plus at worst unreferenced chunks that :func:`~.retention.gc` removes.
+manifest is committed, retention (:mod:`.retention`; none with ``keep=None``) drops the generations of that
+name it does not keep and then the chunks no remaining manifest of any name uses. A crash at any instant
+therefore leaves the previous or the new generation restorable, plus at worst unreferenced chunks that
+:func:`~.retention.gc` removes.
 
 A chunk already in the store is reused only once it is known to hold the bytes its name says: this process
 wrote it or read it back (per store object), else the save reads it once and, if it differs, rewrites it
@@ -24,11 +25,18 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from ..errors import CheckpointStateError, FieldError, FormatError, KVCkptError, is_int
+from ..checks import check_callable, check_int
+from ..errors import CheckpointStateError, FormatError, KVCkptError
+from ..kv.cache import check_cache
+from ..kv.pool import check_seq_id
+from ..stores.base import check_store
 from .catalog import manifest_keys
-from .container import CHUNKS, ChunkRef, Manifest, chunk_key, encode_manifest, plan_chunks, validate_name
+from .container import (CHUNKS, MAX_MANIFEST_BYTES, ChunkRef, Manifest, chunk_key, encode_manifest, plan_chunks,
+                        validate_name)
 from .memo import last_saved, remember, trusted_chunks
 from .pipeline import IO_CONCURRENCY, HashState, MappedBatches, cache_lock, run_bounded
+from .prefix_index import commit_record
+from .prefix_records import PrefixKey, prefix_record
 from .results import Progress, SaveResult
 from .retention import DEFAULT_KEEP, check_keep, retain
 
@@ -54,23 +62,29 @@ def default_pages_per_chunk(page_bytes: int) -> int:
 
 
 async def save(cache: "PagedKVCache", seq_id: int, store: "Store", name: str, *,
-               app_state: dict[str, Any] | None = None, keep: int = DEFAULT_KEEP, pages_per_chunk: int | None = None,
-               progress: Progress | None = None) -> SaveResult:
+               app_state: dict[str, Any] | None = None, keep: int | None = DEFAULT_KEEP,
+               pages_per_chunk: int | None = None, progress: Progress | None = None,
+               prefix: PrefixKey | None = None) -> SaveResult:
     """Checkpoint sequence ``seq_id`` of ``cache`` as the next generation of ``name`` in ``store``.
 
     Writes only chunks whose pages changed since this process last saved or restored ``name`` with
     this ``store`` object (and, even then, none the store already holds intact: one this process has
     not written or read back yet is read once, and rewritten if it differs), then the manifest; then
     keeps the newest ``keep`` generations of ``name`` that can be restored (and any damaged one newer
-    than those) and deletes chunks no kept manifest of any name uses.
+    than those) and deletes chunks no kept manifest of any name uses; ``keep=None`` applies no retention
+    (every generation already there stays, the new one is added).
     ``app_state`` (a JSON object) is stored verbatim in the manifest. ``pages_per_chunk`` defaults to
     about :data:`DEFAULT_CHUNK_BYTES` per chunk. The sequence must not change while the save runs
     (:class:`CheckpointStateError` if it did; nothing is committed then). If anything fails before the
     manifest is committed, the store still holds the previous generations intact; a failure of the
     clean-up after the commit is reported in ``warnings`` instead.
+    ``prefix`` (a :class:`~.prefix_records.PrefixKey` whose ``tokens`` are the ids of the sequence's tokens,
+    exactly its length, else :class:`FieldError` before anything is written) indexes the checkpoint: its
+    prefix index record is written right after the manifest (``SaveResult.prefix_record``); a record that
+    cannot be written is a warning, not a failed save.
     """
     started = time.perf_counter()
-    app_state, ppc = _checked_arguments(cache, name, keep, app_state, pages_per_chunk)
+    app_state, ppc = _checked_arguments(cache, seq_id, store, name, keep, app_state, pages_per_chunk, progress)
     lay = cache.layout
     page_bytes, num_groups = lay.page_bytes, lay.num_layers
     async with store.lock():
@@ -80,6 +94,7 @@ async def save(cache: "PagedKVCache", seq_id: int, store: "Store", name: str, *,
         plan = plan_chunks(npages, ppc)
         existing, reuse = await _reusable(store, cache, seq_id, name, ppc, len(plan))
         generation = existing[-1][1] + 1 if existing else 1
+        record = prefix_record(prefix, name, generation, state.length, lay.page_size)  # nothing written yet
         written_before = store.bytes_written
         # this save leaves the state over its last chunk's full pages for the next one
         last, full_pages = len(plan) - 1, state.length // lay.page_size
@@ -99,33 +114,41 @@ async def save(cache: "PagedKVCache", seq_id: int, store: "Store", name: str, *,
         await store.set(manifest.key, envelope)  # the commit point
         remember(store, envelope, manifest, state, tails)
         trusted_chunks(store).update(manifest.chunk_keys())  # each one written, read back, or reused
+        record, not_indexed = await commit_record(store, record)  # after the manifest: a crash costs a miss
         written = store.bytes_written - written_before
         warnings = [f"{key}: stored bytes differed from the chunk its name says; rewritten from the cache"
                     for key in sorted(repaired)]
         try:
             names_keys = [key for _, _, key in existing] + [manifest.key]
-            dropped, deleted, retained = await retain(store, keep, names_keys)
+            dropped, deleted, retained = [], 0, []
+            if keep is not None:
+                dropped, deleted, retained = await retain(store, keep, names_keys)
         except KVCkptError as exc:  # the checkpoint is committed: report, do not fail the save
             dropped, deleted, retained = [], 0, [f"retention after the commit failed (kvckpt gc retries): {exc}"]
     return SaveResult(name, generation, manifest.key, seq_id, state.length, len(plan) * num_groups, stored, written,
-                      npages - reuse.chunks * ppc, tuple(dropped), deleted, tuple(warnings + retained),
-                      time.perf_counter() - started)
+                      npages - reuse.chunks * ppc, tuple(dropped), deleted, tuple(warnings + not_indexed + retained),
+                      time.perf_counter() - started, record)
 
 
-def _checked_arguments(cache: "PagedKVCache", name: str, keep: int, app_state: dict[str, Any] | None,
-                       pages_per_chunk: int | None) -> tuple[dict[str, Any], int]:
+def _checked_arguments(cache: "PagedKVCache", seq_id: int, store: "Store", name: str, keep: int | None,
+                       app_state: dict[str, Any] | None, pages_per_chunk: int | None,
+                       progress: Progress | None) -> tuple[dict[str, Any], int]:
     """The app_state and pages per chunk a save of ``cache`` stores, once every argument is checked (an
     app_state no manifest can hold included) before anything is written."""
+    check_cache(cache)
+    check_seq_id("seq_id", seq_id)
+    check_store(store)
     validate_name(name)
-    check_keep(keep)
+    if keep is not None:
+        check_keep(keep)
+    check_callable("progress", progress)
     app_state = {} if app_state is None else app_state
     if not isinstance(app_state, dict):
         raise FormatError("app_state", "a JSON object (dict)", type(app_state).__name__)
     lay = cache.layout
     if pages_per_chunk is None:
         pages_per_chunk = default_pages_per_chunk(lay.page_bytes)
-    if not is_int(pages_per_chunk, 1):
-        raise FieldError("pages_per_chunk", "an integer >= 1", pages_per_chunk)
+    check_int("pages_per_chunk", pages_per_chunk, 1)
     encode_manifest(Manifest(name, 1, "{}", lay.page_bytes, pages_per_chunk, 0, ((),) * lay.num_layers, app_state))
     return app_state, pages_per_chunk
 
@@ -148,19 +171,28 @@ async def _nothing() -> None:
     return None
 
 
+async def _bytes_of(store: "Store", key: str) -> bytes | None:
+    """The manifest under ``key``; None if there is none or it cannot be one (too long, a FIFO, ...)."""
+    try:
+        return await store.get(key, max_bytes=MAX_MANIFEST_BYTES)
+    except FormatError:
+        return None
+
+
 async def _reusable(store: "Store", cache: "PagedKVCache", seq_id: int, name: str, ppc: int, num_chunks: int
                     ) -> tuple[list[tuple[str, int, str]], _Reuse]:
     """The manifest keys of ``name`` (listed under the lock the save holds) and what the save can keep from this
     process's last save of it: chunks whose pages are all unchanged, if the store still holds that save's
-    manifest (read while the manifests are listed)."""
+    manifest (read while the manifests are listed) and this process still trusts each chunk it uses."""
     lay = cache.layout
     prev = last_saved(store, name)
     if prev is not None and (prev.page_bytes, prev.pages_per_chunk, len(prev.chunks)) != (lay.page_bytes, ppc,
                                                                                             lay.num_layers):
         prev = None
     existing, kept = await asyncio.gather(manifest_keys(store, name),
-                                          store.get(prev.key) if prev is not None else _nothing())
-    if prev is None or kept != prev.envelope:  # nothing to go by, or its chunks may be gone
+                                          _bytes_of(store, prev.key) if prev is not None else _nothing())
+    if prev is None or kept != prev.envelope or not prev.chunk_keys <= trusted_chunks(store):
+        # nothing to go by, its chunks may be gone, or a restore or verify found one of them damaged since
         return existing, _Reuse(0, ((),) * lay.num_layers, frozenset(), {})
     unchanged_pages = cache.unchanged_prefix(seq_id, prev.state) // lay.page_size
     reuse = min(unchanged_pages // ppc, len(prev.chunks[0]), num_chunks)

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Sequence
 
+from ..checks import check_bool, check_buffer, check_each, check_path
 from ..errors import FormatError, MetadataError, is_int
 from ..stores.file import file_kind, fsync_dir
 from ..tvm.metadata import parse_metadata
@@ -168,13 +169,15 @@ def write_tvm_export(path: str | os.PathLike, metadata_json: str, groups: Sequen
     which the next write to ``path`` puts back before it starts; it also removes the temp directories of
     interrupted writes.
     """
-    path = Path(path)
+    path = Path(check_path("path", path))
+    views = check_each("groups", groups, "a list of page groups (bytes-like), one per layer", check_buffer)
+    check_bool("overwrite", overwrite)
     sizes = _group_sizes(parse_metadata(metadata_json))
-    if len(groups) != len(sizes):
-        raise FormatError("groups", f"{len(sizes)} page groups (metadata.groups)", len(groups))
-    for i, (group, size) in enumerate(zip(groups, sizes)):
-        if memoryview(group).nbytes != size:
-            raise FormatError(f"groups[{i}].nbytes", size, memoryview(group).nbytes)
+    if len(views) != len(sizes):
+        raise FormatError("groups", f"{len(sizes)} page groups (metadata.groups)", len(views))
+    for i, (view, size) in enumerate(zip(views, sizes)):
+        if view.nbytes != size:
+            raise FormatError(f"groups[{i}].nbytes", size, view.nbytes)
     _recover(path)
     if os.path.lexists(path) and not overwrite:
         raise FormatError(str(path), "a path that does not exist yet (replace it with --force, or overwrite=True)", "existing")
@@ -184,7 +187,7 @@ def write_tvm_export(path: str | os.PathLike, metadata_json: str, groups: Sequen
     tmp.mkdir()
     try:
         for name, data in [(METADATA_FILE, metadata_json.encode("utf-8"))] + [
-                (group_file(i), g) for i, g in enumerate(groups)]:
+                (group_file(i), g) for i, g in enumerate(views)]:
             with open(tmp / name, "wb") as f:
                 f.write(data)
                 f.flush()
@@ -229,7 +232,7 @@ def read_tvm_metadata(path: str | os.PathLike) -> bytes:
 
 def read_tvm_export(path: str | os.PathLike) -> TVMExport:
     """Read a TVM export directory; FormatError for a missing, extra, wrongly sized or not regular file."""
-    path = Path(path)
+    path = Path(check_path("path", path))
     if not path.is_dir():
         raise FormatError(str(path), "a TVM export directory", "not a directory")
     raw = read_tvm_metadata(path)

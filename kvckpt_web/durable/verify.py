@@ -9,19 +9,24 @@ from __future__ import annotations
 import asyncio
 from typing import TYPE_CHECKING
 
-from ..errors import CorruptionError, FormatError, KVCkptError
+from ..checks import check_callable, check_instance
+from ..errors import CorruptionError, KVCkptError
+from ..gpu.device import Device
 from ..kv.cache import PagedKVCache
+from ..stores.base import check_store
 from ..tvm.layout import CacheLimits
 from ..tvm.metadata import layout_from_metadata, limits_from_metadata, parse_metadata
 from .catalog import decode_at, manifest_keys
-from .container import (CHUNKS, MAX_MANIFEST_BYTES, ChunkRef, Manifest, chunk_digest, chunk_key, is_chunk_key,
-                        validate_name, verify_chunk)
+from .chunk_reads import read_chunk, stored_size
+from .container import (CHUNKS, MAX_MANIFEST_BYTES, ChunkRef, Manifest, check_chunk_digest, chunk_digest, chunk_key,
+                        is_chunk_key, validate_name)
+from .memo import trusted_chunks
 from .pipeline import IO_CONCURRENCY, offload, run_bounded
+from .prefix_index import check_records
 from .restore import check_fits, restore_into
 from .results import Progress, VerifyReport
 
 if TYPE_CHECKING:
-    from ..gpu.device import Device
     from ..stores.base import Store
 
 __all__ = ["verify"]
@@ -35,14 +40,21 @@ async def verify(store: "Store", *, name: str | None = None, device: "Device | N
     """Check everything in ``store`` (or only the manifests of ``name`` and their chunks).
 
     Decodes every manifest and checks it against its key and its TVM metadata; re-hashes every chunk
-    (all of them when ``name`` is None, also those no manifest uses); with a ``device``, restores
+    (all of them when ``name`` is None, also those no manifest uses but none larger than the manifests'
+    chunks), reading none longer than its manifest says and reporting no value where one should be (a
+    FIFO, a device) as damage of that key; with a ``device``, restores
     every intact generation into a fresh GPU cache of its layout and checks that it reads back
-    byte-identical. Never raises for damage: it is listed in ``problems``. Takes no lock: damage
+    byte-identical. Never raises for damage: it is listed in ``problems``; prefix index records that
+    lookups ignore, or whose checkpoint is gone, are listed in ``warnings``. Takes no lock: damage
     found in a manifest, or in a chunk it uses, is reported only if that manifest still holds the
     bytes verify read once it is done, so a generation another process collects meanwhile is not.
     """
+    check_store(store)
     if name is not None:
         validate_name(name)
+    if device is not None:
+        check_instance("device", device, Device, "a Device (open_device()) or None")
+    check_callable("progress", progress)
     report = VerifyReport()
     envelopes: dict[str, bytes] = {}
     found: Found = []
@@ -52,6 +64,7 @@ async def verify(store: "Store", *, name: str | None = None, device: "Device | N
         intact = [(key, m) for key, m in manifests if not any(ref.key in bad for ref in m.chunk_refs())]
         await _check_loads(store, device, intact, report, found, progress)
     report.problems = await _standing(store, found, envelopes)
+    report.warnings = await check_records(store, name)  # prefix index records are hints, not checkpoints
     return report
 
 
@@ -68,9 +81,9 @@ async def _check_manifests(store: "Store", name: str | None, report: VerifyRepor
     for _, _, key in await manifest_keys(store, name):
         try:
             data = await store.get(key, max_bytes=MAX_MANIFEST_BYTES)
-        except FormatError as exc:  # longer than any manifest can be
+        except KVCkptError as exc:  # longer than any manifest can be, no value (a FIFO, a device), unreadable
             report.manifests_checked.append(key)
-            found.append((str(exc), []))
+            found.append((_naming(key, exc), []))
             continue
         if data is None:  # deleted since it was listed
             continue
@@ -91,7 +104,12 @@ async def _check_manifests(store: "Store", name: str | None, report: VerifyRepor
 async def _check_chunks(store: "Store", name: str | None, manifests: list[tuple[str, Manifest]],
                         report: VerifyReport, found: Found, progress: Progress | None) -> set[str]:
     """Re-hash every chunk ``manifests`` use against their refs and, with no ``name``, every other chunk against
-    its own key; the damaged ones."""
+    its own key; the damaged ones.
+
+    A chunk is read only once its stored size is the one its ref says; a chunk no manifest uses only if it
+    is no larger than the chunks these manifests are cut into (a larger one is no chunk of theirs: gc
+    removes it unread). What is no value where a chunk should be (a FIFO, a device) is damage of that key.
+    """
     refs: dict[str, ChunkRef] = {}
     users: dict[str, list[str]] = {}
     for key, m in manifests:
@@ -100,26 +118,27 @@ async def _check_chunks(store: "Store", name: str | None, manifests: list[tuple[
             users.setdefault(ref.key, []).append(key)
     listed = set(await store.list_prefix(CHUNKS)) if name is None else set()
     todo = sorted(set(refs) | {k for k in listed if is_chunk_key(k)})
+    largest = max((m.pages_per_chunk * m.page_bytes for _, m in manifests), default=0)
     bad: set[str] = set()
+    trusted = trusted_chunks(store)
     done = [0]
 
     async def check(ckey: str) -> None:
-        data = await store.get(ckey)
         ref = refs.get(ckey)
-        if ref is None:
-            report.unreferenced_chunks.append(ckey)
-            digest = None if data is None else await offload(chunk_digest, data)
-            if digest is not None and chunk_key(digest) != ckey:
-                found.append((f"{ckey}: unreferenced chunk: sha256 expected {ckey[len(CHUNKS):]}, got {digest}", []))
-                bad.add(ckey)
-        else:
-            try:
-                await offload(verify_chunk, ref, data)
-            except CorruptionError as exc:
-                bad.add(ckey)
-                found.append((f"{exc} (used by {', '.join(users[ckey])})", users[ckey]))
+        try:
+            if ref is None:
+                report.unreferenced_chunks.append(ckey)
+                await _check_unreferenced(store, ckey, largest, report)
+            else:
+                data = await read_chunk(store, ref)
+                report.bytes_checked += len(data)
+                check_chunk_digest(ref, await offload(chunk_digest, data))
+        except KVCkptError as exc:
+            bad.add(ckey)
+            trusted.discard(ckey)
+            found.append((f"{exc} (used by {', '.join(users[ckey])})", users[ckey]) if ref is not None
+                         else (_naming(ckey, exc), []))  # the ref's messages name the chunk and its pages
         report.chunks_checked += 1
-        report.bytes_checked += len(data) if data is not None else 0
         done[0] += 1
         if progress is not None:
             progress("verify chunks", done[0], len(todo))
@@ -127,6 +146,21 @@ async def _check_chunks(store: "Store", name: str | None, manifests: list[tuple[
     await run_bounded(((lambda k=k: check(k)) for k in todo), IO_CONCURRENCY)
     report.unreferenced_chunks.sort()
     return bad
+
+
+async def _check_unreferenced(store: "Store", ckey: str, largest: int, report: VerifyReport) -> None:
+    """Re-hash the chunk ``ckey`` no manifest uses against its key if it is at most ``largest`` bytes;
+    CorruptionError if it is not the bytes its key says, or no value."""
+    size = await stored_size(store, ckey)
+    if size is None or size > largest:
+        return
+    data = memoryview(bytearray(size))
+    if await store.get_into(ckey, data) != size:
+        return  # replaced since: another writer's
+    report.bytes_checked += size
+    digest = await offload(chunk_digest, data)
+    if chunk_key(digest) != ckey:
+        raise CorruptionError(f"{ckey}: unreferenced chunk: sha256 expected {ckey[len(CHUNKS):]}, got {digest}")
 
 
 async def _check_loads(store: "Store", device: "Device", intact: list[tuple[str, Manifest]], report: VerifyReport,
@@ -158,6 +192,13 @@ async def _standing(store: "Store", found: Found, envelopes: dict[str, bytes]) -
     """The problems of ``found`` that stand: a manifest deleted or replaced since it was read was collected by
     another writer, not damaged."""
     concerned = sorted({key for _, keys in found for key in keys})
-    current = dict(zip(concerned, await asyncio.gather(*(store.get(key, max_bytes=MAX_MANIFEST_BYTES)
-                                                         for key in concerned))))
+    current = dict(zip(concerned, await asyncio.gather(*(_bytes_now(store, key) for key in concerned))))
     return [text for text, keys in found if not keys or any(current[k] == envelopes[k] for k in keys)]
+
+
+async def _bytes_now(store: "Store", key: str) -> bytes | None:
+    """The manifest under ``key`` now; None if there is none, or none that can be read."""
+    try:
+        return await store.get(key, max_bytes=MAX_MANIFEST_BYTES)
+    except KVCkptError:
+        return None

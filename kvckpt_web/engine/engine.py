@@ -17,15 +17,18 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from ..durable.catalog import list_names
+from ..durable.prefix_index import PrefixIndex
 from ..durable.restore import restore
 from ..durable.retention import DEFAULT_KEEP, delete_name
 from ..errors import (CapacityError, ConflictError, ContextFullError, FieldError, KVCkptError, NotFoundError,
                       is_int)
 from ..kv.cache import PagedKVCache
+from ..model.app_state import StopRules
+from ..model.conversation import Conversation
+from ..model.generator import Autosave, Generator
+from ..model.resume import resume
 from ..model.sampler import MAX_SEED, SamplingSettings
-from ..model.session import Autosave, Generator, StopRules, resume
 from ..tvm.layout import CacheLimits
-from ..durable.prefix_index import PrefixIndex
 from .conversations import ConversationInfo, describe
 from .prompt import build_prompt
 from .record import ChatExtra
@@ -104,7 +107,7 @@ class Engine:
         self.scope = f"{self.model.identity}/{self.cache.get_layout_hash()}/{self.model.kernels}"
         self.slots = Slots(sequences)
         self.scheduler = Scheduler()
-        index = PrefixIndex(store, self.scope) if store is not None else None
+        index = PrefixIndex(store, self.scope, page_size) if store is not None else None
         self.sources = Sources(self.slots, store, index, page_size, self._reply_text)
         self._turns: list[_Turn] = []
 
@@ -139,7 +142,7 @@ class Engine:
             raise ContextFullError("messages", f"a prompt of at most {self.context - 1} tokens (the context is "
                                    f"{self.context} tokens, and the reply needs at least one)", f"{n} tokens")
         name = request.conversation or await self.sources.continued(prompt.tokens) or _new_name()
-        await self._check_conversation(name)
+        conversation = await self._conversation_of(name)
         source = await self.sources.longest_prefix(prompt.tokens[:n - 1]) if request.cache_prompt else PrefixSource(0)
         max_tokens = min(request.max_tokens or self.context, self.context - n)
         restore_begin = time.perf_counter()
@@ -155,17 +158,22 @@ class Engine:
                 self.model, self.cache, prompt.tokens, sampling,
                 stop=StopRules(max_tokens, self.codec.eos_ids, request.stop), seq_id=slot.seq_id,
                 prefill_chunk=self.prefill_chunk, autosave=self._autosave(name), decode=self.codec.decode,
-                kv_length=source.length, replies=prompt.replies, extra=extra.to_json(), context=self.context)
+                kv_length=source.length, replies=prompt.replies, extra=extra.to_json(), conversation=conversation,
+                context=self.context)
         except BaseException:
-            self._drop(slot)
+            await self._drop(slot)
             raise
         slot.tokens, slot.kv_length, slot.replies = list(prompt.tokens[:source.length]), source.length, prompt.replies
         return self._track(_Turn(gen, slot, completion_id, created, n, source.length, restore_s, started))
 
-    async def _check_conversation(self, name: str) -> None:
-        """Refuse a conversation name another model's conversation, or a checkpoint that is no chat, holds."""
+    async def _conversation_of(self, name: str) -> Conversation | None:
+        """The identity of conversation ``name`` if it exists (None: a new one); refuses a name another model's
+        conversation, or a checkpoint that is no chat, holds."""
+        own = self.slots.of_conversation(name)
+        if own is not None and own.gen is not None:
+            return own.gen.conversation
         if self.store is None or not await self.sources.has(name):
-            return
+            return None
         record = await self.sources.record(name)
         if record is None:
             raise ConflictError(f"conversation: expected a chat conversation named {name!r} or a new name, got a "
@@ -173,11 +181,13 @@ class Engine:
         if record.saved.model != self.model.identity:
             raise FieldError("conversation", f"a conversation of this model ({self.model.identity[:16]}...)",
                              name, f"it was written by model {record.saved.model[:16]}...")
+        return record.saved.conversation
 
     def _autosave(self, name: str) -> Autosave | None:
         if self.store is None:
             return None
-        return Autosave(self.store, name, self.autosave_every, self.keep, pages_per_chunk=self.pages_per_chunk)
+        return Autosave(self.store, name, self.autosave_every, self.keep, pages_per_chunk=self.pages_per_chunk,
+                        prefix_scope=self.scope)
 
     def _track(self, turn: _Turn) -> _Turn:
         turn.slot.busy = True
@@ -186,6 +196,8 @@ class Engine:
 
         def saved(result: Any) -> None:
             turn.save_s += result.seconds
+            if result.prefix_record is not None:
+                self.sources.index.note(result.prefix_record)
 
         turn.gen.on_save = saved
         return turn
@@ -221,7 +233,7 @@ class Engine:
                     await self._save_stopped(gen)
                 except (KVCkptError, OSError):
                     pass  # nobody to tell: the slot stays uncommitted, so it is not evicted unsaved
-            self._end(turn)
+            await self._end(turn)
 
     async def _save_stopped(self, gen: Generator) -> None:
         """Save a reply that stopped unfinished, unless the store holds its state already."""
@@ -247,15 +259,18 @@ class Engine:
                           turn.prompt_tokens - turn.cached_tokens, max(0, len(turn.sent) - 1))
         return Usage(turn.prompt_tokens, len(gen.generated_tokens), turn.cached_tokens, timings)
 
-    def _end(self, turn: _Turn) -> None:
-        """The reply stopped (finished, interrupted, or its consumer went away): its slot keeps its state."""
+    async def _end(self, turn: _Turn) -> None:
+        """The reply stopped (finished, interrupted, or its consumer went away): its slot keeps its state, and a
+        finished reply's generator lets go of the conversation's name (an unfinished one keeps it, to go on)."""
         slot, gen = turn.slot, turn.gen
         if turn in self._turns:
             self._turns.remove(turn)
         slot.busy = False
         if gen.failed:  # its K/V may hold part of a forward: nothing can follow it
-            self._drop(slot)
+            await self._drop(slot)
             return
+        if gen.finish_reason is not None:
+            await gen.close()
         slot.tokens, slot.kv_length = gen.tokens, gen.kv_length
         slot.replies = gen.replies + ([(len(gen.prompt_tokens), len(gen.tokens))] if gen.generated_tokens else [])
         slot.committed = _committed(gen)
@@ -275,18 +290,20 @@ class Engine:
         if own is not None and own.busy:
             raise ConflictError(f"conversation {name!r}: a reply is being generated in it; wait for it or interrupt it")
         n = source.length
+        if own is not None and own.gen is not None:
+            await own.gen.close()  # an unfinished reply of it gives way to this turn, which claims the name
         if own is not None and source.slot is own:
-            self._reserve(tokens - n, keep=(own,))
+            await self._reserve(tokens - n, keep=(own,))
             self.cache.popn(own.seq_id, own.kv_length - n)
             if n == 0:
                 self.cache.remove_sequence(own.seq_id)
             own.kv_length, own.tokens = n, own.tokens[:n]
             return own
         if own is not None:
-            self._drop(own)  # this turn supersedes what it held
+            await self._drop(own)  # this turn supersedes what it held
         keep = (source.slot,) if source.slot is not None else ()
         seq_id = await self._free_sequence(keep)
-        self._reserve(tokens - n, keep=keep)
+        await self._reserve(tokens - n, keep=keep)
         if source.slot is not None:
             self.cache.fork_sequence(source.slot.seq_id, seq_id, n)
         elif source.record is not None:
@@ -297,24 +314,27 @@ class Engine:
     async def _free_sequence(self, keep: tuple[Slot, ...]) -> int:
         seq_id = self.slots.free_seq_id()
         while seq_id is None:
-            self._evict_one(keep, "a free sequence")
+            await self._evict_one(keep, "a free sequence")
             seq_id = self.slots.free_seq_id()
         return seq_id
 
-    def _reserve(self, tokens: int, keep: tuple[Slot, ...]) -> None:
+    async def _reserve(self, tokens: int, keep: tuple[Slot, ...]) -> None:
         """Evict idle slots (not those in ``keep``) until ``tokens`` more tokens fit in free pages."""
         while self.cache.get_num_available_pages() * self.page_size < tokens:
-            self._evict_one(keep, f"room for {tokens} tokens")
+            await self._evict_one(keep, f"room for {tokens} tokens")
 
-    def _evict_one(self, keep: tuple[Slot, ...], wanted: str) -> None:
+    async def _evict_one(self, keep: tuple[Slot, ...], wanted: str) -> None:
         for slot in self.slots.eviction_order():
             if slot not in keep and slot.committed:
-                self._drop(slot)
+                await self._drop(slot)
                 return
         raise CapacityError(f"cache: expected {wanted} after evicting idle conversations, got none evictable "
                             f"({len(self.slots)} in the cache, busy or not yet saved)")
 
-    def _drop(self, slot: Slot) -> None:
+    async def _drop(self, slot: Slot) -> None:
+        """Take ``slot`` out of the cache (its generator, if one is open, lets go of the name)."""
+        if slot.gen is not None:
+            await slot.gen.close()
         if slot.seq_id in self.cache.sequence_ids():
             self.cache.remove_sequence(slot.seq_id)
         self.slots.remove(slot)
@@ -348,9 +368,9 @@ class Engine:
                 raise FieldError("conversation", "a conversation whose last reply is unfinished", name,
                                  f"its reply finished ({record.saved.finish_reason})")
             if own is not None:
-                self._drop(own)
+                await self._drop(own)
             seq_id = await self._free_sequence(())
-            self._reserve(self.context, keep=())
+            await self._reserve(self.context, keep=())
             gen = await resume(self.store, name, self.model, self.cache, seq_id=seq_id, autosave=self._autosave(name),
                                decode=self.codec.decode, context=self.context)
             restore_s = gen.resume_report.restore_s + gen.resume_report.replay_s
@@ -394,11 +414,16 @@ class Engine:
             elif own is None:
                 raise NotFoundError(f"conversation: expected a conversation named {name!r}, got none")
             if own is not None:
-                self._drop(own)
+                await self._drop(own)
 
-    def close(self) -> None:
-        """Release the cache's GPU memory; the engine cannot be used afterwards (the model stays loaded)."""
+    async def close(self) -> None:
+        """Stop every reply (each stays resumable), let go of every conversation's name and release the cache's
+        GPU memory; the engine cannot be used afterwards (the model stays loaded)."""
         self.interrupt()
+        async with self.scheduler.turn():
+            for slot in list(self.slots):
+                if slot.gen is not None:
+                    await slot.gen.close()
         self.cache.close()
 
 

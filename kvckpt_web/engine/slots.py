@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from ..model.session import Generator
+    from ..model.generator import Generator
 
 __all__ = ["Slot", "Slots", "common_prefix"]
 

@@ -6,8 +6,14 @@ import sys
 from dataclasses import dataclass
 from typing import Any
 
+from ..checks import check_buffer, check_each, check_instance, check_int
 from ..errors import TensorError
 from .device import Buffer
+
+
+def _check_shape(field: str, shape: Any) -> tuple[int, ...]:
+    return tuple(check_each(field, shape, "a tuple of dimensions",
+                            lambda item, dim: check_int(item, dim, 0, error=TensorError)))
 
 
 @dataclass(frozen=True)
@@ -19,16 +25,19 @@ class DeviceArray:
     dtype: str
     offset: int = 0
 
+    def __post_init__(self) -> None:
+        check_instance("buffer", self.buffer, Buffer, "a device Buffer")
+        object.__setattr__(self, "shape", _check_shape("shape", self.shape))
+        check_instance("dtype", self.dtype, str, "a dtype name")
+        check_int("offset", self.offset, 0, error=TensorError)
+
 
 def as_bytes(data: Any, field: str, dtype: str, nbytes: int) -> memoryview:
     """``data`` (bytes-like or numpy array) as a flat byte view of exactly ``nbytes``; TensorError otherwise."""
     got_dtype = getattr(data, "dtype", None)
     if got_dtype is not None and str(got_dtype) != dtype:
         raise TensorError(f"{field}.dtype", dtype, str(got_dtype))
-    try:
-        view = memoryview(data)
-    except TypeError:
-        raise TensorError(field, "a bytes-like object or array", type(data).__name__) from None
+    view = check_buffer(field, data, error=TensorError)
     if not view.c_contiguous:
         raise TensorError(field, "a C-contiguous buffer", "a strided view")
     view = view.cast("B")
@@ -66,6 +75,11 @@ class HostTensor:
     data: bytes
     shape: tuple[int, ...]
     dtype: str
+
+    def __post_init__(self) -> None:
+        check_buffer("data", self.data, error=TensorError)
+        object.__setattr__(self, "shape", _check_shape("shape", self.shape))
+        check_instance("dtype", self.dtype, str, "a dtype name")
 
     def numpy(self) -> Any:
         """A read-only numpy view (desktop only; bfloat16 needs the ``ml_dtypes`` package)."""

@@ -11,8 +11,9 @@ primitives are methods of the cache, carried out by the :class:`~kvckpt_web.kv.c
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Callable, Sequence as Seq
+from typing import Any, Sequence as Seq
 
+from ..checks import check_each, check_instance, check_int, check_items, check_writable
 from ..errors import CapacityError, CheckpointStateError, SequenceError, TensorError, is_int
 from ..gpu.device import Buffer, Command, Copy, Device, Usage
 from ..gpu.tensors import DeviceArray, HostTensor, as_bytes, span_bytes, zeroed
@@ -22,8 +23,13 @@ from .arenas import allocate_layers
 from .checkpoint import CheckpointIO
 from .kernels import kv_append
 from .page_groups import MappedPages, PageGroups
-from .pool import PageCopy, SequenceState, SequenceTable
+from .pool import PageCopy, SequenceState, SequenceTable, check_seq_id
 from .transfer import TRANSFERS, PageMover, known_path, measure_path
+
+
+def check_cache(cache: Any, field: str = "cache") -> "PagedKVCache":
+    """``cache`` if it is a :class:`PagedKVCache`, else FieldError naming ``field``."""
+    return check_instance(field, cache, PagedKVCache, "a PagedKVCache")
 
 
 @dataclass(frozen=True)
@@ -57,6 +63,10 @@ class PagedKVCache:
 
     def __init__(self, device: Device, layout: KVLayout, limits: CacheLimits | None = None, *,
                  transfer: str = "auto") -> None:
+        check_instance("device", device, Device, "a Device (open_device())")
+        check_instance("layout", layout, KVLayout, "a KVLayout")
+        if limits is not None:
+            check_instance("limits", limits, CacheLimits, "a CacheLimits or None")
         if transfer not in ("auto",) + TRANSFERS:
             raise TensorError("transfer", "'auto', 'kernel', 'copy' or 'mapped'", transfer)
         if transfer == "mapped" and not device.info.maps_storage:
@@ -272,6 +282,7 @@ class PagedKVCache:
         0 if ``seq_id`` is no longer the sequence ``since`` describes (removed and added again, replaced by an
         import); otherwise the lowest length it had since then (popn lowers it, appends never do).
         """
+        check_instance("since", since, SequenceState, "a SequenceState (from sequence_state)")
         return self.seqs.get(seq_id).unchanged_prefix(since)
 
     # ----- forward passes ---------------------------------------------------------------------------
@@ -285,7 +296,8 @@ class PagedKVCache:
         if self._forward is not None:
             raise CheckpointStateError("begin_forward: expected no forward pass in progress, got one "
                                        f"(seq_ids {list(self._forward.seq_ids)}); call end_forward first")
-        seq_ids, lengths = list(seq_ids), list(append_lengths)
+        seq_ids = check_each("seq_ids", seq_ids, "a list of sequence ids", check_seq_id)
+        lengths = check_items("append_lengths", append_lengths, "a list of token counts, one per seq_id")
         if len(seq_ids) != len(lengths):
             raise SequenceError(f"append_lengths: expected {len(seq_ids)} entries (one per seq_id), got {len(lengths)}")
         if len(set(seq_ids)) != len(seq_ids):
@@ -346,7 +358,8 @@ class PagedKVCache:
     def _page_range(self, seq_id: int, page_begin: int, page_end: int | None) -> tuple[list[int], int]:
         seq = self.seqs.get(seq_id)
         npages = len(seq.pages)
-        page_end = npages if page_end is None else page_end
+        check_int("page_begin", page_begin, error=TensorError)
+        page_end = npages if page_end is None else check_int("page_end", page_end, error=TensorError)
         if not 0 <= page_begin <= page_end <= npages:
             raise TensorError("page range", f"0 <= page_begin <= page_end <= {npages}", (page_begin, page_end))
         tail = seq.length - (page_end - 1) * self.layout.page_size if page_end == npages else self.layout.page_size
@@ -363,7 +376,7 @@ class PagedKVCache:
         """Zeroed host page groups of ``num_logical_pages`` pages, to fill and pass to :meth:`import_groups`;
         spaced like the layers where one copy may then carry them all."""
         self._check_open("host_groups")
-        group = num_logical_pages * self.layout.page_bytes
+        group = check_int("num_logical_pages", num_logical_pages, 0, error=TensorError) * self.layout.page_bytes
         return PageGroups.zeros(len(self.layers), group, self.mover.layer_stride(self.layers, group) or group)
 
     async def _pack_pages(self, ids: list[int], tail: int, staging_name: str, stride: int | None = None
@@ -397,6 +410,8 @@ class PagedKVCache:
         large copy outran copies in steps overlapped with the packing (they compete for memory bandwidth).
         """
         self._check_open("read_pages")
+        if out is not None:
+            check_writable("out", out, error=TensorError)
         ids, tail = self._page_range(seq_id, page_begin, page_end)
         if self.maps_pages:
             return self._read_mapped(ids, tail, out)
@@ -472,6 +487,8 @@ class PagedKVCache:
     async def debug_get_kv(self, seq_id: int, start: int, end: int) -> tuple[HostTensor, HostTensor]:
         """K and V of tokens ``[start, end)``: two ``(num_layers, n, num_kv_heads, head_dim)`` tensors."""
         seq = self.seqs.get(seq_id)
+        check_int("start", start, error=TensorError)
+        check_int("end", end, error=TensorError)
         if not 0 <= start <= end <= seq.length:
             raise TensorError("token range", f"0 <= start <= end <= {seq.length}", (start, end))
         lay = self.layout

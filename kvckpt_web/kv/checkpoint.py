@@ -18,6 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Awaitable, Callable, Sequence as Seq
 
+from ..checks import check_bool, check_int, check_items
 from ..errors import CheckpointStateError, SequenceError, TensorError, is_int
 from ..gpu.device import Buffer, Device, Region, Usage
 from ..gpu.tensors import DeviceArray, as_bytes, span_bytes
@@ -120,6 +121,7 @@ class CheckpointIO:
 
     def empty_group(self, num_logical_pages: int) -> DeviceArray:
         """A new device page group tensor for ``num_logical_pages`` pages."""
+        check_int("num_logical_pages", num_logical_pages, 0, error=TensorError)
         buf = self.device.create_buffer(num_logical_pages * self.layout.page_bytes,
                                         Usage.STORAGE | Usage.COPY_SRC | Usage.COPY_DST, "kvckpt.group")
         return DeviceArray(buf, self.layout.group_shape(num_logical_pages), self.layout.dtype)
@@ -141,7 +143,7 @@ class CheckpointIO:
         replaces ``seq_id`` only when ``finish_import`` succeeds.
         """
         plan = self._check_import(seq_id, metadata_json)
-        if exclusive:
+        if check_bool("exclusive", exclusive):
             self.seqs.clear()
         pages = self.seqs.pool.allocate(plan.num_logical_pages)
         self.importing = Import(seq_id, Sequence(seq_id, plan.seq_length, pages), exclusive,
@@ -218,7 +220,8 @@ class CheckpointIO:
         carry is submitted in such steps too, each encoded while the GPU runs the one before.
         """
         state = self._import_of(seq_id, "import_groups")
-        items = dict(groups) if isinstance(groups, dict) else dict(enumerate(groups))
+        items = dict(groups) if isinstance(groups, dict) else dict(enumerate(check_items(
+            "groups", groups, "page groups (a list of every group, or a dict of group id to bytes)")))
         nbytes = len(state.seq.pages) * self.layout.page_bytes
         views = {}
         for group_id, data in sorted(items.items()):
@@ -287,6 +290,9 @@ class CheckpointIO:
         prepare_import, so a call rejected for them leaves the cache as it was (with ``exclusive``
         too, which clears the other sequences only once the import starts).
         """
+        check_bool("exclusive", exclusive)
+        if not isinstance(groups, PageGroups):  # those go up in one host copy: keep them as they are
+            groups = check_items("groups", groups, "a list of page groups, one per layer")
         if seq_id is None:
             seq_id = parse_metadata(metadata_json).get("seq_id", 0)
         plan = self._check_import(seq_id, metadata_json)

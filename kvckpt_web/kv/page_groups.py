@@ -5,8 +5,17 @@ from __future__ import annotations
 
 from typing import Callable
 
+from ..checks import check_buffer, check_int
 from ..errors import TensorError
 from ..gpu.tensors import span_bytes, zeroed
+
+
+def _check_spacing(group_bytes: int, count: int, stride: int | None) -> int:
+    """The stride of ``count`` groups of ``group_bytes`` (``group_bytes`` unless ``stride`` says), once all three
+    are integers >= 0."""
+    check_int("PageGroups.group_bytes", group_bytes, 0, error=TensorError)
+    check_int("PageGroups.count", count, 0, error=TensorError)
+    return group_bytes if stride is None else check_int("PageGroups.stride", stride, 0, error=TensorError)
 
 
 class PageGroups(tuple):
@@ -21,7 +30,8 @@ class PageGroups(tuple):
     group_bytes: int
 
     def __new__(cls, host: memoryview, group_bytes: int, count: int, stride: int | None = None) -> "PageGroups":
-        stride = group_bytes if stride is None else stride
+        host = check_buffer("PageGroups.host", host, error=TensorError)
+        stride = _check_spacing(group_bytes, count, stride)
         span = span_bytes(count, group_bytes, stride)
         if stride < group_bytes or len(host) < span:
             raise TensorError("PageGroups.host.nbytes", f"at least {span} ({count} groups of {group_bytes} bytes "
@@ -33,7 +43,7 @@ class PageGroups(tuple):
     @classmethod
     def zeros(cls, count: int, group_bytes: int, stride: int | None = None) -> "PageGroups":
         """``count`` zeroed groups in a new host buffer."""
-        stride = group_bytes if stride is None else stride
+        stride = _check_spacing(group_bytes, count, stride)
         return cls(zeroed(span_bytes(count, group_bytes, stride)), group_bytes, count, stride)
 
 

@@ -12,7 +12,9 @@ from __future__ import annotations
 import bisect
 import itertools
 from dataclasses import dataclass, field
+from typing import Any
 
+from ..checks import type_name
 from ..errors import CapacityError, SequenceError, is_int
 
 #: A device page copy to perform on every layer: (source page id, destination page id).
@@ -177,6 +179,14 @@ class PagePool:
         self._num_free += 1
 
 
+def check_seq_id(field: str, seq_id: Any) -> int:
+    """``seq_id`` if it can name a sequence (an integer >= 0), else SequenceError naming ``field``."""
+    if not is_int(seq_id, 0):
+        raise SequenceError(f"{field}: expected a non-negative integer, got "
+                            f"{seq_id if is_int(seq_id) else repr(type_name(seq_id))}")
+    return seq_id
+
+
 class SequenceTable:
     """The sequences of one cache and the pages they hold."""
 
@@ -187,14 +197,14 @@ class SequenceTable:
 
     def get(self, seq_id: int) -> Sequence:
         """The sequence ``seq_id``; SequenceError if it does not exist."""
+        check_seq_id("seq_id", seq_id)
         try:
             return self.seqs[seq_id]
         except KeyError:
             raise SequenceError(f"seq_id: expected an existing sequence {sorted(self.seqs)}, got {seq_id}") from None
 
     def _check_new_id(self, seq_id: int) -> None:
-        if not is_int(seq_id, 0):
-            raise SequenceError(f"seq_id: expected a non-negative integer, got {seq_id!r}")
+        check_seq_id("seq_id", seq_id)
         if seq_id in self.seqs:
             raise SequenceError(f"seq_id: expected an id not in use, got {seq_id} (already exists)")
 
@@ -274,8 +284,7 @@ class SequenceTable:
 
     def replace(self, seq_id: int, length: int) -> Sequence:
         """Make ``seq_id`` (new or existing) a sequence of ``length`` tokens on freshly allocated pages."""
-        if not is_int(seq_id, 0):
-            raise SequenceError(f"seq_id: expected a non-negative integer, got {seq_id!r}")
+        check_seq_id("seq_id", seq_id)
         need = -(-length // self.page_size)
         old = self.seqs.get(seq_id)
         reclaimable = sum(1 for page in old.pages if not self.pool.is_shared(page)) if old else 0

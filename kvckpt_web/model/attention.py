@@ -77,9 +77,6 @@ class PagedAttention:
                              lay.dtype)
         if lay.head_dim % 8 or lay.head_dim > MAX_HEAD_DIM:
             raise FieldError("layout.qk_head_dim", f"a multiple of 8 <= {MAX_HEAD_DIM}", lay.head_dim)
-        if lay.num_qo_heads % lay.num_kv_heads:
-            raise FieldError("layout.num_qo_heads", f"a multiple of num_kv_heads={lay.num_kv_heads}",
-                             lay.num_qo_heads)
         if lay.rope_mode not in ("normal", "none"):
             raise FieldError("layout.rope_mode", "'normal' or 'none' (the K/V write applies RoPE itself)",
                              lay.rope_mode)
@@ -208,7 +205,6 @@ class PagedAttention:
         self._check_rows("qkv", qkv, self.qkv_bytes_per_token, fwd.num_tokens)
         self._check_rows("out", out, self.out_bytes_per_token, fwd.num_tokens)
         lay = self.layout
-        device = self.cache.device
         attend, merge = self._attention_kernels(self._tile_rows)
         splits = self._num_splits
         params = struct.pack("<6If", self._num_tiles, lay.num_qo_heads, lay.num_kv_heads, lay.page_size,

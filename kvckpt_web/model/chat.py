@@ -17,15 +17,13 @@ from ..errors import FieldError, FormatError
 if TYPE_CHECKING:
     from .gguf import GGUFFile
 
-__all__ = ["END", "START", "TEMPLATE_KEY", "ChatTemplate"]
-
-START = "<|im_start|>"
-"""ChatML's marker opening a turn (a special token)."""
-END = "<|im_end|>"
-"""ChatML's marker closing a turn (a special token): a reply ends there."""
+__all__ = ["TEMPLATE_KEY", "TURN_END", "TURN_START", "ChatTemplate"]
 
 TEMPLATE_KEY = "tokenizer.chat_template"
 """The GGUF metadata key holding the Jinja chat template."""
+
+TURN_START, TURN_END = "<|im_start|>", "<|im_end|>"
+"""ChatML's markers of a turn: the template's own special tokens."""
 
 _NL = r"(?:\n|\\n)"  # a newline written as itself or as an escape inside a Jinja string literal
 _SYSTEM_BLOCK = (r"\{%-? ?if loop\.first and messages\[0\]\['role'\] != 'system' ?-?%\}"
@@ -70,17 +68,44 @@ class ChatTemplate:
 
         ``add_generation_prompt`` ends it with the opening of an assistant turn, for the model to complete.
         """
+        return "".join(text for text, _ in self.render_pieces(messages, add_generation_prompt=add_generation_prompt))
+
+    def render_pieces(self, messages: Sequence[Mapping[str, str]], *,
+                      add_generation_prompt: bool = False) -> list[tuple[str, bool]]:
+        """:meth:`render`'s text as ``(text, is_marker)`` pieces: the markers are the template's own
+        ``<|im_start|>`` and ``<|im_end|>``, to be encoded as special tokens; every other piece holds the
+        messages' roles and contents (and the template's newlines), to be encoded as plain text even where it
+        spells a marker."""
         if isinstance(messages, (str, bytes)) or not isinstance(messages, Sequence):
             raise FieldError("messages", "a sequence of {'role', 'content'} mappings", type(messages).__name__)
-        parts = []
+        pieces: list[tuple[str, bool]] = []
         for i, message in enumerate(messages):
             role, content = _role(message, i), _content(message, i)
-            if i == 0 and self.default_system is not None and role != "system":
-                parts.append(f"{START}system\n{self.default_system}{END}\n")
-            parts.append(f"{START}{role}\n{content}{END}\n")
+            if i == 0:
+                pieces += self.preamble_pieces(role)
+            pieces += self.turn_pieces(role, content)
         if add_generation_prompt:
-            parts.append(f"{START}assistant\n")
-        return "".join(parts)
+            pieces += self.opening_pieces()
+        return pieces
+
+    def preamble_pieces(self, first_role: str) -> list[tuple[str, bool]]:
+        """What comes before a first message of role ``first_role``: the default system turn, if the template
+        has one and the message is not a system message."""
+        if self.default_system is None or first_role == "system":
+            return []
+        return self.turn_pieces("system", self.default_system)
+
+    def turn_pieces(self, role: str, content: str) -> list[tuple[str, bool]]:
+        """One message's turn as :meth:`render_pieces` pieces."""
+        return [(TURN_START, True), (f"{role}\n{content}", False), *self.closing_pieces()]
+
+    def opening_pieces(self) -> list[tuple[str, bool]]:
+        """The opening of the assistant's turn, which the model completes."""
+        return [(TURN_START, True), ("assistant\n", False)]
+
+    def closing_pieces(self) -> list[tuple[str, bool]]:
+        """What closes a turn after its content (a reply's generated end-of-turn token stands for the marker)."""
+        return [(TURN_END, True), ("\n", False)]
 
 
 def _role(message: Mapping[str, str], i: int) -> str:

@@ -8,6 +8,7 @@ naming the key.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from ..errors import FormatError
@@ -72,8 +73,8 @@ class LlamaConfig:
             raise FormatError("llama.rope.scaling.type", "'none' (rope scaling is not supported)", scaling)
         theta = float(f.field("llama.rope.freq_base", (float, int))) if "llama.rope.freq_base" in f.metadata \
             else DEFAULT_ROPE_THETA
-        if not theta > 0:
-            raise FormatError("llama.rope.freq_base", "a positive number", theta)
+        if not 0 < theta < math.inf:
+            raise FormatError("llama.rope.freq_base", "a finite positive number", theta)
         eps = float(f.field("llama.attention.layer_norm_rms_epsilon", (float, int)))
         if not 0 < eps < 1:
             raise FormatError("llama.attention.layer_norm_rms_epsilon", "a number in (0, 1)", eps)

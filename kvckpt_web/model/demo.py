@@ -30,7 +30,9 @@ from ..gpu.open import open_device
 from ..stores.file import FileStore
 from .protocol import LoadedModel
 from .sampler import SamplingSettings
-from .session import Autosave, Generator, StopRules, new_cache, resume
+from .app_state import StopRules
+from .generator import Autosave, Generator, new_cache
+from .resume import resume
 
 DEFAULT_FACTORY = "kvckpt_web.model.loader:load_default"
 DEMO_PROMPT = "Write a short story about a lighthouse keeper who finds a message in a bottle."
@@ -86,11 +88,13 @@ async def _worker(config: WorkerConfig, mode: str, emit: Callable[[dict[str, Any
             signal.pause()
 
     if mode == "generate":
-        prompt = text.encode_chat([{"role": "user", "content": config.prompt}])
+        prompt = text.encode_chat([{"role": "user", "content": config.prompt}],
+                                  max_tokens=min(config.context, model.max_context))
         gen = await Generator.start(model, cache, prompt, SamplingSettings(**config.sampler),
                                     stop=StopRules(config.max_tokens, text.eos_ids), prefill_chunk=config.prefill_chunk,
                                     autosave=autosave, decode=text.decode, on_save=on_save)
-        emit(_done(await gen.run()))
+        async with gen:
+            emit(_done(await gen.run()))
         return
     if autosave is None:
         raise KVCkptError("store: expected a store directory to resume from, got none")
@@ -100,7 +104,8 @@ async def _worker(config: WorkerConfig, mode: str, emit: Callable[[dict[str, Any
     emit({"event": "resumed", "kv_restored": report.kv_restored, "reason": report.reason, "message": report.message,
           "kv_length": report.kv_length, "generated": len(gen.generated_tokens), "restore_s": report.restore_s,
           "replay_s": report.replay_s})
-    result = await gen.run()
+    async with gen:
+        result = await gen.run()
     # the same context, prefilled from scratch in this process and cache, for comparison
     context = list(result.prompt_tokens + result.generated_tokens)[:report.kv_length]
     cache.add_sequence(1)
@@ -134,6 +139,8 @@ def worker_main(argv: list[str] | None = None) -> int:
     except KVCkptError as exc:
         emit({"event": "error", "type": type(exc).__name__, "message": str(exc)})
         return 1
+    except KeyboardInterrupt:  # Ctrl-C reaches the workers with the demo: the demo says it was interrupted
+        return 130
     return 0
 
 

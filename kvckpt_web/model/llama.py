@@ -27,8 +27,8 @@ from . import kernels
 from .attention import PagedAttention
 from .config import LlamaConfig
 from .gguf import GGML_TYPES, GGUFFile, GGUFTensor
-from .weights import (F32, Q4_1, Q8_0, DenseTensor, DeviceTensor, QuantizedTensor, destroy_tensor, upload_stacked,
-                      upload_tensor)
+from .weights import (F32, Q4_1, Q8_0, DenseTensor, DeviceTensor, QuantizedTensor, check_finite, destroy_tensor,
+                      upload_stacked, upload_tensor)
 
 if TYPE_CHECKING:
     from ..kv.cache import PagedKVCache
@@ -62,7 +62,8 @@ def tensor_specs(c: LlamaConfig, has_output: bool) -> dict[str, TensorSpec]:
 
 
 def check_tensors(f: GGUFFile, c: LlamaConfig) -> None:
-    """FormatError naming the first tensor of ``f`` that is missing, unexpected, or of another shape or type."""
+    """FormatError naming the first tensor of ``f`` that is missing, unexpected, of another shape or type, or that
+    holds an infinity or a NaN."""
     specs = tensor_specs(c, "output.weight" in f.tensors)
     for name, spec in specs.items():
         t = f.tensors.get(name)
@@ -73,6 +74,7 @@ def check_tensors(f: GGUFFile, c: LlamaConfig) -> None:
                               t.type_name, "unsupported tensor type")
         if t.shape != spec.shape:
             raise FormatError(f"tensors[{name!r}].shape", spec.shape, t.shape)
+        check_finite(name, t.type, t.data)
     extra = sorted(set(f.tensors) - set(specs))
     if extra:
         raise FormatError("tensors", f"only the {len(specs)} tensors of a llama model", f"also {extra[0]!r}",

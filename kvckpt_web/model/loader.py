@@ -13,8 +13,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from ..errors import FieldError, ModelUnavailableError
+from ..errors import FieldError, FormatError, ModelUnavailableError
 from .codec import ChatCodec
+from .config import LlamaConfig
 from .gguf import GGUFFile, open_gguf
 from .llama import LlamaModel
 from .protocol import LoadedModel
@@ -56,6 +57,12 @@ def load_gguf(f: GGUFFile, device: "Device", progress: Callable[[int, int], None
     """The model of the parsed GGUF ``f`` (a file, or bytes a page fetched) on ``device``; ``progress(done, total)``
     hears of the weights uploaded, in parts."""
     text = ChatCodec.from_gguf(f)  # the file, its tokenizer and chat template are checked before any upload
+    rows = LlamaConfig.from_gguf(f).vocab
+    if text.tokenizer.vocab_size != rows:
+        # fewer tokens: the model could pick ids that cannot be decoded; more: text could encode to ids that
+        # have no embedding
+        raise FormatError("tokenizer.ggml.tokens", f"{rows} tokens (one per row of token_embd.weight)",
+                          f"{text.tokenizer.vocab_size} tokens")
     return LoadedModel(LlamaModel(f, device, progress), text)
 
 

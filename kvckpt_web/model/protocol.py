@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 if TYPE_CHECKING:
     from ..kv.cache import PagedKVCache
@@ -30,6 +30,7 @@ class Logits(Protocol):
         ...
 
 
+@runtime_checkable
 class CausalLM(Protocol):
     """A causal language model that keeps its K/V in a paged cache."""
 
@@ -63,17 +64,19 @@ class TextCodec(Protocol):
     eos_ids: tuple[int, ...]
     """Token ids that end a reply."""
 
-    def encode_chat(self, messages: Sequence[dict[str, str]]) -> list[int]:
+    def encode_chat(self, messages: Sequence[dict[str, str]], *, max_tokens: int | None = None) -> list[int]:
         """The prompt token ids of a conversation (``{"role", "content"}`` messages), ready for the reply: the
-        :meth:`preamble`, each message's :meth:`turn`, then the :meth:`reply_opening`."""
+        :meth:`preamble`, each message's :meth:`turn`, then the :meth:`reply_opening`; the messages' text is
+        text (never the template's control tokens). FieldError naming ``prompt`` if it takes more than
+        ``max_tokens`` tokens, found without encoding more than that."""
         ...
 
     def preamble(self, first_role: str) -> list[int]:
         """The ids before the first message (of role ``first_role``): a BOS, a default system turn, or none."""
         ...
 
-    def turn(self, role: str, content: str) -> list[int]:
-        """The ids of one message's turn, its content encoded as text."""
+    def turn(self, role: str, content: str, *, max_tokens: int | None = None) -> list[int]:
+        """The ids of one message's turn, its content encoded as text (FieldError beyond ``max_tokens``)."""
         ...
 
     def reply_opening(self) -> list[int]:

@@ -13,7 +13,8 @@ from collections.abc import Iterable
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from ..errors import FieldError
+from ..checks import check_collection, check_instance
+from ..errors import FieldError, is_int
 
 __all__ = ["MAX_SEED", "Sampler", "SamplingSettings", "splitmix64", "uniform"]
 
@@ -35,10 +36,6 @@ def splitmix64(seed: int, counter: int) -> int:
 def uniform(seed: int, counter: int) -> float:
     """A double in [0, 1) from the top 53 bits of ``splitmix64(seed, counter)`` (exact: k / 2**53)."""
     return (splitmix64(seed, counter) >> 11) / 2**53
-
-
-def _is_int(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
 
 
 def _is_real(value: Any) -> bool:
@@ -70,13 +67,13 @@ class SamplingSettings:
     def __post_init__(self) -> None:
         if not _is_real(self.temperature) or self.temperature < 0:
             raise FieldError("temperature", "a finite number >= 0 (0: greedy)", self.temperature)
-        if not _is_int(self.top_k) or self.top_k < 0:
+        if not is_int(self.top_k, 0):
             raise FieldError("top_k", "an integer >= 0 (0: off)", self.top_k)
         if not _is_real(self.top_p) or not 0 < self.top_p <= 1:
             raise FieldError("top_p", "a number in (0, 1] (1: off)", self.top_p)
         if not _is_real(self.repetition_penalty) or self.repetition_penalty <= 0:
             raise FieldError("repetition_penalty", "a finite number > 0 (1: off)", self.repetition_penalty)
-        if not _is_int(self.seed) or not 0 <= self.seed <= MAX_SEED:
+        if not is_int(self.seed, 0, MAX_SEED):
             raise FieldError("seed", f"an integer in [0, {MAX_SEED}]", self.seed)
 
     @property
@@ -93,9 +90,10 @@ class Sampler:
     """
 
     def __init__(self, settings: SamplingSettings | None = None, counter: int = 0) -> None:
-        if not _is_int(counter) or counter < 0:
+        if not is_int(counter, 0):
             raise FieldError("counter", "an integer >= 0", counter)
-        self.settings = settings if settings is not None else SamplingSettings()
+        self.settings = SamplingSettings() if settings is None else check_instance(
+            "settings", settings, SamplingSettings, "a SamplingSettings or None")
         self.counter = counter
 
     def pick(self, candidates: Iterable[tuple[int, float]], previous: Iterable[int] = ()) -> int:
@@ -131,14 +129,15 @@ class Sampler:
     def _penalized(self, candidates: Iterable[tuple[int, float]], previous: Iterable[int]) -> list[tuple[int, float]]:
         """The candidates as a list, validated, with seen tokens' logits penalized."""
         penalty = self.settings.repetition_penalty
+        check_collection("previous", previous, "the token ids seen so far")
         seen = set(previous) if penalty != 1 else set()
         out = []
-        for i, candidate in enumerate(candidates):
+        for i, candidate in enumerate(check_collection("candidates", candidates, "(token id, logit) pairs")):
             try:
                 token_id, logit = candidate
             except (TypeError, ValueError):
                 raise FieldError(f"candidates[{i}]", "a (token id, logit) pair", repr(candidate)) from None
-            if not _is_int(token_id) or token_id < 0:
+            if not is_int(token_id, 0):
                 raise FieldError(f"candidates[{i}] token id", "an integer >= 0", token_id)
             if not _is_real(logit):
                 raise FieldError(f"candidates[{i}] logit", "a finite number", logit)

@@ -2,13 +2,17 @@
 
 Encoding splits the text on special tokens (``<|im_start|>`` ...), then pre-tokenizes each remaining span
 as SmolLM2's tokenizer.json does (every digit alone, then GPT-2's word pattern), maps each word's UTF-8
-bytes to GPT-2's printable byte alphabet and merges symbol pairs by rank. Decoding maps tokens back to bytes;
-invalid UTF-8 becomes U+FFFD, and :class:`StreamDecoder` holds back incomplete characters while streaming.
+bytes to GPT-2's printable byte alphabet and merges symbol pairs by rank, lowest first, leftmost among equals
+(as HF tokenizers and llama.cpp do: a heap of candidate pairs over a linked list of symbols, O(n log n) in a
+word's length). A limit on the tokens is enforced before any work where the text's size alone exceeds it,
+else as soon as the tokens produced exceed it. Decoding maps tokens back to bytes; invalid UTF-8 becomes
+U+FFFD, and :class:`StreamDecoder` holds back incomplete characters while streaming.
 """
 
 from __future__ import annotations
 
 import codecs
+import heapq
 import re
 import unicodedata
 from collections.abc import Iterable, Iterator, Sequence
@@ -20,7 +24,7 @@ if TYPE_CHECKING:
     from .gguf import GGUFFile
 
 __all__ = ["PRE_TOKENIZERS", "TOKEN_CONTROL", "TOKEN_NORMAL", "TOKEN_USER_DEFINED", "StreamDecoder", "Tokenizer",
-           "pre_tokenize"]
+           "pre_tokenize", "utf8"]
 
 TOKEN_NORMAL, TOKEN_UNKNOWN, TOKEN_CONTROL, TOKEN_USER_DEFINED, TOKEN_UNUSED, TOKEN_BYTE = 1, 2, 3, 4, 5, 6
 """``tokenizer.ggml.token_type`` values (llama.cpp's llama_token_type)."""
@@ -98,6 +102,18 @@ def pre_tokenize(text: str) -> list[str]:
     return words
 
 
+def utf8(field: str, text: str) -> bytes:
+    """``text`` in UTF-8; FieldError naming ``field`` if it is not a str or holds a lone surrogate (not Unicode
+    text: what bytes that are not UTF-8 become in a command line's arguments)."""
+    if not isinstance(text, str):
+        raise FieldError(field, "a str", type(text).__name__)
+    try:
+        return text.encode()
+    except UnicodeEncodeError as exc:
+        raise FieldError(field, "Unicode text (valid UTF-8)", f"U+{ord(text[exc.start]):04X} at character "
+                         f"{exc.start}", "a lone surrogate: bytes that are not UTF-8") from None
+
+
 def _byte_alphabet() -> list[str]:
     """GPT-2's map from each byte to a printable character (printable Latin-1 bytes map to themselves)."""
     printable = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
@@ -140,14 +156,16 @@ class Tokenizer:
                 raise FormatError(f"tokenizer.ggml.tokens[{i}]", "a token not listed before", token)
         # A byte without a token of its own is dropped before merging, as HF tokenizers and llama.cpp do
         # (SmolLM2 has none for 21 bytes: a few control characters and bytes that never occur in UTF-8).
-        self._byte_symbols = [c if c in self._vocab else "" for c in _BYTE_CHARS]
-        self._ranks: dict[tuple[str, str], int] = {}
+        self._byte_ids = [self._vocab.get(c, -1) for c in _BYTE_CHARS]
+        self._dropped_bytes = bytes(b for b, i in enumerate(self._byte_ids) if i < 0)
+        # (left id, right id) -> (rank, id of the merged token)
+        self._ranks: dict[tuple[int, int], tuple[int, int]] = {}
         for rank, merge in enumerate(merges):
             pair = merge.split(" ")
             if len(pair) != 2 or not all(pair) or not all(p in self._vocab for p in pair) \
                     or pair[0] + pair[1] not in self._vocab:
                 raise FormatError(f"tokenizer.ggml.merges[{rank}]", "'a b' where a, b and ab are tokens", merge)
-            self._ranks.setdefault((pair[0], pair[1]), rank)
+            self._ranks.setdefault((self._vocab[pair[0]], self._vocab[pair[1]]), (rank, self._vocab[pair[0] + pair[1]]))
         for name, value in (("bos_token_id", bos_id), ("eos_token_id", eos_id), ("unknown_token_id", unk_id),
                             ("padding_token_id", pad_id)):
             if value is not None and not 0 <= value < self.vocab_size:
@@ -158,6 +176,8 @@ class Tokenizer:
         # Longest first: Python's alternation takes the first that matches, so this is leftmost-longest.
         self._special_re = re.compile("|".join(map(re.escape, specials))) if specials else None
         self._token_bytes = [_token_bytes(token, i in self.special_ids) for i, token in enumerate(tokens)]
+        self.longest_token_bytes = max(1, max(map(len, self._token_bytes), default=0))
+        """The most bytes of text one token stands for: a text of n bytes is at least n / this many tokens."""
         self._cache: dict[str, tuple[int, ...]] = {}
 
     @classmethod
@@ -182,24 +202,54 @@ class Tokenizer:
                    add_bos=f.field("tokenizer.ggml.add_bos_token", bool)
                    if "tokenizer.ggml.add_bos_token" in f.metadata else False)
 
-    def encode(self, text: str, *, parse_special: bool = True, add_bos: bool | None = None) -> list[int]:
+    def encode(self, text: str, *, parse_special: bool = True, add_bos: bool | None = None,
+               max_tokens: int | None = None) -> list[int]:
         """Token ids of ``text``; special tokens written in the text become their ids when ``parse_special``.
 
-        ``add_bos`` (default: the model's ``add_bos_token``) puts the BOS token first.
+        ``add_bos`` (default: the model's ``add_bos_token``) puts the BOS token first. With ``max_tokens``, a
+        text of more tokens is refused (FieldError naming the limit): at once where its size alone proves it
+        (at least ``bytes / longest_token_bytes`` tokens), else once the tokens produced exceed the limit.
         """
-        if not isinstance(text, str):
-            raise FieldError("text", "a str", type(text).__name__)
-        ids = [self.bos_id] if (self.add_bos if add_bos is None else add_bos) else []
-        start = 0
-        if parse_special and self._special_re is not None:
-            for match in self._special_re.finditer(text):
-                self._encode_ordinary(text[start:match.start()], ids)
-                ids.append(self._vocab[match.group()])
-                start = match.end()
-        self._encode_ordinary(text[start:], ids)
+        return self.encode_pieces([(text, parse_special)], add_bos=add_bos, max_tokens=max_tokens)
+
+    def encode_pieces(self, pieces: Iterable[tuple[str, bool]], *, add_bos: bool | None = None,
+                      max_tokens: int | None = None, field: str = "text") -> list[int]:
+        """Token ids of the texts ``pieces`` one after the other, each a ``(text, parse_special)`` pair: special
+        tokens written in a text become their ids only where its ``parse_special`` is true (a chat template's
+        markers), elsewhere they are plain text. ``add_bos`` and ``max_tokens`` as :meth:`encode`; errors name
+        ``field``."""
+        pieces = list(pieces)
+        raw = [utf8(field, text) for text, _ in pieces]
+        bos = [self.bos_id] if (self.add_bos if add_bos is None else add_bos) else []
+        limit = None
+        if max_tokens is not None:
+            if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 0:
+                raise FieldError("max_tokens", "an integer >= 0", max_tokens)
+            size = sum(len(r.translate(None, self._dropped_bytes)) for r in raw)
+            fewest = len(bos) + -(-size // self.longest_token_bytes)
+            if fewest > max_tokens:
+                raise FieldError(field, f"at most {max_tokens} tokens", f"{size} bytes of text, at least {fewest} "
+                                 f"tokens (a token stands for at most {self.longest_token_bytes} bytes)")
+            limit = (max_tokens, field)
+        ids = bos
+        for text, parse_special in pieces:
+            start = 0
+            if parse_special and self._special_re is not None:
+                for match in self._special_re.finditer(text):
+                    self._encode_ordinary(text[start:match.start()], ids, limit)
+                    ids.append(self._vocab[match.group()])
+                    start = match.end()
+            self._encode_ordinary(text[start:], ids, limit)
+        if limit is not None:
+            self._check_limit(ids, limit)
         return ids
 
-    def _encode_ordinary(self, text: str, out: list[int]) -> None:
+    @staticmethod
+    def _check_limit(ids: list[int], limit: tuple[int, str]) -> None:
+        if len(ids) > limit[0]:
+            raise FieldError(limit[1], f"at most {limit[0]} tokens", f"more than {limit[0]} tokens")
+
+    def _encode_ordinary(self, text: str, out: list[int], limit: tuple[int, str] | None) -> None:
         cache = self._cache
         for word in pre_tokenize(text):
             word_ids = cache.get(word)
@@ -209,32 +259,52 @@ class Tokenizer:
                     cache.clear()
                 cache[word] = word_ids
             out.extend(word_ids)
+            if limit is not None:
+                self._check_limit(out, limit)
 
     def _bpe(self, word: str) -> tuple[int, ...]:
-        """Merge the word's byte symbols, lowest rank first, every occurrence of a pair left to right."""
-        byte_symbols = self._byte_symbols
-        symbols = [byte_symbols[b] for b in word.encode() if byte_symbols[b]]
-        ranks = self._ranks
-        while len(symbols) > 1:
-            best_rank, best = None, None
-            for pair in zip(symbols, symbols[1:]):
-                rank = ranks.get(pair)
-                if rank is not None and (best_rank is None or rank < best_rank):
-                    best_rank, best = rank, pair
-            if best is None:
-                break
-            first, second = best
-            merged: list[str] = []
-            i, n = 0, len(symbols)
-            while i < n:
-                if i + 1 < n and symbols[i] == first and symbols[i + 1] == second:
-                    merged.append(first + second)
-                    i += 2
-                else:
-                    merged.append(symbols[i])
-                    i += 1
-            symbols = merged
-        return tuple(self._vocab[s] for s in symbols)
+        """Merge the word's byte symbols: the pair of lowest rank first, the leftmost among pairs of one rank.
+
+        The symbols are a linked list; the heap holds (rank, left position, merged id) of candidate pairs, and a
+        popped pair that no longer stands at its position (a neighbour merged) is skipped.
+        """
+        byte_ids = self._byte_ids
+        ids = [i for i in map(byte_ids.__getitem__, word.encode()) if i >= 0]
+        n = len(ids)
+        if n < 2:
+            return tuple(ids)
+        get = self._ranks.get
+        nxt = list(range(1, n + 1))
+        nxt[-1] = -1
+        prv = list(range(-1, n - 1))
+        heap = []
+        for i in range(n - 1):
+            found = get((ids[i], ids[i + 1]))
+            if found is not None:
+                heap.append((found[0], i, found[1]))
+        heapq.heapify(heap)
+        while heap:
+            rank, i, merged = heapq.heappop(heap)
+            j = nxt[i]
+            if j < 0 or ids[i] < 0:
+                continue
+            found = get((ids[i], ids[j]))
+            if found is None or found[0] != rank:  # the pair at i has changed since it was pushed
+                continue
+            ids[i], ids[j] = merged, -1
+            k = nxt[j]
+            nxt[i] = k
+            if k >= 0:
+                prv[k] = i
+                found = get((merged, ids[k]))
+                if found is not None:
+                    heapq.heappush(heap, (found[0], i, found[1]))
+            p = prv[i]
+            if p >= 0:
+                found = get((ids[p], merged))
+                if found is not None:
+                    heapq.heappush(heap, (found[0], p, found[1]))
+        return tuple(i for i in ids if i >= 0)
 
     def token_bytes(self, token_id: int) -> bytes:
         """The bytes token ``token_id`` stands for (a special token: its text in UTF-8)."""

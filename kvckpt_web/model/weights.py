@@ -3,16 +3,17 @@
 A quantized matrix (GGUF Q4_1 or Q8_0) stays quantized: its blocks are split at load time into a texture of
 per-block scales and a texture of the 4- or 8-bit weights (see the header of ``quant.wgsl``), which makes the
 20- and 34-byte GGUF blocks 4-byte aligned and lets kernels fetch them as texels. F32 tensors (the norms)
-go into storage buffers. Pure Python (struct, memoryview slicing): it runs in Pyodide too.
+go into storage buffers. :func:`check_finite` refuses a tensor holding a NaN or an infinity before any upload.
+Pure Python (struct, memoryview slicing): it runs in Pyodide too.
 """
 
 from __future__ import annotations
 
 from array import array
 from dataclasses import dataclass
-from math import prod
+from math import isfinite, prod
 
-from ..errors import TensorError
+from ..errors import FormatError, TensorError
 from ..gpu.device import Buffer, Device, Texture, Usage
 
 #: GGML type ids (the GGUF tensor info's type field).
@@ -26,6 +27,12 @@ BLOCK = 32
 #: Bytes per GGUF block, and quant texels (16 bytes each) per block in the device layout.
 BLOCK_BYTES = {Q4_1: 20, Q8_0: 34}
 QUANT_TEXELS = {Q4_1: 1, Q8_0: 2}
+
+F16_HIGH_BYTES = {Q4_1: {"scale": 1, "min": 3}, Q8_0: {"scale": 1}}
+"""Offset in a GGUF block of the high byte of each of its float16 fields."""
+
+_F16_NONFINITE = bytes(int(b & 0x7C == 0x7C) for b in range(256))
+"""Per high byte of a little-endian float16: 1 where its exponent bits are all ones (an infinity or a NaN)."""
 
 DENSE_MIN_BYTES = 65536
 """Smallest buffer of an F32 tensor: a 64 KiB uniform window of it can be bound."""
@@ -72,6 +79,29 @@ class DenseTensor:
 
 
 DeviceTensor = QuantizedTensor | DenseTensor
+
+
+def check_finite(name: str, ggml_type: int, data: memoryview | bytes) -> None:
+    """FormatError naming tensor ``name`` (GGML type F32, Q4_1 or Q8_0, raw GGUF bytes ``data``) if it holds an
+    infinity or a NaN: an F32 value, or a float16 scale or min of a block (the weights in a block are integers).
+
+    Pure Python at C speed, for Pyodide too: the float16 fields are found by the high bytes of their exponents
+    (a strided slice of the blocks mapped by ``bytes.translate``, then searched); an F32 tensor's values are
+    summed as doubles, which no run of finite float32 values overflows.
+    """
+    view = memoryview(data).cast("B")
+    if ggml_type == F32:
+        values = view.cast("f")
+        if not isfinite(sum(values)):
+            i = next(i for i, value in enumerate(values) if not isfinite(value))
+            raise FormatError(f"tensors[{name!r}]", "finite values", f"{values[i]} at element {i}")
+        return
+    size = BLOCK_BYTES[ggml_type]
+    for field, offset in F16_HIGH_BYTES[ggml_type].items():
+        block = view[offset::size].tobytes().translate(_F16_NONFINITE).find(1)
+        if block >= 0:
+            raise FormatError(f"tensors[{name!r}]", f"a finite float16 {field} in every block",
+                              f"an infinity or NaN in block {block}")
 
 
 def upload_tensor(device: Device, name: str, ggml_type: int, shape: tuple[int, ...] | list[int],

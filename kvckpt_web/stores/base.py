@@ -16,15 +16,18 @@ import asyncio
 import re
 import time
 from abc import ABC, abstractmethod
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from contextlib import AbstractAsyncContextManager, nullcontext
 from typing import Any
 
-from ..errors import FormatError, StoreError
+from ..checks import check_bool, check_instance, check_int, check_seconds, check_writable
+from ..errors import ConflictError, FormatError, StoreError
 
 __all__ = [
     "DEFAULT_LOCK_TIMEOUT",
     "Store",
+    "check_store",
+    "check_store_options",
     "check_value_size",
     "poll_acquire",
     "validate_key",
@@ -93,6 +96,17 @@ def _as_view(data: Any) -> memoryview:
     raise FormatError("data", "bytes, bytearray or memoryview", type(data).__name__)
 
 
+def check_store_options(read_only: bool, lock_timeout: float) -> None:
+    """FieldError unless ``read_only`` is a bool and ``lock_timeout`` a finite number of seconds >= 0."""
+    check_bool("read_only", read_only)
+    check_seconds("lock_timeout", lock_timeout)
+
+
+def check_store(store: Any, field: str = "store") -> "Store":
+    """``store`` if it is a :class:`Store`, else FieldError naming ``field``."""
+    return check_instance(field, store, Store, "a Store (MemoryStore, FileStore, IndexedDBStore or OPFSStore)")
+
+
 class Store(ABC):
     """An async store of bytes under validated keys.
 
@@ -102,13 +116,14 @@ class Store(ABC):
     """
 
     def __init__(self, *, read_only: bool = False, lock_timeout: float = DEFAULT_LOCK_TIMEOUT) -> None:
-        self._read_only = bool(read_only)
+        check_store_options(read_only, lock_timeout)
+        self._read_only = read_only
         self._lock_timeout = float(lock_timeout)
         self._bytes_written = 0
 
     @property
     def read_only(self) -> bool:
-        """True if :meth:`set`, :meth:`delete` and :meth:`lock` refuse with :class:`StoreError`."""
+        """True if :meth:`set`, :meth:`delete`, :meth:`lock` and :meth:`claim` refuse with :class:`StoreError`."""
         return self._read_only
 
     @property
@@ -129,6 +144,7 @@ class Store(ABC):
         validate_key(key)
         if max_bytes is None:
             return await self._get(key)
+        check_int("max_bytes", max_bytes, 0)
         return await self._get_bounded(key, max_bytes)
 
     async def get_into(self, key: str, out: memoryview) -> int | None:
@@ -137,9 +153,7 @@ class Store(ABC):
         If the lengths differ, ``out`` is left as it was.
         """
         validate_key(key)
-        if not isinstance(out, (bytearray, memoryview)) or memoryview(out).readonly:
-            raise FormatError("out", "a writable bytearray or memoryview", type(out).__name__)
-        return await self._get_into(key, memoryview(out).cast("B"))
+        return await self._get_into(key, check_writable("out", out, error=FormatError).cast("B"))
 
     def _payload(self, key: str, data: Any) -> memoryview:
         """``data`` to store under ``key``, once the key, the data and the store allow it."""
@@ -188,7 +202,28 @@ class Store(ABC):
         be had within ``timeout`` seconds (the store's ``lock_timeout`` if None).
         """
         self._check_writable("lock")
-        return self._lock(self._lock_timeout if timeout is None else float(timeout))
+        return self._lock(self._lock_timeout if timeout is None else check_seconds("timeout", timeout))
+
+    def claim(self, name: str) -> AbstractAsyncContextManager[None]:
+        """An async context manager holding the exclusive write claim on checkpoint name ``name`` while it is held.
+
+        A writer holds it for as long as it writes the name (a generation's autosaves, a convert, a delete);
+        :meth:`lock` stays the short lock of each write. It excludes every other claim of ``name`` on this
+        store (another task's, or this task's again: it is not re-entrant; for FileStore and the browser stores
+        also another process's, store object's, tab's or worker's) and never waits: while another holder has
+        it, entering raises :class:`ConflictError` naming the name and the store. ``name`` is a key segment
+        (every checkpoint name is one); a read-only store refuses with :class:`StoreError`.
+        """
+        if not isinstance(name, str) or not is_segment(name):
+            raise FormatError("name", f"1 to {MAX_SEGMENT_CHARS} characters of [A-Za-z0-9._-], not '.' or '..'",
+                              name if isinstance(name, str) else type(name).__name__)
+        self._check_writable(f"claim {name!r}")
+        return _Claim(lambda: self._claim(name))
+
+    def _claimed(self, name: str) -> ConflictError:
+        """The error of a claim of ``name`` another holder has."""
+        return ConflictError(f"claim {name!r} of {self!r}: held by another writer of that name (another task, "
+                             "process, tab or worker); nothing was written")
 
     def batch(self) -> AbstractAsyncContextManager[None]:
         """An async context manager in which each :meth:`set` and :meth:`delete` stays atomic but may leave
@@ -238,8 +273,31 @@ class Store(ABC):
     @abstractmethod
     def _lock(self, timeout: float) -> AbstractAsyncContextManager[None]: ...
 
+    @abstractmethod
+    async def _claim(self, name: str) -> Callable[[], Awaitable[None]]:
+        """Take the claim of ``name`` (``self._claimed(name)`` if another holder has it); what releases it (done
+        once it returns: a claim of the name right after succeeds)."""
+
     def _batch(self) -> AbstractAsyncContextManager[None]:
         return nullcontext()  # backends whose writes are durable when they return
+
+
+class _Claim(AbstractAsyncContextManager[None]):
+    """What :meth:`Store.claim` returns. A plain object rather than an ``asynccontextmanager``: an event loop
+    that shuts down finalizes the async generators still suspended in it, which would release a claim a
+    generation holds across ``asyncio.run`` calls; only leaving it releases this one."""
+
+    def __init__(self, take: Callable[[], Awaitable[Callable[[], Awaitable[None]]]]) -> None:
+        self._take = take
+        self._release: Callable[[], Awaitable[None]] | None = None
+
+    async def __aenter__(self) -> None:
+        self._release = await self._take()
+
+    async def __aexit__(self, *exc_info: Any) -> None:
+        release, self._release = self._release, None
+        if release is not None:
+            await release()
 
 
 async def poll_acquire(try_acquire: Callable[[], bool], timeout: float, lock_name: str) -> None:

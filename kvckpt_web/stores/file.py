@@ -17,14 +17,16 @@ import secrets
 import stat
 import sys
 import threading
-from collections.abc import AsyncIterator, Callable, Collection
+from collections.abc import AsyncIterator, Awaitable, Callable, Collection
 from contextlib import asynccontextmanager
 from typing import Any, TypeVar
 
+from ..checks import check_bool, check_callable, check_each, check_instance, check_path
 from ..errors import FormatError, StoreError
 from .base import DEFAULT_LOCK_TIMEOUT, Store, check_value_size, is_segment, poll_acquire
 
-__all__ = ["DIRECT_IO_BLOCK", "FAULT_STEPS", "LOCK_NAME", "TEMP_PREFIX", "FileStore", "file_kind", "fsync_dir"]
+__all__ = ["CLAIM_PREFIX", "DIRECT_IO_BLOCK", "FAULT_STEPS", "LOCK_NAME", "TEMP_PREFIX", "FileStore", "file_kind",
+           "fsync_dir"]
 
 _T = TypeVar("_T")
 
@@ -34,6 +36,10 @@ TEMP_PREFIX = "~tmp."
 
 LOCK_NAME = "~kvckpt.lock"
 """Name of FileStore's lock file in its directory."""
+
+CLAIM_PREFIX = "~kvckpt.claim."
+"""FileStore's claim file of a checkpoint name in its directory is this followed by the name; it exists while the
+name is claimed (and after a holder that was killed, until the name's next claim is released)."""
 
 FAULT_STEPS = ("write", "fsync", "link", "rename", "dirsync")
 """The steps of a :class:`FileStore` write, in order, as passed to its ``fault`` hook. An unnamed file is
@@ -142,6 +148,11 @@ class FileStore(Store):
     A key cannot both hold a value and be a directory of other keys (``a`` and
     ``a/b``); such a ``set`` raises :class:`StoreError`. ``delete`` removes the
     directories it leaves empty.
+
+    A :meth:`~Store.claim` of a name is an ``flock`` on the file
+    :data:`CLAIM_PREFIX` + name in the directory (so it excludes other processes
+    and other FileStore objects too); its holder removes the file on release,
+    and a killed holder's lock goes with its process.
     """
 
     def __init__(
@@ -155,8 +166,10 @@ class FileStore(Store):
         direct_io: bool = True,
     ) -> None:
         super().__init__(read_only=read_only, lock_timeout=lock_timeout)
-        self.directory = os.path.abspath(os.fspath(directory))
-        self.fault = fault
+        self.directory = os.path.abspath(check_path("directory", directory))
+        self.fault = check_callable("fault", fault)
+        check_bool("unnamed_files", unnamed_files)
+        check_bool("direct_io", direct_io)
         self._swept = False  # temp files of crashed writers are removed under the first lock
         self._unsynced_lock = threading.Lock()
         try:
@@ -167,8 +180,8 @@ class FileStore(Store):
             raise StoreError(f"store directory {self.directory}: cannot create ({exc})") from exc
         if not is_dir:
             raise StoreError(f"store directory {self.directory}: expected a directory, got none")
-        self._unnamed = bool(unnamed_files) and not read_only and takes_unnamed_files(self.directory)
-        self._direct = bool(direct_io) and not read_only and bool(_O_DIRECT)
+        self._unnamed = unnamed_files and not read_only and takes_unnamed_files(self.directory)
+        self._direct = direct_io and not read_only and bool(_O_DIRECT)
 
     def __repr__(self) -> str:
         return f"FileStore({self.directory!r}, read_only={self.read_only})"
@@ -177,10 +190,12 @@ class FileStore(Store):
     def check_directory(directory: str | os.PathLike[str], tops: Collection[str], *, new: bool = False) -> None:
         """Raise :class:`FormatError` naming ``directory`` and what it holds unless it is a FileStore directory
         whose keys all start with one of the segments ``tops``: it holds only such directories and FileStore's
-        own files (its lock, temp files), at least one of them. With ``new``, a missing or empty directory,
-        where a FileStore may be made, passes too.
+        own files (its lock, claim files, temp files), at least one of them. With ``new``, a missing or empty
+        directory, where a FileStore may be made, passes too.
         """
-        path = os.fspath(directory)
+        path = check_path("directory", directory)
+        check_bool("new", new)
+        tops = check_each("tops", tops, "key segments", lambda field, top: check_instance(field, top, str, "a str"))
         expected = f"a store directory (only {', '.join(t + '/' for t in tops)} and {LOCK_NAME})"
         try:
             entries = sorted(os.listdir(path)) if os.path.isdir(path) and not os.path.islink(path) else None
@@ -196,7 +211,7 @@ class FileStore(Store):
             if new:
                 return
             raise FormatError(path, expected, "an empty directory")
-        foreign = [e for e in entries if not (e == LOCK_NAME or e.startswith(TEMP_PREFIX)
+        foreign = [e for e in entries if not (e == LOCK_NAME or e.startswith((TEMP_PREFIX, CLAIM_PREFIX))
                                               or (e in tops and os.path.isdir(os.path.join(path, e))))]
         if foreign:
             shown = ", ".join(foreign[:5]) + (f" and {len(foreign) - 5} more" if len(foreign) > 5 else "")
@@ -218,6 +233,10 @@ class FileStore(Store):
     def lock_path(self) -> str:
         """Path of the lock file."""
         return os.path.join(self.directory, LOCK_NAME)
+
+    def claim_path(self, name: str) -> str:
+        """Path of the claim file of checkpoint name ``name``."""
+        return os.path.join(self.directory, CLAIM_PREFIX + name)
 
     def _path(self, key: str) -> str:
         return os.path.join(self.directory, *key.split("/"))
@@ -536,3 +555,38 @@ class FileStore(Store):
             yield
         finally:
             os.close(fd)  # closing the only descriptor releases the flock
+
+    async def _claim(self, name: str) -> Callable[[], Awaitable[None]]:
+        """Hold the flock of the name's claim file. Its holder removes the file before it lets go of the lock, so
+        a claimer that opened the file just before may lock a file no longer under its path: it then tries
+        again with the file there now."""
+        import fcntl  # POSIX only: keep the module importable in Pyodide
+
+        path = self.claim_path(name)
+
+        async def release() -> None:
+            try:
+                os.unlink(path)  # while still locked
+            except OSError:
+                pass  # a claim file left behind is harmless: the next claim of the name takes it over
+            os.close(fd)  # releases the flock
+
+        while True:
+            try:
+                fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+            except OSError as exc:
+                raise StoreError(f"claim {name!r}: cannot open {path} ({exc})") from exc
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                held = os.path.samestat(os.fstat(fd), os.stat(path))
+            except BlockingIOError:
+                os.close(fd)
+                raise self._claimed(name) from None
+            except FileNotFoundError:
+                held = False
+            except OSError as exc:
+                os.close(fd)
+                raise StoreError(f"claim {name!r}: flock of {path} failed ({exc})") from exc
+            if held:
+                return release
+            os.close(fd)

@@ -35,6 +35,7 @@ class IndexedDBStore(BrowserStore):
     async def open(cls, name: str = "kvckpt", *, read_only: bool = False, lock_timeout: float = DEFAULT_LOCK_TIMEOUT,
                    persist: bool = True) -> "IndexedDBStore":
         """Open (creating) database ``name``; ``persist`` requests persistent storage first."""
+        cls.check_open(name, read_only, lock_timeout, persist)
         _, helpers, JsException = pyodide_js()
         persisted = await request_persistence() if persist else False
         try:

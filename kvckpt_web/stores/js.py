@@ -1,8 +1,9 @@
 """What both browser stores share (Pyodide only): the JS glue they call through, persistent storage, and
 their base class with its Web Lock.
 
-Writer locks use the Web Locks API (``navigator.locks``), which excludes other tabs and workers of the
-same origin as well as other tasks of this one. Both stores' ``open`` classmethods ask for persistent
+Writer locks and claims of a checkpoint name use the Web Locks API (``navigator.locks``), which excludes
+other tabs and workers of the same origin as well as other tasks of this one; a claim asks with
+``ifAvailable`` and never waits. Both stores' ``open`` classmethods ask for persistent
 storage (``navigator.storage.persist()``; the answer is in ``.persisted``). A full quota raises
 :class:`StoreError`; the failed write changes nothing, so the last committed checkpoint stays intact.
 Every JS promise the stores await is made by one helper (``call``) that turns any rejection into a
@@ -12,12 +13,13 @@ not bytes raises :class:`CorruptionError` naming its key.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from typing import Any
 
+from ..checks import check_bool, check_instance
 from ..errors import StoreError
-from .base import Store
+from .base import Store, check_store_options
 
 __all__ = ["BrowserStore", "call", "js_object", "pyodide_js", "request_persistence", "store_error", "to_bytes", "u8"]
 
@@ -64,6 +66,17 @@ _JS_HELPERS = r"""
         clearTimeout(timer);
         return new Promise((release) => resolve(() => release()));
       }).catch(reject);
+    });
+  },
+  // Resolves at once: to false if the Web Lock `name` is held, else to a function that releases the lock now
+  // held, returning a promise that resolves once the lock is free again.
+  claim(name) {
+    return new Promise((resolve, reject) => {
+      const released = navigator.locks.request(name, { mode: "exclusive", ifAvailable: true }, (lock) => {
+        if (lock === null) return resolve(false);
+        return new Promise((release) => resolve(() => { release(); return released; }));
+      });
+      released.catch(reject);
     });
   },
   async listFiles(dir, prefix, out) {
@@ -150,24 +163,39 @@ async def request_persistence() -> bool:
 
 
 class BrowserStore(Store):
-    """What both browser stores share: a name, the persistence answer, and a Web Lock named for them."""
+    """What both browser stores share: a name, the persistence answer, and Web Locks named for them (the writer
+    lock ``kvckpt:<kind>:<name>``, the claim of checkpoint name N ``kvckpt:<kind>:<name>:claim:N``)."""
 
     KIND = ""
 
     def __init__(self, name: str, *, read_only: bool, lock_timeout: float, persisted: bool) -> None:
         super().__init__(read_only=read_only, lock_timeout=lock_timeout)
-        self.name = name
+        self.name = check_instance("name", name, str, "a str")
         self.persisted = persisted
         self._lock_name = f"kvckpt:{self.KIND.lower()}:{name}"
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.name!r}, read_only={self.read_only})"
 
-    @asynccontextmanager
-    async def _lock(self, timeout: float) -> AsyncIterator[None]:
+    @staticmethod
+    def check_open(name: str, read_only: bool, lock_timeout: float, persist: bool) -> None:
+        """FieldError for an argument of ``open`` of the wrong type or value, before anything is opened."""
+        check_instance("name", name, str, "a str")
+        check_store_options(read_only, lock_timeout)
+        check_bool("persist", persist)
+
+    @staticmethod
+    def _web_locks(what: str) -> tuple[Any, Any]:
+        """The JS helpers and JsException, once the Web Locks API is known to be there (else StoreError naming
+        ``what``)."""
         js, helpers, JsException = pyodide_js()
         if getattr(js.navigator, "locks", None) is None:
-            raise StoreError(f"lock {self._lock_name}: the Web Locks API is unavailable")
+            raise StoreError(f"{what}: the Web Locks API is unavailable")
+        return helpers, JsException
+
+    @asynccontextmanager
+    async def _lock(self, timeout: float) -> AsyncIterator[None]:
+        helpers, JsException = self._web_locks(f"lock {self._lock_name}")
         try:
             release = await call(helpers, "lock", self._lock_name, int(timeout * 1000))
         except JsException as exc:
@@ -178,4 +206,17 @@ class BrowserStore(Store):
         finally:
             release()
 
+    async def _claim(self, name: str) -> Callable[[], Awaitable[None]]:
+        lock_name = f"{self._lock_name}:claim:{name}"
+        helpers, JsException = self._web_locks(f"claim {lock_name}")
+        try:
+            release_lock = await call(helpers, "claim", lock_name)
+        except JsException as exc:
+            raise StoreError(f"claim {lock_name}: {exc}") from None
+        if release_lock is False:
+            raise self._claimed(name)
 
+        async def release() -> None:
+            await release_lock()  # the lock is free once it resolves
+
+        return release

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, MutableMapping
+from collections.abc import AsyncIterator, Awaitable, Callable, MutableMapping
 from contextlib import asynccontextmanager
 
+from ..checks import check_instance
 from .base import DEFAULT_LOCK_TIMEOUT, Store, poll_acquire
 
 __all__ = ["MemoryStore"]
@@ -15,7 +16,7 @@ class MemoryStore(Store):
 
     ``data``, if given, is used as the backing mapping (not copied), so two
     MemoryStores may share it -- e.g. a read-only view of a writable one. The
-    lock belongs to this object.
+    lock and the claims belong to this object.
     """
 
     def __init__(
@@ -26,8 +27,10 @@ class MemoryStore(Store):
         lock_timeout: float = DEFAULT_LOCK_TIMEOUT,
     ) -> None:
         super().__init__(read_only=read_only, lock_timeout=lock_timeout)
-        self._data: MutableMapping[str, bytes] = {} if data is None else data
+        self._data: MutableMapping[str, bytes] = {} if data is None else check_instance(
+            "data", data, MutableMapping, "a mutable mapping of keys to bytes (a dict) or None")
         self._locked = False
+        self._claims: set[str] = set()
 
     def __repr__(self) -> str:
         return f"MemoryStore(<{len(self._data)} keys>, read_only={self.read_only})"
@@ -61,3 +64,12 @@ class MemoryStore(Store):
         finally:
             self._locked = False
 
+    async def _claim(self, name: str) -> Callable[[], Awaitable[None]]:
+        if name in self._claims:
+            raise self._claimed(name)
+        self._claims.add(name)
+
+        async def release() -> None:
+            self._claims.discard(name)
+
+        return release

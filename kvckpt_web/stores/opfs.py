@@ -32,6 +32,7 @@ class OPFSStore(BrowserStore):
     async def open(cls, name: str = "kvckpt", *, read_only: bool = False, lock_timeout: float = DEFAULT_LOCK_TIMEOUT,
                    persist: bool = True) -> "OPFSStore":
         """Open (creating) directory ``name`` of the OPFS; ``persist`` requests persistent storage first."""
+        cls.check_open(name, read_only, lock_timeout, persist)
         js, _, JsException = pyodide_js()
         persisted = await request_persistence() if persist else False
         try:

@@ -12,7 +12,8 @@ import math
 from dataclasses import dataclass, field
 from functools import cached_property
 
-from ..errors import FieldError, UnsupportedLayoutError, is_int
+from ..checks import check_bool, check_int, check_items, type_name
+from ..errors import FieldError, UnsupportedLayoutError
 
 FORMAT_VERSION = 1
 CACHE_TYPE = "relax.vm.PagedAttentionKVCache"
@@ -41,14 +42,17 @@ def cpp_double(value: float) -> str:
     return "%.17g" % value
 
 
-def _positive_int(name: str, value: object, minimum: int = 1, owner: str = "layout") -> None:
-    if not is_int(value, minimum):
-        raise FieldError(f"{owner}.{name}", f"an integer >= {minimum}", value)
+def _one_of(field: str, value: object, choices: tuple[str, ...]) -> None:
+    if not isinstance(value, str) or value not in choices:
+        raise FieldError(field, f"one of {choices}", value if isinstance(value, str) else type_name(value))
 
 
 @dataclass(frozen=True)
 class KVLayout:
-    """How one cache lays out K/V: the fields TVM's checkpoint metadata and layout hash cover."""
+    """How one cache lays out K/V: the fields TVM's checkpoint metadata and layout hash cover.
+
+    ``num_qo_heads`` is a multiple of ``num_kv_heads`` (grouped-query attention, as TVM's kernels take it).
+    """
 
     page_size: int
     num_layers: int
@@ -71,35 +75,38 @@ class KVLayout:
 
     def __post_init__(self) -> None:
         for name in ("page_size", "num_layers", "num_qo_heads", "num_kv_heads", "qk_head_dim"):
-            _positive_int(name, getattr(self, name))
-        _positive_int("layer_begin", self.layer_begin, minimum=0)
+            check_int(f"layout.{name}", getattr(self, name), 1)
+        if self.num_qo_heads % self.num_kv_heads:  # grouped-query attention: whole groups of query heads per K/V head
+            raise FieldError("layout.num_qo_heads", f"a multiple of num_kv_heads={self.num_kv_heads}",
+                             self.num_qo_heads)
+        check_int("layout.layer_begin", self.layer_begin, 0)
         if self.layer_end is None:
             object.__setattr__(self, "layer_end", self.layer_begin + self.num_layers)
+        check_int("layout.layer_end", self.layer_end, 1)
         if self.layer_end != self.layer_begin + self.num_layers:
             raise FieldError("layout.layer_end", f"layer_begin + num_layers = {self.layer_begin + self.num_layers}", self.layer_end)
         if self.v_head_dim is None:
             object.__setattr__(self, "v_head_dim", self.qk_head_dim)
-        _positive_int("v_head_dim", self.v_head_dim)
+        check_int("layout.v_head_dim", self.v_head_dim, 1)
         if self.attn_kinds is None:
             object.__setattr__(self, "attn_kinds", ("mha",) * self.num_layers)
-        object.__setattr__(self, "attn_kinds", tuple(self.attn_kinds))
+        object.__setattr__(self, "attn_kinds", tuple(check_items("layout.attn_kinds", self.attn_kinds,
+                                                                 "one attention kind per layer")))
         if len(self.attn_kinds) != self.num_layers:
             raise FieldError("layout.attn_kinds", f"{self.num_layers} entries (one per layer)", len(self.attn_kinds))
         for i, kind in enumerate(self.attn_kinds):
-            if kind not in ATTN_KINDS:
-                raise FieldError(f"layout.attn_kinds[{i}]", f"one of {ATTN_KINDS}", kind)
-        if self.dtype not in DTYPE_BYTES:
-            raise FieldError("layout.dtype", f"one of {tuple(DTYPE_BYTES)}", self.dtype)
-        if self.rope_mode not in ROPE_MODES:
-            raise FieldError("layout.rope_mode", f"one of {ROPE_MODES}", self.rope_mode)
+            _one_of(f"layout.attn_kinds[{i}]", kind, ATTN_KINDS)
+        _one_of("layout.dtype", self.dtype, tuple(DTYPE_BYTES))
+        _one_of("layout.rope_mode", self.rope_mode, ROPE_MODES)
         for name in ("rotary_scale", "rotary_theta"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, (int, float)):
-                raise FieldError(f"layout.{name}", "a number", value)
+                raise FieldError(f"layout.{name}", "a finite number", type_name(value))
+            if not math.isfinite(value):  # TVM's metadata and layout descriptor print it as a finite double
+                raise FieldError(f"layout.{name}", "a finite number", value)
             object.__setattr__(self, name, float(value))
         for name in ("has_rope_ext_factors", "support_sliding_window", "support_layer_sliding_window", "kv_transfer"):
-            if not isinstance(getattr(self, name), bool):
-                raise FieldError(f"layout.{name}", "a bool", getattr(self, name))
+            check_bool(f"layout.{name}", getattr(self, name))
 
     @property
     def head_dim(self) -> int:
@@ -189,9 +196,9 @@ class CacheLimits:
     prefill_chunk_size: int = 2048
 
     def __post_init__(self) -> None:
-        _positive_int("reserved_num_seqs", self.reserved_num_seqs, owner="limits")
-        _positive_int("max_total_seq_len", self.max_total_seq_len, minimum=0, owner="limits")
-        _positive_int("prefill_chunk_size", self.prefill_chunk_size, owner="limits")
+        check_int("limits.reserved_num_seqs", self.reserved_num_seqs, 1)
+        check_int("limits.max_total_seq_len", self.max_total_seq_len, 0)
+        check_int("limits.prefill_chunk_size", self.prefill_chunk_size, 1)
 
     def num_total_pages(self, page_size: int) -> int:
         """Pages the cache allocates: ``ceil(max_total_seq_len / page_size) + 1``, as TVM."""

@@ -1,1 +1,1 @@
-"""The browser runtime: the JavaScript API's Python side and the local server of the page."""
+"""The browser runtime: the JavaScript API's Python side, its ES module and page (``kvckpt serve`` serves them)."""

@@ -1,7 +1,9 @@
 """The crash-resume page's model runner: what its Web Worker (``examples/crash_resume/worker.mjs``) calls.
 
 One model and one conversation at a time, on the worker's WebGPU device, autosaved every N tokens to
-an IndexedDB or OPFS store under the conversation's name. Each call returns JSON text (camelCase keys);
+an IndexedDB or OPFS store under the conversation's name, which this worker holds (its Web Lock claim) until
+it starts or resumes another conversation, deletes this one, or closes: another tab or worker cannot write
+or delete it meanwhile (ConflictError). Each call returns JSON text (camelCase keys);
 what happens while a call runs reaches JavaScript as events, JSON text given to the callback of
 :func:`set_emit`:
 
@@ -9,8 +11,8 @@ what happens while a call runs reaches JavaScript as events, JSON text given to 
 * ``{"type": "prefill", "done", "total"}`` and ``{"type": "replay", "done", "total"}`` -- tokens run;
 * ``{"type": "token", "index", "text", "tokensPerS"}`` -- a generated token and the reply text it made final;
 * ``{"type": "saved", "generation", "tokens", "bytes", "ms"}`` -- a committed checkpoint;
-* ``{"type": "saveFailed", "error"}`` -- an autosave failed (the last committed generation stays); autosave
-  waits for :func:`save_now`;
+* ``{"type": "saveFailed", "error", "committed"}`` -- an autosave failed (the last committed generation stays,
+  the generation goes on); the next autosave tries again, :func:`save_now` at once;
 * ``{"type": "finished" or "paused", "finishReason", "text"}`` -- the generation stopped.
 """
 
@@ -24,12 +26,14 @@ from typing import Any
 from ..durable.catalog import list_generations
 from ..durable.results import GenerationInfo, SaveResult
 from ..durable.retention import delete_name
-from ..errors import FieldError, StoreError, UnusableCheckpointError
+from ..errors import FieldError, UnusableCheckpointError
 from ..model.gguf import parse_gguf
 from ..model.loader import load_gguf
 from ..model.protocol import LoadedModel
 from ..model.sampler import SamplingSettings
-from ..model.session import Autosave, Generator, StopRules, TokenEvent, new_cache, resume
+from ..model.app_state import StopRules
+from ..model.generator import Autosave, Generator, TokenEvent, new_cache
+from ..model.resume import resume
 from .runtime import camel_json, device, error_fields, open_store, to_py
 
 __all__ = ["close", "conversation", "conversations", "delete", "load_model", "pause", "resume_saved", "save_now",
@@ -43,8 +47,9 @@ class _Chat:
         self.loaded: LoadedModel | None = None
         self.cache: Any = None
         self.gen: Generator | None = None
-        self.autosave: Autosave | None = None
+        self.writing: tuple[Any, str] | None = None  # the store and name the generation writes
         self.pausing = False
+        self.running = False  # _run is stepping the generation
         self.emit: Callable[[str], None] = lambda text: None
 
 
@@ -84,7 +89,7 @@ def set_emit(callback: Callable[[str], None]) -> None:
 async def load_model(data: Any) -> str:
     """Load the GGUF file's bytes ``data`` (a Uint8Array) as the model, replacing any other; JSON
     ``{identity, numLayers, vocabSize, maxContext, loadMs}``."""
-    close()
+    await close()
     started = time.perf_counter()
     raw = to_py(data)  # a memoryview of the Uint8Array's bytes, copied once below
     f = parse_gguf(bytes(raw))
@@ -95,7 +100,7 @@ async def load_model(data: Any) -> str:
 
 
 def _generator_hooks(started_at: int) -> dict[str, Any]:
-    """The callbacks of a Generator that turn its tokens, saves and progress into events."""
+    """The callbacks of a Generator that turn its tokens, saves, failed autosaves and progress into events."""
     clock = {"t0": time.perf_counter(), "first": started_at}
 
     def on_token(event: TokenEvent) -> None:
@@ -108,13 +113,24 @@ def _generator_hooks(started_at: int) -> dict[str, Any]:
         _event("saved", generation=result.generation, tokens=result.seq_length, bytes=result.bytes_written,
                ms=result.seconds * 1e3, name=result.name)
 
+    def on_save_error(exc: Exception) -> None:
+        _event("saveFailed", error=error_fields(exc),
+               committed=_chat.gen.committed_generation if _chat.gen is not None else None)
+
     def progress(phase: str, done: int, total: int) -> None:
         if phase in ("prefill", "replay"):
             _event(phase, done=done, total=total)
             if done == total:  # decode speed counts from the first decoded token
                 clock["t0"] = time.perf_counter()
 
-    return {"on_token": on_token, "on_save": on_save, "progress": progress}
+    return {"on_token": on_token, "on_save": on_save, "on_save_error": on_save_error, "progress": progress}
+
+
+async def _release() -> None:
+    """End this worker's generation, if any, releasing the name it holds."""
+    gen, _chat.gen, _chat.writing = _chat.gen, None, None
+    if gen is not None:
+        await gen.close()
 
 
 async def _new_cache(context: int) -> Any:
@@ -142,20 +158,23 @@ async def start(prompt: str, options: Any = None) -> str:
     settings = SamplingSettings(temperature=o["temperature"], seed=o["seed"], top_k=o["topK"], top_p=o["topP"])
     stop = StopRules(o["maxTokens"], loaded.text.eos_ids)
     autosave = Autosave(await open_store(o["store"], o["storeName"]), o["name"], o["every"])
-    tokens = loaded.text.encode_chat([{"role": "user", "content": prompt}])
+    tokens = loaded.text.encode_chat([{"role": "user", "content": prompt}],
+                                     max_tokens=min(o["context"], loaded.model.max_context))
+    await _release()
     cache = await _new_cache(o["context"])
     _chat.gen = await Generator.start(loaded.model, cache, tokens, settings, stop=stop, autosave=autosave,
                                       decode=loaded.text.decode, **_generator_hooks(0))
+    _chat.writing = autosave.store, autosave.name
     return await _run()
 
 
-RESUME_OPTIONS = {"store": "indexeddb", "storeName": "kvckpt-demo", "name": None, "generation": None, "every": 16,
+RESUME_OPTIONS = {"store": "indexeddb", "storeName": "kvckpt-demo", "name": None, "generation": None, "every": None,
                   "context": 1024, "replay": False, "measure": False}
 
 
 async def resume_saved(options: Any = None) -> str:
     """Continue conversation ``options.name`` from its newest checkpoint (or ``options.generation``), then run
-    it like :func:`start`.
+    it like :func:`start`, autosaving every ``options.every`` tokens (default: as the checkpoint did).
 
     JSON ``{problem: {reason, message}}`` if its K/V cannot be used and ``options.replay`` is false (nothing
     changed); else, once the generation stops, what :func:`start` returns. A ``restored`` event says first how
@@ -167,6 +186,7 @@ async def resume_saved(options: Any = None) -> str:
     loaded = _model()
     store = await open_store(o["store"], o["storeName"])
     autosave = Autosave(store, o["name"], o["every"])
+    await _release()
     cache = await _new_cache(o["context"])
     try:
         _chat.gen = gen = await resume(store, o["name"], loaded.model, cache, generation=o["generation"],
@@ -174,6 +194,7 @@ async def resume_saved(options: Any = None) -> str:
                                        **_generator_hooks(0))
     except UnusableCheckpointError as exc:
         return _json(problem=error_fields(exc))
+    _chat.writing = store, o["name"]
     gen.on_token = _generator_hooks(len(gen.generated_tokens))["on_token"]
     report = gen.resume_report
     reprefill_ms = await _reprefill_ms(gen.tokens[:gen.kv_length]) if o["measure"] else None
@@ -205,17 +226,15 @@ async def _reprefill_ms(tokens: list[int]) -> float:
 
 
 async def _run() -> str:
-    """Step the generation until it finishes or :func:`pause` asks; a failed autosave is reported and
-    autosave waits for :func:`save_now`, generation goes on."""
+    """Step the generation until it finishes or :func:`pause` asks (a failed autosave is an event, and
+    generation goes on)."""
     gen = _chat.gen
-    _chat.pausing = False
-    while gen.finish_reason is None and not _chat.pausing:
-        try:
+    _chat.pausing, _chat.running = False, True
+    try:
+        while gen.finish_reason is None and not _chat.pausing:
             await gen.step()
-        except StoreError as exc:
-            _chat.autosave, gen.autosave = gen.autosave, None
-            _event("saveFailed", error=error_fields(exc),
-                   committed=gen.last_save.generation if gen.last_save is not None else None)
+    finally:
+        _chat.running = False
     _event("finished" if gen.finish_reason else "paused", finish_reason=gen.finish_reason, text=gen.text)
     return _json(finish_reason=gen.finish_reason, text=gen.text, tokens=gen.generated_tokens)
 
@@ -226,12 +245,11 @@ def pause() -> None:
 
 
 async def save_now() -> str:
-    """Save the current generation now, turning autosave back on after a failed one; the saved event's JSON."""
+    """Save the current generation now (after a failed autosave: without waiting for the next); the saved
+    event's JSON."""
     gen = _chat.gen
     if gen is None:
         raise FieldError("generation", "a started or resumed generation", "none")
-    if gen.autosave is None and _chat.autosave is not None:
-        gen.autosave, _chat.autosave = _chat.autosave, None
     result = await gen.save()
     return _json(generation=result.generation, tokens=result.seq_length, bytes=result.bytes_written,
                  ms=result.seconds * 1e3)
@@ -277,14 +295,22 @@ async def conversation(store: str, store_name: str, name: str) -> str:
 
 
 async def delete(store: str, store_name: str, name: str) -> str:
-    """Delete every generation of conversation ``name`` and the chunks only it used; the GcResult as JSON."""
-    result = await delete_name(await open_store(store, store_name), name)
+    """Delete every generation of conversation ``name`` and the chunks only it used; the GcResult as JSON.
+
+    This worker's own conversation is deleted once it is paused or finished (its generation ends); while it
+    generates, or while another tab or worker writes it, the delete is refused (ConflictError)."""
+    target = await open_store(store, store_name)
+    if _chat.writing == (target, name) and not _chat.running:
+        await _release()
+    result = await delete_name(target, name)
     return _json(deleted_manifests=list(result.deleted_manifests), deleted_chunks=result.deleted_chunks,
                  freed_bytes=result.freed_bytes)
 
 
-def close() -> None:
-    """Release the cache's and the model's GPU memory."""
+async def close() -> None:
+    """End the generation (releasing its conversation's name) and release the cache's and the model's GPU
+    memory."""
+    await _release()
     if _chat.cache is not None:
         _chat.cache.close()
     if _chat.loaded is not None:

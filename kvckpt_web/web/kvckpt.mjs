@@ -113,7 +113,7 @@ export class KVCkpt {
   // Keep the newest `keep` generations of each name in an IndexedDB or OPFS store (0 keeps all; left out, the
   // default of kvckpt_web.durable.retention.gc), then delete every chunk none of them uses, such as those a failed
   // checkpoint left. Returns {keptManifests, deletedManifests, deletedChunks, freedBytes, damagedManifests,
-  // keptReasons}.
+  // keptReasons, deletedRecords}.
   async gc({ store = "indexeddb", storeName = "kvckpt", keep } = {}) {
     const args = keep === undefined ? [store, storeName] : [store, storeName, keep];
     return JSON.parse(await this.api.gc(...args));

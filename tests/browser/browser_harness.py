@@ -81,7 +81,7 @@ def wheels_dir() -> Path:
 
 def build_wheel(out: Path) -> Path:
     """The kvckpt_web wheel of this source tree (hatchling, no network)."""
-    from kvckpt_web.web.serve import build_wheel as build
+    from kvckpt_web.server.wheel import build_wheel as build
 
     return build(REPO, out)
 
@@ -120,7 +120,7 @@ def fresh_wheel(browser_prereqs, tmp_path_factory) -> Path:
 @pytest.fixture(scope="package")
 def web_server(browser_prereqs, fresh_wheel) -> str:
     """Base URL of a `kvckpt serve` server on 127.0.0.1 serving Pyodide and a fresh kvckpt_web wheel."""
-    from kvckpt_web.web.serve import serve_in_thread
+    from kvckpt_web.server.run import serve_in_thread
 
     server, url = serve_in_thread(browser_prereqs["pyodide"], [fresh_wheel, browser_prereqs["wheels"]], port=0)
     yield url

@@ -45,7 +45,7 @@ class DemoServer:
 
 @pytest.fixture
 def demo_server(browser_prereqs, fresh_wheel, tmp_path) -> DemoServer:
-    from kvckpt_web.web.serve import serve_in_thread
+    from kvckpt_web.server.run import serve_in_thread
 
     model = tmp_path / "model.gguf"
     write_tiny_llama(model)

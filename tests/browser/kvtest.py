@@ -12,7 +12,8 @@ import hashlib
 
 from kvckpt_web import CacheLimits, KVLayout, PagedKVCache
 from kvckpt_web.model.sampler import SamplingSettings
-from kvckpt_web.model.session import Generator, StopRules, new_cache
+from kvckpt_web.model.app_state import StopRules
+from kvckpt_web.model.generator import Generator, new_cache
 
 SMALL = dict(page_size=4, num_layers=2, num_qo_heads=4, num_kv_heads=2, qk_head_dim=8, dtype="float16",
              rope_mode="none")
@@ -119,8 +120,8 @@ async def generate(loaded, device, content: str, settings: dict, max_tokens: int
     prompt = chat_prompt(loaded, content)
     cache = generation_cache(loaded, device, prompt, max_tokens)
     try:
-        gen = await start_generation(loaded, cache, prompt, settings, max_tokens)
-        return list((await gen.run()).generated_tokens)
+        async with await start_generation(loaded, cache, prompt, settings, max_tokens) as gen:
+            return list((await gen.run()).generated_tokens)
     finally:
         cache.close()
 

@@ -121,7 +121,8 @@ def test_a_generation_checkpointed_to_indexeddb_resumes_in_a_fresh_cache_to_the_
     """Seeded sampling: the tiny model's greedy reply settles on one repeated token before the resume point, so
     it could not tell a wrong continuation from the right one."""
     out = tiny_page.run(f"""
-        from kvckpt_web.model.session import Autosave, resume
+        from kvckpt_web.model.generator import Autosave
+        from kvckpt_web.model.resume import resume
         from kvckpt_web.stores.indexeddb import IndexedDBStore
         want = await kvtest.generate(tiny, dev, {PROMPT!r}, {SEEDED!r}, {TOKENS})
         prompt = kvtest.chat_prompt(tiny, {PROMPT!r})
@@ -130,12 +131,14 @@ def test_a_generation_checkpointed_to_indexeddb_resumes_in_a_fresh_cache_to_the_
                                             Autosave(await IndexedDBStore.open("generation"), "seeded", every=8))
         async for event in gen:
             if event.index + 1 == 13:
-                break  # abandoned, as a closed tab abandons it
+                break  # abandoned, as a closed tab abandons it (and its Web Locks)
+        await gen.close()
         cache.close()
         again = kvtest.generation_cache(tiny, dev, prompt, {TOKENS})
         gen = await resume(await IndexedDBStore.open("generation"), "seeded", tiny.model, again)
-        result = {{"want": want, "restored": gen.resume_report.kv_restored, "resumed_at": len(gen.generated_tokens),
-                  "got": list((await gen.run()).generated_tokens)}}
+        async with gen:
+            result = {{"want": want, "restored": gen.resume_report.kv_restored,
+                      "resumed_at": len(gen.generated_tokens), "got": list((await gen.run()).generated_tokens)}}
         again.close()
     """)
     assert out["restored"] and 0 < out["resumed_at"] < 13

@@ -107,6 +107,57 @@ def test_lock_excludes_other_holders_and_tabs(py_page, fresh_page, kind):
 
 
 @pytest.mark.parametrize("kind", STORES)
+def test_claim_refuses_other_holders_and_tabs_at_once_and_is_released_on_exit(py_page, fresh_page, kind):
+    module = kind.removesuffix("Store").lower()
+    py_page.run(f"""
+        from kvckpt_web.stores.{module} import {kind} as S
+        claim_store = await S.open("claimed-{kind}")
+        held_claim = claim_store.claim("chat")
+        await held_claim.__aenter__()
+    """)
+    other_tab = fresh_page.page.evaluate("""(name) => navigator.locks.request(name, {ifAvailable: true},
+        (lock) => lock !== null)""", f"kvckpt:{module}:claimed-{kind}:claim:chat")
+    other_tab_py = fresh_page.run(f"""
+        from kvckpt_web.stores.{module} import {kind} as S
+        from kvckpt_web.errors import ConflictError
+        s = await S.open("claimed-{kind}")
+        try:
+            async with s.claim("chat"):
+                result = "claimed"
+        except ConflictError as exc:
+            result = str(exc)
+        async with s.claim("other"):
+            result = [result, "another name claimed"]
+    """)
+    same_tab = py_page.run(f"""
+        from kvckpt_web.errors import ConflictError, StoreError
+        result = []
+        try:
+            async with claim_store.claim("chat"):
+                result.append("claimed")
+        except ConflictError:
+            result.append("ConflictError")
+        await held_claim.__aexit__(None, None, None)
+        try:
+            async with claim_store.claim("chat"):
+                raise RuntimeError("boom")
+        except RuntimeError:
+            pass
+        async with claim_store.claim("chat"):
+            result.append("free again")
+        try:
+            (await S.open("claimed-{kind}", read_only=True)).claim("chat")
+            result.append("read-only accepted")
+        except StoreError:
+            result.append("read-only StoreError")
+    """)
+    assert other_tab is False
+    assert "'chat'" in other_tab_py[0] and "held by another writer" in other_tab_py[0]
+    assert other_tab_py[1] == "another name claimed"
+    assert same_tab == ["ConflictError", "free again", "read-only StoreError"]
+
+
+@pytest.mark.parametrize("kind", STORES)
 def test_save_navigate_away_and_back_restore(fresh_page, web_server, kind):
     saved = fresh_page.run(f"""
         from kvckpt_web import PagedKVCache

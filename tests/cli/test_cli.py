@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import signal
 import subprocess
 import sys
 
@@ -212,6 +213,39 @@ def test_demo_refuses_a_token_count_below_1_in_one_line(capfd, monkeypatch, toke
     monkeypatch.setattr("subprocess.Popen", lambda *a, **k: pytest.fail("started a worker for a bad --tokens"))
     status, err = _demo(capfd, "--tokens", tokens)
     assert status == 1 and err == f"kvckpt: error: --tokens: expected an integer >= 1, got {tokens}\n"
+
+
+@pytest.mark.parametrize("argv, error", [
+    (["--seed", "-1"], "--seed: expected an integer in [0, 18446744073709551615], got -1"),
+    (["--kv-only", "--seed", "-1"], "--seed: expected an integer in [0, 18446744073709551615], got -1"),
+    (["--seed", str(2**64)], "--seed: expected an integer in [0, 18446744073709551615]"),
+    (["--dir", ""], "--dir: expected a path, got ''"),
+    (["--kv-only", "--dir", ""], "--dir: expected a path, got ''"),
+    (["--dir", "{tmp}/file"], "{tmp}/file: expected a store directory"),
+    (["--dir", "{tmp}/mine"], "got 'a directory holding photo.jpg'"),
+], ids=["negative-seed", "kv-only-negative-seed", "seed-over-64-bits", "empty-dir", "kv-only-empty-dir",
+        "dir-that-is-a-file", "dir-of-other-files"])
+def test_demo_refuses_bad_input_in_one_line_before_a_worker_starts(tmp_path, capsys, monkeypatch, argv, error):
+    for demo in ("run_demo", "run_generation_demo"):
+        monkeypatch.setattr(f"kvckpt_web.cli.main.{demo}", lambda *a, **k: pytest.fail("started the demo"))
+    (tmp_path / "file").write_text("mine")
+    (tmp_path / "mine").mkdir()
+    (tmp_path / "mine" / "photo.jpg").write_text("mine")
+    assert main(["demo", *(a.replace("{tmp}", str(tmp_path)) for a in argv)]) == 1
+    assert error.replace("{tmp}", str(tmp_path)) in _one_line_error(capsys)
+    assert (tmp_path / "file").read_text() == (tmp_path / "mine" / "photo.jpg").read_text() == "mine"
+
+
+def test_ctrl_c_is_one_line_and_exit_status_130(device, tmp_path):
+    worker = subprocess.Popen([sys.executable, "-m", "kvckpt_web.cli", "_demo-worker", str(tmp_path / "export"), "20",
+                               "0"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert json.loads(worker.stdout.readline())["bytes"] > 0  # exported: it now waits to be killed
+        worker.send_signal(signal.SIGINT)
+        _, err = worker.communicate(timeout=120)
+    finally:
+        worker.kill()
+    assert (worker.returncode, err) == (130, "kvckpt: interrupted\n")
 
 
 @pytest.mark.parametrize("argv", [["soak", "--trials", "-3"], ["soak", "--trials", "0"], ["export", "--repeats", "0"]])

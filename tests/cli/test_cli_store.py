@@ -13,6 +13,7 @@ import pytest
 from kvckpt_web.cli.main import main
 from kvckpt_web.cli.store_commands import progress_printer
 from kvckpt_web.durable.container import MAX_MANIFEST_BYTES
+from kvckpt_web.durable.save import save
 from kvckpt_web.errors import StoreError
 from kvckpt_web.durable.catalog import list_generations
 from kvckpt_web.stores.file import FileStore
@@ -35,6 +36,27 @@ def store_dir(export_dir, tmp_path) -> Path:
     return tmp_path / "store"
 
 
+CONVERSATION = {"conversation": {"id": "c0" * 16, "created_ms": 1_700_000_000_000}}
+"""The app_state of a checkpoint of one conversation."""
+
+
+def save_generation(store: Path, model, name: str = "a", app_state: dict | None = None) -> None:
+    """The next generation of ``name`` in ``store``: ``model``'s sequence 2, saved through the library (no
+    retention, no check of the conversation the name holds)."""
+    asyncio.run(save(model.cache, 2, FileStore(store), name, app_state=app_state or {}, keep=None))
+
+
+@pytest.fixture
+def conversation_store(tmp_path, make_model) -> Path:
+    """A store holding generations 1, 2 and 3 of one conversation as 'chat', of 23, 24 and 25 tokens."""
+    model = make_model()
+    model.add(2, 22)
+    for _ in range(3):
+        model.append({2: 1})
+        save_generation(tmp_path / "conversation", model, "chat", CONVERSATION)
+    return tmp_path / "conversation"
+
+
 def generations(store: Path) -> list[tuple[str, int]]:
     return [(i.name, i.generation) for i in asyncio.run(list_generations(FileStore(store, read_only=True)))]
 
@@ -52,11 +74,13 @@ def test_convert_to_kvckpt_names_the_sequence_seq0_by_default(export_dir, tmp_pa
     assert "as 'seq0' generation 1" in capsys.readouterr().out
 
 
-def test_converting_again_adds_a_generation_and_stores_no_chunk_twice(export_dir, store_dir, capsys):
+def test_converting_a_conversation_again_adds_a_generation_and_stores_no_chunk_twice(conversation_store, tmp_path,
+                                                                                       capsys):
+    assert main(["convert", str(conversation_store), str(tmp_path / "copy"), "--to", "kvckpt"]) == 0
     capsys.readouterr()
-    assert main(["convert", str(export_dir), str(store_dir), "--to", "kvckpt", "--name", "a"]) == 0
+    assert main(["convert", str(conversation_store), str(tmp_path / "copy"), "--to", "kvckpt"]) == 0
     assert "generation 2 (0 chunks written)" in capsys.readouterr().out
-    assert generations(store_dir) == [("a", 1), ("a", 2)]
+    assert generations(tmp_path / "copy") == [("chat", 1), ("chat", 2)]
 
 
 def test_convert_from_a_store_reads_the_generation_asked_for(export_dir, store_dir, tmp_path, make_model):
@@ -64,7 +88,7 @@ def test_convert_from_a_store_reads_the_generation_asked_for(export_dir, store_d
     model.add(2, 5)
     write_tvm_export(tmp_path / "other", model.cache.get_checkpoint_metadata(2),
                      asyncio.run(model.cache.export_groups(2)))
-    assert main(["convert", str(tmp_path / "other"), str(store_dir), "--to", "kvckpt", "--name", "a"]) == 0
+    save_generation(store_dir, model)
     assert main(["convert", str(store_dir), str(tmp_path / "g1"), "--to", "tvm", "--generation", "1"]) == 0
     assert main(["convert", str(store_dir), str(tmp_path / "g2"), "--to", "tvm"]) == 0
     assert read_tvm_export(tmp_path / "g1").groups == read_tvm_export(export_dir).groups
@@ -122,14 +146,11 @@ def test_verify_exits_1_for_a_name_the_store_does_not_hold(store_dir, capsys):
     assert "no checkpoint named 'zzz'" in capsys.readouterr().out
 
 
-def test_gc_keeps_the_newest_generations_and_deletes_unused_chunks(export_dir, store_dir, tmp_path, make_model, capsys):
+def test_gc_keeps_the_newest_generations_and_deletes_unused_chunks(store_dir, make_model, capsys):
     model = make_model(seed=4)
     model.add(2, 30)
-    write_tvm_export(tmp_path / "other", model.cache.get_checkpoint_metadata(2),
-                     asyncio.run(model.cache.export_groups(2)))
     for _ in range(2):
-        assert main(["convert", str(tmp_path / "other"), str(store_dir), "--to", "kvckpt", "--name", "a",
-                     "--keep", "5"]) == 0
+        save_generation(store_dir, model)
     assert generations(store_dir) == [("a", 1), ("a", 2), ("a", 3)]
     capsys.readouterr()
     assert main(["gc", str(store_dir), "--keep", "1"]) == 0
@@ -151,9 +172,7 @@ def test_gc_keep_1_keeps_the_older_generation_when_the_newest_manifest_is_trunca
                                                                                      make_model, capsys):
     model = make_model(seed=4)
     model.add(2, 30)
-    write_tvm_export(tmp_path / "other", model.cache.get_checkpoint_metadata(2),
-                     asyncio.run(model.cache.export_groups(2)))
-    assert main(["convert", str(tmp_path / "other"), str(store_dir), "--to", "kvckpt", "--name", "a"]) == 0
+    save_generation(store_dir, model)
     newest = store_dir / "manifests" / "a" / f"{2:020d}"
     newest.write_bytes(newest.read_bytes()[:-40])
     capsys.readouterr()
@@ -212,6 +231,76 @@ def test_convert_refuses_a_dst_inside_its_source_store(store_dir, capsys):
     assert not (store_dir / "out").exists()
 
 
+def test_the_converts_of_the_issue_leave_the_first_generation_of_chat_intact(export_dir, tmp_path, capsys):
+    """``kvckpt convert t S --to kvckpt --name chat --keep 10`` three times, then ``kvckpt convert S S --to kvckpt
+    --generation 1``, dropped generations 1 and 2: a TVM export is a new conversation each time, so the repeats are
+    refused on a name that holds one, and so is S into itself; nothing of S is dropped."""
+    store = tmp_path / "S"
+    codes = [main(["convert", str(export_dir), str(store), "--to", "kvckpt", "--name", "chat", "--keep", "10"])
+             for _ in range(3)]
+    before = snapshot(store)
+    codes.append(main(["convert", str(store), str(store), "--to", "kvckpt", "--generation", "1"]))
+    assert codes == [0, 1, 1, 1]
+    assert snapshot(store) == before and generations(store) == [("chat", 1)]
+
+
+@pytest.mark.parametrize("via", ["its path", "a symbolic link"])
+def test_convert_of_a_store_into_itself_is_refused_before_the_gpu_is_touched(conversation_store, tmp_path, capsys,
+                                                                            monkeypatch, via):
+    dst = conversation_store
+    if via == "a symbolic link":
+        dst = tmp_path / "link"
+        dst.symlink_to(conversation_store)
+    monkeypatch.setattr("kvckpt_web.cli.store_commands.open_device", lambda: pytest.fail("opened the GPU"))
+    before = snapshot(conversation_store)
+    assert main(["convert", str(conversation_store), str(dst), "--to", "kvckpt", "--generation", "1"]) == 1
+    assert "SRC" in one_line_error(capsys)
+    assert snapshot(conversation_store) == before
+
+
+def test_convert_into_a_store_holding_the_conversation_adds_a_generation_and_keeps_every_older_one(
+        conversation_store, tmp_path):
+    for generation in ("1", "2", "3", "1"):
+        assert main(["convert", str(conversation_store), str(tmp_path / "B"), "--to", "kvckpt",
+                     "--generation", generation]) == 0
+    infos = asyncio.run(list_generations(FileStore(tmp_path / "B", read_only=True)))
+    assert [(i.generation, i.seq_length) for i in infos] == [(1, 23), (2, 24), (3, 25), (4, 23)]
+
+
+def test_convert_with_keep_drops_the_older_generations_of_the_name(conversation_store, tmp_path):
+    for generation in ("1", "2", "3"):
+        assert main(["convert", str(conversation_store), str(tmp_path / "B"), "--to", "kvckpt",
+                     "--generation", generation, "--keep", "2"]) == 0
+    assert generations(tmp_path / "B") == [("chat", 2), ("chat", 3)]
+
+
+def test_convert_into_a_name_holding_another_conversation_is_refused_before_the_gpu_is_touched(
+        export_dir, store_dir, capsys, monkeypatch):
+    before = snapshot(store_dir)
+    with monkeypatch.context() as patched:
+        patched.setattr("kvckpt_web.cli.store_commands.open_device", lambda: pytest.fail("opened the GPU"))
+        assert main(["convert", str(export_dir), str(store_dir), "--to", "kvckpt", "--name", "a"]) == 1
+    error = one_line_error(capsys)
+    assert "--name" in error and "'a'" in error and "another conversation" in error
+    assert snapshot(store_dir) == before
+    assert main(["convert", str(export_dir), str(store_dir), "--to", "kvckpt", "--name", "b"]) == 0
+    assert generations(store_dir) == [("a", 1), ("b", 1)]
+
+
+def test_convert_into_a_name_another_writer_holds_is_refused(conversation_store, tmp_path, capsys):
+    assert main(["convert", str(conversation_store), str(tmp_path / "B"), "--to", "kvckpt"]) == 0
+    capsys.readouterr()
+    before = snapshot(tmp_path / "B")
+    held = FileStore(tmp_path / "B").claim("chat")  # as a generation writing 'chat' holds it
+    asyncio.run(held.__aenter__())
+    try:
+        assert main(["convert", str(conversation_store), str(tmp_path / "B"), "--to", "kvckpt"]) == 1
+    finally:
+        asyncio.run(held.__aexit__(None, None, None))
+    assert "held by another writer" in one_line_error(capsys)
+    assert snapshot(tmp_path / "B") == before
+
+
 def test_convert_to_tvm_with_force_replaces_a_tvm_export(export_dir, store_dir, tmp_path, capsys):
     assert main(["convert", str(store_dir), str(tmp_path / "out"), "--to", "tvm"]) == 0
     (tmp_path / "out" / group_file(0)).write_bytes(b"stale")
@@ -255,7 +344,7 @@ def test_inspect_exits_1_for_a_store_with_a_damaged_manifest(store_dir, capsys):
     assert "DAMAGED" in capsys.readouterr().out
 
 
-@pytest.mark.parametrize("argv", [["--name", "a/b"], ["--keep", "0"], ["--name", ""]])
+@pytest.mark.parametrize("argv", [["--name", "a/b"], ["--keep", "0"], ["--name", ""], ["--generation", "1"]])
 def test_a_convert_with_a_bad_argument_fails_before_loading_and_leaves_no_dst(export_dir, tmp_path, capsys,
                                                                               monkeypatch, argv):
     monkeypatch.setattr("kvckpt_web.cli.store_commands.open_device", lambda: pytest.fail("opened the GPU for bad arguments"))
@@ -302,13 +391,15 @@ def test_inspect_refuses_a_manifest_longer_than_the_format_allows_before_reading
 
 
 @pytest.mark.parametrize("command", [["verify", "--no-load"], ["verify"]])
-def test_a_chunk_that_is_a_fifo_fails_the_command_without_blocking(store_dir, capsys, unblock_fifo, command):
+def test_verify_reports_a_chunk_that_is_a_fifo_as_damage_without_blocking(store_dir, capsys, unblock_fifo, command):
     chunk = sorted((store_dir / "chunks").iterdir())[0]
     chunk.unlink()
     unblock_fifo(chunk)
     assert main([command[0], str(store_dir), *command[1:]]) == 1
     out, err = capsys.readouterr()
-    assert "FIFO" in out + err
+    problems = [line for line in out.splitlines() if line.startswith("PROBLEM: ")]
+    assert len(problems) == 1 and f"chunks/{chunk.name}" in problems[0] and "FIFO" in problems[0], out
+    assert f"{len(list((store_dir / 'chunks').iterdir()))} chunks" in out and "error" not in err
 
 
 def test_verify_reports_a_manifest_linked_to_a_device_as_damaged(store_dir, capsys):

@@ -143,6 +143,25 @@ def test_app_state_nested_past_the_limit_is_refused_by_the_writer() -> None:
     assert info.value.field == "app_state"
 
 
+@pytest.mark.parametrize("app_state, field, got", [
+    ({1: "one"}, "app_state key 1", "int"),
+    ({"turns": [{"ids": {None: 0}}]}, "app_state.turns[0].ids key None", "NoneType"),
+    ({"a b": {(1, 2): 0}}, "app_state['a b'] key (1, 2)", "tuple"),
+], ids=["top-level int", "nested None", "tuple under a key with a space"])
+def test_an_app_state_key_that_is_not_a_string_is_refused_by_the_writer_naming_its_path(app_state, field, got) -> None:
+    # JSON has only string keys: json.dumps would write 1 as "1", and it would come back as another key
+    with pytest.raises(FormatError) as info:
+        encode_manifest(Manifest("s", 1, "{}", 4, 1, 0, [[]], app_state, 5))
+    assert (info.value.field, info.value.got) == (field, got)
+
+
+def test_an_app_state_that_contains_itself_is_refused_by_the_writer() -> None:
+    turns: list[Any] = []
+    turns.append({"turns": turns})
+    with pytest.raises(FormatError):
+        encode_manifest(Manifest("s", 1, "{}", 4, 1, 0, [[]], {"turns": turns}, 5))
+
+
 def test_a_body_nested_past_the_limit_is_refused_before_parsing() -> None:
     body = small_body()
     body["app_state"] = {"deep": _nested(MAX_NESTING)}

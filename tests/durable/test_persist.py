@@ -24,7 +24,7 @@ from kvckpt_web.durable.restore import restore
 from kvckpt_web.durable.retention import delete_name, gc
 from kvckpt_web.durable.save import DEFAULT_CHUNK_BYTES, save
 from kvckpt_web.durable.verify import verify
-from kvckpt_web.errors import FieldError, FormatError, NotFoundError, StoreError
+from kvckpt_web.errors import ConflictError, FieldError, FormatError, NotFoundError, StoreError
 from kvckpt_web.stores.base import Store
 from kvckpt_web.stores.file import FileStore
 from kvckpt_web.stores.memory import MemoryStore
@@ -430,6 +430,18 @@ def test_a_save_keeps_the_newest_k_generations(model, target):
         assert restored(store, target, generation=generation)[1] == expected[generation]
 
 
+def test_a_save_with_keep_none_keeps_every_generation_and_every_chunk(model):
+    model.add(0, 20)
+    store = MemoryStore()
+    for _ in range(4):
+        model.popn(0, 10)  # each generation holds chunks of its own
+        model.append({0: 10})
+        saved(model, store, keep=None)
+    infos = run(list_generations(store, "s"))
+    assert [i.generation for i in infos] == [1, 2, 3, 4]
+    assert chunk_keys(store) == set().union(*(i.chunk_keys for i in infos)) and len(chunk_keys(store)) > 2
+
+
 def test_retention_deletes_exactly_the_chunks_no_kept_manifest_uses(model):
     model.add(0, 50)
     store = MemoryStore()
@@ -545,6 +557,23 @@ def test_delete_name_of_a_name_not_stored_raises_not_found_and_deletes_nothing(m
     with pytest.raises(NotFoundError, match="'other'"):
         run(delete_name(store, "other"))
     assert {key: run(store.get(key)) for key in run(store.list_prefix(""))} == before
+
+
+def test_delete_name_refuses_a_name_another_writer_holds_and_deletes_nothing(model, tmp_path):
+    model.add(0, 16)
+    store = FileStore(tmp_path)
+    saved(model, store, "chat")
+    before = {key: run(store.get(key)) for key in run(store.list_prefix(""))}
+
+    async def delete_while_claimed() -> None:
+        async with FileStore(tmp_path).claim("chat"):  # another writer of the name, as a generation holds it
+            await delete_name(store, "chat")
+
+    with pytest.raises(ConflictError, match="'chat'"):
+        run(delete_while_claimed())
+    assert {key: run(store.get(key)) for key in run(store.list_prefix(""))} == before
+    run(delete_name(store, "chat"))  # once released
+    assert run(list_names(store)) == []
 
 
 def key_of(name: str, generation: int) -> str:

@@ -16,9 +16,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "model"))
 from kvckpt_web.engine import Engine  # noqa: E402
 from kvckpt_web.model.protocol import LoadedModel  # noqa: E402
 
+from kvmodel import run  # noqa: E402
 from lm_double import DoubleLM, DoubleText  # noqa: E402
 
-ENGINE_DEFAULTS = {"context": 256, "sequences": 3, "page_size": 4, "prefill_chunk": 8, "autosave_every": 5,
+ENGINE_DEFAULTS = {"context": 768, "sequences": 3, "page_size": 4, "prefill_chunk": 8, "autosave_every": 5,
                    "chunk_tokens": 16}
 
 
@@ -28,10 +29,10 @@ def make_engine(device):
     made = []
 
     def make(store=None, model=None, text=None, **kwargs):
-        loaded = LoadedModel(model or DoubleLM(max_context=512), text or DoubleText())
+        loaded = LoadedModel(model or DoubleLM(max_context=1024), text or DoubleText())
         made.append(Engine(loaded, device, store=store, model_name="double", **{**ENGINE_DEFAULTS, **kwargs}))
         return made[-1]
 
     yield make
     for engine in made:
-        engine.close()
+        run(engine.close())

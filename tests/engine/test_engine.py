@@ -110,20 +110,23 @@ def test_a_restarted_engine_restores_the_history_from_the_store_and_gives_the_sa
 def test_eight_turns_give_the_same_tokens_never_interrupted_and_restarted_after_every_turn(make_engine, tmp_path,
                                                                                            settings):
     async def uninterrupted():
-        replies, _ = await converse(make_engine(store=MemoryStore()), USER_TURNS, settings)
-        return [r.token_ids for r in replies]
+        engine = make_engine(store=MemoryStore())
+        replies, _ = await converse(engine, USER_TURNS, settings)
+        return [r.token_ids for r in replies], engine.model.forwards
 
     async def restarted():
-        messages, out = [], []
+        messages, out, forwards = [], [], []
         for i, text in enumerate(USER_TURNS):
             engine = make_engine(store=FileStore(tmp_path / "s"))  # a new process for every turn
             replies, messages = await converse(engine, [text], settings, messages)
             out.append(replies[0].token_ids)
+            forwards += engine.model.forwards
             if i:
                 assert replies[0].usage.cached_tokens > 0 and replies[0].usage.timings.restore_s > 0
-            engine.close()
-        return out
+            await engine.close()
+        return out, forwards
 
+    # the same tokens, from the same forward calls: the history came back whole from the store every time
     assert run(restarted()) == run(uninterrupted())
 
 
@@ -131,11 +134,12 @@ def test_eight_turns_give_the_same_tokens_never_interrupted_and_restarted_after_
 def test_eight_turns_interrupted_mid_reply_and_resumed_by_a_new_engine_give_the_same_tokens(make_engine, tmp_path,
                                                                                             settings):
     async def uninterrupted():
-        replies, _ = await converse(make_engine(store=MemoryStore()), USER_TURNS, settings)
-        return [r.token_ids for r in replies]
+        engine = make_engine(store=MemoryStore())
+        replies, _ = await converse(engine, USER_TURNS, settings)
+        return [r.token_ids for r in replies], engine.model.forwards
 
     async def cut_every_reply():
-        messages, out = [], []
+        messages, out, forwards = [], [], []
         for text in USER_TURNS:
             messages.append({"role": "user", "content": text})
             engine = make_engine(store=FileStore(tmp_path / "s"))
@@ -143,14 +147,15 @@ def test_eight_turns_interrupted_mid_reply_and_resumed_by_a_new_engine_give_the_
             async for chunk in stream:
                 if chunk.token_ids and not chunk.finish_reason:
                     engine.interrupt()  # stop after the first token: the reply is saved unfinished
-            engine.close()
+            await engine.close()
             again = make_engine(store=FileStore(tmp_path / "s"))
             (info,) = await again.unfinished()
             reply = await again.resume(info.name)
             out.append(reply.token_ids)
+            forwards += engine.model.forwards + again.model.forwards
             messages.append({"role": "assistant", "content": reply.text})
-            again.close()
-        return out
+            await again.close()
+        return out, forwards
 
     assert run(cut_every_reply()) == run(uninterrupted())
 
@@ -214,7 +219,7 @@ def test_a_reply_is_recognised_by_its_text_and_its_generated_ids_are_reused(make
 
 
 def test_conversations_beyond_the_cache_are_evicted_least_recently_used_and_come_back_from_the_store(make_engine):
-    engine = make_engine(store=MemoryStore(), sequences=2, cache_tokens=256)
+    engine = make_engine(store=MemoryStore(), sequences=2, cache_tokens=768)
 
     async def body():
         threads = {}
@@ -259,7 +264,7 @@ def test_a_conversation_of_another_model_is_refused(make_engine):
     store = MemoryStore()
     run(make_engine(store=store).chat([{"role": "user", "content": "hi"}], **GREEDY, conversation="c"))
     before = snapshot(store)
-    other = make_engine(store=store, model=DoubleLM(max_context=512, name="other"))
+    other = make_engine(store=store, model=DoubleLM(max_context=1024, name="other"))
     with pytest.raises(FieldError) as caught:
         run(other.chat([{"role": "user", "content": "hi"}], **GREEDY, conversation="c"))
     assert caught.value.field == "conversation"

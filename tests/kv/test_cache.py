@@ -429,8 +429,8 @@ def test_fork_with_no_free_page_for_the_partial_page_changes_nothing(make_model)
 
 # ----- 16-bit elements whose rows are not word-aligned ---------------------------------------------------
 
-ODD = {"float16-heads3-dim7": dict(dtype="float16", num_kv_heads=3, qk_head_dim=7),
-       "bfloat16-heads3-dim7": dict(dtype="bfloat16", num_kv_heads=3, qk_head_dim=7),
+ODD = {"float16-heads3-dim7": dict(dtype="float16", num_kv_heads=3, num_qo_heads=3, qk_head_dim=7),
+       "bfloat16-heads3-dim7": dict(dtype="bfloat16", num_kv_heads=3, num_qo_heads=3, qk_head_dim=7),
        "float16-heads2-dim33": dict(dtype="float16", qk_head_dim=33)}
 
 

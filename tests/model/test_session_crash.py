@@ -6,14 +6,16 @@ Workers are real processes (``python -m kvckpt_web.model.demo``) running the tes
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
-from dataclasses import replace
+from dataclasses import asdict, replace
 from pathlib import Path
 
 import pytest
 
+from kvckpt_web.model import demo
 from kvckpt_web.model.demo import WorkerConfig, run_generation_demo, run_until_killed, run_worker
 
 HERE = Path(__file__).parent
@@ -65,6 +67,15 @@ def test_the_demo_joins_the_killed_and_resumed_top_p_reply_into_the_uninterrupte
     assert "killed with SIGKILL" in out and "identical" in out
     assert "restore + import" in out and "prefill of the same" in out
     assert f"reply: {report.result['text']}" in out
+
+
+def test_a_worker_interrupted_by_ctrl_c_exits_130_without_a_traceback(monkeypatch, capsys):
+    def interrupted(device):
+        raise KeyboardInterrupt  # Ctrl-C in the demo's terminal reaches its workers too
+    monkeypatch.setattr(demo, "open_device", lambda: None)
+    monkeypatch.setattr(demo, "resolve_factory", lambda spec: interrupted)
+    assert demo.worker_main(["generate", json.dumps(asdict(CONFIG))]) == 130
+    assert capsys.readouterr() == ("", "")
 
 
 @pytest.mark.real_model

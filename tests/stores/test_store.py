@@ -18,11 +18,11 @@ from typing import Any
 import pytest
 from store_suite import StoreTests, needs_direct_io, run, spy_writes
 
-from kvckpt_web.errors import FormatError, StoreError
+from kvckpt_web.errors import ConflictError, FormatError, StoreError
 from kvckpt_web.gpu.tensors import zeroed
 from kvckpt_web.stores import file as file_module
 from kvckpt_web.stores.base import Store
-from kvckpt_web.stores.file import (DIRECT_IO_BLOCK, FAULT_STEPS, LOCK_NAME, TEMP_PREFIX, FileStore,
+from kvckpt_web.stores.file import (CLAIM_PREFIX, DIRECT_IO_BLOCK, FAULT_STEPS, LOCK_NAME, TEMP_PREFIX, FileStore,
                                     takes_unnamed_files)
 from kvckpt_web.stores.memory import MemoryStore
 
@@ -675,13 +675,14 @@ TRY_LOCK = """
         sys.exit(3)
 """
 
-HOLD_LOCK = """
+HOLD = """
     import asyncio, sys
     from kvckpt_web.stores.file import FileStore
 
     async def main():
-        async with FileStore(sys.argv[1]).lock(timeout=5):
-            print("locked", flush=True)
+        store = FileStore(sys.argv[1])
+        async with store.lock(timeout=5) if sys.argv[2] == "lock" else store.claim(sys.argv[2]):
+            print("held", flush=True)
             sys.stdin.readline()
 
     asyncio.run(main())
@@ -704,11 +705,12 @@ def test_lock_excludes_other_process(tmp_path: Path) -> None:
 
 
 @contextmanager
-def lock_holder(directory: Path) -> Iterator[subprocess.Popen[str]]:
-    """A child process holding the lock of ``directory`` until it reads a line (or is killed)."""
+def lock_holder(directory: Path, what: str = "lock") -> Iterator[subprocess.Popen[str]]:
+    """A child process holding the lock of ``directory`` (or, ``what`` another name, the claim of that checkpoint
+    name) until it reads a line (or is killed)."""
     env = dict(os.environ, PYTHONPATH=str(REPO))
     with subprocess.Popen(
-        [sys.executable, "-c", textwrap.dedent(HOLD_LOCK), str(directory)],
+        [sys.executable, "-c", textwrap.dedent(HOLD), str(directory), what],
         env=env,
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
@@ -716,7 +718,7 @@ def lock_holder(directory: Path) -> Iterator[subprocess.Popen[str]]:
     ) as holder:
         try:
             assert holder.stdout is not None
-            assert holder.stdout.readline().strip() == "locked"
+            assert holder.stdout.readline().strip() == "held"
             yield holder
         finally:
             if holder.poll() is None:
@@ -743,3 +745,81 @@ def test_lock_of_killed_process_is_released(tmp_path: Path) -> None:
         holder.kill()  # SIGKILL: the kernel drops the flock with the process
         holder.wait()
     run(take_lock(tmp_path, 5))
+
+
+# -- claims -------------------------------------------------------------------------
+
+
+async def take_claim(directory: Path, name: str = "chat") -> None:
+    async with FileStore(directory).claim(name):
+        pass
+
+
+def test_two_filestores_on_one_directory_exclude_each_others_claims(tmp_path: Path) -> None:
+    async def body() -> None:
+        async with FileStore(tmp_path).claim("chat"):
+            with pytest.raises(ConflictError, match="'chat'"):
+                await take_claim(tmp_path)
+            await take_claim(tmp_path, "other")
+        await take_claim(tmp_path)
+
+    run(body())
+
+
+def test_a_claim_of_another_process_refuses_ours_until_it_releases_it(tmp_path: Path) -> None:
+    with lock_holder(tmp_path, "chat") as holder:
+        with pytest.raises(ConflictError, match=f"'chat' of FileStore\\('{tmp_path}'"):
+            run(take_claim(tmp_path))
+        holder.communicate("\n", timeout=30)
+        assert holder.returncode == 0
+    run(take_claim(tmp_path))
+
+
+def test_the_claim_of_a_killed_process_is_released(tmp_path: Path) -> None:
+    with lock_holder(tmp_path, "chat") as holder:
+        holder.kill()  # SIGKILL: the kernel drops the flock with the process
+        holder.wait()
+    assert (tmp_path / f"{CLAIM_PREFIX}chat").exists()  # left behind, and harmless:
+    FileStore.check_directory(tmp_path, ("manifests", "chunks"))
+    run(take_claim(tmp_path))
+    assert not (tmp_path / f"{CLAIM_PREFIX}chat").exists()
+
+
+def test_a_claim_file_is_the_stores_own_while_held_and_gone_after(tmp_path: Path) -> None:
+    store = FileStore(tmp_path)
+
+    async def body() -> list[str]:
+        await store.set("manifests/chat/1", b"m")
+        async with store.claim("chat"):
+            FileStore.check_directory(tmp_path, ("manifests", "chunks"))
+            return sorted(p.name for p in tmp_path.iterdir())
+
+    assert run(body()) == ["manifests", f"{CLAIM_PREFIX}chat"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["manifests"]
+
+
+def test_a_claimer_that_locked_a_claim_file_its_holder_removed_claims_the_file_there_now(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import fcntl
+
+    path = tmp_path / f"{CLAIM_PREFIX}chat"
+    real_flock, calls = fcntl.flock, []
+
+    def flock(fd: int, operation: int) -> None:
+        calls.append(fd)
+        if len(calls) == 1:  # the holder lets go between our open and our flock: it removed the file first
+            path.unlink()
+        real_flock(fd, operation)
+
+    store = FileStore(tmp_path)
+
+    async def body() -> None:
+        async with store.claim("chat"):
+            monkeypatch.setattr(fcntl, "flock", real_flock)
+            with pytest.raises(ConflictError):
+                await take_claim(tmp_path)
+
+    path.touch()  # as a killed holder leaves it
+    monkeypatch.setattr(fcntl, "flock", flock)
+    run(body())
+    assert len(calls) == 2

@@ -8,6 +8,7 @@ parameters); they are hard-coded so these tests need neither TVM nor a GPU.
 from __future__ import annotations
 
 import json
+import math
 
 import pytest
 
@@ -227,12 +228,13 @@ def test_supported_layout_passes_the_checkpointable_check():
 # ----- constructor validation --------------------------------------------------------------------------
 
 PASSED = object()  # expected "got": the value passed
+NAN = object()  # expected "got": nan
 BAD_LAYOUT_VALUES = [
     (dict(page_size=0), "layout.page_size", PASSED),
     (dict(num_layers=-1), "layout.num_layers", PASSED),
-    (dict(num_qo_heads=True), "layout.num_qo_heads", PASSED),
-    (dict(num_kv_heads="4"), "layout.num_kv_heads", PASSED),
-    (dict(qk_head_dim=64.0), "layout.qk_head_dim", PASSED),
+    (dict(num_qo_heads=True), "layout.num_qo_heads", "bool"),
+    (dict(num_kv_heads="4"), "layout.num_kv_heads", "str"),
+    (dict(qk_head_dim=64.0), "layout.qk_head_dim", "float"),
     (dict(layer_begin=-1), "layout.layer_begin", PASSED),
     (dict(layer_end=5), "layout.layer_end", PASSED),
     (dict(v_head_dim=0), "layout.v_head_dim", PASSED),
@@ -241,14 +243,23 @@ BAD_LAYOUT_VALUES = [
     (dict(dtype="int8"), "layout.dtype", PASSED),
     (dict(dtype="float64"), "layout.dtype", PASSED),
     (dict(rope_mode="yarn"), "layout.rope_mode", PASSED),
-    (dict(rope_mode=1), "layout.rope_mode", PASSED),
-    (dict(rotary_scale="1.0"), "layout.rotary_scale", PASSED),
-    (dict(rotary_theta=None), "layout.rotary_theta", PASSED),
-    (dict(rotary_theta=True), "layout.rotary_theta", PASSED),
-    (dict(has_rope_ext_factors=1), "layout.has_rope_ext_factors", PASSED),
-    (dict(support_sliding_window="no"), "layout.support_sliding_window", PASSED),
-    (dict(support_layer_sliding_window=0), "layout.support_layer_sliding_window", PASSED),
-    (dict(kv_transfer=None), "layout.kv_transfer", PASSED),
+    (dict(rope_mode=1), "layout.rope_mode", "int"),
+    (dict(rotary_scale="1.0"), "layout.rotary_scale", "str"),
+    (dict(rotary_theta=None), "layout.rotary_theta", "NoneType"),
+    (dict(rotary_theta=True), "layout.rotary_theta", "bool"),
+    (dict(has_rope_ext_factors=1), "layout.has_rope_ext_factors", "int"),
+    (dict(support_sliding_window="no"), "layout.support_sliding_window", "str"),
+    (dict(support_layer_sliding_window=0), "layout.support_layer_sliding_window", "int"),
+    (dict(kv_transfer=None), "layout.kv_transfer", "NoneType"),
+    (dict(num_qo_heads=3, num_kv_heads=2), "layout.num_qo_heads", 3),  # GQA: whole groups of query heads
+    (dict(num_qo_heads=2, num_kv_heads=4), "layout.num_qo_heads", 2),
+    (dict(layer_end="4"), "layout.layer_end", "str"),
+    (dict(attn_kinds="mhamha"), "layout.attn_kinds", "str"),  # a bare str is not one kind per layer
+    (dict(attn_kinds=4), "layout.attn_kinds", "int"),
+    (dict(attn_kinds=("mha", ["mha"], "mha", "mha")), "layout.attn_kinds[1]", "list"),
+    (dict(dtype=["float16"]), "layout.dtype", "list"),
+    (dict(rotary_theta=math.nan), "layout.rotary_theta", NAN),
+    (dict(rotary_scale=math.inf), "layout.rotary_scale", math.inf),
 ]
 
 
@@ -258,24 +269,27 @@ def test_bad_layout_value_raises_field_error_naming_the_field(change, field, got
         KVLayout(**{**TVM_TEST_LAYOUT, **change})
     assert info.value.field == field
     assert str(info.value).startswith(field + ": expected ")
-    assert info.value.got == (next(iter(change.values())) if got is PASSED else got)
+    if got is NAN:
+        assert math.isnan(info.value.got)
+    else:
+        assert info.value.got == (next(iter(change.values())) if got is PASSED else got)
 
 
 BAD_LIMITS = [
-    (dict(reserved_num_seqs=0), "limits.reserved_num_seqs"),
-    (dict(max_total_seq_len=-1), "limits.max_total_seq_len"),
-    (dict(prefill_chunk_size=0), "limits.prefill_chunk_size"),
-    (dict(prefill_chunk_size=2.0), "limits.prefill_chunk_size"),
-    (dict(reserved_num_seqs=False), "limits.reserved_num_seqs"),
+    (dict(reserved_num_seqs=0), "limits.reserved_num_seqs", 0),
+    (dict(max_total_seq_len=-1), "limits.max_total_seq_len", -1),
+    (dict(prefill_chunk_size=0), "limits.prefill_chunk_size", 0),
+    (dict(prefill_chunk_size=2.0), "limits.prefill_chunk_size", "float"),
+    (dict(reserved_num_seqs=False), "limits.reserved_num_seqs", "bool"),
 ]
 
 
-@pytest.mark.parametrize("change, field", BAD_LIMITS, ids=[f for _, f in BAD_LIMITS])
-def test_bad_limit_raises_field_error_naming_the_field(change, field):
+@pytest.mark.parametrize("change, field, got", BAD_LIMITS, ids=[f for _, f, _ in BAD_LIMITS])
+def test_bad_limit_raises_field_error_naming_the_field(change, field, got):
     with pytest.raises(FieldError) as info:
         CacheLimits(**change)
     assert info.value.field == field
-    assert info.value.got == next(iter(change.values()))
+    assert info.value.got == got
 
 
 def test_zero_max_total_seq_len_is_allowed():

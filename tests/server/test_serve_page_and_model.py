@@ -15,7 +15,7 @@ import pytest
 
 from kvckpt_web.errors import FieldError
 from kvckpt_web.model.loader import DEFAULT_MODEL_FILE, INSTALL_HINT
-from kvckpt_web.web.serve import make_server, serve_in_thread
+from kvckpt_web.server.run import make_server, serve_in_thread
 
 
 def fetch(url: str) -> tuple[Message, bytes]:

@@ -11,6 +11,8 @@ import sys
 import time
 import urllib.request
 
+import pytest
+
 from kvckpt_web.cli.main import main
 
 
@@ -80,8 +82,8 @@ def test_open_prints_the_url_and_opens_it_in_the_default_browser(pyodide, tmp_pa
 
 def served_model(monkeypatch, argv: list[str]) -> object:
     """The model `kvckpt serve argv` hands the server (the server itself is not started)."""
-    from kvckpt_web.cli import main as cli
     from kvckpt_web.errors import KVCkptError
+    from kvckpt_web.server import run
 
     seen = {}
 
@@ -89,7 +91,7 @@ def served_model(monkeypatch, argv: list[str]) -> object:
         seen.update(kwargs)
         raise KVCkptError("not listening in this test")
 
-    monkeypatch.setattr(cli, "make_server", make_server)
+    monkeypatch.setattr(run, "make_server", make_server)
     assert main(["serve", *argv]) == 1
     return seen["model"]
 
@@ -112,3 +114,65 @@ def test_without_model_and_no_default_installed_no_model_is_served(monkeypatch):
 
     monkeypatch.setattr(cli, "default_model_path", missing)
     assert served_model(monkeypatch, []) is None
+
+
+@pytest.mark.parametrize("host", ["", " "])
+def test_an_empty_host_is_a_one_line_error_before_listening(pyodide, capsys, host):
+    status = main(["serve", "--port", "0", "--pyodide", str(pyodide), "--host", host])
+    err = one_line_error(capsys)
+    assert status == 1 and "--host: expected an address or host name to listen on" in err and "every interface" in err
+
+
+def test_a_host_beyond_loopback_without_allow_remote_is_a_one_line_error(pyodide, capsys):
+    status = main(["serve", "--port", "0", "--pyodide", str(pyodide), "--host", "0.0.0.0"])
+    err = one_line_error(capsys)
+    assert status == 1 and "--host: expected a loopback address" in err and "add --allow-remote" in err
+
+
+class NotServing:
+    """What `run.make_server` returns in a test that must not listen beyond loopback: serving stops at once."""
+
+    server_address = ("0.0.0.0", 8123)
+    url = "http://0.0.0.0:8123/"
+
+    def serve_forever(self) -> None:
+        raise KeyboardInterrupt
+
+    def server_close(self) -> None:
+        pass
+
+
+def test_allow_remote_serves_beyond_loopback_with_a_loud_warning(monkeypatch, pyodide, capsys):
+    from kvckpt_web.server import run, wheel
+
+    given = {}
+    monkeypatch.setattr(run, "make_server", lambda *args, **kwargs: given.update(kwargs) or NotServing())
+    monkeypatch.setattr(wheel, "source_checkout", lambda: None)
+    status = main(["serve", "--pyodide", str(pyodide), "--host", "0.0.0.0", "--allow-remote"])
+    out, err = capsys.readouterr()
+    assert status == 0 and given["host"] == "0.0.0.0" and given["allow_remote"] is True
+    assert "http://0.0.0.0:8123/" in out
+    warning = err.splitlines()[0]
+    assert warning.startswith("kvckpt serve: WARNING: listening on 0.0.0.0 port 8123, beyond this machine")
+
+
+def test_a_loopback_host_gets_no_warning(monkeypatch, pyodide, capsys):
+    from kvckpt_web.server import run, wheel
+
+    monkeypatch.setattr(run, "make_server", lambda *args, **kwargs: NotServing())
+    monkeypatch.setattr(wheel, "source_checkout", lambda: None)
+    assert main(["serve", "--pyodide", str(pyodide)]) == 0
+    assert "WARNING" not in capsys.readouterr().err
+
+
+def test_without_the_serve_extra_serve_is_a_one_line_error_naming_it(monkeypatch, pyodide, capsys):
+    import kvckpt_web
+
+    for name in [m for m in sys.modules if m.startswith("kvckpt_web.server")]:
+        monkeypatch.delitem(sys.modules, name)
+    monkeypatch.delattr(kvckpt_web, "server", raising=False)
+    monkeypatch.setitem(sys.modules, "uvicorn", None)  # import uvicorn fails as if not installed
+    status = main(["serve", "--port", "0", "--pyodide", str(pyodide)])
+    err = one_line_error(capsys)
+    assert status == 1 and "expected the serve extra (Starlette, uvicorn)" in err
+    assert "pip install 'kvckpt_web[serve]'" in err

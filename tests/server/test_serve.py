@@ -8,7 +8,7 @@ import urllib.request
 import pytest
 
 from kvckpt_web.errors import KVCkptError
-from kvckpt_web.web.serve import make_server, serve_in_thread
+from kvckpt_web.server.run import make_server, serve_in_thread
 
 
 def fetch(url: str) -> tuple[str, bytes]:
@@ -59,3 +59,15 @@ def test_a_path_with_a_nul_byte_is_not_found(tmp_path, capsys):
         server.shutdown()
         server.server_close()
     assert capsys.readouterr().err == ""
+
+
+def test_an_ipv6_loopback_url_is_bracketed(pyodide):
+    try:
+        server, url = serve_in_thread(pyodide, [], host="::1", port=0)
+    except KVCkptError:
+        pytest.skip("no IPv6 loopback here")
+    try:
+        assert url.startswith("http://[::1]:") and fetch(url + "kvckpt.mjs")[0] == "text/javascript"
+    finally:
+        server.shutdown()
+        server.server_close()

@@ -1,4 +1,4 @@
-"""Fixtures of the web tests."""
+"""Fixtures of the server tests."""
 
 from __future__ import annotations
 

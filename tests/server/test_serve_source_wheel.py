@@ -12,7 +12,7 @@ import zipfile
 from pathlib import Path
 
 import kvckpt_web
-from kvckpt_web.web.serve import source_checkout
+from kvckpt_web.server.wheel import source_checkout
 
 SOURCE = Path(kvckpt_web.__file__).resolve().parent
 

@@ -1,0 +1,44 @@
+"""Reading stored chunks: never more bytes than a chunk's ref says, its size known before anything is allocated
+for it, and anything but a stored value where a chunk should be (a FIFO, a device, a socket) is damage of that
+chunk, never a hang or an error of the whole operation."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from ..errors import CorruptionError, FormatError
+from .container import ChunkRef, check_chunk_size
+
+if TYPE_CHECKING:
+    from ..stores.base import Store
+
+__all__ = ["read_chunk", "read_chunk_into", "stored_size"]
+
+
+async def _length(store: "Store", key: str, out: memoryview, what: str) -> int | None:
+    """:meth:`Store.get_into`; what is no value (a FIFO, a device, ...) is :class:`CorruptionError` of ``what``."""
+    try:
+        return await store.get_into(key, out)
+    except FormatError as exc:
+        raise CorruptionError(f"{what}: expected {exc.expected}, got {exc.got}") from None
+
+
+async def stored_size(store: "Store", key: str) -> int | None:
+    """The length of the value under ``key``, none of it read (None: there is none); :class:`CorruptionError`
+    naming the key if what is there is no value (a FIFO, a device, ...)."""
+    return await _length(store, key, memoryview(bytearray()), key)  # get_into reads only into a buffer that fits
+
+
+async def read_chunk_into(store: "Store", ref: ChunkRef, out: memoryview) -> None:
+    """The stored bytes of ``ref`` read into ``out`` (``ref.nbytes`` long); :class:`CorruptionError` naming the
+    chunk if it is missing, of another size (then nothing is read) or no value."""
+    check_chunk_size(ref, await _length(store, ref.key, out, ref.describe()))
+
+
+async def read_chunk(store: "Store", ref: ChunkRef) -> memoryview:
+    """The stored bytes of ``ref``, in a buffer allocated only once the stored size is the one ``ref`` says;
+    :class:`CorruptionError` naming the chunk otherwise (as :func:`read_chunk_into`)."""
+    check_chunk_size(ref, await _length(store, ref.key, memoryview(bytearray()), ref.describe()))
+    out = memoryview(bytearray(ref.nbytes))
+    await read_chunk_into(store, ref, out)
+    return out
