@@ -136,11 +136,14 @@ class Engine:
     async def _begin(self, request: ChatRequest) -> _Turn:
         started = time.perf_counter()
         await self.sources.refresh()
-        prompt = await build_prompt(self.codec, request.messages, self.sources.known_reply)
-        n = len(prompt.tokens)
-        if n >= self.context:
+        try:
+            prompt = await build_prompt(self.codec, request.messages, self.sources.known_reply, self.context - 1)
+        except FieldError as exc:
+            if exc.field != "prompt":
+                raise
             raise ContextFullError("messages", f"a prompt of at most {self.context - 1} tokens (the context is "
-                                   f"{self.context} tokens, and the reply needs at least one)", f"{n} tokens")
+                                   f"{self.context} tokens, and the reply needs at least one)", exc.got) from None
+        n = len(prompt.tokens)
         name = request.conversation or await self.sources.continued(prompt.tokens) or _new_name()
         conversation = await self._conversation_of(name)
         source = await self.sources.longest_prefix(prompt.tokens[:n - 1]) if request.cache_prompt else PrefixSource(0)

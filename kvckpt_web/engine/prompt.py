@@ -12,6 +12,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from ..errors import FieldError
 from .request import Message
 
 if TYPE_CHECKING:
@@ -33,10 +34,16 @@ class Prompt:
     """``[start, end)`` of each recognised reply's generated ids (an end-of-turn id it generated included)."""
 
 
-async def build_prompt(codec: "ChatCodec", messages: Sequence[Message], known: KnownReply) -> Prompt:
-    """The prompt of ``messages`` (checked already), ending with the opening of the assistant's turn."""
+async def build_prompt(codec: "ChatCodec", messages: Sequence[Message], known: KnownReply,
+                       max_tokens: int | None = None) -> Prompt:
+    """The prompt of ``messages`` (checked already), ending with the opening of the assistant's turn.
+
+    With ``max_tokens``, a prompt longer than that is refused (FieldError naming ``prompt``) as soon as encoding
+    shows it, without encoding the rest: a huge message costs no more than the context it cannot fit in.
+    """
     tokens = codec.preamble(messages[0].role)
     replies: list[tuple[int, int]] = []
+    closing = len(codec.reply_opening())
     for message in messages:
         if message.role == "assistant":
             opening = tokens + codec.reply_opening()
@@ -46,5 +53,9 @@ async def build_prompt(codec: "ChatCodec", messages: Sequence[Message], known: K
                 tokens = opening + ids[:len(ids) - ended] + codec.reply_closing()
                 replies.append((len(opening), len(opening) + len(ids)))
                 continue
-        tokens += codec.turn(message.role, message.content)
-    return Prompt(tokens + codec.reply_opening(), replies)
+        room = None if max_tokens is None else max(0, max_tokens - len(tokens) - closing)
+        tokens += codec.turn(message.role, message.content, max_tokens=room)
+    tokens += codec.reply_opening()
+    if max_tokens is not None and len(tokens) > max_tokens:
+        raise FieldError("prompt", f"at most {max_tokens} tokens", f"{len(tokens)} tokens")
+    return Prompt(tokens, replies)

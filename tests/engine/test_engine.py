@@ -205,8 +205,8 @@ def test_a_reply_is_recognised_by_its_text_and_its_generated_ids_are_reused(make
     class Drifting(DoubleText):
         """Encodes an assistant message's text otherwise than the model wrote it: only the generated ids match."""
 
-        def turn(self, role, content):
-            return super().turn(role, content[::-1] if role == "assistant" else content)
+        def turn(self, role, content, *, max_tokens=None):
+            return super().turn(role, content[::-1] if role == "assistant" else content, max_tokens=max_tokens)
 
     engine = make_engine(store=MemoryStore(), text=Drifting())
 
@@ -258,6 +258,22 @@ def test_a_prompt_the_context_cannot_answer_is_refused_with_the_counts(make_engi
         run(engine.chat([{"role": "user", "content": "x" * 40}], **GREEDY))
     assert "32" in str(caught.value) and "tokens" in str(caught.value)
     assert snapshot(store) == {}
+
+
+def test_a_huge_message_is_refused_as_too_long_without_encoding_past_the_context(make_engine):
+    class Counting(DoubleText):
+        budgets = []
+
+        def turn(self, role, content, *, max_tokens=None):
+            self.budgets.append(max_tokens)
+            return super().turn(role, content, max_tokens=max_tokens)
+
+    text = Counting()
+    engine = make_engine(store=MemoryStore(), text=text, context=64)
+    with pytest.raises(ContextFullError) as caught:
+        run(engine.chat([{"role": "user", "content": "hello " * 20000}], **GREEDY))
+    assert caught.value.field == "messages" and "63 tokens" in str(caught.value)
+    assert text.budgets and all(b is not None and b <= 63 for b in text.budgets)
 
 
 def test_a_conversation_of_another_model_is_refused(make_engine):
