@@ -25,12 +25,13 @@ ENGINE_DEFAULTS = {"context": 768, "sequences": 3, "page_size": 4, "prefill_chun
 
 @pytest.fixture
 def make_engine(device):
-    """``make_engine(store=None, model=None, text=None, **engine_kwargs)``: an engine on the double."""
+    """``make_engine(store=None, model=None, text=None, on=None, **engine_kwargs)``: an engine on the double
+    (on the session's device, or ``on``)."""
     made = []
 
-    def make(store=None, model=None, text=None, **kwargs):
+    def make(store=None, model=None, text=None, on=None, **kwargs):
         loaded = LoadedModel(model or DoubleLM(max_context=1024), text or DoubleText())
-        made.append(Engine(loaded, device, store=store, model_name="double", **{**ENGINE_DEFAULTS, **kwargs}))
+        made.append(Engine(loaded, on or device, store=store, model_name="double", **{**ENGINE_DEFAULTS, **kwargs}))
         return made[-1]
 
     yield make
