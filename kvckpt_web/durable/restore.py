@@ -19,7 +19,7 @@ from .catalog import at_key, load_manifest, manifest_keys
 from .chunk_reads import read_chunk_into
 from .container import MAX_MANIFEST_BYTES, ChunkRef, Manifest, check_chunk_digest
 from .memo import remember, trusted_chunks
-from .pipeline import IO_CONCURRENCY, Hasher, cache_lock, run_bounded
+from .pipeline import IO_CONCURRENCY, Hasher, run_bounded
 from .results import Progress, RestoreResult
 
 if TYPE_CHECKING:
@@ -103,7 +103,7 @@ async def restore_into(store: "Store", name: str, cache: "PagedKVCache", seq_id:
     else:
         raise StoreError(f"restore {name!r}: other writers collected the newest generation while it was being read, "
                          f"{READ_ATTEMPTS} times in a row")
-    async with cache_lock(cache):
+    async with cache.lock():
         cache.prepare_import(target, metadata, exclusive=False)
         try:
             await cache.import_groups(target, groups)

@@ -34,7 +34,7 @@ from .catalog import manifest_keys
 from .container import (CHUNKS, MAX_MANIFEST_BYTES, ChunkRef, Manifest, chunk_key, encode_manifest, plan_chunks,
                         validate_name)
 from .memo import last_saved, remember, trusted_chunks
-from .pipeline import IO_CONCURRENCY, HashState, MappedBatches, cache_lock, run_bounded
+from .pipeline import IO_CONCURRENCY, HashState, MappedBatches, run_bounded
 from .prefix_index import commit_record
 from .prefix_records import PrefixKey, prefix_record
 from .results import Progress, SaveResult
@@ -253,7 +253,7 @@ async def _write_chunks(store: "Store", cache: "PagedKVCache", seq_id: int, plan
             for g in range(num_groups))
     if progress is not None:
         progress("save", counts["done"], total_chunks)
-    async with cache_lock(cache, "slots"):  # the staging slots serve one save at a time
+    async with cache.lock("slots"):  # the staging slots serve one save at a time
         mapped = MappedBatches(cache, seq_id, plan, batches, reuse.starts, keeps)
         try:
             async with store.batch():  # every chunk durable before the manifest is written
