@@ -154,14 +154,14 @@ class Ledger:
             self._refs.popitem(last=False)
 
 
-def ledger_for(store: "Store", ledger: Ledger | None) -> Ledger:
-    """``ledger`` if it is a ledger of ``store`` (else FieldError); with None, the store object's own.
-    FieldError first if ``store`` is no store."""
+def ledger_for(store: "Store", ledger: Ledger | None, field: str = "ledger") -> Ledger:
+    """``ledger`` if it is a ledger of ``store`` (else FieldError naming ``field``); with None, the store object's
+    own. FieldError first if ``store`` is no store."""
     check_store(store)
     if ledger is None:
         return Ledger.of(store)
     if not isinstance(ledger, Ledger):
-        raise FieldError("ledger", "a Ledger or None", type(ledger).__name__)
+        raise FieldError(field, "a Ledger or None", type(ledger).__name__)
     if not ledger.is_of(store):
-        raise FieldError("ledger", f"a Ledger of {store!r}", repr(ledger))
+        raise FieldError(field, f"a Ledger of {store!r}", repr(ledger))
     return ledger

@@ -4,9 +4,8 @@ A generation stays while it is among the newest ``keep`` of its name that can be
 newer than those stays too, as evidence, without counting; while fewer than ``keep`` can be restored, none
 is dropped, so the last restorable generation is never deleted. A generation counts as restorable only once
 each chunk it uses is stored with its SHA-256 (or is one the :class:`~.ledger.Ledger` wrote or read back
-intact). Manifests
-go first, durably, and only then the chunks no remaining manifest of any name uses; while a manifest cannot
-be read, no chunk is deleted.
+intact). Manifests go first, durably, and only then the chunks no remaining manifest of any name uses; while
+a manifest cannot be read, no chunk is deleted.
 """
 
 from __future__ import annotations

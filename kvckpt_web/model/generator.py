@@ -96,7 +96,7 @@ class Autosave:
     def __post_init__(self) -> None:
         check_store(self.store, "autosave.store")
         if self.ledger is not None:
-            ledger_for(self.store, self.ledger)
+            ledger_for(self.store, self.ledger, "autosave.ledger")
         validate_name(self.name)
         if self.every is not None:
             check_int("autosave.every", self.every, 1)
