@@ -36,7 +36,7 @@ from kvckpt_web.gpu.browser import BrowserDevice
 from kvckpt_web.gpu.device import Copy, Usage
 from kvckpt_web.stores.indexeddb import IndexedDBStore
 from kvckpt_web.stores.opfs import OPFSStore
-from kvckpt_web.durable.memo import forget
+from kvckpt_web.durable.ledger import Ledger
 from kvckpt_web.durable.restore import restore
 from kvckpt_web.durable.save import save
 from kvckpt_web.kv.scatter import scatter_free_pages
@@ -140,7 +140,7 @@ for kind, opener in (("IndexedDB", IndexedDBStore.open), ("OPFS", OPFSStore.open
     async def clear(store=store):
         for k in await store.list_prefix(""):
             await store.delete(k)
-        forget(store)
+        Ledger.of(store).forget()
     saves, restores = [], []
     for i in range(R):
         await clear()
@@ -159,7 +159,7 @@ MODEL_BENCH = """
 import js, statistics
 from kvckpt_web.gpu.browser import BrowserDevice
 from kvckpt_web.gpu.device import Copy, Usage
-from kvckpt_web.durable.memo import forget
+from kvckpt_web.durable.ledger import Ledger
 from kvckpt_web.durable.save import save
 from kvckpt_web.model.gguf import parse_gguf
 from kvckpt_web.model.loader import load_gguf
@@ -228,7 +228,7 @@ for kind, opener in (("IndexedDB", IndexedDBStore.open), ("OPFS", OPFSStore.open
     async def clear(store=store):
         for k in await store.list_prefix(""):
             await store.delete(k)
-        forget(store)
+        Ledger.of(store).forget()
     await clear()
     t = now()
     saved = await save(cache, 0, store, "generation", app_state=gen.app_state())

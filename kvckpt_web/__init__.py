@@ -1,6 +1,7 @@
 """kvckpt_web: a crash-resumable, TVM-compatible paged KV cache on WebGPU."""
 
 from .durable.catalog import list_generations, list_names
+from .durable.ledger import Ledger
 from .durable.restore import restore
 from .durable.retention import gc
 from .durable.save import save
@@ -26,9 +27,9 @@ __all__ = [
     "CacheLimits", "CapacityError", "ChatChunk", "ChatCompletion", "ChatRequest", "CheckpointStateError",
     "ConflictError", "ContextFullError", "CorruptionError", "Device", "DeviceArray", "DeviceError", "Engine",
     "FieldError", "FileStore", "FormatError", "HostTensor", "IndexedDBStore", "KVCkptError", "KVLayout",
-    "LayoutHashMismatch", "MemoryStore", "MetadataError", "ModelUnavailableError", "NotFoundError", "OPFSStore",
-    "PageGroups", "PagedKVCache", "SequenceError", "StoreError", "TensorError", "UnsupportedLayoutError",
-    "UnusableCheckpointError", "gc", "list_generations", "list_names", "open_device", "open_device_async",
-    "read_tvm_export", "restore", "save", "verify", "write_tvm_export",
+    "LayoutHashMismatch", "Ledger", "MemoryStore", "MetadataError", "ModelUnavailableError", "NotFoundError",
+    "OPFSStore", "PageGroups", "PagedKVCache", "SequenceError", "StoreError", "TensorError",
+    "UnsupportedLayoutError", "UnusableCheckpointError", "gc", "list_generations", "list_names", "open_device",
+    "open_device_async", "read_tvm_export", "restore", "save", "verify", "write_tvm_export",
 ]
 __version__ = "0.1.0"

@@ -18,9 +18,9 @@ from typing import Any
 
 import pytest
 
-from kvckpt_web import (DeviceArray, FieldError, FileStore, HostTensor, IndexedDBStore, KVCkptError, MemoryStore,
-                        OPFSStore, PagedKVCache, PageGroups, gc, list_generations, list_names, read_tvm_export,
-                        restore, save, verify, write_tvm_export)
+from kvckpt_web import (DeviceArray, FieldError, FileStore, HostTensor, IndexedDBStore, KVCkptError, Ledger,
+                        MemoryStore, OPFSStore, PagedKVCache, PageGroups, gc, list_generations, list_names,
+                        read_tvm_export, restore, save, verify, write_tvm_export)
 from kvckpt_web.durable.catalog import load_manifest
 from kvckpt_web.durable.retention import delete_name
 from kvckpt_web.gpu.device import Buffer, Usage
@@ -89,6 +89,9 @@ CALLS: list[tuple[str, Callable[[World], Any], str]] = [
      lambda w: save(w.cache, 0, w.store, "chat", app_state={"turns": [{"ids": {None: 0}}]}),
      "app_state.turns[0].ids key None"),
     ("save progress=int", lambda w: save(w.cache, 0, w.store, "chat", progress=1), "progress"),
+    ("save ledger=str", lambda w: save(w.cache, 0, w.store, "chat", ledger="mine"), "ledger"),
+    ("save ledger of another store", lambda w: save(w.cache, 0, w.store, "chat", ledger=Ledger(MemoryStore())),
+     "ledger"),
     ("restore store=None", lambda w: restore(None, "chat", w.cache), "store"),
     ("restore name=None", lambda w: restore(w.store, None, w.cache), "name"),
     ("restore cache=None", lambda w: restore(w.store, "chat", None), "cache"),
@@ -96,10 +99,13 @@ CALLS: list[tuple[str, Callable[[World], Any], str]] = [
     ("restore seq_id=-1", lambda w: restore(w.store, "chat", w.cache, seq_id=-1), "seq_id"),
     ("restore generation=str", lambda w: restore(w.store, "chat", w.cache, generation="1"), "generation"),
     ("restore progress=int", lambda w: restore(w.store, "chat", w.cache, seq_id=2, progress=1), "progress"),
+    ("restore ledger of another store",
+     lambda w: restore(w.store, "chat", w.cache, seq_id=2, ledger=Ledger(MemoryStore(w.data))), "ledger"),
     ("verify store=None", lambda w: verify(None), "store"),
     ("verify name=int", lambda w: verify(w.store, name=1), "name"),
     ("verify device=int", lambda w: verify(w.store, device=1), "device"),
     ("verify progress=int", lambda w: verify(w.store, progress=1), "progress"),
+    ("verify ledger=int", lambda w: verify(w.store, ledger=1), "ledger"),
     ("gc store=None", lambda w: gc(None, keep=1), "store"),
     ("gc names=str", lambda w: gc(w.store, keep=1, names="chat"), "names"),
     ("gc names=bytes", lambda w: gc(w.store, keep=1, names=b"chat"), "names"),
@@ -107,9 +113,12 @@ CALLS: list[tuple[str, Callable[[World], Any], str]] = [
     ("gc names=[int]", lambda w: gc(w.store, keep=1, names=["chat", 1]), "names[1]"),
     ("gc keep=0", lambda w: gc(w.store, keep=0), "keep"),
     ("gc progress=int", lambda w: gc(w.store, keep=1, progress=1), "progress"),
+    ("gc ledger of another store", lambda w: gc(w.store, keep=1, ledger=Ledger(MemoryStore(w.data))), "ledger"),
     ("delete_name store=None", lambda w: delete_name(None, "chat"), "store"),
     ("delete_name name=list", lambda w: delete_name(w.store, ["chat"]), "name"),
     ("delete_name progress=int", lambda w: delete_name(w.store, "chat", progress=1), "progress"),
+    ("delete_name ledger=str", lambda w: delete_name(w.store, "chat", ledger="mine"), "ledger"),
+    ("Ledger store=None", lambda w: Ledger(None), "store"),
     ("list_names store=None", lambda w: list_names(None), "store"),
     ("list_generations store=None", lambda w: list_generations(None), "store"),
     ("list_generations name=int", lambda w: list_generations(w.store, 1), "name"),

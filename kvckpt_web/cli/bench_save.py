@@ -10,7 +10,7 @@ import time
 from typing import Any, Awaitable, Callable
 
 from ..durable.container import CHUNKS, plan_chunks
-from ..durable.memo import forget
+from ..durable.ledger import Ledger
 from ..durable.pipeline import IO_CONCURRENCY, run_bounded
 from ..durable.restore import restore
 from ..durable.save import default_pages_per_chunk, save
@@ -162,7 +162,7 @@ class _SaveBench:
 
         await self._full_save(i, cache, store, timed)
         await self._incremental_save(i, cache, store, timed)
-        forget(store)  # what a new process knows: every chunk it finds stored is read back once
+        Ledger.of(store).forget()  # what a new process knows: every chunk it finds stored is read back once
         await timed("reread", lambda: save(cache, 0, store, "bench"))
         if 0 in target.sequence_ids():
             target.remove_sequence(0)

@@ -1,13 +1,10 @@
 """The catalog of a checkpoint store: the manifests it holds, by name and generation, decoded and described.
 
-A manifest under another key than its own is corruption. The chunk keys each manifest uses are remembered by
-the SHA-256 of its bytes (a bounded, process-wide memo), so retention and gc decode each manifest once.
+A manifest under another key than its own is corruption.
 """
 
 from __future__ import annotations
 
-import hashlib
-from collections import OrderedDict
 from typing import TYPE_CHECKING
 
 from ..errors import CorruptionError, FieldError, FormatError, KVCkptError, NotFoundError, is_int
@@ -20,8 +17,7 @@ from .results import GenerationInfo
 if TYPE_CHECKING:
     from ..stores.base import Store
 
-__all__ = ["at_key", "decode_at", "decoded_refs", "list_generations", "list_names", "load_manifest",
-           "manifest_keys", "referenced", "refs_of", "remember_refs"]
+__all__ = ["at_key", "decode_at", "list_generations", "list_names", "load_manifest", "manifest_keys"]
 
 
 def at_key(exc: KVCkptError, where: str) -> KVCkptError:
@@ -113,62 +109,3 @@ def _describe(name: str, generation: int, key: str, data: bytes | None) -> Gener
                           m.num_groups, m.num_logical_pages, m.pages_per_chunk,
                           tuple(ref.key for ref in m.chunk_refs()), tuple(ref.nbytes for ref in m.chunk_refs()),
                           m.num_groups * m.num_logical_pages * m.page_bytes, m.app_state)
-
-
-_REFS: "OrderedDict[bytes, frozenset[str]]" = OrderedDict()
-"""The chunk keys of recently decoded manifests, by the SHA-256 of their bytes (so never stale)."""
-_REFS_MAX = 64
-
-
-async def refs_of(store: "Store", key: str) -> frozenset[str] | None:
-    """The chunk keys the manifest under ``key`` uses; None if it is missing or cannot be read or decoded.
-
-    Decoded reference sets are remembered by the SHA-256 of the envelope bytes, so a result is
-    never stale.
-    """
-    try:
-        data = await store.get(key, max_bytes=MAX_MANIFEST_BYTES)
-    except FormatError:  # longer than any manifest, or no value (a FIFO, a device): it cannot be read
-        return None
-    return decoded_refs(key, data)
-
-
-def decoded_refs(key: str, data: bytes | None) -> frozenset[str] | None:
-    """The chunk keys of the manifest ``data`` stored under ``key``; None if it is missing or damaged."""
-    if data is None:
-        return None
-    digest = hashlib.sha256(data).digest()
-    refs = _REFS.get(digest)
-    if refs is None:
-        try:
-            refs = frozenset(decode_at(key, data).chunk_keys())
-        except KVCkptError:
-            return None
-        _keep_refs(digest, refs)
-    else:
-        _REFS.move_to_end(digest)
-    return refs
-
-
-def remember_refs(envelope: bytes, chunk_keys: frozenset[str]) -> None:
-    """Remember that the manifest ``envelope`` uses ``chunk_keys`` (a save's or restore's, decoded already)."""
-    _keep_refs(hashlib.sha256(envelope).digest(), chunk_keys)
-
-
-def _keep_refs(digest: bytes, chunk_keys: frozenset[str]) -> None:
-    _REFS[digest] = chunk_keys
-    while len(_REFS) > _REFS_MAX:
-        _REFS.popitem(last=False)
-
-
-async def referenced(store: "Store") -> tuple[set[str], list[str]]:
-    """Every chunk key used by a manifest of any name, and the keys of manifests that could not be read."""
-    used: set[str] = set()
-    damaged = []
-    for _, _, key in await manifest_keys(store):
-        refs = await refs_of(store, key)
-        if refs is None:
-            damaged.append(key)
-        else:
-            used |= refs
-    return used, damaged

@@ -10,6 +10,7 @@ which an earlier save kept (:func:`continued_digest`).
 from __future__ import annotations
 
 import asyncio
+import functools
 import hashlib
 import os
 import queue
@@ -36,20 +37,6 @@ IO_CONCURRENCY = 16
 """Chunk reads or writes (with their hashing) in flight at once."""
 
 _IN_BROWSER = sys.platform == "emscripten"
-
-_CACHE_LOCKS: "weakref.WeakKeyDictionary[Any, dict[str, tuple[asyncio.AbstractEventLoop, asyncio.Lock]]]" = \
-    weakref.WeakKeyDictionary()
-
-
-def cache_lock(cache: "PagedKVCache", purpose: str = "transfer") -> asyncio.Lock:
-    """One lock per cache, purpose and event loop: "transfer" guards the cache's staging buffers for one
-    readback or import at a time; "slots" guards the staging slots a save maps for one save at a time."""
-    loop = asyncio.get_running_loop()
-    locks = _CACHE_LOCKS.setdefault(cache, {})
-    entry = locks.get(purpose)
-    if entry is None or entry[0] is not loop:
-        entry = locks[purpose] = (loop, asyncio.Lock())
-    return entry[1]
 
 
 async def offload(fn: Callable[..., Any], *args: Any) -> Any:
@@ -109,7 +96,7 @@ def continued_digest(data: memoryview, start: HashState | None = None,
 
 
 class Hasher:
-    """SHA-256 of chunks on the :data:`HASH_THREADS` shared worker threads (inline where there are none)."""
+    """SHA-256 of chunks on the process's :data:`HASH_POOL` (inline where there are no threads)."""
 
     def __init__(self) -> None:
         self._loop = asyncio.get_running_loop()
@@ -129,7 +116,7 @@ class Hasher:
             return future
         self._outstanding += 1
         self._idle.clear()
-        _hash_queue().put((data, start, keep, future, self))
+        HASH_POOL.put((data, start, keep, future, self))
         return future
 
     def _finished(self, future: "asyncio.Future[Any]", digest: Any, exc: BaseException | None) -> None:
@@ -149,29 +136,46 @@ class Hasher:
 
 
 _HashItem = tuple[memoryview, HashState | None, int | None, "asyncio.Future[tuple[str, HashState | None]]", Hasher]
-_HASH_QUEUE: "queue.SimpleQueue[_HashItem] | None" = None
-_HASH_QUEUE_LOCK = threading.Lock()
 
 
-def _hash_queue() -> "queue.SimpleQueue[_HashItem]":
-    """The queue of the hashing threads, started on first use and shared by every save and restore."""
-    global _HASH_QUEUE
-    with _HASH_QUEUE_LOCK:
-        if _HASH_QUEUE is None:
-            _HASH_QUEUE = queue.SimpleQueue()
-            for _ in range(HASH_THREADS):
-                threading.Thread(target=_hash_worker, args=(_HASH_QUEUE,), daemon=True, name="kvckpt-hash").start()
-        return _HASH_QUEUE
+class HashPool:
+    """Threads that hash what :class:`Hasher` objects queue, in the order queued, started on first use.
+
+    Threads are the process's: every save and restore of every store hashes on the one :data:`HASH_POOL`, so
+    that two saves at once share the CPUs instead of each starting as many threads as there are CPUs. The
+    pool holds no save's or store's state (each item carries the Hasher waiting for it). A forked child,
+    which has none of its parent's threads, starts its own on first use.
+    """
+
+    def __init__(self, threads: int) -> None:
+        self.threads = threads
+        self._queue: "queue.SimpleQueue[_HashItem] | None" = None
+        self._lock = threading.Lock()
+        if hasattr(os, "register_at_fork"):
+            os.register_at_fork(after_in_child=functools.partial(_after_fork, weakref.ref(self)))
+
+    def put(self, item: _HashItem) -> None:
+        """Queue ``item`` for the next free thread, starting the threads first if none runs yet."""
+        with self._lock:
+            if self._queue is None:
+                self._queue = queue.SimpleQueue()
+                for _ in range(self.threads):
+                    threading.Thread(target=_hash_worker, args=(self._queue,), daemon=True, name="kvckpt-hash").start()
+            self._queue.put(item)
+
+    def _forget_threads(self) -> None:
+        self._queue = None  # a forked child has none of its parent's threads: it starts its own
+        self._lock = threading.Lock()  # and a lock another thread held at the fork would never be released
 
 
-def _forget_hash_threads() -> None:
-    global _HASH_QUEUE, _HASH_QUEUE_LOCK
-    _HASH_QUEUE = None  # a forked child has none of its parent's threads: it starts its own
-    _HASH_QUEUE_LOCK = threading.Lock()  # and a lock another thread held at the fork would never be released
+def _after_fork(pool: "weakref.ref[HashPool]") -> None:
+    alive = pool()
+    if alive is not None:
+        alive._forget_threads()
 
 
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_forget_hash_threads)
+HASH_POOL = HashPool(HASH_THREADS)
+"""The process's hashing threads (see :class:`HashPool`)."""
 
 
 def _hash_worker(work: "queue.SimpleQueue[_HashItem]") -> None:
@@ -232,7 +236,7 @@ class MappedBatches:
             return None
         plan, batch = self._plan, self._batches[b]
         first, end = plan[batch[0]][0], plan[batch[-1]][0] + plan[batch[-1]][1]
-        async with cache_lock(self._cache):
+        async with self._cache.lock():
             mapped = await self._cache.map_pages(self._seq_id, first, end, slot=b % READ_SLOTS)
         if self._inline:
             return mapped, None

@@ -18,8 +18,8 @@ from ..tvm.metadata import dump_tvm_json, limits_from_metadata, parse_metadata, 
 from .catalog import at_key, load_manifest, manifest_keys
 from .chunk_reads import read_chunk_into
 from .container import MAX_MANIFEST_BYTES, ChunkRef, Manifest, check_chunk_digest
-from .memo import remember, trusted_chunks
-from .pipeline import IO_CONCURRENCY, Hasher, cache_lock, run_bounded
+from .ledger import Ledger, ledger_for
+from .pipeline import IO_CONCURRENCY, Hasher, run_bounded
 from .results import Progress, RestoreResult
 
 if TYPE_CHECKING:
@@ -31,7 +31,7 @@ __all__ = ["READ_ATTEMPTS", "check_fits", "restore", "restore_into"]
 
 async def restore(store: "Store", name: str, cache: "PagedKVCache", *, seq_id: int | None = None,
                   generation: int | None = None, length: int | None = None,
-                  progress: Progress | None = None) -> RestoreResult:
+                  progress: Progress | None = None, ledger: Ledger | None = None) -> RestoreResult:
     """Load generation ``generation`` (default: the newest) of ``name`` into ``cache`` as ``seq_id``.
 
     ``seq_id`` defaults to the one the checkpoint was taken from. The manifest, its TVM metadata
@@ -51,23 +51,29 @@ async def restore(store: "Store", name: str, cache: "PagedKVCache", *, seq_id: i
     ``length`` restores a prefix: only the first ``length`` tokens (1 <= length <= the checkpoint's
     seq_length, else :class:`FieldError` before the cache is touched). Only the chunks that hold their
     pages are read, each verified whole, and the sequence then holds exactly ``length`` tokens (the
-    metadata imported is what this cache would write for them). A prefix restore is not remembered as
-    this process's last save of ``name``, since the caller goes on under another name, but the chunks it
-    verified are trusted by later saves.
+    metadata imported is what this cache would write for them).
+
+    ``ledger`` (default: the store object's own, :meth:`~.ledger.Ledger.of`) remembers what was loaded, so
+    that its next save of ``name`` writes only what changed since, and trusts the chunks verified. A prefix
+    restore is not remembered as the last save of ``name``, since the caller goes on under another name,
+    but the chunks it verified are trusted by later saves.
     """
     if length is not None and not is_int(length, 1):
         raise FieldError("length", "an integer >= 1 (tokens to restore) or None", length)
-    return await restore_into(store, name, cache, seq_id, generation, progress, record=True, length=length)
+    return await restore_into(store, ledger_for(store, ledger), name, cache, seq_id, generation, progress,
+                              record=True, length=length)
 
 
 READ_ATTEMPTS = 8
 """Times a restore of the newest generation starts again when other writers collect what it is reading."""
 
 
-async def restore_into(store: "Store", name: str, cache: "PagedKVCache", seq_id: int | None, generation: int | None,
-                       progress: Progress | None, *, record: bool, length: int | None = None) -> RestoreResult:
-    """:func:`restore`; only if ``record``, this process trusts the chunks it verified and, unless it loads a
-    prefix (``length``), remembers what it loaded for its next save of ``name``."""
+async def restore_into(store: "Store", ledger: Ledger, name: str, cache: "PagedKVCache", seq_id: int | None,
+                       generation: int | None, progress: Progress | None, *, record: bool,
+                       length: int | None = None) -> RestoreResult:
+    """:func:`restore`; only if ``record``, ``ledger`` trusts the chunks it verified and, unless it loads a
+    prefix (``length``), remembers what it loaded for its next save of ``name``. A chunk found damaged is
+    no longer trusted either way."""
     check_cache(cache)
     if seq_id is not None:
         check_int("seq_id", seq_id, 0)
@@ -92,7 +98,7 @@ async def restore_into(store: "Store", name: str, cache: "PagedKVCache", seq_id:
         if groups is None or groups.group_bytes != pages * manifest.page_bytes:
             groups, fetched = _carried(manifest, groups, fetched, cache.host_groups(pages))
         try:
-            await _fetch_groups(store, manifest, key, groups, progress, fetched)
+            await _fetch_groups(store, ledger, manifest, key, groups, progress, fetched)
             break
         except CorruptionError as exc:
             if await store.get(key, max_bytes=MAX_MANIFEST_BYTES) == envelope:
@@ -103,7 +109,7 @@ async def restore_into(store: "Store", name: str, cache: "PagedKVCache", seq_id:
     else:
         raise StoreError(f"restore {name!r}: other writers collected the newest generation while it was being read, "
                          f"{READ_ATTEMPTS} times in a row")
-    async with cache_lock(cache):
+    async with cache.lock():
         cache.prepare_import(target, metadata, exclusive=False)
         try:
             await cache.import_groups(target, groups)
@@ -114,8 +120,8 @@ async def restore_into(store: "Store", name: str, cache: "PagedKVCache", seq_id:
     read = _needed(manifest, pages)
     if record:
         if length is None:
-            remember(store, envelope, manifest, cache.sequence_state(target))
-        trusted_chunks(store).update(ref.key for ref in read)  # each one read back and verified
+            ledger.remember(envelope, manifest, cache.sequence_state(target))
+        ledger.trust(ref.key for ref in read)  # each one read back and verified
     seq_length = cache.get_sequence_length(target)
     return RestoreResult(name, manifest.generation, key, target, seq_length, manifest.app_state, len(read),
                          sum(len(g) for g in groups))
@@ -184,10 +190,10 @@ def check_fits(manifest: Manifest, metadata: str, lay: KVLayout, limits: CacheLi
             raise FormatError(f"{key}: {what}", f"{expected} (from tvm_metadata and the cache layout)", got)
 
 
-async def _fetch_groups(store: "Store", manifest: Manifest, key: str, groups: PageGroups,
+async def _fetch_groups(store: "Store", ledger: Ledger, manifest: Manifest, key: str, groups: PageGroups,
                         progress: Progress | None, fetched: set[ChunkRef]) -> PageGroups:
     """The pages ``groups`` has room for read into it, each chunk that holds any of them read and verified whole
-    (size and SHA-256), in place where all its pages fit; CorruptionError names a damaged one, which this process
+    (size and SHA-256), in place where all its pages fit; CorruptionError names a damaged one, which ``ledger``
     no longer trusts. Chunks in ``fetched`` are in ``groups`` already; each one read and verified is added to it."""
     pb = manifest.page_bytes
     everything = _needed(manifest, groups.group_bytes // pb)
@@ -202,7 +208,7 @@ async def _fetch_groups(store: "Store", manifest: Manifest, key: str, groups: Pa
             await read_chunk_into(store, ref, whole)
             check_chunk_digest(ref, (await hasher.digest(whole))[0])
         except CorruptionError as exc:
-            trusted_chunks(store).discard(ref.key)  # found damaged: no later save reuses it unread
+            ledger.distrust((ref.key,))  # found damaged: no later save reuses it unread
             raise at_key(exc, key) from None
         if whole is not view:
             view[:] = whole[:len(view)]

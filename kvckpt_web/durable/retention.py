@@ -3,9 +3,9 @@
 A generation stays while it is among the newest ``keep`` of its name that can be restored; a damaged one
 newer than those stays too, as evidence, without counting; while fewer than ``keep`` can be restored, none
 is dropped, so the last restorable generation is never deleted. A generation counts as restorable only once
-each chunk it uses is stored with its SHA-256 (or is one this process wrote or read back intact). Manifests
-go first, durably, and only then the chunks no remaining manifest of any name uses; while a manifest cannot
-be read, no chunk is deleted.
+each chunk it uses is stored with its SHA-256 (or is one the :class:`~.ledger.Ledger` wrote or read back
+intact). Manifests go first, durably, and only then the chunks no remaining manifest of any name uses; while
+a manifest cannot be read, no chunk is deleted.
 """
 
 from __future__ import annotations
@@ -16,13 +16,12 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from ..checks import check_callable, check_each, check_int
-from ..errors import CorruptionError, KVCkptError, NotFoundError
-from ..stores.base import check_store
-from .catalog import decode_at, decoded_refs, manifest_keys, referenced, refs_of
+from ..errors import CorruptionError, FormatError, KVCkptError, NotFoundError
+from .catalog import decode_at, manifest_keys
 from .chunk_reads import read_chunk, stored_size
 from .container import (CHUNKS, MAX_MANIFEST_BYTES, ChunkRef, check_chunk_digest, chunk_digest, is_chunk_key,
                         validate_name)
-from .memo import trusted_chunks
+from .ledger import Ledger, ledger_for
 from .pipeline import IO_CONCURRENCY, offload, run_bounded
 from .prefix_index import drop_records
 from .results import GcResult, Progress
@@ -41,22 +40,25 @@ def check_keep(keep: int) -> int:
     return check_int("keep", keep, 1)
 
 
-async def _unusable(store: "Store", key: str, trusted: set[str], seen: dict[str, str | None]
+async def _unusable(store: "Store", key: str, ledger: Ledger | None, seen: dict[str, str | None]
                     ) -> tuple[str | None, bytes | None]:
     """Why the manifest under ``key`` cannot be restored (None if it can: it decodes and matches its key, and
-    each chunk it uses that is not ``trusted`` is stored with its size and SHA-256), and the bytes it held.
+    each chunk it uses that ``ledger`` does not trust (with None: every chunk) is stored with its size and
+    SHA-256), and the bytes it held.
 
     ``seen`` remembers each chunk's finding (None: good) across calls.
     """
     try:
         data = await store.get(key, max_bytes=MAX_MANIFEST_BYTES)
-        refs = decoded_refs(key, data)
-        if refs is not None and refs <= trusted:
-            return None, data
+        if ledger is not None:
+            refs = ledger.manifest_refs(key, data)
+            if refs is not None and ledger.trusts_all(refs):
+                return None, data
         manifest = decode_at(key, data)
     except KVCkptError as exc:
         return str(exc), None
-    todo = {ref.key: ref for ref in manifest.chunk_refs() if ref.key not in trusted and ref.key not in seen}
+    todo = {ref.key: ref for ref in manifest.chunk_refs()
+            if (ledger is None or not ledger.trusts(ref.key)) and ref.key not in seen}
 
     async def check(ref: ChunkRef) -> None:
         try:
@@ -68,6 +70,29 @@ async def _unusable(store: "Store", key: str, trusted: set[str], seen: dict[str,
     await run_bounded((lambda r=r: check(r) for r in todo.values()), IO_CONCURRENCY)
     bad = [seen[ref.key] for ref in manifest.chunk_refs() if seen.get(ref.key) is not None]
     return (f"{key}: {bad[0]}" if bad else None), data
+
+
+async def _refs_of(store: "Store", key: str, ledger: Ledger) -> frozenset[str] | None:
+    """The chunk keys the manifest under ``key`` uses (decoded by ``ledger`` once); None if it is missing or
+    cannot be read or decoded."""
+    try:
+        data = await store.get(key, max_bytes=MAX_MANIFEST_BYTES)
+    except FormatError:  # longer than any manifest, or no value (a FIFO, a device): it cannot be read
+        return None
+    return ledger.manifest_refs(key, data)
+
+
+async def _referenced(store: "Store", ledger: Ledger) -> tuple[set[str], list[str]]:
+    """Every chunk key used by a manifest of any name, and the keys of manifests that could not be read."""
+    used: set[str] = set()
+    damaged = []
+    for _, _, key in await manifest_keys(store):
+        refs = await _refs_of(store, key, ledger)
+        if refs is None:
+            damaged.append(key)
+        else:
+            used |= refs
+    return used, damaged
 
 
 @dataclass
@@ -83,7 +108,7 @@ class _Selection:
     while they still hold them."""
 
 
-async def _select(store: "Store", keep: int, keys: list[str], trusted: set[str], seen: dict[str, str | None]
+async def _select(store: "Store", keep: int, keys: list[str], ledger: Ledger | None, seen: dict[str, str | None]
                   ) -> _Selection:
     """What retention drops of one name's manifest keys (oldest first), and why it keeps each other one.
 
@@ -96,7 +121,7 @@ async def _select(store: "Store", keep: int, keys: list[str], trusted: set[str],
         if len(selection.counted) == keep:
             selection.drop = keys[:i + 1]
             break
-        why, data = await _unusable(store, keys[i], trusted, seen)
+        why, data = await _unusable(store, keys[i], ledger, seen)
         if why is None and data is not None:
             selection.counted[keys[i]] = data
             selection.reasons[keys[i]] = f"restorable, {len(selection.counted)} of the newest {keep} that are"
@@ -105,42 +130,43 @@ async def _select(store: "Store", keep: int, keys: list[str], trusted: set[str],
     return selection
 
 
-async def retain(store: "Store", keep: int, keys: list[str]) -> tuple[list[str], int, list[str]]:
+async def retain(store: "Store", keep: int, keys: list[str], *, ledger: Ledger | None = None
+                 ) -> tuple[list[str], int, list[str]]:
     """Drop the manifests of ``keys`` (every manifest key of one name, oldest first, as listed under the lock
     held) beyond the newest ``keep`` that can be restored, then the chunks only they used; warnings name
-    the damaged manifests kept. The chunks of the generations it counts that this process has not written or
-    read back intact are read and hashed (once: then they are trusted)."""
+    the damaged manifests kept. The chunks of the generations it counts that ``ledger`` (default: the store
+    object's own) has not written or read back intact are read and hashed (once: then it trusts them)."""
     if len(keys) <= keep:
         return [], 0, []
-    trusted = trusted_chunks(store)
+    ledger = ledger_for(store, ledger)
     seen: dict[str, str | None] = {}
-    selection = await _select(store, keep, keys, trusted, seen)
-    trusted.update(key for key, why in seen.items() if why is None)
+    selection = await _select(store, keep, keys, ledger, seen)
+    ledger.trust(key for key, why in seen.items() if why is None)
     drop = selection.drop
     warnings = [f"{key}: {why}" for key, why in selection.reasons.items() if why.startswith("damaged")]
     if not drop:
         return [], 0, warnings
     candidates: set[str] = set()
     for key in drop:
-        candidates |= await refs_of(store, key) or frozenset()
+        candidates |= await _refs_of(store, key, ledger) or frozenset()
     async with store.batch():  # the manifests are gone for good before any chunk they used is deleted
         await run_bounded(((lambda k=k: store.delete(k)) for k in drop), IO_CONCURRENCY)
     await drop_records(store, drop)  # their prefix index records go after them
     if not candidates:
         return drop, 0, warnings
-    used, damaged = await referenced(store)
+    used, damaged = await _referenced(store, ledger)
     if damaged:
         return drop, 0, warnings + [f"chunks not deleted: cannot tell which chunks damaged manifests use: "
                                     f"{', '.join(damaged)}"]
     unused = sorted(candidates - used)
     async with store.batch():
         await run_bounded(((lambda k=k: store.delete(k)) for k in unused), IO_CONCURRENCY)
-    trusted.difference_update(unused)
+    ledger.distrust(unused)
     return drop, len(unused), warnings
 
 
 async def gc(store: "Store", *, keep: int | None = DEFAULT_KEEP, names: Iterable[str] | None = None,
-             progress: Progress | None = None) -> GcResult:
+             progress: Progress | None = None, ledger: Ledger | None = None) -> GcResult:
     """Keep the newest ``keep`` manifests of each name that can be restored (``names``: only those names, a
     collection: a bare str is refused; ``keep=None``: every manifest), then delete every chunk no remaining
     manifest uses, including those of interrupted saves.
@@ -153,9 +179,10 @@ async def gc(store: "Store", *, keep: int | None = DEFAULT_KEEP, names: Iterable
 
     The chunks are read and hashed without the store's lock, so saves go on meanwhile; under the lock, a
     name's manifests are dropped only if those counted as restorable still hold the bytes that were judged,
-    and the chunks to delete are those no manifest there is then uses.
+    and the chunks to delete are those no manifest there is then uses. ``ledger`` (default: the store
+    object's own) decodes each manifest once and no longer trusts the chunks deleted.
     """
-    check_store(store)
+    ledger = ledger_for(store, ledger)
     if keep is not None:
         check_keep(keep)
     only = None if names is None else set(check_each("names", names, "a list of checkpoint names",
@@ -174,7 +201,7 @@ async def gc(store: "Store", *, keep: int | None = DEFAULT_KEEP, names: Iterable
             for key in drop:
                 await store.delete(key)
         records = await drop_records(store)  # of the manifests dropped, and any other whose manifest is gone
-        used, damaged = await referenced(store)
+        used, damaged = await _referenced(store, ledger)
         kept = tuple(key for _, _, key in await manifest_keys(store))
         kept_reasons = {key: reasons.get(key, "committed while gc ran (not judged)") for key in kept}
         if damaged:
@@ -191,7 +218,7 @@ async def gc(store: "Store", *, keep: int | None = DEFAULT_KEEP, names: Iterable
                 await store.delete(key)
                 if progress is not None:
                     progress("gc", i + 1, len(unused))
-        trusted_chunks(store).difference_update(unused)
+        ledger.distrust(unused)
     return GcResult(kept, tuple(drop), len(unused), freed, (), kept_reasons, records)
 
 
@@ -209,7 +236,7 @@ async def _judge(store: "Store", keep: int | None, only: set[str] | None) -> tup
             reasons.update((key, "not collected (keep=None)" if keep is None else "not collected (name not selected)")
                            for key in keys)
             continue
-        selection = await _select(store, keep, keys, set(), seen)
+        selection = await _select(store, keep, keys, None, seen)
         selections.append(selection)
         reasons.update(selection.reasons)
     return selections, reasons
@@ -226,11 +253,13 @@ async def _still_held(store: "Store", envelopes: dict[str, bytes]) -> bool:
     return True
 
 
-async def delete_name(store: "Store", name: str, *, progress: Progress | None = None) -> GcResult:
+async def delete_name(store: "Store", name: str, *, progress: Progress | None = None,
+                      ledger: Ledger | None = None) -> GcResult:
     """Delete every generation of ``name`` (a deletion asked for: restorable ones too), then every chunk no
     other manifest uses; NotFoundError if ``store`` holds no generation of ``name``, ConflictError (deleting
-    nothing) while another writer holds the name's :meth:`~kvckpt_web.stores.base.Store.claim`."""
-    check_store(store)
+    nothing) while another writer holds the name's :meth:`~kvckpt_web.stores.base.Store.claim`. ``ledger``
+    (default: the store object's own) forgets ``name`` and no longer trusts the chunks deleted."""
+    ledger = ledger_for(store, ledger)
     validate_name(name)
     check_callable("progress", progress)
     async with store.claim(name), store.lock():
@@ -240,4 +269,5 @@ async def delete_name(store: "Store", name: str, *, progress: Progress | None = 
         async with store.batch():
             for key in keys:
                 await store.delete(key)
-    return dataclasses.replace(await gc(store, keep=None, progress=progress), deleted_manifests=keys)
+    ledger.forget(name)
+    return dataclasses.replace(await gc(store, keep=None, progress=progress, ledger=ledger), deleted_manifests=keys)

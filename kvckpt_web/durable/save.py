@@ -7,15 +7,15 @@ name it does not keep and then the chunks no remaining manifest of any name uses
 therefore leaves the previous or the new generation restorable, plus at worst unreferenced chunks that
 :func:`~.retention.gc` removes.
 
-A chunk already in the store is reused only once it is known to hold the bytes its name says: this process
-wrote it or read it back (per store object), else the save reads it once and, if it differs, rewrites it
-from the cache's bytes.
+A chunk already in the store is reused only once it is known to hold the bytes its name says: the save's
+:class:`~.ledger.Ledger` wrote it or read it back, else the save reads it once and, if it differs, rewrites
+it from the cache's bytes.
 
 Incremental saves: full pages are immutable once written, so a save rewrites only the chunks holding pages
-that changed since this process last saved (or restored) that name in that store object: pages past the
-length saved last, the partial last page, and pages a ``popn`` reached. Only those pages are read back from
-the GPU. Without such a record (a new process) every page is read and hashed, but chunks already in the
-store are still not written again.
+that changed since its ledger last saved (or restored) that name: pages past the length saved last, the
+partial last page, and pages a ``popn`` reached. Only those pages are read back from the GPU. Without such
+a record (a new ledger, as in a new process) every page is read and hashed, but chunks already in the store
+are still not written again.
 """
 
 from __future__ import annotations
@@ -33,8 +33,8 @@ from ..stores.base import check_store
 from .catalog import manifest_keys
 from .container import (CHUNKS, MAX_MANIFEST_BYTES, ChunkRef, Manifest, chunk_key, encode_manifest, plan_chunks,
                         validate_name)
-from .memo import last_saved, remember, trusted_chunks
-from .pipeline import IO_CONCURRENCY, HashState, MappedBatches, cache_lock, run_bounded
+from .ledger import Ledger, ledger_for
+from .pipeline import IO_CONCURRENCY, HashState, MappedBatches, run_bounded
 from .prefix_index import commit_record
 from .prefix_records import PrefixKey, prefix_record
 from .results import Progress, SaveResult
@@ -64,12 +64,13 @@ def default_pages_per_chunk(page_bytes: int) -> int:
 async def save(cache: "PagedKVCache", seq_id: int, store: "Store", name: str, *,
                app_state: dict[str, Any] | None = None, keep: int | None = DEFAULT_KEEP,
                pages_per_chunk: int | None = None, progress: Progress | None = None,
-               prefix: PrefixKey | None = None) -> SaveResult:
+               prefix: PrefixKey | None = None, ledger: Ledger | None = None) -> SaveResult:
     """Checkpoint sequence ``seq_id`` of ``cache`` as the next generation of ``name`` in ``store``.
 
-    Writes only chunks whose pages changed since this process last saved or restored ``name`` with
-    this ``store`` object (and, even then, none the store already holds intact: one this process has
-    not written or read back yet is read once, and rewritten if it differs), then the manifest; then
+    Writes only chunks whose pages changed since ``ledger`` (default: the store object's own,
+    :meth:`~.ledger.Ledger.of`) last saved or restored ``name`` (and, even then, none the store already
+    holds intact: one the ledger has not written or read back yet is read once, and rewritten if it
+    differs), then the manifest; then
     keeps the newest ``keep`` generations of ``name`` that can be restored (and any damaged one newer
     than those) and deletes chunks no kept manifest of any name uses; ``keep=None`` applies no retention
     (every generation already there stays, the new one is added).
@@ -85,6 +86,7 @@ async def save(cache: "PagedKVCache", seq_id: int, store: "Store", name: str, *,
     """
     started = time.perf_counter()
     app_state, ppc = _checked_arguments(cache, seq_id, store, name, keep, app_state, pages_per_chunk, progress)
+    ledger = ledger_for(store, ledger)
     lay = cache.layout
     page_bytes, num_groups = lay.page_bytes, lay.num_layers
     async with store.lock():
@@ -92,7 +94,7 @@ async def save(cache: "PagedKVCache", seq_id: int, store: "Store", name: str, *,
         metadata = cache.get_checkpoint_metadata(seq_id)
         npages = lay.num_logical_pages(state.length)
         plan = plan_chunks(npages, ppc)
-        existing, reuse = await _reusable(store, cache, seq_id, name, ppc, len(plan))
+        existing, reuse = await _reusable(store, ledger, cache, seq_id, name, ppc, len(plan))
         generation = existing[-1][1] + 1 if existing else 1
         record = prefix_record(prefix, name, generation, state.length, lay.page_size)  # nothing written yet
         written_before = store.bytes_written
@@ -102,7 +104,8 @@ async def save(cache: "PagedKVCache", seq_id: int, store: "Store", name: str, *,
                  if plan and last >= reuse.chunks and full_pages > last * ppc else {})
         table: list[list[ChunkRef | None]] = [
             list(reuse.refs[g][:reuse.chunks]) + [None] * (len(plan) - reuse.chunks) for g in range(num_groups)]
-        stored, repaired, tails = await _write_chunks(store, cache, seq_id, plan, ppc, reuse, keeps, table, progress)
+        stored, repaired, tails = await _write_chunks(store, ledger, cache, seq_id, plan, ppc, reuse, keeps, table,
+                                                      progress)
         if cache.sequence_state(seq_id) != state:
             raise CheckpointStateError(f"save {name!r}: sequence {seq_id} changed while it was being saved; "
                                        "nothing was committed")
@@ -112,8 +115,8 @@ async def save(cache: "PagedKVCache", seq_id: int, store: "Store", name: str, *,
                             tuple(tuple(group) for group in table), app_state)  # type: ignore[arg-type]
         envelope = encode_manifest(manifest, metadata_is_valid=True)  # the cache wrote that metadata
         await store.set(manifest.key, envelope)  # the commit point
-        remember(store, envelope, manifest, state, tails)
-        trusted_chunks(store).update(manifest.chunk_keys())  # each one written, read back, or reused
+        ledger.remember(envelope, manifest, state, tails)
+        ledger.trust(manifest.chunk_keys())  # each one written, read back, or reused
         record, not_indexed = await commit_record(store, record)  # after the manifest: a crash costs a miss
         written = store.bytes_written - written_before
         warnings = [f"{key}: stored bytes differed from the chunk its name says; rewritten from the cache"
@@ -122,7 +125,7 @@ async def save(cache: "PagedKVCache", seq_id: int, store: "Store", name: str, *,
             names_keys = [key for _, _, key in existing] + [manifest.key]
             dropped, deleted, retained = [], 0, []
             if keep is not None:
-                dropped, deleted, retained = await retain(store, keep, names_keys)
+                dropped, deleted, retained = await retain(store, keep, names_keys, ledger=ledger)
         except KVCkptError as exc:  # the checkpoint is committed: report, do not fail the save
             dropped, deleted, retained = [], 0, [f"retention after the commit failed (kvckpt gc retries): {exc}"]
     return SaveResult(name, generation, manifest.key, seq_id, state.length, len(plan) * num_groups, stored, written,
@@ -155,14 +158,14 @@ def _checked_arguments(cache: "PagedKVCache", seq_id: int, store: "Store", name:
 
 @dataclass(frozen=True)
 class _Reuse:
-    """What a save keeps from this process's last save (or restore) of its name."""
+    """What a save keeps from its ledger's last save (or restore) of its name."""
 
     chunks: int
     """Leading chunks of every group whose pages are all unchanged: kept as they are, not read back."""
     refs: tuple[tuple[ChunkRef, ...], ...]
     """Per group, the refs of the last save's chunks (the first ``chunks`` are kept)."""
     known: frozenset[str]
-    """The chunk keys the last save's manifest uses: in the store, and intact as far as this process knows."""
+    """The chunk keys the last save's manifest uses: in the store, and intact as far as the ledger knows."""
     starts: dict[tuple[int, int], HashState]
     """Per (chunk, group) that grew since then, the SHA-256 state over its unchanged full pages."""
 
@@ -179,19 +182,19 @@ async def _bytes_of(store: "Store", key: str) -> bytes | None:
         return None
 
 
-async def _reusable(store: "Store", cache: "PagedKVCache", seq_id: int, name: str, ppc: int, num_chunks: int
-                    ) -> tuple[list[tuple[str, int, str]], _Reuse]:
-    """The manifest keys of ``name`` (listed under the lock the save holds) and what the save can keep from this
-    process's last save of it: chunks whose pages are all unchanged, if the store still holds that save's
-    manifest (read while the manifests are listed) and this process still trusts each chunk it uses."""
+async def _reusable(store: "Store", ledger: Ledger, cache: "PagedKVCache", seq_id: int, name: str, ppc: int,
+                    num_chunks: int) -> tuple[list[tuple[str, int, str]], _Reuse]:
+    """The manifest keys of ``name`` (listed under the lock the save holds) and what the save can keep from
+    ``ledger``'s last save of it: chunks whose pages are all unchanged, if the store still holds that save's
+    manifest (read while the manifests are listed) and the ledger still trusts each chunk it uses."""
     lay = cache.layout
-    prev = last_saved(store, name)
+    prev = ledger.last_saved(name)
     if prev is not None and (prev.page_bytes, prev.pages_per_chunk, len(prev.chunks)) != (lay.page_bytes, ppc,
                                                                                             lay.num_layers):
         prev = None
     existing, kept = await asyncio.gather(manifest_keys(store, name),
                                           _bytes_of(store, prev.key) if prev is not None else _nothing())
-    if prev is None or kept != prev.envelope or not prev.chunk_keys <= trusted_chunks(store):
+    if prev is None or kept != prev.envelope or not ledger.trusts_all(prev.chunk_keys):
         # nothing to go by, its chunks may be gone, or a restore or verify found one of them damaged since
         return existing, _Reuse(0, ((),) * lay.num_layers, frozenset(), {})
     unchanged_pages = cache.unchanged_prefix(seq_id, prev.state) // lay.page_size
@@ -202,9 +205,10 @@ async def _reusable(store: "Store", cache: "PagedKVCache", seq_id: int, name: st
     return existing, _Reuse(reuse, prev.chunks, prev.chunk_keys, starts)
 
 
-async def _write_chunks(store: "Store", cache: "PagedKVCache", seq_id: int, plan: list[tuple[int, int]], ppc: int,
-                        reuse: _Reuse, keeps: dict[tuple[int, int], int], table: list[list[ChunkRef | None]],
-                        progress: Progress | None) -> tuple[int, list[str], dict[int, tuple[int, HashState]]]:
+async def _write_chunks(store: "Store", ledger: Ledger, cache: "PagedKVCache", seq_id: int,
+                        plan: list[tuple[int, int]], ppc: int, reuse: _Reuse, keeps: dict[tuple[int, int], int],
+                        table: list[list[ChunkRef | None]], progress: Progress | None
+                        ) -> tuple[int, list[str], dict[int, tuple[int, HashState]]]:
     """Read back, hash and store every chunk past the reused ones, all in one ``store.batch()``, filling ``table``
     with their refs; the chunks it stored, those it found damaged and rewrote, and the hash states over the
     last chunks' full pages that ``keeps`` asked for."""
@@ -214,7 +218,6 @@ async def _write_chunks(store: "Store", cache: "PagedKVCache", seq_id: int, plan
     per_batch = max(1, READ_BATCH_BYTES // column_bytes)
     batches = [list(range(c, min(c + per_batch, len(plan)))) for c in range(reuse.chunks, len(plan), per_batch)]
     claimed: set[str] = set()
-    trusted = trusted_chunks(store)
     repaired: list[str] = []
     counts = {"written": 0, "done": reuse.chunks * num_groups}
     total_chunks = len(plan) * num_groups
@@ -236,10 +239,10 @@ async def _write_chunks(store: "Store", cache: "PagedKVCache", seq_id: int, plan
                     stored = True
                 else:
                     stored = False
-                if not stored and key not in trusted and await _rewrite_if_damaged(store, key, data):
+                if not stored and not ledger.trusts(key) and await _rewrite_if_damaged(store, key, data):
                     repaired.append(key)
                     stored = True
-                trusted.add(key)
+                ledger.trust((key,))
                 counts["written"] += stored  # counted after the awaits: puts run at once
         except BaseException:
             mapped.stop()  # chunks waiting for a batch that will never be mapped give up
@@ -253,7 +256,7 @@ async def _write_chunks(store: "Store", cache: "PagedKVCache", seq_id: int, plan
             for g in range(num_groups))
     if progress is not None:
         progress("save", counts["done"], total_chunks)
-    async with cache_lock(cache, "slots"):  # the staging slots serve one save at a time
+    async with cache.lock("slots"):  # the staging slots serve one save at a time
         mapped = MappedBatches(cache, seq_id, plan, batches, reuse.starts, keeps)
         try:
             async with store.batch():  # every chunk durable before the manifest is written

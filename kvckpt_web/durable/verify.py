@@ -13,14 +13,13 @@ from ..checks import check_callable, check_instance
 from ..errors import CorruptionError, KVCkptError
 from ..gpu.device import Device
 from ..kv.cache import PagedKVCache
-from ..stores.base import check_store
 from ..tvm.layout import CacheLimits
 from ..tvm.metadata import layout_from_metadata, limits_from_metadata, parse_metadata
 from .catalog import decode_at, manifest_keys
 from .chunk_reads import read_chunk, stored_size
 from .container import (CHUNKS, MAX_MANIFEST_BYTES, ChunkRef, Manifest, check_chunk_digest, chunk_digest, chunk_key,
                         is_chunk_key, validate_name)
-from .memo import trusted_chunks
+from .ledger import Ledger, ledger_for
 from .pipeline import IO_CONCURRENCY, offload, run_bounded
 from .prefix_index import check_records
 from .restore import check_fits, restore_into
@@ -36,7 +35,7 @@ Found = list[tuple[str, list[str]]]
 
 
 async def verify(store: "Store", *, name: str | None = None, device: "Device | None" = None,
-                 progress: Progress | None = None) -> VerifyReport:
+                 progress: Progress | None = None, ledger: Ledger | None = None) -> VerifyReport:
     """Check everything in ``store`` (or only the manifests of ``name`` and their chunks).
 
     Decodes every manifest and checks it against its key and its TVM metadata; re-hashes every chunk
@@ -48,8 +47,9 @@ async def verify(store: "Store", *, name: str | None = None, device: "Device | N
     lookups ignore, or whose checkpoint is gone, are listed in ``warnings``. Takes no lock: damage
     found in a manifest, or in a chunk it uses, is reported only if that manifest still holds the
     bytes verify read once it is done, so a generation another process collects meanwhile is not.
+    ``ledger`` (default: the store object's own) no longer trusts the chunks found damaged.
     """
-    check_store(store)
+    ledger = ledger_for(store, ledger)
     if name is not None:
         validate_name(name)
     if device is not None:
@@ -59,10 +59,10 @@ async def verify(store: "Store", *, name: str | None = None, device: "Device | N
     envelopes: dict[str, bytes] = {}
     found: Found = []
     manifests = await _check_manifests(store, name, report, envelopes, found)
-    bad = await _check_chunks(store, name, manifests, report, found, progress)
+    bad = await _check_chunks(store, ledger, name, manifests, report, found, progress)
     if device is not None:
         intact = [(key, m) for key, m in manifests if not any(ref.key in bad for ref in m.chunk_refs())]
-        await _check_loads(store, device, intact, report, found, progress)
+        await _check_loads(store, ledger, device, intact, report, found, progress)
     report.problems = await _standing(store, found, envelopes)
     report.warnings = await check_records(store, name)  # prefix index records are hints, not checkpoints
     return report
@@ -101,10 +101,10 @@ async def _check_manifests(store: "Store", name: str | None, report: VerifyRepor
     return manifests
 
 
-async def _check_chunks(store: "Store", name: str | None, manifests: list[tuple[str, Manifest]],
+async def _check_chunks(store: "Store", ledger: Ledger, name: str | None, manifests: list[tuple[str, Manifest]],
                         report: VerifyReport, found: Found, progress: Progress | None) -> set[str]:
     """Re-hash every chunk ``manifests`` use against their refs and, with no ``name``, every other chunk against
-    its own key; the damaged ones.
+    its own key; the damaged ones, which ``ledger`` no longer trusts.
 
     A chunk is read only once its stored size is the one its ref says; a chunk no manifest uses only if it
     is no larger than the chunks these manifests are cut into (a larger one is no chunk of theirs: gc
@@ -120,7 +120,6 @@ async def _check_chunks(store: "Store", name: str | None, manifests: list[tuple[
     todo = sorted(set(refs) | {k for k in listed if is_chunk_key(k)})
     largest = max((m.pages_per_chunk * m.page_bytes for _, m in manifests), default=0)
     bad: set[str] = set()
-    trusted = trusted_chunks(store)
     done = [0]
 
     async def check(ckey: str) -> None:
@@ -135,7 +134,7 @@ async def _check_chunks(store: "Store", name: str | None, manifests: list[tuple[
                 check_chunk_digest(ref, await offload(chunk_digest, data))
         except KVCkptError as exc:
             bad.add(ckey)
-            trusted.discard(ckey)
+            ledger.distrust((ckey,))
             found.append((f"{exc} (used by {', '.join(users[ckey])})", users[ckey]) if ref is not None
                          else (_naming(ckey, exc), []))  # the ref's messages name the chunk and its pages
         report.chunks_checked += 1
@@ -163,8 +162,8 @@ async def _check_unreferenced(store: "Store", ckey: str, largest: int, report: V
         raise CorruptionError(f"{ckey}: unreferenced chunk: sha256 expected {ckey[len(CHUNKS):]}, got {digest}")
 
 
-async def _check_loads(store: "Store", device: "Device", intact: list[tuple[str, Manifest]], report: VerifyReport,
-                       found: Found, progress: Progress | None) -> None:
+async def _check_loads(store: "Store", ledger: Ledger, device: "Device", intact: list[tuple[str, Manifest]],
+                       report: VerifyReport, found: Found, progress: Progress | None) -> None:
     """Restore each of ``intact`` into a fresh GPU cache of its layout and check that it reads back identical."""
     for i, (key, m) in enumerate(intact):
         meta = parse_metadata(m.tvm_metadata)
@@ -173,7 +172,7 @@ async def _check_loads(store: "Store", device: "Device", intact: list[tuple[str,
         limits = limits_from_metadata(meta)
         cache = PagedKVCache(device, layout, CacheLimits(1, pages * layout.page_size, limits.prefill_chunk_size))
         try:
-            result = await restore_into(store, m.name, cache, None, m.generation, None, record=False)
+            result = await restore_into(store, ledger, m.name, cache, None, m.generation, None, record=False)
             back = await cache.read_pages(result.seq_id, 0, m.num_logical_pages)
             for ref in m.chunk_refs():
                 lo = ref.first_page * m.page_bytes

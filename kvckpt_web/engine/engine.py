@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from ..durable.catalog import list_names
+from ..durable.ledger import Ledger
 from ..durable.prefix_index import PrefixIndex
 from ..durable.restore import restore
 from ..durable.retention import DEFAULT_KEEP, delete_name
@@ -104,6 +105,8 @@ class Engine:
         self.autosave_every, self.keep = autosave_every, keep
         self.pages_per_chunk = max(1, chunk_tokens // page_size)
         self.store = store
+        #: What this engine knows of its store's checkpoints: every save, restore and deletion goes through it.
+        self.ledger = Ledger(store) if store is not None else None
         self.scope = f"{self.model.identity}/{self.cache.get_layout_hash()}/{self.model.kernels}"
         self.slots = Slots(sequences)
         self.scheduler = Scheduler()
@@ -190,7 +193,7 @@ class Engine:
         if self.store is None:
             return None
         return Autosave(self.store, name, self.autosave_every, self.keep, pages_per_chunk=self.pages_per_chunk,
-                        prefix_scope=self.scope)
+                        prefix_scope=self.scope, ledger=self.ledger)
 
     def _track(self, turn: _Turn) -> _Turn:
         turn.slot.busy = True
@@ -311,7 +314,7 @@ class Engine:
             self.cache.fork_sequence(source.slot.seq_id, seq_id, n)
         elif source.record is not None:
             await restore(self.store, source.record.name, self.cache, seq_id=seq_id,
-                          generation=source.record.generation, length=n)
+                          generation=source.record.generation, length=n, ledger=self.ledger)
         return self.slots.add(Slot(seq_id, [], n, conversation=name))
 
     async def _free_sequence(self, keep: tuple[Slot, ...]) -> int:
@@ -375,7 +378,7 @@ class Engine:
             seq_id = await self._free_sequence(())
             await self._reserve(self.context, keep=())
             gen = await resume(self.store, name, self.model, self.cache, seq_id=seq_id, autosave=self._autosave(name),
-                               decode=self.codec.decode, context=self.context)
+                               decode=self.codec.decode, context=self.context, ledger=self.ledger)
             restore_s = gen.resume_report.restore_s + gen.resume_report.replay_s
             slot = self.slots.add(Slot(seq_id, gen.tokens, gen.kv_length, conversation=name))
         extra = ChatExtra.from_json(gen.extra)
@@ -412,7 +415,7 @@ class Engine:
             if own is not None and own.busy:
                 raise ConflictError(f"conversation {name!r}: a reply is being generated in it")
             if self.store is not None:
-                await delete_name(self.store, name)
+                await delete_name(self.store, name, ledger=self.ledger)
                 self.sources.forget(name)
             elif own is None:
                 raise NotFoundError(f"conversation: expected a conversation named {name!r}, got none")

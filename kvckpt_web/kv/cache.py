@@ -10,6 +10,7 @@ primitives are methods of the cache, carried out by the :class:`~kvckpt_web.kv.c
 
 from __future__ import annotations
 
+import asyncio
 from dataclasses import dataclass
 from typing import Any, Sequence as Seq
 
@@ -86,6 +87,7 @@ class PagedKVCache:
         self._buffers: dict[str, Buffer] = {}
         self._mapped_slots: set[int] = set()
         self._host_slots: dict[int, memoryview] = {}  # map_pages' buffers where the host copies pages in place
+        self._locks: dict[str, tuple[asyncio.AbstractEventLoop, asyncio.Lock]] = {}
         self._checkpoint = CheckpointIO(
             layout=layout, limits=self.limits, device=device, seqs=self.seqs, layers=self.layers, mover=self.mover,
             maps_pages=self.maps_pages, check_open=self._check_open, forward=lambda: self._forward,
@@ -149,6 +151,15 @@ class PagedKVCache:
     def closed(self) -> bool:
         """Whether :meth:`close` has released this cache's buffers: it holds nothing and takes nothing more."""
         return not self.layers
+
+    def lock(self, purpose: str = "transfer") -> asyncio.Lock:
+        """This cache's lock for ``purpose`` on the running event loop: "transfer" guards the staging buffers
+        for one readback or import at a time, "slots" the staging slots of :meth:`map_pages` for one save."""
+        loop = asyncio.get_running_loop()
+        entry = self._locks.get(purpose)
+        if entry is None or entry[0] is not loop:
+            entry = self._locks[purpose] = (loop, asyncio.Lock())
+        return entry[1]
 
     def _check_open(self, operation: str) -> None:
         if self.closed:

@@ -34,6 +34,7 @@ from ..durable.results import Progress, SaveResult
 from ..durable.retention import DEFAULT_KEEP
 from ..durable.save import save
 from ..durable.container import validate_name
+from ..durable.ledger import Ledger, ledger_for
 from ..errors import CheckpointStateError, FieldError, StoreError
 from ..kv.cache import PagedKVCache, check_cache
 from ..kv.pool import check_seq_id
@@ -88,9 +89,14 @@ class Autosave:
     prefix_scope: str | None = None
     """If given, each save indexes the checkpoint's tokens in the store's prefix index under this scope
     (:class:`~kvckpt_web.durable.prefix_records.PrefixKey`), so other conversations can find its K/V."""
+    ledger: Ledger | None = None
+    """What its saves remember of the store (:class:`~kvckpt_web.durable.ledger.Ledger`), so that each writes
+    only what changed since the last; None: the store object's own."""
 
     def __post_init__(self) -> None:
         check_store(self.store, "autosave.store")
+        if self.ledger is not None:
+            ledger_for(self.store, self.ledger, "autosave.ledger")
         validate_name(self.name)
         if self.every is not None:
             check_int("autosave.every", self.every, 1)
@@ -344,7 +350,8 @@ class Generator:
             auto = self.autosave
             prefix = None if auto.prefix_scope is None else PrefixKey(auto.prefix_scope, self.tokens[:self.kv_length])
             result = await save(self.cache, self.seq_id, auto.store, auto.name, app_state=self.app_state(),
-                                keep=auto.keep, pages_per_chunk=auto.pages_per_chunk, prefix=prefix)
+                                keep=auto.keep, pages_per_chunk=auto.pages_per_chunk, prefix=prefix,
+                                ledger=auto.ledger)
         except (StoreError, OSError) as exc:
             self.save_error = exc
             raise

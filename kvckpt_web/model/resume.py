@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 from ..checks import check_bool, check_int
 from ..durable.catalog import load_manifest
 from ..durable.container import Manifest
+from ..durable.ledger import Ledger, ledger_for
 from ..durable.restore import restore
 from ..durable.results import Progress, SaveResult
 from ..errors import (CorruptionError, FieldError, FormatError, MetadataError, SequenceError,
@@ -46,7 +47,7 @@ async def resume(store: "Store", name: str, model: CausalLM, cache: "PagedKVCach
                  on_token: Callable[[TokenEvent], None] | None = None,
                  on_save: Callable[[SaveResult], None] | None = None,
                  on_save_error: Callable[[Exception], None] | None = None,
-                 progress: Progress | None = None, replay: bool = True) -> Generator:
+                 progress: Progress | None = None, replay: bool = True, ledger: Ledger | None = None) -> Generator:
     """The generation saved as ``name`` in ``store`` (its newest generation, or ``generation``), ready to
     continue in sequence ``seq_id`` of ``cache`` (a :class:`~kvckpt_web.model.generator.Generator`).
 
@@ -64,9 +65,15 @@ async def resume(store: "Store", name: str, model: CausalLM, cache: "PagedKVCach
     With ``autosave``, the generator holds that name's claim until :meth:`Generator.close`: ConflictError at
     once, nothing changed, while another writer holds it, or if ``autosave`` saves under another name or
     store than ``name`` in ``store`` and that name holds another conversation.
+
+    ``ledger`` remembers what the restore loaded, so that the next save writes only what changed since
+    (default: the autosave's if it saves to ``store``, else the store object's own).
     """
     check_store(store)
     check_run_options(model, cache, seq_id, autosave)
+    if ledger is None and autosave is not None and autosave.store is store:
+        ledger = autosave.ledger
+    ledger = ledger_for(store, ledger)
     if max_tokens is not None:
         check_int("max_tokens", max_tokens, 1)
     check_callbacks(decode=decode, on_token=on_token, on_save=on_save, progress=progress)
@@ -93,15 +100,15 @@ async def resume(store: "Store", name: str, model: CausalLM, cache: "PagedKVCach
     # continuing the name it was saved as needs no check: the checkpoint read is that name's conversation
     await gen._hold_name(check=autosave is not None and (autosave.store is not store or autosave.name != name))
     try:
-        gen.resume_report = await _bring_back(gen, store, manifest, saved, replay)
+        gen.resume_report = await _bring_back(gen, store, manifest, saved, replay, ledger)
     except BaseException:
         await gen.close()
         raise
     return gen
 
 
-async def _bring_back(gen: Generator, store: "Store", manifest: Manifest, saved: SavedGeneration, replay: bool
-                      ) -> ResumeReport:
+async def _bring_back(gen: Generator, store: "Store", manifest: Manifest, saved: SavedGeneration, replay: bool,
+                      ledger: Ledger) -> ResumeReport:
     """Put the K/V of ``manifest`` (the checkpoint ``gen`` was made from) into ``gen``'s sequence: imported if
     they can be used, else (``replay``) its tokens run again; what happened."""
     model, cache, seq_id, name = gen.model, gen.cache, gen.seq_id, manifest.name
@@ -112,7 +119,7 @@ async def _bring_back(gen: Generator, store: "Store", manifest: Manifest, saved:
     else:
         start = time.perf_counter()
         try:
-            restored = await restore(store, name, cache, seq_id=seq_id, generation=manifest.generation)
+            restored = await restore(store, name, cache, seq_id=seq_id, generation=manifest.generation, ledger=ledger)
         except (MetadataError, FormatError, CorruptionError) as exc:
             reason, message = _why_not(exc), str(exc)
         else:

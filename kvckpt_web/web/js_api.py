@@ -1,7 +1,8 @@
 """What ``web/kvckpt.mjs`` calls: a page drives caches and checkpoints from JavaScript without writing Python.
 
 Each function adapts JS values (plain objects, typed arrays) to the Python API and
-back; the Python API stays the single source of truth. Results cross as JSON text
+back; the Python API stays the single source of truth. The caches, stores and device
+are the realm's :class:`~.runtime.Runtime`'s (:data:`~.runtime.REALM`). Results cross as JSON text
 whose keys are in JavaScript's camelCase (``seqLength``, ``appState``), K/V bytes as
 ``Uint8Array``. Errors cross as Pyodide's PythonError, which kvckpt.mjs turns into plain
 JS errors with :func:`describe_error`.
@@ -19,14 +20,11 @@ from ..durable.restore import restore as restore_checkpoint
 from ..durable.retention import DEFAULT_KEEP
 from ..durable.retention import gc as collect
 from ..durable.save import save
-from ..errors import CheckpointStateError, FieldError, KVCkptError, is_int
+from ..errors import FieldError, KVCkptError, is_int
 from ..gpu.tensors import as_bytes
 from ..kv.cache import PagedKVCache
 from ..tvm.layout import CacheLimits, KVLayout
-from .runtime import camel_json, device, error_fields, open_store, to_py
-
-_caches: dict[int, PagedKVCache] = {}
-_issued = 0  # handles are 1, 2, ...: never reused, so a closed cache's handle never reaches another cache
+from .runtime import REALM, camel_json, error_fields, to_py
 
 
 def _bytes(value: Any) -> bytes:
@@ -44,57 +42,39 @@ def _fields(what: str, value: Any, cls: type) -> dict[str, Any]:
     return dict(value)
 
 
-def _closed(handle: int) -> bool:
-    return handle not in _caches and is_int(handle, 1, _issued)
-
-
-def _cache(handle: int) -> PagedKVCache:
-    if _closed(handle):
-        raise CheckpointStateError(f"cache {handle}: expected an open cache, got a closed one (close() was called)")
-    if handle not in _caches:
-        raise FieldError("cache", f"an open cache handle {sorted(_caches)}", handle)
-    return _caches[handle]
-
-
 async def create_cache(layout: Any, limits: Any = None, transfer: str = "auto") -> int:
     """Open a cache of ``layout`` (KVLayout's fields) and ``limits`` (CacheLimits' fields); its handle."""
-    global _issued
     lay, lim = _fields("layout", to_py(layout), KVLayout), _fields("limits", to_py(limits) or {}, CacheLimits)
     if isinstance(lay.get("attn_kinds"), list):
         lay["attn_kinds"] = tuple(lay["attn_kinds"])
-    cache = PagedKVCache(await device(), KVLayout(**lay), CacheLimits(**lim), transfer=transfer)
-    _issued += 1
-    _caches[_issued] = cache
-    return _issued
+    return REALM.add_cache(PagedKVCache(await REALM.device(), KVLayout(**lay), CacheLimits(**lim), transfer=transfer))
 
 
 def close_cache(handle: int) -> None:
     """Release a cache's GPU memory now (every buffer of it is destroyed) and forget its handle; every later use
     of the handle raises CheckpointStateError. Closing again does nothing."""
-    if not _closed(handle):
-        _cache(handle).close()
-        del _caches[handle]
+    REALM.close_cache(handle)
 
 
 async def device_memory() -> str:
     """``{liveResources, liveBytes}`` as JSON: the buffers and textures kvckpt_web holds on this page's device."""
-    dev = await device()
+    dev = await REALM.device()
     return camel_json({"live_resources": dev.live_resources, "live_bytes": dev.live_bytes})
 
 
 def add_sequence(handle: int, seq_id: int) -> None:
     """Create an empty sequence."""
-    _cache(handle).add_sequence(seq_id)
+    REALM.cache(handle).add_sequence(seq_id)
 
 
 def remove_sequence(handle: int, seq_id: int) -> None:
     """Delete a sequence."""
-    _cache(handle).remove_sequence(seq_id)
+    REALM.cache(handle).remove_sequence(seq_id)
 
 
 def sequence_length(handle: int, seq_id: int) -> int:
     """Tokens in a sequence."""
-    return _cache(handle).get_sequence_length(seq_id)
+    return REALM.cache(handle).get_sequence_length(seq_id)
 
 
 def append(handle: int, seq_ids: Any, lengths: Any, layers: Any) -> None:
@@ -102,7 +82,7 @@ def append(handle: int, seq_ids: Any, lengths: Any, layers: Any) -> None:
 
     The size of every K and V is checked before the forward begins: a bad call leaves the cache as it was.
     """
-    cache = _cache(handle)
+    cache = REALM.cache(handle)
     lay, layers, lengths = cache.layout, to_py(layers), list(to_py(lengths))
     if len(layers) != lay.num_layers:
         raise FieldError("layers", f"{lay.num_layers} [k, v] pairs", len(layers))
@@ -124,14 +104,14 @@ async def read_kv(handle: int, seq_id: int, start: int, end: int) -> Any:
     """``[k, v]`` of tokens ``[start, end)`` as Uint8Arrays, each (num_layers, n, num_kv_heads, head_dim)."""
     from pyodide.ffi import to_js  # type: ignore[import-not-found]
 
-    k, v = await _cache(handle).debug_get_kv(seq_id, start, end)
+    k, v = await REALM.cache(handle).debug_get_kv(seq_id, start, end)
     return to_js([k.data, v.data])
 
 
 async def checkpoint(handle: int, seq_id: int, store: str, store_name: str, name: str, app_state: Any = None) -> str:
     """Save ``seq_id`` as the next generation of ``name``; ``{name, generation, seqLength, chunksWritten,
     bytesWritten}`` as JSON."""
-    result = await save(_cache(handle), seq_id, await open_store(store, store_name), name,
+    result = await save(REALM.cache(handle), seq_id, await REALM.open_store(store, store_name), name,
                         app_state=to_py(app_state) or {})
     return camel_json({"name": result.name, "generation": result.generation, "seq_length": result.seq_length,
                   "chunks_written": result.chunks_written, "bytes_written": result.bytes_written})
@@ -140,7 +120,8 @@ async def checkpoint(handle: int, seq_id: int, store: str, store_name: str, name
 async def restore(handle: int, store: str, store_name: str, name: str, seq_id: Any = None) -> str:
     """Load the newest generation of ``name`` into the cache; ``{name, generation, seqId, seqLength, appState}``
     as JSON."""
-    result = await restore_checkpoint(await open_store(store, store_name), name, _cache(handle), seq_id=to_py(seq_id))
+    result = await restore_checkpoint(await REALM.open_store(store, store_name), name, REALM.cache(handle),
+                                      seq_id=to_py(seq_id))
     return camel_json({"name": result.name, "generation": result.generation, "seq_id": result.seq_id,
                   "seq_length": result.seq_length, "app_state": result.app_state})
 
@@ -149,7 +130,7 @@ async def gc(store: str, store_name: str, keep: int = DEFAULT_KEEP) -> str:
     """Keep the newest ``keep`` generations of each name (0: all of them), then delete every chunk none of them
     uses, such as those of a failed save; the GcResult's fields as JSON (``keptManifests``, ``deletedChunks``,
     ...)."""
-    result = await collect(await open_store(store, store_name), keep=None if keep == 0 else keep)
+    result = await collect(await REALM.open_store(store, store_name), keep=None if keep == 0 else keep)
     return camel_json(dataclasses.asdict(result))
 
 

@@ -19,7 +19,7 @@ from kvckpt_web.durable import restore as restoring
 from kvckpt_web.durable import save as saving
 from kvckpt_web.durable.catalog import list_generations, list_names
 from kvckpt_web.durable.container import decode_manifest
-from kvckpt_web.durable.memo import forget
+from kvckpt_web.durable.ledger import Ledger
 from kvckpt_web.durable.restore import restore
 from kvckpt_web.durable.retention import delete_name, gc
 from kvckpt_web.durable.save import DEFAULT_CHUNK_BYTES, save
@@ -315,7 +315,7 @@ def test_a_new_process_reads_every_page_but_stores_only_the_manifest(model):
     model.add(0, 64)
     store = MemoryStore()
     saved(model, store)
-    forget(store)  # what a new process knows
+    Ledger.of(store).forget()  # what a new process knows
     before = store.bytes_written
     result = saved(model, store)
     assert result.pages_read == 16 and result.chunks_written == 0
@@ -700,7 +700,7 @@ def test_a_save_rewrites_a_damaged_chunk_it_would_reuse_from_the_cache(model, ta
     saved(model, store)
     rotten = sorted(chunk_keys(store))[1]
     damage(store, rotten, how)
-    forget(store)  # a new process: it did not write these chunks
+    Ledger.of(store).forget()  # a new process: it did not write these chunks
     result = saved(model, store)
     assert result.chunks_written == 1
     assert result.warnings == (f"{rotten}: stored bytes differed from the chunk its name says; rewritten from the "
@@ -715,7 +715,7 @@ def test_saves_after_a_chunk_rots_never_leave_only_generations_that_use_it(model
     saved(model, store)
     damage(store, sorted(chunk_keys(store))[0], "flipped")
     for step in range(3):  # new processes saving on: retention deletes the first generation
-        forget(store)
+        Ledger.of(store).forget()
         model.append({0: 2})
         saved(model, store, keep=2)
         if 0 in target.sequence_ids():
@@ -729,13 +729,13 @@ def test_a_new_process_reads_back_each_stored_chunk_it_reuses_once(model, monkey
     store = MemoryStore()
     saved(model, store)
     stored = chunk_keys(store)
-    forget(store)
+    Ledger.of(store).forget()
     reads = reads_of_chunks(store)
     saved(model, store)
     assert sorted(reads) == sorted(stored)
     reads.clear()
     model.append({0: 4})
-    forget(store, "s")  # even with every page read again, chunks it has read back are not read again
+    Ledger.of(store).forget("s")  # even with every page read again, chunks it has read back are not read again
     saved(model, store)
     assert reads == []
 

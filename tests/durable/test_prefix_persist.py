@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from kvckpt_web.durable import prefix_records
-from kvckpt_web.durable.memo import forget
+from kvckpt_web.durable.ledger import Ledger
 from kvckpt_web.durable.prefix_index import PrefixIndex
 from kvckpt_web.durable.prefix_records import (PrefixKey, decode_record, encode_record, prefix_record, record_key,
                                                scope_id)
@@ -208,7 +208,7 @@ def test_an_index_finds_a_checkpoint_a_new_process_saved_and_the_one_it_noted(mo
     saved(model, store, "a")
     index = PrefixIndex(store, SCOPE, PAGE)
     run(index.refresh())
-    forget(store)
+    Ledger.of(store).forget()
     result = saved(model, store, "b", seq=1, ids=tokens(13, start=100))
     index.note(result.prefix_record)
     hits = index.lookup(tokens(13))

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from kvckpt_web.durable.container import decode_manifest
-from kvckpt_web.durable.memo import last_saved, trusted_chunks
+from kvckpt_web.durable.ledger import Ledger
 from kvckpt_web.durable.restore import restore
 from kvckpt_web.durable.save import save
 from kvckpt_web.errors import CorruptionError, FieldError
@@ -114,5 +114,5 @@ def test_a_prefix_restore_is_not_remembered_as_the_last_save_but_its_chunks_are_
     _, data = source
     store: Any = MemoryStore(data)
     run(restore(store, "a", target.cache, seq_id=SEQ, length=9))
-    assert last_saved(store, "a") is None
-    assert trusted_chunks(store) == chunks_of(data, 3)
+    assert Ledger.of(store).last_saved("a") is None
+    assert Ledger.of(store).trusted == chunks_of(data, 3)

@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from kvckpt_web.durable.catalog import list_generations
-from kvckpt_web.durable.memo import forget
+from kvckpt_web.durable.ledger import Ledger
 from kvckpt_web.durable.restore import restore
 from kvckpt_web.durable.retention import gc
 from kvckpt_web.durable.save import save
@@ -76,7 +76,7 @@ def test_a_save_after_resuming_from_a_bit_flipped_chunk_keeps_the_older_intact_g
     saved(model, store)  # generation 2: the partial chunks grew, the full ones are shared with generation 1
     flip_a_byte(store, sorted(chunks_of(store)[2] - chunks_of(store)[1])[0])
     if process == "new":
-        forget(store)
+        Ledger.of(store).forget()
     with pytest.raises(CorruptionError):
         run(restore(store, "s", target))  # the resume finds the damage and replays: the cache holds the K/V
     model.append({0: 20})
@@ -105,7 +105,7 @@ def test_a_save_does_not_reuse_a_chunk_a_restore_found_damaged_unread(model, tar
 def test_retention_reads_each_chunk_it_verified_once(model):
     store = BetweenPhases()
     generations_saved(model, store)
-    forget(store)  # a new process: it trusts none of the stored chunks
+    Ledger.of(store).forget()  # a new process: it trusts none of the stored chunks
     store.reads.clear()
     for _ in range(2):
         model.append({0: 5})

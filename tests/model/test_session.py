@@ -18,7 +18,7 @@ from kvckpt_web.model.sampler import Sampler, SamplingSettings
 from kvckpt_web.model.app_state import APP_FORMAT, APP_VERSION, StopRules
 from kvckpt_web.model.generator import Autosave, Generator, candidate_count, new_cache
 from kvckpt_web.model.resume import resume
-from kvckpt_web import MemoryStore, list_generations, save
+from kvckpt_web import Ledger, MemoryStore, list_generations, save
 from kvckpt_web.durable.catalog import load_manifest
 
 from kvmodel import names_field, run
@@ -437,12 +437,17 @@ WRONG_ARGUMENTS = [
     ("resume max_tokens=0", lambda m, c, s: resume(s, "chat", m, c, max_tokens=0), "max_tokens"),
     ("resume on_save=int", lambda m, c, s: resume(s, "chat", m, c, on_save=1), "on_save"),
     ("resume replay=str", lambda m, c, s: resume(s, "chat", m, c, replay="no"), "replay"),
+    ("resume ledger of another store", lambda m, c, s: resume(s, "chat", m, c, ledger=Ledger(MemoryStore())),
+     "ledger"),
     ("StopRules max_tokens=float", lambda m, c, s: StopRules(5.0), "max_tokens"),
     ("StopRules eos_ids=int", lambda m, c, s: StopRules(5, 2), "eos_ids"),
     ("StopRules stop_strings=int", lambda m, c, s: StopRules(5, (), 1), "stop_strings"),
     ("StopRules stop_strings=[int]", lambda m, c, s: StopRules(5, (), ("x", 1)), "stop_strings[1]"),
     ("Autosave store=None", lambda m, c, s: Autosave(None, "chat"), "autosave.store"),
     ("Autosave every=float", lambda m, c, s: Autosave(s, "chat", 1.5), "autosave.every"),
+    ("Autosave ledger=str", lambda m, c, s: Autosave(s, "chat", ledger="mine"), "autosave.ledger"),
+    ("Autosave ledger of another store", lambda m, c, s: Autosave(s, "chat", ledger=Ledger(MemoryStore())),
+     "autosave.ledger"),
     ("Sampler settings=dict", lambda m, c, s: Sampler({"temperature": 0}), "settings"),
     ("new_cache model=None", lambda m, c, s: new_cache(None, c.device), "model"),
     ("new_cache max_tokens=str", lambda m, c, s: new_cache(m, c.device, max_tokens="64"), "max_tokens"),
