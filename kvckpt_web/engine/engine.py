@@ -13,7 +13,7 @@ from __future__ import annotations
 import secrets
 import time
 from collections.abc import AsyncIterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from ..durable.catalog import list_names
@@ -68,7 +68,8 @@ class _Turn:
     last_token_at: float | None = None
     save_s: float = 0.0
     interrupted: bool = False
-    sent: list[int] = field(default_factory=list)
+    made: int = 0
+    """Tokens this call generated (a resumed reply's earlier tokens not counted)."""
 
 
 class Engine:
@@ -213,7 +214,6 @@ class Engine:
         model_name, name = self.model_name, turn.slot.conversation
         try:
             if gen.generated_tokens:  # a resumed reply: what it had written comes first
-                turn.sent = list(gen.generated_tokens)
                 yield ChatChunk(turn.completion_id, turn.created, model_name, name, gen.text,
                                 tuple(gen.generated_tokens), first=True)
                 first = False
@@ -225,7 +225,7 @@ class Engine:
                 now = time.perf_counter()
                 turn.first_token_at = turn.first_token_at or now
                 turn.last_token_at = now
-                turn.sent.append(event.token)
+                turn.made += 1
                 yield ChatChunk(turn.completion_id, turn.created, model_name, name, event.text, (event.token,),
                                 first=first)
                 first = False
@@ -262,7 +262,7 @@ class Engine:
         prefill_s = (first - turn.started - turn.restore_s) if first is not None else 0.0
         decode_s = max(0.0, (last - first) - turn.save_s) if first is not None and last is not None else 0.0
         timings = Timings(turn.restore_s, max(0.0, prefill_s), decode_s,
-                          turn.prompt_tokens - turn.cached_tokens, max(0, len(turn.sent) - 1))
+                          turn.prompt_tokens - turn.cached_tokens, max(0, turn.made - 1))
         return Usage(turn.prompt_tokens, len(gen.generated_tokens), turn.cached_tokens, timings)
 
     async def _end(self, turn: _Turn) -> None:

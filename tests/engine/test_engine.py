@@ -177,6 +177,25 @@ def test_an_interrupted_reply_ends_with_abort_and_is_listed_unfinished(make_engi
     assert [u.name for u in unfinished] == [chunks[0].conversation]
 
 
+def test_a_resumed_replys_decode_rate_counts_only_the_tokens_generated_after_the_resume(make_engine):
+    engine = make_engine(store=MemoryStore())
+
+    async def body():
+        stream = await engine.chat([{"role": "user", "content": "hello there, who are you?"}], stream=True,
+                                   **GREEDY)
+        before = 0
+        async for chunk in stream:
+            before += len(chunk.token_ids)
+            if before == 3:
+                engine.interrupt()
+        (info,) = await engine.unfinished()
+        return before, await engine.resume(info.name)
+
+    before, reply = run(body())
+    assert reply.usage.completion_tokens == len(reply.token_ids) > before
+    assert reply.usage.timings.decode_tokens == len(reply.token_ids) - before - 1
+
+
 def test_an_edited_last_message_forks_and_reuses_the_shared_prefix(make_engine):
     engine = make_engine(store=MemoryStore())
 
