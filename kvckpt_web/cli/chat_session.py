@@ -8,7 +8,6 @@ is what the store holds, the engine's own reply ids recognised. Errors are one l
 
 from __future__ import annotations
 
-import time
 from collections.abc import AsyncIterator, Awaitable
 from typing import Any
 
@@ -41,6 +40,7 @@ class ChatSession:
         if not self.replying:
             return False
         self._stopping = True
+        self.term.ctrl_c()
         self.engine.interrupt()
         return True
 
@@ -111,15 +111,12 @@ class ChatSession:
 
     async def _open(self, name: str, field: str) -> None:
         """Show conversation ``name``'s history, then continue its last reply if that was cut."""
-        started = time.perf_counter()
         info = await self.engine.conversation(name)
-        seconds = time.perf_counter() - started
         if info.error is not None or not info.same_model:
             raise FieldError(field, "a conversation of this model that can be read", name,
                              info.error or "written by another model")
         self.name, self.messages = name, list(info.messages)
-        self.term.note(f"{name}: {len(info.messages)} messages, {info.tokens} tokens, read from the store in "
-                       f"{seconds * 1e3:.0f} ms")
+        self.term.note(f"{name}: {len(info.messages)} messages, {info.tokens} tokens")
         cut = not info.finished
         last_reply = cut and self.messages[-1].role == "assistant"
         for message in self.messages[:len(self.messages) - last_reply]:
@@ -147,16 +144,17 @@ class ChatSession:
         reload the conversation and say how the reply went."""
         self.replying, self._stopping = True, False
         try:
-            last = await self._show(await request, shown)
+            first, last = await self._show(await request, shown)
         finally:
             self.replying = False
         self.name = last.conversation
         await self._reload()
-        self.term.note(reply_status(self.name, last, resumed))
+        self.term.note(reply_status(self.name, last, len(first.token_ids) if resumed else None))
 
-    async def _show(self, chunks: AsyncIterator[ChatChunk], shown: str) -> ChatChunk:
-        """Print the text of ``chunks`` past its first ``len(shown)`` characters as it comes; the last chunk."""
-        text, printed, last = "", len(shown), None
+    async def _show(self, chunks: AsyncIterator[ChatChunk], shown: str) -> tuple[ChatChunk, ChatChunk]:
+        """Print the text of ``chunks`` past its first ``len(shown)`` characters as it comes; the first and the
+        last chunk."""
+        text, printed, first, last = "", len(shown), None, None
         async for chunk in chunks:
             if self._stopping:  # Ctrl-C came before the reply's first step
                 self.engine.interrupt()
@@ -164,9 +162,9 @@ class ChatSession:
             if len(text) > printed:
                 self.term.reply(text[printed:])
                 printed = len(text)
-            last = chunk
+            first, last = first or chunk, chunk
         self.term.end_reply()
-        return last
+        return first, last
 
     # ----- commands -----------------------------------------------------------------------------
 
@@ -228,16 +226,20 @@ class ChatSession:
         if number > len(users):
             raise FieldError("/edit", f"a message number in [1, {len(users)}]", number)
         index = users[number - 1]
-        text = command.text or self.term.read_line("edit> ", self.messages[index].content)
+        try:
+            text = command.text or self.term.read_line("edit> ", self.messages[index].content)
+        except (EOFError, KeyboardInterrupt):  # Ctrl-D or Ctrl-C at the edit prompt
+            text = ""
+            self.term.newline()
         if not text.strip():
-            return self.term.note("nothing sent: the edit is empty")
+            return self.term.note("nothing sent: the edit was cancelled or is empty")
         self.term.note(f"your message {number} edited: a new conversation forks here ({self.name} stays as it was)")
         await self._ask([*self.messages[:index], Message("user", text)], None)
 
     async def _do_system(self, command: Command) -> None:
         if not command.text:
             system = self.messages[0].content if self.messages and self.messages[0].role == "system" else None
-            return self.term.note(f"system: {system}" if system is not None else "no system prompt: the model's default")
+            return self.term.note("no system prompt: the model's default" if system is None else f"system: {system}")
         self.system = command.text
         started = any(m.role == "user" for m in self.messages)
         if started:

@@ -12,14 +12,9 @@ import os
 import sys
 import time
 from collections.abc import Callable
-from typing import TextIO
+from typing import Any, TextIO
 
 from ..engine import ChatChunk, ConversationInfo
-
-try:
-    import readline
-except ImportError:  # no line editing where Python has no readline: input() still reads lines
-    readline = None
 
 __all__ = ["FINISHED", "Terminal", "conversation_row", "reply_status", "visible"]
 
@@ -30,27 +25,35 @@ _CONTROLS = {c: chr(0x2400 + c) for c in range(0x20) if chr(c) not in "\n\t"}
 _CONTROLS.update({0x7F: "\u2421", **{c: "\ufffd" for c in range(0x80, 0xA0)}})
 
 
+def _line_editing() -> Any:
+    """The ``readline`` module, whose import gives ``input()`` line editing and history (None where Python has
+    none: ``input()`` still reads lines). Imported by the chat only, not by every ``kvckpt`` command."""
+    try:
+        import readline
+    except ImportError:
+        return None
+    return readline
+
+
 def visible(text: str) -> str:
     """``text`` with its control characters (but newline and tab) made visible."""
     return text.translate(_CONTROLS)
 
 
-def _ms(seconds: float) -> str:
-    return f"{seconds * 1e3:.0f} ms"
-
-
-def reply_status(name: str, last: ChatChunk, resumed: bool) -> str:
-    """The line after a reply: its conversation, where its prompt's K/V came from, its speed, why it ended."""
+def reply_status(name: str, last: ChatChunk, resumed_after: int | None) -> str:
+    """The line after a reply (``last`` its last chunk; ``resumed_after`` the tokens it had when it was
+    resumed, None if it was not): its conversation, where its prompt's K/V came from, its speed, why it ended."""
     usage = last.usage
     timings = usage.timings
-    restored = f" (restored from the store in {_ms(timings.restore_s)})" if timings.restore_s > 0 else ""
-    if resumed:
-        prompt = f"resumed after {usage.prompt_tokens} prompt tokens{restored}"
+    restored = f" (restored from the store in {timings.restore_s * 1e3:.0f} ms)" if timings.restore_s > 0 else ""
+    reply = f"{usage.completion_tokens} reply tokens"
+    if resumed_after is not None:
+        prompt = f"resumed after {resumed_after} reply tokens{restored}"
     else:
         prompt = (f"{usage.prompt_tokens} prompt tokens, {usage.cached_tokens} cached{restored}, "
                   f"{timings.prefill_tokens} prefilled in {timings.prefill_s:.2f} s")
-    rate = timings.to_json()["decode_tokens_per_s"]
-    reply = f"{usage.completion_tokens} reply tokens" + (f", {rate:.1f} tok/s" if rate else "")
+        rate = timings.to_json()["decode_tokens_per_s"]
+        reply += f", {rate:.1f} tok/s" if rate else ""
     return f"({name} · {prompt} · {reply} · {FINISHED[last.finish_reason]})"
 
 
@@ -74,6 +77,7 @@ class Terminal:
         self.out = out or sys.stdout
         self.err = err or sys.stderr
         self.read = read
+        self._readline = _line_editing() if read is input else None
         self._at_line_start = True
 
     def _dim(self, stream: TextIO, text: str) -> str:
@@ -88,13 +92,13 @@ class Terminal:
     def read_line(self, prompt: str, prefill: str = "") -> str:
         """A line typed after ``prompt``, starting as ``prefill`` where line editing is available (EOFError at
         the end of input, KeyboardInterrupt on Ctrl-C)."""
-        if readline is None or not prefill or self.read is not input:
+        if self._readline is None or not prefill:
             return self.read(prompt)
-        readline.set_startup_hook(lambda: readline.insert_text(prefill))
+        self._readline.set_startup_hook(lambda: self._readline.insert_text(prefill))
         try:
             return self.read(prompt)
         finally:
-            readline.set_startup_hook()
+            self._readline.set_startup_hook()
 
     def reply(self, text: str) -> None:
         """A piece of a reply, as it comes."""
@@ -119,6 +123,10 @@ class Terminal:
         else:
             self.reply(content)
             self.end_reply()
+
+    def ctrl_c(self) -> None:
+        """Ctrl-C was pressed: a terminal echoes ``^C`` where the cursor is, so what follows starts a new line."""
+        self._at_line_start = False
 
     def newline(self) -> None:
         """End the line typed at the prompt (after Ctrl-D or Ctrl-C there)."""

@@ -13,7 +13,7 @@ from kvckpt_web.stores.file import FileStore
 from kvmodel import run
 
 STATUS = re.compile(r"^\((?P<name>[A-Za-z0-9._-]+) · (?:(?P<prompt>\d+) prompt tokens, (?P<cached>\d+) cached"
-                    r"|resumed after (?P<resumed>\d+) prompt tokens)(?P<restored> \(restored from the store in "
+                    r"|resumed after (?P<resumed>\d+) reply tokens)(?P<restored> \(restored from the store in "
                     r"\d+ ms\))?(?:, (?P<prefilled>\d+) prefilled in [\d.]+ s)? · (?P<reply>\d+) reply tokens"
                     r"(?:, [\d.]+ tok/s)? · (?P<end>.+)\)$", re.M)
 """The line after each reply (kvckpt_web/cli/chat_terminal.py's ``reply_status``)."""

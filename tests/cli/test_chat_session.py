@@ -228,6 +228,11 @@ def test_edit_without_a_number_edits_the_last_message(chat, store):
         "hello there", "tell me about the wind"]
 
 
+def test_the_end_of_input_at_the_edit_prompt_cancels_the_edit(chat, store):
+    done = chat(["hello there", "/edit"])
+    assert "the edit was cancelled" in done.err and errors(done) == [] and len(saved(store)) == 1
+
+
 def test_edit_of_a_message_that_does_not_exist_is_one_line(chat, store):
     done = chat(["hello there", "/edit 2 what?"])
     assert len(errors(done)) == 1 and "[1, 1]" in errors(done)[0] and len(saved(store)) == 1
