@@ -4,9 +4,9 @@ written, so a conversation survives ``kill -9`` and the same command continues i
 Conversations live in a checkpoint store: ``--store DIR``, by default ``$XDG_DATA_HOME/kvckpt/chats`` (else
 ``~/.local/share/kvckpt/chats``, made readable by its user only). ``--conversation NAME`` opens that
 conversation, or begins a new one of that name; without it the chat reopens the most recent conversation if
-its last reply was cut (by a crash or Ctrl-C), so running the same command again after a crash continues it,
-and otherwise begins a new one (``/list`` and ``/open`` go back to earlier ones). Every flag and the store are
-checked before the model loads. Ctrl-C stops a reply (``/continue`` goes on with it); at the prompt it ends
+its last reply was cut (by a crash or Ctrl-C) and no other process is writing it, so running the same command
+again after a crash continues it, and otherwise begins a new one (``/list`` and ``/open`` go back to earlier
+ones). Every flag and the store are checked before the model loads. Ctrl-C stops a reply (``/continue`` goes on with it); at the prompt it ends
 the chat with status 130, as every ``kvckpt`` command; ``/exit`` and Ctrl-D end it with status 0.
 """
 

@@ -62,16 +62,18 @@ class ChatSession:
 
     async def start(self, conversation: str | None) -> None:
         """Open conversation ``conversation``, or begin a new one of that name if there is none; without a name,
-        reopen the most recent conversation if its last reply was cut (a crash, Ctrl-C), else begin a new one."""
+        reopen the most recent conversation if its last reply was cut (a crash, Ctrl-C) and no other process is
+        writing it, else begin a new one."""
         if conversation is not None and not await self._exists(conversation):
             return self._begin(conversation)
-        if conversation is None:
-            cut, latest = await self.engine.unfinished(), await self.engine.conversations()
-            conversation = cut[0].name if cut and latest[0].name == cut[0].name else None
         if conversation is not None:
             await self._guarded(self._open(conversation, "--conversation"))
             if self.name is not None and self.system is not None:
                 self.term.note(f"--system applies to new conversations: {self.name} keeps its own")
+        else:
+            cut, latest = await self.engine.unfinished(), await self.engine.conversations()
+            if cut and latest[0].name == cut[0].name and not await self._guarded(self._open(cut[0].name, "/open")):
+                self.name = None  # e.g. another process is writing it still: not the one to go on with here
         if self.name is None:
             self._begin(None)
 
@@ -87,14 +89,17 @@ class ChatSession:
         await self._guarded(getattr(self, f"_do_{command.name}")(command))
         return True
 
-    async def _guarded(self, work: Awaitable[None]) -> None:
-        """Do ``work``; an error it raises is one line on the terminal."""
+    async def _guarded(self, work: Awaitable[None]) -> bool:
+        """Do ``work``; an error it raises is one line on the terminal (and False)."""
         try:
             await work
         except ContextFullError as exc:
             self.term.error(f"{exc}; /new starts a new conversation")
         except (KVCkptError, OSError) as exc:
             self.term.error(str(exc))
+        else:
+            return True
+        return False
 
     # ----- conversations ------------------------------------------------------------------------
 

@@ -159,6 +159,18 @@ def test_without_a_name_the_latest_conversation_reopens_and_its_cut_reply_contin
     assert again.out == f"you> hello there\n{reply}\n\n"  # the history's part of the reply is not printed twice
 
 
+def test_without_a_name_a_cut_conversation_another_process_is_writing_is_left_to_it(chat, store):
+    cut = chat(["hello there"], settings=SEEDED, stop_after=4)
+    held = FileStore(store).claim(cut.name)  # the process writing it
+    run(held.__aenter__())
+    try:
+        again = chat(["what is a boat?"], settings=SEEDED)
+    finally:
+        run(held.__aexit__(None, None, None))
+    assert len(errors(again)) == 1 and "another writer" in errors(again)[0]
+    assert again.name != cut.name and saved(store)[cut.name].saved.finish_reason is None
+
+
 def test_open_by_number_counts_conversations_as_list_shows_them_newest_first(chat, store):
     chat(["hello there"], conversation="older")
     chat(["what is a boat?"], conversation="newer")
