@@ -6,8 +6,9 @@ Conversations live in a checkpoint store: ``--store DIR``, by default ``$XDG_DAT
 conversation, or begins a new one of that name; without it the chat reopens the most recent conversation if
 its last reply was cut (by a crash or Ctrl-C) and no other process is writing it, so running the same command
 again after a crash continues it, and otherwise begins a new one (``/list`` and ``/open`` go back to earlier
-ones). Every flag and the store are checked before the model loads. Ctrl-C stops a reply (``/continue`` goes on with it); at the prompt it ends
-the chat with status 130, as every ``kvckpt`` command; ``/exit`` and Ctrl-D end it with status 0.
+ones). Every flag and the store are checked before the model loads. Ctrl-C stops a reply (``/continue`` goes
+on with it); at the prompt it ends the chat with status 130, as every ``kvckpt`` command; ``/exit`` and Ctrl-D
+end it with status 0.
 """
 
 from __future__ import annotations
