@@ -111,7 +111,7 @@ def test_a_second_message_continues_the_conversation_prefilling_only_its_own_tok
                                                                                               "tell me about the sea"]
 
 
-def test_the_reply_is_streamed_to_stdout_after_the_prompt_and_its_status_goes_to_stderr(chat, store):
+def test_the_reply_goes_to_stdout_and_its_status_line_to_stderr(chat, store):
     done = chat(["hello there"])
     reply = saved(store)[done.name]
     text = DoubleText().decode([t for t in reply.saved.generated if t != 0])
