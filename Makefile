@@ -17,11 +17,16 @@ export XDG_RUNTIME_DIR ?= /tmp/kvckpt-xdg-$(shell id -u)
 
 setup: system-deps $(STAMP)
 
-# Mesa's lavapipe gives wgpu-py a Vulkan adapter on machines without a GPU.
+# Mesa's lavapipe gives wgpu-py a Vulkan adapter on machines without a GPU; tmux is the real terminal the
+# tests of `kvckpt chat` type into.
 system-deps:
 	@if ! ls /usr/share/vulkan/icd.d/lvp_icd.*.json >/dev/null 2>&1; then \
 	  echo "installing mesa-vulkan-drivers (lavapipe)"; \
 	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq mesa-vulkan-drivers >/dev/null; \
+	fi
+	@if ! command -v tmux >/dev/null 2>&1; then \
+	  echo "installing tmux"; \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq tmux >/dev/null; \
 	fi
 	@mkdir -p -m 700 $(XDG_RUNTIME_DIR)
 

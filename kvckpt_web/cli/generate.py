@@ -28,6 +28,7 @@ from ..model.generator import Autosave, Generator, new_cache
 from ..model.resume import resume
 from ..model.tokenizer import utf8
 from ..stores.file import FileStore
+from .sampling_flags import add_sampling_flags
 from .store_commands import check_store_target
 
 SAMPLER_FLAGS = {"seed": "--seed", "temperature": "--temperature", "top_k": "--top-k", "top_p": "--top-p",
@@ -184,11 +185,7 @@ def add_parsers(sub: Any) -> None:
     p.add_argument("--generation", type=int, help="with --resume: continue this generation of the saved reply "
                    "(default: the newest), e.g. the older one gc keeps beside a damaged newest")
     p.add_argument("--seed", type=int, help="seed of the random draws (default 0)")
-    p.add_argument("--temperature", type=float, help="0 picks the most likely token (default 0)")
-    p.add_argument("--top-k", type=int, help="sample among the k most likely tokens (default 0: off)")
-    p.add_argument("--top-p", type=float, help="sample among the most likely tokens holding this much probability "
-                   "(default 1: off)")
-    p.add_argument("--repetition-penalty", type=float, help="penalty of tokens already seen (default 1: off)")
+    add_sampling_flags(p)
     p.add_argument("--max-tokens", type=int, help="most tokens to generate (default 256; with --resume: the "
                    "checkpoint's)")
     p.add_argument("--autosave-every", type=int, help="save after this many tokens (default 64; with --resume: "

@@ -1,4 +1,4 @@
-"""The ``kvckpt`` command line: demo, generate, inspect, verify, convert, gc, bench."""
+"""The ``kvckpt`` command line: demo, generate, chat, inspect, verify, convert, gc, bench."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ from ..model.demo import WorkerConfig, run_generation_demo
 from ..model.loader import default_model_path
 from ..model.sampler import MAX_SEED
 from ..tvm.metadata import layout_from_metadata, limits_from_metadata, validate_import
-from . import bench, generate, store_commands
+from . import bench, chat, generate, store_commands
 from .demo import run_demo, worker_main
 
 
@@ -197,6 +197,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     store_commands.add_parsers(sub)
     generate.add_parsers(sub)
+    chat.add_parsers(sub)
 
     p = sub.add_parser("serve", help="serve the browser runtime (page, kvckpt.mjs, pinned Pyodide, wheels) offline "
                        "on 127.0.0.1 (needs the serve extra: pip install 'kvckpt_web[serve]')")
