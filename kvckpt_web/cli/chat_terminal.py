@@ -21,8 +21,8 @@ __all__ = ["FINISHED", "Terminal", "conversation_row", "reply_status", "visible"
 FINISHED = {"stop": "done", "length": "token limit", "abort": "interrupted: /continue goes on"}
 """How a reply's status line says why it ended."""
 
-_CONTROLS = {c: chr(0x2400 + c) for c in range(0x20) if chr(c) not in "\n\t"}
-_CONTROLS.update({0x7F: "\u2421", **{c: "\ufffd" for c in range(0x80, 0xA0)}})
+_CONTROLS = {**{c: chr(0x2400 + c) for c in range(0x20) if chr(c) not in "\n\t"}, 0x7F: "\u2421",
+             **{c: "\ufffd" for c in range(0x80, 0xA0)}}
 
 
 def _line_editing() -> Any:
