@@ -66,6 +66,8 @@ class ChatRow:
     seconds: list[float] = field(default_factory=list)
     cached: list[int] = field(default_factory=list)
     prefilled: list[int] = field(default_factory=list)
+    restores: list[float] = field(default_factory=list)
+    """Seconds the call spent restoring K/V from the store (its usage's ``timings.restore_s``)."""
     loads: list[float] = field(default_factory=list)
     ratios: list[float] = field(default_factory=list)
     """The re-prefill's time over this path's, round by round."""
@@ -79,7 +81,8 @@ class ChatRow:
         unit, scale, digits = ("ms", 1e3, 0) if ms else ("s", 1.0, 2)
         times = f"{min(self.seconds) * scale:.{digits}f}-{max(self.seconds) * scale:.{digits}f} {unit}"
         return (f"| {TITLES[self.path]} | {_span(self.cached, '{}')} | {_span(self.prefilled, '{}')} | "
-                f"{self.median * scale:.{digits}f} {unit} | {times} | {baseline.median / self.median:.1f}x "
+                f"{self.median * scale:.{digits}f} {unit} | {times} | {statistics.median(self.restores) * 1e3:.0f} ms | "
+                f"{baseline.median / self.median:.1f}x "
                 f"({_span(self.ratios, '{:.1f}')}) | {_span(self.loads, '{:.1f}')} |")
 
 
@@ -90,7 +93,7 @@ def _span(values: list[Any], form: str) -> str:
 
 
 HEADER = ("| next turn, history | cached tokens | prefilled tokens | time to first token (median) | range | "
-          "re-prefill / this (rounds) | load average |\n|---|---|---|---|---|---|---|")
+          "of which restore (median) | re-prefill / this (rounds) | load average |\n|---|---|---|---|---|---|---|---|")
 
 
 async def first_token(engine: Engine, messages: list[dict[str, str]], name: str, **settings: Any
@@ -148,6 +151,7 @@ async def bench_chat(device: Device | None = None, repeats: int = 5, paths: tupl
                     row.seconds.append(seconds)
                     row.cached.append(usage.cached_tokens)
                     row.prefilled.append(usage.prompt_tokens - usage.cached_tokens)
+                    row.restores.append(usage.timings.restore_s)
                     row.loads.append(os.getloadavg()[0])
 
             for p in PATHS[:2]:  # warm-up
