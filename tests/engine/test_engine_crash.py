@@ -160,19 +160,33 @@ SMOLLM_GREEDY = {"temperature": 0.0, "max_tokens": 4}
 
 
 @pytest.mark.real_model
-def test_smollm2_turn_9_after_kill_9_restores_the_history_and_gives_the_uninterrupted_tokens(smollm_path, tmp_path):
+def test_smollm2_killed_after_turns_and_mid_reply_gives_the_uninterrupted_tokens(smollm_path, tmp_path):
     with ChatWorker(SMOLLM) as worker:
         want = converse(worker, SMOLLM_GREEDY, range(9))
     for before, reply in zip(want, want[1:]):
         assert reply["usage"]["cached_tokens"] == history(before)  # each turn prefilled only its own tokens
+    assert len(want[7]["token_ids"]) >= 3  # turn 8's reply can be cut after its second token
     store = WorkerConfig(SMOLLM.factory, str(tmp_path / "store"), SMOLLM.engine)
-    with ChatWorker(store) as worker:
-        got = converse(worker, SMOLLM_GREEDY, range(8))
+    with ChatWorker(store) as worker:  # turns 1-4, then kill -9
+        got = converse(worker, SMOLLM_GREEDY, range(4))
         worker.kill()
     messages = []
     for turn, reply in enumerate(got):
         messages = answered(asked(messages, turn), reply)
-    with ChatWorker(store) as worker:
+    with ChatWorker(WorkerConfig(SMOLLM.factory, store.store, SMOLLM.engine, lockstep=True)) as worker:
+        for turn in range(4, 7):  # turns 5-7 after a restart, then kill -9 in turn 8's reply after 2 tokens
+            messages = asked(messages, turn)
+            got.append(done(worker.run("chat", messages=messages, settings=SMOLLM_GREEDY)))
+            messages = answered(messages, got[-1])
+        assert got[4]["usage"]["cached_tokens"] == history(got[3]) and got[4]["usage"]["timings"]["restore_s"] > 0
+        messages = asked(messages, 7)
+        worker.run("chat", until=after_tokens(2), messages=messages, settings=SMOLLM_GREEDY)
+        worker.kill()
+    with ChatWorker(store) as worker:  # turn 8's reply resumed, then kill -9
+        got.append(resume_cut(worker, 2))
+        worker.kill()
+    messages = answered(messages, got[-1])
+    with ChatWorker(store) as worker:  # turn 9 after a restart: the history comes back from the store
         ninth = done(worker.run("chat", messages=asked(messages, 8), settings=SMOLLM_GREEDY))
     assert ninth["usage"]["cached_tokens"] == history(got[-1]) and ninth["usage"]["timings"]["restore_s"] > 0
     assert [r["token_ids"] for r in got] + [ninth["token_ids"]] == [r["token_ids"] for r in want]
