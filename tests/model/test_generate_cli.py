@@ -7,6 +7,7 @@ test double, except where the real llama runner is the point (the tiny random GG
 
 from __future__ import annotations
 
+import asyncio
 import os
 import tempfile
 from pathlib import Path
@@ -25,7 +26,7 @@ from kvckpt_web.model.generator import Generator, new_cache
 from kvckpt_web.stores.file import FileStore
 
 from kvmodel import run
-from lm_double import DoubleLM, DoubleText
+from lm_double import DoubleLM, DoubleLogits, DoubleText
 
 PROMPT = "tell me about the sea."
 
@@ -152,6 +153,28 @@ def test_generate_resume_of_a_finished_reply_is_refused_before_the_model_loads(s
     error = one_line_error(capsys)
     assert "--resume: expected a reply that was cut" in error and "its reply finished (" in error
     assert snapshot(saved_reply) == before
+def test_ctrl_c_while_a_token_is_picked_keeps_the_last_save_and_resume_continues_it(device, double_model, tmp_path,
+                                                                                     capsys, monkeypatch):
+    """Ctrl-C reaches asyncio.run's task as a cancellation wherever it waits: here after a forward, while its token
+    is picked. That half-made step is not saved; --resume continues from the last autosave."""
+    real, calls = DoubleLogits.top_k, [0]
+
+    async def cancelled_tenth_pick(self, k):
+        calls[0] += 1
+        if calls[0] == 10:
+            raise asyncio.CancelledError
+        return await real(self, k)
+
+    monkeypatch.setattr(DoubleLogits, "top_k", cancelled_tenth_pick)
+    common = ["--model", double_model, "--store", str(tmp_path / "store"), "--name", "talk"]
+    assert main(["generate", *common, "--prompt", PROMPT, "--temperature", "0.9", "--seed", "2", "--max-tokens", "25",
+                 "--autosave-every", "4"]) == 130
+    monkeypatch.setattr(DoubleLogits, "top_k", real)
+    capsys.readouterr()
+    assert main(["generate", *common, "--resume"]) == 0
+    assert capsys.readouterr().out == expected_text(device, SamplingSettings(temperature=0.9, seed=2), 25) + "\n"
+
+
 # ----- a resumed reply keeps the settings it was started with ---------------------------------------------------
 
 
