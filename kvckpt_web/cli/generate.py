@@ -157,9 +157,9 @@ async def _reply(engine: Engine, request: ChatRequest | None, record: ChatRecord
     finally:
         await engine.close()
     if stopped:
-        where = (f"saved as {saves.name!r} {saves.committed_text}, which --resume continues" if engine.store is not None
-                 else "not saved: no --store")
-        _print_err(f"\ninterrupted after {tokens} tokens ({where})")
+        where = (f"the last save is {saves.name!r} {saves.committed_text}, which --resume continues"
+                 if engine.store is not None else "not saved: no --store")
+        _print_err(f"\ninterrupted after {tokens} tokens; {where}")
         raise KeyboardInterrupt
     _write("\n")
     saved = f", saved as {saves.name!r} {saves.committed_text}" if engine.store is not None else ""
