@@ -40,13 +40,18 @@ def cancelled_pick(monkeypatch):
     return arm
 
 
-def test_a_step_cancelled_while_its_token_is_picked_fails_the_generator_and_saves_nothing(make_cache, cancelled_pick):
-    store = MemoryStore()
-    model = DoubleLM()
+def cancelled(make_cache, cancelled_pick):
+    """A top-p generation autosaving into a MemoryStore, its 9th pick cancelled: (generator, store, model)."""
+    store, model = MemoryStore(), DoubleLM()
     gen = start(model, make_cache(model), TOP_P, autosave=Autosave(store, "chat", 5))
     cancelled_pick(9)
     with pytest.raises(asyncio.CancelledError):
         run(gen.run())
+    return gen, store, model
+
+
+def test_a_step_cancelled_while_its_token_is_picked_fails_the_generator_and_saves_nothing(make_cache, cancelled_pick):
+    gen, store, _ = cancelled(make_cache, cancelled_pick)
     assert gen.failed and gen.kv_length == len(gen.tokens)  # the K/V of every token, and no token after them
     saved = dict(store._data)
     with pytest.raises(CheckpointStateError, match="a step failed"):
@@ -58,12 +63,7 @@ def test_a_step_cancelled_while_its_token_is_picked_fails_the_generator_and_save
 def test_the_last_checkpoint_of_a_step_cancelled_while_its_token_is_picked_resumes_to_the_same_tokens(make_cache,
                                                                                                     cancelled_pick):
     want = uninterrupted(make_cache, TOP_P)
-    store = MemoryStore()
-    model = DoubleLM()
-    gen = start(model, make_cache(model), TOP_P, autosave=Autosave(store, "chat", 5))
-    cancelled_pick(9)
-    with pytest.raises(asyncio.CancelledError):
-        run(gen.run())
+    gen, store, model = cancelled(make_cache, cancelled_pick)
     run(gen.close())
     again = run(resume(store, "chat", model, make_cache(model), decode=TEXT.decode))
     assert run(again.run()).generated_tokens == want.generated_tokens
