@@ -92,6 +92,7 @@ test: setup web-deps
 
 bench: setup
 	$(BIN)/kvckpt bench export save generate
+	$(BIN)/kvckpt bench chat --repeats 3
 
 soak: setup
 	$(BIN)/kvckpt bench soak --trials 200

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -27,6 +28,8 @@ from kvckpt_web.kv import kernels
 from kvmodel import KVModel, small_layout, small_limits
 
 SMOLLM_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+MODEL_TESTS = Path(__file__).parent / "model"
+"""Where the test models live (``tiny_llama.py``, ``lm_double.py``), importable by every test and worker."""
 
 
 def gpu_required() -> bool:
@@ -55,6 +58,26 @@ def smollm_path() -> Path:
             pytest.fail(f"KVCKPT_REQUIRE_MODEL=1 but {message}", pytrace=False)
         pytest.skip(message)
     return Path(next(iter(spec.submodule_search_locations))) / SMOLLM_FILE
+
+
+@pytest.fixture(scope="session")
+def tiny_llama_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A tiny random llama GGUF (tests/model/tiny_llama.py), written once per session."""
+    if str(MODEL_TESTS) not in sys.path:
+        sys.path.insert(0, str(MODEL_TESTS))
+    from tiny_llama import write_tiny_llama
+
+    return write_tiny_llama(tmp_path_factory.mktemp("tiny-llama") / "tiny.gguf")
+
+
+@pytest.fixture(scope="module")
+def test_model_workers(tiny_llama_path: Path) -> Iterator[None]:
+    """Worker processes started by the module's tests import the test models' factories (``lm_double:load``,
+    and ``tiny_llama:load``, which loads the session's tiny GGUF)."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("PYTHONPATH", os.pathsep.join([str(MODEL_TESTS), os.environ.get("PYTHONPATH", "")]))
+        patch.setenv("TINY_LLAMA_GGUF", str(tiny_llama_path))
+        yield
 
 
 @pytest.fixture(scope="session")

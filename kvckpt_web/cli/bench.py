@@ -12,6 +12,7 @@ import time
 from typing import Callable
 
 from ..gpu.device import Device
+from .bench_chat import bench_chat
 from .bench_export import bench_export
 from .bench_rows import Row
 from .bench_save import bench_save
@@ -34,7 +35,8 @@ async def bench_soak(device: Device | None = None, repeats: int = 0, paths: tupl
     return []
 
 
-BENCHES = {"export": bench_export, "save": bench_save, "soak": bench_soak, "generate": bench_generate}
+BENCHES = {"export": bench_export, "save": bench_save, "soak": bench_soak, "generate": bench_generate,
+           "chat": bench_chat}
 
 
 def run(names: list[str], repeats: int, paths: tuple[str, ...], echo: Callable[[str], None] = print, *,

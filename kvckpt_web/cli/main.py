@@ -13,12 +13,12 @@ from typing import Any
 
 from ..durable.tvm_export import read_tvm_export
 from ..errors import FieldError, KVCkptError, ModelUnavailableError
-from ..model.demo import WorkerConfig, run_generation_demo
 from ..model.loader import default_model_path
 from ..model.sampler import MAX_SEED
 from ..tvm.metadata import layout_from_metadata, limits_from_metadata, validate_import
 from . import bench, chat, generate, store_commands
 from .demo import run_demo, worker_main
+from .demo_generation import DemoConfig, run_generation_demo
 
 
 def _describe_tvm_export(path: Path) -> dict[str, Any]:
@@ -69,9 +69,9 @@ def cmd_demo(args: argparse.Namespace) -> None:
         return run_demo(store_commands.check_at_least("--tokens", args.tokens, 1), args.seed, directory)
     if directory is not None:
         store_commands.check_store_target("--dir", args.dir)
-    config = WorkerConfig()
-    config = WorkerConfig(sampler={**config.sampler, "seed": args.seed},
-                          max_tokens=store_commands.check_at_least("--max-tokens", args.max_tokens, 1))
+    config = DemoConfig()
+    config = DemoConfig(sampler={**config.sampler, "seed": args.seed},
+                        max_tokens=store_commands.check_at_least("--max-tokens", args.max_tokens, 1))
     try:
         run_generation_demo(config, kill_after=store_commands.check_at_least("--kill-after", args.kill_after, 1),
                             directory=directory)
@@ -156,8 +156,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--kv-only", action="store_true", help="the K/V-level demo, without a model")
     p.add_argument("--seed", type=int, default=0, help="seed of the sampler, or with --kv-only of the K/V (default 0)")
     p.add_argument("--max-tokens", type=int, default=64, help="reply tokens to generate (default 64)")
-    p.add_argument("--kill-after", type=int, default=16, help="SIGKILL the worker once a checkpoint holds this many "
-                   "reply tokens (default 16)")
+    p.add_argument("--kill-after", type=int, default=16, help="SIGKILL the worker after this many reply tokens "
+                   "(default 16)")
     p.add_argument("--tokens", type=int, default=3000, help="with --kv-only: tokens to fill (default 3000)")
     p.add_argument("--dir", help="where to write the checkpoint store, or with --kv-only the TVM export directory "
                    "(default: a temporary directory; an existing export directory must be empty or an earlier "
@@ -185,9 +185,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=store_commands.cmd_convert)
 
     p = sub.add_parser("bench", help="throughput vs raw transfers of the same bytes, measured in the same run")
-    p.add_argument("names", nargs="*", default=["export"], choices=["export", "save", "soak", "generate"],
+    p.add_argument("names", nargs="*", default=["export"], choices=["export", "save", "soak", "generate", "chat"],
                    help="benchmarks to run (soak: kill -9 trials of processes that are saving; generate: the "
-                        "embedded model's prefill, decode, and resume vs re-prefill)")
+                        "embedded model's prefill, decode, and resume vs re-prefill; chat: the next turn of a "
+                        "2,000-token conversation with its history in the cache, restored from the store, and "
+                        "re-prefilled)")
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--trials", type=int, default=200, help="trials of the soak benchmark (default 200)")
     p.add_argument("--path", choices=["auto", "kernel", "copy", "mapped", "all"], default="all",

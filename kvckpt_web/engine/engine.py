@@ -12,21 +12,23 @@ from __future__ import annotations
 
 import secrets
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from ..checks import check_callable
 from ..durable.catalog import list_names
 from ..durable.ledger import Ledger
 from ..durable.prefix_index import PrefixIndex
 from ..durable.restore import restore
+from ..durable.results import Progress, SaveResult
 from ..durable.retention import DEFAULT_KEEP, delete_name
 from ..errors import (CapacityError, ConflictError, ContextFullError, FieldError, KVCkptError, NotFoundError,
                       is_int)
 from ..kv.cache import PagedKVCache
 from ..model.app_state import StopRules
 from ..model.conversation import Conversation
-from ..model.generator import Autosave, Generator
+from ..model.generator import Autosave, Generator, ResumeReport
 from ..model.resume import resume
 from ..model.sampler import MAX_SEED, SamplingSettings
 from ..tvm.layout import CacheLimits
@@ -64,6 +66,8 @@ class _Turn:
     cached_tokens: int
     restore_s: float
     started: float
+    resumed: ResumeReport | None = None
+    """How the K/V of a reply continued from the store came back (None: the reply did not come from there)."""
     first_token_at: float | None = None
     last_token_at: float | None = None
     save_s: float = 0.0
@@ -80,12 +84,19 @@ class Engine:
     when full (its K/V are committed to the store already). Prompts are prefilled ``prefill_chunk`` tokens per
     forward; checkpoints keep ``keep`` generations and cut each layer into chunks of ``chunk_tokens`` tokens,
     small enough that conversations sharing a prefix share its chunks.
+
+    ``progress(phase, done, total)`` hears how a prompt's prefill (phase "prefill") or a resume's replay of
+    tokens whose K/V could not be used ("replay") advances; ``on_save(conversation, result)`` hears of each
+    save of a conversation, ``on_save_error(conversation, error)`` of each that failed in the store (a full
+    disk, the lock not had in time): the reply goes on and the next save tries again.
     """
 
     def __init__(self, loaded: "LoadedModel", device: "Device", *, store: "Store | None" = None,
                  model_name: str = "kvckpt", context: int | None = None, sequences: int = 4,
                  cache_tokens: int | None = None, page_size: int = 16, prefill_chunk: int = 128,
-                 autosave_every: int = 32, keep: int = DEFAULT_KEEP, chunk_tokens: int = 256) -> None:
+                 autosave_every: int = 32, keep: int = DEFAULT_KEEP, chunk_tokens: int = 256,
+                 progress: Progress | None = None, on_save: Callable[[str, SaveResult], None] | None = None,
+                 on_save_error: Callable[[str, Exception], None] | None = None) -> None:
         for name, value in (("sequences", sequences), ("page_size", page_size), ("prefill_chunk", prefill_chunk),
                             ("autosave_every", autosave_every), ("keep", keep), ("chunk_tokens", chunk_tokens)):
             if not is_int(value, 1):
@@ -94,6 +105,9 @@ class Engine:
             raise FieldError("context", "an integer >= 2 or None", context)
         if not isinstance(model_name, str) or not model_name:
             raise FieldError("model_name", "a non-empty string", model_name)
+        self.progress = check_callable("progress", progress)
+        self.on_save = check_callable("on_save", on_save)
+        self.on_save_error = check_callable("on_save_error", on_save_error)
         self.model, self.codec = loaded.model, loaded.text
         self.model_name = model_name
         self.context = min(self.model.max_context, context or DEFAULT_CONTEXT)
@@ -165,7 +179,7 @@ class Engine:
                 self.model, self.cache, prompt.tokens, sampling,
                 stop=StopRules(max_tokens, self.codec.eos_ids, request.stop), seq_id=slot.seq_id,
                 prefill_chunk=self.prefill_chunk, autosave=self._autosave(name), decode=self.codec.decode,
-                kv_length=source.length, replies=prompt.replies, extra=extra.to_json(), conversation=conversation,
+                progress=self.progress, kv_length=source.length, replies=prompt.replies, extra=extra.to_json(), conversation=conversation,
                 context=self.context)
         except BaseException:
             await self._drop(slot)
@@ -200,22 +214,26 @@ class Engine:
         turn.slot.busy = True
         turn.slot.gen = turn.gen
         self._turns.append(turn)
+        name = turn.slot.conversation
 
-        def saved(result: Any) -> None:
+        def saved(result: SaveResult) -> None:
             turn.save_s += result.seconds
             if result.prefix_record is not None:
                 self.sources.index.note(result.prefix_record)
+            if self.on_save is not None:
+                self.on_save(name, result)
 
         turn.gen.on_save = saved
+        turn.gen.on_save_error = None if self.on_save_error is None else lambda exc: self.on_save_error(name, exc)
         return turn
 
     async def _stream(self, turn: _Turn) -> AsyncIterator[ChatChunk]:
         gen, first = turn.gen, True
         model_name, name = self.model_name, turn.slot.conversation
         try:
-            if gen.generated_tokens:  # a resumed reply: what it had written comes first
+            if gen.generated_tokens or turn.resumed is not None:  # a resumed reply: what it had written first
                 yield ChatChunk(turn.completion_id, turn.created, model_name, name, gen.text,
-                                tuple(gen.generated_tokens), first=True)
+                                tuple(gen.generated_tokens), first=True, resumed=turn.resumed)
                 first = False
             while gen.finish_reason is None and not turn.interrupted:
                 async with self.scheduler.turn():
@@ -351,25 +369,34 @@ class Engine:
 
     # ----- conversations ------------------------------------------------------------------------
 
-    async def resume(self, name: str, *, stream: bool = False) -> ChatCompletion | AsyncIterator[ChatChunk]:
+    async def resume(self, name: str, *, generation: int | None = None, stream: bool = False
+                     ) -> ChatCompletion | AsyncIterator[ChatChunk]:
         """Continue conversation ``name``'s unfinished reply (cut by a crash, or stopped) with the tokens an
-        uninterrupted run gives; its first chunk holds what was written before. FieldError if the reply
-        finished, NotFoundError if there is no such conversation."""
+        uninterrupted run gives; its first chunk holds what was written before and, when the reply came back
+        from the store, ``resumed``: how its K/V did (imported, or their tokens run again when they could not
+        be used). ``generation`` continues that generation of it instead of the newest (e.g. an intact one
+        beside a damaged newest). FieldError if the reply finished, NotFoundError if there is no such
+        conversation (or generation)."""
+        if generation is not None and not is_int(generation, 1):
+            raise FieldError("generation", "an integer >= 1 or None", generation)
         async with self.scheduler.turn():
-            turn = await self._resume_turn(name)
+            turn = await self._resume_turn(name, generation)
         return self._stream(turn) if stream else await self._collect(self._stream(turn))
 
-    async def _resume_turn(self, name: str) -> _Turn:
+    async def _resume_turn(self, name: str, generation: int | None) -> _Turn:
         started = time.perf_counter()
         own = self.slots.of_conversation(name)
         if own is not None and own.busy:
             raise ConflictError(f"conversation {name!r}: a reply is being generated in it")
-        if own is not None and own.gen is not None and own.gen.finish_reason is None and own.committed:
+        if (generation is None and own is not None and own.gen is not None and own.gen.finish_reason is None
+                and own.committed):
             gen, restore_s, slot = own.gen, 0.0, own
         else:
-            record = await self.sources.record(name)
+            record = await self.sources.record(name, generation)
             if record is None:
-                raise NotFoundError(f"conversation: expected an unfinished conversation named {name!r}, got none")
+                which = "" if generation is None else f" generation {generation}"
+                raise NotFoundError(f"conversation: expected an unfinished conversation named {name!r}{which}, "
+                                    "got none")
             if record.finished:
                 raise FieldError("conversation", "a conversation whose last reply is unfinished", name,
                                  f"its reply finished ({record.saved.finish_reason})")
@@ -377,13 +404,15 @@ class Engine:
                 await self._drop(own)
             seq_id = await self._free_sequence(())
             await self._reserve(self.context, keep=())
-            gen = await resume(self.store, name, self.model, self.cache, seq_id=seq_id, autosave=self._autosave(name),
-                               decode=self.codec.decode, context=self.context, ledger=self.ledger)
+            gen = await resume(self.store, name, self.model, self.cache, seq_id=seq_id, generation=record.generation,
+                               autosave=self._autosave(name), decode=self.codec.decode, context=self.context,
+                               progress=self.progress, ledger=self.ledger)
             restore_s = gen.resume_report.restore_s + gen.resume_report.replay_s
             slot = self.slots.add(Slot(seq_id, gen.tokens, gen.kv_length, conversation=name))
         extra = ChatExtra.from_json(gen.extra)
         return self._track(_Turn(gen, slot, extra.completion_id, extra.created, len(gen.prompt_tokens),
-                                 len(gen.prompt_tokens), restore_s, started))
+                                 len(gen.prompt_tokens), restore_s, started,
+                                 resumed=gen.resume_report if slot is not own else None))
 
     async def conversations(self) -> list[ConversationInfo]:
         """Every conversation in the store (or, without one, in the cache), the most recent first."""

@@ -9,7 +9,10 @@ the conversation the reply is saved under and the reply's token ids. Clients tha
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from ..model.generator import ResumeReport
 
 __all__ = ["FINISH_REASONS", "ChatChunk", "ChatCompletion", "Timings", "Usage"]
 
@@ -70,6 +73,9 @@ class ChatChunk:
     usage: Usage | None = None
     first: bool = False
     """The first chunk of the reply (it carries the assistant role)."""
+    resumed: "ResumeReport | None" = None
+    """On the first chunk of a reply :meth:`Engine.resume` brought back from the store: whether its K/V were
+    imported or (unusable: another model or layout, a damaged chunk) their tokens run again, and the times."""
 
     def to_openai(self) -> dict[str, Any]:
         delta: dict[str, Any] = {"role": "assistant"} if self.first else {}

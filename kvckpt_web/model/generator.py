@@ -372,14 +372,15 @@ class Generator:
 
     @property
     def failed(self) -> bool:
-        """Whether a forward failed part-way: the sequence may hold part of it and this generator cannot go on."""
+        """Whether a step failed part-way (a forward, or the pick of the token after it): the sequence may hold K/V
+        the known tokens do not account for, and this generator cannot go on or save (resume its last checkpoint)."""
         return self._failed is not None
 
     def _check_usable(self) -> None:
         if self._closed:
             raise CheckpointStateError("generator: closed (its autosave name released); resume it to go on")
         if self._failed is not None:
-            raise CheckpointStateError(f"generator: a forward failed ({self._failed!r}) and the sequence may hold "
+            raise CheckpointStateError(f"generator: a step failed ({self._failed!r}) and the sequence may hold "
                                        "part of it: resume from the last checkpoint instead")
 
     async def _forward(self, tokens: list[int]) -> Logits:
@@ -422,7 +423,13 @@ class Generator:
                 return None
         else:
             logits = await self._forward([self.generated_tokens[-1]])
-        token = await self._pick(logits)
+        try:
+            token = await self._pick(logits)
+        except BaseException as exc:
+            # cancelled (Ctrl-C under asyncio.run) or failed once the forward ran: the sequence holds the K/V of
+            # every known token and no token follows them, a state no checkpoint may record
+            self._failed = exc
+            raise
         self.generated_tokens.append(token)
         event = self._finish_check(token)
         if self.on_token is not None:

@@ -1,5 +1,5 @@
 """Fixtures of the model tests: the real SmolLM2-135M-Instruct GGUF (``smollm_path``, tests/conftest.py) parsed
-once, the tiny random llama GGUF, and caches of a model's layout."""
+once, and caches of a model's layout (the tiny random llama GGUF, ``tiny_llama_path``, is in tests/conftest.py)."""
 
 from __future__ import annotations
 
@@ -15,14 +15,6 @@ from kvckpt_web.model.generator import new_cache
 def smollm(smollm_path: Path) -> GGUFFile:
     """The SmolLM2 GGUF, mapped and parsed by kvckpt_web's reader."""
     return open_gguf(smollm_path)
-
-
-@pytest.fixture(scope="session")
-def tiny_llama_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A tiny random llama GGUF (tests/model/tiny_llama.py), written once per session."""
-    from tiny_llama import write_tiny_llama
-
-    return write_tiny_llama(tmp_path_factory.mktemp("tiny-llama") / "tiny.gguf")
 
 
 @pytest.fixture

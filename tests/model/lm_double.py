@@ -5,8 +5,8 @@
 position (through ``append_kv``), then reads back *every* K/V of the sequence (``debug_get_kv``)
 and computes the logits from them: one attention step plus a term seeded by the digest of all
 their bytes, so a restore that loses, shifts or damages any token's K/V changes the tokens. :class:`DoubleText` is a
-character-level codec over a small alphabet. :func:`load` is a model factory for
-:mod:`kvckpt_web.model.demo` (``"lm_double:load"``).
+character-level codec over a small alphabet. :func:`load` is a model factory for the worker processes of
+:mod:`kvckpt_web.cli.chat_worker` (``"lm_double:load"``).
 """
 
 from __future__ import annotations

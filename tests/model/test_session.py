@@ -1,8 +1,8 @@
 """Generation sessions: streaming, stop rules, autosave, and resume giving the tokens of an uninterrupted run.
 
 The model is the test double of ``lm_double.py``: its logits come from the K/V it reads back from the
-real cache, so a restore that is wrong anywhere changes the tokens. Crashes of real processes are in
-``test_session_crash.py``.
+real cache, so a restore that is wrong anywhere changes the tokens. Crashes of real processes chatting
+through the engine are in ``tests/engine/test_engine_crash.py``.
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@
 :func:`write_tiny_llama` writes it with ``gguf.GGUFWriter``: Q4_1 block matrices (attn_q/attn_k rows permuted
 as llama.cpp's converter does), a Q8_0 token embedding tied as the head, F32 norms, a byte-level BPE
 tokenizer with a few merges and ChatML's special tokens, and a ChatML chat template. :func:`load` is a
-model factory for :mod:`kvckpt_web.model.demo` worker processes (``"tiny_llama:load"``), reading the
+model factory for :mod:`kvckpt_web.cli.chat_worker` worker processes (``"tiny_llama:load"``), reading the
 file named by ``$TINY_LLAMA_GGUF``.
 """
 
