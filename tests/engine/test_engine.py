@@ -295,6 +295,18 @@ def test_a_huge_message_is_refused_as_too_long_without_encoding_past_the_context
     assert text.budgets and all(b is not None and b <= 63 for b in text.budgets)
 
 
+def test_any_text_a_reply_may_hold_is_accepted_back_as_a_message(make_engine):
+    engine = make_engine()
+    reply = run(engine.chat([{"role": "user", "content": "a NUL \x00 and a bell \x07"}], **GREEDY))
+    assert reply.usage.prompt_tokens > 0
+
+
+def test_text_that_is_not_unicode_is_refused_naming_the_message(make_engine):
+    with pytest.raises(FieldError) as caught:
+        run(make_engine().chat([{"role": "user", "content": "half a pair \ud800"}], **GREEDY))
+    assert caught.value.field == "messages[0].content"
+
+
 def test_a_conversation_of_another_model_is_refused(make_engine):
     store = MemoryStore()
     run(make_engine(store=store).chat([{"role": "user", "content": "hi"}], **GREEDY, conversation="c"))
