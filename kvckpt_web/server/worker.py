@@ -114,6 +114,8 @@ class EngineWorker:
         self._loop = asyncio.new_event_loop()
         self._turn: asyncio.Lock | None = None
         self._closing = False
+        self.queued = 0
+        """Requests waiting for the one being answered to end."""
         built: Future[Engine] = Future()
         self._thread = threading.Thread(target=self._main, args=(build, built), daemon=True, name="kvckpt-engine")
         self._thread.start()
@@ -147,7 +149,9 @@ class EngineWorker:
         return job
 
     async def _serve(self, job: Job) -> None:
+        self.queued += 1
         async with self._turn:
+            self.queued -= 1
             if self._closing:
                 return job._put("error", ShuttingDown("serve: the server is stopping; the request was not run"))
             if job._cancelled:
