@@ -251,7 +251,8 @@ class Api:
 
 def make_api_server(worker: EngineWorker, *, max_body: int = DEFAULT_MAX_BODY,
                     body_timeout: float = DEFAULT_BODY_TIMEOUT, **listening: Any) -> Server:
-    """A listening, not yet serving, server of the API alone over ``worker``'s engine; ``listening`` are
-    :func:`~.run.listen`'s ``host``, ``port``, ``allow_remote``, ``idle_timeout`` and ``max_connections``."""
+    """A listening, not yet serving, server of the API alone over ``worker``'s engine, which a signal that stops
+    the server stops at once (:meth:`EngineWorker.stop`); ``listening`` are :func:`~.run.listen`'s ``host``,
+    ``port``, ``allow_remote``, ``idle_timeout`` and ``max_connections``."""
     api = Api(worker, max_body=max_body, body_timeout=body_timeout)
-    return listen(lambda address: create_app(None, address, api.routes()), **listening)
+    return listen(lambda address: create_app(None, address, api.routes()), on_exit=worker.stop, **listening)

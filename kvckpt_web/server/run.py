@@ -70,6 +70,20 @@ class RequestHeadDeadline(H11Protocol):
             self._deadline = None
 
 
+class _Uvicorn(uvicorn.Server):
+    """uvicorn's server, calling ``on_exit`` as soon as a signal asks it to stop, before it waits (5 s at
+    most) for the answers under way to end."""
+
+    def __init__(self, config: uvicorn.Config, on_exit: Callable[[], None] | None) -> None:
+        super().__init__(config)
+        self.on_exit = on_exit
+
+    def handle_exit(self, sig: int, frame: object) -> None:  # type: ignore[override]
+        super().handle_exit(sig, frame)  # type: ignore[arg-type]
+        if self.on_exit is not None:
+            self.on_exit()
+
+
 def _url(host: str, port: int) -> str:
     return f"http://[{host}]:{port}/" if ":" in host else f"http://{host}:{port}/"
 
@@ -78,7 +92,8 @@ class Server:
     """A server listening (from construction on, so its port is known and listening errors come first),
     served by :meth:`serve_forever` in this thread or :meth:`start` in another."""
 
-    def __init__(self, app: ASGIApp, sock: socket.socket, *, idle_timeout: float, max_connections: int) -> None:
+    def __init__(self, app: ASGIApp, sock: socket.socket, *, idle_timeout: float, max_connections: int,
+                 on_exit: Callable[[], None] | None = None) -> None:
         self.socket = sock
         self.server_address: tuple[str, int] = sock.getsockname()[:2]
         self.url = _url(*self.server_address)
@@ -86,7 +101,7 @@ class Server:
                                 timeout_keep_alive=idle_timeout, limit_concurrency=max_connections + 1,
                                 timeout_graceful_shutdown=5, proxy_headers=False, server_header=False,
                                 log_config=None, log_level="error", access_log=False)
-        self._uvicorn = uvicorn.Server(config)
+        self._uvicorn = _Uvicorn(config, on_exit)
         self._thread: threading.Thread | None = None
 
     def serve_forever(self) -> None:
@@ -112,9 +127,10 @@ class Server:
 
 def listen(make_app: Callable[[BindAddress], ASGIApp], *, host: str = "127.0.0.1", port: int = 8000,
            allow_remote: bool = False, idle_timeout: float = DEFAULT_IDLE_TIMEOUT,
-           max_connections: int = DEFAULT_MAX_CONNECTIONS) -> Server:
+           max_connections: int = DEFAULT_MAX_CONNECTIONS, on_exit: Callable[[], None] | None = None) -> Server:
     """A server listening on ``host`` and ``port`` (0 picks a free one), not yet serving, of the app
-    ``make_app`` makes for the address it listens on. ``host`` must be loopback unless ``allow_remote``.
+    ``make_app`` makes for the address it listens on; ``on_exit`` is called when a signal (Ctrl-C, SIGTERM)
+    stops it, before the answers under way end. ``host`` must be loopback unless ``allow_remote``.
     FieldError for a bad port, host, timeout or limit; KVCkptError if it cannot listen there (a port in use,
     a host that does not resolve)."""
     if not is_int(port, 0, 65535):
@@ -133,7 +149,7 @@ def listen(make_app: Callable[[BindAddress], ASGIApp], *, host: str = "127.0.0.1
     except OSError as exc:  # EADDRINUSE, EACCES, EADDRNOTAVAIL
         sock.close()
         raise KVCkptError(f"serve on {host}:{port}: cannot listen ({exc.strerror or exc})") from exc
-    return Server(app, sock, idle_timeout=idle_timeout, max_connections=max_connections)
+    return Server(app, sock, idle_timeout=idle_timeout, max_connections=max_connections, on_exit=on_exit)
 
 
 def make_server(pyodide_dir: str | os.PathLike[str] = DEFAULT_PYODIDE,

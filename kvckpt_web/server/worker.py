@@ -158,15 +158,23 @@ class EngineWorker:
                 return job._put("error", KVCkptError("serve: the client went away before its request ran"))
             await job._run(self.engine)
 
+    def stop(self) -> None:
+        """Stop the reply being generated after its current token (it is saved, resumable) and refuse every
+        request from now on (those queued too). Callable from any thread, and from a signal handler."""
+        self._call_soon(self._stop)
+
+    def _stop(self) -> None:
+        self._closing = True
+        self.engine.interrupt()
+
     def close(self) -> None:
-        """Stop the reply being generated (saved, resumable), refuse what is queued, close the engine (its
-        cache's GPU memory) and end the thread. Call it from another thread than the engine's."""
+        """:meth:`stop`, then close the engine (its cache's GPU memory) and end the thread. Call it from another
+        thread than the engine's."""
         if not self._thread.is_alive():
             return
 
         async def close() -> None:
-            self._closing = True
-            self.engine.interrupt()
+            self._stop()
             async with self._turn:
                 await self.engine.close()
 

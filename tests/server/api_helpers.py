@@ -1,5 +1,6 @@
-"""Helpers of the API tests: the API served in a thread, the official ``openai`` client on it, raw requests whose
-bytes the test chooses, and a model whose forwards wait at a gate the test opens."""
+"""Helpers of the API tests: the API served in a thread or by ``kvckpt serve --api`` in a process, the official
+``openai`` client on it, raw requests whose bytes the test chooses, and a model whose forwards wait at a gate
+the test opens."""
 
 from __future__ import annotations
 
@@ -7,6 +8,8 @@ import asyncio
 import http.client
 import json
 import socket
+import subprocess
+import sys
 import threading
 import urllib.parse
 from collections.abc import Iterator
@@ -33,6 +36,23 @@ def api_serving(worker: EngineWorker, **kwargs: Any) -> Iterator[str]:
     finally:
         server.shutdown()
         server.server_close()
+
+
+@contextmanager
+def serving_api(*args: str) -> Iterator[tuple[str, subprocess.Popen]]:
+    """``kvckpt serve --api --port 0 ARGS`` in a process of its own: its base URL (read from its stdout) and the
+    process."""
+    server = subprocess.Popen([sys.executable, "-m", "kvckpt_web.cli", "serve", "--api", "--port", "0", *args],
+                              stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    try:
+        line = server.stdout.readline()
+        assert "/v1 " in line, f"no URL printed, exit status {server.poll()}"
+        yield line.split(" on ")[1].split()[0].removesuffix("v1"), server
+    finally:
+        if server.poll() is None:
+            server.terminate()
+        server.wait(PATIENCE)
+        server.stdout.close()
 
 
 def client(url: str) -> openai.OpenAI:

@@ -5,14 +5,10 @@ the cut reply resumes to the tokens an uninterrupted server gives."""
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
-from api_helpers import SEEDED, USER, api_serving, client, raw
+from api_helpers import SEEDED, USER, api_serving, client, raw, serving_api
 from serve_helpers import PATIENCE
 
 from kvckpt_web import FileStore
@@ -24,23 +20,6 @@ def one_line_error(capsys) -> str:
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and err.startswith("kvckpt: error: "), err
     return err
-
-
-@contextmanager
-def serving_api(*args: str) -> Iterator[tuple[str, subprocess.Popen]]:
-    """``kvckpt serve --api --port 0 ARGS`` in a process of its own: its base URL (read from its stdout) and the
-    process."""
-    server = subprocess.Popen([sys.executable, "-m", "kvckpt_web.cli", "serve", "--api", "--port", "0", *args],
-                              stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
-    try:
-        line = server.stdout.readline()
-        assert "/v1 " in line, f"no URL printed, exit status {server.poll()}"
-        yield line.split(" on ")[1].split()[0].removesuffix("v1"), server
-    finally:
-        if server.poll() is None:
-            server.terminate()
-        server.wait(PATIENCE)
-        server.stdout.close()
 
 
 @pytest.mark.parametrize("flag, value", [("--store", "s"), ("--model-name", "m"), ("--context", "64")])

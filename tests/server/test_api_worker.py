@@ -8,14 +8,15 @@ engine's thread as GPU work does, or awaiting, so the engine's loop could take o
 from __future__ import annotations
 
 import json
+import signal
 import threading
 import time
 
-from api_helpers import SEEDED, USER, GatedModel, api_serving, client, raw
+from api_helpers import SEEDED, USER, GatedModel, api_serving, client, error_of, raw
 from serve_helpers import PATIENCE, request
 
 from kvckpt_web import FileStore
-from kvckpt_web.server.api import Api
+from kvckpt_web.server.api import Api, make_api_server
 from kvckpt_web.server.app import create_app
 from kvckpt_web.server.run import listen
 from kvckpt_web.server.static import Site
@@ -107,3 +108,37 @@ def test_a_client_that_goes_away_mid_stream_stops_its_reply_which_resumes_to_the
     resumed = json.loads(body)
     assert status == 200 and resumed["kvckpt"]["token_ids"] == want.kvckpt["token_ids"]
     assert resumed["choices"][0]["message"]["content"] == want.choices[0].message.content
+
+
+def test_a_stopping_server_stops_the_reply_being_generated_and_refuses_the_queued_ones_503(make_worker, tiny_llama):
+    gated = GatedModel(tiny_llama.model, after=1, blocking=False)
+    worker = make_worker(model=gated)
+    with api_serving(worker) as url:
+        running, first = in_thread(lambda: reply(url, max_tokens=40))
+        assert gated.reached.wait(PATIENCE)
+        queued, second = in_thread(lambda: raw(url, "POST", "/v1/chat/completions",
+                                                json.dumps({"messages": [USER]}).encode()))
+        until(lambda: worker.queued == 1)
+        worker.stop()  # what Ctrl-C or SIGTERM does
+        gated.open()
+        running.join(PATIENCE)
+        queued.join(PATIENCE)
+    assert first[0].choices[0].finish_reason == "abort" and len(first[0].kvckpt["token_ids"]) < 40
+    status, _, body = second[0]
+    assert status == 503 and error_of(body)["code"] == "unavailable"
+
+
+def test_a_signal_that_stops_the_server_stops_the_reply_being_generated_at_once(make_worker, tiny_llama):
+    gated = GatedModel(tiny_llama.model, after=1, blocking=False)
+    server = make_api_server(make_worker(model=gated), port=0)
+    url = server.start()
+    try:
+        running, out = in_thread(lambda: reply(url, max_tokens=40))
+        assert gated.reached.wait(PATIENCE)
+        server._uvicorn.handle_exit(signal.SIGINT, None)  # Ctrl-C, as uvicorn's handler receives it
+        gated.open()
+        running.join(PATIENCE)
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert out[0].choices[0].finish_reason == "abort"
