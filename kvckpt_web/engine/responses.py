@@ -8,6 +8,7 @@ the conversation the reply is saved under and the reply's token ids. Clients tha
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -101,6 +102,13 @@ class ChatCompletion:
     token_ids: tuple[int, ...]
     finish_reason: str
     usage: Usage
+
+    @classmethod
+    def from_chunks(cls, chunks: Sequence[ChatChunk]) -> "ChatCompletion":
+        """The whole reply that ``chunks`` (a whole stream, its final chunk last) tell in pieces."""
+        last = chunks[-1]
+        return cls(last.id, last.created, last.model, last.conversation, "".join(c.text for c in chunks),
+                   tuple(t for c in chunks for t in c.token_ids), last.finish_reason, last.usage)
 
     def to_openai(self) -> dict[str, Any]:
         return {"id": self.id, "object": "chat.completion", "created": self.created, "model": self.model,

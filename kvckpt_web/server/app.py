@@ -1,4 +1,4 @@
-"""The ASGI app of ``kvckpt serve``: the routes of a :class:`~.static.Site` (and any given before them),
+"""The ASGI app of ``kvckpt serve``: the routes of a :class:`~.static.Site` and any given before them (an API's),
 behind the middleware every answer passes: the Host check, then ``Cache-Control: no-cache``."""
 
 from __future__ import annotations
@@ -31,7 +31,8 @@ class NoCache:
         await self.app(scope, receive, send_no_cache if scope["type"] == "http" else send)
 
 
-def create_app(site: Site, address: BindAddress, routes: Sequence[BaseRoute] = ()) -> Starlette:
-    """The app serving ``site`` to requests for ``address``; ``routes`` (an API's) are matched first."""
-    return Starlette(routes=[*routes, *site.routes()],
+def create_app(site: Site | None, address: BindAddress, routes: Sequence[BaseRoute] = ()) -> Starlette:
+    """The app serving ``site`` (None: no files) to requests for ``address``; ``routes`` (an API's) are matched
+    first."""
+    return Starlette(routes=[*routes, *(site.routes() if site is not None else ())],
                      middleware=[Middleware(NoCache), Middleware(HostCheck, address=address)])

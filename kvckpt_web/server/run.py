@@ -16,6 +16,7 @@ import asyncio
 import os
 import socket
 import threading
+from collections.abc import Callable
 
 import uvicorn
 from starlette.types import ASGIApp
@@ -23,7 +24,7 @@ from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from ..errors import FieldError, KVCkptError, is_int
 from .app import create_app
-from .hosts import bind_address
+from .hosts import BindAddress, bind_address
 from .static import DEFAULT_PYODIDE, DEFAULT_WHEELS, Site
 
 DEFAULT_IDLE_TIMEOUT = 10.0
@@ -69,6 +70,20 @@ class RequestHeadDeadline(H11Protocol):
             self._deadline = None
 
 
+class _Uvicorn(uvicorn.Server):
+    """uvicorn's server, calling ``on_exit`` as soon as a signal asks it to stop, before it waits (5 s at
+    most) for the answers under way to end."""
+
+    def __init__(self, config: uvicorn.Config, on_exit: Callable[[], None] | None) -> None:
+        super().__init__(config)
+        self.on_exit = on_exit
+
+    def handle_exit(self, sig: int, frame: object) -> None:  # type: ignore[override]
+        super().handle_exit(sig, frame)  # type: ignore[arg-type]
+        if self.on_exit is not None:
+            self.on_exit()
+
+
 def _url(host: str, port: int) -> str:
     return f"http://[{host}]:{port}/" if ":" in host else f"http://{host}:{port}/"
 
@@ -77,7 +92,8 @@ class Server:
     """A server listening (from construction on, so its port is known and listening errors come first),
     served by :meth:`serve_forever` in this thread or :meth:`start` in another."""
 
-    def __init__(self, app: ASGIApp, sock: socket.socket, *, idle_timeout: float, max_connections: int) -> None:
+    def __init__(self, app: ASGIApp, sock: socket.socket, *, idle_timeout: float, max_connections: int,
+                 on_exit: Callable[[], None] | None = None) -> None:
         self.socket = sock
         self.server_address: tuple[str, int] = sock.getsockname()[:2]
         self.url = _url(*self.server_address)
@@ -85,7 +101,7 @@ class Server:
                                 timeout_keep_alive=idle_timeout, limit_concurrency=max_connections + 1,
                                 timeout_graceful_shutdown=5, proxy_headers=False, server_header=False,
                                 log_config=None, log_level="error", access_log=False)
-        self._uvicorn = uvicorn.Server(config)
+        self._uvicorn = _Uvicorn(config, on_exit)
         self._thread: threading.Thread | None = None
 
     def serve_forever(self) -> None:
@@ -109,28 +125,22 @@ class Server:
         self.socket.close()
 
 
-def make_server(pyodide_dir: str | os.PathLike[str] = DEFAULT_PYODIDE,
-                wheel_dirs: list[str | os.PathLike[str]] | None = None, *, host: str = "127.0.0.1",
-                port: int = 8000, page_dir: str | os.PathLike[str] | None = None,
-                model: str | os.PathLike[str] | None = None, allow_remote: bool = False,
-                idle_timeout: float = DEFAULT_IDLE_TIMEOUT, max_connections: int = DEFAULT_MAX_CONNECTIONS) -> Server:
-    """A listening, not yet serving, server of the browser runtime; ``port=0`` picks a free port.
-
-    ``page_dir`` (holding ``index.html``) is served before ``kvckpt_web/web``; ``model`` (a GGUF file's path)
-    at ``/model.gguf``: a model file that is missing, now or later, is reported by ``/model.json``, not
-    refused. ``host`` must be loopback unless ``allow_remote``.
-    FieldError for a bad port, host, timeout or limit, or a page directory without ``index.html``;
-    KVCkptError without Pyodide or if it cannot listen there (a port in use, a host that does not resolve).
-    """
+def listen(make_app: Callable[[BindAddress], ASGIApp], *, host: str = "127.0.0.1", port: int = 8000,
+           allow_remote: bool = False, idle_timeout: float = DEFAULT_IDLE_TIMEOUT,
+           max_connections: int = DEFAULT_MAX_CONNECTIONS, on_exit: Callable[[], None] | None = None) -> Server:
+    """A server listening on ``host`` and ``port`` (0 picks a free one), not yet serving, of the app
+    ``make_app`` makes for the address it listens on; ``on_exit`` is called when a signal (Ctrl-C, SIGTERM)
+    stops it, before the answers under way end. ``host`` must be loopback unless ``allow_remote``.
+    FieldError for a bad port, host, timeout or limit; KVCkptError if it cannot listen there (a port in use,
+    a host that does not resolve)."""
     if not is_int(port, 0, 65535):
         raise FieldError("port", "an integer in [0, 65535]", port)
     if isinstance(idle_timeout, bool) or not isinstance(idle_timeout, (int, float)) or not idle_timeout > 0:
         raise FieldError("idle_timeout", "a number of seconds > 0", idle_timeout)
     if not is_int(max_connections, 1):
         raise FieldError("max_connections", "an integer >= 1", max_connections)
-    site = Site.of(pyodide_dir, wheel_dirs if wheel_dirs is not None else [DEFAULT_WHEELS], page_dir=page_dir,
-                   model=model)
     address = bind_address(host, port, allow_remote)
+    app = make_app(address)
     sock = socket.socket(address.family, socket.SOCK_STREAM)
     try:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -139,7 +149,26 @@ def make_server(pyodide_dir: str | os.PathLike[str] = DEFAULT_PYODIDE,
     except OSError as exc:  # EADDRINUSE, EACCES, EADDRNOTAVAIL
         sock.close()
         raise KVCkptError(f"serve on {host}:{port}: cannot listen ({exc.strerror or exc})") from exc
-    return Server(create_app(site, address), sock, idle_timeout=idle_timeout,
+    return Server(app, sock, idle_timeout=idle_timeout, max_connections=max_connections, on_exit=on_exit)
+
+
+def make_server(pyodide_dir: str | os.PathLike[str] = DEFAULT_PYODIDE,
+                wheel_dirs: list[str | os.PathLike[str]] | None = None, *, host: str = "127.0.0.1",
+                port: int = 8000, page_dir: str | os.PathLike[str] | None = None,
+                model: str | os.PathLike[str] | None = None, allow_remote: bool = False,
+                idle_timeout: float = DEFAULT_IDLE_TIMEOUT, max_connections: int = DEFAULT_MAX_CONNECTIONS) -> Server:
+    """A listening, not yet serving, server of the browser runtime (see :func:`listen`).
+
+    ``page_dir`` (holding ``index.html``) is served before ``kvckpt_web/web``; ``model`` (a GGUF file's path)
+    at ``/model.gguf``: a model file that is missing, now or later, is reported by ``/model.json``, not
+    refused. FieldError for a page directory without ``index.html``, KVCkptError without Pyodide, and
+    :func:`listen`'s errors.
+    """
+    def make_app(address: BindAddress) -> ASGIApp:
+        return create_app(Site.of(pyodide_dir, wheel_dirs if wheel_dirs is not None else [DEFAULT_WHEELS],
+                                  page_dir=page_dir, model=model), address)
+
+    return listen(make_app, host=host, port=port, allow_remote=allow_remote, idle_timeout=idle_timeout,
                   max_connections=max_connections)
 
 

@@ -33,7 +33,7 @@ def one_line_error(capsys) -> str:
     (["--seed", "-1"], "--seed"), (["--repetition-penalty", "0"], "--repetition-penalty"),
     (["--max-tokens", "0"], "--max-tokens"), (["--context", "1"], "--context"),
     (["--autosave-every", "0"], "--autosave-every"), (["--conversation", "../up"], "--conversation"),
-    (["--system", "nul\x00"], "--system"),
+    (["--system", "half a pair \udcff"], "--system"),
 ])
 def test_a_bad_flag_is_one_line_naming_it_before_the_model_loads(no_model, tmp_path, capsys, argv, flag):
     assert main(["chat", "--store", str(tmp_path / "chats"), *argv]) == 1

@@ -1,0 +1,112 @@
+"""``kvckpt serve --api``: the OpenAI-compatible HTTP API over the chat engine (``kvckpt_web.server.api``).
+
+It serves the API alone, not the browser runtime: the page runs a model of its own in the browser, and the
+API needs neither Pyodide nor wheels (run a second ``kvckpt serve`` for the page). Every flag, the model file
+and the store are checked before the model loads; the model loads before the server listens, and the API's
+base URL (``http://127.0.0.1:PORT/v1``) is printed on stdout once it does.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from ..errors import FieldError
+from ..model.loader import default_model_path
+from .store_commands import check_at_least, check_store_target
+
+if TYPE_CHECKING:
+    from ..engine import Engine
+
+RUNTIME_FLAGS = {"page": "--page", "pyodide": "--pyodide", "wheels": "--wheels", "open": "--open"}
+"""The flags of the browser runtime's files, which ``--api`` does not serve."""
+API_FLAGS = {"store": "--store", "model_name": "--model-name", "context": "--context"}
+"""The flags only ``--api`` takes."""
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Add ``--api`` and its flags to the ``serve`` parser."""
+    parser.add_argument("--api", action="store_true", help="serve an OpenAI-compatible API (POST "
+                        "/v1/chat/completions, GET /v1/models, /v1/kvckpt/conversations) over the chat engine "
+                        "running --model, instead of the browser runtime")
+    parser.add_argument("--store", default=None, help="with --api: checkpoint store directory the conversations "
+                        "are saved in, so they survive a crash or a restart (default: none, kept in memory)")
+    parser.add_argument("--model-name", default=None, help="with --api: the model's name in the API (default: the "
+                        "model file's name without .gguf)")
+    parser.add_argument("--context", type=int, default=None, help="with --api: most tokens of one conversation "
+                        "(default 4096, or the model's context if smaller)")
+
+
+def check_flags(args: argparse.Namespace) -> None:
+    """Refuse (FieldError naming the flag) an API flag without ``--api``, and a runtime flag with it."""
+    if args.api:
+        given = [flag for key, flag in RUNTIME_FLAGS.items() if getattr(args, key)]
+        if given:
+            raise FieldError(given[0], "no browser runtime flag with --api (the API server serves no page: run "
+                             "another kvckpt serve for it)", getattr(args, given[0].lstrip("-")))
+    else:
+        given = [flag for key, flag in API_FLAGS.items() if getattr(args, key) is not None]
+        if given:
+            raise FieldError(given[0], "--api (it is a flag of the API server)",
+                             getattr(args, given[0].lstrip("-").replace("-", "_")))
+
+
+def _model_name(args: argparse.Namespace, path: Path) -> str:
+    name = args.model_name if args.model_name is not None else path.name.removesuffix(".gguf")
+    if not name or not name.isprintable() or any(c.isspace() for c in name) or len(name) > 256:
+        raise FieldError("--model-name", "1 to 256 printable characters without spaces", name)
+    return name
+
+
+def _build(path: Path, store: str | None, name: str, context: int | None) -> "Engine":
+    """The engine (run on the engine's own thread): the device opened, the model loaded, the store opened."""
+    from ..engine import Engine
+    from ..gpu.open import open_device
+    from ..model.loader import load_model
+    from ..stores.file import FileStore
+
+    start = time.perf_counter()
+    device = open_device()
+    engine = Engine(load_model(path, device), device, store=FileStore(store) if store is not None else None,
+                    model_name=name, context=context)
+    print(f"model loaded in {time.perf_counter() - start:.2f} s", file=sys.stderr, flush=True)
+    return engine
+
+
+def _exposure(host: str, port: int) -> str:
+    return (f"kvckpt serve: WARNING: listening on {host} port {port}, beyond this machine: anyone who can reach "
+            "it over the network can run the model and read, resume and delete the conversations it keeps, with "
+            "no authentication and no encryption (plain HTTP)")
+
+
+def cmd_serve_api(args: argparse.Namespace) -> None:
+    """Serve the API until Ctrl-C or SIGTERM; the reply being generated then stops, saved and resumable."""
+    from ..server import hosts, worker
+    from ..server.api import make_api_server
+    from ..server.static import check_model_file
+
+    context = check_at_least("--context", args.context, 2) if args.context is not None else None
+    path = check_model_file(args.model, "--model") if args.model is not None else default_model_path()
+    name = _model_name(args, path)
+    if args.store is not None:
+        check_store_target("--store", args.store)
+    address = hosts.bind_address(args.host, args.port, args.allow_remote, field="--host", consent="--allow-remote")
+    print(f"loading model {path} ...", file=sys.stderr, flush=True)
+    engine = worker.EngineWorker(lambda: _build(path, args.store, name, context))
+    try:
+        server = make_api_server(engine, host=args.host, port=args.port, allow_remote=args.allow_remote)
+        try:
+            if not address.loopback:
+                print(_exposure(args.host, server.server_address[1]), file=sys.stderr, flush=True)
+            print(f"kvckpt_web OpenAI-compatible API on {server.url}v1 (model {name!r}, Ctrl-C to stop)", flush=True)
+            server.serve_forever()
+        except KeyboardInterrupt:
+            pass
+        finally:
+            server.server_close()
+    finally:
+        engine.close()
+

@@ -1,0 +1,141 @@
+"""``kvckpt serve --api``: flags checked before the model loads and before listening, the base URL printed, and a
+server killed with SIGKILL mid-reply that restarts on its store: the history comes from the persistent prefix and
+the cut reply resumes to the tokens an uninterrupted server gives."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from api_helpers import SEEDED, USER, api_serving, client, raw, serving_api
+from serve_helpers import PATIENCE
+
+from kvckpt_web import FileStore
+from kvckpt_web.cli.main import main
+from kvckpt_web.model import loader
+
+
+def one_line_error(capsys) -> str:
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("kvckpt: error: "), err
+    return err
+
+
+@pytest.mark.parametrize("flag, value", [("--store", "s"), ("--model-name", "m"), ("--context", "64")])
+def test_an_api_flag_without_api_is_a_one_line_error(pyodide, capsys, flag, value):
+    status = main(["serve", "--port", "0", "--pyodide", str(pyodide), flag, value])
+    assert status == 1 and f"{flag}: expected --api" in one_line_error(capsys)
+
+
+@pytest.mark.parametrize("flags", [["--page", "."], ["--open"], ["--wheels", "."]])
+def test_a_browser_runtime_flag_with_api_is_a_one_line_error(capsys, flags):
+    status = main(["serve", "--api", "--port", "0", *flags])
+    assert status == 1 and f"{flags[0]}: expected no browser runtime flag with --api" in one_line_error(capsys)
+
+
+@pytest.fixture
+def no_model_load(monkeypatch):
+    """Loading a model fails the test: what is checked must be checked before."""
+    monkeypatch.setattr(loader, "load_model", lambda *args: pytest.fail("the model was loaded"))
+
+
+@pytest.mark.parametrize("flags, error", [
+    (["--context", "1"], "--context: expected an integer >= 2"),
+    (["--model-name", "my model"], "--model-name: expected 1 to 256 printable characters without spaces"),
+    (["--model", "missing.gguf"], "--model: expected a GGUF model file"),
+    (["--host", "0.0.0.0"], "--host: expected a loopback address"),
+], ids=["context", "model name", "model", "host"])
+def test_bad_flags_are_one_line_errors_before_the_model_loads(tiny_llama_path, capsys, no_model_load, flags, error):
+    status = main(["serve", "--api", "--port", "0", "--model", str(tiny_llama_path), *flags])
+    assert status == 1 and error in one_line_error(capsys)
+
+
+def test_a_store_directory_of_other_files_is_refused_before_the_model_loads(tiny_llama_path, tmp_path, capsys,
+                                                                            no_model_load):
+    (tmp_path / "notes.txt").write_text("mine")
+    status = main(["serve", "--api", "--port", "0", "--model", str(tiny_llama_path), "--store", str(tmp_path)])
+    assert status == 1 and "expected a store directory" in one_line_error(capsys)
+    assert [p.name for p in tmp_path.iterdir()] == ["notes.txt"]
+
+
+def test_allow_remote_serves_the_api_beyond_loopback_with_a_loud_warning(monkeypatch, tiny_llama_path, capsys):
+    from kvckpt_web.server import api, worker
+
+    class NotServing:
+        server_address, url = ("0.0.0.0", 8123), "http://0.0.0.0:8123/"
+
+        def serve_forever(self) -> None:
+            raise KeyboardInterrupt
+
+        def server_close(self) -> None:
+            pass
+
+    class NoEngine:
+        def __init__(self, build) -> None:
+            pass
+
+        def close(self) -> None:
+            pass
+
+    monkeypatch.setattr(worker, "EngineWorker", NoEngine)
+    monkeypatch.setattr(api, "make_api_server", lambda engine, **kwargs: NotServing())
+    status = main(["serve", "--api", "--model", str(tiny_llama_path), "--host", "0.0.0.0", "--allow-remote"])
+    out, err = capsys.readouterr()
+    assert status == 0 and "http://0.0.0.0:8123/v1" in out
+    assert err.splitlines()[-1].startswith("kvckpt serve: WARNING: listening on 0.0.0.0 port 8123, beyond this "
+                                           "machine: anyone who can reach it over the network can run the model")
+
+
+def test_a_server_killed_mid_reply_restarts_on_its_store_from_the_persistent_prefix_and_resumes_the_reply(
+        tiny_llama_path, make_worker, tmp_path):
+    second_turn = {"role": "user", "content": "and the wind?"}
+    settings = {**SEEDED, "seed": 4, "max_tokens": 48}  # replies without a NUL (refused in a message)
+
+    def chat(url, messages, **kwargs):
+        return client(url).chat.completions.create(model="tiny", messages=messages, **settings, **kwargs)
+
+    with api_serving(make_worker(store=FileStore(tmp_path / "uninterrupted"))) as url:  # the CLI's settings
+        first = chat(url, [USER])
+        messages = [USER, {"role": "assistant", "content": first.choices[0].message.content}, second_turn]
+        want = chat(url, messages)
+    assert len(want.kvckpt["token_ids"]) > 8  # the reply outlasts the kill point
+    store = str(tmp_path / "store")
+    with serving_api("--model", str(tiny_llama_path), "--model-name", "tiny", "--store", store) as (url, server):
+        assert chat(url, [USER]).kvckpt["token_ids"] == first.kvckpt["token_ids"]
+        stream = chat(url, messages, stream=True)
+        chunks = iter(stream)
+        name = [next(chunks) for _ in range(5)][0].kvckpt["conversation"]
+        server.kill()  # SIGKILL, mid-reply: no save or clean-up runs
+        server.wait(PATIENCE)
+        stream.response.close()
+    with serving_api("--model", str(tiny_llama_path), "--model-name", "tiny", "--store", store) as (url, server):
+        cut = client(url).get("/kvckpt/conversations", cast_to=object)["data"]
+        assert [(c["name"], c["finished"]) for c in cut] == [(name, False)]
+        again = chat(url, messages)  # the client asks again: the whole history comes from the store
+        assert again.usage.prompt_tokens_details.cached_tokens == again.usage.prompt_tokens - 1
+        assert again.usage.timings["restore_s"] > 0 and again.kvckpt["conversation"] != name
+        status, _, body = raw(url, "POST", f"/v1/kvckpt/conversations/{name}/resume")
+        resumed = json.loads(body)
+    assert status == 200 and resumed["kvckpt"]["token_ids"] == want.kvckpt["token_ids"]
+    assert resumed["choices"][0]["message"]["content"] == want.choices[0].message.content
+
+
+@pytest.mark.real_model
+def test_smollm2_chats_over_the_api_streaming_two_turns_whose_second_reuses_the_first(smollm_path, tmp_path):
+    store = str(tmp_path / "store")
+    with serving_api("--store", store) as (url, _):
+        api = client(url)
+        model = api.models.list().data[0].id
+        messages = [{"role": "user", "content": "What is the capital of France?"}]
+        turns = []
+        for question in ("And of Italy?", None):
+            chunks = list(api.chat.completions.create(model=model, messages=messages, max_tokens=12, temperature=0,
+                                                      stream=True, stream_options={"include_usage": True}))
+            turns.append(chunks[-1].usage)
+            text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+            if question is not None:
+                assert "Paris" in text
+                messages += [{"role": "assistant", "content": text}, {"role": "user", "content": question}]
+    assert model == Path(smollm_path).name.removesuffix(".gguf")
+    assert turns[1].prompt_tokens_details.cached_tokens == turns[0].prompt_tokens + turns[0].completion_tokens - 1
