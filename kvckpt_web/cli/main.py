@@ -1,4 +1,4 @@
-"""The ``kvckpt`` command line: demo, generate, inspect, verify, convert, gc, bench."""
+"""The ``kvckpt`` command line: demo, generate, inspect, verify, convert, gc, sync, serve, bench."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ from ..model.demo import WorkerConfig, run_generation_demo
 from ..model.loader import default_model_path
 from ..model.sampler import MAX_SEED
 from ..tvm.metadata import layout_from_metadata, limits_from_metadata, validate_import
-from . import bench, generate, store_commands
+from . import bench, generate, store_commands, sync
 from .demo import run_demo, worker_main
 
 
@@ -196,6 +196,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_bench)
 
     store_commands.add_parsers(sub)
+    sync.add_parsers(sub)
     generate.add_parsers(sub)
 
     p = sub.add_parser("serve", help="serve the browser runtime (page, kvckpt.mjs, pinned Pyodide, wheels) offline "
