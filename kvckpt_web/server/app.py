@@ -31,7 +31,8 @@ class NoCache:
         await self.app(scope, receive, send_no_cache if scope["type"] == "http" else send)
 
 
-def create_app(site: Site, address: BindAddress, routes: Sequence[BaseRoute] = ()) -> Starlette:
-    """The app serving ``site`` to requests for ``address``; ``routes`` (an API's) are matched first."""
-    return Starlette(routes=[*routes, *site.routes()],
+def create_app(site: Site | None, address: BindAddress, routes: Sequence[BaseRoute] = ()) -> Starlette:
+    """The app serving ``site`` (None: nothing but ``routes``) to requests for ``address``; ``routes`` (an API's, a
+    store's) are matched first."""
+    return Starlette(routes=[*routes, *(site.routes() if site is not None else ())],
                      middleware=[Middleware(NoCache), Middleware(HostCheck, address=address)])

@@ -16,8 +16,10 @@ import asyncio
 import os
 import socket
 import threading
+from collections.abc import Sequence
 
 import uvicorn
+from starlette.routing import BaseRoute
 from starlette.types import ASGIApp
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
@@ -109,27 +111,17 @@ class Server:
         self.socket.close()
 
 
-def make_server(pyodide_dir: str | os.PathLike[str] = DEFAULT_PYODIDE,
-                wheel_dirs: list[str | os.PathLike[str]] | None = None, *, host: str = "127.0.0.1",
-                port: int = 8000, page_dir: str | os.PathLike[str] | None = None,
-                model: str | os.PathLike[str] | None = None, allow_remote: bool = False,
-                idle_timeout: float = DEFAULT_IDLE_TIMEOUT, max_connections: int = DEFAULT_MAX_CONNECTIONS) -> Server:
-    """A listening, not yet serving, server of the browser runtime; ``port=0`` picks a free port.
-
-    ``page_dir`` (holding ``index.html``) is served before ``kvckpt_web/web``; ``model`` (a GGUF file's path)
-    at ``/model.gguf``: a model file that is missing, now or later, is reported by ``/model.json``, not
-    refused. ``host`` must be loopback unless ``allow_remote``.
-    FieldError for a bad port, host, timeout or limit, or a page directory without ``index.html``;
-    KVCkptError without Pyodide or if it cannot listen there (a port in use, a host that does not resolve).
-    """
+def _check_limits(port: int, idle_timeout: float, max_connections: int) -> None:
     if not is_int(port, 0, 65535):
         raise FieldError("port", "an integer in [0, 65535]", port)
     if isinstance(idle_timeout, bool) or not isinstance(idle_timeout, (int, float)) or not idle_timeout > 0:
         raise FieldError("idle_timeout", "a number of seconds > 0", idle_timeout)
     if not is_int(max_connections, 1):
         raise FieldError("max_connections", "an integer >= 1", max_connections)
-    site = Site.of(pyodide_dir, wheel_dirs if wheel_dirs is not None else [DEFAULT_WHEELS], page_dir=page_dir,
-                   model=model)
+
+
+def _listening(site: Site | None, routes: Sequence[BaseRoute], host: str, port: int, allow_remote: bool,
+               idle_timeout: float, max_connections: int) -> Server:
     address = bind_address(host, port, allow_remote)
     sock = socket.socket(address.family, socket.SOCK_STREAM)
     try:
@@ -139,11 +131,47 @@ def make_server(pyodide_dir: str | os.PathLike[str] = DEFAULT_PYODIDE,
     except OSError as exc:  # EADDRINUSE, EACCES, EADDRNOTAVAIL
         sock.close()
         raise KVCkptError(f"serve on {host}:{port}: cannot listen ({exc.strerror or exc})") from exc
-    return Server(create_app(site, address), sock, idle_timeout=idle_timeout,
+    return Server(create_app(site, address, routes), sock, idle_timeout=idle_timeout,
                   max_connections=max_connections)
+
+
+def make_server(pyodide_dir: str | os.PathLike[str] = DEFAULT_PYODIDE,
+                wheel_dirs: list[str | os.PathLike[str]] | None = None, *, host: str = "127.0.0.1",
+                port: int = 8000, page_dir: str | os.PathLike[str] | None = None,
+                model: str | os.PathLike[str] | None = None, allow_remote: bool = False,
+                idle_timeout: float = DEFAULT_IDLE_TIMEOUT, max_connections: int = DEFAULT_MAX_CONNECTIONS,
+                routes: Sequence[BaseRoute] = ()) -> Server:
+    """A listening, not yet serving, server of the browser runtime; ``port=0`` picks a free port.
+
+    ``page_dir`` (holding ``index.html``) is served before ``kvckpt_web/web``; ``model`` (a GGUF file's path)
+    at ``/model.gguf``: a model file that is missing, now or later, is reported by ``/model.json``, not
+    refused. ``routes`` (a served store's, an API's) are matched before the runtime's files. ``host`` must be
+    loopback unless ``allow_remote``.
+    FieldError for a bad port, host, timeout or limit, or a page directory without ``index.html``;
+    KVCkptError without Pyodide or if it cannot listen there (a port in use, a host that does not resolve).
+    """
+    _check_limits(port, idle_timeout, max_connections)
+    site = Site.of(pyodide_dir, wheel_dirs if wheel_dirs is not None else [DEFAULT_WHEELS], page_dir=page_dir,
+                   model=model)
+    return _listening(site, routes, host, port, allow_remote, idle_timeout, max_connections)
+
+
+def make_routes_server(routes: Sequence[BaseRoute], *, host: str = "127.0.0.1", port: int = 8000,
+                       allow_remote: bool = False, idle_timeout: float = DEFAULT_IDLE_TIMEOUT,
+                       max_connections: int = DEFAULT_MAX_CONNECTIONS) -> Server:
+    """A listening server of ``routes`` alone (a store served where there is no browser runtime to serve),
+    behind the same Host check, timeouts and connection limit as :func:`make_server`."""
+    _check_limits(port, idle_timeout, max_connections)
+    return _listening(None, routes, host, port, allow_remote, idle_timeout, max_connections)
 
 
 def serve_in_thread(*args, **kwargs) -> tuple[Server, str]:
     """:func:`make_server`, served in a daemon thread; returns the server and its base URL."""
     server = make_server(*args, **kwargs)
+    return server, server.start()
+
+
+def serve_routes_in_thread(routes: Sequence[BaseRoute], **kwargs) -> tuple[Server, str]:
+    """:func:`make_routes_server`, served in a daemon thread; returns the server and its base URL."""
+    server = make_routes_server(routes, **kwargs)
     return server, server.start()
