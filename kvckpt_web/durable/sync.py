@@ -95,19 +95,28 @@ async def _check_target(src: "Store", dst: "Store", manifest: Manifest, envelope
     if mine is not None and mine != held:
         raise ConflictError(f"{manifest.name}: {where}, which differs from the source's generation {newest}: "
                             "the two went apart; not overwritten")
-    if mine is None and held is not None:
-        theirs = _conversation(held)
-        if theirs is not None and theirs != manifest.app_state.get("conversation"):
-            raise ConflictError(f"{manifest.name}: {where} of another conversation; not overwritten")
+    if mine is None and held is not None and not _continues(held, manifest):
+        raise ConflictError(f"{manifest.name}: {where}, which the source's generation {manifest.generation} does "
+                            "not continue (another conversation, or the two went apart); not overwritten")
     return True
 
 
-def _conversation(envelope: bytes) -> object:
-    """The ``conversation`` an encoded manifest's app_state records (None if it cannot be read)."""
+def _continues(envelope: bytes, newer: Manifest) -> bool:
+    """Whether ``newer`` can continue the checkpoint encoded in ``envelope``: the same conversation (as recorded
+    in app_state), and the same K/V where the older one's chunks are whole, chunk for chunk (each group's last
+    chunk, which a later save grows, is not compared: a history that parted within it is not seen)."""
     try:
-        return decode_manifest(envelope).app_state.get("conversation")
+        older = decode_manifest(envelope)
     except KVCkptError:
-        return None
+        return False
+    if older.app_state.get("conversation") != newer.app_state.get("conversation"):
+        return False
+    if (older.page_bytes, older.pages_per_chunk, older.num_groups) != (newer.page_bytes, newer.pages_per_chunk,
+                                                                       newer.num_groups):
+        return False
+    return all(len(new) >= len(old) and all(a.sha256 == b.sha256 and a.num_pages == b.num_pages
+                                            for a, b in zip(old[:-1], new))
+               for old, new in zip(older.chunks, newer.chunks))
 
 
 async def _copy(src: "Store", dst: "Store", manifest: Manifest, envelope: bytes, totals: dict[str, int],

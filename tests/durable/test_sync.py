@@ -210,3 +210,44 @@ def test_a_sync_holds_the_destinations_claim_of_each_name(model):
 
     result = run(body())
     assert result.copied == () and "claim 'chat'" in result.conflicts[0]
+
+
+def test_a_continuation_is_copied_though_the_source_dropped_the_generation_the_destination_holds(model):
+    src, dst = MemoryStore(), MemoryStore()
+    model.add(0, 30)
+    saved(model, src)
+    run(sync(src, dst))
+    for _ in range(2):
+        model.append({0: 9})
+        run(save(model.cache, 0, src, "chat", pages_per_chunk=2, keep=1))  # generation 1 is gone from src
+    result = run(sync(src, dst))
+    assert result.copied == ("manifests/chat/00000000000000000003",) and result.conflicts == ()
+
+
+def test_a_destination_whose_history_parted_from_the_sources_is_a_conflict(model):
+    src, dst = MemoryStore(), MemoryStore()
+    model.add(0, 24)
+    saved(model, src)
+    run(sync(src, dst))
+    model.fork(0, 1)
+    model.popn(1, 20)  # another device went back in the history and on from there
+    model.append({1: 12})
+    run(save(model.cache, 1, dst, "chat", pages_per_chunk=2))
+    model.remove(1)
+    for _ in range(2):
+        model.append({0: 4})
+        run(save(model.cache, 0, src, "chat", pages_per_chunk=2, keep=1))
+    result = run(sync(src, dst))
+    assert result.copied == () and "does not continue" in result.conflicts[0]
+
+
+def test_an_older_generation_of_another_conversation_is_a_conflict(model):
+    src, dst = MemoryStore(), MemoryStore()
+    model.add(0, 30)
+    run(save(model.cache, 0, dst, "chat", pages_per_chunk=2, app_state={"conversation": {"id": "a" * 32,
+                                                                                          "created_ms": 1}}))
+    for _ in range(2):
+        run(save(model.cache, 0, src, "chat", pages_per_chunk=2, keep=1,
+                 app_state={"conversation": {"id": "b" * 32, "created_ms": 2}}))
+    result = run(sync(src, dst))
+    assert "does not continue" in result.conflicts[0]
