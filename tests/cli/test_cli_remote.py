@@ -106,3 +106,20 @@ def test_a_sync_onto_a_newer_generation_is_a_one_line_conflict(tmp_path, s3_env,
 def test_a_url_of_no_known_scheme_is_a_path_and_a_bad_s3_url_is_refused(tmp_path, capsys):
     assert main(["inspect", "s3://"]) == 1
     assert "url: expected an object storage URL obstore can open" in capsys.readouterr().err
+
+
+def test_generate_autosaves_into_s3_and_resumes_from_it(tmp_path, s3_env, capsys):
+    import sys
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "model"))
+    from tiny_llama import write_tiny_llama
+
+    model = str(write_tiny_llama(tmp_path / "tiny.gguf"))
+    assert main(["generate", "--prompt", "tell me a story", "--model", model, "--store", s3_env, "--name", "story",
+                 "--max-tokens", "12", "--autosave-every", "4"]) == 0
+    first = capsys.readouterr().out
+    assert main(["inspect", s3_env, "--json"]) == 0
+    assert list(json.loads(capsys.readouterr().out)["names"]) == ["story"]
+    assert main(["generate", "--resume", "--model", model, "--store", s3_env, "--name", "story",
+                 "--max-tokens", "16"]) == 0
+    assert capsys.readouterr().out.startswith(first.rstrip("\n"))
