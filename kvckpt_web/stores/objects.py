@@ -123,14 +123,19 @@ class ObjectStore(Store):
     def _error(self, what: str, key: str, exc: BaseException) -> StoreError:
         return StoreError(f"{what} {key!r} in {self!r}: {_reason(exc)}")
 
-    async def _open(self, key: str) -> Any:
-        """The answer of a GET of ``key`` (its ``meta``, its body not read yet); None if there is none."""
+    async def _call(self, what: str, key: str, request: Awaitable[Any]) -> Any:
+        """What ``request`` (about ``key``) answers; None if the key holds nothing; StoreError naming the key if the
+        storage failed."""
         try:
-            return await self._obs.get_async(self._store, key)
+            return await request
         except FileNotFoundError:
             return None
         except (self._obs.exceptions.BaseError, OSError) as exc:
-            raise self._error("get", key, exc) from exc
+            raise self._error(what, key, exc) from exc
+
+    async def _open(self, key: str) -> Any:
+        """The answer of a GET of ``key`` (its ``meta``, its body not read yet); None if there is none."""
+        return await self._call("get", key, self._obs.get_async(self._store, key))
 
     async def _body(self, key: str, answer: Any) -> bytes:
         try:
@@ -188,20 +193,10 @@ class ObjectStore(Store):
 
     async def _delete(self, key: str) -> None:
         self._step("delete")
-        try:
-            await self._obs.delete_async(self._store, key)
-        except FileNotFoundError:
-            pass
-        except (self._obs.exceptions.BaseError, OSError) as exc:
-            raise self._error("delete", key, exc) from exc
+        await self._call("delete", key, self._obs.delete_async(self._store, key))
 
     async def _head(self, key: str) -> dict[str, Any] | None:
-        try:
-            return await self._obs.head_async(self._store, key)
-        except FileNotFoundError:
-            return None
-        except (self._obs.exceptions.BaseError, OSError) as exc:
-            raise self._error("head", key, exc) from exc
+        return await self._call("head", key, self._obs.head_async(self._store, key))
 
     async def _exists(self, key: str) -> bool:
         return await self._head(key) is not None

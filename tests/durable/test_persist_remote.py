@@ -137,6 +137,13 @@ class PausedBeforeCommit(ObjectStore):
         return await super()._put(key, data, mode)
 
 
+async def stopped_before_commit(writer: PausedBeforeCommit, cache: PagedKVCache) -> "asyncio.Task[Any]":
+    """A save of ``cache`` through ``writer``, started and stopped before its commit (its chunks written)."""
+    saving = asyncio.create_task(save(cache, SEQ, writer, NAME, pages_per_chunk=PAGES_PER_CHUNK))
+    await writer.reached.wait()
+    return saving
+
+
 def filled(device: Any, seed: int, stages: int) -> PagedKVCache:
     cache = PagedKVCache(device, LAYOUT, LIMITS)
     for stage in range(1, stages + 1):
@@ -153,9 +160,7 @@ def test_of_two_writers_of_one_generation_the_second_gets_a_conflict_and_nothing
         paused = PausedBeforeCommit(s3_server.obstore(url), url=url)
 
         async def race() -> None:
-            late = asyncio.create_task(save(second, SEQ, paused, NAME, app_state={"by": "second"},
-                                            pages_per_chunk=PAGES_PER_CHUNK))
-            await paused.reached.wait()  # the second writer chose generation 2 and wrote its chunks
+            late = await stopped_before_commit(paused, second)  # it chose generation 2 and wrote its chunks
             await save(first, SEQ, s3_server.store(url), NAME, app_state={"by": "first"},
                        pages_per_chunk=PAGES_PER_CHUNK)
             paused.go_on.set()
@@ -165,7 +170,7 @@ def test_of_two_writers_of_one_generation_the_second_gets_a_conflict_and_nothing
         run(race())
         store = s3_server.store(url)
         result, groups = restored(device, store)
-        assert (result.generation, result.app_state["by"]) == (2, "first")
+        assert (result.generation, result.app_state["by"]) == (2, "first")  # not the second writer's
         assert groups == [bytes(g) for g in run(first.export_groups(SEQ))]
         assert restored(device, store, 1)[0].app_state["by"] == "base"
         assert run(verify(store)).ok
@@ -183,8 +188,7 @@ def gc_beside_a_paused_writer(device: Any, s3_server: Any, grace_seconds: float)
         writer = PausedBeforeCommit(s3_server.obstore(url), url=url)
 
         async def beside() -> None:
-            saving = asyncio.create_task(save(cache, SEQ, writer, NAME, pages_per_chunk=PAGES_PER_CHUNK))
-            await writer.reached.wait()
+            saving = await stopped_before_commit(writer, cache)
             await gc(s3_server.store(url, grace_seconds=grace_seconds), keep=1)
             writer.go_on.set()
             await saving
@@ -214,8 +218,7 @@ def test_gc_collects_the_chunks_of_a_writer_that_never_committed_once_they_settl
         writer = PausedBeforeCommit(s3_server.obstore(url), url=url)
 
         async def abandoned() -> None:
-            saving = asyncio.create_task(save(cache, SEQ, writer, NAME, pages_per_chunk=PAGES_PER_CHUNK))
-            await writer.reached.wait()
+            saving = await stopped_before_commit(writer, cache)
             saving.cancel()  # the writer is gone before its commit
             with pytest.raises(asyncio.CancelledError):
                 await saving
