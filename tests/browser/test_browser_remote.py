@@ -1,5 +1,5 @@
 """Continue on another device: two Chromium profiles (two persistent user-data directories, as two devices) against
-one ``kvckpt serve`` server that also serves a store (``--store``, ``--token``). Profile A chats a 2,000-token
+one ``kvckpt serve`` server that also serves a store (``--store``, ``--token``): a directory, or an S3 bucket. Profile A chats a 2,000-token
 conversation with the tiny model (Engine over IndexedDB in Pyodide), pushes it through an HTTPStore; profile B
 pulls it and continues with the tokens A's uninterrupted run gives, its history restored (usage.cached_tokens),
 not computed again; A's second push after one more turn moves only the new chunks.
@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from .browser_harness import CHROMIUM_FLAGS, PyPage
+from .browser_harness import CHROMIUM_FLAGS, PyPage, run_desktop
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "model"))
 from tiny_llama import CORPUS, write_tiny_llama  # noqa: E402
@@ -47,17 +47,22 @@ SETUP = f"""
 """
 
 
-@pytest.fixture(scope="module")
-def server(browser_prereqs, fresh_wheel, tmp_path_factory):
+@pytest.fixture(scope="module", params=["directory", "s3"])
+def server(request, browser_prereqs, fresh_wheel, tmp_path_factory):
+    """``kvckpt serve``'s app serving the runtime and a store: a directory, or an S3 bucket (moto) behind it."""
     from kvckpt_web.server.run import serve_in_thread
     from kvckpt_web.server.store_routes import StoreRoutes
     from kvckpt_web.stores.file import FileStore
 
-    remote = tmp_path_factory.mktemp("remote")
-    routes = StoreRoutes(FileStore(remote), TOKEN).routes()
+    if request.param == "s3":
+        pytest.importorskip("obstore")
+        s3 = request.getfixturevalue("s3_server")
+        backing = s3.store(s3.new_url())
+    else:
+        backing = FileStore(tmp_path_factory.mktemp("remote"))
     server, url = serve_in_thread(browser_prereqs["pyodide"], [fresh_wheel, browser_prereqs["wheels"]], port=0,
-                                  routes=routes)
-    yield url, FileStore(remote)
+                                  routes=StoreRoutes(backing, TOKEN).routes())
+    yield url, backing
     server.shutdown()
 
 
@@ -107,7 +112,7 @@ def test_a_conversation_pushed_from_one_profile_continues_in_another_with_the_un
     """)
     assert first["tokens"] >= 2000
     assert (first["sent"], first["bytes"], first["written"]) == (first["count"], first["moved"], first["moved"])
-    assert sorted(server[1]._walk("chunks/")) == first["chunks"]  # the remote holds exactly its chunks
+    assert run_desktop(server[1].list_prefix("chunks/")) == first["chunks"]  # the remote holds exactly its chunks
 
     name, messages = first["name"], first["messages"]
     pulled = b.run(f"""
