@@ -18,17 +18,19 @@ from .gpu.tensors import DeviceArray, HostTensor
 from .kv.cache import PagedKVCache
 from .kv.page_groups import PageGroups
 from .stores.file import FileStore
+from .stores.http import HTTPStore
 from .stores.indexeddb import IndexedDBStore
 from .stores.memory import MemoryStore
+from .stores.objects import ObjectStore
 from .stores.opfs import OPFSStore
 from .tvm.layout import CacheLimits, KVLayout
 
 __all__ = [
     "CacheLimits", "CapacityError", "ChatChunk", "ChatCompletion", "ChatRequest", "CheckpointStateError",
     "ConflictError", "ContextFullError", "CorruptionError", "Device", "DeviceArray", "DeviceError", "Engine",
-    "FieldError", "FileStore", "FormatError", "HostTensor", "IndexedDBStore", "KVCkptError", "KVLayout",
+    "FieldError", "FileStore", "FormatError", "HTTPStore", "HostTensor", "IndexedDBStore", "KVCkptError", "KVLayout",
     "LayoutHashMismatch", "Ledger", "MemoryStore", "MetadataError", "ModelUnavailableError", "NotFoundError",
-    "OPFSStore", "PageGroups", "PagedKVCache", "SequenceError", "StoreError", "TensorError",
+    "OPFSStore", "ObjectStore", "PageGroups", "PagedKVCache", "SequenceError", "StoreError", "TensorError",
     "UnsupportedLayoutError", "UnusableCheckpointError", "gc", "list_generations", "list_names", "open_device",
     "open_device_async", "read_tvm_export", "restore", "save", "verify", "write_tvm_export",
 ]

@@ -1,7 +1,8 @@
 """The behaviour every Store backend must have, as one inheritable test class.
 
 A backend's test module subclasses :class:`StoreTests` (name it ``Test...``)
-and supplies only :meth:`StoreTests.open_store`.
+and supplies only :meth:`StoreTests.open_store`. Tests of what a backend may not offer ask its capability flags
+(``supports_overwrites``, ``supports_deletes``): a create-only store must refuse such calls and keep its values.
 """
 
 from __future__ import annotations
@@ -86,6 +87,13 @@ BAD_KEYS = [
 BAD_PREFIXES = ["/abs", "a//b", "../x", "a/../", "sp ace", "t~", "a/./b"]
 
 
+def needs(store: Store, *flags: str) -> None:
+    """Skip the test unless ``store`` has every capability flag of ``flags``."""
+    missing = [flag for flag in flags if not getattr(store, flag)]
+    if missing:
+        pytest.skip(f"{type(store).__name__} lacks {', '.join(missing)}")
+
+
 def run(coro: Awaitable[T]) -> T:
     """Run one coroutine to completion on a fresh event loop."""
     return asyncio.run(coro)  # type: ignore[arg-type]
@@ -108,11 +116,32 @@ class StoreTests:
         async def body() -> None:
             assert await store.get("nope") is None
             assert await store.exists("nope") is False
-            await store.delete("nope")  # deleting a missing key is fine
 
         run(body())
 
+    def test_deleting_a_missing_key_is_fine(self, store: Store) -> None:
+        needs(store, "supports_deletes")
+        run(store.delete("nope"))
+
+    def test_a_create_only_store_refuses_to_overwrite_and_keeps_the_value(self, store: Store) -> None:
+        if store.supports_overwrites:
+            pytest.skip("the store overwrites")
+        run(store.set("k", b"first"))
+        with pytest.raises(ConflictError, match="'k'"):
+            run(store.set("k", b"second"))
+        assert run(store.get("k")) == b"first"
+        assert store.bytes_written == 5
+
+    def test_a_store_without_deletes_refuses_them_and_keeps_the_value(self, store: Store) -> None:
+        if store.supports_deletes:
+            pytest.skip("the store deletes")
+        run(store.set("k", b"kept"))
+        with pytest.raises(StoreError, match="'k'"):
+            run(store.delete("k"))
+        assert run(store.get("k")) == b"kept"
+
     def test_set_get_overwrite_delete(self, store: Store) -> None:
+        needs(store, "supports_overwrites", "supports_deletes")
         async def body() -> None:
             await store.set("a", b"one")
             assert await store.get("a") == b"one"
@@ -214,12 +243,12 @@ class StoreTests:
 
     def test_nested_keys(self, store: Store) -> None:
         async def body() -> None:
-            await store.set("manifests/seq-1/00000000000000000001", b"m1")
-            await store.set("chunks/" + "ab" * 32, b"c")
-            assert await store.get("manifests/seq-1/00000000000000000001") == b"m1"
+            await store.set("m/seq-1/00000000000000000001", b"m1")
+            await store.set("c/" + "ab" * 32, b"c")
+            assert await store.get("m/seq-1/00000000000000000001") == b"m1"
             # a directory of other keys holds no value itself
-            assert await store.get("manifests/seq-1") is None
-            assert not await store.exists("manifests")
+            assert await store.get("m/seq-1") is None
+            assert not await store.exists("m")
 
         run(body())
 
@@ -275,8 +304,9 @@ class StoreTests:
             assert await store.list_prefix("c/d/e/f") == ["c/d/e/f"]
             assert await store.list_prefix("zzz") == []
             assert await store.list_prefix("b/") == []  # "b" is a value, not a directory
-            await store.delete("a/1")
-            assert await store.list_prefix("a/") == ["a/10/x", "a/2"]
+            if store.supports_deletes:
+                await store.delete("a/1")
+                assert await store.list_prefix("a/") == ["a/10/x", "a/2"]
 
         run(body())
 
@@ -307,6 +337,8 @@ class StoreTests:
         assert ro.bytes_written == 0
 
     def test_bytes_written(self, store: Store) -> None:
+        needs(store, "supports_overwrites", "supports_deletes")
+
         async def body() -> None:
             assert store.bytes_written == 0
             await store.set("a", b"12345")
@@ -322,6 +354,8 @@ class StoreTests:
         run(body())
 
     def test_batch_writes_are_read_back_inside_and_after_it(self, store: Store) -> None:
+        needs(store, "supports_deletes")
+
         async def body() -> tuple[bytes | None, list[str]]:
             async with store.batch():
                 await store.set("b/1", b"one")
@@ -497,6 +531,7 @@ class StoreTests:
         written = 0
         with tempfile.TemporaryDirectory() as tmp:
             store = self.open_store(Path(tmp))
+            needs(store, "supports_overwrites", "supports_deletes")
 
             async def body() -> None:
                 nonlocal written

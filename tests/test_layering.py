@@ -30,8 +30,10 @@ LAYERS = {
     "server": 6,  # the desktop HTTP server (``kvckpt serve``); serves web's files by path, never imports it
     "cli": 7,  # the command line (its ``serve`` command runs the server)
 }
-#: Third-party modules only some layers may import: the ``serve`` extra is desktop-only and optional.
-ONLY_IN = {"starlette": {"server"}, "uvicorn": {"server"}}
+#: Per optional extra (desktop-only), its modules and the layers that alone may import them.
+EXTRAS = {"serve": {"starlette": {"server"}, "uvicorn": {"server"}}, "remote": {"obstore": {"stores"}}}
+#: Third-party modules only some layers may import.
+ONLY_IN = {module: layers for modules in EXTRAS.values() for module, layers in modules.items()}
 FOUNDATION = {"kvckpt_web.errors", "kvckpt_web.checks", "kvckpt_web.jsontext"}
 
 def module_name(path: Path) -> str:
@@ -169,18 +171,19 @@ def test_the_package_has_no_import_cycles():
     assert cycles(import_graph()) == []
 
 
-def test_the_serve_extra_is_imported_by_the_server_layer_only():
+def test_the_extras_are_imported_by_their_layers_only():
     outside = sorted(f"{module} imports {name}" for module, names in third_party_imports().items()
                      for name in names & ONLY_IN.keys() if layer_of(module) not in ONLY_IN[name])
     assert outside == []
 
 
-def test_the_serve_extra_is_no_dependency_of_the_package():
+def test_the_extras_are_no_dependency_of_the_package():
     project = tomllib.loads((PACKAGE.parent / "pyproject.toml").read_text(encoding="utf-8"))["project"]
     required = {re.match(r"[A-Za-z0-9_.-]+", spec).group().lower() for spec in project["dependencies"]}
     assert not required & ONLY_IN.keys()
-    assert {re.match(r"[A-Za-z0-9_.-]+", spec).group().lower()
-            for spec in project["optional-dependencies"]["serve"]} == ONLY_IN.keys()
+    for extra, modules in EXTRAS.items():
+        assert {re.match(r"[A-Za-z0-9_.-]+", spec).group().lower()
+                for spec in project["optional-dependencies"][extra]} == modules.keys()
 
 
 def test_a_sibling_import_between_web_and_server_is_reported():

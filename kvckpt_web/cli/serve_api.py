@@ -14,6 +14,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from ..durable.locations import open_location
 from ..errors import FieldError
 from ..model.loader import default_model_path
 from .store_commands import check_at_least, check_store_target
@@ -21,9 +22,9 @@ from .store_commands import check_at_least, check_store_target
 if TYPE_CHECKING:
     from ..engine import Engine
 
-RUNTIME_FLAGS = {"page": "--page", "pyodide": "--pyodide", "wheels": "--wheels", "open": "--open"}
-"""The flags of the browser runtime's files, which ``--api`` does not serve."""
-API_FLAGS = {"store": "--store", "model_name": "--model-name", "context": "--context"}
+RUNTIME_FLAGS = {"page": "--page", "pyodide": "--pyodide", "wheels": "--wheels", "open": "--open", "token": "--token"}
+"""The flags of the browser runtime and of a served store, which ``--api`` does not serve."""
+API_FLAGS = {"model_name": "--model-name", "context": "--context"}
 """The flags only ``--api`` takes."""
 
 
@@ -32,8 +33,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--api", action="store_true", help="serve an OpenAI-compatible API (POST "
                         "/v1/chat/completions, GET /v1/models, /v1/kvckpt/conversations) over the chat engine "
                         "running --model, instead of the browser runtime")
-    parser.add_argument("--store", default=None, help="with --api: checkpoint store directory the conversations "
-                        "are saved in, so they survive a crash or a restart (default: none, kept in memory)")
     parser.add_argument("--model-name", default=None, help="with --api: the model's name in the API (default: the "
                         "model file's name without .gguf)")
     parser.add_argument("--context", type=int, default=None, help="with --api: most tokens of one conversation "
@@ -66,12 +65,11 @@ def _build(path: Path, store: str | None, name: str, context: int | None) -> "En
     from ..engine import Engine
     from ..gpu.open import open_device
     from ..model.loader import load_model
-    from ..stores.file import FileStore
 
     start = time.perf_counter()
     device = open_device()
-    engine = Engine(load_model(path, device), device, store=FileStore(store) if store is not None else None,
-                    model_name=name, context=context)
+    opened = open_location(store, read_only=False, new=True, field="--store") if store is not None else None
+    engine = Engine(load_model(path, device), device, store=opened, model_name=name, context=context)
     print(f"model loaded in {time.perf_counter() - start:.2f} s", file=sys.stderr, flush=True)
     return engine
 

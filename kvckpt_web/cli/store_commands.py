@@ -1,7 +1,8 @@
 """The store commands of ``kvckpt``: inspect and verify a checkpoint store, gc, and convert to and from it.
 
-A store here is a :class:`~kvckpt_web.stores.file.FileStore` directory. Long operations
-report progress on stderr (after the first second, then about once a second).
+A store here is a :class:`~kvckpt_web.stores.file.FileStore` directory or a store URL (object storage such as
+``s3://bucket/prefix``, or a store ``kvckpt serve --store`` serves): :func:`~kvckpt_web.durable.locations.open_location`
+opens either. Long operations report progress on stderr (after the first second, then about once a second).
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from typing import Any
 from ..checks import check_int
 from ..durable.catalog import list_generations, list_names, load_manifest
 from ..durable.container import CHUNKS, STORE_TOPS, Manifest, validate_name
+from ..durable.locations import is_url, open_location
 from ..durable.prefix_index import count_records
 from ..durable.restore import restore
 from ..durable.results import Progress
@@ -31,6 +33,7 @@ from ..errors import ConflictError, FieldError, FormatError, NotFoundError
 from ..gpu.open import open_device
 from ..kv.cache import PagedKVCache
 from ..model.conversation import check_owner, conversation_of
+from ..stores.base import Store
 from ..stores.file import FileStore
 
 
@@ -50,8 +53,12 @@ def check_path(flag: str, path: str) -> str:
 def check_store_target(flag: str, path: str) -> None:
     """Refuse, before any work, a store directory ``flag`` names to write into unless it is a new path, an empty
     directory or a checkpoint store that this process may write: not '' (the current directory), a file, a
-    directory of other files (a user's, a TVM export), or a read-only one."""
-    FileStore.check_directory(check_path(flag, path), STORE_TOPS, new=True)
+    directory of other files (a user's, a TVM export), or a read-only one. A store URL is refused only if it
+    cannot be opened (its storage answers at the first write)."""
+    if is_url(check_path(flag, path)):
+        open_location(path, read_only=False, field=flag)
+        return
+    FileStore.check_directory(path, STORE_TOPS, new=True)
     existing = target = Path(path).absolute()
     while not os.path.lexists(existing):  # a new store is made in its nearest existing parent
         existing = existing.parent
@@ -73,7 +80,10 @@ def is_store(path: str | Path) -> bool:
 
 def source_kind(path: str | Path) -> str:
     """``"store"`` or ``"tvm"``: what the checkpoint at ``path`` is (a TVM export directory is recognised by its
-    metadata.json, and its reader says what else is wrong); FormatError naming the path if it is neither."""
+    metadata.json, and its reader says what else is wrong); FormatError naming the path if it is neither. A store
+    URL is a store."""
+    if is_url(str(path)):
+        return "store"
     try:
         FileStore.check_directory(path, STORE_TOPS)
     except FormatError as exc:
@@ -84,10 +94,10 @@ def source_kind(path: str | Path) -> str:
     return "store"
 
 
-def _open_store(path: str | Path, *, read_only: bool) -> FileStore:
-    """The store at ``path``; FormatError naming the path and what it holds if it is no checkpoint store."""
-    FileStore.check_directory(path, STORE_TOPS)
-    return FileStore(path, read_only=read_only)
+def _open_store(path: str | Path, *, read_only: bool) -> Store:
+    """The store at ``path`` (a directory or a URL); FormatError naming a directory and what it holds if it is no
+    checkpoint store."""
+    return open_location(str(path), read_only=read_only)
 
 
 def progress_printer(stream: Any = None, delay: float = 1.0, every: float = 1.0) -> Progress:
@@ -113,7 +123,7 @@ def _when(ms: int | None) -> str:
     return datetime.fromtimestamp(ms / 1000, timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
 
 
-def _mib(n: int) -> str:
+def mib(n: int) -> str:
     """``n`` bytes for people: B, KiB, MiB or GiB."""
     for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
         if n >= scale:
@@ -153,7 +163,7 @@ async def describe_store(path: str | Path) -> dict[str, Any]:
     referenced_bytes = sum(sizes.get(k, 0) for k in users)
     logical = sum(info.nbytes for info in gens if info.error is None)
     return {
-        "kind": "kvckpt-store", "path": str(Path(path)), "names": names,
+        "kind": "kvckpt-store", "path": str(path) if is_url(str(path)) else str(Path(path)), "names": names,
         "manifests": len(gens), "damaged_manifests": [i.key for i in gens if i.error is not None],
         "chunks": {"stored": len(listed), "referenced": len(users), "referenced_nbytes": referenced_bytes,
                    "logical_nbytes": logical, "unreferenced": len(unreferenced)},
@@ -178,12 +188,12 @@ def cmd_inspect_store(args: argparse.Namespace) -> int:
                 print(f"    generation {e['generation']}: DAMAGED: {e['error']}")
                 continue
             print(f"    generation {e['generation']} ({e['created']}): seq {e['seq_id']}, {e['seq_length']} tokens, "
-                  f"{e['num_logical_pages']} pages x {e['num_groups']} groups = {_mib(e['nbytes'])} in "
+                  f"{e['num_logical_pages']} pages x {e['num_groups']} groups = {mib(e['nbytes'])} in "
                   f"{e['num_chunks']} chunks of {e['pages_per_chunk']} pages; {e['shared_chunks']} chunks "
-                  f"({_mib(e['shared_nbytes'])}) shared with other manifests, {_mib(e['own_nbytes'])} its own")
+                  f"({mib(e['shared_nbytes'])}) shared with other manifests, {mib(e['own_nbytes'])} its own")
     saved = chunks["logical_nbytes"] - chunks["referenced_nbytes"]
-    print(f"  data: {_mib(chunks['logical_nbytes'])} in all checkpoints, {_mib(chunks['referenced_nbytes'])} stored "
-          f"({_mib(saved)} saved by sharing); {chunks['unreferenced']} unreferenced chunks (kvckpt gc removes them)")
+    print(f"  data: {mib(chunks['logical_nbytes'])} in all checkpoints, {mib(chunks['referenced_nbytes'])} stored "
+          f"({mib(saved)} saved by sharing); {chunks['unreferenced']} unreferenced chunks (kvckpt gc removes them)")
     records = info["prefix_records"]
     if records["records"] or records["other_keys"]:
         print(f"  prefix index: {records['records']} records in {records['scopes']} scopes, "
@@ -201,7 +211,7 @@ def cmd_verify(args: argparse.Namespace) -> int:
     device = None if args.no_load else open_device()
     report = asyncio.run(verify(store, name=args.name, device=device, progress=progress_printer()))
     print(f"checked {len(report.manifests_checked)} manifests, {report.chunks_checked} chunks "
-          f"({_mib(report.bytes_checked)} re-hashed)"
+          f"({mib(report.bytes_checked)} re-hashed)"
           + ("" if args.no_load else f", {len(report.loaded)} checkpoints loaded into a GPU cache and read back"))
     if report.unreferenced_chunks:
         print(f"{len(report.unreferenced_chunks)} unreferenced chunks (not an error; kvckpt gc removes them)")
@@ -225,7 +235,7 @@ def cmd_gc(args: argparse.Namespace) -> int:
         raise NotFoundError(f"{args.store}: no checkpoint named {', '.join(map(repr, missing))} (--name)")
     result = asyncio.run(gc(store, keep=keep, names=args.name, progress=progress_printer()))
     print(f"kept {len(result.kept_manifests)} manifests, deleted {len(result.deleted_manifests)} manifests and "
-          f"{result.deleted_chunks} unreferenced chunks ({_mib(result.freed_bytes)})")
+          f"{result.deleted_chunks} unreferenced chunks ({mib(result.freed_bytes)})")
     if result.deleted_records:
         print(f"deleted {result.deleted_records} prefix index records of checkpoints no longer stored")
     for key, why in result.kept_reasons.items():
@@ -237,7 +247,7 @@ def cmd_gc(args: argparse.Namespace) -> int:
     return 0
 
 
-async def _source_manifest(src: str, name: str | None, generation: int | None) -> tuple[FileStore, Manifest] | None:
+async def _source_manifest(src: str, name: str | None, generation: int | None) -> tuple[Store, Manifest] | None:
     """The store SRC and the manifest of its checkpoint to convert (``name``: needed if it holds several); None for
     a TVM export directory (FormatError naming SRC if it is neither)."""
     if source_kind(src) == "tvm":
@@ -254,7 +264,7 @@ async def _source_manifest(src: str, name: str | None, generation: int | None) -
     return store, manifest
 
 
-async def _load_source(src: str, source: tuple[FileStore, Manifest] | None, device: Any) -> tuple[Any, int]:
+async def _load_source(src: str, source: tuple[Store, Manifest] | None, device: Any) -> tuple[Any, int]:
     """Load SRC (a TVM export directory, or ``source``: a store's checkpoint) into a new GPU cache: (cache,
     seq_id)."""
     if source is None:
@@ -286,13 +296,22 @@ def check_convert(src: str, dst: str, to: str, *, name: str | None = None, gener
         check_at_least("--generation", generation, 1)
     if keep is not None:
         check_at_least("--keep", keep, 1)
-    source, target = Path(src).resolve(), Path(dst).resolve()
-    same = target == source or (os.path.exists(src) and os.path.exists(dst) and os.path.samefile(src, dst))
-    if same or target in source.parents or source in target.parents:
-        raise FormatError("DST", f"a path apart from SRC {src} (not it, not inside it, not holding it)", dst)
+    if is_url(src) or is_url(dst):
+        if src.rstrip("/") == dst.rstrip("/"):
+            raise FormatError("DST", f"a store apart from SRC {src}", dst)
+    else:
+        source, target = Path(src).resolve(), Path(dst).resolve()
+        same = target == source or (os.path.exists(src) and os.path.exists(dst) and os.path.samefile(src, dst))
+        if same or target in source.parents or source in target.parents:
+            raise FormatError("DST", f"a path apart from SRC {src} (not it, not inside it, not holding it)", dst)
     if to == "kvckpt":
-        FileStore.check_directory(dst, STORE_TOPS, new=True)
+        if is_url(dst):
+            open_location(dst, read_only=False, field="DST")
+        else:
+            FileStore.check_directory(dst, STORE_TOPS, new=True)
         return
+    if is_url(dst):
+        raise FormatError("DST", "a TVM export directory to write (a path, not a store URL)", dst)
     if os.path.lexists(dst) and not force:
         raise FormatError(dst, "a path that does not exist yet (replace it with --force)", "existing")
     check_replaceable(dst)
@@ -320,8 +339,8 @@ async def convert(src: str, dst: str, to: str, *, name: str | None = None, gener
             cache.close()
     target_name = name or (source[1].name if source is not None else "seq0")
     app_state = source[1].app_state if source is not None else {}
-    created = not os.path.lexists(dst)
-    store = FileStore(dst)
+    created = not is_url(dst) and not os.path.lexists(dst)
+    store = open_location(dst, read_only=False, new=True, field="DST")
     try:
         async with store.claim(target_name):
             try:

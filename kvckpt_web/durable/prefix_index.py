@@ -36,7 +36,7 @@ async def commit_record(store: "Store", record: PrefixRecord | None) -> tuple[Pr
     if record is None:
         return None, []
     try:
-        await store.set(record.key, encode_record(record))
+        await store.set_if_absent(record.key, encode_record(record))  # written once, as its manifest
     except KVCkptError as exc:
         return None, [f"{record.key}: prefix index record not written; the checkpoint is committed, lookups miss it "
                       f"({exc})"]

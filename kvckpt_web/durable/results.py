@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from .prefix_records import PrefixRecord
 
-__all__ = ["GcResult", "GenerationInfo", "Progress", "RestoreResult", "SaveResult", "VerifyReport"]
+__all__ = ["GcResult", "GenerationInfo", "Progress", "RestoreResult", "SaveResult", "SyncResult", "VerifyReport"]
 
 #: ``progress(phase, done, total)``: called as a long operation advances.
 Progress = Callable[[str, int, int], None]
@@ -121,3 +121,24 @@ class VerifyReport:
     def ok(self) -> bool:
         """True if every manifest and chunk is intact (unreferenced chunks are not a problem)."""
         return not self.problems
+
+
+@dataclass(frozen=True)
+class SyncResult:
+    """What one :func:`~kvckpt_web.durable.sync.sync` did."""
+
+    copied: tuple[str, ...]
+    """The manifest keys it copied (each name's newest generation that the destination lacked)."""
+    up_to_date: tuple[str, ...]
+    """The manifest keys the destination held already (their missing prefix index records were copied)."""
+    conflicts: tuple[str, ...]
+    """One line per name not copied because the destination holds a newer or another generation of it."""
+    chunks_sent: int
+    """Chunks written to the destination."""
+    chunks_present: int
+    """Chunks the copied manifests use that the destination held already (not moved)."""
+    records_sent: int
+    """Prefix index records written to the destination."""
+    bytes_sent: int
+    """Payload bytes written to the destination: chunks, manifests and records."""
+    seconds: float

@@ -5,13 +5,15 @@ newer than those stays too, as evidence, without counting; while fewer than ``ke
 is dropped, so the last restorable generation is never deleted. A generation counts as restorable only once
 each chunk it uses is stored with its SHA-256 (or is one the :class:`~.ledger.Ledger` wrote or read back
 intact). Manifests go first, durably, and only then the chunks no remaining manifest of any name uses; while
-a manifest cannot be read, no chunk is deleted.
+a manifest cannot be read, no chunk is deleted. In a store without an exclusive lock (object storage), a chunk
+is deleted only once it has settled (FORMAT.md section 8): a writer elsewhere may be about to commit a manifest
+that names it.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterable
+from collections.abc import Collection, Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -154,15 +156,36 @@ async def retain(store: "Store", keep: int, keys: list[str], *, ledger: Ledger |
     await drop_records(store, drop)  # their prefix index records go after them
     if not candidates:
         return drop, 0, warnings
-    used, damaged = await _referenced(store, ledger)
+    unused, damaged = await _unused_chunks(store, candidates, ledger)
     if damaged:
         return drop, 0, warnings + [f"chunks not deleted: cannot tell which chunks damaged manifests use: "
                                     f"{', '.join(damaged)}"]
-    unused = sorted(candidates - used)
     async with store.batch():
         await run_bounded(((lambda k=k: store.delete(k)) for k in unused), IO_CONCURRENCY)
     ledger.distrust(unused)
     return drop, len(unused), warnings
+
+
+async def _unused_chunks(store: "Store", candidates: Collection[str], ledger: Ledger) -> tuple[list[str], list[str]]:
+    """The chunk keys of ``candidates`` that no manifest uses and that may be deleted now, or none and the keys
+    of the manifests that could not be read (then which chunks they use is unknown).
+
+    With a store's exclusive lock (held), that is every candidate no manifest uses. Without one, a writer
+    elsewhere may be about to commit a manifest naming a candidate: only candidates :meth:`~Store.settled`
+    before the manifests are listed, and still settled after that, go (FORMAT.md section 8).
+    """
+    if not store.exclusive_lock:
+        used, damaged = await _referenced(store, ledger)
+        if damaged:
+            return [], damaged
+        candidates = await store.settled(set(candidates) - used)
+    used, damaged = await _referenced(store, ledger)
+    if damaged:
+        return [], damaged
+    unused = set(candidates) - used
+    if not store.exclusive_lock:
+        unused = await store.settled(unused)
+    return sorted(unused), []
 
 
 async def gc(store: "Store", *, keep: int | None = DEFAULT_KEEP, names: Iterable[str] | None = None,
@@ -201,13 +224,12 @@ async def gc(store: "Store", *, keep: int | None = DEFAULT_KEEP, names: Iterable
             for key in drop:
                 await store.delete(key)
         records = await drop_records(store)  # of the manifests dropped, and any other whose manifest is gone
-        used, damaged = await _referenced(store, ledger)
+        chunks = [key for key in await store.list_prefix(CHUNKS) if is_chunk_key(key)]  # before the manifests
+        unused, damaged = await _unused_chunks(store, chunks, ledger)
         kept = tuple(key for _, _, key in await manifest_keys(store))
         kept_reasons = {key: reasons.get(key, "committed while gc ran (not judged)") for key in kept}
         if damaged:
             return GcResult(kept, tuple(drop), 0, 0, tuple(damaged), kept_reasons, records)
-        chunks = await store.list_prefix(CHUNKS)
-        unused = [key for key in chunks if key not in used and is_chunk_key(key)]
         freed = 0
         async with store.batch():
             for i, key in enumerate(unused):

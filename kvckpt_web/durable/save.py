@@ -1,8 +1,9 @@
 """Save: a named sequence of a cache checkpointed as the next generation of its name in a store.
 
 Commit protocol (all under ``store.lock()``): write every new chunk in one ``store.batch()`` (each ``set``
-atomic, all durable when the batch ends), then the manifest of generation ``newest + 1``; only after that
-manifest is committed, retention (:mod:`.retention`; none with ``keep=None``) drops the generations of that
+atomic, all durable when the batch ends), then the manifest of generation ``newest + 1``, create-only (where the
+lock does not exclude every writer, a save whose generation another writer committed first fails with
+ConflictError); only after that manifest is committed, retention (:mod:`.retention`; none with ``keep=None``) drops the generations of that
 name it does not keep and then the chunks no remaining manifest of any name uses. A crash at any instant
 therefore leaves the previous or the new generation restorable, plus at worst unreferenced chunks that
 :func:`~.retention.gc` removes.
@@ -26,7 +27,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from ..checks import check_callable, check_int
-from ..errors import CheckpointStateError, FormatError, KVCkptError
+from ..errors import CheckpointStateError, ConflictError, FormatError, KVCkptError
 from ..kv.cache import check_cache
 from ..kv.pool import check_seq_id
 from ..stores.base import check_store
@@ -114,7 +115,10 @@ async def save(cache: "PagedKVCache", seq_id: int, store: "Store", name: str, *,
         manifest = Manifest(name, generation, metadata, page_bytes, ppc, npages,
                             tuple(tuple(group) for group in table), app_state)  # type: ignore[arg-type]
         envelope = encode_manifest(manifest, metadata_is_valid=True)  # the cache wrote that metadata
-        await store.set(manifest.key, envelope)  # the commit point
+        if not await store.set_if_absent(manifest.key, envelope):  # the commit point: create-only
+            raise ConflictError(f"save {name!r}: generation {generation} was committed by another writer while this "
+                                f"save ran ({manifest.key} exists); nothing of this save is used, the store's "
+                                "checkpoints are as that writer left them")
         ledger.remember(envelope, manifest, state, tails)
         ledger.trust(manifest.chunk_keys())  # each one written, read back, or reused
         record, not_indexed = await commit_record(store, record)  # after the manifest: a crash costs a miss
@@ -235,8 +239,7 @@ async def _write_chunks(store: "Store", ledger: Ledger, cache: "PagedKVCache", s
                 if present is None:
                     stored = await store.set_if_absent(key, data)
                 elif key not in present:
-                    await store.set(key, data)
-                    stored = True
+                    stored = await store.set_if_absent(key, data)  # another writer may have stored it since
                 else:
                     stored = False
                 if not stored and not ledger.trusts(key) and await _rewrite_if_damaged(store, key, data):

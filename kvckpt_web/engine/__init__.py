@@ -3,8 +3,9 @@ store, and replies that survive a crash (see :mod:`kvckpt_web.engine.engine`).""
 
 from .conversations import ConversationInfo
 from .engine import DEFAULT_CONTEXT, Engine
+from .remote import pull, push
 from .request import ChatRequest, Message
 from .responses import ChatChunk, ChatCompletion, Timings, Usage
 
 __all__ = ["DEFAULT_CONTEXT", "ChatChunk", "ChatCompletion", "ChatRequest", "ConversationInfo", "Engine", "Message",
-           "Timings", "Usage"]
+           "Timings", "Usage", "pull", "push"]

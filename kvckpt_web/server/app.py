@@ -32,7 +32,7 @@ class NoCache:
 
 
 def create_app(site: Site | None, address: BindAddress, routes: Sequence[BaseRoute] = ()) -> Starlette:
-    """The app serving ``site`` (None: no files) to requests for ``address``; ``routes`` (an API's) are matched
-    first."""
+    """The app serving ``site`` (None: nothing but ``routes``) to requests for ``address``; ``routes`` (an API's, a
+    store's) are matched first."""
     return Starlette(routes=[*routes, *(site.routes() if site is not None else ())],
                      middleware=[Middleware(NoCache), Middleware(HostCheck, address=address)])

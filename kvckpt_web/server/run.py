@@ -16,9 +16,10 @@ import asyncio
 import os
 import socket
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import uvicorn
+from starlette.routing import BaseRoute
 from starlette.types import ASGIApp
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
@@ -156,23 +157,39 @@ def make_server(pyodide_dir: str | os.PathLike[str] = DEFAULT_PYODIDE,
                 wheel_dirs: list[str | os.PathLike[str]] | None = None, *, host: str = "127.0.0.1",
                 port: int = 8000, page_dir: str | os.PathLike[str] | None = None,
                 model: str | os.PathLike[str] | None = None, allow_remote: bool = False,
-                idle_timeout: float = DEFAULT_IDLE_TIMEOUT, max_connections: int = DEFAULT_MAX_CONNECTIONS) -> Server:
+                idle_timeout: float = DEFAULT_IDLE_TIMEOUT, max_connections: int = DEFAULT_MAX_CONNECTIONS,
+                routes: Sequence[BaseRoute] = ()) -> Server:
     """A listening, not yet serving, server of the browser runtime (see :func:`listen`).
 
     ``page_dir`` (holding ``index.html``) is served before ``kvckpt_web/web``; ``model`` (a GGUF file's path)
     at ``/model.gguf``: a model file that is missing, now or later, is reported by ``/model.json``, not
-    refused. FieldError for a page directory without ``index.html``, KVCkptError without Pyodide, and
-    :func:`listen`'s errors.
+    refused. ``routes`` (a served store's) are matched before the runtime's files. FieldError for a page
+    directory without ``index.html``, KVCkptError without Pyodide, and :func:`listen`'s errors.
     """
     def make_app(address: BindAddress) -> ASGIApp:
         return create_app(Site.of(pyodide_dir, wheel_dirs if wheel_dirs is not None else [DEFAULT_WHEELS],
-                                  page_dir=page_dir, model=model), address)
+                                  page_dir=page_dir, model=model), address, routes)
 
     return listen(make_app, host=host, port=port, allow_remote=allow_remote, idle_timeout=idle_timeout,
                   max_connections=max_connections)
 
 
+def make_routes_server(routes: Sequence[BaseRoute], *, host: str = "127.0.0.1", port: int = 8000,
+                       allow_remote: bool = False, idle_timeout: float = DEFAULT_IDLE_TIMEOUT,
+                       max_connections: int = DEFAULT_MAX_CONNECTIONS) -> Server:
+    """A listening server of ``routes`` alone (a store served where there is no browser runtime to serve),
+    behind the same Host check, timeouts and connection limit as :func:`make_server`."""
+    return listen(lambda address: create_app(None, address, routes), host=host, port=port,
+                  allow_remote=allow_remote, idle_timeout=idle_timeout, max_connections=max_connections)
+
+
 def serve_in_thread(*args, **kwargs) -> tuple[Server, str]:
     """:func:`make_server`, served in a daemon thread; returns the server and its base URL."""
     server = make_server(*args, **kwargs)
+    return server, server.start()
+
+
+def serve_routes_in_thread(routes: Sequence[BaseRoute], **kwargs) -> tuple[Server, str]:
+    """:func:`make_routes_server`, served in a daemon thread; returns the server and its base URL."""
+    server = make_routes_server(routes, **kwargs)
     return server, server.start()

@@ -6,8 +6,14 @@ segments). Values are bytes. :meth:`Store.set` is atomic: a reader sees the
 old value or the new one, never a mix.
 
 Implementations, one module each: :class:`~kvckpt_web.stores.memory.MemoryStore`,
-:class:`~kvckpt_web.stores.file.FileStore`, and in the browser
-:class:`~kvckpt_web.stores.indexeddb.IndexedDBStore` and :class:`~kvckpt_web.stores.opfs.OPFSStore`.
+:class:`~kvckpt_web.stores.file.FileStore`, on desktop :class:`~kvckpt_web.stores.objects.ObjectStore` (object
+storage through obstore), :class:`~kvckpt_web.stores.http.HTTPStore` (a store ``kvckpt serve --store`` serves),
+and in the browser :class:`~kvckpt_web.stores.indexeddb.IndexedDBStore` and
+:class:`~kvckpt_web.stores.opfs.OPFSStore`.
+
+Capability flags (class attributes, as zarr-python's stores have) say what a backend offers, so callers and the
+shared test suite ask them instead of probing: :attr:`Store.supports_overwrites`, :attr:`Store.supports_deletes`
+and :attr:`Store.exclusive_lock`.
 """
 
 from __future__ import annotations
@@ -16,8 +22,8 @@ import asyncio
 import re
 import time
 from abc import ABC, abstractmethod
-from collections.abc import Awaitable, Callable
-from contextlib import AbstractAsyncContextManager, nullcontext
+from collections.abc import AsyncIterator, Awaitable, Callable, Collection
+from contextlib import AbstractAsyncContextManager, asynccontextmanager, nullcontext
 from typing import Any
 
 from ..checks import check_bool, check_instance, check_int, check_seconds, check_writable
@@ -25,6 +31,8 @@ from ..errors import ConflictError, FormatError, StoreError
 
 __all__ = [
     "DEFAULT_LOCK_TIMEOUT",
+    "LocalClaims",
+    "LocalLock",
     "Store",
     "check_store",
     "check_store_options",
@@ -104,16 +112,32 @@ def check_store_options(read_only: bool, lock_timeout: float) -> None:
 
 def check_store(store: Any, field: str = "store") -> "Store":
     """``store`` if it is a :class:`Store`, else FieldError naming ``field``."""
-    return check_instance(field, store, Store, "a Store (MemoryStore, FileStore, IndexedDBStore or OPFSStore)")
+    return check_instance(field, store, Store,
+                          "a Store (MemoryStore, FileStore, ObjectStore, HTTPStore, IndexedDBStore or OPFSStore)")
 
 
 class Store(ABC):
     """An async store of bytes under validated keys.
 
-    The public methods validate keys, enforce ``read_only`` and count
-    ``bytes_written``; backends implement the underscored methods, which get
-    keys already validated.
+    The public methods validate keys, enforce ``read_only`` and the capability flags and count
+    ``bytes_written``; backends implement the underscored methods, which get keys already validated.
     """
+
+    supports_overwrites: bool = True
+    """Whether :meth:`set` replaces a value already stored. If False the store is create-only: such a ``set``
+    raises :class:`ConflictError` naming the key and leaves the value as it was (every key a checkpoint writes
+    is written once: chunks are named by their bytes, manifests and prefix records by their generation)."""
+
+    supports_deletes: bool = True
+    """Whether :meth:`delete` removes values. If False it raises :class:`StoreError` and removes nothing
+    (retention and gc then run where the store's storage is, on a store that deletes)."""
+
+    exclusive_lock: bool = True
+    """Whether :meth:`lock` and :meth:`claim` exclude every writer of the storage (other processes, tabs,
+    machines). If False they exclude only the holders through this store object, and writers elsewhere are
+    kept apart by the commit protocol alone: chunks, manifests and prefix records written create-only
+    (:meth:`set_if_absent`; a save whose generation another writer took first fails with ConflictError), and
+    values deleted by gc or retention only once :meth:`settled` (see there)."""
 
     def __init__(self, *, read_only: bool = False, lock_timeout: float = DEFAULT_LOCK_TIMEOUT) -> None:
         check_store_options(read_only, lock_timeout)
@@ -184,7 +208,23 @@ class Store(ABC):
         """Remove ``key``; a missing key is not an error."""
         validate_key(key)
         self._check_writable(f"delete {key!r}")
+        if not self.supports_deletes:
+            raise StoreError(f"delete {key!r}: store {self!r} is create-only and deletes nothing "
+                             "(run gc where its storage is)")
         await self._delete(key)
+
+    async def settled(self, keys: Collection[str]) -> set[str]:
+        """Those of ``keys`` that retention and gc may delete once no manifest listed after this call uses them.
+
+        With an :attr:`exclusive_lock` (held by the caller), every key. Without one, only values last written
+        longer ago than the store's grace period: a writer elsewhere may be about to commit a manifest naming a
+        value it just wrote, or one it found stored (and, by :meth:`set_if_absent`, wrote again if it was older
+        than half that period). Callers ask this before they list the manifests whose chunks they keep, and
+        again just before they delete.
+        """
+        for key in keys:
+            validate_key(key)
+        return set(keys) if self.exclusive_lock else await self._settled(list(keys))
 
     async def exists(self, key: str) -> bool:
         """Whether ``key`` holds a value."""
@@ -267,6 +307,9 @@ class Store(ABC):
     @abstractmethod
     async def _exists(self, key: str) -> bool: ...
 
+    async def _settled(self, keys: list[str]) -> set[str]:
+        raise NotImplementedError(f"{type(self).__name__} has no exclusive lock and must say when values settle")
+
     @abstractmethod
     async def _list_prefix(self, prefix: str) -> list[str]: ...
 
@@ -298,6 +341,53 @@ class _Claim(AbstractAsyncContextManager[None]):
         release, self._release = self._release, None
         if release is not None:
             await release()
+
+
+class LocalLock:
+    """The writer lock of a store whose lock excludes only the holders through one store object: a flag polled
+    by :func:`poll_acquire` (any event loop; a holder may enter on one loop and leave on another)."""
+
+    def __init__(self, name: str) -> None:
+        self._name = name
+        self._held = False
+
+    @property
+    def held(self) -> bool:
+        """Whether a holder has the lock now."""
+        return self._held
+
+    def _try(self) -> bool:
+        if self._held:
+            return False
+        self._held = True
+        return True
+
+    @asynccontextmanager
+    async def hold(self, timeout: float) -> AsyncIterator[None]:
+        """Hold the lock (StoreError after ``timeout`` seconds), released when the block is left."""
+        await poll_acquire(self._try, timeout, self._name)
+        try:
+            yield
+        finally:
+            self._held = False
+
+
+class LocalClaims:
+    """The claims of a store whose claims exclude only the holders through one store object: a set of names."""
+
+    def __init__(self) -> None:
+        self._names: set[str] = set()
+
+    def take(self, name: str, refused: ConflictError) -> Callable[[], Awaitable[None]]:
+        """Claim ``name`` (raise ``refused`` if it is held); what releases it."""
+        if name in self._names:
+            raise refused
+        self._names.add(name)
+
+        async def release() -> None:
+            self._names.discard(name)
+
+        return release
 
 
 async def poll_acquire(try_acquire: Callable[[], bool], timeout: float, lock_name: str) -> None:

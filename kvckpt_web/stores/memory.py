@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Awaitable, Callable, MutableMapping
-from contextlib import asynccontextmanager
+from collections.abc import Awaitable, Callable, MutableMapping
+from contextlib import AbstractAsyncContextManager
 
 from ..checks import check_instance
-from .base import DEFAULT_LOCK_TIMEOUT, Store, poll_acquire
+from .base import DEFAULT_LOCK_TIMEOUT, LocalClaims, LocalLock, Store
 
 __all__ = ["MemoryStore"]
 
@@ -29,8 +29,8 @@ class MemoryStore(Store):
         super().__init__(read_only=read_only, lock_timeout=lock_timeout)
         self._data: MutableMapping[str, bytes] = {} if data is None else check_instance(
             "data", data, MutableMapping, "a mutable mapping of keys to bytes (a dict) or None")
-        self._locked = False
-        self._claims: set[str] = set()
+        self._lock_flag = LocalLock(f"memory:{id(self):#x}")
+        self._claims = LocalClaims()
 
     def __repr__(self) -> str:
         return f"MemoryStore(<{len(self._data)} keys>, read_only={self.read_only})"
@@ -50,26 +50,8 @@ class MemoryStore(Store):
     async def _list_prefix(self, prefix: str) -> list[str]:
         return [key for key in self._data if key.startswith(prefix)]
 
-    def _try_lock(self) -> bool:
-        if self._locked:
-            return False
-        self._locked = True
-        return True
-
-    @asynccontextmanager
-    async def _lock(self, timeout: float) -> AsyncIterator[None]:
-        await poll_acquire(self._try_lock, timeout, f"memory:{id(self):#x}")
-        try:
-            yield
-        finally:
-            self._locked = False
+    def _lock(self, timeout: float) -> AbstractAsyncContextManager[None]:
+        return self._lock_flag.hold(timeout)
 
     async def _claim(self, name: str) -> Callable[[], Awaitable[None]]:
-        if name in self._claims:
-            raise self._claimed(name)
-        self._claims.add(name)
-
-        async def release() -> None:
-            self._claims.discard(name)
-
-        return release
+        return self._claims.take(name, self._claimed(name))

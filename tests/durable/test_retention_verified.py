@@ -154,7 +154,7 @@ class BetweenPhases(MemoryStore):
 
     async def _get_into(self, key: str, out: memoryview) -> int | None:
         if key.startswith("chunks/") and len(out):
-            self.reads.append((key, self._locked))
+            self.reads.append((key, self._lock_flag.held))
         return await super()._get_into(key, out)
 
 

@@ -16,6 +16,7 @@ import pytest
 
 from kvckpt_web.cli.main import main
 from kvckpt_web.cli import generate
+from kvckpt_web.durable import locations
 from kvckpt_web.durable.catalog import list_generations
 from kvckpt_web.errors import StoreError
 from kvckpt_web.model import loader
@@ -270,14 +271,14 @@ def full_disk(monkeypatch):
         count = [0]
 
         class FullDisk(FileStore):
-            async def _set(self, key: str, data: memoryview) -> None:
+            async def _set_if_absent(self, key: str, data: memoryview) -> bool:  # how a manifest is committed
                 if key.startswith("manifests/"):
                     count[0] += 1
                     if count[0] in commits:
                         raise StoreError(f"set {key!r}: cannot write it ([Errno 28] No space left on device)")
-                await super()._set(key, data)
+                return await super()._set_if_absent(key, data)
 
-        monkeypatch.setattr(generate, "FileStore", FullDisk)
+        monkeypatch.setattr(locations, "FileStore", FullDisk)
 
     return make
 

@@ -22,13 +22,19 @@ def one_line_error(capsys) -> str:
     return err
 
 
-@pytest.mark.parametrize("flag, value", [("--store", "s"), ("--model-name", "m"), ("--context", "64")])
+@pytest.mark.parametrize("flag, value", [("--model-name", "m"), ("--context", "64")])
 def test_an_api_flag_without_api_is_a_one_line_error(pyodide, capsys, flag, value):
     status = main(["serve", "--port", "0", "--pyodide", str(pyodide), flag, value])
     assert status == 1 and f"{flag}: expected --api" in one_line_error(capsys)
 
 
-@pytest.mark.parametrize("flags", [["--page", "."], ["--open"], ["--wheels", "."]])
+def test_a_store_served_without_api_needs_its_token(pyodide, tmp_path, capsys, monkeypatch):
+    monkeypatch.delenv("KVCKPT_STORE_TOKEN", raising=False)
+    status = main(["serve", "--port", "0", "--pyodide", str(pyodide), "--store", str(tmp_path / "s")])
+    assert status == 1 and "--token" in one_line_error(capsys)
+
+
+@pytest.mark.parametrize("flags", [["--page", "."], ["--open"], ["--wheels", "."], ["--token", "x" * 16]])
 def test_a_browser_runtime_flag_with_api_is_a_one_line_error(capsys, flags):
     status = main(["serve", "--api", "--port", "0", *flags])
     assert status == 1 and f"{flags[0]}: expected no browser runtime flag with --api" in one_line_error(capsys)

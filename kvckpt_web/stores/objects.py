@@ -1,0 +1,244 @@
+"""ObjectStore: a store in object storage through ``obstore`` (Rust's object_store): S3 and S3-compatible
+servers, Google Cloud Storage, Azure Blob Storage, a local directory or memory. Desktop only, from the optional
+``remote`` extra; nothing imports this module in Pyodide.
+
+Object storage has no lock that every writer sees, so this store's :meth:`~Store.lock` and :meth:`~Store.claim`
+exclude only the holders through one ``ObjectStore`` object (``exclusive_lock`` is False), and writers on
+other processes or machines are kept apart by the commit protocol:
+
+* chunks, manifests and prefix index records are written create-only (a conditional PUT, ``If-None-Match: *``
+  on S3), so a manifest is never overwritten and a generation number belongs to whoever created its manifest
+  first: a second writer of that generation fails with :class:`ConflictError` and has changed nothing anyone
+  uses (its chunks are unreferenced, and collected once settled);
+* gc and retention delete a chunk only once it is :meth:`settled`: last written more than ``grace_seconds``
+  ago (default one hour, measured against the object's last-modified time, so the clocks of the machines
+  must agree within that), asked before they list the manifests whose chunks they keep and again just
+  before each delete. A writer's new chunks are younger than that while its save lasts; a chunk it reuses
+  that is older than half the grace period is written again by :meth:`set_if_absent` (as git freshens an
+  object it would have written), so its age restarts.
+
+What this leaves open, as git's gc leaves it: a writer that rewrites an old unreferenced chunk in the moment
+between gc's last look at that chunk and its delete (object storage offers no delete conditional on the
+object's age, and a rewritten chunk has the same ETag). A save that lasts longer than half the grace period is
+not protected. See ``kvckpt_web/durable/FORMAT.md`` section 8.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import AbstractAsyncContextManager
+from typing import Any
+
+from ..checks import check_callable, check_instance, check_seconds
+from ..errors import FieldError, StoreError
+from .base import DEFAULT_LOCK_TIMEOUT, LocalClaims, LocalLock, Store, check_value_size
+
+__all__ = ["DEFAULT_GRACE_SECONDS", "FAULT_STEPS", "SETTLE_CONCURRENCY", "ObjectStore"]
+
+DEFAULT_GRACE_SECONDS = 3600.0
+"""How long after its last write gc and retention leave an unreferenced chunk alone (see the module docstring)."""
+
+FAULT_STEPS = ("put", "delete")
+"""The steps an :class:`ObjectStore` passes to its ``fault`` hook, before each request that changes storage."""
+
+SETTLE_CONCURRENCY = 16
+"""Requests in flight while :meth:`ObjectStore.settled` asks for the ages of values."""
+
+SCHEMES = ("s3", "s3a", "gs", "az", "adl", "azure", "abfs", "abfss", "file", "memory")
+"""URL schemes :meth:`ObjectStore.from_url` opens."""
+
+
+def _obstore() -> Any:
+    try:
+        import obstore
+    except ModuleNotFoundError as exc:
+        if exc.name != "obstore":
+            raise
+        raise StoreError("object storage: expected the remote extra (obstore), got no module 'obstore': "
+                         "pip install 'kvckpt_web[remote]'") from None
+    return obstore
+
+
+def _reason(exc: BaseException) -> str:
+    """The first line of what obstore said (its messages go on with a debug dump)."""
+    return str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+
+
+class ObjectStore(Store):
+    """A store in object storage (see the module docstring for what makes concurrent writers safe).
+
+    ``store`` is an obstore store object (``obstore.store.S3Store(...)``, ``from_url(...)``); keys are paths
+    under it (its ``prefix``, if any, in front). :meth:`from_url` opens one from a URL, with the endpoint and
+    credentials from the usual environment variables. ``grace_seconds`` is the period of :meth:`settled`;
+    ``clock`` (default ``time.time``) is what its ages are measured with; ``fault``, if given, is called with
+    each step name of :data:`FAULT_STEPS` before that request, for fault-injection tests.
+
+    Every value is written in one request (no multipart upload), so a reader sees the old value or the new
+    one. A key may both hold a value and start other keys (``a`` and ``a/b``), as object storage allows.
+    """
+
+    exclusive_lock = False
+
+    def __init__(self, store: Any, *, url: str | None = None, read_only: bool = False,
+                 lock_timeout: float = DEFAULT_LOCK_TIMEOUT, grace_seconds: float = DEFAULT_GRACE_SECONDS,
+                 clock: Callable[[], float] | None = None, fault: Callable[[str], None] | None = None) -> None:
+        super().__init__(read_only=read_only, lock_timeout=lock_timeout)
+        obstore = _obstore()
+        self._obs = obstore
+        self._store = check_instance("store", store, _store_types(obstore), "an obstore store object")
+        self._url = url
+        self.grace_seconds = check_seconds("grace_seconds", grace_seconds)
+        self._clock = check_callable("clock", clock) or time.time
+        self.fault = check_callable("fault", fault)
+        self._lock_flag = LocalLock(f"{self!r} (this object's)")
+        self._claims = LocalClaims()
+
+    @classmethod
+    def from_url(cls, url: str, **kwargs: Any) -> "ObjectStore":
+        """The store at ``url``: ``s3://bucket/prefix`` (endpoint, region and credentials from ``AWS_ENDPOINT_URL``,
+        ``AWS_REGION``, ``AWS_ACCESS_KEY_ID``, ``AWS_SECRET_ACCESS_KEY``, ``AWS_SESSION_TOKEN``; plain HTTP to a
+        local server only with ``AWS_ALLOW_HTTP=true``), ``gs://bucket/prefix``, ``az://container/prefix``,
+        ``file:///directory`` or ``memory:///``; ``kwargs`` as for the constructor. FieldError naming the URL
+        for another scheme or one obstore cannot open."""
+        obstore = _obstore()
+        if not isinstance(url, str) or url.partition("://")[0].lower() not in SCHEMES or "://" not in url:
+            raise FieldError("url", f"an object storage URL ({', '.join(s + '://' for s in SCHEMES)})",
+                             url if isinstance(url, str) else type(url).__name__)
+        options = {"mkdir": True} if url.lower().startswith("file://") else {}
+        try:
+            store = obstore.store.from_url(url, **options)
+        except (obstore.exceptions.BaseError, ValueError, OSError) as exc:
+            raise FieldError("url", "an object storage URL obstore can open", url, _reason(exc)) from None
+        return cls(store, url=url, **kwargs)
+
+    def __repr__(self) -> str:
+        return f"ObjectStore({self._url or self._store!r}, read_only={self.read_only})"
+
+    def _step(self, name: str) -> None:
+        if self.fault is not None:
+            self.fault(name)
+
+    def _error(self, what: str, key: str, exc: BaseException) -> StoreError:
+        return StoreError(f"{what} {key!r} in {self!r}: {_reason(exc)}")
+
+    async def _call(self, what: str, key: str, request: Awaitable[Any]) -> Any:
+        """What ``request`` (about ``key``) answers; None if the key holds nothing; StoreError naming the key if the
+        storage failed."""
+        try:
+            return await request
+        except FileNotFoundError:
+            return None
+        except (self._obs.exceptions.BaseError, OSError) as exc:
+            raise self._error(what, key, exc) from exc
+
+    async def _open(self, key: str) -> Any:
+        """The answer of a GET of ``key`` (its ``meta``, its body not read yet); None if there is none."""
+        return await self._call("get", key, self._obs.get_async(self._store, key))
+
+    async def _body(self, key: str, answer: Any) -> bytes:
+        try:
+            return bytes(await answer.bytes_async())
+        except (self._obs.exceptions.BaseError, OSError) as exc:
+            raise self._error("get", key, exc) from exc
+
+    async def _get(self, key: str) -> bytes | None:
+        answer = await self._open(key)
+        return None if answer is None else await self._body(key, answer)
+
+    async def _get_bounded(self, key: str, max_bytes: int) -> bytes | None:
+        answer = await self._open(key)
+        if answer is None:
+            return None
+        check_value_size(key, answer.meta["size"], max_bytes)  # before the body is read
+        data = await self._body(key, answer)
+        check_value_size(key, len(data), max_bytes)
+        return data
+
+    async def _get_into(self, key: str, out: memoryview) -> int | None:
+        answer = await self._open(key)
+        if answer is None:
+            return None
+        if answer.meta["size"] != len(out):
+            return answer.meta["size"]
+        data = await self._body(key, answer)
+        if len(data) == len(out):
+            out[:] = data
+        return len(data)
+
+    async def _put(self, key: str, data: memoryview, mode: str) -> bool:
+        """PUT ``data`` under ``key`` (``mode`` "create": only if it holds nothing); whether it was stored."""
+        self._step("put")
+        if isinstance(self._store, self._obs.store.MemoryStore):
+            data = bytes(data)  # it would keep the caller's buffer, not a copy
+        try:
+            await self._obs.put_async(self._store, key, data, mode=mode, use_multipart=False)
+        except self._obs.exceptions.AlreadyExistsError:
+            return False
+        except (self._obs.exceptions.BaseError, OSError) as exc:
+            raise self._error("set", key, exc) from exc
+        return True
+
+    async def _set(self, key: str, data: memoryview) -> None:
+        await self._put(key, data, "overwrite")
+
+    async def _set_if_absent(self, key: str, data: memoryview) -> bool:
+        if await self._put(key, data, "create"):
+            return True
+        age = await self._age(key)
+        if age is not None and age > self.grace_seconds / 2:
+            await self._put(key, data, "overwrite")  # freshened: a concurrent gc leaves it alone now
+        return False
+
+    async def _delete(self, key: str) -> None:
+        self._step("delete")
+        await self._call("delete", key, self._obs.delete_async(self._store, key))
+
+    async def _head(self, key: str) -> dict[str, Any] | None:
+        return await self._call("head", key, self._obs.head_async(self._store, key))
+
+    async def _exists(self, key: str) -> bool:
+        return await self._head(key) is not None
+
+    async def _age(self, key: str) -> float | None:
+        """Seconds since ``key`` was last written, by :attr:`clock`; None if it holds nothing."""
+        meta = await self._head(key)
+        return None if meta is None else self._clock() - meta["last_modified"].timestamp()
+
+    async def _settled(self, keys: list[str]) -> set[str]:
+        ages: dict[str, float | None] = {}
+        semaphore = asyncio.Semaphore(SETTLE_CONCURRENCY)
+
+        async def age(key: str) -> None:
+            async with semaphore:
+                ages[key] = await self._age(key)
+
+        await asyncio.gather(*(age(key) for key in keys))
+        return {key for key, seconds in ages.items() if seconds is not None and seconds > self.grace_seconds}
+
+    async def _list_prefix(self, prefix: str) -> list[str]:
+        """object_store lists whole path segments: list the directory ``prefix`` is in, keep what it starts."""
+        directory = prefix.rpartition("/")[0]
+        try:
+            batches = self._obs.list(self._store, directory or None, chunk_size=1000)
+            return [meta["path"] async for batch in _batches(batches) for meta in batch
+                    if meta["path"].startswith(prefix)]
+        except (self._obs.exceptions.BaseError, OSError) as exc:
+            raise self._error("list", prefix, exc) from exc
+
+    def _lock(self, timeout: float) -> AbstractAsyncContextManager[None]:
+        return self._lock_flag.hold(timeout)
+
+    async def _claim(self, name: str) -> Callable[[], Awaitable[None]]:
+        return self._claims.take(name, self._claimed(name))
+
+
+async def _batches(stream: Any) -> AsyncIterator[Any]:
+    async for batch in stream:
+        yield batch
+
+
+def _store_types(obstore: Any) -> tuple[type, ...]:
+    s = obstore.store
+    return (s.S3Store, s.GCSStore, s.AzureStore, s.LocalStore, s.MemoryStore, s.HTTPStore)

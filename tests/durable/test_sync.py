@@ -1,0 +1,253 @@
+"""Sync: the newest generation of each name copied between stores, only the chunks the destination lacks moving,
+manifests after their chunks, records after their manifests; resumable; never overwriting or going behind."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+from kvckpt_web.durable.catalog import load_manifest, manifest_keys
+from kvckpt_web.durable.prefix_records import PrefixKey
+from kvckpt_web.durable.restore import restore
+from kvckpt_web.durable.save import save
+from kvckpt_web.durable.sync import sync
+from kvckpt_web.errors import CorruptionError, FieldError, NotFoundError
+from kvckpt_web.stores.file import FileStore
+from kvckpt_web.stores.memory import MemoryStore
+
+from kvmodel import KVModel, run
+
+SCOPE = "model-a|layout|kernels"
+
+
+@pytest.fixture
+def model(make_model: Callable[..., KVModel]) -> KVModel:
+    return make_model(seed=11)
+
+
+def saved(model: KVModel, store: Any, name: str = "chat", seq: int = 0, **app_state: Any) -> Any:
+    ids = list(range(100, 100 + model.length(seq)))
+    return run(save(model.cache, seq, store, name, pages_per_chunk=2, app_state=app_state,
+                    prefix=PrefixKey(SCOPE, ids)))
+
+
+def chunk_bytes(store: Any, keys: set[str]) -> int:
+    return sum(len(run(store.get(k))) for k in keys)
+
+
+def generation_bytes(store: Any, name: str = "chat") -> tuple[set[str], int]:
+    """The chunk keys of ``name``'s newest manifest, and the bytes of that manifest and its records."""
+    manifest, envelope = run(load_manifest(store, name))
+    records = [k for k in run(store.list_prefix("prefixes/")) if k.endswith(manifest.key.partition("/")[2])]
+    return set(manifest.chunk_keys()), len(envelope) + sum(len(run(store.get(k))) for k in records)
+
+
+def test_a_sync_moves_the_newest_generations_chunks_once_then_its_manifest_and_record(model, make_cache, tmp_path):
+    src, dst = FileStore(tmp_path / "src"), MemoryStore()
+    model.add(0, 37)
+    saved(model, src)
+    model.append({0: 9})
+    saved(model, src)
+    result = run(sync(src, dst))
+    chunks, other = generation_bytes(src)
+    assert result.copied == ("manifests/chat/00000000000000000002",)
+    assert (result.chunks_sent, result.chunks_present, result.records_sent) == (len(chunks), 0, 1)
+    assert result.bytes_sent == chunk_bytes(src, chunks) + other == dst.bytes_written
+    assert sorted(k for k in run(dst.list_prefix("manifests/"))) == ["manifests/chat/00000000000000000002"]
+    target = make_cache()
+    run(restore(dst, "chat", target))
+    assert [bytes(g) for g in run(target.export_groups(0))] == model.expected_groups(0)
+
+
+def test_a_second_sync_after_one_more_turn_moves_only_the_new_chunks(model, tmp_path):
+    src, dst = FileStore(tmp_path / "src"), MemoryStore()
+    model.add(0, 40)
+    saved(model, src)
+    run(sync(src, dst))
+    before, _ = generation_bytes(src)
+    model.append({0: 13})
+    saved(model, src)
+    after, other = generation_bytes(src)
+    result = run(sync(src, dst))
+    assert (result.chunks_sent, result.chunks_present) == (len(after - before), len(after & before))
+    assert result.bytes_sent == chunk_bytes(src, after - before) + other
+
+
+def test_a_store_in_sync_moves_nothing(model):
+    src, dst = MemoryStore(), MemoryStore()
+    model.add(0, 20)
+    saved(model, src)
+    run(sync(src, dst))
+    result = run(sync(src, dst))
+    assert (result.copied, result.up_to_date, result.bytes_sent) == ((), ("manifests/chat/00000000000000000001",), 0)
+
+
+class FailsAfter(MemoryStore):
+    """A store whose writes fail once ``budget`` of them succeeded (a connection lost mid-sync)."""
+
+    def __init__(self, data: dict[str, bytes], budget: int) -> None:
+        super().__init__(data)
+        self.budget = budget
+
+    async def _set(self, key: str, data: memoryview) -> None:
+        if self.budget == 0:
+            raise ConnectionError("lost")
+        self.budget -= 1
+        await super()._set(key, data)
+
+
+def test_an_interrupted_sync_leaves_the_last_committed_generation_and_a_rerun_moves_only_what_is_missing(model):
+    src, backing = MemoryStore(), {}
+    model.add(0, 40)
+    saved(model, src, turn=1)
+    run(sync(src, MemoryStore(backing)))
+    model.append({0: 20})
+    saved(model, src, turn=2)
+    chunks, other = generation_bytes(src)
+    with pytest.raises(ConnectionError):
+        run(sync(src, FailsAfter(backing, budget=2)))
+    dst = MemoryStore(backing)
+    assert run(load_manifest(dst, "chat"))[0].app_state["turn"] == 1  # the last committed generation
+    moved = {k for k in backing if k.startswith("chunks/")}
+    result = run(sync(src, dst))
+    assert result.chunks_sent == len(chunks - moved) and result.chunks_sent < len(chunks)
+    assert result.bytes_sent == chunk_bytes(src, chunks - moved) + other
+    assert run(load_manifest(dst, "chat"))[0].app_state["turn"] == 2
+
+
+def test_a_manifest_is_never_written_before_its_chunks(model):
+    src = MemoryStore()
+    model.add(0, 30)
+    saved(model, src)
+    dst = FailsAfter({}, budget=1)  # one chunk goes in, then the connection is lost
+    with pytest.raises(ConnectionError):
+        run(sync(src, dst))
+    assert run(dst.list_prefix("manifests/")) == []
+
+
+def test_a_newer_generation_at_the_destination_is_a_conflict_and_stays(model):
+    src, dst = MemoryStore(), MemoryStore()
+    model.add(0, 30)
+    saved(model, src)
+    saved(model, dst)
+    saved(model, dst)
+    result = run(sync(src, dst))
+    assert result.copied == () and len(result.conflicts) == 1
+    assert "holds manifests/chat/00000000000000000002, newer than the source's generation 1" in result.conflicts[0]
+    assert [g for _, g, _ in run(manifest_keys(dst))] == [1, 2]
+
+
+def test_another_checkpoint_under_the_same_generation_is_a_conflict(model):
+    src, dst = MemoryStore(), MemoryStore()
+    model.add(0, 30)
+    saved(model, src, by="src")
+    saved(model, dst, by="dst")
+    result = run(sync(src, dst))
+    assert "another checkpoint under the same generation" in result.conflicts[0]
+    assert run(load_manifest(dst, "chat"))[0].app_state["by"] == "dst"
+
+
+def test_an_older_generation_that_went_apart_is_a_conflict(model):
+    src, dst = MemoryStore(), MemoryStore()
+    model.add(0, 30)
+    saved(model, src, by="src")
+    saved(model, dst, by="dst")
+    saved(model, src, by="src")
+    result = run(sync(src, dst))
+    assert "differs from the source's generation 1" in result.conflicts[0]
+
+
+def test_other_names_are_copied_beside_a_conflict(model):
+    src, dst = MemoryStore(), MemoryStore()
+    model.add(0, 30)
+    saved(model, src, "a", by="src")
+    saved(model, dst, "a", by="dst")
+    saved(model, src, "b")
+    result = run(sync(src, dst))
+    assert result.copied == ("manifests/b/00000000000000000001",) and len(result.conflicts) == 1
+
+
+def test_only_the_names_asked_for_are_copied(model):
+    src, dst = MemoryStore(), MemoryStore()
+    model.add(0, 30)
+    saved(model, src, "a")
+    saved(model, src, "b")
+    assert run(sync(src, dst, names=["b"])).copied == ("manifests/b/00000000000000000001",)
+    assert run(manifest_keys(dst)) == [("b", 1, "manifests/b/00000000000000000001")]
+
+
+def test_a_name_the_source_does_not_hold_is_not_found(model):
+    with pytest.raises(NotFoundError, match="'nope'"):
+        run(sync(MemoryStore(), MemoryStore(), names=["nope"]))
+
+
+def test_names_must_be_a_collection_of_names():
+    with pytest.raises(FieldError):
+        run(sync(MemoryStore(), MemoryStore(), names="chat"))
+
+
+def test_a_damaged_chunk_in_the_source_is_not_copied_and_no_manifest_is_written(model):
+    src, dst = MemoryStore(), MemoryStore()
+    model.add(0, 30)
+    saved(model, src)
+    key = sorted(k for k in src._data if k.startswith("chunks/"))[0]
+    src._data[key] = bytes(len(src._data[key]))
+    with pytest.raises(CorruptionError, match=key):
+        run(sync(src, dst))
+    assert run(dst.list_prefix("manifests/")) == []
+
+
+def test_a_sync_holds_the_destinations_claim_of_each_name(model):
+    src, dst = MemoryStore(), MemoryStore()
+    model.add(0, 30)
+    saved(model, src)
+
+    async def body() -> Any:
+        async with dst.claim("chat"):  # an engine writing "chat" in the destination
+            return await sync(src, dst)
+
+    result = run(body())
+    assert result.copied == () and "claim 'chat'" in result.conflicts[0]
+
+
+def test_a_continuation_is_copied_though_the_source_dropped_the_generation_the_destination_holds(model):
+    src, dst = MemoryStore(), MemoryStore()
+    model.add(0, 30)
+    saved(model, src)
+    run(sync(src, dst))
+    for _ in range(2):
+        model.append({0: 9})
+        run(save(model.cache, 0, src, "chat", pages_per_chunk=2, keep=1))  # generation 1 is gone from src
+    result = run(sync(src, dst))
+    assert result.copied == ("manifests/chat/00000000000000000003",) and result.conflicts == ()
+
+
+def test_a_destination_whose_history_parted_from_the_sources_is_a_conflict(model):
+    src, dst = MemoryStore(), MemoryStore()
+    model.add(0, 24)
+    saved(model, src)
+    run(sync(src, dst))
+    model.fork(0, 1)
+    model.popn(1, 20)  # another device went back in the history and on from there
+    model.append({1: 12})
+    run(save(model.cache, 1, dst, "chat", pages_per_chunk=2))
+    model.remove(1)
+    for _ in range(2):
+        model.append({0: 4})
+        run(save(model.cache, 0, src, "chat", pages_per_chunk=2, keep=1))
+    result = run(sync(src, dst))
+    assert result.copied == () and "does not continue" in result.conflicts[0]
+
+
+def test_an_older_generation_of_another_conversation_is_a_conflict(model):
+    src, dst = MemoryStore(), MemoryStore()
+    model.add(0, 30)
+    run(save(model.cache, 0, dst, "chat", pages_per_chunk=2, app_state={"conversation": {"id": "a" * 32,
+                                                                                          "created_ms": 1}}))
+    for _ in range(2):
+        run(save(model.cache, 0, src, "chat", pages_per_chunk=2, keep=1,
+                 app_state={"conversation": {"id": "b" * 32, "created_ms": 2}}))
+    result = run(sync(src, dst))
+    assert "does not continue" in result.conflicts[0]

@@ -1,0 +1,228 @@
+"""HTTPStore against a live server of kvckpt_web.server.store_routes (the routes ``kvckpt serve --store`` adds):
+the shared suite, then the protocol's refusals (a wrong token, oversize bodies, bytes that are not their name, a
+manifest naming chunks the server lacks, paths that are no key)."""
+
+from __future__ import annotations
+
+import http.client
+
+import urllib.error
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+import pytest
+from store_suite import StoreTests, run
+
+pytest.importorskip("starlette")
+
+from kvckpt_web.durable.container import MAX_MANIFEST_BYTES, chunk_digest, chunk_key  # noqa: E402
+from kvckpt_web.errors import FieldError, FormatError, StoreError  # noqa: E402
+from kvckpt_web.server.run import serve_routes_in_thread  # noqa: E402
+from kvckpt_web.server.store_routes import StoreRoutes  # noqa: E402
+from kvckpt_web.stores.base import Store  # noqa: E402
+from kvckpt_web.stores.file import FileStore  # noqa: E402
+from kvckpt_web.stores.http import HTTPStore  # noqa: E402
+
+TOKEN = "t" * 24
+
+
+class Served:
+    """Servers of FileStore directories, one per directory, stopped at the end."""
+
+    def __init__(self) -> None:
+        self.servers: dict[Path, tuple[Any, str]] = {}
+
+    def url(self, directory: Path) -> str:
+        if directory not in self.servers:
+            routes = StoreRoutes(FileStore(directory), TOKEN).routes()
+            self.servers[directory] = serve_routes_in_thread(routes, port=0)
+        return self.servers[directory][1]
+
+    def stop(self) -> None:
+        for server, _ in self.servers.values():
+            server.shutdown()
+
+
+@pytest.fixture
+def served() -> Any:
+    servers = Served()
+    yield servers
+    servers.stop()
+
+
+class TestHTTPStore(StoreTests):
+    @pytest.fixture(autouse=True)
+    def _servers(self, served: Served) -> None:
+        self.served = served
+
+    def open_store(self, location: Path, **kwargs: Any) -> Store:
+        return HTTPStore(self.served.url(location / "served"), token=TOKEN, **kwargs)
+
+
+@pytest.fixture
+def server(served: Served, tmp_path: Path) -> tuple[str, FileStore]:
+    """A served store's URL and the FileStore behind it."""
+    return served.url(tmp_path / "served"), FileStore(tmp_path / "served")
+
+
+def request(url: str, method: str = "GET", body: bytes | None = None, token: str | None = TOKEN,
+            headers: dict[str, str] | None = None) -> tuple[int, bytes, dict[str, str]]:
+    all_headers = dict(headers or {})
+    if token is not None:
+        all_headers["Authorization"] = f"Bearer {token}"
+    try:
+        with urllib.request.urlopen(urllib.request.Request(url, data=body, method=method, headers=all_headers),
+                                    timeout=30) as answer:
+            return answer.status, answer.read(), dict(answer.headers)
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read(), dict(exc.headers)
+
+
+CHUNK = b"some chunk bytes"
+KEY = chunk_key(chunk_digest(CHUNK))
+
+
+@pytest.mark.parametrize("token", [None, "x" * 24, TOKEN + "x"])
+@pytest.mark.parametrize("method, path", [("GET", "store/keys"), ("GET", f"store/v/{KEY}"), ("HEAD", f"store/v/{KEY}"),
+                                          ("PUT", f"store/v/{KEY}")])
+def test_a_request_without_the_token_is_401_and_writes_nothing(server, token, method, path):
+    url, backing = server
+    status, _, headers = request(url + path, method, CHUNK if method == "PUT" else None, token=token)
+    assert status == 401 and headers["www-authenticate"].startswith("Bearer")
+    assert run(backing.list_prefix("")) == []
+
+
+def test_an_httpstore_with_a_wrong_token_says_so_and_writes_nothing(server):
+    url, backing = server
+    with pytest.raises(StoreError, match="refused the token"):
+        run(HTTPStore(url, token="wrong" * 5).set_if_absent(KEY, CHUNK))
+    assert run(backing.list_prefix("")) == []
+
+
+def test_a_chunk_whose_bytes_are_not_its_name_is_refused(server):
+    url, backing = server
+    status, text, _ = request(url + f"store/v/{KEY}", "PUT", CHUNK + b"!")
+    assert status == 400 and b"SHA-256" in text
+    assert not run(backing.exists(KEY))
+
+
+def test_a_value_is_stored_once_and_then_refused_412(server):
+    url, backing = server
+    assert request(url + f"store/v/{KEY}", "PUT", CHUNK)[0] == 201
+    assert request(url + f"store/v/{KEY}", "PUT", CHUNK)[0] == 412
+    assert run(backing.get(KEY)) == CHUNK
+
+
+def test_a_body_over_its_keys_limit_is_refused_before_it_is_read(server):
+    url, backing = server
+    host, port = url.removeprefix("http://").rstrip("/").split(":")
+    key = "manifests/chat/00000000000000000001"
+    connection = http.client.HTTPConnection(host, int(port), timeout=30)
+    connection.putrequest("PUT", f"/store/v/{key}")
+    connection.putheader("Authorization", f"Bearer {TOKEN}")
+    connection.putheader("Content-Length", str(MAX_MANIFEST_BYTES + 49))
+    connection.endheaders()  # no body sent
+    answer = connection.getresponse()
+    assert answer.status == 413
+    connection.close()
+    assert not run(backing.exists(key))
+
+
+def test_a_put_without_a_length_is_refused(server):
+    url, _ = server
+    host, port = url.removeprefix("http://").rstrip("/").split(":")
+    connection = http.client.HTTPConnection(host, int(port), timeout=30)
+    connection.putrequest("PUT", f"/store/v/{KEY}")
+    connection.putheader("Authorization", f"Bearer {TOKEN}")
+    connection.putheader("Transfer-Encoding", "chunked")
+    connection.endheaders()
+    connection.send(b"0\r\n\r\n")
+    assert connection.getresponse().status == 411
+    connection.close()
+
+
+@pytest.mark.parametrize("path", ["store/v/../../etc/passwd", "store/v/a//b", "store/v/~kvckpt.lock",
+                                  "store/v/%2e%2e/x", "store/v/"])
+def test_a_path_that_is_no_store_key_is_404(server, path):
+    url, _ = server
+    assert request(url + path)[0] == 404
+
+
+def test_the_lock_file_of_the_directory_behind_is_not_reachable(server):
+    url, backing = server
+    run(backing.set(KEY, CHUNK))
+    async def locked() -> None:
+        async with backing.lock():
+            pass
+    run(locked())  # the lock file exists now
+    assert request(url + "store/v/~kvckpt.lock")[0] == 404
+    assert request(url + "store/keys")[1] == b'{"keys":["' + KEY.encode() + b'"],"truncated":false}'
+
+
+def test_a_preflight_is_answered_without_the_token(server):
+    url, _ = server
+    status, _, headers = request(url + f"store/v/{KEY}", "OPTIONS", token=None,
+                                 headers={"Origin": "http://localhost:9", "Access-Control-Request-Method": "PUT"})
+    assert status == 204 and "authorization" in headers["access-control-allow-headers"]
+
+
+def test_another_host_is_refused(server):
+    url, _ = server
+    assert request(url + "store/keys", headers={"Host": "evil.example"})[0] == 421
+
+
+def test_a_manifest_naming_chunks_the_server_lacks_is_refused(server, make_model):
+    from kvckpt_web.durable.save import save
+    from kvckpt_web.stores.memory import MemoryStore
+
+    url, backing = server
+    model = make_model()
+    model.add(0, 20)
+    local = MemoryStore()
+    run(save(model.cache, 0, local, "chat", pages_per_chunk=2))
+    key = run(local.list_prefix("manifests/"))[0]
+    remote = HTTPStore(url, token=TOKEN)
+    with pytest.raises(FormatError, match="does not hold"):
+        run(remote.set_if_absent(key, run(local.get(key))))
+    assert run(backing.list_prefix("")) == []
+
+
+def test_a_record_of_a_manifest_the_server_lacks_is_refused(server):
+    url, backing = server
+    key = "prefixes/" + "0" * 32 + "/chat/00000000000000000001"
+    with pytest.raises(FormatError):
+        run(HTTPStore(url, token=TOKEN).set_if_absent(key, b"{}"))
+    assert run(backing.list_prefix("")) == []
+
+
+def test_an_httpstore_needs_an_http_url_and_a_token():
+    with pytest.raises(FieldError) as info:
+        HTTPStore("ftp://x/", token=TOKEN)
+    assert info.value.field == "url"
+    with pytest.raises(FieldError) as info:
+        HTTPStore("http://127.0.0.1:9/", token=None)
+    assert info.value.field == "token"
+
+
+def test_a_server_that_is_gone_is_a_store_error():
+    with pytest.raises(StoreError, match="no answer"):
+        run(HTTPStore("http://127.0.0.1:9/", token=TOKEN).get(KEY))
+
+
+def test_bytes_read_counts_the_values_fetched(server):
+    url, backing = server
+    run(backing.set(KEY, CHUNK))
+    store = HTTPStore(url, token=TOKEN)
+    run(store.get(KEY))
+    run(store.get("chunks/" + "0" * 64))
+    assert store.bytes_read == len(CHUNK)
+
+
+def test_a_short_token_is_refused_when_serving():
+    from kvckpt_web.server.store_routes import check_token
+
+    with pytest.raises(FieldError) as info:
+        check_token("short", "--token")
+    assert info.value.field == "--token"
+

@@ -1,0 +1,122 @@
+"""ObjectStore: the shared suite against a real S3 server (moto) and obstore's in-memory store, the S3 server's
+conditional PUT on the wire, and when values settle for gc."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+from s3_server import BUCKET, NO_RETRIES
+from store_suite import StoreTests, run
+
+from kvckpt_web.errors import FieldError, StoreError
+from kvckpt_web.stores.base import Store
+
+obstore = pytest.importorskip("obstore")
+
+from kvckpt_web.stores.objects import ObjectStore  # noqa: E402
+
+
+class TestObjectStoreOnS3(StoreTests):
+    @pytest.fixture(autouse=True)
+    def _server(self, s3_server: Any) -> None:
+        self.server = s3_server
+        self.urls: dict[Path, str] = {}
+
+    def open_store(self, location: Path, **kwargs: Any) -> Store:
+        url = self.urls.setdefault(location, self.server.new_url())
+        return self.server.store(url, **kwargs)
+
+
+class TestObjectStoreInMemory(StoreTests):
+    def setup_method(self) -> None:
+        self.backing: dict[Path, Any] = {}
+
+    def open_store(self, location: Path, **kwargs: Any) -> Store:
+        from obstore.store import MemoryStore
+
+        return ObjectStore(self.backing.setdefault(location, MemoryStore()), **kwargs)
+
+
+def test_the_s3_server_refuses_a_conditional_put_of_a_key_that_holds_a_value(s3_server):
+    import boto3
+    from botocore.exceptions import ClientError
+
+    client = boto3.client("s3", endpoint_url=s3_server.endpoint, aws_access_key_id="testing",
+                          aws_secret_access_key="testing", region_name="us-east-1")
+    key = s3_server.new_url().rpartition("/")[2] + "/k"
+    client.put_object(Bucket=BUCKET, Key=key, Body=b"first", IfNoneMatch="*")
+    with pytest.raises(ClientError) as info:
+        client.put_object(Bucket=BUCKET, Key=key, Body=b"second", IfNoneMatch="*")
+    assert info.value.response["ResponseMetadata"]["HTTPStatusCode"] == 412
+    assert client.get_object(Bucket=BUCKET, Key=key)["Body"].read() == b"first"
+
+
+def test_set_if_absent_leaves_a_value_another_writer_stored_first(s3_server):
+    url = s3_server.new_url()
+    first, second = s3_server.store(url), s3_server.store(url)
+    assert run(first.set_if_absent("manifests/chat/1", b"one")) is True
+    assert run(second.set_if_absent("manifests/chat/1", b"two")) is False
+    assert run(first.get("manifests/chat/1")) == b"one"
+    assert second.bytes_written == 0
+
+
+class Clock:
+    """A clock the test moves: ages of stored values are measured against it."""
+
+    def __init__(self, offset: float = 0.0) -> None:
+        self.offset = offset
+
+    def __call__(self) -> float:
+        import time
+
+        return time.time() + self.offset
+
+
+def test_a_fresh_value_is_not_settled_and_an_old_one_is():
+    clock = Clock()
+    store = ObjectStore(obstore.store.MemoryStore(), grace_seconds=3600, clock=clock)
+    run(store.set("chunks/a", b"a"))
+    assert run(store.settled(["chunks/a", "chunks/missing"])) == set()
+    clock.offset = 3601
+    assert run(store.settled(["chunks/a", "chunks/missing"])) == {"chunks/a"}
+
+
+def test_set_if_absent_of_a_value_older_than_half_the_grace_period_writes_it_again():
+    clock, steps = Clock(), []
+    store = ObjectStore(obstore.store.MemoryStore(), grace_seconds=3600, clock=clock, fault=steps.append)
+    run(store.set("chunks/a", b"a"))
+    clock.offset = 1801
+    assert run(store.set_if_absent("chunks/a", b"a")) is False
+    assert steps == ["put", "put", "put"]  # the set, the refused conditional put, the freshening put
+    assert run(store.get("chunks/a")) == b"a"
+
+
+def test_set_if_absent_of_a_young_value_writes_nothing():
+    steps: list[str] = []
+    store = ObjectStore(obstore.store.MemoryStore(), grace_seconds=3600, fault=steps.append)
+    run(store.set("chunks/a", b"a"))
+    run(store.set_if_absent("chunks/a", b"a"))
+    assert steps == ["put", "put"]  # the first set, the refused conditional put: no third
+
+
+def test_a_store_with_an_exclusive_lock_settles_every_key(tmp_path):
+    from kvckpt_web.stores.memory import MemoryStore
+
+    assert run(MemoryStore().settled(["chunks/a", "chunks/b"])) == {"chunks/a", "chunks/b"}
+
+
+def test_from_url_refuses_a_scheme_it_does_not_open():
+    with pytest.raises(FieldError) as info:
+        ObjectStore.from_url("ftp://host/x")
+    assert info.value.field == "url"
+
+
+def test_a_server_that_is_gone_is_a_store_error_naming_the_key(s3_server):
+    from obstore.store import S3Store
+
+    gone = S3Store("b", endpoint="http://127.0.0.1:9", access_key_id="x", secret_access_key="y", region="us-east-1",
+                   client_options={"allow_http": True}, retry_config=NO_RETRIES)
+    with pytest.raises(StoreError, match="'chunks/x'"):
+        run(ObjectStore(gone).get("chunks/x"))
