@@ -23,12 +23,20 @@ from .slots import Slot, Slots, common_prefix
 if TYPE_CHECKING:
     from ..stores.base import Store
 
-__all__ = ["PrefixSource", "Sources"]
+__all__ = ["PrefixSource", "Sources", "continues"]
 
 RECORDS_KEPT = 256
 """Checkpoints whose records a :class:`Sources` keeps decoded (a manifest never changes under its key)."""
 HITS_TRIED = 4
 """Index candidates whose tokens are compared with a prompt, longest match first."""
+
+
+def continues(known: Sequence[int], kv_length: int, finish_reason: str | None, tokens: Sequence[int]) -> bool:
+    """Whether ``tokens`` go on from a conversation that holds ``known`` (its K/V the first ``kv_length``):
+    they start with all of it, or, when its reply ended at an end-of-sequence id, with all but that pending
+    id (the template's end of turn stands in its place in the next prompt)."""
+    n = kv_length if finish_reason == "eos" else len(known)
+    return common_prefix(known[:n], tokens) == n
 
 
 @dataclass(frozen=True)
@@ -113,15 +121,16 @@ class Sources:
         return best
 
     async def continued(self, tokens: Sequence[int]) -> str | None:
-        """The conversation whose every token (its pending one too) ``tokens`` start with, if its newest
-        generation is in the store or its slot is idle: the conversation a request's reply continues."""
+        """The conversation that ``tokens`` go on from, if its newest generation is in the store or its slot is
+        idle: the conversation a request's reply continues (see :func:`continues`)."""
         for slot in self.slots:
-            if slot.conversation and not slot.busy and common_prefix(slot.tokens, tokens) == len(slot.tokens):
+            reason = slot.gen.finish_reason if slot.gen is not None else None
+            if slot.conversation and not slot.busy and continues(slot.tokens, slot.kv_length, reason, tokens):
                 return slot.conversation
         for record in await self._candidates(tokens):
             newest = await self.record(record.name)
             if (newest is not None and newest.generation == record.generation
-                    and common_prefix(record.tokens, tokens) == len(record.tokens)):
+                    and continues(record.tokens, record.saved.kv_length, record.saved.finish_reason, tokens)):
                 return record.name
         return None
 

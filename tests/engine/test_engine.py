@@ -15,7 +15,7 @@ from kvckpt_web.engine import ChatChunk, ChatCompletion
 from kvckpt_web.errors import ContextFullError, FieldError, KVCkptError, NotFoundError
 
 from kvmodel import run
-from lm_double import DoubleLM, DoubleText
+from lm_double import EOS, DoubleLM, DoubleText
 
 USER_TURNS = ["hello there, who are you?", "tell me about the sea.", "and the wind?", "why is the sky blue?",
               "count to five.", "what is a boat?", "say something nice.", "goodbye!"]
@@ -207,6 +207,22 @@ def test_an_edited_last_message_forks_and_reuses_the_shared_prefix(make_engine):
     replies, fork = run(body())
     assert fork.conversation != replies[1].conversation  # a new conversation, the old one kept
     assert fork.usage.cached_tokens >= replies[1].usage.cached_tokens  # the history before the edit
+
+
+@pytest.mark.parametrize("restarted", [False, True], ids=["same-engine", "restarted"])
+def test_the_next_turn_after_a_reply_that_ended_at_eos_stays_in_its_conversation(make_engine, restarted):
+    store = MemoryStore()
+    engine = make_engine(store=store)
+
+    async def body():
+        first, messages = await converse(engine, ["and the wind?"], GREEDY)  # the double ends this reply at EOS
+        assert first[0].finish_reason == "stop" and first[0].token_ids[-1] == EOS
+        nxt = make_engine(store=store) if restarted else engine
+        second, _ = await converse(nxt, ["tell me more."], GREEDY, messages)
+        return first[0], second[0]
+
+    first, second = run(body())
+    assert second.conversation == first.conversation
 
 
 def test_cache_prompt_false_prefills_everything(make_engine):
