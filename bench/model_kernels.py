@@ -23,8 +23,7 @@ from typing import Callable
 from kvckpt_web import open_device
 from kvckpt_web.gpu.device import Buffer, Copy, Device, Dispatch, Usage
 from kvckpt_web.model import kernels
-from kvckpt_web.model.weights import DenseTensor, QuantizedTensor, upload_stacked, upload_tensor
-from kvckpt_web.gpu.wgsl import source
+from kvckpt_web.model.weights import TILE_ROWS, DenseTensor, QuantizedTensor, upload_stacked, upload_tensor
 
 LAYERS = 30
 PREFILL_TOKENS = 20
@@ -153,15 +152,13 @@ def prefill_products(device: Device, w: dict[str, QuantizedTensor | DenseTensor]
 
 def per_token(device: Device, dispatches: list[Dispatch]) -> list[Dispatch]:
     """``dispatches`` with each tiled product replaced by the same product one token per invocation."""
-    source_text = source("model", "quant")
     out = []
     for d in dispatches:
         entry = d.kernel.name.split(".")[-1]
         if entry.endswith("_matmul"):
             single = "q4_1_matvec" if entry == "q4_1_matmul" else "q4_1_gated"
             rows, count = struct.unpack_from("<I4xI", d.params)
-            d = replace(d, kernel=device.kernel("model.quant", source_text, single),
-                        workgroups=(-(-rows // (kernels.ROWS * kernels.WORKGROUP)), count, 1))
+            d = replace(d, kernel=kernels.quant_kernel(device, single), workgroups=(-(-rows // TILE_ROWS), count, 1))
         out.append(d)
     return out
 

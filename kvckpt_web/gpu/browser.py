@@ -28,6 +28,7 @@ _MAP_READ = 1  # GPUMapMode.READ
 _MAP_WRITE = 2  # GPUMapMode.WRITE
 _TEXTURE_COPY_DST = 0x02  # GPUTextureUsage.COPY_DST
 _TEXTURE_BINDING = 0x04  # GPUTextureUsage.TEXTURE_BINDING
+_TEXTURE_STORAGE = 0x08  # GPUTextureUsage.STORAGE_BINDING
 
 
 def _ffi() -> tuple[Any, Any, Any]:
@@ -130,7 +131,7 @@ class BrowserDevice(Device):
         _, _, JsException = _ffi()
         try:
             texture = self._device.createTexture(_obj({"size": [width, height, 1], "format": texel_format,
-                                                       "usage": _TEXTURE_BINDING | _TEXTURE_COPY_DST, "label": label}))
+                                                       "usage": _TEXTURE_BINDING | _TEXTURE_STORAGE | _TEXTURE_COPY_DST, "label": label}))
         except JsException as exc:
             raise DeviceError(f"texture {label!r} of {width} x {height}: {exc}") from None
         return texture, texture.createView()

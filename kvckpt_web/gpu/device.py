@@ -50,10 +50,12 @@ class Buffer:
 @dataclass(eq=False)
 class Texture:
     """A 2-D texture of ``width`` x ``height`` texels, each ``channels`` (1 or 4) 32-bit unsigned integers,
-    that kernels read with ``textureLoad`` (``texture_2d<u32>``); ``view`` is the native view they bind.
+    that kernels read with ``textureLoad`` (``texture_2d<u32>``, or a read-only ``texture_storage_2d``) and may
+    write (a write-only ``texture_storage_2d``); ``view`` is the native view they bind.
 
     Kernels on a CPU adapter fetch texels with vector gathers where storage buffer loads go lane by lane
-    (lavapipe: the model's Q4 matrix-vector products ran 4x faster from textures than from storage buffers).
+    (lavapipe: the model's Q4 matrix-vector products ran 4x faster from textures than from storage buffers, and
+    faster again read as storage textures, which skip the sampler's work).
     """
 
     width: int
@@ -325,7 +327,7 @@ class Device(ABC):
 
     @abstractmethod
     def _create_texture(self, width: int, height: int, texel_format: str, label: str) -> tuple[Any, Any]:
-        """Create the native texture (TEXTURE_BINDING | COPY_DST) and its view."""
+        """Create the native texture (TEXTURE_BINDING | STORAGE_BINDING | COPY_DST) and its view."""
 
     @abstractmethod
     def _write_texture(self, texture: Texture, data: bytes | bytearray | memoryview) -> None:

@@ -25,6 +25,7 @@ def _quiet_runtime_dir() -> None:
 
 TEXTURE_COPY_DST = 0x02  # GPUTextureUsage.COPY_DST
 TEXTURE_BINDING = 0x04  # GPUTextureUsage.TEXTURE_BINDING
+TEXTURE_STORAGE = 0x08  # GPUTextureUsage.STORAGE_BINDING
 
 MAPPABLE_STORAGE = "mappable-primary-buffers"
 """wgpu-native's feature that lets any buffer be mappable; requested on CPU adapters only (see :meth:`WgpuDevice.open`)."""
@@ -141,7 +142,7 @@ class WgpuDevice(Device):
 
     def _create_texture(self, width: int, height: int, texel_format: str, label: str) -> tuple[Any, Any]:
         texture = self._device.create_texture(size=(width, height, 1), format=texel_format, label=label,
-                                              usage=TEXTURE_BINDING | TEXTURE_COPY_DST)
+                                              usage=TEXTURE_BINDING | TEXTURE_STORAGE | TEXTURE_COPY_DST)
         return texture, texture.create_view()
 
     def _write_texture(self, texture: Texture, data: bytes | bytearray | memoryview) -> None:

@@ -1,35 +1,39 @@
 """Dispatch builders for the dense model kernels (``shaders/model/*.wgsl``).
 
-Each function builds the dispatches of one kernel, its uniform parameters packed to match the ``Params``
-struct of the shader; the device keeps their bind groups (``Dispatch.keep_bindings``): the buffers a model
-binds (weights, activations) live as long as the model. Activations are f32, row-major (tokens, features).
-The products read their input ``x`` as a uniform binding of :data:`X_WINDOW` bytes (loads that all
-invocations share are scalar loads on a CPU adapter, where storage loads go lane by lane), so the buffers
-they read come from :func:`activations`, and a call over more tokens than one window holds is split into
-one dispatch per window.
+Each function builds the dispatches of one kernel, its uniform parameters packed to match the ``Params`` struct of
+the shader; the device keeps their bind groups (``Dispatch.keep_bindings``): the buffers a model binds (weights,
+activations) live as long as the model. Activations are f32, row-major (tokens, features). The products read their
+input ``x`` as a uniform binding of :data:`X_WINDOW` bytes (loads that all invocations share are scalar loads on a
+CPU adapter, where storage loads go lane by lane), so the buffers they read come from :func:`activations`, and a
+call over more tokens than one window holds is split into one dispatch per window. Their workgroups are tiles of
+64 rows (8 invocations of :data:`ROWS` rows, as ``weights`` lays the matrices out): many small workgroups, which
+a CPU adapter shares out evenly over its threads.
 """
 
 from __future__ import annotations
 
+import functools
 import math
 import struct
 
 from ..errors import TensorError
-from ..gpu.device import UNIFORM_ALIGN, Buffer, Device, Dispatch, Region, Usage
+from ..gpu.device import UNIFORM_ALIGN, Buffer, Device, Dispatch, Kernel, Region, Usage
+from ..gpu.specialize import specialize
 from ..gpu.wgsl import pack_params, source
-from .weights import Q4_1, Q8_0, DenseTensor, QuantizedTensor
+from .weights import Q4_1, Q8_0, TILE_ROWS, DenseTensor, QuantizedTensor
 
 X_WINDOW = 65536
 """Bytes of ``x`` a product binds (WebGPU's default maxUniformBufferBindingSize; ``x`` in quant.wgsl)."""
 
 ROWS = 8
-"""Rows per invocation of the products of one token (``ROWS`` in quant.wgsl)."""
+"""Rows per invocation of the products (``ROWS`` in quant.wgsl); 8 invocations make a workgroup, a tile of
+:data:`~kvckpt_web.model.weights.TILE_ROWS` rows."""
 
-TILE_ROWS, TILE = 4, 4
-"""Rows and tokens per invocation of the tiled products, for several tokens (``TILE`` in quant.wgsl)."""
+TILE = 4
+"""Tokens per invocation of the tiled products, for several tokens (``TILE`` in quant.wgsl)."""
 
 WORKGROUP = 64
-"""Invocations per workgroup of the products, the norm and the first top-k pass (``@workgroup_size``)."""
+"""Invocations per workgroup of the norm and the first top-k pass (``@workgroup_size``)."""
 
 TOPK_CHUNK = 256
 """Values per invocation of the first top-k pass."""
@@ -73,8 +77,7 @@ def embed(device: Device, table: QuantizedTensor, ids: Buffer, out: Buffer, toke
     _check_type(table, Q8_0)
     _check_size("out", out, 4 * tokens * table.cols)
     _check_size("ids", ids, 4 * tokens)
-    kernel = device.kernel("model.quant", source("model", "quant"), "q8_0_rows")
-    return Dispatch(kernel, _quant_params(table, tokens), (table.scales, table.quants, ids, out),
+    return Dispatch(quant_kernel(device, "q8_0_rows"), _quant_params(table, tokens), (table.texels, ids, out),
                     tokens * table.blocks * 8, keep_bindings=True)
 
 
@@ -116,7 +119,7 @@ def topk(device: Device, values: Buffer, n: int, k: int, candidates: Buffer, bes
 def _products(device: Device, entry: str, weights: tuple[QuantizedTensor, ...], x: Buffer, y: Buffer, tokens: int,
               accumulate: bool, norm: DenseTensor | None, eps: float, tiled: str | None = None) -> list[Dispatch]:
     """The dispatches of product ``entry`` of ``weights`` over ``tokens`` rows of ``x``, one per window; of its
-    ``tiled`` form (4 rows x :data:`TILE` tokens an invocation) where a window has several tokens."""
+    ``tiled`` form (:data:`TILE` tokens an invocation) where a window has several tokens."""
     first = weights[0]
     token_bytes = 4 * first.cols
     # tokens per window: as many as fit, in steps that keep each window's offset aligned for a uniform binding
@@ -132,31 +135,39 @@ def _products(device: Device, entry: str, weights: tuple[QuantizedTensor, ...], 
         raise TensorError("y", "a buffer other than x", y.label)
     if norm is not None and norm.shape != (first.cols,):
         raise TensorError(f"{norm.name}: shape", (first.cols,), norm.shape)
-    shader = source("model", "quant")
-    up = tuple(t for w in weights[1:] for t in (w.scales, w.quants))
+    up = tuple(w.texels for w in weights[1:])
+    tiles = -(-first.rows // TILE_ROWS)
     dispatches = []
     for start in range(0, tokens, per_window):
         count = min(per_window, tokens - start)
         if tiled is not None and count > 1:
-            kernel = device.kernel("model.quant", shader, tiled)
-            groups = (-(-first.rows // (TILE_ROWS * WORKGROUP)), -(-count // TILE), 1)
+            kernel, groups = quant_kernel(device, tiled), (tiles, -(-count // TILE), 1)
         else:
-            kernel = device.kernel("model.quant", shader, entry)
-            groups = (-(-first.rows // (ROWS * WORKGROUP)), count, 1)
+            kernel, groups = quant_kernel(device, entry), (tiles, count, 1)
         params = _quant_params(first, count, accumulate, start, norm is not None, eps)
         window = Region(x, start * token_bytes, X_WINDOW)
         # without a norm the kernel reads no norm weight, but a 64 KiB uniform must be bound: the window again
         norm_binding = window if norm is None else Region(norm.buffer, 0, X_WINDOW)
-        dispatches.append(Dispatch(kernel, params, (first.scales, first.quants, window, y, norm_binding) + up,
-                                   workgroups=groups, keep_bindings=True))
+        dispatches.append(Dispatch(kernel, params, (first.texels, window, y, norm_binding) + up, workgroups=groups,
+                                   keep_bindings=True))
     return dispatches
+
+
+def quant_kernel(device: Device, entry: str) -> Kernel:
+    """Entry ``entry`` of quant.wgsl, specialised to :data:`ROWS` and :data:`TILE`."""
+    return device.kernel("model.quant", _quant_source(ROWS, TILE), entry)
+
+
+@functools.cache
+def _quant_source(rows: int, tile: int) -> str:
+    return specialize(source("model", "quant"), dict(ROWS=rows, TILE=tile))
 
 
 def _quant_params(weight: QuantizedTensor, tokens: int, accumulate: bool = False, token_base: int = 0,
                   normalize: bool = False, eps: float = 0.0) -> bytes:
     """quant.wgsl's Params for ``weight`` (x's tokens ``weight.cols`` floats apart)."""
-    return struct.pack("<9If2I", weight.rows, weight.blocks, tokens, int(accumulate), weight.scale_shift,
-                       weight.quant_shift, weight.blocks * 8, token_base, int(normalize), eps, 0, 0)
+    return struct.pack("<9If2I", weight.rows, weight.blocks, tokens, int(accumulate), weight.shift,
+                       weight.scale_base, weight.blocks * 8, token_base, int(normalize), eps, 0, 0)
 
 
 def _check_type(weight: QuantizedTensor, *types: int) -> None:
