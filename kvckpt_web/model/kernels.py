@@ -50,26 +50,24 @@ def activations(device: Device, floats: int, label: str) -> Buffer:
 
 
 def matvec(device: Device, weight: QuantizedTensor, x: Buffer, y: Buffer, tokens: int = 1,
-           accumulate: bool = False, norm: DenseTensor | None = None, eps: float = 0.0) -> list[Dispatch]:
+           accumulate: bool = False) -> list[Dispatch]:
     """``y[t] = W x[t]`` (or ``y[t] += W x[t]`` with ``accumulate``: the residual add) for each of ``tokens``
-    rows of ``x``, ``W`` a Q4_1 or Q8_0 matrix (the tied embedding as the output head). With ``norm`` (an
-    RMSNorm weight) the product takes ``RMSNorm(x[t])`` with ``eps`` instead: the norm costs no dispatch.
-    ``x`` (from :func:`activations`) and ``y`` are different buffers."""
+    rows of ``x``, ``W`` a Q4_1 or Q8_0 matrix (the tied embedding as the output head). ``x`` (from
+    :func:`activations`) and ``y`` are different buffers."""
     _check_type(weight, Q4_1, Q8_0)
     if weight.ggml_type == Q4_1:
-        return _products(device, "q4_1_matvec", (weight,), x, y, tokens, accumulate, norm, eps, "q4_1_matmul")
-    return _products(device, "q8_0_matvec", (weight,), x, y, tokens, accumulate, norm, eps)
+        return _products(device, "q4_1_matvec", (weight,), x, y, tokens, accumulate, "q4_1_matmul")
+    return _products(device, "q8_0_matvec", (weight,), x, y, tokens, accumulate)
 
 
-def gated(device: Device, gate: QuantizedTensor, up: QuantizedTensor, x: Buffer, y: Buffer, tokens: int = 1,
-          norm: DenseTensor | None = None, eps: float = 0.0) -> list[Dispatch]:
-    """``y[t] = silu(G x[t]) * (U x[t])``, the gated MLP's hidden activations, for Q4_1 ``gate`` and ``up``;
-    ``x[t]`` RMS-normalized first with ``norm`` and ``eps`` if given (as in :func:`matvec`)."""
+def gated(device: Device, gate: QuantizedTensor, up: QuantizedTensor, x: Buffer, y: Buffer,
+          tokens: int = 1) -> list[Dispatch]:
+    """``y[t] = silu(G x[t]) * (U x[t])``, the gated MLP's hidden activations, for Q4_1 ``gate`` and ``up``."""
     _check_type(gate, Q4_1)
     _check_type(up, Q4_1)
     if (up.rows, up.blocks) != (gate.rows, gate.blocks):
         raise TensorError(f"{up.name}: shape", (gate.rows, gate.cols), (up.rows, up.cols))
-    return _products(device, "q4_1_gated", (gate, up), x, y, tokens, False, norm, eps, "q4_1_gated_matmul")
+    return _products(device, "q4_1_gated", (gate, up), x, y, tokens, False, "q4_1_gated_matmul")
 
 
 def embed(device: Device, table: QuantizedTensor, ids: Buffer, out: Buffer, tokens: int) -> Dispatch:
@@ -81,13 +79,16 @@ def embed(device: Device, table: QuantizedTensor, ids: Buffer, out: Buffer, toke
                     tokens * table.blocks * 8, keep_bindings=True)
 
 
-def rms_norm(device: Device, x: Buffer, weight: DenseTensor, out: Buffer, tokens: int, eps: float) -> Dispatch:
-    """``out[t] = x[t] / sqrt(mean(x[t]^2) + eps) * weight`` for each of ``tokens`` rows of ``x``."""
+def rms_norm(device: Device, x: Buffer, weight: DenseTensor, out: Buffer, tokens: int, eps: float,
+             first: int = 0) -> Dispatch:
+    """``out[t] = x[first + t] / sqrt(mean(x[first + t]^2) + eps) * weight`` for each of ``tokens`` rows of
+    ``x`` from row ``first``: the input of the products after an RMSNorm (one small dispatch: folded into each
+    product, every invocation recomputed the norm of its tokens, a third of their time on lavapipe)."""
     dim = weight.shape[0]
-    _check_size("x", x, 4 * tokens * dim)
+    _check_size("x", x, 4 * (first + tokens) * dim)
     _check_size("out", out, 4 * tokens * dim)
     kernel = device.kernel("model.norm", source("model", "norm"), "rms_norm")
-    params = struct.pack("<2If4x", tokens, dim, eps)
+    params = struct.pack("<3If", tokens, dim, first, eps)
     return Dispatch(kernel, params, (x, weight.buffer, out), workgroups=(-(-tokens // WORKGROUP), 1, 1),
                     keep_bindings=True)
 
@@ -117,7 +118,7 @@ def topk(device: Device, values: Buffer, n: int, k: int, candidates: Buffer, bes
 
 
 def _products(device: Device, entry: str, weights: tuple[QuantizedTensor, ...], x: Buffer, y: Buffer, tokens: int,
-              accumulate: bool, norm: DenseTensor | None, eps: float, tiled: str | None = None) -> list[Dispatch]:
+              accumulate: bool, tiled: str | None = None) -> list[Dispatch]:
     """The dispatches of product ``entry`` of ``weights`` over ``tokens`` rows of ``x``, one per window; of its
     ``tiled`` form (:data:`TILE` tokens an invocation) where a window has several tokens."""
     first = weights[0]
@@ -133,8 +134,6 @@ def _products(device: Device, entry: str, weights: tuple[QuantizedTensor, ...], 
     _check_size("y", y, 4 * tokens * first.rows)
     if x is y:  # WebGPU refuses a buffer bound as uniform and as writable storage in one dispatch
         raise TensorError("y", "a buffer other than x", y.label)
-    if norm is not None and norm.shape != (first.cols,):
-        raise TensorError(f"{norm.name}: shape", (first.cols,), norm.shape)
     up = tuple(w.texels for w in weights[1:])
     tiles = -(-first.rows // TILE_ROWS)
     dispatches = []
@@ -144,12 +143,9 @@ def _products(device: Device, entry: str, weights: tuple[QuantizedTensor, ...], 
             kernel, groups = quant_kernel(device, tiled), (tiles, -(-count // TILE), 1)
         else:
             kernel, groups = quant_kernel(device, entry), (tiles, count, 1)
-        params = _quant_params(first, count, accumulate, start, norm is not None, eps)
-        window = Region(x, start * token_bytes, X_WINDOW)
-        # without a norm the kernel reads no norm weight, but a 64 KiB uniform must be bound: the window again
-        norm_binding = window if norm is None else Region(norm.buffer, 0, X_WINDOW)
-        dispatches.append(Dispatch(kernel, params, (first.texels, window, y, norm_binding) + up, workgroups=groups,
-                                   keep_bindings=True))
+        params = _quant_params(first, count, accumulate, start)
+        dispatches.append(Dispatch(kernel, params, (first.texels, Region(x, start * token_bytes, X_WINDOW), y) + up,
+                                   workgroups=groups, keep_bindings=True))
     return dispatches
 
 
@@ -163,11 +159,10 @@ def _quant_source(rows: int, tile: int) -> str:
     return specialize(source("model", "quant"), dict(ROWS=rows, TILE=tile))
 
 
-def _quant_params(weight: QuantizedTensor, tokens: int, accumulate: bool = False, token_base: int = 0,
-                  normalize: bool = False, eps: float = 0.0) -> bytes:
+def _quant_params(weight: QuantizedTensor, tokens: int, accumulate: bool = False, token_base: int = 0) -> bytes:
     """quant.wgsl's Params for ``weight`` (x's tokens ``weight.cols`` floats apart)."""
-    return struct.pack("<9If2I", weight.rows, weight.blocks, tokens, int(accumulate), weight.shift,
-                       weight.scale_base, weight.blocks * 8, token_base, int(normalize), eps, 0, 0)
+    return struct.pack("<8I", weight.rows, weight.blocks, tokens, int(accumulate), weight.shift, weight.scale_base,
+                       weight.blocks * 8, token_base)
 
 
 def _check_type(weight: QuantizedTensor, *types: int) -> None:

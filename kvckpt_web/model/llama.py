@@ -113,12 +113,13 @@ class _Scratch:
         self.tokens = tokens
         self.ids = device.create_buffer(4 * tokens, Usage.STORAGE | Usage.COPY_DST, "llama.ids")
         self.residual = kernels.activations(device, tokens * c.hidden, "llama.residual")
+        self.normed = kernels.activations(device, tokens * c.hidden, "llama.normed")
         self.qkv = device.create_buffer(4 * tokens * (c.q_rows + 2 * c.kv_rows), Usage.STORAGE, "llama.qkv")
         self.attn = kernels.activations(device, tokens * c.q_rows, "llama.attn")
         self.ffn = kernels.activations(device, tokens * c.ffn, "llama.ffn")
 
     def destroy(self, device: Device) -> None:
-        for buffer in (self.ids, self.residual, self.qkv, self.attn, self.ffn):
+        for buffer in (self.ids, self.residual, self.normed, self.qkv, self.attn, self.ffn):
             device.destroy(buffer)
 
 
@@ -249,19 +250,19 @@ class LlamaModel:
         c, d = self.config, self.device
         eps = c.rms_eps
         commands: list[Command] = [kernels.embed(d, self.embedding, s.ids, s.residual, n)]  # type: ignore[arg-type]
-        for i, layer in enumerate(self.layers):  # each RMSNorm is folded into the product after it
-            commands += kernels.matvec(d, layer.qkv, s.residual, s.qkv, n, norm=layer.attn_norm, eps=eps)
+        for i, layer in enumerate(self.layers):
+            commands.append(kernels.rms_norm(d, s.residual, layer.attn_norm, s.normed, n, eps))
+            commands += kernels.matvec(d, layer.qkv, s.normed, s.qkv, n)
             commands.append(attention.rope_append(i, s.qkv))
             commands += attention.attend(i, s.qkv, s.attn)
             commands += kernels.matvec(d, layer.attn_output, s.attn, s.residual, n, accumulate=True)
-            commands += kernels.gated(d, layer.ffn_gate, layer.ffn_up, s.residual, s.ffn, n, norm=layer.ffn_norm,
-                                      eps=eps)
+            commands.append(kernels.rms_norm(d, s.residual, layer.ffn_norm, s.normed, n, eps))
+            commands += kernels.gated(d, layer.ffn_gate, layer.ffn_up, s.normed, s.ffn, n)
             commands += kernels.matvec(d, layer.ffn_down, s.ffn, s.residual, n, accumulate=True)
-        if last:
-            row = 4 * c.hidden
-            commands.append(Copy(s.residual, (n - 1) * row, self._last, 0, row))
-            commands += kernels.matvec(d, self.head, self._last, self.logits,  # type: ignore[arg-type]
-                                       norm=self.output_norm, eps=eps)  # type: ignore[arg-type]
+        if last:  # the last token's row only
+            commands.append(kernels.rms_norm(d, s.residual, self.output_norm, self._last, 1, eps,  # type: ignore[arg-type]
+                                             first=n - 1))
+            commands += kernels.matvec(d, self.head, self._last, self.logits)  # type: ignore[arg-type]
         return commands
 
     async def top_k(self, k: int) -> list[tuple[int, float]]:

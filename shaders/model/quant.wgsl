@@ -16,14 +16,10 @@
 //   0  uniform              Params
 //   1  storage texture, read  weights
 //   2  uniform              x       a 64 KiB window of the activations, its token t at vec4 t * x_stride
-//   3  storage, read_write  y       y[T * rows + r] = (accumulate ? y[T * rows + r] : 0) + (W x'_t)[r],
+//   3  storage, read_write  y       y[T * rows + r] = (accumulate ? y[T * rows + r] : 0) + (W x_t)[r],
 //                                   T = token_base + t (y is not windowed)
-//   4  uniform              norm    the RMSNorm weight (64 KiB bound; read only when normalize = 1)
-//   5  storage texture, read  up    the up matrix (q4_1_gated: y = silu(W x') * (U x'), W the gate)
-// x' is x_t, or with normalize = 1 RMSNorm(x_t) = x_t * norm / sqrt(mean(x_t^2) + eps): the products fold in
-// the norm that precedes them, computed by each invocation (x_t * norm enters the sums, the 1 / rms factor
-// scales each finished row sum).
-// Each row's sum runs over the blocks in order, each block's as d * dq + m * sum(x') (Q4_1) or d * dq (Q8_0),
+//   4  storage texture, read  up    the up matrix (q4_1_gated: y = silu(W x) * (U x), W the gate)
+// Each row's sum runs over the blocks in order, each block's as d * dq + m * sum(x) (Q4_1) or d * dq (Q8_0),
 // dq the dot products of the block's vec4s in a fixed order (Q4_1: the high nibbles taken as 16 q, their dot
 // products' sum times 1/16, which is exact): the same inputs give the same bits, one token an invocation or
 // TILE.
@@ -41,18 +37,13 @@ struct Params {
   scale_base: u32,     // texel where the scales start
   x_stride: u32,       // vec4s between tokens in x
   token_base: u32,     // token of y that token 0 of this window is
-  normalize: u32,      // 1: RMSNorm x first (see above)
-  eps: f32,
-  pad0: u32,
-  pad1: u32,
 }
 
 @group(0) @binding(0) var<uniform> params: Params;
 @group(0) @binding(1) var weights: texture_storage_2d<rgba32uint, read>;
 @group(0) @binding(2) var<uniform> x: array<vec4<f32>, 4096>;
 @group(0) @binding(3) var<storage, read_write> y: array<f32>;
-@group(0) @binding(4) var<uniform> norm: array<vec4<f32>, 4096>;
-@group(0) @binding(5) var up: texture_storage_2d<rgba32uint, read>;
+@group(0) @binding(4) var up: texture_storage_2d<rgba32uint, read>;
 @group(0) @binding(2) var<storage, read> ids: array<u32>;
 @group(0) @binding(3) var<storage, read_write> out: array<vec4<f32>>;
 
@@ -91,44 +82,25 @@ fn int8s(word: u32) -> vec4<f32> {
   return vec4<f32>(bitcast<vec4<i32>>(vec4<u32>(word) << vec4<u32>(24u, 16u, 8u, 0u)) >> vec4<u32>(24u));
 }
 
-// The 32 activations of one block (times the norm weight when normalizing), and their sum.
+// The 32 activations of one block, and their sum.
 struct Acts {
   v0: vec4<f32>, v1: vec4<f32>, v2: vec4<f32>, v3: vec4<f32>,
   v4: vec4<f32>, v5: vec4<f32>, v6: vec4<f32>, v7: vec4<f32>,
   sum: f32,
 }
 
-// x's vec4 xb + k, times the norm weight's vec4 nb + k when normalizing.
-fn weighted(k: u32, xb: u32, nb: u32) -> vec4<f32> {
-  return x[xb + k] * select(vec4<f32>(1.0), norm[nb + k], params.normalize == 1u);
-}
-
 // Block b of token t.
 fn acts(t: u32, b: u32) -> Acts {
   let xb = t * params.x_stride + b * 8u;
-  let nb = b * 8u;
-  let v0 = weighted(0u, xb, nb);
-  let v1 = weighted(1u, xb, nb);
-  let v2 = weighted(2u, xb, nb);
-  let v3 = weighted(3u, xb, nb);
-  let v4 = weighted(4u, xb, nb);
-  let v5 = weighted(5u, xb, nb);
-  let v6 = weighted(6u, xb, nb);
-  let v7 = weighted(7u, xb, nb);
+  let v0 = x[xb];
+  let v1 = x[xb + 1u];
+  let v2 = x[xb + 2u];
+  let v3 = x[xb + 3u];
+  let v4 = x[xb + 4u];
+  let v5 = x[xb + 5u];
+  let v6 = x[xb + 6u];
+  let v7 = x[xb + 7u];
   return Acts(v0, v1, v2, v3, v4, v5, v6, v7, dot(((v0 + v1) + (v2 + v3)) + ((v4 + v5) + (v6 + v7)), vec4<f32>(1.0)));
-}
-
-// The factor of each row sum of token t: 1 / rms(x_t) when normalizing, else 1.
-fn row_scale(t: u32) -> f32 {
-  if (params.normalize != 1u) {
-    return 1.0;
-  }
-  var squares = vec4<f32>(0.0);
-  for (var k = 0u; k < params.blocks * 8u; k = k + 1u) {
-    let v = x[t * params.x_stride + k];
-    squares = squares + v * v;
-  }
-  return 1.0 / sqrt(dot(squares, vec4<f32>(1.0)) / f32(params.blocks * 32u) + params.eps);
 }
 
 // A Q4_1 block's weights: (d, m), its 16 low q (q0-q3: weights 0-15) and 16 high q times 16 (h4-h7: 16-31).
@@ -188,8 +160,7 @@ fn q4_1_matvec(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_i
     let high = texel(scale_texel(wg.x, lid.x, b) + 8u);
     s{j} += q4_1_dot(q4_1(texel(w + 8u * {j}u), scale_of(low, high, {j}u)), a);  // each j < ROWS
   }
-  let f = row_scale(wg.y);
-  store(r0 + {j}u, wg.y, s{j} * f);  // each j < ROWS
+  store(r0 + {j}u, wg.y, s{j});  // each j < ROWS
 }
 
 @compute @workgroup_size(8)
@@ -211,8 +182,7 @@ fn q4_1_gated(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id
     g{j} += q4_1_dot(q4_1(texel(w + 8u * {j}u), scale_of(low, high, {j}u)), a);  // each j < ROWS
     u{j} += q4_1_dot(q4_1(up_texel(w + 8u * {j}u), scale_of(up_low, up_high, {j}u)), a);  // each j < ROWS
   }
-  let f = row_scale(wg.y);
-  store(r0 + {j}u, wg.y, silu(g{j} * f) * (u{j} * f));  // each j < ROWS
+  store(r0 + {j}u, wg.y, silu(g{j}) * u{j});  // each j < ROWS
 }
 
 @compute @workgroup_size(8)
@@ -230,8 +200,7 @@ fn q8_0_matvec(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_i
     let high = texel(scale_texel(wg.x, lid.x, b) + 8u);
     s{j} += q8_0_dot(texel(p + 8u * {j}u), texel(q + 8u * {j}u), scale_of(low, high, {j}u), a);  // each j < ROWS
   }
-  let f = row_scale(wg.y);
-  store(r0 + {j}u, wg.y, s{j} * f);  // each j < ROWS
+  store(r0 + {j}u, wg.y, s{j});  // each j < ROWS
 }
 
 // The tiled products (prefill): workgroup (T, g) is tile T of rows and tokens TILE g .. TILE g + TILE - 1 (each
@@ -254,8 +223,7 @@ fn q4_1_matmul(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_i
     let w{j} = q4_1(texel(w + 8u * {j}u), scale_of(low, high, {j}u));  // each j < ROWS
     s{j}_{k} += q4_1_dot(w{j}, a{k});  // each j < ROWS, k < TILE
   }
-  let f{k} = row_scale(t{k});  // each k < TILE
-  if (wg.y * TILE + {k}u < params.tokens) { store(r0 + {j}u, t{k}, s{j}_{k} * f{k}); }  // each j < ROWS, k < TILE
+  if (wg.y * TILE + {k}u < params.tokens) { store(r0 + {j}u, t{k}, s{j}_{k}); }  // each j < ROWS, k < TILE
 }
 
 @compute @workgroup_size(8)
@@ -280,8 +248,7 @@ fn q4_1_gated_matmul(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invoca
     let v{j} = q4_1(up_texel(w + 8u * {j}u), scale_of(up_low, up_high, {j}u));  // each j < ROWS
     u{j}_{k} += q4_1_dot(v{j}, a{k});  // each j < ROWS, k < TILE
   }
-  let f{k} = row_scale(t{k});  // each k < TILE
-  if (wg.y * TILE + {k}u < params.tokens) { store(r0 + {j}u, t{k}, silu(g{j}_{k} * f{k}) * (u{j}_{k} * f{k})); }  // each j < ROWS, k < TILE
+  if (wg.y * TILE + {k}u < params.tokens) { store(r0 + {j}u, t{k}, silu(g{j}_{k}) * u{j}_{k}); }  // each j < ROWS, k < TILE
 }
 
 @compute @workgroup_size(256)

@@ -32,6 +32,20 @@ def test_rms_norm_matches_float64_per_token(device):
     assert np.all(np.abs(got - want) <= 2 * (dim / 2 + 4) * 2.0 ** -24 * np.abs(want))
 
 
+
+def test_rms_norm_from_a_later_row_writes_that_rows_norm_first(device):
+    rng = np.random.default_rng(6)
+    tokens, dim, eps = 5, 64, 1e-5
+    x = rng.standard_normal((tokens, dim))
+    weight = upload_tensor(device, "norm", F32, (dim,), memoryview(np.ones(dim, np.float32).tobytes()))
+    out = kernels.activations(device, 2 * dim, "test.out")
+    got = floats(run(device, [kernels.rms_norm(device, activations(device, x), weight, out, 2, eps, first=3)], out,
+                     4 * 2 * dim)).reshape(2, dim)
+    x32 = x[3:].astype(np.float32).astype(np.float64)
+    want = x32 / np.sqrt((x32 ** 2).mean(axis=1, keepdims=True) + eps)
+    assert np.all(np.abs(got - want) <= 2 * (dim / 2 + 4) * 2.0 ** -24 * np.abs(want))
+
+
 def _topk(device, values: np.ndarray, k: int) -> list[tuple[float, int]]:
     n = len(values)
     buffer = device.create_buffer(4 * n, Usage.STORAGE | Usage.COPY_DST, "test.values")
