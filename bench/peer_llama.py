@@ -1,5 +1,6 @@
 """llama.cpp (llama-cpp-python 0.3.36) as the peer of bench/peers.py: a worker that runs in its own venv and times
-what the driver asks, one JSON line in, one JSON line out (each answer's ``seconds`` timed here, in-process).
+what the driver asks, one JSON line in, one JSON line out (each answer's ``seconds`` timed here, in-process; a
+prefill's or decode's ``cpu`` is the CPU time the process used meanwhile, all its threads).
 
 Run as ``python bench/peer_llama.py MODEL.gguf --threads 2 --ctx 2048`` with ``OMP_WAIT_POLICY=passive`` (the
 driver sets it: llama.cpp's busy-waiting threads collapse on a shared 2-core machine). It imports nothing of
@@ -15,6 +16,7 @@ from __future__ import annotations
 import argparse
 import ctypes
 import json
+import resource
 import sys
 import time
 
@@ -38,6 +40,12 @@ def open_model(path: str, threads: int, n_ctx: int) -> llama_cpp.Llama:
     return llama_cpp.Llama(model_path=path, n_ctx=n_ctx, n_threads=threads, n_threads_batch=threads, verbose=False)
 
 
+def cpu_seconds() -> float:
+    """CPU time this process used so far (all its threads)."""
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
+
+
 class Peer:
     def __init__(self, llm: llama_cpp.Llama) -> None:
         self.llm = llm
@@ -51,19 +59,19 @@ class Peer:
 
     def prefill(self, tokens: list[int]) -> dict:
         self.llm.reset()
-        start = time.perf_counter()
+        start, used = time.perf_counter(), cpu_seconds()
         self.llm.eval(tokens)
         token = self.argmax()
-        return {"seconds": time.perf_counter() - start, "token": token}
+        return {"seconds": time.perf_counter() - start, "cpu": cpu_seconds() - used, "token": token}
 
     def decode(self, token: int, steps: int) -> dict:
-        start = time.perf_counter()
+        start, used = time.perf_counter(), cpu_seconds()
         out = []
         for _ in range(steps):
             self.llm.eval([token])
             token = self.argmax()
             out.append(token)
-        return {"seconds": time.perf_counter() - start, "tokens": out}
+        return {"seconds": time.perf_counter() - start, "cpu": cpu_seconds() - used, "tokens": out}
 
     def save(self, path: str) -> dict:
         n = self.llm.n_tokens

@@ -4,7 +4,8 @@ machine, the same GGUF and the same token ids, in one run.
 llama.cpp runs in a worker process of its own venv (``bench/peer_llama.py``; ``make bench-peers`` builds
 llama-cpp-python 0.3.36 into ``build/peers-venv``), this project in this process. Every round runs each case on
 both, one after the other, in an order that alternates from round to round, after a warm-up round; nothing of
-the peer is quoted that was not measured in this run. Cases: greedy decode after a 9-token and after a 1024-token
+the peer is quoted that was not measured in this run. Decode and prefill rows also give each process's CPU time a
+token (all its threads), which moves less than wall time while other work shares the cores. Cases: greedy decode after a 9-token and after a 1024-token
 context, prefill of 300 and of 1024 tokens, and resume of the 1024-token context: this project's restore (every
 chunk's SHA-256 checked) + import, against llama.cpp's ``llama_state_load_file`` of the same context (which
 checks nothing), ``llama_state_set_data`` and ``Llama.load_state``; and what the check costs (the same restore
@@ -28,7 +29,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from kvckpt_web.cli.bench_generate import GenerationRunner, load_average
+from kvckpt_web.cli.bench_generate import GenerationRunner, Timing, load_average
 from kvckpt_web.model.loader import default_model_path
 
 SHORT = 8
@@ -71,55 +72,70 @@ class PeerProcess:
 
 
 class Rows:
-    """Per case, the seconds of each side in each counted round, and the load average of each round."""
+    """Per case, the timings of each side in each counted round, and the load average of each round."""
 
     def __init__(self) -> None:
-        self.ours: dict[str, list[float]] = {}
-        self.theirs: dict[str, list[float]] = {}
+        self.ours: dict[str, list[Timing]] = {}
+        self.theirs: dict[str, list[Timing]] = {}
         self.loads: list[float] = []
 
-    def add(self, case: str, ours: float, theirs: float) -> None:
+    def add(self, case: str, ours: Timing, theirs: Timing) -> None:
         self.ours.setdefault(case, []).append(ours)
         self.theirs.setdefault(case, []).append(theirs)
 
-    def line(self, what: str, case: str, peer_case: str | None = None, tokens: int = 0) -> str:
-        """A table row: rates (tokens/s) if ``tokens``, else milliseconds; the ratio their time / our time."""
-        ours, theirs = self.ours[case], self.theirs[peer_case or case]
-        ratios = [t / o for o, t in zip(ours, theirs)]
-        show = (lambda s: f"{tokens / statistics.median(s):.1f} tokens/s") if tokens else \
-            (lambda s: f"{statistics.median(s) * 1e3:.1f} ms")  # noqa: E731
+    def line(self, what: str, case: str, tokens: int = 0) -> str:
+        """A table row: rates (tokens/s) and CPU ms a token if ``tokens``, else milliseconds; the ratio their
+        time / our time."""
+        ours, theirs = self.ours[case], self.theirs[case]
+        ratios = [t.seconds / o.seconds for o, t in zip(ours, theirs)]
+
+        def show(timings: list[Timing]) -> str:
+            seconds = statistics.median(t.seconds for t in timings)
+            if not tokens:
+                return f"{seconds * 1e3:.1f} ms"
+            return f"{tokens / seconds:.1f} tokens/s, CPU {statistics.median(t.cpu for t in timings) / tokens * 1e3:.1f} ms"
+
         return (f"| {what} | {show(ours)} | {show(theirs)} | {statistics.median(ratios):.2f} "
                 f"({min(ratios):.2f}-{max(ratios):.2f}) | {min(self.loads):.1f}-{max(self.loads):.1f} |")
 
 
-async def one_round(runner: GenerationRunner, peer: PeerProcess, root: Path, state_file: Path, ours_first: bool
-                    ) -> dict[str, tuple[float, float]]:
-    """Every case once on both sides; per case (our seconds, their seconds)."""
-    context = runner.context
-    got: dict[str, tuple[float, float]] = {}
+def timing(answer: dict[str, Any]) -> Timing:
+    """The Timing of a peer's answer (CPU 0 where it measured none)."""
+    return Timing(answer["seconds"], answer.get("cpu", 0.0))
 
-    async def ours_short() -> float:
+
+async def one_round(runner: GenerationRunner, peer: PeerProcess, root: Path, state_file: Path, ours_first: bool
+                    ) -> dict[str, tuple[Timing, Timing]]:
+    """Every case once on both sides; per case (our timing, theirs)."""
+    context = runner.context
+    got: dict[str, tuple[Timing, Timing]] = {}
+
+    async def ours_short() -> Timing:
         _, token = await runner.prefill(context[:SHORT])
         return await runner.decode(token, DECODE)
 
-    def theirs_short() -> float:
+    def theirs_short() -> Timing:
         token = peer.ask("prefill", tokens=context[:SHORT])["token"]
-        return peer.ask("decode", token=token, steps=DECODE)["seconds"]
+        return timing(peer.ask("decode", token=token, steps=DECODE))
 
-    async def ours_long() -> tuple[float, float]:
-        seconds, token = await runner.prefill(context)
-        return seconds, await runner.decode(token, DECODE)
+    async def ours_prompt() -> Timing:
+        return (await runner.prefill(context[:PROMPT]))[0]
 
-    def theirs_long() -> tuple[float, float]:
+    async def ours_long() -> tuple[Timing, Timing]:
+        prefill, token = await runner.prefill(context)
+        return prefill, await runner.decode(token, DECODE)
+
+    def theirs_long() -> tuple[Timing, Timing]:
         answer = peer.ask("prefill", tokens=context)
-        return answer["seconds"], peer.ask("decode", token=answer["token"], steps=DECODE)["seconds"]
+        return timing(answer), timing(peer.ask("decode", token=answer["token"], steps=DECODE))
 
-    async def ours_resume() -> tuple[float, float, float]:
-        return await runner.restore(root), await runner.import_unverified(root), await runner.hash_checkpoint(root)
+    async def ours_resume() -> tuple[Timing, Timing, Timing]:
+        return (Timing(await runner.restore(root), 0.0), Timing(await runner.import_unverified(root), 0.0),
+                Timing(await runner.hash_checkpoint(root), 0.0))
 
-    def theirs_resume() -> tuple[float, float, float]:
-        return (peer.ask("load_file", path=str(state_file))["seconds"], peer.ask("set_data")["seconds"],
-                peer.ask("load_state")["seconds"])
+    def theirs_resume() -> tuple[Timing, Timing, Timing]:
+        return (timing(peer.ask("load_file", path=str(state_file))), timing(peer.ask("set_data")),
+                timing(peer.ask("load_state")))
 
     async def pair(ours: Callable[[], Any], theirs: Callable[[], Any]) -> tuple[Any, Any]:
         if ours_first:
@@ -128,11 +144,8 @@ async def one_round(runner: GenerationRunner, peer: PeerProcess, root: Path, sta
         b = theirs()
         return await ours(), b
 
-    async def ours_prompt() -> float:
-        return (await runner.prefill(context[:PROMPT]))[0]
-
     got["short"] = await pair(ours_short, theirs_short)
-    got["prompt"] = await pair(ours_prompt, lambda: peer.ask("prefill", tokens=context[:PROMPT])["seconds"])
+    got["prompt"] = await pair(ours_prompt, lambda: timing(peer.ask("prefill", tokens=context[:PROMPT])))
     (ours_prefill, ours_decode), (their_prefill, their_decode) = await pair(ours_long, theirs_long)
     got["context"] = (ours_prefill, their_prefill)
     got["long"] = (ours_decode, their_decode)
@@ -175,8 +188,8 @@ async def bench_peers(peer_python: str, rounds: int, threads: int, echo: Callabl
         peer.close()
         runner.close()
     n = len(runner.context)
-    echo(f"| {rounds} rounds, medians | kvckpt_web | llama.cpp | llama.cpp time / kvckpt_web time (range) | "
-         "load average |\n|---|---|---|---|---|")
+    echo(f"| {rounds} rounds, medians (CPU: all threads of the process, a token) | kvckpt_web | llama.cpp | "
+         "llama.cpp time / kvckpt_web time (range) | load average |\n|---|---|---|---|---|")
     echo(rows.line(f"decode after {SHORT + 1} tokens ({DECODE} greedy tokens)", "short", tokens=DECODE))
     echo(rows.line(f"decode after {n} tokens ({DECODE} greedy tokens)", "long", tokens=DECODE))
     echo(rows.line(f"prefill of {PROMPT} tokens", "prompt", tokens=PROMPT))

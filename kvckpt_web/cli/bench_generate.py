@@ -14,10 +14,12 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import os
+import resource
 import statistics
 import tempfile
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 from ..durable.catalog import load_manifest
@@ -46,6 +48,25 @@ def load_average() -> float:
     return os.getloadavg()[0]
 
 
+@dataclass(frozen=True)
+class Timing:
+    """Wall seconds and the CPU seconds this process used meanwhile (all its threads: the adapter's too, where
+    it computes on the CPU), or a point in time to measure from."""
+
+    seconds: float
+    cpu: float
+
+    @classmethod
+    def now(cls) -> "Timing":
+        usage = resource.getrusage(resource.RUSAGE_SELF)
+        return cls(time.perf_counter(), usage.ru_utime + usage.ru_stime)
+
+    def until_now(self) -> "Timing":
+        """The time from this point until now."""
+        now = Timing.now()
+        return Timing(now.seconds - self.seconds, now.cpu - self.cpu)
+
+
 class GenerationRunner:
     """The model on a device with a cache of three sequences: 0 generates, 1 is the checkpoint's, restored."""
 
@@ -71,21 +92,21 @@ class GenerationRunner:
         self.cache.close()
         self.probe.close()
 
-    async def prefill(self, tokens: list[int], seq_id: int = GENERATE) -> tuple[float, int]:
-        """Seconds to run ``tokens`` as a fresh sequence ``seq_id`` and pick the next token; and that token."""
+    async def prefill(self, tokens: list[int], seq_id: int = GENERATE) -> tuple[Timing, int]:
+        """The time to run ``tokens`` as a fresh sequence ``seq_id`` and pick the next token; and that token."""
         if seq_id in self.cache.sequence_ids():
             self.cache.remove_sequence(seq_id)
         self.cache.add_sequence(seq_id)
-        start = time.perf_counter()
+        start = Timing.now()
         token = await (await self.model.forward(self.cache, seq_id, tokens)).argmax()
-        return time.perf_counter() - start, token
+        return start.until_now(), token
 
-    async def decode(self, token: int, steps: int) -> float:
-        """Seconds of ``steps`` greedy decode steps of sequence 0 from ``token``."""
-        start = time.perf_counter()
+    async def decode(self, token: int, steps: int) -> Timing:
+        """The time of ``steps`` greedy decode steps of sequence 0 from ``token``."""
+        start = Timing.now()
         for _ in range(steps):
             token = await (await self.model.forward(self.cache, self.GENERATE, [token])).argmax()
-        return time.perf_counter() - start
+        return start.until_now()
 
     async def save_context(self, root: Path) -> int:
         """Prefill the context as sequence 1, save it as :data:`CHECKPOINT` in a FileStore at ``root`` and drop
@@ -165,9 +186,10 @@ async def bench_generate(device: Device | None = None, repeats: int = 5, paths: 
             for round_ in range(repeats + 1):  # round 0 warms up (compiles every pipeline)
                 load = load_average()
                 _, token = await runner.prefill(runner.context[:8])
-                short = await runner.decode(token, DECODE_TOKENS)
-                prefill, token = await runner.prefill(runner.context)
-                long = await runner.decode(token, DECODE_TOKENS)
+                short = (await runner.decode(token, DECODE_TOKENS)).seconds
+                timing, token = await runner.prefill(runner.context)
+                prefill = timing.seconds
+                long = (await runner.decode(token, DECODE_TOKENS)).seconds
                 restored = await runner.restore(root)
                 unverified = await runner.import_unverified(root)
                 hashed = await runner.hash_checkpoint(root)

@@ -11,14 +11,19 @@
 // + l. Weights: Q4_1 w = d * q + m (q in 0..15; a texel's byte k holds weight k low, weight 16 + k high), Q8_0
 // w = d * q (q in -128..127).
 //
+// Activations x are f32 in the texels of an rgba32uint texture (their bits): token t's features 4i .. 4i + 3 in
+// texel (i, t). On a CPU adapter a texel fetch loads 16 bytes a lane; the uniform buffers they were read from
+// before gathered each float lane by lane (the same values for every lane).
+//
 // Bindings (group 0), products (q4_1_matvec, q8_0_matvec, q4_1_gated, and for several tokens q4_1_matmul,
 // q4_1_gated_matmul):
-//   0  uniform              Params
-//   1  storage texture, read  weights
-//   2  uniform              x       a 64 KiB window of the activations, its token t at vec4 t * x_stride
-//   3  storage, read_write  y       y[T * rows + r] = (accumulate ? y[T * rows + r] : 0) + (W x_t)[r],
-//                                   T = token_base + t (y is not windowed)
-//   4  storage texture, read  up    the up matrix (q4_1_gated: y = silu(W x) * (U x), W the gate)
+//   0  uniform                  Params
+//   1  storage texture, read    weights
+//   2  storage texture, read    x
+//   3  storage, read_write      y       y[t * rows + r] = (accumulate ? y[t * rows + r] : 0) + (W x_t)[r]
+//      (the gated products:) storage texture, write  hidden  row r of token t = silu(W x_t)[r] * (U x_t)[r],
+//                                       W the gate, U the up matrix
+//   4  storage texture, read    up      (the gated products) U
 // Each row's sum runs over the blocks in order, each block's as d * dq + m * sum(x) (Q4_1) or d * dq (Q8_0),
 // dq the dot products of the block's vec4s in a fixed order (Q4_1: the high nibbles taken as 16 q, their dot
 // products' sum times 1/16, which is exact): the same inputs give the same bits, one token an invocation or
@@ -35,14 +40,13 @@ struct Params {
   accumulate: u32,     // 1: add the product to y
   shift: u32,          // log2 of the weight texture's width
   scale_base: u32,     // texel where the scales start
-  x_stride: u32,       // vec4s between tokens in x
-  token_base: u32,     // token of y that token 0 of this window is
 }
 
 @group(0) @binding(0) var<uniform> params: Params;
 @group(0) @binding(1) var weights: texture_storage_2d<rgba32uint, read>;
-@group(0) @binding(2) var<uniform> x: array<vec4<f32>, 4096>;
+@group(0) @binding(2) var x: texture_storage_2d<rgba32uint, read>;
 @group(0) @binding(3) var<storage, read_write> y: array<f32>;
+@group(0) @binding(3) var hidden: texture_storage_2d<rgba32uint, write>;
 @group(0) @binding(4) var up: texture_storage_2d<rgba32uint, read>;
 @group(0) @binding(2) var<storage, read> ids: array<u32>;
 @group(0) @binding(3) var<storage, read_write> out: array<vec4<f32>>;
@@ -89,17 +93,20 @@ struct Acts {
   sum: f32,
 }
 
+fn x_at(i: u32, t: u32) -> vec4<f32> {
+  return bitcast<vec4<f32>>(textureLoad(x, vec2<u32>(i, t)));
+}
+
 // Block b of token t.
 fn acts(t: u32, b: u32) -> Acts {
-  let xb = t * params.x_stride + b * 8u;
-  let v0 = x[xb];
-  let v1 = x[xb + 1u];
-  let v2 = x[xb + 2u];
-  let v3 = x[xb + 3u];
-  let v4 = x[xb + 4u];
-  let v5 = x[xb + 5u];
-  let v6 = x[xb + 6u];
-  let v7 = x[xb + 7u];
+  let v0 = x_at(8u * b, t);
+  let v1 = x_at(8u * b + 1u, t);
+  let v2 = x_at(8u * b + 2u, t);
+  let v3 = x_at(8u * b + 3u, t);
+  let v4 = x_at(8u * b + 4u, t);
+  let v5 = x_at(8u * b + 5u, t);
+  let v6 = x_at(8u * b + 6u, t);
+  let v7 = x_at(8u * b + 7u, t);
   return Acts(v0, v1, v2, v3, v4, v5, v6, v7, dot(((v0 + v1) + (v2 + v3)) + ((v4 + v5) + (v6 + v7)), vec4<f32>(1.0)));
 }
 
@@ -135,12 +142,18 @@ fn scale_of(low: vec4<u32>, high: vec4<u32>, j: u32) -> u32 {
 // Store the sum of row r of token t.
 fn store(r: u32, t: u32, sum: f32) {
   if (r < params.rows) {
-    let k = (params.token_base + t) * params.rows + r;
+    let k = t * params.rows + r;
     y[k] = select(0.0, y[k], params.accumulate == 1u) + sum;
   }
 }
 
-fn silu(v: f32) -> f32 {
+// Store silu(g) * u of rows r0 .. r0 + 7 (r0 a multiple of 8) of token t in two texels of hidden.
+fn store_hidden(r0: u32, t: u32, g0: vec4<f32>, g1: vec4<f32>, u0: vec4<f32>, u1: vec4<f32>) {
+  textureStore(hidden, vec2<u32>(r0 / 4u, t), bitcast<vec4<u32>>(silu(g0) * u0));
+  textureStore(hidden, vec2<u32>(r0 / 4u + 1u, t), bitcast<vec4<u32>>(silu(g1) * u1));
+}
+
+fn silu(v: vec4<f32>) -> vec4<f32> {
   return v / (1.0 + exp(-v));
 }
 
@@ -182,7 +195,8 @@ fn q4_1_gated(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id
     g{j} += q4_1_dot(q4_1(texel(w + 8u * {j}u), scale_of(low, high, {j}u)), a);  // each j < ROWS
     u{j} += q4_1_dot(q4_1(up_texel(w + 8u * {j}u), scale_of(up_low, up_high, {j}u)), a);  // each j < ROWS
   }
-  store(r0 + {j}u, wg.y, silu(g{j}) * u{j});  // each j < ROWS
+  store_hidden(r0, wg.y, vec4<f32>(g0, g1, g2, g3), vec4<f32>(g4, g5, g6, g7), vec4<f32>(u0, u1, u2, u3),
+               vec4<f32>(u4, u5, u6, u7));
 }
 
 @compute @workgroup_size(8)
@@ -248,7 +262,7 @@ fn q4_1_gated_matmul(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invoca
     let v{j} = q4_1(up_texel(w + 8u * {j}u), scale_of(up_low, up_high, {j}u));  // each j < ROWS
     u{j}_{k} += q4_1_dot(v{j}, a{k});  // each j < ROWS, k < TILE
   }
-  if (wg.y * TILE + {k}u < params.tokens) { store(r0 + {j}u, t{k}, silu(g{j}_{k}) * u{j}_{k}); }  // each j < ROWS, k < TILE
+  if (wg.y * TILE + {k}u < params.tokens) { store_hidden(r0, t{k}, vec4<f32>(g0_{k}, g1_{k}, g2_{k}, g3_{k}), vec4<f32>(g4_{k}, g5_{k}, g6_{k}, g7_{k}), vec4<f32>(u0_{k}, u1_{k}, u2_{k}, u3_{k}), vec4<f32>(u4_{k}, u5_{k}, u6_{k}, u7_{k})); }  // each k < TILE
 }
 
 @compute @workgroup_size(256)
