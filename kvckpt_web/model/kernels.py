@@ -130,14 +130,27 @@ def _products(device: Device, entry: str, weights: tuple[QuantizedTensor, ...], 
                      keep_bindings=True)]
 
 
+SAMPLED_READS = "model.sampled_reads"
+"""``device.choices`` key: whether the products bind their textures as sampled textures (True) or as read-only
+storage textures (False); set it before the first product of a device to choose, else :func:`sampled_reads` does."""
+
+
+def sampled_reads(device: Device) -> bool:
+    """Whether the products on ``device`` read their textures as sampled textures: in the browser, not on the
+    desktop. Measured (bench/README.md): on lavapipe read-only storage textures took the decode products' CPU time
+    to 0.69x of sampled ones, on SwiftShader (Chromium) sampled ones took them to ~0.6x of storage ones."""
+    return bool(device.choices.setdefault(SAMPLED_READS, device.info.backend.startswith("browser")))
+
+
 def quant_kernel(device: Device, entry: str) -> Kernel:
-    """Entry ``entry`` of quant.wgsl, specialised to :data:`ROWS` and :data:`TILE`."""
-    return device.kernel("model.quant", _quant_source(ROWS, TILE), entry)
+    """Entry ``entry`` of quant.wgsl, specialised to :data:`ROWS`, :data:`TILE` and the device's
+    :func:`sampled_reads`."""
+    return device.kernel("model.quant", _quant_source(ROWS, TILE, sampled_reads(device)), entry)
 
 
 @functools.cache
-def _quant_source(rows: int, tile: int) -> str:
-    return specialize(source("model", "quant"), dict(ROWS=rows, TILE=tile))
+def _quant_source(rows: int, tile: int, sampled: bool) -> str:
+    return specialize(source("model", "quant"), dict(ROWS=rows, TILE=tile, SAMPLED=int(sampled)))
 
 
 def _check_type(weight: QuantizedTensor, *types: int) -> None:

@@ -2,8 +2,9 @@
 // invocation) and row lookups over Q4_1 / Q8_0 weights in the device layout of layout.wgsl.
 //
 // Specialised by kvckpt_web.specialize with ROWS = 8 (rows an invocation: a tile of 64 rows is one workgroup
-// of 8 invocations, as the layout puts them) and TILE (tokens an invocation of the tiled products); lines tagged
-// "each j < ROWS" are repeated per row j, so the sums live in registers.
+// of 8 invocations, as the layout puts them), TILE (tokens an invocation of the tiled products) and SAMPLED (1:
+// the textures are bound as sampled textures, 0: as read-only storage textures, whichever the adapter fetches
+// faster); lines tagged "each j < ROWS" are repeated per row j, so the sums live in registers.
 //
 // A weight matrix of `rows` x (blocks * 32) is one texture (layout.wgsl): row r = 64 T + 8 l + j is row j of
 // invocation l of workgroup T; texel p of its block b at (((T * blocks + b) * P + p) * 8 + j) * 8 + l (P = 1
@@ -18,12 +19,12 @@
 // Bindings (group 0), products (q4_1_matvec, q8_0_matvec, q4_1_gated, and for several tokens q4_1_matmul,
 // q4_1_gated_matmul):
 //   0  uniform                  Params
-//   1  storage texture, read    weights
-//   2  storage texture, read    x
+//   1  texture (SAMPLED = 1: texture_2d<u32>, else read-only storage), weights
+//   2  texture (as binding 1)   x
 //   3  storage, read_write      y       y[t * rows + r] = (accumulate ? y[t * rows + r] : 0) + (W x_t)[r]
 //      (the gated products:) storage texture, write  hidden  row r of token t = silu(W x_t)[r] * (U x_t)[r],
 //                                       W the gate, U the up matrix
-//   4  storage texture, read    up      (the gated products) U
+//   4  texture (as binding 1)   up      (the gated products) U
 // Each row's sum runs over the blocks in order, each block's as d * dq + m * sum(x) (Q4_1) or d * dq (Q8_0),
 // dq the dot products of the block's vec4s in a fixed order (Q4_1: the high nibbles taken as 16 q, their dot
 // products' sum times 1/16, which is exact): the same inputs give the same bits, one token an invocation or
@@ -43,11 +44,14 @@ struct Params {
 }
 
 @group(0) @binding(0) var<uniform> params: Params;
-@group(0) @binding(1) var weights: texture_storage_2d<rgba32uint, read>;
-@group(0) @binding(2) var x: texture_storage_2d<rgba32uint, read>;
+@group(0) @binding(1) var weights: texture_storage_2d<rgba32uint, read>;  // unless SAMPLED
+@group(0) @binding(1) var weights: texture_2d<u32>;  // if SAMPLED
+@group(0) @binding(2) var x: texture_storage_2d<rgba32uint, read>;  // unless SAMPLED
+@group(0) @binding(2) var x: texture_2d<u32>;  // if SAMPLED
 @group(0) @binding(3) var<storage, read_write> y: array<f32>;
 @group(0) @binding(3) var hidden: texture_storage_2d<rgba32uint, write>;
-@group(0) @binding(4) var up: texture_storage_2d<rgba32uint, read>;
+@group(0) @binding(4) var up: texture_storage_2d<rgba32uint, read>;  // unless SAMPLED
+@group(0) @binding(4) var up: texture_2d<u32>;  // if SAMPLED
 @group(0) @binding(2) var<storage, read> ids: array<u32>;
 @group(0) @binding(3) var<storage, read_write> out: array<vec4<f32>>;
 
@@ -55,13 +59,10 @@ fn at(i: u32) -> vec2<u32> {
   return vec2<u32>(i & ((1u << params.shift) - 1u), i >> params.shift);
 }
 
-fn texel(i: u32) -> vec4<u32> {
-  return textureLoad(weights, at(i));
-}
-
-fn up_texel(i: u32) -> vec4<u32> {
-  return textureLoad(up, at(i));
-}
+fn texel(i: u32) -> vec4<u32> { return textureLoad(weights, at(i)); }  // unless SAMPLED
+fn texel(i: u32) -> vec4<u32> { return textureLoad(weights, at(i), 0); }  // if SAMPLED
+fn up_texel(i: u32) -> vec4<u32> { return textureLoad(up, at(i)); }  // unless SAMPLED
+fn up_texel(i: u32) -> vec4<u32> { return textureLoad(up, at(i), 0); }  // if SAMPLED
 
 // Texel p of block b of the rows of invocation l of tile T (a texel of Q4_1, P = 1, or Q8_0, P = 2), row 0 of 8.
 fn first_texel(tile: u32, l: u32, b: u32, p: u32, texels_per_block: u32) -> u32 {
@@ -73,13 +74,15 @@ fn scale_texel(tile: u32, l: u32, b: u32) -> u32 {
   return params.scale_base + (tile * params.blocks + b) * 16u + l;
 }
 
+// The low nibbles of a word's bytes (converted as signed integers: cheaper than unsigned ones where the compiler
+// cannot see they are small, as SwiftShader's).
 fn lo(word: u32) -> vec4<f32> {
-  return vec4<f32>((vec4<u32>(word) >> vec4<u32>(0u, 8u, 16u, 24u)) & vec4<u32>(15u));
+  return vec4<f32>(bitcast<vec4<i32>>((vec4<u32>(word) >> vec4<u32>(0u, 8u, 16u, 24u)) & vec4<u32>(15u)));
 }
 
 // The high nibbles of a word's bytes, times 16.
 fn hi16(word: u32) -> vec4<f32> {
-  return vec4<f32>((vec4<u32>(word) >> vec4<u32>(0u, 8u, 16u, 24u)) & vec4<u32>(240u));
+  return vec4<f32>(bitcast<vec4<i32>>((vec4<u32>(word) >> vec4<u32>(0u, 8u, 16u, 24u)) & vec4<u32>(240u)));
 }
 
 fn int8s(word: u32) -> vec4<f32> {
@@ -93,9 +96,8 @@ struct Acts {
   sum: f32,
 }
 
-fn x_at(i: u32, t: u32) -> vec4<f32> {
-  return bitcast<vec4<f32>>(textureLoad(x, vec2<u32>(i, t)));
-}
+fn x_at(i: u32, t: u32) -> vec4<f32> { return bitcast<vec4<f32>>(textureLoad(x, vec2<u32>(i, t))); }  // unless SAMPLED
+fn x_at(i: u32, t: u32) -> vec4<f32> { return bitcast<vec4<f32>>(textureLoad(x, vec2<u32>(i, t), 0)); }  // if SAMPLED
 
 // Block b of token t.
 fn acts(t: u32, b: u32) -> Acts {
