@@ -7,6 +7,7 @@ the shader; the device keeps their bind groups (``Dispatch.keep_bindings``): the
 lane; RMSNorm, the attention and the gated product write such textures, the other products storage buffers of f32
 rows (tokens, features). Their workgroups are tiles of 64 rows (8 invocations of :data:`ROWS` rows, as
 ``weights`` lays the matrices out): many small workgroups, which a CPU adapter shares out evenly over its threads.
+How they fetch and unpack depends on the adapter (:data:`FLAVOURS`).
 """
 
 from __future__ import annotations
@@ -130,27 +131,30 @@ def _products(device: Device, entry: str, weights: tuple[QuantizedTensor, ...], 
                      keep_bindings=True)]
 
 
-SAMPLED_READS = "model.sampled_reads"
-"""``device.choices`` key: whether the products bind their textures as sampled textures (True) or as read-only
-storage textures (False); set it before the first product of a device to choose, else :func:`sampled_reads` does."""
+FLAVOURS = {"desktop": dict(SAMPLED=0, MASKED=0), "browser": dict(SAMPLED=1, MASKED=1)}
+"""The two ways quant.wgsl is built (its SAMPLED and MASKED constants), each what measured faster where it is used
+(bench/README.md): on lavapipe read-only storage textures and shifted bytes (sampled textures took the decode
+products to 1.45x the CPU time, masked bytes a prefill's to 1.16x); on SwiftShader (Chromium) sampled textures and
+bytes masked in place (storage textures took the products to ~1.7x the time, shifts the head's to ~1.9x)."""
+
+FLAVOUR = "model.quant_flavour"
+"""``device.choices`` key: the name of the :data:`FLAVOURS` entry the products are built with on that device; set
+it before the first product of a device to choose, else :func:`flavour` does."""
 
 
-def sampled_reads(device: Device) -> bool:
-    """Whether the products on ``device`` read their textures as sampled textures: in the browser, not on the
-    desktop. Measured (bench/README.md): on lavapipe read-only storage textures took the decode products' CPU time
-    to 0.69x of sampled ones, on SwiftShader (Chromium) sampled ones took them to ~0.6x of storage ones."""
-    return bool(device.choices.setdefault(SAMPLED_READS, device.info.backend.startswith("browser")))
+def flavour(device: Device) -> str:
+    """The :data:`FLAVOURS` entry of ``device``: "browser" on the browser backend, "desktop" elsewhere."""
+    return str(device.choices.setdefault(FLAVOUR, "browser" if device.info.backend.startswith("browser") else "desktop"))
 
 
 def quant_kernel(device: Device, entry: str) -> Kernel:
-    """Entry ``entry`` of quant.wgsl, specialised to :data:`ROWS`, :data:`TILE` and the device's
-    :func:`sampled_reads`."""
-    return device.kernel("model.quant", _quant_source(ROWS, TILE, sampled_reads(device)), entry)
+    """Entry ``entry`` of quant.wgsl, specialised to :data:`ROWS`, :data:`TILE` and the device's :func:`flavour`."""
+    return device.kernel("model.quant", _quant_source(ROWS, TILE, flavour(device)), entry)
 
 
 @functools.cache
-def _quant_source(rows: int, tile: int, sampled: bool) -> str:
-    return specialize(source("model", "quant"), dict(ROWS=rows, TILE=tile, SAMPLED=int(sampled)))
+def _quant_source(rows: int, tile: int, name: str) -> str:
+    return specialize(source("model", "quant"), dict(ROWS=rows, TILE=tile, **FLAVOURS[name]))
 
 
 def _check_type(weight: QuantizedTensor, *types: int) -> None:

@@ -2,9 +2,10 @@
 // invocation) and row lookups over Q4_1 / Q8_0 weights in the device layout of layout.wgsl.
 //
 // Specialised by kvckpt_web.specialize with ROWS = 8 (rows an invocation: a tile of 64 rows is one workgroup
-// of 8 invocations, as the layout puts them), TILE (tokens an invocation of the tiled products) and SAMPLED (1:
+// of 8 invocations, as the layout puts them), TILE (tokens an invocation of the tiled products), SAMPLED (1:
 // the textures are bound as sampled textures, 0: as read-only storage textures, whichever the adapter fetches
-// faster); lines tagged "each j < ROWS" are repeated per row j, so the sums live in registers.
+// faster) and MASKED (how nibbles and bytes are unpacked, below); lines tagged "each j < ROWS" are repeated per
+// row j, so the sums live in registers.
 //
 // A weight matrix of `rows` x (blocks * 32) is one texture (layout.wgsl): row r = 64 T + 8 l + j is row j of
 // invocation l of workgroup T; texel p of its block b at (((T * blocks + b) * P + p) * 8 + j) * 8 + l (P = 1
@@ -74,19 +75,27 @@ fn scale_texel(tile: u32, l: u32, b: u32) -> u32 {
   return params.scale_base + (tile * params.blocks + b) * 16u + l;
 }
 
-// The low nibbles of a word's bytes (converted as signed integers: cheaper than unsigned ones where the compiler
-// cannot see they are small, as SwiftShader's).
-fn lo(word: u32) -> vec4<f32> {
-  return vec4<f32>(bitcast<vec4<i32>>((vec4<u32>(word) >> vec4<u32>(0u, 8u, 16u, 24u)) & vec4<u32>(15u)));
-}
+// Unpacking, two ways with the same values. MASKED = 0: each byte shifted down, masked, converted. MASKED = 1:
+// each byte masked in place, converted (exact: a byte times 2^8k has at most 12 significant bits) and scaled by
+// 2^-8k (exact), for compilers that shift vectors lane by lane (SwiftShader's: its shifts by a vector of amounts).
+// Conversions are from signed integers: cheaper than from unsigned ones where the compiler cannot see that the
+// values are small.
+const SCALES = vec4<f32>(1.0, 0.00390625, 0.0000152587890625, 5.9604644775390625e-8);  // 2^-8k
 
-// The high nibbles of a word's bytes, times 16.
-fn hi16(word: u32) -> vec4<f32> {
-  return vec4<f32>(bitcast<vec4<i32>>((vec4<u32>(word) >> vec4<u32>(0u, 8u, 16u, 24u)) & vec4<u32>(240u)));
-}
+// The low nibbles of a word's bytes.
+fn lo(word: u32) -> vec4<f32> { return vec4<f32>(bitcast<vec4<i32>>((vec4<u32>(word) >> vec4<u32>(0u, 8u, 16u, 24u)) & vec4<u32>(15u))); }  // unless MASKED
+fn lo(word: u32) -> vec4<f32> { return vec4<f32>(bitcast<vec4<i32>>(vec4<u32>(word) & vec4<u32>(0xfu, 0xf00u, 0xf0000u, 0xf000000u))) * SCALES; }  // if MASKED
 
-fn int8s(word: u32) -> vec4<f32> {
-  return vec4<f32>(bitcast<vec4<i32>>(vec4<u32>(word) << vec4<u32>(24u, 16u, 8u, 0u)) >> vec4<u32>(24u));
+// The high nibbles of a word's bytes, times 16 (byte 3's shifted first: masked in place its top bit is the sign).
+fn hi16(word: u32) -> vec4<f32> { return vec4<f32>(bitcast<vec4<i32>>((vec4<u32>(word) >> vec4<u32>(0u, 8u, 16u, 24u)) & vec4<u32>(240u))); }  // unless MASKED
+fn hi16(word: u32) -> vec4<f32> { return vec4<f32>(bitcast<vec4<i32>>(vec4<u32>(word, word, word, word >> 4u) & vec4<u32>(0xf0u, 0xf000u, 0xf00000u, 0xf000000u))) * (SCALES * vec4<f32>(1.0, 1.0, 1.0, 16.0)); }  // if MASKED
+
+// A word's bytes as signed integers (masked: byte 3 in place carries its sign, bytes 0-2 from 128 up wrap by 256).
+fn int8s(word: u32) -> vec4<f32> { return vec4<f32>(bitcast<vec4<i32>>(vec4<u32>(word) << vec4<u32>(24u, 16u, 8u, 0u)) >> vec4<u32>(24u)); }  // unless MASKED
+fn int8s(word: u32) -> vec4<f32> { return wrap(vec4<f32>(bitcast<vec4<i32>>(vec4<u32>(word) & vec4<u32>(0xffu, 0xff00u, 0xff0000u, 0xff000000u))) * SCALES); }  // if MASKED
+
+fn wrap(u: vec4<f32>) -> vec4<f32> {
+  return u - select(vec4<f32>(0.0), vec4<f32>(256.0, 256.0, 256.0, 0.0), u >= vec4<f32>(128.0));
 }
 
 // The 32 activations of one block, and their sum.
@@ -134,6 +143,21 @@ fn q8_0_dot(p: vec4<u32>, q: vec4<u32>, scale: u32, a: Acts) -> f32 {
   let dq = dot(int8s(p.x), a.v0) + dot(int8s(p.y), a.v1) + dot(int8s(p.z), a.v2) + dot(int8s(p.w), a.v3)
          + dot(int8s(q.x), a.v4) + dot(int8s(q.y), a.v5) + dot(int8s(q.z), a.v6) + dot(int8s(q.w), a.v7);
   return unpack2x16float(scale).x * dq;
+}
+
+// Block b of the rows of invocation l of tile T in the gate and up matrices (same shape): their first texel (the
+// same in both) and the scale texels of rows 0-3 and 4-7 of each.
+struct GatedBlock {
+  w: u32,
+  low: vec4<u32>,
+  high: vec4<u32>,
+  up_low: vec4<u32>,
+  up_high: vec4<u32>,
+}
+
+fn gated_block(tile: u32, l: u32, b: u32) -> GatedBlock {
+  let s = scale_texel(tile, l, b);
+  return GatedBlock(first_texel(tile, l, b, 0u, 1u), texel(s), texel(s + 8u), up_texel(s), up_texel(s + 8u));
 }
 
 // Row j's scale word from the scale texels of rows 0-3 and 4-7.
@@ -188,14 +212,9 @@ fn q4_1_gated(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id
   var u{j} = 0.0;  // each j < ROWS
   for (var b = 0u; b < params.blocks; b = b + 1u) {
     let a = acts(wg.y, b);
-    let w = first_texel(wg.x, lid.x, b, 0u, 1u);
-    let s = scale_texel(wg.x, lid.x, b);
-    let low = texel(s);
-    let high = texel(s + 8u);
-    let up_low = up_texel(s);
-    let up_high = up_texel(s + 8u);
-    g{j} += q4_1_dot(q4_1(texel(w + 8u * {j}u), scale_of(low, high, {j}u)), a);  // each j < ROWS
-    u{j} += q4_1_dot(q4_1(up_texel(w + 8u * {j}u), scale_of(up_low, up_high, {j}u)), a);  // each j < ROWS
+    let k = gated_block(wg.x, lid.x, b);
+    g{j} += q4_1_dot(q4_1(texel(k.w + 8u * {j}u), scale_of(k.low, k.high, {j}u)), a);  // each j < ROWS
+    u{j} += q4_1_dot(q4_1(up_texel(k.w + 8u * {j}u), scale_of(k.up_low, k.up_high, {j}u)), a);  // each j < ROWS
   }
   store_hidden(r0, wg.y, vec4<f32>(g0, g1, g2, g3), vec4<f32>(g4, g5, g6, g7), vec4<f32>(u0, u1, u2, u3),
                vec4<f32>(u4, u5, u6, u7));
@@ -253,15 +272,10 @@ fn q4_1_gated_matmul(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invoca
   var u{j}_{k} = 0.0;  // each j < ROWS, k < TILE
   for (var b = 0u; b < params.blocks; b = b + 1u) {
     let a{k} = acts(t{k}, b);  // each k < TILE
-    let w = first_texel(wg.x, lid.x, b, 0u, 1u);
-    let s = scale_texel(wg.x, lid.x, b);
-    let low = texel(s);
-    let high = texel(s + 8u);
-    let up_low = up_texel(s);
-    let up_high = up_texel(s + 8u);
-    let w{j} = q4_1(texel(w + 8u * {j}u), scale_of(low, high, {j}u));  // each j < ROWS
+    let k = gated_block(wg.x, lid.x, b);
+    let w{j} = q4_1(texel(k.w + 8u * {j}u), scale_of(k.low, k.high, {j}u));  // each j < ROWS
     g{j}_{k} += q4_1_dot(w{j}, a{k});  // each j < ROWS, k < TILE
-    let v{j} = q4_1(up_texel(w + 8u * {j}u), scale_of(up_low, up_high, {j}u));  // each j < ROWS
+    let v{j} = q4_1(up_texel(k.w + 8u * {j}u), scale_of(k.up_low, k.up_high, {j}u));  // each j < ROWS
     u{j}_{k} += q4_1_dot(v{j}, a{k});  // each j < ROWS, k < TILE
   }
   if (wg.y * TILE + {k}u < params.tokens) { store_hidden(r0, t{k}, vec4<f32>(g0_{k}, g1_{k}, g2_{k}, g3_{k}), vec4<f32>(g4_{k}, g5_{k}, g6_{k}, g7_{k}), vec4<f32>(u0_{k}, u1_{k}, u2_{k}, u3_{k}), vec4<f32>(u4_{k}, u5_{k}, u6_{k}, u7_{k})); }  // each k < TILE

@@ -19,19 +19,6 @@ from kvckpt_web.model.weights import Q4_1, Q8_0, upload_stacked
 from kernel_io import activations, floats, random_matrix, rows, run, run_texture, upload_matrix
 
 
-@pytest.fixture(params=[False, True], ids=["storage-textures", "sampled-textures"])
-def reads(device, request):  # type: ignore[no-untyped-def]
-    """The products' textures read as read-only storage textures (lavapipe's choice) or as sampled ones (the
-    browser's), for the test."""
-    before = device.choices.get(kernels.SAMPLED_READS)
-    device.choices[kernels.SAMPLED_READS] = request.param
-    yield request.param
-    if before is None:
-        del device.choices[kernels.SAMPLED_READS]
-    else:
-        device.choices[kernels.SAMPLED_READS] = before
-
-
 def _bound(w: np.ndarray, x: np.ndarray) -> np.ndarray:
     """Per (token, row) bound of f32 summation error: K * 2^-24 * sum |w x|, times 8 for slack."""
     return 8 * w.shape[1] * 2.0 ** -24 * (np.abs(x) @ np.abs(w).T)
@@ -39,7 +26,7 @@ def _bound(w: np.ndarray, x: np.ndarray) -> np.ndarray:
 
 @pytest.mark.parametrize("ggml_type", [Q4_1, Q8_0])
 @pytest.mark.parametrize("rows,blocks,tokens", [(1, 1, 1), (7, 3, 1), (259, 5, 3), (64, 18, 2)])
-def test_matvec_matches_float64_product_of_dequantized_weights(device, reads, ggml_type, rows, blocks, tokens):
+def test_matvec_matches_float64_product_of_dequantized_weights(device, flavour, ggml_type, rows, blocks, tokens):
     rng = np.random.default_rng(rows * 100 + blocks)
     raw, w = random_matrix(rng, ggml_type, rows, blocks * 32)
     x = rng.standard_normal((tokens, blocks * 32))
@@ -74,7 +61,7 @@ def test_matvec_over_many_tokens_of_wide_rows_is_one_dispatch_and_matches(device
     assert np.all(np.abs(got - x @ w.T) <= _bound(w, x))
 
 
-def test_gated_product_is_silu_of_gate_times_up(device, reads):
+def test_gated_product_is_silu_of_gate_times_up(device, flavour):
     rng = np.random.default_rng(3)
     rows, cols, tokens = 44, 96, 2
     raw_g, g = random_matrix(rng, Q4_1, rows, cols)
@@ -129,7 +116,7 @@ def test_stacking_matrices_of_different_widths_is_refused(device):
 
 
 @pytest.mark.parametrize("gate", [False, True])
-def test_a_product_over_several_tokens_gives_each_token_the_bits_of_its_own_product(device, reads, gate):
+def test_a_product_over_several_tokens_gives_each_token_the_bits_of_its_own_product(device, flavour, gate):
     rng = np.random.default_rng(13)
     rows, cols, tokens = 136, 96, 6  # three tiles of rows, the last partial; two token tiles, the second partial
     weights = [upload_matrix(device, random_matrix(rng, Q4_1, rows, cols)[0], Q4_1, f"w{i}") for i in range(2)]
