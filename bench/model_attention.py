@@ -19,7 +19,8 @@ import time
 import numpy as np
 
 from kvckpt_web import CacheLimits, KVLayout, PagedKVCache, open_device
-from kvckpt_web.gpu.device import Copy, Device, Usage
+from kvckpt_web.gpu.device import Device, TextureCopy, Usage
+from kvckpt_web.model import kernels
 from kvckpt_web.model.attention import PagedAttention
 
 CONTEXT = 1024
@@ -42,9 +43,8 @@ class Bench:
         rng = np.random.default_rng(0)
         self.qkv = device.create_buffer(4 * CONTEXT * heads * LAYOUT.head_dim, Usage.STORAGE | Usage.COPY_DST, "qkv")
         device.write(self.qkv, 0, rng.standard_normal(CONTEXT * heads * LAYOUT.head_dim).astype(np.float32).tobytes())
-        self.out_bytes = 4 * CONTEXT * LAYOUT.num_qo_heads * LAYOUT.head_dim
-        self.out = device.create_buffer(self.out_bytes, Usage.STORAGE | Usage.COPY_SRC, "out")
-        self.staging = device.create_buffer(self.out_bytes, Usage.MAP_READ | Usage.COPY_DST, "staging")
+        self.out = kernels.activation_texture(device, LAYOUT.num_qo_heads * LAYOUT.head_dim, CONTEXT, "out")
+        self.staging = device.create_buffer(self.out.row_pitch * CONTEXT, Usage.MAP_READ | Usage.COPY_DST, "staging")
         self.writer = PagedAttention(self.cache)
         self.cache.add_sequence(0)
         self.forward(0, CONTEXT)
@@ -55,18 +55,18 @@ class Bench:
         self.cache.begin_forward([seq_id], [num_tokens])
         self.device.submit([self.writer.rope_append(0, self.qkv)])
 
-    def read_out(self, nbytes: int) -> np.ndarray:
-        """The first ``nbytes`` of the output, once the work submitted so far is done."""
-        self.device.submit([Copy(self.out, 0, self.staging, 0, nbytes)])
+    def read_out(self, num_tokens: int) -> np.ndarray:
+        """The output rows of ``num_tokens`` tokens, once the work submitted so far is done."""
+        self.device.submit([TextureCopy(self.out, self.staging)])
 
         async def read() -> bytes:
-            return bytes(await self.device.read(self.staging, 0, nbytes))
+            return bytes(await self.device.read(self.staging, 0, self.staging.size))
 
-        return np.frombuffer(asyncio.run(read()), np.float32)
+        rows = np.frombuffer(asyncio.run(read()), np.float32).reshape(CONTEXT, -1)
+        return rows[:num_tokens, :LAYOUT.num_qo_heads * LAYOUT.head_dim]
 
     def case(self, title: str, num_tokens: int, variants: list[tuple[str, dict]], rounds: int, reps: int) -> None:
         attentions = [(label, PagedAttention(self.cache, **options)) for label, options in variants]
-        nbytes = self.out_bytes * num_tokens // CONTEXT
         outputs, times = {}, {label: [] for label, _ in attentions}
         for r in range(rounds + 1):
             order = attentions if r % 2 else attentions[::-1]
@@ -74,7 +74,7 @@ class Bench:
                 commands = attention.attend(0, self.qkv, self.out) * reps
                 start = time.perf_counter()
                 self.device.submit(commands)
-                out = self.read_out(nbytes)
+                out = self.read_out(num_tokens)
                 if r:
                     times[label].append((time.perf_counter() - start) * 1e3 / reps)
                 else:

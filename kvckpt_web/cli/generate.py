@@ -20,7 +20,7 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..durable.catalog import load_manifest
 from ..durable.container import validate_name
@@ -37,6 +37,9 @@ from ..model.tokenizer import utf8
 from ..durable.locations import is_url, open_location
 from .sampling_flags import add_sampling_flags
 from .store_commands import check_store_target
+
+if TYPE_CHECKING:
+    from ..stores.base import Store
 
 SAMPLER_FLAGS = {"seed": "--seed", "temperature": "--temperature", "top_k": "--top-k", "top_p": "--top-p",
                  "repetition_penalty": "--repetition-penalty"}

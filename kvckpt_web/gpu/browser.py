@@ -21,13 +21,15 @@ import asyncio
 from typing import Any
 
 from ..errors import DeviceError
-from .device import (Buffer, Clear, Command, Copy, CopyRuns, Device, DeviceInfo, Dispatch, Texture, Usage, done, map_window,
-                     uniform_params, workgroup_counts)
+from .device import (Buffer, Clear, Command, Copy, CopyRuns, Device, DeviceInfo, Dispatch, Texture, TextureCopy, Usage,
+                     done, map_window, uniform_params, workgroup_counts)
 
 _MAP_READ = 1  # GPUMapMode.READ
 _MAP_WRITE = 2  # GPUMapMode.WRITE
+_TEXTURE_COPY_SRC = 0x01  # GPUTextureUsage.COPY_SRC
 _TEXTURE_COPY_DST = 0x02  # GPUTextureUsage.COPY_DST
 _TEXTURE_BINDING = 0x04  # GPUTextureUsage.TEXTURE_BINDING
+_TEXTURE_STORAGE = 0x08  # GPUTextureUsage.STORAGE_BINDING
 
 
 def _ffi() -> tuple[Any, Any, Any]:
@@ -130,7 +132,7 @@ class BrowserDevice(Device):
         _, _, JsException = _ffi()
         try:
             texture = self._device.createTexture(_obj({"size": [width, height, 1], "format": texel_format,
-                                                       "usage": _TEXTURE_BINDING | _TEXTURE_COPY_DST, "label": label}))
+                                                       "usage": _TEXTURE_BINDING | _TEXTURE_STORAGE | _TEXTURE_COPY_SRC | _TEXTURE_COPY_DST, "label": label}))
         except JsException as exc:
             raise DeviceError(f"texture {label!r} of {width} x {height}: {exc}") from None
         return texture, texture.createView()
@@ -186,6 +188,12 @@ class BrowserDevice(Device):
                 src, dst = command.src.native, command.dst.native
                 for src_offset, dst_offset, size in command.runs:
                     copy(src, src_offset, dst, dst_offset, size)
+            elif isinstance(command, TextureCopy):
+                t = command.texture
+                encoder.copyTextureToBuffer(_obj({"texture": t.native}),
+                                            _obj({"buffer": command.buffer.native, "offset": command.offset,
+                                                  "bytesPerRow": t.row_pitch, "rowsPerImage": t.height}),
+                                            _obj([t.width, t.height, 1]))
             elif isinstance(command, Clear):
                 encoder.clearBuffer(command.buffer.native, command.offset, command.size)
             else:

@@ -50,10 +50,12 @@ class Buffer:
 @dataclass(eq=False)
 class Texture:
     """A 2-D texture of ``width`` x ``height`` texels, each ``channels`` (1 or 4) 32-bit unsigned integers,
-    that kernels read with ``textureLoad`` (``texture_2d<u32>``); ``view`` is the native view they bind.
+    that kernels read with ``textureLoad`` (``texture_2d<u32>``, or a read-only ``texture_storage_2d``) and may
+    write (a write-only ``texture_storage_2d``); ``view`` is the native view they bind.
 
     Kernels on a CPU adapter fetch texels with vector gathers where storage buffer loads go lane by lane
-    (lavapipe: the model's Q4 matrix-vector products ran 4x faster from textures than from storage buffers).
+    (lavapipe: the model's Q4 matrix-vector products ran 4x faster from textures than from storage buffers, and
+    faster again read as storage textures, which skip the sampler's work).
     """
 
     width: int
@@ -67,6 +69,11 @@ class Texture:
     def size(self) -> int:
         """Bytes of texel data."""
         return self.width * self.height * self.channels * 4
+
+    @property
+    def row_pitch(self) -> int:
+        """Bytes between rows of texels copied into a buffer (:class:`TextureCopy`): a row, rounded up to 256."""
+        return -(-self.width * self.channels * 4 // 256) * 256
 
 
 TEXEL_FORMATS = {1: "r32uint", 4: "rgba32uint"}
@@ -95,6 +102,16 @@ class CopyRuns:
 
 
 @dataclass(frozen=True)
+class TextureCopy:
+    """Copy every texel of ``texture`` into ``buffer`` from ``offset``: row y of texels at ``offset + y *
+    texture.row_pitch`` (WebGPU copies texture rows at multiples of 256 bytes)."""
+
+    texture: "Texture"
+    buffer: Buffer
+    offset: int = 0
+
+
+@dataclass(frozen=True)
 class Clear:
     """Zero ``size`` bytes of ``buffer`` from ``offset``."""
 
@@ -116,8 +133,8 @@ class Region:
 class Dispatch:
     """Run ``kernel`` with uniform ``params`` (binding 0) and ``buffers`` (bindings 1..n: whole buffers or
     regions, bound as the shader declares them, storage or uniform; or textures) over either ``invocations``
-    threads (workgroups of :data:`WORKGROUP_SIZE` on a 2-D grid that the shader linearises) or exactly
-    ``workgroups`` = (x, y, z) workgroups of the shader's own size.
+    threads (workgroups of ``workgroup_size``, the shader's, :data:`WORKGROUP_SIZE` unless given, on a 2-D grid
+    that the shader linearises) or exactly ``workgroups`` = (x, y, z) workgroups of the shader's own size.
 
     Consecutive dispatches of one submit share one compute pass (WebGPU orders their storage accesses).
     With ``keep_bindings`` the device keeps the bind group for the next dispatch of the same kernel,
@@ -130,9 +147,10 @@ class Dispatch:
     invocations: int = 0
     workgroups: tuple[int, int, int] | None = None
     keep_bindings: bool = False
+    workgroup_size: int = WORKGROUP_SIZE
 
 
-Command = Copy | CopyRuns | Clear | Dispatch
+Command = Copy | CopyRuns | TextureCopy | Clear | Dispatch
 
 
 @dataclass(eq=False)
@@ -194,16 +212,17 @@ def done(value: Any) -> "asyncio.Future[Any]":
 def workgroup_counts(dispatch: Dispatch, max_per_dim: int) -> tuple[int, int, int]:
     """The (x, y, z) workgroup counts to dispatch for ``dispatch``; DeviceError past ``max_per_dim``."""
     if dispatch.workgroups is None:
-        return (*grid(dispatch.invocations, max_per_dim), 1)
+        return (*grid(dispatch.invocations, max_per_dim, dispatch.workgroup_size), 1)
     if any(not 0 < n <= max_per_dim for n in dispatch.workgroups):
         raise DeviceError(f"dispatch {dispatch.kernel.name}: expected 1..{max_per_dim} workgroups per dimension, "
                           f"got {dispatch.workgroups}")
     return dispatch.workgroups
 
 
-def grid(invocations: int, max_per_dim: int) -> tuple[int, int]:
-    """Workgroup counts (x, y) covering ``invocations`` threads; shaders linearise ``x + y * num_workgroups.x``."""
-    groups = max(1, -(-invocations // WORKGROUP_SIZE))
+def grid(invocations: int, max_per_dim: int, size: int = WORKGROUP_SIZE) -> tuple[int, int]:
+    """Workgroup counts (x, y) covering ``invocations`` threads in workgroups of ``size``; shaders linearise
+    ``x + y * num_workgroups.x``."""
+    groups = max(1, -(-invocations // size))
     if groups <= max_per_dim:
         return groups, 1
     y = -(-groups // max_per_dim)
@@ -325,7 +344,7 @@ class Device(ABC):
 
     @abstractmethod
     def _create_texture(self, width: int, height: int, texel_format: str, label: str) -> tuple[Any, Any]:
-        """Create the native texture (TEXTURE_BINDING | COPY_DST) and its view."""
+        """Create the native texture (TEXTURE_BINDING | STORAGE_BINDING | COPY_SRC | COPY_DST) and its view."""
 
     @abstractmethod
     def _write_texture(self, texture: Texture, data: bytes | bytearray | memoryview) -> None:

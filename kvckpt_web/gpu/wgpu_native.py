@@ -11,8 +11,8 @@ from typing import Any, Callable
 import numpy
 
 from ..errors import DeviceError
-from .device import (Buffer, Clear, Command, Copy, CopyRuns, Device, DeviceInfo, Dispatch, Texture, Usage, done, map_window,
-                     uniform_params, workgroup_counts)
+from .device import (Buffer, Clear, Command, Copy, CopyRuns, Device, DeviceInfo, Dispatch, Texture, TextureCopy, Usage,
+                     done, map_window, uniform_params, workgroup_counts)
 
 
 def _quiet_runtime_dir() -> None:
@@ -23,8 +23,10 @@ def _quiet_runtime_dir() -> None:
         os.environ["XDG_RUNTIME_DIR"] = path
 
 
+TEXTURE_COPY_SRC = 0x01  # GPUTextureUsage.COPY_SRC
 TEXTURE_COPY_DST = 0x02  # GPUTextureUsage.COPY_DST
 TEXTURE_BINDING = 0x04  # GPUTextureUsage.TEXTURE_BINDING
+TEXTURE_STORAGE = 0x08  # GPUTextureUsage.STORAGE_BINDING
 
 MAPPABLE_STORAGE = "mappable-primary-buffers"
 """wgpu-native's feature that lets any buffer be mappable; requested on CPU adapters only (see :meth:`WgpuDevice.open`)."""
@@ -141,7 +143,7 @@ class WgpuDevice(Device):
 
     def _create_texture(self, width: int, height: int, texel_format: str, label: str) -> tuple[Any, Any]:
         texture = self._device.create_texture(size=(width, height, 1), format=texel_format, label=label,
-                                              usage=TEXTURE_BINDING | TEXTURE_COPY_DST)
+                                              usage=TEXTURE_BINDING | TEXTURE_STORAGE | TEXTURE_COPY_SRC | TEXTURE_COPY_DST)
         return texture, texture.create_view()
 
     def _write_texture(self, texture: Texture, data: bytes | bytearray | memoryview) -> None:
@@ -189,6 +191,12 @@ class WgpuDevice(Device):
                         copy(src, src_offset, dst, dst_offset, size)
                 if command.src.usage & UPLOAD_STAGING == Usage.MAP_WRITE and command.src not in staged:
                     staged.append(command.src)
+            elif isinstance(command, TextureCopy):
+                t = command.texture
+                encoder.copy_texture_to_buffer({"texture": t.native},
+                                               {"buffer": command.buffer.native, "offset": command.offset,
+                                                "bytes_per_row": t.row_pitch, "rows_per_image": t.height},
+                                               (t.width, t.height, 1))
             elif isinstance(command, Clear):
                 encoder.clear_buffer(command.buffer.native, command.offset, command.size)
             else:

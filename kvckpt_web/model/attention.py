@@ -1,11 +1,13 @@
 """Attention of a llama-style model over a :class:`~kvckpt_web.kv.cache.PagedKVCache`.
 
-Per layer of a forward pass, three dispatches: :meth:`PagedAttention.rope_append` rotates Q in place and writes
-the rotated K and V into the cache pages at the slots ``begin_forward`` reserved (``shaders/model/rope.wgsl``);
-:meth:`PagedAttention.attend` then computes causal grouped-query attention of every new token over its
-sequence's pages in two passes: partial softmax sums over key ranges (``shaders/model/paged_attention.wgsl``),
-then their merge in a fixed order (``shaders/model/attention_merge.wgsl``). Prefill chunks and decode steps
-are the same call: a token attends to every earlier token of its sequence and to itself, through its page table.
+Per layer of a forward pass, two or three dispatches: :meth:`PagedAttention.rope_append` rotates Q in place and
+writes the rotated K and V into the cache pages at the slots ``begin_forward`` reserved
+(``shaders/model/rope.wgsl``); :meth:`PagedAttention.attend` then computes causal grouped-query attention of every
+new token over its sequence's pages: partial softmax sums over key ranges (``shaders/model/paged_attention.wgsl``),
+then their merge in a fixed order (``shaders/model/attention_merge.wgsl``), or where the keys form one range (a
+prefill chunk, a decode step at a short context) one dispatch that writes the finished rows. Prefill chunks and
+decode steps are the same call: a token attends to every earlier token of its sequence and to itself, through its
+page table. The dispatches bind the same buffers every time, so the device keeps their bind groups.
 
 How the work is cut (measured on lavapipe, see bench/README.md): an invocation serves a tile of up to
 ``rows_per_tile`` consecutive tokens of one sequence and every query head of one KV head, so each K/V word it
@@ -22,7 +24,7 @@ import math
 import struct
 
 from ..errors import FieldError, TensorError
-from ..gpu.device import Buffer, Dispatch, Kernel, Region, Usage
+from ..gpu.device import Buffer, Dispatch, Kernel, Region, Texture, Usage
 from ..gpu.specialize import specialize
 from ..gpu.wgsl import source
 from ..kv.cache import ForwardPass, PagedKVCache
@@ -50,6 +52,9 @@ MAX_ROWS_PER_TILE = 8
 MIN_INVOCATIONS = 96
 #: ... but no range is cut shorter than this many keys (each split costs a partial record per row and a merge step).
 MIN_KEYS_PER_SPLIT = 16
+#: Invocations per workgroup of the attention kernels: lavapipe runs each workgroup on one thread, and a decode
+#: step has ~100 invocations, a prefill chunk a few hundred, so small workgroups keep every thread busy.
+WORKGROUP = 8
 
 
 def rope_inv_freq(head_dim: int, theta: float, scale: float) -> list[float]:
@@ -109,7 +114,8 @@ class PagedAttention:
                                            Usage.STORAGE | Usage.COPY_DST, "attention.tiles")
         self._partial: Buffer | None = None  # grown to the largest forward's partial records
         self._uploaded: ForwardPass | None = None
-        self._kernels: dict[int, tuple[Kernel, Kernel]] = {}  # tile rows -> (partial sums, merge)
+        self._kernels: dict[tuple[str, int], Kernel] = {}  # (kind, tile rows) -> kernel
+        self._workgroup = WORKGROUP
         self._num_tiles = 0
         self._tile_rows = 0
         self._keys_per_split = 0
@@ -121,10 +127,6 @@ class PagedAttention:
         lay = self.layout
         return 4 * (lay.num_qo_heads + 2 * lay.num_kv_heads) * lay.head_dim
 
-    @property
-    def out_bytes_per_token(self) -> int:
-        """Bytes of one token's row of the attention output."""
-        return 4 * self.layout.num_qo_heads * self.layout.head_dim
 
     def close(self) -> None:
         """Release this object's device buffers (the cache stays)."""
@@ -194,39 +196,53 @@ class PagedAttention:
         params = struct.pack("<5I", fwd.num_tokens, lay.num_qo_heads, lay.num_kv_heads, lay.head_dim, lay.page_size)
         heads = lay.num_qo_heads + 2 * lay.num_kv_heads
         return Dispatch(kernel, params, (qkv, pages, self._tokens, self._inv_freq),
-                        fwd.num_tokens * heads * (lay.head_dim // 2))
+                        fwd.num_tokens * heads * (lay.head_dim // 2), keep_bindings=True)
 
-    def attend(self, layer: int, qkv: Buffer | Region, out: Buffer | Region) -> list[Dispatch]:
-        """The two dispatches (partial sums, merge) that write into ``out`` (f32 ``[num_tokens, num_qo_heads,
-        head_dim]``) each new token's attention over its sequence's K/V in ``layer``'s pages, positions 0 to
-        its own, with the (rotated) Q of ``qkv``. Submit both, in order."""
+    def attend(self, layer: int, qkv: Buffer | Region, out: Texture) -> list[Dispatch]:
+        """The dispatches that write into ``out`` (an activation texture: token t's ``num_qo_heads * head_dim``
+        outputs, head after head, in row t) each new token's attention over its sequence's K/V in ``layer``'s
+        pages, positions 0 to its own, with the (rotated) Q of ``qkv``: partial sums over key ranges and their
+        merge, or where the keys form one range a single dispatch that writes the finished rows (the same bits).
+        Submit them in order."""
         fwd = self._forward()
         pages = self._layer(layer)
         self._check_rows("qkv", qkv, self.qkv_bytes_per_token, fwd.num_tokens)
-        self._check_rows("out", out, self.out_bytes_per_token, fwd.num_tokens)
         lay = self.layout
-        attend, merge = self._attention_kernels(self._tile_rows)
+        if out.channels != 4 or out.width * 4 < lay.num_qo_heads * lay.head_dim or out.height < fwd.num_tokens:
+            raise TensorError("out: texture", f"{fwd.num_tokens} rows of {lay.num_qo_heads * lay.head_dim} "
+                                              "activations", f"{out.width} x {out.height} of {out.channels}")
         splits = self._num_splits
         params = struct.pack("<6If", self._num_tiles, lay.num_qo_heads, lay.num_kv_heads, lay.page_size,
                              self._keys_per_split, splits, 1 / math.sqrt(lay.head_dim))
-        partial = Region(self._partial, 0, max(1, fwd.num_tokens) * lay.num_qo_heads * splits * self._record_bytes)
+        invocations = self._num_tiles * lay.num_kv_heads * splits
+        tables = (qkv, pages, self._tokens, self._page_table, self._tiles)
+        if splits == 1:
+            return [Dispatch(self._kernel("attend", self._tile_rows), params, tables + (out,), invocations,
+                             keep_bindings=True, workgroup_size=self._workgroup)]
         out_rows = fwd.num_tokens * lay.num_qo_heads
-        return [Dispatch(attend, params, (qkv, pages, self._tokens, self._page_table, self._tiles, partial),
-                         self._num_tiles * lay.num_kv_heads * splits),
-                Dispatch(merge, struct.pack("<4I", out_rows, lay.num_qo_heads, self._keys_per_split, splits),
-                         (partial, self._tokens, out), out_rows * lay.head_dim // 4)]
+        # the whole partial buffer is bound (not the forward's share of it), so its bind group can be kept
+        return [Dispatch(self._kernel("partial", self._tile_rows), params, tables + (self._partial,), invocations,
+                         keep_bindings=True, workgroup_size=self._workgroup),
+                Dispatch(self._kernel("merge"), struct.pack("<4I", out_rows, lay.num_qo_heads, self._keys_per_split,
+                                                            splits),
+                         (self._partial, self._tokens, out), out_rows * lay.head_dim // 4, keep_bindings=True,
+                         workgroup_size=self._workgroup)]
 
-    def _attention_kernels(self, rows: int) -> tuple[Kernel, Kernel]:
-        """The partial-sum kernel for tiles of ``rows`` tokens and the merge kernel, specialised once."""
-        kernels = self._kernels.get(rows)
-        if kernels is None:
+    def _kernel(self, kind: str, rows: int = 0) -> Kernel:
+        """The kernel ``kind``, specialised once: "partial" (partial sums, tiles of ``rows`` tokens), "attend"
+        (the same writing finished rows: one key range), or "merge"."""
+        kernel = self._kernels.get((kind, rows))
+        if kernel is None:
             lay = self.layout
             device = self.cache.device
-            group = lay.num_qo_heads // lay.num_kv_heads
             quads = lay.head_dim // 4
-            kernels = self._kernels[rows] = (
-                device.kernel("paged_attention", specialize(source("model", "paged_attention"), dict(
-                    QUADS=quads, WORDS=quads // 2, GROUP=group, ROWS=rows, N=rows * group)), "attend"),
-                device.kernel("attention_merge", specialize(source("model", "attention_merge"), dict(QUADS=quads)),
-                              "merge"))
-        return kernels
+            if kind == "merge":
+                kernel = device.kernel("attention_merge", specialize(source("model", "attention_merge"),
+                                                                     dict(QUADS=quads, WG=self._workgroup)), "merge")
+            else:
+                group = lay.num_qo_heads // lay.num_kv_heads
+                kernel = device.kernel("paged_attention", specialize(source("model", "paged_attention"), dict(
+                    QUADS=quads, WORDS=quads // 2, GROUP=group, ROWS=rows, N=rows * group,
+                    DIRECT=int(kind == "attend"), WG=self._workgroup)), "attend")
+            self._kernels[kind, rows] = kernel
+        return kernel

@@ -1,35 +1,35 @@
 """Dispatch builders for the dense model kernels (``shaders/model/*.wgsl``).
 
-Each function builds the dispatches of one kernel, its uniform parameters packed to match the ``Params``
-struct of the shader; the device keeps their bind groups (``Dispatch.keep_bindings``): the buffers a model
-binds (weights, activations) live as long as the model. Activations are f32, row-major (tokens, features).
-The products read their input ``x`` as a uniform binding of :data:`X_WINDOW` bytes (loads that all
-invocations share are scalar loads on a CPU adapter, where storage loads go lane by lane), so the buffers
-they read come from :func:`activations`, and a call over more tokens than one window holds is split into
-one dispatch per window.
+Each function builds the dispatches of one kernel, its uniform parameters packed to match the ``Params`` struct of
+the shader; the device keeps their bind groups (``Dispatch.keep_bindings``): the buffers and textures a model binds
+(weights, activations) live as long as the model. The products read their input ``x`` from an activation texture
+(:func:`activation_texture`: f32 bits in rgba32uint texels, a token a row), which a CPU adapter fetches 16 bytes a
+lane; RMSNorm, the attention and the gated product write such textures, the other products storage buffers of f32
+rows (tokens, features). Their workgroups are tiles of 64 rows (8 invocations of :data:`ROWS` rows, as
+``weights`` lays the matrices out): many small workgroups, which a CPU adapter shares out evenly over its threads.
+How they fetch and unpack depends on the adapter (:data:`FLAVOURS`).
 """
 
 from __future__ import annotations
 
-import math
+import functools
 import struct
 
 from ..errors import TensorError
-from ..gpu.device import UNIFORM_ALIGN, Buffer, Device, Dispatch, Region, Usage
+from ..gpu.device import Buffer, Device, Dispatch, Kernel, Texture
+from ..gpu.specialize import specialize
 from ..gpu.wgsl import pack_params, source
-from .weights import Q4_1, Q8_0, DenseTensor, QuantizedTensor
-
-X_WINDOW = 65536
-"""Bytes of ``x`` a product binds (WebGPU's default maxUniformBufferBindingSize; ``x`` in quant.wgsl)."""
+from .weights import Q4_1, Q8_0, TILE_ROWS, DenseTensor, QuantizedTensor
 
 ROWS = 8
-"""Rows per invocation of the products of one token (``ROWS`` in quant.wgsl)."""
+"""Rows per invocation of the products (``ROWS`` in quant.wgsl); 8 invocations make a workgroup, a tile of
+:data:`~kvckpt_web.model.weights.TILE_ROWS` rows."""
 
-TILE_ROWS, TILE = 4, 4
-"""Rows and tokens per invocation of the tiled products, for several tokens (``TILE`` in quant.wgsl)."""
+TILE = 4
+"""Tokens per invocation of the tiled products, for several tokens (``TILE`` in quant.wgsl)."""
 
 WORKGROUP = 64
-"""Invocations per workgroup of the products, the norm and the first top-k pass (``@workgroup_size``)."""
+"""Invocations per workgroup of the norm and the first top-k pass (``@workgroup_size``)."""
 
 TOPK_CHUNK = 256
 """Values per invocation of the first top-k pass."""
@@ -38,34 +38,34 @@ TOPK_MAX = 64
 """Largest k of :func:`topk` (``K_MAX`` in topk.wgsl)."""
 
 
-def activations(device: Device, floats: int, label: str) -> Buffer:
-    """A buffer of ``floats`` f32 activations that kernels write and products read (with :data:`X_WINDOW`
-    bytes of slack, so that a product can bind a whole window from any token of it)."""
-    return device.create_buffer(4 * floats + X_WINDOW,
-                                Usage.STORAGE | Usage.UNIFORM | Usage.COPY_DST | Usage.COPY_SRC, label)
+def activation_texture(device: Device, features: int, tokens: int, label: str) -> Texture:
+    """A texture of ``tokens`` rows of ``features`` f32 activations (a multiple of 4), as kernels write them and
+    products read them."""
+    if features % 4:
+        raise TensorError(f"{label}: features", "a multiple of 4", features)
+    return device.create_texture(features // 4, tokens, 4, label)
 
 
-def matvec(device: Device, weight: QuantizedTensor, x: Buffer, y: Buffer, tokens: int = 1,
-           accumulate: bool = False, norm: DenseTensor | None = None, eps: float = 0.0) -> list[Dispatch]:
+def matvec(device: Device, weight: QuantizedTensor, x: Texture, y: Buffer, tokens: int = 1,
+           accumulate: bool = False) -> list[Dispatch]:
     """``y[t] = W x[t]`` (or ``y[t] += W x[t]`` with ``accumulate``: the residual add) for each of ``tokens``
-    rows of ``x``, ``W`` a Q4_1 or Q8_0 matrix (the tied embedding as the output head). With ``norm`` (an
-    RMSNorm weight) the product takes ``RMSNorm(x[t])`` with ``eps`` instead: the norm costs no dispatch.
-    ``x`` (from :func:`activations`) and ``y`` are different buffers."""
+    rows of ``x``, ``W`` a Q4_1 or Q8_0 matrix (the tied embedding as the output head)."""
     _check_type(weight, Q4_1, Q8_0)
+    _check_size("y", y, 4 * tokens * weight.rows)
     if weight.ggml_type == Q4_1:
-        return _products(device, "q4_1_matvec", (weight,), x, y, tokens, accumulate, norm, eps, "q4_1_matmul")
-    return _products(device, "q8_0_matvec", (weight,), x, y, tokens, accumulate, norm, eps)
+        return _products(device, "q4_1_matvec", (weight,), x, y, tokens, accumulate, "q4_1_matmul")
+    return _products(device, "q8_0_matvec", (weight,), x, y, tokens, accumulate)
 
 
-def gated(device: Device, gate: QuantizedTensor, up: QuantizedTensor, x: Buffer, y: Buffer, tokens: int = 1,
-          norm: DenseTensor | None = None, eps: float = 0.0) -> list[Dispatch]:
-    """``y[t] = silu(G x[t]) * (U x[t])``, the gated MLP's hidden activations, for Q4_1 ``gate`` and ``up``;
-    ``x[t]`` RMS-normalized first with ``norm`` and ``eps`` if given (as in :func:`matvec`)."""
+def gated(device: Device, gate: QuantizedTensor, up: QuantizedTensor, x: Texture, hidden: Texture,
+          tokens: int = 1) -> list[Dispatch]:
+    """``hidden[t] = silu(G x[t]) * (U x[t])``, the gated MLP's hidden activations, for Q4_1 ``gate`` and ``up``."""
     _check_type(gate, Q4_1)
     _check_type(up, Q4_1)
     if (up.rows, up.blocks) != (gate.rows, gate.blocks):
         raise TensorError(f"{up.name}: shape", (gate.rows, gate.cols), (up.rows, up.cols))
-    return _products(device, "q4_1_gated", (gate, up), x, y, tokens, False, norm, eps, "q4_1_gated_matmul")
+    _check_texture("hidden", hidden, gate.rows, tokens)
+    return _products(device, "q4_1_gated", (gate, up), x, hidden, tokens, False, "q4_1_gated_matmul")
 
 
 def embed(device: Device, table: QuantizedTensor, ids: Buffer, out: Buffer, tokens: int) -> Dispatch:
@@ -73,18 +73,21 @@ def embed(device: Device, table: QuantizedTensor, ids: Buffer, out: Buffer, toke
     _check_type(table, Q8_0)
     _check_size("out", out, 4 * tokens * table.cols)
     _check_size("ids", ids, 4 * tokens)
-    kernel = device.kernel("model.quant", source("model", "quant"), "q8_0_rows")
-    return Dispatch(kernel, _quant_params(table, tokens), (table.scales, table.quants, ids, out),
-                    tokens * table.blocks * 8, keep_bindings=True)
+    params = struct.pack("<6I8x", table.rows, table.blocks, tokens, 0, table.shift, table.scale_base)
+    return Dispatch(quant_kernel(device, "q8_0_rows"), params, (table.texels, ids, out), tokens * table.blocks * 8,
+                    keep_bindings=True)
 
 
-def rms_norm(device: Device, x: Buffer, weight: DenseTensor, out: Buffer, tokens: int, eps: float) -> Dispatch:
-    """``out[t] = x[t] / sqrt(mean(x[t]^2) + eps) * weight`` for each of ``tokens`` rows of ``x``."""
+def rms_norm(device: Device, x: Buffer, weight: DenseTensor, out: Texture, tokens: int, eps: float,
+             first: int = 0) -> Dispatch:
+    """``out[t] = x[first + t] / sqrt(mean(x[first + t]^2) + eps) * weight`` for each of ``tokens`` rows of
+    ``x`` from row ``first``: the input of the products after an RMSNorm (one small dispatch: folded into each
+    product, every invocation recomputed the norm of its tokens, a third of their time on lavapipe)."""
     dim = weight.shape[0]
-    _check_size("x", x, 4 * tokens * dim)
-    _check_size("out", out, 4 * tokens * dim)
+    _check_size("x", x, 4 * (first + tokens) * dim)
+    _check_texture("out", out, dim, tokens)
     kernel = device.kernel("model.norm", source("model", "norm"), "rms_norm")
-    params = struct.pack("<2If4x", tokens, dim, eps)
+    params = struct.pack("<3If", tokens, dim, first, eps)
     return Dispatch(kernel, params, (x, weight.buffer, out), workgroups=(-(-tokens // WORKGROUP), 1, 1),
                     keep_bindings=True)
 
@@ -113,50 +116,45 @@ def topk(device: Device, values: Buffer, n: int, k: int, candidates: Buffer, bes
                      workgroups=(1, 1, 1), keep_bindings=True)]
 
 
-def _products(device: Device, entry: str, weights: tuple[QuantizedTensor, ...], x: Buffer, y: Buffer, tokens: int,
-              accumulate: bool, norm: DenseTensor | None, eps: float, tiled: str | None = None) -> list[Dispatch]:
-    """The dispatches of product ``entry`` of ``weights`` over ``tokens`` rows of ``x``, one per window; of its
-    ``tiled`` form (4 rows x :data:`TILE` tokens an invocation) where a window has several tokens."""
+def _products(device: Device, entry: str, weights: tuple[QuantizedTensor, ...], x: Texture, y: Buffer | Texture,
+              tokens: int, accumulate: bool, tiled: str | None = None) -> list[Dispatch]:
+    """The dispatch of product ``entry`` of ``weights`` over ``tokens`` rows of ``x``; of its ``tiled`` form
+    (:data:`TILE` tokens an invocation) for several tokens."""
     first = weights[0]
-    token_bytes = 4 * first.cols
-    # tokens per window: as many as fit, in steps that keep each window's offset aligned for a uniform binding
-    step = UNIFORM_ALIGN // math.gcd(token_bytes, UNIFORM_ALIGN)
-    per_window = X_WINDOW // token_bytes // step * step
-    if per_window == 0:
-        raise TensorError(f"{first.name}: columns", f"at most {X_WINDOW // 4}, in steps of 64", first.cols)
-    last_window = (tokens - 1) // per_window * per_window * token_bytes
-    if x.size < last_window + X_WINDOW:
-        raise TensorError("x: buffer bytes", f"at least {last_window + X_WINDOW} (see activations())", x.size)
-    _check_size("y", y, 4 * tokens * first.rows)
-    if x is y:  # WebGPU refuses a buffer bound as uniform and as writable storage in one dispatch
-        raise TensorError("y", "a buffer other than x", y.label)
-    if norm is not None and norm.shape != (first.cols,):
-        raise TensorError(f"{norm.name}: shape", (first.cols,), norm.shape)
-    shader = source("model", "quant")
-    up = tuple(t for w in weights[1:] for t in (w.scales, w.quants))
-    dispatches = []
-    for start in range(0, tokens, per_window):
-        count = min(per_window, tokens - start)
-        if tiled is not None and count > 1:
-            kernel = device.kernel("model.quant", shader, tiled)
-            groups = (-(-first.rows // (TILE_ROWS * WORKGROUP)), -(-count // TILE), 1)
-        else:
-            kernel = device.kernel("model.quant", shader, entry)
-            groups = (-(-first.rows // (ROWS * WORKGROUP)), count, 1)
-        params = _quant_params(first, count, accumulate, start, norm is not None, eps)
-        window = Region(x, start * token_bytes, X_WINDOW)
-        # without a norm the kernel reads no norm weight, but a 64 KiB uniform must be bound: the window again
-        norm_binding = window if norm is None else Region(norm.buffer, 0, X_WINDOW)
-        dispatches.append(Dispatch(kernel, params, (first.scales, first.quants, window, y, norm_binding) + up,
-                                   workgroups=groups, keep_bindings=True))
-    return dispatches
+    _check_texture("x", x, first.cols, tokens)
+    if tiled is not None and tokens > 1:
+        kernel, groups = quant_kernel(device, tiled), (-(-first.rows // TILE_ROWS), -(-tokens // TILE), 1)
+    else:
+        kernel, groups = quant_kernel(device, entry), (-(-first.rows // TILE_ROWS), tokens, 1)
+    params = struct.pack("<6I8x", first.rows, first.blocks, tokens, int(accumulate), first.shift, first.scale_base)
+    return [Dispatch(kernel, params, (first.texels, x, y) + tuple(w.texels for w in weights[1:]), workgroups=groups,
+                     keep_bindings=True)]
 
 
-def _quant_params(weight: QuantizedTensor, tokens: int, accumulate: bool = False, token_base: int = 0,
-                  normalize: bool = False, eps: float = 0.0) -> bytes:
-    """quant.wgsl's Params for ``weight`` (x's tokens ``weight.cols`` floats apart)."""
-    return struct.pack("<9If2I", weight.rows, weight.blocks, tokens, int(accumulate), weight.scale_shift,
-                       weight.quant_shift, weight.blocks * 8, token_base, int(normalize), eps, 0, 0)
+FLAVOURS = {"desktop": {"SAMPLED": 0, "MASKED": 0}, "browser": {"SAMPLED": 1, "MASKED": 1}}
+"""The two ways quant.wgsl is built (its SAMPLED and MASKED constants), each what measured faster where it is used
+(bench/README.md): on lavapipe read-only storage textures and shifted bytes (sampled textures took the decode
+products to 1.45x the CPU time, masked bytes a prefill's to 1.16x); on SwiftShader (Chromium) sampled textures and
+bytes masked in place (storage textures took the products to ~1.7x the time, shifts the head's to ~1.9x)."""
+
+FLAVOUR = "model.quant_flavour"
+"""``device.choices`` key: the name of the :data:`FLAVOURS` entry the products are built with on that device; set
+it before the first product of a device to choose, else :func:`flavour` does."""
+
+
+def flavour(device: Device) -> str:
+    """The :data:`FLAVOURS` entry of ``device``: "browser" on the browser backend, "desktop" elsewhere."""
+    return str(device.choices.setdefault(FLAVOUR, "browser" if device.info.backend.startswith("browser") else "desktop"))
+
+
+def quant_kernel(device: Device, entry: str) -> Kernel:
+    """Entry ``entry`` of quant.wgsl, specialised to :data:`ROWS`, :data:`TILE` and the device's :func:`flavour`."""
+    return device.kernel("model.quant", _quant_source(ROWS, TILE, flavour(device)), entry)
+
+
+@functools.cache
+def _quant_source(rows: int, tile: int, name: str) -> str:
+    return specialize(source("model", "quant"), dict(ROWS=rows, TILE=tile, **FLAVOURS[name]))
 
 
 def _check_type(weight: QuantizedTensor, *types: int) -> None:
@@ -167,3 +165,11 @@ def _check_type(weight: QuantizedTensor, *types: int) -> None:
 def _check_size(name: str, buffer: Buffer, needed: int) -> None:
     if buffer.size < needed:
         raise TensorError(f"{name}: buffer bytes", f"at least {needed}", buffer.size)
+
+
+def _check_texture(name: str, texture: Texture, features: int, tokens: int) -> None:
+    """TensorError unless ``texture`` holds ``tokens`` rows of ``features`` activations (a multiple of 4)."""
+    if features % 4 or texture.width < features // 4 or texture.height < tokens or texture.channels != 4:
+        raise TensorError(f"{name}: texture", f"{tokens} rows of {features} activations (at least "
+                                               f"{-(-features // 4)} x {tokens} texels of 4 channels)",
+                          f"{texture.width} x {texture.height} of {texture.channels}")

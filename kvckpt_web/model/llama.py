@@ -110,19 +110,21 @@ class _Layer:
 
 
 class _Scratch:
-    """The activation buffers of forwards of up to ``tokens`` tokens."""
+    """The activations of forwards of up to ``tokens`` tokens: buffers where the products write, textures where
+    they read (``kernels.activation_texture``)."""
 
     def __init__(self, device: Device, c: LlamaConfig, tokens: int) -> None:
         self.tokens = tokens
         self.ids = device.create_buffer(4 * tokens, Usage.STORAGE | Usage.COPY_DST, "llama.ids")
-        self.residual = kernels.activations(device, tokens * c.hidden, "llama.residual")
+        self.residual = device.create_buffer(4 * tokens * c.hidden, Usage.STORAGE, "llama.residual")
         self.qkv = device.create_buffer(4 * tokens * (c.q_rows + 2 * c.kv_rows), Usage.STORAGE, "llama.qkv")
-        self.attn = kernels.activations(device, tokens * c.q_rows, "llama.attn")
-        self.ffn = kernels.activations(device, tokens * c.ffn, "llama.ffn")
+        self.normed = kernels.activation_texture(device, c.hidden, tokens, "llama.normed")
+        self.attn = kernels.activation_texture(device, c.q_rows, tokens, "llama.attn")
+        self.ffn = kernels.activation_texture(device, c.ffn, tokens, "llama.ffn")
 
     def destroy(self, device: Device) -> None:
-        for buffer in (self.ids, self.residual, self.qkv, self.attn, self.ffn):
-            device.destroy(buffer)
+        for resource in (self.ids, self.residual, self.qkv, self.normed, self.attn, self.ffn):
+            device.destroy(resource)
 
 
 class LlamaModel:
@@ -161,7 +163,6 @@ class LlamaModel:
         self.output_norm = upload("output_norm.weight")
         if progress is not None:
             progress(c.num_layers + 1, c.num_layers + 1)
-        self._last = kernels.activations(device, c.hidden, "llama.last")
         self.logits = device.create_buffer(4 * c.vocab, Usage.STORAGE | Usage.COPY_SRC, "llama.logits")
         self._candidates = device.create_buffer(kernels.topk_candidates_bytes(c.vocab, kernels.TOPK_MAX),
                                                 Usage.STORAGE, "llama.topk_candidates")
@@ -189,7 +190,7 @@ class LlamaModel:
                         layer.ffn_down]
         for tensor in {id(t): t for t in weights}.values():  # the head may be the embedding
             destroy_tensor(self.device, tensor)
-        for buffer in (self._last, self.logits, self._candidates, self._best, self._readback):
+        for buffer in (self.logits, self._candidates, self._best, self._readback):
             self.device.destroy(buffer)
         if self._scratch is not None:
             self._scratch.destroy(self.device)
@@ -219,7 +220,7 @@ class LlamaModel:
                 raise SequenceError(f"tokens[{i}]: expected a token id in [0, {self.vocab_size}), got {t!r}")
         if cache.layout != self.kv_layout(cache.layout.page_size):
             raise FieldError("cache.layout", f"this model's {self.kv_layout(cache.layout.page_size)}", cache.layout)
-        chunk = cache.limits.prefill_chunk_size
+        chunk = min(cache.limits.prefill_chunk_size, self.device.info.max_texture_dim)  # a token a texture row
         attention = self._attention_for(cache)
         for start in range(0, len(tokens), chunk):
             part = tokens[start:start + chunk]
@@ -253,19 +254,19 @@ class LlamaModel:
         c, d = self.config, self.device
         eps = c.rms_eps
         commands: list[Command] = [kernels.embed(d, self.embedding, s.ids, s.residual, n)]  # type: ignore[arg-type]
-        for i, layer in enumerate(self.layers):  # each RMSNorm is folded into the product after it
-            commands += kernels.matvec(d, layer.qkv, s.residual, s.qkv, n, norm=layer.attn_norm, eps=eps)
+        for i, layer in enumerate(self.layers):
+            commands.append(kernels.rms_norm(d, s.residual, layer.attn_norm, s.normed, n, eps))
+            commands += kernels.matvec(d, layer.qkv, s.normed, s.qkv, n)
             commands.append(attention.rope_append(i, s.qkv))
             commands += attention.attend(i, s.qkv, s.attn)
             commands += kernels.matvec(d, layer.attn_output, s.attn, s.residual, n, accumulate=True)
-            commands += kernels.gated(d, layer.ffn_gate, layer.ffn_up, s.residual, s.ffn, n, norm=layer.ffn_norm,
-                                      eps=eps)
+            commands.append(kernels.rms_norm(d, s.residual, layer.ffn_norm, s.normed, n, eps))
+            commands += kernels.gated(d, layer.ffn_gate, layer.ffn_up, s.normed, s.ffn, n)
             commands += kernels.matvec(d, layer.ffn_down, s.ffn, s.residual, n, accumulate=True)
-        if last:
-            row = 4 * c.hidden
-            commands.append(Copy(s.residual, (n - 1) * row, self._last, 0, row))
-            commands += kernels.matvec(d, self.head, self._last, self.logits,  # type: ignore[arg-type]
-                                       norm=self.output_norm, eps=eps)  # type: ignore[arg-type]
+        if last:  # the last token's row only
+            commands.append(kernels.rms_norm(d, s.residual, self.output_norm, s.normed, 1, eps,  # type: ignore[arg-type]
+                                             first=n - 1))
+            commands += kernels.matvec(d, self.head, s.normed, self.logits)  # type: ignore[arg-type]
         return commands
 
     async def top_k(self, k: int) -> list[tuple[int, float]]:

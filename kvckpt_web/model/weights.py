@@ -1,20 +1,22 @@
 """Model weights on the device, in the layout the kernels of ``shaders/model/quant.wgsl`` read.
 
-A quantized matrix (GGUF Q4_1 or Q8_0) stays quantized: its blocks are split at load time into a texture of
-per-block scales and a texture of the 4- or 8-bit weights (see the header of ``quant.wgsl``), which makes the
-20- and 34-byte GGUF blocks 4-byte aligned and lets kernels fetch them as texels. F32 tensors (the norms)
-go into storage buffers. :func:`check_finite` refuses a tensor holding a NaN or an infinity before any upload.
-Pure Python (struct, memoryview slicing): it runs in Pyodide too.
+A quantized matrix (GGUF Q4_1 or Q8_0) stays quantized: its GGUF bytes go up into a storage buffer, and a kernel
+(``shaders/model/layout.wgsl``) lays them out in one read-only storage texture, in tiles of 64 rows whose
+neighbouring rows sit in neighbouring texels, with the per-block scales of four rows in one texel (see the
+header of ``layout.wgsl``): on a CPU adapter a step of a product then reads one stretch of memory instead of 64,
+and nothing is rearranged on the host. F32 tensors (the norms) go into storage buffers. :func:`check_finite`
+refuses a tensor holding a NaN or an infinity before any upload. Pure Python: it runs in Pyodide too.
 """
 
 from __future__ import annotations
 
-from array import array
+import struct
 from dataclasses import dataclass
 from math import isfinite, prod
 
 from ..errors import FormatError, TensorError
-from ..gpu.device import Buffer, Device, Texture, Usage
+from ..gpu.device import Buffer, Device, Dispatch, Texture, Usage
+from ..gpu.wgsl import source
 
 #: GGML type ids (the GGUF tensor info's type field).
 F32 = 0
@@ -24,9 +26,12 @@ Q8_0 = 8
 BLOCK = 32
 """Weights per quantized block."""
 
-#: Bytes per GGUF block, and quant texels (16 bytes each) per block in the device layout.
+#: Bytes per GGUF block, and weight texels (16 bytes each) per block in the device layout.
 BLOCK_BYTES = {Q4_1: 20, Q8_0: 34}
-QUANT_TEXELS = {Q4_1: 1, Q8_0: 2}
+WEIGHT_TEXELS = {Q4_1: 1, Q8_0: 2}
+
+TILE_ROWS = 64
+"""Rows of a tile of the device layout (8 invocations of 8 rows: ``layout.wgsl``)."""
 
 F16_HIGH_BYTES = {Q4_1: {"scale": 1, "min": 3}, Q8_0: {"scale": 1}}
 """Offset in a GGUF block of the high byte of each of its float16 fields."""
@@ -43,29 +48,35 @@ MAX_TEXTURE_WIDTH = 4096
 
 @dataclass(frozen=True)
 class QuantizedTensor:
-    """A Q4_1 or Q8_0 matrix of ``rows`` x ``blocks * 32`` on the device: texel ``r * blocks + b`` of ``scales``
-    and texel(s) of ``quants`` hold block ``b`` of row ``r``."""
+    """A Q4_1 or Q8_0 matrix of ``rows`` x ``blocks * 32`` on the device, in ``texels`` as ``layout.wgsl`` lays it
+    out."""
 
     name: str
     ggml_type: int
     rows: int
     blocks: int
-    scales: Texture
-    quants: Texture
+    texels: Texture
 
     @property
     def cols(self) -> int:
         return self.blocks * BLOCK
 
     @property
-    def scale_shift(self) -> int:
-        """log2 of the scales texture's width."""
-        return self.scales.width.bit_length() - 1
+    def shift(self) -> int:
+        """log2 of the texture's width."""
+        return self.texels.width.bit_length() - 1
 
     @property
-    def quant_shift(self) -> int:
-        """log2 of the quants texture's width."""
-        return self.quants.width.bit_length() - 1
+    def scale_base(self) -> int:
+        """The texel where the scales start, after the weights of every tile."""
+        return layout_texels(self.ggml_type, self.rows, self.blocks)[0]
+
+
+def layout_texels(ggml_type: int, rows: int, blocks: int) -> tuple[int, int]:
+    """(texel where the scales start, texels in all) of a matrix in the device layout."""
+    padded = -(-rows // TILE_ROWS) * TILE_ROWS
+    scale_base = padded * blocks * WEIGHT_TEXELS[ggml_type]
+    return scale_base, scale_base + padded // 4 * blocks
 
 
 @dataclass(frozen=True)
@@ -121,7 +132,7 @@ def upload_tensor(device: Device, name: str, ggml_type: int, shape: tuple[int, .
         device.write(buffer, 0, view)
         return DenseTensor(name, shape, buffer)
     blocks, rows = _matrix(name, ggml_type, shape, len(view))
-    return _quantized(device, name, ggml_type, blocks, rows, [split_blocks(ggml_type, view, rows * blocks)])
+    return _quantized(device, name, ggml_type, blocks, rows, view)
 
 
 def upload_stacked(device: Device, name: str,
@@ -132,15 +143,15 @@ def upload_stacked(device: Device, name: str,
     if len(types) != 1:
         raise TensorError(f"{name}: ggml types of the parts", "one type", sorted(types))
     ggml_type = types.pop()
-    blocks, rows, splits = 0, 0, []
+    blocks, rows, views = 0, 0, []
     for i, (_, shape, data) in enumerate(parts):
         view = memoryview(data).cast("B")
         part_blocks, part_rows = _matrix(f"{name}[{i}]", ggml_type, tuple(int(n) for n in shape), len(view))
         if i and part_blocks != blocks:
             raise TensorError(f"{name}[{i}]: columns", blocks * BLOCK, part_blocks * BLOCK)
         blocks, rows = part_blocks, rows + part_rows
-        splits.append(split_blocks(ggml_type, view, part_rows * part_blocks))
-    return _quantized(device, name, ggml_type, blocks, rows, splits)
+        views.append(view)
+    return _quantized(device, name, ggml_type, blocks, rows, b"".join(views))
 
 
 def _matrix(name: str, ggml_type: int, shape: tuple[int, ...], size: int) -> tuple[int, int]:
@@ -155,52 +166,30 @@ def _matrix(name: str, ggml_type: int, shape: tuple[int, ...], size: int) -> tup
 
 
 def _quantized(device: Device, name: str, ggml_type: int, blocks: int, rows: int,
-               splits: list[tuple[bytes | array, array]]) -> QuantizedTensor:
-    """The tensor whose blocks ``splits`` holds (scales, quants of consecutive rows), on ``device``."""
-    count = rows * blocks
-    scales = bytearray().join(scale for scale, _ in splits)
-    quants = bytearray().join(quant for _, quant in splits)
-    return QuantizedTensor(name, ggml_type, rows, blocks,
-                           _texture(device, f"{name}.scales", 1, count, scales),
-                           _texture(device, f"{name}.quants", 4, count * QUANT_TEXELS[ggml_type], quants))
+               raw: bytes | memoryview) -> QuantizedTensor:
+    """The matrix whose GGUF blocks ``raw`` holds (whole rows, in order) on ``device``, laid out by the layout
+    kernel (queued: later submits see it); uploaded in pieces of whole tiles that a storage binding can hold."""
+    scale_base, texels = layout_texels(ggml_type, rows, blocks)
+    width = min(MAX_TEXTURE_WIDTH, 1 << max(0, texels - 1).bit_length())
+    tensor = QuantizedTensor(name, ggml_type, rows, blocks, device.create_texture(width, -(-texels // width), 4, name))
+    row_bytes = blocks * BLOCK_BYTES[ggml_type]
+    piece_rows = max(1, device.info.max_storage_binding // (row_bytes * TILE_ROWS)) * TILE_ROWS
+    kernel = device.kernel("model.layout", source("model", "layout"), "tile")
+    for first in range(0, rows, piece_rows):
+        count = min(piece_rows, rows - first)
+        piece = memoryview(raw)[first * row_bytes:(first + count) * row_bytes]
+        staging = device.create_buffer(len(piece), Usage.STORAGE | Usage.COPY_DST, f"{name}.gguf")
+        device.write(staging, 0, piece if len(piece) % 4 == 0 else bytes(piece) + bytes(-len(piece) % 4))
+        params = struct.pack("<8I", rows, blocks, tensor.shift, scale_base, texels, int(ggml_type == Q8_0), first,
+                             count)
+        device.submit([Dispatch(kernel, params, (staging, tensor.texels), texels)])
+        device.destroy(staging)
+    return tensor
 
 
 def destroy_tensor(device: Device, tensor: DeviceTensor) -> None:
-    """Release the device memory of ``tensor`` (its textures or its buffer)."""
-    for resource in (tensor.scales, tensor.quants) if isinstance(tensor, QuantizedTensor) else (tensor.buffer,):
-        device.destroy(resource)
-
-
-def split_blocks(ggml_type: int, view: memoryview, count: int) -> tuple[bytes | array, array]:
-    """The scales texels (4 bytes a block) and quant texels (16 or 32 bytes a block) of ``count`` GGUF blocks.
-
-    Copies whole words: a Q4_1 block is 5 u32 (the scales word, then 4 words of nibbles), a Q8_0 block 17 u16
-    (the scale, then 16 of int8 pairs); each column of words is gathered by a strided slice and scattered by a
-    strided assignment (twice as fast as byte by byte: 0.8 s for this model here).
-    """
-    if ggml_type == Q4_1:
-        words = view.cast("I")
-        quants = array("I", bytes(16 * count))
-        for j in range(4):
-            quants[j::4] = array("I", words[1 + j::5].tobytes())
-        return words[0::5].tobytes(), quants
-    halves = view.cast("H")
-    scales = array("H", bytes(4 * count))  # the scale in the low half of a texel, 0 in the high half
-    scales[0::2] = array("H", halves[0::17].tobytes())
-    quants = array("H", bytes(32 * count))
-    for j in range(16):
-        quants[j::16] = array("H", halves[1 + j::17].tobytes())
-    return scales, quants
-
-
-def _texture(device: Device, label: str, channels: int, texels: int, data: bytearray) -> Texture:
-    """A texture of ``texels`` texels holding ``data``, rows of a power-of-two width, the last row zero-padded."""
-    width = min(MAX_TEXTURE_WIDTH, 1 << max(0, texels - 1).bit_length())
-    height = -(-texels // width)
-    data += bytes((width * height - texels) * channels * 4)
-    texture = device.create_texture(width, height, channels, label)
-    device.write_texture(texture, data)
-    return texture
+    """Release the device memory of ``tensor`` (its texture or its buffer)."""
+    device.destroy(tensor.texels if isinstance(tensor, QuantizedTensor) else tensor.buffer)
 
 
 def _check_size(name: str, got: int, expected: int) -> None:

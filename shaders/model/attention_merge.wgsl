@@ -1,13 +1,14 @@
 // The attention output from paged_attention.wgsl's partial sums: per (token, query head), its splits combined in
 // split order (the same bits on every run).
 //
-// Specialised by kvckpt_web.specialize with QUADS = head_dim / 4.
+// Specialised by kvckpt_web.specialize with QUADS = head_dim / 4 and WG, the workgroup size.
 //
 // Bindings (group 0):
 //   0  uniform              Params
 //   1  storage, read        partial  per (token, query head, split) QUADS + 1 vec4 (see paged_attention.wgsl)
 //   2  storage, read        tokens   per token: vec4(position in its sequence, ...) as in paged_attention.wgsl
-//   3  storage, read_write  out      f32 [num_tokens, num_qo_heads, head_dim] as vec4
+//   3  storage texture, write  out   row (token) t, texel head * QUADS + c: the output's vec4 c of that query head, as
+//                                    f32 bits (the input of the o product: quant.wgsl)
 //
 // A token at position p has p / keys_per_split + 1 splits. Split s's record holds its maximum score m_s, its
 // sum of weights l_s = sum exp(score - m_s) and its weighted V sum a_s; with m the maximum of the m_s, the output
@@ -23,13 +24,13 @@ struct Params {
 @group(0) @binding(0) var<uniform> params: Params;
 @group(0) @binding(1) var<storage, read> partial: array<vec4<f32>>;
 @group(0) @binding(2) var<storage, read> tokens: array<vec4<u32>>;
-@group(0) @binding(3) var<storage, read_write> out: array<vec4<f32>>;
+@group(0) @binding(3) var out: texture_storage_2d<rgba32uint, write>;
 
 const LOWEST: f32 = -3.4028234e38;
 
-@compute @workgroup_size(256)
+@compute @workgroup_size(WG)
 fn merge(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
-  let i = gid.x + gid.y * nwg.x * 256u;
+  let i = gid.x + gid.y * nwg.x * WG;
   if (i >= params.num_rows * QUADS) {
     return;
   }
@@ -50,5 +51,6 @@ fn merge(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups)
     total += stats.y * f;
     acc += partial[at + c] * f;
   }
-  out[i] = acc / total;
+  let token = row / params.num_qo_heads;
+  textureStore(out, vec2<u32>((row % params.num_qo_heads) * QUADS + c, token), bitcast<vec4<u32>>(acc / total));
 }

@@ -3,7 +3,10 @@
 //
 // Specialised by kvckpt_web.specialize with QUADS = head_dim / 4 (head_dim a multiple of 8), WORDS = QUADS / 2,
 // GROUP = num_qo_heads / num_kv_heads, ROWS = query tokens per tile and N = ROWS * GROUP: lines tagged
-// "each n < N" are repeated per row n, so Q, the sums and the K/V words of a key live in registers.
+// "each n < N" are repeated per row n, so Q, the sums and the K/V words of a key live in registers; WG is the
+// workgroup size (small: lavapipe gives each workgroup to one thread, and a forward has few invocations). With
+// DIRECT = 1 (a forward whose keys form one range) binding 6 is the output itself (see attention_merge.wgsl):
+// each row is written finished, acc / total, the bits the merge of a single split gives, and no merge runs.
 //
 // Bindings (group 0):
 //   0  uniform              Params
@@ -17,7 +20,8 @@
 //   5  storage, read        tiles       per tile: vec2(first token, rows): up to ROWS consecutive tokens of one
 //                                       sequence
 //   6  storage, read_write  partial     per (token, query head, split) a record of QUADS + 1 vec4: the unnormalised
-//                                       weighted sum of V, then vec4(running maximum, sum of weights, 0, 0)
+//                                       weighted sum of V, then vec4(running maximum, sum of weights, 0, 0);
+//      with DIRECT = 1: storage texture, write  out  the output as attention_merge.wgsl writes it
 //
 // The K/V of every token of the forward are in the pages already (rope.wgsl writes them first), so a token at
 // position p attends to positions 0..p of its sequence, read through its page table. Split s covers key positions
@@ -46,7 +50,8 @@ struct Params {
 @group(0) @binding(3) var<storage, read> tokens: array<vec4<u32>>;
 @group(0) @binding(4) var<storage, read> page_table: array<u32>;
 @group(0) @binding(5) var<storage, read> tiles: array<vec2<u32>>;
-@group(0) @binding(6) var<storage, read_write> partial: array<vec4<f32>>;
+@group(0) @binding(6) var<storage, read_write> partial: array<vec4<f32>>;  // unless DIRECT
+@group(0) @binding(6) var out: texture_storage_2d<rgba32uint, write>;  // if DIRECT
 
 const LOWEST: f32 = -3.4028234e38;
 
@@ -54,9 +59,21 @@ fn halves(w: vec2<u32>) -> vec4<f32> {
   return vec4<f32>(unpack2x16float(w.x), unpack2x16float(w.y));
 }
 
-@compute @workgroup_size(256)
+// Store vec4 k of a row's record (split partial sums) or, with DIRECT = 1, of its finished output (at is the row).
+fn put(at: u32, token: u32, head: u32, k: u32, v: vec4<f32>) { partial[at + k] = v; }  // unless DIRECT
+fn put(at: u32, token: u32, head: u32, k: u32, v: vec4<f32>) { textureStore(out, vec2<u32>(head * QUADS + k, token), bitcast<vec4<u32>>(v)); }  // if DIRECT
+
+// What a row's V sum a is stored as: itself, or with DIRECT = 1 the finished a / total.
+fn finish(a: vec4<f32>, total: f32) -> vec4<f32> {
+  if (DIRECT == 1u) {
+    return a / total;
+  }
+  return a;
+}
+
+@compute @workgroup_size(WG)
 fn attend(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
-  let i = gid.x + gid.y * nwg.x * 256u;
+  let i = gid.x + gid.y * nwg.x * WG;
   if (i >= params.num_tiles * params.num_kv_heads * params.num_splits) {
     return;
   }
@@ -106,8 +123,10 @@ fn attend(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups
   }
   let written{n} = {n}u / GROUP < tile.y && key_begin <= first.x + {n}u / GROUP;  // each n < N
   let out_row{n} = (tile.x + {n}u / GROUP) * params.num_qo_heads + kv_head * GROUP + {n}u % GROUP;  // each n < N
+  let token{n} = tile.x + {n}u / GROUP;  // each n < N
+  let head{n} = kv_head * GROUP + {n}u % GROUP;  // each n < N
   let at{n} = (out_row{n} * params.num_splits + split) * (QUADS + 1u);  // each n < N
-  if (written{n}) { partial[at{n} + 2u * {w}u] = acc{n}_{w}_lo; }  // each n < N, w < WORDS
-  if (written{n}) { partial[at{n} + 2u * {w}u + 1u] = acc{n}_{w}_hi; }  // each n < N, w < WORDS
-  if (written{n}) { partial[at{n} + QUADS] = vec4<f32>(running_max{n}, total{n}, 0.0, 0.0); }  // each n < N
+  if (written{n}) { put(at{n}, token{n}, head{n}, 2u * {w}u, finish(acc{n}_{w}_lo, total{n})); }  // each n < N, w < WORDS
+  if (written{n}) { put(at{n}, token{n}, head{n}, 2u * {w}u + 1u, finish(acc{n}_{w}_hi, total{n})); }  // each n < N, w < WORDS
+  if (written{n} && DIRECT == 0u) { put(at{n}, token{n}, head{n}, QUADS, vec4<f32>(running_max{n}, total{n}, 0.0, 0.0)); }  // each n < N
 }

@@ -1,33 +1,38 @@
-// Quantized weight kernels: matrix-vector products (one per token) and row lookups over Q4_1 / Q8_0 weights.
+// Quantized weight kernels: matrix-vector products (one token an invocation), tiled products (TILE tokens an
+// invocation) and row lookups over Q4_1 / Q8_0 weights in the device layout of layout.wgsl.
 //
-// A weight matrix of `rows` x (blocks * 32) is held as two textures (kvckpt_web.model.weights):
-//   scales  r32uint     texel i = r * blocks + b: Q4_1 pack2x16float(d, m); Q8_0 pack2x16float(d, 0)
-//   quants  rgba32uint  Q4_1: texel i = r * blocks + b, 16 bytes of nibbles as in GGUF (byte j: weight j in
-//                       the low nibble, weight 16 + j in the high one); Q8_0: texels 2i and 2i + 1, 32 int8
-// Texel i of a texture 2^shift texels wide lies at (i & (2^shift - 1), i >> shift). Weights:
-//   Q4_1 w = d * q + m (q in 0..15), Q8_0 w = d * q (q in -128..127).
+// Specialised by kvckpt_web.specialize with ROWS = 8 (rows an invocation: a tile of 64 rows is one workgroup
+// of 8 invocations, as the layout puts them), TILE (tokens an invocation of the tiled products), SAMPLED (1:
+// the textures are bound as sampled textures, 0: as read-only storage textures, whichever the adapter fetches
+// faster) and MASKED (how nibbles and bytes are unpacked, below); lines tagged "each j < ROWS" are repeated per
+// row j, so the sums live in registers.
+//
+// A weight matrix of `rows` x (blocks * 32) is one texture (layout.wgsl): row r = 64 T + 8 l + j is row j of
+// invocation l of workgroup T; texel p of its block b at (((T * blocks + b) * P + p) * 8 + j) * 8 + l (P = 1
+// for Q4_1, 2 for Q8_0), the scale words of its rows 4h .. 4h + 3 at scale_base + ((T * blocks + b) * 2 + h) * 8
+// + l. Weights: Q4_1 w = d * q + m (q in 0..15; a texel's byte k holds weight k low, weight 16 + k high), Q8_0
+// w = d * q (q in -128..127).
+//
+// Activations x are f32 in the texels of an rgba32uint texture (their bits): token t's features 4i .. 4i + 3 in
+// texel (i, t). On a CPU adapter a texel fetch loads 16 bytes a lane; the uniform buffers they were read from
+// before gathered each float lane by lane (the same values for every lane).
 //
 // Bindings (group 0), products (q4_1_matvec, q8_0_matvec, q4_1_gated, and for several tokens q4_1_matmul,
 // q4_1_gated_matmul):
-//   0  uniform              Params
-//   1  texture_2d<u32>      scales
-//   2  texture_2d<u32>      quants
-//   3  uniform              x       a 64 KiB window of the activations, its token t at vec4 t * x_stride
-//   4  storage, read_write  y       y[T * rows + r] = (accumulate ? y[T * rows + r] : 0) + (W x'_t)[r],
-//                                   T = token_base + t (y is not windowed)
-//   5  uniform              norm    the RMSNorm weight (64 KiB bound; read only when normalize = 1)
-//   6  texture_2d<u32>      scales of the up matrix (q4_1_gated: y = silu(W x') * (U x'), W the gate)
-//   7  texture_2d<u32>      quants of the up matrix
-// x' is x_t, or with normalize = 1 RMSNorm(x_t) = x_t * norm / sqrt(mean(x_t^2) + eps): the products fold in
-// the norm that precedes them, computed by each invocation (x_t * norm enters the sums, the 1 / rms factor
-// scales each finished row sum).
-// Invocation gid.x computes rows ROWS * gid.x .. + ROWS - 1 of token workgroup_id.y (the matmul entries: rows
-// 4 * gid.x .. + 3 of tokens TILE * workgroup_id.y .. + TILE - 1); each row's sum runs over
-// the blocks in order, each block's as d * dot(q, x') + m * sum(x') (Q4_1) or d * dot(q, x') (Q8_0), with
-// dot products of vec4s in a fixed order: the same inputs give the same bits.
-// Row lookup (q8_0_rows, the token embedding): bindings 0-2 as above, then
-//   3  storage, read        ids     token ids
-//   4  storage, read_write  out     out[t * blocks * 32 + k] = row ids[t] of the matrix, dequantized
+//   0  uniform                  Params
+//   1  texture (SAMPLED = 1: texture_2d<u32>, else read-only storage), weights
+//   2  texture (as binding 1)   x
+//   3  storage, read_write      y       y[t * rows + r] = (accumulate ? y[t * rows + r] : 0) + (W x_t)[r]
+//      (the gated products:) storage texture, write  hidden  row r of token t = silu(W x_t)[r] * (U x_t)[r],
+//                                       W the gate, U the up matrix
+//   4  texture (as binding 1)   up      (the gated products) U
+// Each row's sum runs over the blocks in order, each block's as d * dq + m * sum(x) (Q4_1) or d * dq (Q8_0),
+// dq the dot products of the block's vec4s in a fixed order (Q4_1: the high nibbles taken as 16 q, their dot
+// products' sum times 1/16, which is exact): the same inputs give the same bits, one token an invocation or
+// TILE.
+// Row lookup (q8_0_rows, the token embedding): bindings 0-1 as above, then
+//   2  storage, read        ids     token ids
+//   3  storage, read_write  out     out[t * blocks * 32 + k] = row ids[t] of the matrix, dequantized
 // one invocation per (token, block, word of 4 weights), on a 2-D grid of 256-invocation workgroups.
 
 struct Params {
@@ -35,309 +40,245 @@ struct Params {
   blocks: u32,         // 32-weight blocks per row
   tokens: u32,
   accumulate: u32,     // 1: add the product to y
-  scale_shift: u32,    // log2 of the scales texture's width
-  quant_shift: u32,    // log2 of the quants texture's width
-  x_stride: u32,       // vec4s between tokens in x
-  token_base: u32,     // token of y that token 0 of this window is
-  normalize: u32,      // 1: RMSNorm x first (see above)
-  eps: f32,
-  pad0: u32,
-  pad1: u32,
+  shift: u32,          // log2 of the weight texture's width
+  scale_base: u32,     // texel where the scales start
 }
-
-const ROWS: u32 = 8u;  // rows per invocation (they share the activation loads and block sums)
-const TILE: u32 = 4u;  // tokens per invocation of the tiled products (q4_1_matmul, q4_1_gated_matmul)
 
 @group(0) @binding(0) var<uniform> params: Params;
-@group(0) @binding(1) var scales: texture_2d<u32>;
-@group(0) @binding(2) var quants: texture_2d<u32>;
-@group(0) @binding(3) var<uniform> x: array<vec4<f32>, 4096>;
-@group(0) @binding(4) var<storage, read_write> y: array<f32>;
-@group(0) @binding(5) var<uniform> norm: array<vec4<f32>, 4096>;
-@group(0) @binding(6) var up_scales: texture_2d<u32>;
-@group(0) @binding(7) var up_quants: texture_2d<u32>;
-@group(0) @binding(3) var<storage, read> ids: array<u32>;
-@group(0) @binding(4) var<storage, read_write> out: array<vec4<f32>>;
+@group(0) @binding(1) var weights: texture_storage_2d<rgba32uint, read>;  // unless SAMPLED
+@group(0) @binding(1) var weights: texture_2d<u32>;  // if SAMPLED
+@group(0) @binding(2) var x: texture_storage_2d<rgba32uint, read>;  // unless SAMPLED
+@group(0) @binding(2) var x: texture_2d<u32>;  // if SAMPLED
+@group(0) @binding(3) var<storage, read_write> y: array<f32>;
+@group(0) @binding(3) var hidden: texture_storage_2d<rgba32uint, write>;
+@group(0) @binding(4) var up: texture_storage_2d<rgba32uint, read>;  // unless SAMPLED
+@group(0) @binding(4) var up: texture_2d<u32>;  // if SAMPLED
+@group(0) @binding(2) var<storage, read> ids: array<u32>;
+@group(0) @binding(3) var<storage, read_write> out: array<vec4<f32>>;
 
-fn texel(t: texture_2d<u32>, i: u32, shift: u32) -> vec4<u32> {
-  return textureLoad(t, vec2<u32>(i & ((1u << shift) - 1u), i >> shift), 0);
+fn at(i: u32) -> vec2<u32> {
+  return vec2<u32>(i & ((1u << params.shift) - 1u), i >> params.shift);
 }
 
-fn lo(word: u32) -> vec4<f32> {
-  return vec4<f32>((vec4<u32>(word) >> vec4<u32>(0u, 8u, 16u, 24u)) & vec4<u32>(15u));
+fn texel(i: u32) -> vec4<u32> { return textureLoad(weights, at(i)); }  // unless SAMPLED
+fn texel(i: u32) -> vec4<u32> { return textureLoad(weights, at(i), 0); }  // if SAMPLED
+fn up_texel(i: u32) -> vec4<u32> { return textureLoad(up, at(i)); }  // unless SAMPLED
+fn up_texel(i: u32) -> vec4<u32> { return textureLoad(up, at(i), 0); }  // if SAMPLED
+
+// Texel p of block b of the rows of invocation l of tile T (a texel of Q4_1, P = 1, or Q8_0, P = 2), row 0 of 8.
+fn first_texel(tile: u32, l: u32, b: u32, p: u32, texels_per_block: u32) -> u32 {
+  return ((tile * params.blocks + b) * texels_per_block + p) * 64u + l;
 }
 
-fn hi(word: u32) -> vec4<f32> {
-  return vec4<f32>((vec4<u32>(word) >> vec4<u32>(4u, 12u, 20u, 28u)) & vec4<u32>(15u));
+// The scale texel of rows 0-3 of invocation l of tile T at block b (rows 4-7: the texel 8 further).
+fn scale_texel(tile: u32, l: u32, b: u32) -> u32 {
+  return params.scale_base + (tile * params.blocks + b) * 16u + l;
 }
 
-fn int8s(word: u32) -> vec4<f32> {
-  return vec4<f32>(bitcast<vec4<i32>>(vec4<u32>(word) << vec4<u32>(24u, 16u, 8u, 0u)) >> vec4<u32>(24u));
+// Unpacking, two ways with the same values. MASKED = 0: each byte shifted down, masked, converted. MASKED = 1:
+// each byte masked in place, converted (exact: a byte times 2^8k has at most 12 significant bits) and scaled by
+// 2^-8k (exact), for compilers that shift vectors lane by lane (SwiftShader's: its shifts by a vector of amounts).
+// Conversions are from signed integers: cheaper than from unsigned ones where the compiler cannot see that the
+// values are small.
+const SCALES = vec4<f32>(1.0, 0.00390625, 0.0000152587890625, 5.9604644775390625e-8);  // 2^-8k
+
+// The low nibbles of a word's bytes.
+fn lo(word: u32) -> vec4<f32> { return vec4<f32>(bitcast<vec4<i32>>((vec4<u32>(word) >> vec4<u32>(0u, 8u, 16u, 24u)) & vec4<u32>(15u))); }  // unless MASKED
+fn lo(word: u32) -> vec4<f32> { return vec4<f32>(bitcast<vec4<i32>>(vec4<u32>(word) & vec4<u32>(0xfu, 0xf00u, 0xf0000u, 0xf000000u))) * SCALES; }  // if MASKED
+
+// The high nibbles of a word's bytes, times 16 (byte 3's shifted first: masked in place its top bit is the sign).
+fn hi16(word: u32) -> vec4<f32> { return vec4<f32>(bitcast<vec4<i32>>((vec4<u32>(word) >> vec4<u32>(0u, 8u, 16u, 24u)) & vec4<u32>(240u))); }  // unless MASKED
+fn hi16(word: u32) -> vec4<f32> { return vec4<f32>(bitcast<vec4<i32>>(vec4<u32>(word, word, word, word >> 4u) & vec4<u32>(0xf0u, 0xf000u, 0xf00000u, 0xf000000u))) * (SCALES * vec4<f32>(1.0, 1.0, 1.0, 16.0)); }  // if MASKED
+
+// A word's bytes as signed integers (masked: byte 3 in place carries its sign, bytes 0-2 from 128 up wrap by 256).
+fn int8s(word: u32) -> vec4<f32> { return vec4<f32>(bitcast<vec4<i32>>(vec4<u32>(word) << vec4<u32>(24u, 16u, 8u, 0u)) >> vec4<u32>(24u)); }  // unless MASKED
+fn int8s(word: u32) -> vec4<f32> { return wrap(vec4<f32>(bitcast<vec4<i32>>(vec4<u32>(word) & vec4<u32>(0xffu, 0xff00u, 0xff0000u, 0xff000000u))) * SCALES); }  // if MASKED
+
+fn wrap(u: vec4<f32>) -> vec4<f32> {
+  return u - select(vec4<f32>(0.0), vec4<f32>(256.0, 256.0, 256.0, 0.0), u >= vec4<f32>(128.0));
 }
 
-// The 32 activations of one block (times the norm weight when normalizing), and their sum.
+// The 32 activations of one block, and their sum.
 struct Acts {
   v0: vec4<f32>, v1: vec4<f32>, v2: vec4<f32>, v3: vec4<f32>,
   v4: vec4<f32>, v5: vec4<f32>, v6: vec4<f32>, v7: vec4<f32>,
   sum: f32,
 }
 
-// x's vec4 xb + k, times the norm weight's vec4 nb + k when normalizing.
-fn weighted(k: u32, xb: u32, nb: u32) -> vec4<f32> {
-  return x[xb + k] * select(vec4<f32>(1.0), norm[nb + k], params.normalize == 1u);
-}
+fn x_at(i: u32, t: u32) -> vec4<f32> { return bitcast<vec4<f32>>(textureLoad(x, vec2<u32>(i, t))); }  // unless SAMPLED
+fn x_at(i: u32, t: u32) -> vec4<f32> { return bitcast<vec4<f32>>(textureLoad(x, vec2<u32>(i, t), 0)); }  // if SAMPLED
 
 // Block b of token t.
 fn acts(t: u32, b: u32) -> Acts {
-  let xb = t * params.x_stride + b * 8u;
-  let nb = b * 8u;
-  let v0 = weighted(0u, xb, nb);
-  let v1 = weighted(1u, xb, nb);
-  let v2 = weighted(2u, xb, nb);
-  let v3 = weighted(3u, xb, nb);
-  let v4 = weighted(4u, xb, nb);
-  let v5 = weighted(5u, xb, nb);
-  let v6 = weighted(6u, xb, nb);
-  let v7 = weighted(7u, xb, nb);
+  let v0 = x_at(8u * b, t);
+  let v1 = x_at(8u * b + 1u, t);
+  let v2 = x_at(8u * b + 2u, t);
+  let v3 = x_at(8u * b + 3u, t);
+  let v4 = x_at(8u * b + 4u, t);
+  let v5 = x_at(8u * b + 5u, t);
+  let v6 = x_at(8u * b + 6u, t);
+  let v7 = x_at(8u * b + 7u, t);
   return Acts(v0, v1, v2, v3, v4, v5, v6, v7, dot(((v0 + v1) + (v2 + v3)) + ((v4 + v5) + (v6 + v7)), vec4<f32>(1.0)));
 }
 
-// The factor of each row sum of token t: 1 / rms(x_t) when normalizing, else 1.
-fn row_scale(t: u32) -> f32 {
-  if (params.normalize != 1u) {
-    return 1.0;
-  }
-  var squares = vec4<f32>(0.0);
-  for (var k = 0u; k < params.blocks * 8u; k = k + 1u) {
-    let v = x[t * params.x_stride + k];
-    squares = squares + v * v;
-  }
-  return 1.0 / sqrt(dot(squares, vec4<f32>(1.0)) / f32(params.blocks * 32u) + params.eps);
-}
-
-// A Q4_1 block's weights: (d, m) and its 32 q as floats, q0 = weights 0-3 .. q7 = weights 28-31.
+// A Q4_1 block's weights: (d, m), its 16 low q (q0-q3: weights 0-15) and 16 high q times 16 (h4-h7: 16-31).
 struct Q4 {
   dm: vec2<f32>,
   q0: vec4<f32>, q1: vec4<f32>, q2: vec4<f32>, q3: vec4<f32>,
-  q4: vec4<f32>, q5: vec4<f32>, q6: vec4<f32>, q7: vec4<f32>,
+  h4: vec4<f32>, h5: vec4<f32>, h6: vec4<f32>, h7: vec4<f32>,
 }
 
-fn q4_1_weights(s: texture_2d<u32>, q: texture_2d<u32>, i: u32) -> Q4 {
-  let n = texel(q, i, params.quant_shift);
-  return Q4(unpack2x16float(texel(s, i, params.scale_shift).x),
-            lo(n.x), lo(n.y), lo(n.z), lo(n.w), hi(n.x), hi(n.y), hi(n.z), hi(n.w));
+fn q4_1(n: vec4<u32>, scale: u32) -> Q4 {
+  return Q4(unpack2x16float(scale), lo(n.x), lo(n.y), lo(n.z), lo(n.w), hi16(n.x), hi16(n.y), hi16(n.z), hi16(n.w));
 }
 
 fn q4_1_dot(w: Q4, a: Acts) -> f32 {
   let dq = dot(w.q0, a.v0) + dot(w.q1, a.v1) + dot(w.q2, a.v2) + dot(w.q3, a.v3)
-         + dot(w.q4, a.v4) + dot(w.q5, a.v5) + dot(w.q6, a.v6) + dot(w.q7, a.v7);
+         + (dot(w.h4, a.v4) + dot(w.h5, a.v5) + dot(w.h6, a.v6) + dot(w.h7, a.v7)) * 0.0625;
   return w.dm.x * dq + w.dm.y * a.sum;
 }
 
-// Block i of a Q4_1 matrix times the block's activations a.
-fn q4_1_block(s: texture_2d<u32>, q: texture_2d<u32>, i: u32, a: Acts) -> f32 {
-  return q4_1_dot(q4_1_weights(s, q, i), a);
-}
-
-// Block i of a Q4_1 matrix times the block's activations of four tokens (the weights fetched once).
-fn q4_1_tile(s: texture_2d<u32>, q: texture_2d<u32>, i: u32, a0: Acts, a1: Acts, a2: Acts, a3: Acts) -> vec4<f32> {
-  let w = q4_1_weights(s, q, i);
-  return vec4<f32>(q4_1_dot(w, a0), q4_1_dot(w, a1), q4_1_dot(w, a2), q4_1_dot(w, a3));
-}
-
-// Block i of a Q8_0 matrix times the block's activations a.
-fn q8_0_block(i: u32, a: Acts) -> f32 {
-  let d = unpack2x16float(texel(scales, i, params.scale_shift).x).x;
-  let p = texel(quants, 2u * i, params.quant_shift);
-  let q = texel(quants, 2u * i + 1u, params.quant_shift);
+// Block b of a Q8_0 matrix (texels p and q, scale word d) times the block's activations a.
+fn q8_0_dot(p: vec4<u32>, q: vec4<u32>, scale: u32, a: Acts) -> f32 {
   let dq = dot(int8s(p.x), a.v0) + dot(int8s(p.y), a.v1) + dot(int8s(p.z), a.v2) + dot(int8s(p.w), a.v3)
          + dot(int8s(q.x), a.v4) + dot(int8s(q.y), a.v5) + dot(int8s(q.z), a.v6) + dot(int8s(q.w), a.v7);
-  return d * dq;
+  return unpack2x16float(scale).x * dq;
 }
 
-// Four rows' blocks: q4_1_block of each block index in i.
-fn q4_1_rows(s: texture_2d<u32>, q: texture_2d<u32>, i: vec4<u32>, a: Acts) -> vec4<f32> {
-  return vec4<f32>(q4_1_block(s, q, i.x, a), q4_1_block(s, q, i.y, a), q4_1_block(s, q, i.z, a),
-                   q4_1_block(s, q, i.w, a));
+// Block b of the rows of invocation l of tile T in the gate and up matrices (same shape): their first texel (the
+// same in both) and the scale texels of rows 0-3 and 4-7 of each.
+struct GatedBlock {
+  w: u32,
+  low: vec4<u32>,
+  high: vec4<u32>,
+  up_low: vec4<u32>,
+  up_high: vec4<u32>,
 }
 
-fn q8_0_rows4(i: vec4<u32>, a: Acts) -> vec4<f32> {
-  return vec4<f32>(q8_0_block(i.x, a), q8_0_block(i.y, a), q8_0_block(i.z, a), q8_0_block(i.w, a));
+fn gated_block(tile: u32, l: u32, b: u32) -> GatedBlock {
+  let s = scale_texel(tile, l, b);
+  return GatedBlock(first_texel(tile, l, b, 0u, 1u), texel(s), texel(s + 8u), up_texel(s), up_texel(s + 8u));
 }
 
-// Index of block 0 of rows r .. r + 3, each clamped to the last row (its sum is then computed, not stored).
-fn first_blocks(r: u32) -> vec4<u32> {
-  return min(vec4<u32>(r) + vec4<u32>(0u, 1u, 2u, 3u), vec4<u32>(params.rows - 1u)) * params.blocks;
+// Row j's scale word from the scale texels of rows 0-3 and 4-7.
+fn scale_of(low: vec4<u32>, high: vec4<u32>, j: u32) -> u32 {
+  return select(high, low, j < 4u)[j % 4u];
 }
 
-// Store the sums of rows r0 .. r0 + 3 (low) and r0 + 4 .. r0 + 7 (high) of token t.
-fn store(r0: u32, t: u32, low: vec4<f32>, high: vec4<f32>) {
-  for (var j = 0u; j < 8u; j = j + 1u) {
-    if (r0 + j < params.rows) {
-      let k = (params.token_base + t) * params.rows + r0 + j;
-      let sum = select(high[j & 3u], low[j & 3u], j < 4u);
-      y[k] = select(0.0, y[k], params.accumulate == 1u) + sum;
-    }
+// Store the sum of row r of token t.
+fn store(r: u32, t: u32, sum: f32) {
+  if (r < params.rows) {
+    let k = t * params.rows + r;
+    y[k] = select(0.0, y[k], params.accumulate == 1u) + sum;
   }
+}
+
+// Store silu(g) * u of rows r0 .. r0 + 7 (r0 a multiple of 8) of token t in two texels of hidden.
+fn store_hidden(r0: u32, t: u32, g0: vec4<f32>, g1: vec4<f32>, u0: vec4<f32>, u1: vec4<f32>) {
+  textureStore(hidden, vec2<u32>(r0 / 4u, t), bitcast<vec4<u32>>(silu(g0) * u0));
+  textureStore(hidden, vec2<u32>(r0 / 4u + 1u, t), bitcast<vec4<u32>>(silu(g1) * u1));
 }
 
 fn silu(v: vec4<f32>) -> vec4<f32> {
   return v / (1.0 + exp(-v));
 }
 
-// The products: ROWS = 8 rows per invocation, their sums in two vec4 accumulators (low and high four rows).
+// The products of one token: workgroup (T, t) is tile T of rows and token t, invocation l its rows 64 T + 8 l + j.
 
-@compute @workgroup_size(64)
-fn q4_1_matvec(@builtin(global_invocation_id) gid: vec3<u32>) {
-  let r0 = gid.x * ROWS;
+@compute @workgroup_size(8)
+fn q4_1_matvec(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>) {
+  let r0 = 64u * wg.x + 8u * lid.x;
   if (r0 >= params.rows) {
     return;
   }
-  let il = first_blocks(r0);
-  let ih = first_blocks(r0 + 4u);
-  var low = vec4<f32>(0.0);
-  var high = vec4<f32>(0.0);
+  var s{j} = 0.0;  // each j < ROWS
   for (var b = 0u; b < params.blocks; b = b + 1u) {
-    let a = acts(gid.y, b);
-    low = low + q4_1_rows(scales, quants, il + b, a);
-    high = high + q4_1_rows(scales, quants, ih + b, a);
+    let a = acts(wg.y, b);
+    let w = first_texel(wg.x, lid.x, b, 0u, 1u);
+    let low = texel(scale_texel(wg.x, lid.x, b));
+    let high = texel(scale_texel(wg.x, lid.x, b) + 8u);
+    s{j} += q4_1_dot(q4_1(texel(w + 8u * {j}u), scale_of(low, high, {j}u)), a);  // each j < ROWS
   }
-  let f = row_scale(gid.y);
-  store(r0, gid.y, low * f, high * f);
+  store(r0 + {j}u, wg.y, s{j});  // each j < ROWS
 }
 
-@compute @workgroup_size(64)
-fn q4_1_gated(@builtin(global_invocation_id) gid: vec3<u32>) {
-  let r0 = gid.x * ROWS;
+@compute @workgroup_size(8)
+fn q4_1_gated(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>) {
+  let r0 = 64u * wg.x + 8u * lid.x;
   if (r0 >= params.rows) {
     return;
   }
-  let il = first_blocks(r0);
-  let ih = first_blocks(r0 + 4u);
-  var gate_low = vec4<f32>(0.0);
-  var gate_high = vec4<f32>(0.0);
-  var up_low = vec4<f32>(0.0);
-  var up_high = vec4<f32>(0.0);
+  var g{j} = 0.0;  // each j < ROWS
+  var u{j} = 0.0;  // each j < ROWS
   for (var b = 0u; b < params.blocks; b = b + 1u) {
-    let a = acts(gid.y, b);
-    gate_low = gate_low + q4_1_rows(scales, quants, il + b, a);
-    gate_high = gate_high + q4_1_rows(scales, quants, ih + b, a);
-    up_low = up_low + q4_1_rows(up_scales, up_quants, il + b, a);
-    up_high = up_high + q4_1_rows(up_scales, up_quants, ih + b, a);
+    let a = acts(wg.y, b);
+    let k = gated_block(wg.x, lid.x, b);
+    g{j} += q4_1_dot(q4_1(texel(k.w + 8u * {j}u), scale_of(k.low, k.high, {j}u)), a);  // each j < ROWS
+    u{j} += q4_1_dot(q4_1(up_texel(k.w + 8u * {j}u), scale_of(k.up_low, k.up_high, {j}u)), a);  // each j < ROWS
   }
-  let f = row_scale(gid.y);
-  store(r0, gid.y, silu(gate_low * f) * (up_low * f), silu(gate_high * f) * (up_high * f));
+  store_hidden(r0, wg.y, vec4<f32>(g0, g1, g2, g3), vec4<f32>(g4, g5, g6, g7), vec4<f32>(u0, u1, u2, u3),
+               vec4<f32>(u4, u5, u6, u7));
 }
 
-@compute @workgroup_size(64)
-fn q8_0_matvec(@builtin(global_invocation_id) gid: vec3<u32>) {
-  let r0 = gid.x * ROWS;
+@compute @workgroup_size(8)
+fn q8_0_matvec(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>) {
+  let r0 = 64u * wg.x + 8u * lid.x;
   if (r0 >= params.rows) {
     return;
   }
-  let il = first_blocks(r0);
-  let ih = first_blocks(r0 + 4u);
-  var low = vec4<f32>(0.0);
-  var high = vec4<f32>(0.0);
+  var s{j} = 0.0;  // each j < ROWS
   for (var b = 0u; b < params.blocks; b = b + 1u) {
-    let a = acts(gid.y, b);
-    low = low + q8_0_rows4(il + b, a);
-    high = high + q8_0_rows4(ih + b, a);
+    let a = acts(wg.y, b);
+    let p = first_texel(wg.x, lid.x, b, 0u, 2u);
+    let q = first_texel(wg.x, lid.x, b, 1u, 2u);
+    let low = texel(scale_texel(wg.x, lid.x, b));
+    let high = texel(scale_texel(wg.x, lid.x, b) + 8u);
+    s{j} += q8_0_dot(texel(p + 8u * {j}u), texel(q + 8u * {j}u), scale_of(low, high, {j}u), a);  // each j < ROWS
   }
-  let f = row_scale(gid.y);
-  store(r0, gid.y, low * f, high * f);
+  store(r0 + {j}u, wg.y, s{j});  // each j < ROWS
 }
 
-// The tiled products (prefill): 4 rows x TILE tokens per invocation, gid.y the tile; the weights of a block
-// are fetched once for the tile's tokens. Per (row, token) the same sums as the products above.
+// The tiled products (prefill): workgroup (T, g) is tile T of rows and tokens TILE g .. TILE g + TILE - 1 (each
+// clamped to the last token: its sums are then computed, not stored); each block's weights are fetched and
+// unpacked once for the TILE tokens. Per (row, token) the same sums as the products above.
 
-// Tokens of tile g, each clamped to the last token (its sums are then computed, not stored).
-fn tile_tokens(g: u32) -> vec4<u32> {
-  return min(vec4<u32>(g * TILE) + vec4<u32>(0u, 1u, 2u, 3u), vec4<u32>(params.tokens - 1u));
-}
-
-fn tile_scales(t: vec4<u32>) -> vec4<f32> {
-  return vec4<f32>(row_scale(t.x), row_scale(t.y), row_scale(t.z), row_scale(t.w));
-}
-
-// Store row r's sums of the tokens of tile g.
-fn store_tile(r: u32, g: u32, sums: vec4<f32>) {
-  if (r >= params.rows) {
-    return;
-  }
-  for (var j = 0u; j < TILE; j = j + 1u) {
-    let t = g * TILE + j;
-    if (t < params.tokens) {
-      let k = (params.token_base + t) * params.rows + r;
-      y[k] = select(0.0, y[k], params.accumulate == 1u) + sums[j];
-    }
-  }
-}
-
-@compute @workgroup_size(64)
-fn q4_1_matmul(@builtin(global_invocation_id) gid: vec3<u32>) {
-  let r0 = gid.x * 4u;
+@compute @workgroup_size(8)
+fn q4_1_matmul(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>) {
+  let r0 = 64u * wg.x + 8u * lid.x;
   if (r0 >= params.rows) {
     return;
   }
-  let t = tile_tokens(gid.y);
-  let i = first_blocks(r0);
-  var s0 = vec4<f32>(0.0);  // row r0 + j: s_j over the tile's tokens
-  var s1 = vec4<f32>(0.0);
-  var s2 = vec4<f32>(0.0);
-  var s3 = vec4<f32>(0.0);
+  let t{k} = min(wg.y * TILE + {k}u, params.tokens - 1u);  // each k < TILE
+  var s{j}_{k} = 0.0;  // each j < ROWS, k < TILE
   for (var b = 0u; b < params.blocks; b = b + 1u) {
-    let a0 = acts(t.x, b);
-    let a1 = acts(t.y, b);
-    let a2 = acts(t.z, b);
-    let a3 = acts(t.w, b);
-    s0 = s0 + q4_1_tile(scales, quants, i.x + b, a0, a1, a2, a3);
-    s1 = s1 + q4_1_tile(scales, quants, i.y + b, a0, a1, a2, a3);
-    s2 = s2 + q4_1_tile(scales, quants, i.z + b, a0, a1, a2, a3);
-    s3 = s3 + q4_1_tile(scales, quants, i.w + b, a0, a1, a2, a3);
+    let a{k} = acts(t{k}, b);  // each k < TILE
+    let w = first_texel(wg.x, lid.x, b, 0u, 1u);
+    let low = texel(scale_texel(wg.x, lid.x, b));
+    let high = texel(scale_texel(wg.x, lid.x, b) + 8u);
+    let w{j} = q4_1(texel(w + 8u * {j}u), scale_of(low, high, {j}u));  // each j < ROWS
+    s{j}_{k} += q4_1_dot(w{j}, a{k});  // each j < ROWS, k < TILE
   }
-  let f = tile_scales(t);
-  store_tile(r0, gid.y, s0 * f);
-  store_tile(r0 + 1u, gid.y, s1 * f);
-  store_tile(r0 + 2u, gid.y, s2 * f);
-  store_tile(r0 + 3u, gid.y, s3 * f);
+  if (wg.y * TILE + {k}u < params.tokens) { store(r0 + {j}u, t{k}, s{j}_{k}); }  // each j < ROWS, k < TILE
 }
 
-@compute @workgroup_size(64)
-fn q4_1_gated_matmul(@builtin(global_invocation_id) gid: vec3<u32>) {
-  let r0 = gid.x * 4u;
+@compute @workgroup_size(8)
+fn q4_1_gated_matmul(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>) {
+  let r0 = 64u * wg.x + 8u * lid.x;
   if (r0 >= params.rows) {
     return;
   }
-  let t = tile_tokens(gid.y);
-  let i = first_blocks(r0);
-  var g0 = vec4<f32>(0.0);
-  var g1 = vec4<f32>(0.0);
-  var g2 = vec4<f32>(0.0);
-  var g3 = vec4<f32>(0.0);
-  var u0 = vec4<f32>(0.0);
-  var u1 = vec4<f32>(0.0);
-  var u2 = vec4<f32>(0.0);
-  var u3 = vec4<f32>(0.0);
+  let t{k} = min(wg.y * TILE + {k}u, params.tokens - 1u);  // each k < TILE
+  var g{j}_{k} = 0.0;  // each j < ROWS, k < TILE
+  var u{j}_{k} = 0.0;  // each j < ROWS, k < TILE
   for (var b = 0u; b < params.blocks; b = b + 1u) {
-    let a0 = acts(t.x, b);
-    let a1 = acts(t.y, b);
-    let a2 = acts(t.z, b);
-    let a3 = acts(t.w, b);
-    g0 = g0 + q4_1_tile(scales, quants, i.x + b, a0, a1, a2, a3);
-    g1 = g1 + q4_1_tile(scales, quants, i.y + b, a0, a1, a2, a3);
-    g2 = g2 + q4_1_tile(scales, quants, i.z + b, a0, a1, a2, a3);
-    g3 = g3 + q4_1_tile(scales, quants, i.w + b, a0, a1, a2, a3);
-    u0 = u0 + q4_1_tile(up_scales, up_quants, i.x + b, a0, a1, a2, a3);
-    u1 = u1 + q4_1_tile(up_scales, up_quants, i.y + b, a0, a1, a2, a3);
-    u2 = u2 + q4_1_tile(up_scales, up_quants, i.z + b, a0, a1, a2, a3);
-    u3 = u3 + q4_1_tile(up_scales, up_quants, i.w + b, a0, a1, a2, a3);
+    let a{k} = acts(t{k}, b);  // each k < TILE
+    let k = gated_block(wg.x, lid.x, b);
+    let w{j} = q4_1(texel(k.w + 8u * {j}u), scale_of(k.low, k.high, {j}u));  // each j < ROWS
+    g{j}_{k} += q4_1_dot(w{j}, a{k});  // each j < ROWS, k < TILE
+    let v{j} = q4_1(up_texel(k.w + 8u * {j}u), scale_of(k.up_low, k.up_high, {j}u));  // each j < ROWS
+    u{j}_{k} += q4_1_dot(v{j}, a{k});  // each j < ROWS, k < TILE
   }
-  let f = tile_scales(t);
-  store_tile(r0, gid.y, silu(g0 * f) * (u0 * f));
-  store_tile(r0 + 1u, gid.y, silu(g1 * f) * (u1 * f));
-  store_tile(r0 + 2u, gid.y, silu(g2 * f) * (u2 * f));
-  store_tile(r0 + 3u, gid.y, silu(g3 * f) * (u3 * f));
+  if (wg.y * TILE + {k}u < params.tokens) { store_hidden(r0, t{k}, vec4<f32>(g0_{k}, g1_{k}, g2_{k}, g3_{k}), vec4<f32>(g4_{k}, g5_{k}, g6_{k}, g7_{k}), vec4<f32>(u0_{k}, u1_{k}, u2_{k}, u3_{k}), vec4<f32>(u4_{k}, u5_{k}, u6_{k}, u7_{k})); }  // each k < TILE
 }
 
 @compute @workgroup_size(256)
@@ -349,8 +290,12 @@ fn q8_0_rows(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgro
   }
   let token = i / words;
   let word = i % words;
-  let block = ids[token] * params.blocks + word / 8u;
-  let d = unpack2x16float(texel(scales, block, params.scale_shift).x).x;
-  let q = texel(quants, 2u * block + (word % 8u) / 4u, params.quant_shift);
-  out[i] = d * int8s(q[word % 4u]);
+  let r = ids[token];
+  let tile = r / 64u;
+  let l = (r % 64u) / 8u;
+  let j = r % 8u;
+  let b = word / 8u;
+  let scale = texel(scale_texel(tile, l, b) + 8u * (j / 4u))[j % 4u];
+  let q = texel(first_texel(tile, l, b, (word % 8u) / 4u, 2u) + 8u * j);
+  out[i] = unpack2x16float(scale).x * int8s(q[word % 4u]);
 }

@@ -52,8 +52,8 @@ def test_products_embedding_and_topk_match_the_host_reference(py_page):
         from kvckpt_web.model.weights import Q4_1, Q8_0, upload_tensor
         w4 = upload_tensor(dev, "w4", Q4_1, (64, 5), bytes.fromhex({raw4.tobytes().hex()!r}))
         w8 = upload_tensor(dev, "w8", Q8_0, (64, 7), bytes.fromhex({raw8.tobytes().hex()!r}))
-        x = kernels.activations(dev, 64, "x")
-        dev.write(x, 0, bytes.fromhex({x.tobytes().hex()!r}))
+        x = kernels.activation_texture(dev, 64, 1, "x")
+        dev.write_texture(x, bytes.fromhex({x.tobytes().hex()!r}))
         y = dev.create_buffer(4 * 12, Usage.STORAGE | Usage.COPY_SRC, "y")
         ids = dev.create_buffer(8, Usage.STORAGE | Usage.COPY_DST, "ids")
         dev.write(ids, 0, struct.pack("<2I", 6, 2))

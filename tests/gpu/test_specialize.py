@@ -29,3 +29,14 @@ def test_an_untagged_comment_that_starts_with_each_is_kept():
 def test_a_bound_that_is_not_a_constant_is_refused():
     with pytest.raises(DeviceError, match="'i < B'"):
         specialize("x{i};  // each i < B\n", dict(A=1))
+
+
+def test_a_line_tagged_if_is_kept_only_where_its_constant_is_not_zero():
+    source = "a;  // if D\nb;  // unless D\nc;\n"
+    assert specialize(source, dict(D=1)).splitlines()[1:] == ["a;", "c;"]
+    assert specialize(source, dict(D=0)).splitlines()[1:] == ["b;", "c;"]
+
+
+def test_a_condition_on_a_name_that_is_not_a_constant_is_refused():
+    with pytest.raises(DeviceError, match="'D'"):
+        specialize("a;  // if D\n", dict(A=1))

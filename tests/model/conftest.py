@@ -1,5 +1,6 @@
 """Fixtures of the model tests: the real SmolLM2-135M-Instruct GGUF (``smollm_path``, tests/conftest.py) parsed
-once, and caches of a model's layout (the tiny random llama GGUF, ``tiny_llama_path``, is in tests/conftest.py)."""
+once, caches of a model's layout (the tiny random llama GGUF, ``tiny_llama_path``, is in tests/conftest.py), and
+each way the quantized products are built (``flavour``)."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from kvckpt_web.model import kernels
 from kvckpt_web.model.gguf import GGUFFile, open_gguf
 from kvckpt_web.model.generator import new_cache
 
@@ -29,3 +31,16 @@ def make_cache(device):
     yield make
     for cache in made:
         cache.close()
+
+
+@pytest.fixture(params=sorted(kernels.FLAVOURS))
+def flavour(device, request):  # type: ignore[no-untyped-def]
+    """The products built as on the desktop (storage textures, shifted bytes) or as in the browser (sampled textures,
+    masked bytes), for the test."""
+    before = device.choices.get(kernels.FLAVOUR)
+    device.choices[kernels.FLAVOUR] = request.param
+    yield request.param
+    if before is None:
+        del device.choices[kernels.FLAVOUR]
+    else:
+        device.choices[kernels.FLAVOUR] = before

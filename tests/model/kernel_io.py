@@ -1,4 +1,5 @@
-"""Helpers of the model kernel tests: put arrays on the device, run dispatches, read results back."""
+"""Helpers of the model kernel tests: put arrays on the device, run dispatches, read results back (from buffers and
+from activation textures)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import numpy as np
 from gguf import GGMLQuantizationType
 from gguf.quants import dequantize, quantize
 
-from kvckpt_web.gpu.device import Buffer, Copy, Device, Dispatch, Usage
+from kvckpt_web.gpu.device import Buffer, Copy, Device, Dispatch, Texture, TextureCopy, Usage
 from kvckpt_web.model import kernels
 from kvckpt_web.model.weights import Q4_1, Q8_0, QuantizedTensor, upload_tensor
 
@@ -27,8 +28,17 @@ def upload_matrix(device: Device, raw: np.ndarray, ggml_type: int, name: str = "
     return upload_tensor(device, name, ggml_type, (cols, rows), memoryview(raw.tobytes()))
 
 
-def activations(device: Device, values: np.ndarray) -> Buffer:
-    buffer = kernels.activations(device, values.size, "test.x")
+def activations(device: Device, values: np.ndarray) -> Texture:
+    """An activation texture holding ``values`` (tokens, features) as f32."""
+    rows = np.atleast_2d(values).astype(np.float32)
+    texture = kernels.activation_texture(device, rows.shape[1], rows.shape[0], "test.x")
+    device.write_texture(texture, rows.tobytes())
+    return texture
+
+
+def rows(device: Device, values: np.ndarray) -> Buffer:
+    """A storage buffer holding ``values`` as f32, row-major."""
+    buffer = device.create_buffer(values.size * 4, Usage.STORAGE | Usage.COPY_DST | Usage.COPY_SRC, "test.rows")
     device.write(buffer, 0, values.astype(np.float32).tobytes())
     return buffer
 
@@ -41,6 +51,17 @@ def run(device: Device, dispatches: list[Dispatch], out: Buffer, size: int) -> b
         return bytes(asyncio.run(_read(device, staging, size)))
     finally:
         device.destroy(staging)
+
+
+def run_texture(device: Device, dispatches: list[Dispatch], out: Texture) -> np.ndarray:
+    """Submit ``dispatches`` and read activation texture ``out`` back: (rows, features) f32."""
+    staging = device.create_buffer(out.row_pitch * out.height, Usage.MAP_READ | Usage.COPY_DST, "test.readback")
+    try:
+        device.submit([*dispatches, TextureCopy(out, staging)])
+        data = np.frombuffer(bytes(asyncio.run(_read(device, staging, staging.size))), np.float32)
+    finally:
+        device.destroy(staging)
+    return data.reshape(out.height, out.row_pitch // 4)[:, :4 * out.width]
 
 
 async def _read(device: Device, buffer: Buffer, size: int) -> memoryview:

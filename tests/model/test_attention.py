@@ -24,8 +24,10 @@ import pytest
 
 from kvckpt_web import CacheLimits, CheckpointStateError, FieldError, KVLayout, PagedKVCache, TensorError
 from kvckpt_web.gpu.device import Copy, Device, Usage
+from kvckpt_web.model import kernels
 from kvckpt_web.model.attention import PagedAttention
 
+from kernel_io import run_texture
 from reference import as_cached, causal_attention, rope
 
 ATTENTION_ATOL = 2e-5
@@ -97,12 +99,12 @@ class Harness:
         qkv = self.random_qkv(n) if qkv is None else qkv
         qkv_buf = self.buffer(qkv.nbytes, Usage.STORAGE | Usage.COPY_DST | Usage.COPY_SRC)
         self.device.write(qkv_buf, 0, qkv.tobytes())
-        out_shape = (n, lay.num_qo_heads, lay.head_dim)
-        out_buf = self.buffer(4 * int(np.prod(out_shape)), Usage.STORAGE | Usage.COPY_SRC)
-        self.device.submit([self.attention.rope_append(layer, qkv_buf),
-                            *self.attention.attend(layer, qkv_buf, out_buf)])
+        out_tex = kernels.activation_texture(self.device, lay.num_qo_heads * lay.head_dim, n, "test.attention.out")
+        self._buffers.append(out_tex)
+        out = run_texture(self.device, [self.attention.rope_append(layer, qkv_buf),
+                                        *self.attention.attend(layer, qkv_buf, out_tex)], out_tex)
+        out = out.reshape(n, lay.num_qo_heads, lay.head_dim)
         rotated = np.frombuffer(self._read(qkv_buf, qkv.nbytes), np.float32).reshape(qkv.shape)
-        out = np.frombuffer(self._read(out_buf, out_buf.size), np.float32).reshape(out_shape)
         self.cache.end_forward()
         return qkv, rotated, out
 

@@ -43,7 +43,7 @@ def _tensor(device, reader, name):
     return weight, gguf.quants.dequantize(data, tensor.tensor_type)
 
 
-def test_embedding_rows_are_the_dequantized_q8_0_rows_exactly(device, reader):
+def test_embedding_rows_are_the_dequantized_q8_0_rows_exactly(device, flavour, reader):
     table, want = _tensor(device, reader, "token_embd.weight")
     ids = np.array([0, 1, 2, 576, 49151, 1, 30000], np.uint32)
     id_buffer = device.create_buffer(4 * len(ids), Usage.STORAGE | Usage.COPY_DST, "test.ids")
@@ -55,7 +55,7 @@ def test_embedding_rows_are_the_dequantized_q8_0_rows_exactly(device, reader):
 
 
 @pytest.mark.parametrize("name", ["blk.0.attn_q.weight", "blk.29.ffn_down.weight"])
-def test_q4_1_weights_are_the_dequantized_blocks_within_one_rounding(device, reader, name):
+def test_q4_1_weights_are_the_dequantized_blocks_within_one_rounding(device, flavour, reader, name):
     weight, want = _tensor(device, reader, name)
     columns = [*range(32), weight.cols - 1]  # every weight of the first block of each row, and the last one
     unit = np.zeros((len(columns), weight.cols))

@@ -12,23 +12,35 @@ from kvckpt_web.errors import TensorError
 from kvckpt_web.model import kernels
 from kvckpt_web.model.weights import F32, upload_tensor
 
-from kernel_io import activations, floats, run
+from kernel_io import rows, run, run_texture
 
 
 def test_rms_norm_matches_float64_per_token(device):
     rng = np.random.default_rng(5)
-    tokens, dim, eps = 3, 77, 1e-5
+    tokens, dim, eps = 3, 76, 1e-5
     x = rng.standard_normal((tokens, dim)) * 3
     g = rng.standard_normal(dim)
     weight = upload_tensor(device, "norm", F32, (dim,), memoryview(g.astype(np.float32).tobytes()))
-    out = kernels.activations(device, tokens * dim, "test.out")
+    out = kernels.activation_texture(device, dim, tokens, "test.out")
     x32 = x.astype(np.float32).astype(np.float64)
     g32 = g.astype(np.float32).astype(np.float64)
-    got = floats(run(device, [kernels.rms_norm(device, activations(device, x), weight, out, tokens, eps)], out,
-                     4 * tokens * dim)).reshape(tokens, dim)
+    got = run_texture(device, [kernels.rms_norm(device, rows(device, x), weight, out, tokens, eps)], out).astype(np.float64)
     want = x32 / np.sqrt((x32 ** 2).mean(axis=1, keepdims=True) + eps) * g32
     # the f32 sum of dim squares is within dim * 2^-24 relative (all terms positive); sqrt halves that, and
     # the division and two products add 4 roundings: relative (dim / 2 + 4) * 2^-24, times 2 for slack
+    assert np.all(np.abs(got - want) <= 2 * (dim / 2 + 4) * 2.0 ** -24 * np.abs(want))
+
+
+
+def test_rms_norm_from_a_later_row_writes_that_rows_norm_first(device):
+    rng = np.random.default_rng(6)
+    tokens, dim, eps = 5, 64, 1e-5
+    x = rng.standard_normal((tokens, dim))
+    weight = upload_tensor(device, "norm", F32, (dim,), memoryview(np.ones(dim, np.float32).tobytes()))
+    out = kernels.activation_texture(device, dim, 2, "test.out")
+    got = run_texture(device, [kernels.rms_norm(device, rows(device, x), weight, out, 2, eps, first=3)], out)
+    x32 = x[3:].astype(np.float32).astype(np.float64)
+    want = x32 / np.sqrt((x32 ** 2).mean(axis=1, keepdims=True) + eps)
     assert np.all(np.abs(got - want) <= 2 * (dim / 2 + 4) * 2.0 ** -24 * np.abs(want))
 
 
