@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import secrets
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -39,6 +39,7 @@ from .slots import Slot, Slots
 from .sources import PrefixSource, Sources
 
 if TYPE_CHECKING:
+    from ..durable.results import SaveResult
     from ..gpu.device import Device
     from ..model.protocol import LoadedModel
     from ..stores.base import Store
@@ -77,13 +78,17 @@ class Engine:
     ``cache_tokens`` tokens in all (default: twice the context), evicting the least recently used idle one
     when full (its K/V are committed to the store already). Prompts are prefilled ``prefill_chunk`` tokens per
     forward; checkpoints keep ``keep`` generations and cut each layer into chunks of ``chunk_tokens`` tokens,
-    small enough that conversations sharing a prefix share its chunks.
+    small enough that conversations sharing a prefix share its chunks. ``on_save(conversation, result)`` hears of
+    every checkpoint committed, ``on_save_error(conversation, exc)`` of every autosave that failed in the store
+    (the reply goes on; the last committed generation stays).
     """
 
     def __init__(self, loaded: "LoadedModel", device: "Device", *, store: "Store | None" = None,
                  model_name: str = "kvckpt", context: int | None = None, sequences: int = 4,
                  cache_tokens: int | None = None, page_size: int = 16, prefill_chunk: int = 128,
-                 autosave_every: int = 32, keep: int = DEFAULT_KEEP, chunk_tokens: int = 256) -> None:
+                 autosave_every: int = 32, keep: int = DEFAULT_KEEP, chunk_tokens: int = 256,
+                 on_save: "Callable[[str, SaveResult], None] | None" = None,
+                 on_save_error: Callable[[str, Exception], None] | None = None) -> None:
         for name, value in (("sequences", sequences), ("page_size", page_size), ("prefill_chunk", prefill_chunk),
                             ("autosave_every", autosave_every), ("keep", keep), ("chunk_tokens", chunk_tokens)):
             if not is_int(value, 1):
@@ -92,6 +97,10 @@ class Engine:
             raise FieldError("context", "an integer >= 2 or None", context)
         if not isinstance(model_name, str) or not model_name:
             raise FieldError("model_name", "a non-empty string", model_name)
+        for name, value in (("on_save", on_save), ("on_save_error", on_save_error)):
+            if value is not None and not callable(value):
+                raise FieldError(name, "a callable or None", type(value).__name__)
+        self.on_save, self.on_save_error = on_save, on_save_error
         self.model, self.codec = loaded.model, loaded.text
         self.model_name = model_name
         self.context = min(self.model.max_context, context or DEFAULT_CONTEXT)
@@ -194,12 +203,20 @@ class Engine:
         turn.slot.gen = turn.gen
         self._turns.append(turn)
 
+        name = turn.slot.conversation
+
         def saved(result: Any) -> None:
             turn.save_s += result.seconds
             if result.prefix_record is not None:
                 self.sources.index.note(result.prefix_record)
+            if self.on_save is not None:
+                self.on_save(name, result)
 
-        turn.gen.on_save = saved
+        def failed(exc: Exception) -> None:
+            if self.on_save_error is not None:
+                self.on_save_error(name, exc)
+
+        turn.gen.on_save, turn.gen.on_save_error = saved, failed
         return turn
 
     async def _stream(self, turn: _Turn) -> AsyncIterator[ChatChunk]:
@@ -413,6 +430,17 @@ class Engine:
                 self.sources.forget(name)
             elif own is None:
                 raise NotFoundError(f"conversation: expected a conversation named {name!r}, got none")
+            if own is not None:
+                await self._drop(own)
+
+    async def release(self, name: str) -> None:
+        """Let go of conversation ``name`` in this engine: its slot leaves the cache and an unfinished reply of it
+        releases the name's claim, so another engine (another tab or process) may continue it; the store keeps
+        it as last committed. ConflictError while a reply is being generated in it; nothing if it is not here."""
+        async with self.scheduler.turn():
+            own = self.slots.of_conversation(name)
+            if own is not None and own.busy:
+                raise ConflictError(f"conversation {name!r}: a reply is being generated in it; interrupt it first")
             if own is not None:
                 await self._drop(own)
 

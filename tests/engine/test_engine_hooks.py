@@ -1,0 +1,103 @@
+"""What a page needs of the engine beyond chat: hearing of every commit and failed autosave, and letting go of a
+conversation so that another tab's engine may continue it.
+
+The model is the K/V-honest double (``tests/model/lm_double.py``); a second engine on the same store is another
+tab or process.
+"""
+
+from __future__ import annotations
+
+import errno
+
+import pytest
+
+from kvckpt_web import MemoryStore
+from kvckpt_web.errors import ConflictError, FieldError
+
+from kvmodel import run
+
+MESSAGES = [{"role": "user", "content": "tell me about the sea."}]
+GREEDY = {"temperature": 0.0, "max_tokens": 16}
+
+
+class FullAfter(MemoryStore):
+    """A MemoryStore whose manifest writes fail with ENOSPC after the first ``ok`` of them."""
+
+    def __init__(self, ok: int) -> None:
+        super().__init__()
+        self.ok = ok
+
+    async def _set(self, key, data):
+        if key.startswith("manifests/"):
+            if self.ok == 0:
+                raise OSError(errno.ENOSPC, "No space left on device")
+            self.ok -= 1
+        await super()._set(key, data)
+
+
+async def cut_after_first_token(engine):
+    """A reply interrupted after its first token: its conversation's name."""
+    name = None
+    async for chunk in await engine.chat(MESSAGES, stream=True, **GREEDY):
+        name = chunk.conversation
+        engine.interrupt()
+    return name
+
+
+def test_every_committed_checkpoint_is_reported_with_its_conversation(make_engine):
+    heard = []
+    engine = make_engine(store=MemoryStore(), on_save=lambda name, result: heard.append((name, result)))
+    reply = run(engine.chat(MESSAGES, **GREEDY))
+    assert heard and {name for name, _ in heard} == {reply.conversation}
+    assert [r.generation for _, r in heard] == sorted(r.generation for _, r in heard)
+    assert heard[-1][1].seq_length == reply.usage.prompt_tokens + len(reply.token_ids) - 1
+
+
+def test_an_autosave_that_fails_in_the_store_is_reported_and_the_reply_goes_on(make_engine):
+    failed = []
+    engine = make_engine(store=FullAfter(ok=1), on_save_error=lambda name, exc: failed.append((name, exc)))
+    want = run(make_engine(store=MemoryStore()).chat(MESSAGES, **GREEDY))
+    reply = run(engine.chat(MESSAGES, **GREEDY))
+    assert failed and all(name == reply.conversation for name, _ in failed)
+    assert all(isinstance(exc, OSError) for _, exc in failed)
+    assert reply.token_ids == want.token_ids
+
+
+@pytest.mark.parametrize("hook", ["on_save", "on_save_error"])
+def test_a_hook_that_is_not_callable_is_refused_naming_it(make_engine, hook):
+    with pytest.raises(FieldError, match=hook):
+        make_engine(store=MemoryStore(), **{hook: "print"})
+
+
+def test_a_released_unfinished_conversation_is_continued_by_another_engine_to_the_same_tokens(make_engine):
+    store = MemoryStore()
+    want = run(make_engine(store=MemoryStore()).chat(MESSAGES, **GREEDY))
+    first, second = make_engine(store=store), make_engine(store=store)
+    name = run(cut_after_first_token(first))
+    with pytest.raises(ConflictError):  # the first engine holds the unfinished reply
+        run(second.resume(name))
+    run(first.release(name))
+    got = run(second.resume(name))
+    assert got.token_ids == want.token_ids
+    assert name not in {s.conversation for s in first.slots}
+
+
+def test_releasing_a_conversation_whose_reply_is_being_generated_is_refused(make_engine):
+    engine = make_engine(store=MemoryStore())
+
+    async def body():
+        stream = await engine.chat(MESSAGES, stream=True, **GREEDY)
+        chunk = await anext(stream)
+        try:
+            with pytest.raises(ConflictError, match="being generated"):
+                await engine.release(chunk.conversation)
+        finally:
+            await stream.aclose()
+
+    run(body())
+
+
+def test_releasing_a_conversation_the_engine_does_not_hold_does_nothing(make_engine):
+    engine = make_engine(store=MemoryStore())
+    run(engine.release("chat-elsewhere"))
+    assert len(engine.slots) == 0
