@@ -362,25 +362,31 @@ class Engine:
 
     # ----- conversations ------------------------------------------------------------------------
 
-    async def resume(self, name: str, *, stream: bool = False) -> ChatCompletion | AsyncIterator[ChatChunk]:
+    async def resume(self, name: str, *, stream: bool = False, generation: int | None = None
+                     ) -> ChatCompletion | AsyncIterator[ChatChunk]:
         """Continue conversation ``name``'s unfinished reply (cut by a crash, or stopped) with the tokens an
-        uninterrupted run gives; its first chunk holds what was written before. FieldError if the reply
-        finished, NotFoundError if there is no such conversation."""
+        uninterrupted run gives; its first chunk holds what was written before. ``generation`` continues from
+        that stored generation instead of the newest (one kept beside a newest that cannot be read). FieldError
+        if the reply finished, NotFoundError if there is no such conversation or generation."""
+        if generation is not None and not is_int(generation, 1):
+            raise FieldError("generation", "an integer >= 1 or None", generation)
         async with self.scheduler.turn():
-            turn = await self._resume_turn(name)
+            turn = await self._resume_turn(name, generation)
         return self._stream(turn) if stream else await self._collect(self._stream(turn))
 
-    async def _resume_turn(self, name: str) -> _Turn:
+    async def _resume_turn(self, name: str, generation: int | None) -> _Turn:
         started = time.perf_counter()
         own = self.slots.of_conversation(name)
         if own is not None and own.busy:
             raise ConflictError(f"conversation {name!r}: a reply is being generated in it")
-        if own is not None and own.gen is not None and own.gen.finish_reason is None and own.committed:
+        if (generation is None and own is not None and own.gen is not None and own.gen.finish_reason is None
+                and own.committed):
             gen, restore_s, slot = own.gen, 0.0, own
         else:
-            record = await self.sources.record(name)
+            record = await self.sources.record(name, generation)
             if record is None:
-                raise NotFoundError(f"conversation: expected an unfinished conversation named {name!r}, got none")
+                what = "an unfinished conversation" if generation is None else f"a readable generation {generation} of"
+                raise NotFoundError(f"conversation: expected {what} named {name!r}, got none")
             if record.finished:
                 raise FieldError("conversation", "a conversation whose last reply is unfinished", name,
                                  f"its reply finished ({record.saved.finish_reason})")
@@ -388,8 +394,8 @@ class Engine:
                 await self._drop(own)
             seq_id = await self._free_sequence(())
             await self._reserve(self.context, keep=())
-            gen = await resume(self.store, name, self.model, self.cache, seq_id=seq_id, autosave=self._autosave(name),
-                               decode=self.codec.decode, context=self.context)
+            gen = await resume(self.store, name, self.model, self.cache, seq_id=seq_id, generation=generation,
+                               autosave=self._autosave(name), decode=self.codec.decode, context=self.context)
             restore_s = gen.resume_report.restore_s + gen.resume_report.replay_s
             slot = self.slots.add(Slot(seq_id, gen.tokens, gen.kv_length, conversation=name))
         extra = ChatExtra.from_json(gen.extra)

@@ -12,7 +12,8 @@ import errno
 import pytest
 
 from kvckpt_web import MemoryStore
-from kvckpt_web.errors import ConflictError, FieldError
+from kvckpt_web.durable.catalog import manifest_keys
+from kvckpt_web.errors import ConflictError, FieldError, NotFoundError
 
 from kvmodel import run
 
@@ -101,3 +102,30 @@ def test_releasing_a_conversation_the_engine_does_not_hold_does_nothing(make_eng
     engine = make_engine(store=MemoryStore())
     run(engine.release("chat-elsewhere"))
     assert len(engine.slots) == 0
+
+
+def test_a_reply_whose_newest_checkpoint_cannot_be_read_continues_from_the_generation_before(make_engine):
+    store = MemoryStore()
+    want = run(make_engine(store=MemoryStore()).chat(MESSAGES, **GREEDY))
+
+    async def cut_after(engine, n):
+        async for chunk in await engine.chat(MESSAGES, stream=True, **GREEDY):
+            n -= len(chunk.token_ids)
+            if n <= 0:
+                engine.interrupt()
+        await engine.close()  # as a crashed tab lets go of the name
+        return chunk.conversation
+
+    name = run(cut_after(make_engine(store=store), 8))
+    keys = run(manifest_keys(store, name))
+    run(store.set(keys[-1][2], b"not a manifest"))
+    again = make_engine(store=store)
+    with pytest.raises(NotFoundError):
+        run(again.resume(name))
+    got = run(again.resume(name, generation=keys[-2][1]))
+    assert got.token_ids == want.token_ids
+
+
+def test_a_generation_that_is_no_positive_integer_is_refused_naming_it(make_engine):
+    with pytest.raises(FieldError, match="generation"):
+        run(make_engine(store=MemoryStore()).resume("chat-x", generation=0))
