@@ -152,18 +152,21 @@ class ChatWorker:
         request = ChatRequest.from_openai(_object("body", body))
         return json.dumps((await self._engine().create(request)).to_openai())
 
-    async def resume(self, name: str, generation: int | None = None) -> str:
+    async def resume(self, name: str, generation: int | None = None, stream: bool = True) -> str:
         """Continue conversation ``name``'s unfinished reply (from ``generation``, default its newest): JSON
-        ``{stream, restored}``, ``restored`` saying how its K/V came back from the store (null when its cache slot
-        still held them): ``{kv_restored, reason, message, generation, tokens, restore_ms, replay_ms}``."""
+        ``{stream, restored}`` (or without ``stream``, the whole reply: ``{completion, restored}``), ``restored``
+        saying how its K/V came back from the store (null when its cache slot still held them):
+        ``{kv_restored, reason, message, generation, tokens, restore_ms, replay_ms}``."""
         engine = self._engine()
         before = engine.slots.of_conversation(name)
         old = before.gen.resume_report if before is not None and before.gen is not None else None
-        stream = await engine.resume(name, stream=True, generation=generation)
+        reply = await engine.resume(name, stream=stream, generation=generation)
         slot = engine.slots.of_conversation(name)
         report = slot.gen.resume_report if slot is not None and slot.gen is not None else None
-        return json.dumps({"stream": self._keep(stream),
-                           "restored": _report(report) if report is not None and report is not old else None})
+        restored = _report(report) if report is not None and report is not old else None
+        if stream:
+            return json.dumps({"stream": self._keep(reply), "restored": restored})
+        return json.dumps({"completion": reply.to_openai(), "restored": restored})
 
     async def next_chunk(self, handle: int) -> str:
         """The next chunk of stream ``handle`` (OpenAI's ``chat.completion.chunk`` JSON), "" once it ended."""

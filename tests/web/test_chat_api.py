@@ -286,3 +286,13 @@ def test_without_a_model_the_saved_conversations_are_listed_with_their_messages(
     assert [r["name"] for r in rows] == [name]
     assert rows[0]["messages"] == [{"role": "user", "content": "tell me about the sea."}]
     assert rows[0]["same_model"] is False and rows[0]["title"] == "tell me about the sea."
+
+
+def test_a_resume_without_streaming_gives_the_whole_reply_and_how_its_kv_came_back(tab):
+    want = reply(tab(store_name="clean"), "tell me about the sea.")
+    worker = tab()
+    name = cut(worker, "tell me about the sea.")
+    run(worker.close())
+    got = json.loads(run(tab().resume(name, None, False)))
+    assert got["completion"]["object"] == "chat.completion" and got["restored"]["kv_restored"] is True
+    assert got["completion"]["kvckpt"]["token_ids"] == ids_of(want)
