@@ -1,7 +1,9 @@
-"""Harness of the crash-resume page tests: the page of ``examples/crash_resume`` served with a model file the
-test controls (the tiny random llama, another tiny one, the real SmolLM2, or none), and a driver for it.
+"""Harness of the chat page tests: the page of ``examples/chat`` served with a model file the test controls (the tiny
+random llama, another tiny one, the real SmolLM2, or none), and a driver that uses it as a person would.
 
-``window.demo`` (app.mjs) mirrors what the page shows; the driver waits on it and clicks what a person would.
+``window.demo`` (app.mjs) mirrors what the page shows; the driver waits on it and clicks what a person would. A reply
+is cut where the test chooses: ``hold_after(k)`` holds the engine's worker once the reply holds k tokens (its
+autosaves up to there done), and the test then crashes it, kills the browser or reloads -- never after a sleep.
 """
 
 from __future__ import annotations
@@ -16,17 +18,17 @@ import pytest
 from .browser_harness import CDPChromium
 
 REPO = Path(__file__).resolve().parents[2]
-DEMO_DIR = REPO / "examples" / "crash_resume"
+CHAT_DIR = REPO / "examples" / "chat"
 sys.path.insert(0, str(REPO / "tests" / "model"))  # tiny_llama and the reference it is built from
 
 from tiny_llama import write_tiny_llama  # noqa: E402
 
-PHASE_MS = 240_000
-SETTLED = ("ready", "finished", "paused", "stopped")
+PHASE_MS = int(__import__("os").environ.get("KVCKPT_PHASE_MS", 240_000))
+SETTLED = ("ready", "stopped", "crashed")
 
 
-class DemoServer:
-    """A server of the demo page whose ``/model.gguf`` is the file at ``model_path`` (which tests replace)."""
+class ChatServer:
+    """A server of the chat page whose ``/model.gguf`` is the file at ``model_path`` (which tests replace)."""
 
     def __init__(self, url: str, model_path: Path) -> None:
         self.url = url
@@ -44,19 +46,19 @@ class DemoServer:
 
 
 @pytest.fixture
-def demo_server(browser_prereqs, fresh_wheel, tmp_path) -> DemoServer:
+def chat_server(browser_prereqs, fresh_wheel, tmp_path) -> ChatServer:
     from kvckpt_web.server.run import serve_in_thread
 
     model = tmp_path / "model.gguf"
     write_tiny_llama(model)
     server, url = serve_in_thread(browser_prereqs["pyodide"], [fresh_wheel, browser_prereqs["wheels"]], port=0,
-                                  page_dir=DEMO_DIR, model=model)
-    yield DemoServer(url, model)
+                                  page_dir=CHAT_DIR, model=model)
+    yield ChatServer(url, model)
     server.shutdown()
 
 
-class DemoPage:
-    """The demo page in a tab: open it, set its controls, generate, crash, read ``window.demo``."""
+class ChatPage:
+    """The chat page in a tab: open it, set its controls, send, stop, crash, read ``window.demo``."""
 
     def __init__(self, page, url: str) -> None:
         self.page = page
@@ -65,13 +67,13 @@ class DemoPage:
         page.on("console", lambda msg: self.console.append(f"{msg.type}: {msg.text}"))
         page.on("pageerror", lambda err: self.console.append(f"pageerror: {err}"))
 
-    def open(self) -> "DemoPage":
-        """Load the page and wait until it settled: ready, or done with what it resumed, or stopped."""
+    def open(self) -> "ChatPage":
+        """Load the page and wait until it settled: ready (after what it resumed), or stopped with a problem."""
         self.page.goto(self.url)
         return self.settle()
 
-    def settle(self, timeout_ms: int = PHASE_MS) -> "DemoPage":
-        """Wait until the page is idle or shows a problem."""
+    def settle(self, timeout_ms: int = PHASE_MS) -> "ChatPage":
+        """Wait until the page is idle (no reply running) or shows a problem."""
         self.wait(f"d => {list(SETTLED)}.includes(d.phase) || d.problem !== null", timeout_ms)
         return self
 
@@ -86,41 +88,82 @@ class DemoPage:
     def state(self) -> dict[str, Any]:
         return self.page.evaluate("() => JSON.parse(JSON.stringify(window.demo))")
 
-    def configure(self, *, max_tokens: int, every: int, seed: int | None = None, store: str = "indexeddb",
-                  prompt: str = "Tell me a story about the sea.") -> None:
-        """Set the controls: greedy, or seeded temperature sampling when ``seed`` is given."""
-        self.page.fill("#prompt", prompt)
+    def open_settings(self) -> None:
+        if not self.page.evaluate("document.getElementById('settings').open"):
+            self.page.click("#settings summary")
+
+    def configure(self, *, max_tokens: int, seed: int | None = None, system: str = "") -> None:
+        """Set the reply's settings: greedy, or seeded temperature sampling when ``seed`` is given."""
+        self.open_settings()
         self.page.fill("#max-tokens", str(max_tokens))
-        self.page.fill("#every", str(every))
-        self.page.select_option("#store", store)
+        self.page.fill("#system", system)
         if seed is not None:
             self.page.check("input[name=mode][value=sample]")
             self.page.fill("#seed", str(seed))
+        else:
+            self.page.check("input[name=mode][value=greedy]")
 
-    def generate(self) -> None:
+    def restart_engine(self, *, store: str = "indexeddb", every: int = 8) -> None:
+        """Choose the store and the autosave interval, and restart the engine with them."""
+        self.open_settings()
+        self.page.select_option("#store", store)
+        self.page.fill("#every", str(every))
+        self.page.click("#apply-engine")
+        self.wait(f"d => d.phase === 'ready' && d.store !== null && d.store.startsWith("
+                  f"'{ {'indexeddb': 'IndexedDB', 'opfs': 'OPFS'}[store] }')")
+
+    def send(self, text: str) -> None:
+        """Type ``text`` and press Enter (the reply starts)."""
         state = self.state()
         if state["problem"] is not None or state["model"] is None:
-            raise AssertionError(f"the page cannot generate: {state}\nconsole:\n" + "\n".join(self.console[-20:]))
-        self.page.click("#generate")
+            raise AssertionError(f"the page cannot send: {state}\nconsole:\n" + "\n".join(self.console[-20:]))
+        self.page.fill("#prompt", text)
+        self.page.press("#prompt", "Enter")
 
-    def crash_and_reopen(self, after_tokens: int) -> None:
-        """Generate until ``after_tokens`` tokens and a checkpoint exist, press Crash (the worker is terminated),
-        then Reopen (a new worker, as a reopened tab)."""
-        self.generate()
-        self.wait(f"d => d.tokens >= {after_tokens} && d.committed !== null")
-        self.page.click("#crash")
-        self.wait("d => d.phase === 'crashed'")
-        self.page.click("#fresh")
-
-    def run_to_end(self) -> dict[str, Any]:
-        """Generate with the current settings until the reply ends; the final state."""
-        self.generate()
-        self.wait("d => d.phase === 'finished'")
+    def reply_to(self, text: str) -> dict[str, Any]:
+        """Send ``text`` and wait until the reply ends; the state then."""
+        self.send(text)
+        self.wait("d => d.phase === 'ready' && d.finishReason !== null")
         return self.state()
 
+    def hold_after(self, tokens: int) -> None:
+        """The next reply holds once it holds ``tokens`` tokens (its autosaves until then done)."""
+        self.page.evaluate("(k) => window.demoHooks.holdAfter(k)", tokens)
 
-def open_demo(browser: CDPChromium, url: str) -> DemoPage:
-    return DemoPage(browser.context.new_page(), url)
+    def send_and_hold(self, text: str, tokens: int) -> dict[str, Any]:
+        """Send ``text``, and hold the reply once it holds ``tokens`` tokens; the state then."""
+        self.hold_after(tokens)
+        self.send(text)
+        self.wait(f"d => d.held !== null && d.replyIds.length >= {tokens}")
+        return self.state()
+
+    def crash(self) -> None:
+        """The page's Crash control (the engine's worker is terminated)."""
+        self.page.click("#crash")
+        self.wait("d => d.phase === 'crashed'")
+
+    def reopen(self) -> None:
+        """Reopen after a crash (a new worker, as a reopened tab); wait until the page settled."""
+        self.page.click("#reopen")
+        self.wait("d => d.phase === 'ready' && d.model !== null")
+
+    def conversation(self, name: str) -> dict[str, Any]:
+        rows = [row for row in self.state()["conversations"] if row["name"] == name]
+        assert rows, f"{name} is not listed: {self.state()['conversations']}"
+        return rows[0]
+
+    def open_conversation(self, name: str) -> None:
+        self.page.click(f"#conversations li[data-name='{name}'] .open")
+        self.wait(f"d => d.conversation === '{name}' && ['ready', 'stopped'].includes(d.phase)")
+
+
+def open_chat(browser: CDPChromium, url: str) -> ChatPage:
+    return ChatPage(browser.context.new_page(), url)
+
+
+def user_turns(n: int) -> list[str]:
+    """``n`` user messages, different each."""
+    return [f"tell me about the sea, part {i + 1}." for i in range(n)]
 
 
 OPEN_DB = """
@@ -156,11 +199,11 @@ READ_RECORDS = "async () => {" + OPEN_DB + """
 }"""
 
 
-def edit_record(page: DemoPage, key: str, action: str) -> None:
+def edit_record(page: ChatPage, key: str, action: str) -> None:
     """Change one record of the page's IndexedDB store behind the page's back (see EDIT_RECORD)."""
     page.page.evaluate(EDIT_RECORD, [key, action])
 
 
-def stored_records(page: DemoPage) -> dict[str, str | None]:
+def stored_records(page: ChatPage) -> dict[str, str | None]:
     """The records of the page's IndexedDB store (see READ_RECORDS)."""
     return page.page.evaluate(READ_RECORDS)
