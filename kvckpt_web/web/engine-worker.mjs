@@ -11,8 +11,9 @@ import { loadWeights } from "./weights.mjs";
 
 let kv = null;
 let api = null;   // the guarded chat_api.ChatWorker
-const cancelled = new Set();
-let holdAt = null;      // the test hook: hold a reply once it holds this many tokens
+const live = new Set();        // streams being read
+const cancelling = new Map();  // stream -> resolve() once it stopped
+let holdAt = null;             // the test hook: hold a reply once it holds this many tokens
 let unhold = null;
 
 const post = (message) => self.postMessage(message);
@@ -41,9 +42,10 @@ async function webgpu() {
 // Read stream `id` (a chat_api stream handle) to its end, posting each chunk; hold where the test hook says.
 async function pump(id, handle) {
   let tokens = 0;
+  live.add(id);
   try {
     for (;;) {
-      if (cancelled.delete(id)) { await api.cancel(handle); break; }
+      if (cancelling.has(id)) { await api.cancel(handle); break; }
       const text = await api.next_chunk(handle);
       if (!text) break;
       const chunk = JSON.parse(text);
@@ -58,6 +60,10 @@ async function pump(id, handle) {
     post({ stream: id, end: true });
   } catch (e) {
     post({ stream: id, error: describe(e) });
+  } finally {
+    live.delete(id);
+    cancelling.get(id)?.();
+    cancelling.delete(id);
   }
 }
 
@@ -101,7 +107,13 @@ const ops = {
     const started = JSON.parse(await api.resume(name, generation ?? undefined, stream));
     return stream ? { restored: started.restored, start: () => pump(id, started.stream) } : started;
   },
-  cancel(id) { cancelled.add(id); return null; },
+  // Stop reading stream `id` (its reply stops as an interrupt stops it); resolves once it stopped.
+  cancel(id) {
+    if (!live.has(id)) return null;
+    const stopped = new Promise((resolve) => cancelling.set(id, () => resolve(null)));
+    ops.unhold();
+    return stopped;
+  },
   interrupt() { api.interrupt(); return null; },
   async conversations() { return JSON.parse(await api.conversations()); },
   async unfinished() { return JSON.parse(await api.unfinished()); },

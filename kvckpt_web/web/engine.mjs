@@ -46,7 +46,7 @@ class ChunkStream {
   }
 
   async return() {
-    if (!this.ended) { this.ended = true; this.cancel(); }
+    if (!this.ended) { this.ended = true; await this.cancel(); }
     return { done: true, value: undefined };
   }
 
@@ -69,7 +69,6 @@ class Worker_ {
         return stream?.push(data);
       }
       const call = this.pending.get(data.id);
-      if (!call) return;   // the answer to a message sent without waiting (a stream's cancel)
       this.pending.delete(data.id);
       if (data.ok) call.resolve(data.result);
       else { this.streams.delete(data.id); call.reject(errorOf(data.error)); }
@@ -89,7 +88,7 @@ class Worker_ {
   // A call whose reply streams: the stream, registered before the call is sent so no chunk is missed.
   stream(op, ...args) {
     const id = this.next;
-    const stream = new ChunkStream(() => { if (!this.dead) this.worker.postMessage({ id: 0, op: "cancel", args: [id] }); });
+    const stream = new ChunkStream(() => (this.dead ? null : this.call("cancel", id).catch(() => null)));
     this.streams.set(id, stream);
     return { stream, started: this.call(op, ...args) };
   }
