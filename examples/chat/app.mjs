@@ -8,9 +8,9 @@ import { $, disable, showConversations, showMessages, showProblem, showProgress,
 
 const STORE_NAME = "kvckpt-demo";
 const state = (window.demo = {
-  phase: "starting", model: null, store: null, conversation: null, messages: [], reply: "", replyIds: [],
+  opened: false, phase: "starting", model: null, store: null, conversation: null, messages: [], reply: "", replyIds: [],
   finishReason: null, usage: null, readOnly: false, restored: null, measured: null, committed: null, problem: null,
-  conversations: [], held: null, timeline: null, errors: [],
+  conversations: [], held: null, timeline: null, stages: [], errors: [],
 });
 let engine = null;
 let tabs = null;
@@ -19,7 +19,8 @@ let editing = null;     // the index of the message being edited
 let confirming = null;  // the conversation whose delete asks for confirmation
 const started = { runs: 0, origin: 0, at: 0, took: null };   // engine starts; when the page (or a restart) began   // when the page (or Reopen) began, when the engine started
 
-const setting = (key, fallback) => localStorage.getItem(`kvckpt-chat:${key}`) ?? fallback;
+const query = new URLSearchParams(location.search);   // ?store=opfs&every=8 overrides what is remembered
+const setting = (key, fallback) => query.get(key) ?? localStorage.getItem(`kvckpt-chat:${key}`) ?? fallback;
 const stopKey = (name) => `kvckpt-chat:stopped:${$("store").value}:${STORE_NAME}:${name}`;
 const announce = (text) => { $("status").textContent = text; };
 
@@ -80,8 +81,18 @@ function onEvent(e) {
   }
 }
 
-// Start the engine (a new worker): what opening the page, Reopen after a crash and Retry after a failed start do.
+// Start the engine (a new worker) and continue what a crash cut: what opening the page, Reopen after a crash and
+// Retry after a failed start do.
 async function open() {
+  state.opened = false;
+  try {
+    await start();
+  } finally {
+    state.opened = true;   // started (and what a crash cut resumed), or failed to
+  }
+}
+
+async function start() {
   clearProblem();
   engine?.terminate();
   engine = null;
@@ -93,8 +104,12 @@ async function open() {
   started.at = performance.now();
   started.origin = started.runs++ ? started.at : 0;   // a restart is timed from itself, not from the page's opening
   try {
+    state.stages = [];
     engine = await createEngine({ model: "/model.gguf", store, storeName: STORE_NAME, onEvent,
-                                  onProgress: showProgress, autosaveEvery: Number($("every").value) });
+                                  autosaveEvery: Number($("every").value), onProgress: (p) => {
+                                    if (state.stages[state.stages.length - 1] !== p.stage) state.stages.push(p.stage);
+                                    showProgress(p);
+                                  } });
   } catch (error) {
     return failedStart(error);
   }

@@ -67,14 +67,15 @@ class ChatPage:
         page.on("console", lambda msg: self.console.append(f"{msg.type}: {msg.text}"))
         page.on("pageerror", lambda err: self.console.append(f"pageerror: {err}"))
 
-    def open(self) -> "ChatPage":
-        """Load the page and wait until it settled: ready (after what it resumed), or stopped with a problem."""
-        self.page.goto(self.url)
+    def open(self, *, store: str = "indexeddb", every: int = 8) -> "ChatPage":
+        """Load the page with the engine's store and autosave interval (as its settings remember them) and wait until
+        it settled: ready (after what it resumed), or stopped with a problem."""
+        self.page.goto(f"{self.url}?store={store}&every={every}")
         return self.settle()
 
     def settle(self, timeout_ms: int = PHASE_MS) -> "ChatPage":
         """Wait until the page is idle (no reply running) or shows a problem."""
-        self.wait(f"d => {list(SETTLED)}.includes(d.phase) || d.problem !== null", timeout_ms)
+        self.wait(f"d => d.opened && ({list(SETTLED)}.includes(d.phase) || d.problem !== null)", timeout_ms)
         return self
 
     def wait(self, predicate: str, timeout_ms: int = PHASE_MS) -> None:
@@ -109,8 +110,7 @@ class ChatPage:
         self.page.select_option("#store", store)
         self.page.fill("#every", str(every))
         self.page.click("#apply-engine")
-        self.wait(f"d => d.phase === 'ready' && d.store !== null && d.store.startsWith("
-                  f"'{ {'indexeddb': 'IndexedDB', 'opfs': 'OPFS'}[store] }')")
+        self.settle()
 
     def send(self, text: str) -> None:
         """Type ``text`` and press Enter (the reply starts)."""
@@ -145,7 +145,7 @@ class ChatPage:
     def reopen(self) -> None:
         """Reopen after a crash (a new worker, as a reopened tab); wait until the page settled."""
         self.page.click("#reopen")
-        self.wait("d => d.phase === 'ready' && d.model !== null")
+        self.settle()
 
     def conversation(self, name: str) -> dict[str, Any]:
         rows = [row for row in self.state()["conversations"] if row["name"] == name]
