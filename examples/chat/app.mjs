@@ -451,7 +451,7 @@ async function measure() {
   $("measure").disabled = true;
   $("restored-text").textContent += " · measuring a re-prefill…";
   try {
-    state.measured = await engine.measureReprefill(state.conversation);
+    state.measured = await engine.measureReprefill(state.conversation, { tokens: state.restored.tokens });
     notePrefill(state.model.identity, state.measured.tokens, state.measured.ms / 1e3);
   } catch (error) {
     problem("error", "The re-prefill could not be measured", error);

@@ -25,7 +25,7 @@ from ..durable.results import GenerationInfo, SaveResult
 from ..engine import ChatChunk, ChatRequest, Engine
 from ..engine.conversations import describe
 from ..engine.record import ChatRecord
-from ..errors import FieldError, KVCkptError, NotFoundError
+from ..errors import FieldError, KVCkptError, NotFoundError, is_int
 from ..model.generator import ResumeReport, new_cache
 from ..model.gguf import parse_gguf
 from ..model.loader import load_gguf
@@ -226,16 +226,20 @@ class ChatWorker:
         """Let go of conversation ``name`` so another tab may continue it (see :meth:`Engine.release`)."""
         await self._engine().release(name)
 
-    async def measure_reprefill(self, name: str) -> str:
-        """Run the tokens whose K/V conversation ``name``'s newest checkpoint holds through the model into a scratch
-        cache, timed once the device has finished (after a warm-up forward): JSON ``{tokens, ms}``."""
+    async def measure_reprefill(self, name: str, tokens: int | None = None) -> str:
+        """Run the first ``tokens`` (default: all) of the tokens whose K/V conversation ``name``'s newest checkpoint
+        holds through the model into a scratch cache, timed once the device has finished (after a warm-up forward):
+        JSON ``{tokens, ms}``."""
         engine = self._engine()
         record = await engine.sources.record(name)
         if record is None:
             raise NotFoundError(f"conversation: expected a readable conversation named {name!r}, got none")
         if record.saved.model != engine.model.identity:
             raise FieldError("conversation", "a conversation of this model", name, "it is another model's")
-        tokens = record.tokens[:record.saved.kv_length]
+        held = record.saved.kv_length
+        if tokens is not None and not is_int(tokens, 1, held):
+            raise FieldError("tokens", f"an integer in [1, {held}] (the conversation's K/V tokens)", tokens)
+        tokens = record.tokens[:held if tokens is None else tokens]
         async with engine.scheduler.turn():
             ms = await _prefill_ms(engine, tokens)
         return json.dumps({"tokens": len(tokens), "ms": ms})

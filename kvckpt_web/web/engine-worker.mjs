@@ -121,7 +121,7 @@ const ops = {
   async inspect(name) { return JSON.parse(await api.inspect(name)); },
   async delete(name) { await api.delete(name); return null; },
   async release(name) { await api.release(name); return null; },
-  async measureReprefill(name) { return JSON.parse(await api.measure_reprefill(name)); },
+  async measureReprefill(name, tokens) { return JSON.parse(await api.measure_reprefill(name, tokens ?? undefined)); },
   async saved(store, storeName) { return JSON.parse(await api.saved_conversations(store, storeName)); },
   hold(tokens) { holdAt = tokens; return null; },
   unhold() { holdAt = null; unhold?.(); unhold = null; return null; },

@@ -161,8 +161,9 @@ export class Engine {
   delete(name) { return this.worker.call("delete", name); }
   // Let go of conversation `name` (its claim, its slot), so another tab's engine may continue it.
   release(name) { return this.worker.call("release", name); }
-  // {tokens, ms}: a prefill of the tokens whose K/V conversation `name`'s checkpoint holds, timed now.
-  measureReprefill(name) { return this.worker.call("measureReprefill", name); }
+  // {tokens, ms}: a prefill of the first `tokens` (default: all) of the tokens whose K/V conversation `name`'s newest
+  // checkpoint holds, timed now.
+  measureReprefill(name, { tokens = null } = {}) { return this.worker.call("measureReprefill", name, tokens); }
 
   // Stop every reply (each stays resumable), release the GPU memory and end the worker.
   async close() {

@@ -229,6 +229,10 @@ def test_a_reprefill_is_measured_over_the_conversations_kv_tokens_only_when_aske
     measured = json.loads(run(worker.measure_reprefill(chunks[-1]["kvckpt"]["conversation"])))
     assert measured["tokens"] == usage["prompt_tokens"] + usage["completion_tokens"] - 1 and measured["ms"] > 0
     assert len(worker.loaded.model.forwards) > forwards  # it ran now, asked; no reply ran one
+    part = json.loads(run(worker.measure_reprefill(chunks[-1]["kvckpt"]["conversation"], 9)))
+    assert part["tokens"] == 9
+    with pytest.raises(FieldError, match="tokens"):
+        run(worker.measure_reprefill(chunks[-1]["kvckpt"]["conversation"], measured["tokens"] + 1))
 
 
 def test_a_conversation_released_by_one_tab_is_continued_by_another(tab):
