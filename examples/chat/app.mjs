@@ -34,11 +34,12 @@ function setPhase(phase, text = phase) {
   const writable = ready && !busy && !state.readOnly;
   const last = state.messages[state.messages.length - 1];
   const unfinished = state.finishReason === "abort" || state.finishReason === null && last?.role === "assistant";
-  disable($("send"), !writable, $("prompt"));
-  disable($("stop"), phase !== "generating", $("continue"));
-  disable($("continue"), !(writable && state.conversation && unfinished), $("stop"));
-  disable($("regenerate"), !(writable && state.conversation && last?.role === "assistant"), $("prompt"));
-  disable($("crash"), phase !== "generating", $("prompt"));
+  const controls = [["send", !writable, "prompt"], ["stop", phase !== "generating", "continue"],
+                    ["continue", !(writable && state.conversation && unfinished), "stop"],
+                    ["regenerate", !(writable && state.conversation && last?.role === "assistant"), "prompt"],
+                    ["crash", phase !== "generating", "prompt"]];
+  for (const [id, off] of controls) if (!off) disable($(id), false);   // enabled first: the focus may move there
+  for (const [id, off, next] of controls) if (off) disable($(id), true, $(next));
   $("measure").disabled = !writable;
   $("apply-engine").disabled = busy;
   $("owner").hidden = !state.readOnly;
@@ -474,7 +475,7 @@ function showTimeline(asked, openedAt, firstAt) {
 
 // ----- the controls ------------------------------------------------------------------------------------------------
 
-$("composer").onsubmit = (e) => { e.preventDefault(); send($("prompt").value).then(() => $("prompt").focus()); };
+$("composer").onsubmit = (e) => { e.preventDefault(); send($("prompt").value); };
 $("prompt").onkeydown = (e) => {
   if (e.key === "Enter" && !e.shiftKey && !e.isComposing) { e.preventDefault(); $("composer").requestSubmit(); }
 };
