@@ -260,10 +260,12 @@ function show(info) {
 
 async function openConversation(name) {
   if (state.phase === "generating" || state.phase === "restoring") return;
+  setPhase("opening", "opening the conversation");
   let info;
   try {
     info = await engine.conversation(name);
   } catch (error) {
+    setPhase("ready", "ready");
     return problem("storage", "The conversation cannot be read", error);
   }
   if (state.conversation && state.conversation !== name) tabs.release(state.conversation);
@@ -289,7 +291,6 @@ async function openConversation(name) {
 // A conversation whose newest checkpoint cannot be read: say so, and offer the newest generation that can.
 async function damaged(info) {
   state.messages = [];
-  setPhase("ready", "damaged");
   const details = await engine.inspect(info.name).catch(() => ({ generations: [] }));
   const good = details.generations.filter((g) => !g.error);
   const older = good[good.length - 1];
@@ -297,6 +298,7 @@ async function damaged(info) {
     `: ${details.generations.filter((g) => g.error).map((g) => g.error).join("; ")}` : "") },
     older ? [{ id: "replay", label: `Resume generation ${older.generation} (${older.kv_tokens} tokens)`,
               run: () => continueReply(info, { generation: older.generation }) }] : []);
+  setPhase("ready", "damaged");
 }
 
 function newConversation() {

@@ -114,9 +114,8 @@ class ChatPage:
 
     def send(self, text: str) -> None:
         """Type ``text`` and press Enter (the reply starts)."""
-        state = self.state()
-        if state["problem"] is not None or state["model"] is None:
-            raise AssertionError(f"the page cannot send: {state}\nconsole:\n" + "\n".join(self.console[-20:]))
+        if not self.page.is_enabled("#send"):
+            raise AssertionError(f"the page cannot send: {self.state()}\nconsole:\n" + "\n".join(self.console[-20:]))
         self.page.fill("#prompt", text)
         self.page.press("#prompt", "Enter")
 
@@ -159,6 +158,18 @@ class ChatPage:
 
 def open_chat(browser: CDPChromium, url: str) -> ChatPage:
     return ChatPage(browser.context.new_page(), url)
+
+
+def uninterrupted(browser_prereqs, playwright, url: str, profile: Path, turns: list[str], *, max_tokens: int,
+                  every: int = 8, **settings) -> list[list[int]]:
+    """The reply ids of every turn of ``turns``, never interrupted, in a browser (and a store) of their own."""
+    browser = CDPChromium(browser_prereqs["chromium"], profile, playwright)
+    try:
+        page = open_chat(browser, url).open(every=every)
+        page.configure(max_tokens=max_tokens, **settings)
+        return [page.reply_to(text)["replyIds"] for text in turns]
+    finally:
+        browser.close()
 
 
 def user_turns(n: int) -> list[str]:

@@ -10,21 +10,15 @@ import os
 import pytest
 
 from .browser_harness import CDPChromium
-from .chat_page import REPO, ChatPage, open_chat, user_turns
+from .chat_page import REPO, ChatPage, open_chat, uninterrupted, user_turns
 
 TOKENS, EVERY, CUT_AT = 24, 8, 13
 SHOTS = REPO / "build" / "screenshots"
 
 
-def uninterrupted(browser_prereqs, playwright_instance, url, tmp_path, turns, max_tokens=TOKENS, **settings) -> list:
-    """The reply ids of every turn of ``turns``, never interrupted, in a browser of their own."""
-    browser = CDPChromium(browser_prereqs["chromium"], tmp_path / "clean-profile", playwright_instance)
-    try:
-        page = open_chat(browser, url).open(every=EVERY)
-        page.configure(max_tokens=max_tokens, **settings)
-        return [page.reply_to(text)["replyIds"] for text in turns]
-    finally:
-        browser.close()
+def reference(browser_prereqs, playwright_instance, url, tmp_path, turns, max_tokens=TOKENS, **settings) -> list:
+    return uninterrupted(browser_prereqs, playwright_instance, url, tmp_path / "clean-profile", turns,
+                         max_tokens=max_tokens, every=EVERY, **settings)
 
 
 def until_cut(page: ChatPage, turns: list[str], cut_at: int) -> dict:
@@ -53,7 +47,7 @@ def served_model(request, chat_server):
 def test_a_conversation_killed_with_the_browser_mid_reply_continues_after_relaunch_to_the_uninterrupted_tokens(
         browser_prereqs, playwright_instance, chat_server, served_model, tmp_path):
     turns, tokens, cut_at = served_model["turns"], served_model["tokens"], served_model["cut_at"]
-    want = uninterrupted(browser_prereqs, playwright_instance, chat_server.url, tmp_path, turns, tokens, seed=7)
+    want = reference(browser_prereqs, playwright_instance, chat_server.url, tmp_path, turns, tokens, seed=7)
     profile = tmp_path / "profile"
     browser = CDPChromium(browser_prereqs["chromium"], profile, playwright_instance)
     try:
@@ -84,7 +78,7 @@ def test_a_conversation_killed_with_the_browser_mid_reply_continues_after_relaun
 def test_the_crash_control_terminates_the_worker_and_reopen_continues_to_the_uninterrupted_tokens_and_chats_on(
         browser_prereqs, playwright_instance, chat_server, tmp_path):
     turns = user_turns(3)
-    want = uninterrupted(browser_prereqs, playwright_instance, chat_server.url, tmp_path, turns)
+    want = reference(browser_prereqs, playwright_instance, chat_server.url, tmp_path, turns)
     browser = CDPChromium(browser_prereqs["chromium"], tmp_path / "profile", playwright_instance)
     try:
         page = open_chat(browser, chat_server.url).open(every=EVERY)
@@ -128,7 +122,7 @@ def test_a_reload_mid_reply_shows_the_time_to_the_first_resumed_token_stage_by_s
 def test_a_reply_the_user_stopped_waits_for_continue_after_a_reload_and_continue_gives_the_uninterrupted_tokens(
         browser_prereqs, playwright_instance, chat_server, tmp_path):
     turns = user_turns(1)
-    want = uninterrupted(browser_prereqs, playwright_instance, chat_server.url, tmp_path, turns)
+    want = reference(browser_prereqs, playwright_instance, chat_server.url, tmp_path, turns)
     browser = CDPChromium(browser_prereqs["chromium"], tmp_path / "profile", playwright_instance)
     try:
         page = open_chat(browser, chat_server.url).open(every=EVERY)

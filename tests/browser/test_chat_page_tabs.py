@@ -9,7 +9,7 @@ import json
 import pytest
 
 from .browser_harness import CDPChromium
-from .chat_page import ChatPage, open_chat
+from .chat_page import ChatPage, open_chat, uninterrupted
 
 TOKENS, EVERY = 24, 8
 
@@ -43,11 +43,8 @@ def test_a_second_tab_shows_the_conversation_read_only_and_cannot_write_it(brows
 
 def test_taking_over_stops_the_first_tab_and_the_second_continues_its_reply_to_the_uninterrupted_tokens(
         browser_prereqs, playwright_instance, chat_server, browser, tmp_path):
-    clean = CDPChromium(browser_prereqs["chromium"], tmp_path / "clean-profile", playwright_instance)
-    try:
-        want = tab(clean, chat_server.url).reply_to("tell me about the sea.")["replyIds"]
-    finally:
-        clean.close()
+    want, = uninterrupted(browser_prereqs, playwright_instance, chat_server.url, tmp_path / "clean-profile",
+                          ["tell me about the sea."], max_tokens=TOKENS, every=EVERY)
     first = tab(browser, chat_server.url)
     held = first.send_and_hold("tell me about the sea.", 9)
     second = tab(browser, chat_server.url)
