@@ -19,7 +19,8 @@ export function shownPrefillRate(identity) {
 
 // Remember a prefill of `tokens` that took `seconds` as the rate this device shows.
 export function notePrefill(identity, tokens, seconds) {
-  if (tokens >= LEAST_PREFILL && seconds > 0) localStorage.setItem(PREFILL_KEY(identity), JSON.stringify({ tokens, seconds }));
+  if (tokens < LEAST_PREFILL || !(seconds > 0)) return;
+  localStorage.setItem(PREFILL_KEY(identity), JSON.stringify({ tokens, seconds }));
 }
 
 // What a finished reply cost, prefill and decode apart: the engine's usage of the call.

@@ -36,8 +36,8 @@ export function showMessages(messages, { editable, editing, onEdit, onEditSend, 
       text.setAttribute("aria-label", "Edited message");
       const send = el("button", { type: "submit", textContent: "Send edited" });
       const cancel = el("button", { type: "button", textContent: "Cancel", onclick: onEditCancel });
-      const form = el("form", { className: "edit row", onsubmit: (e) => { e.preventDefault(); onEditSend(i, text.value); } },
-                      text, send, cancel);
+      const submit = (e) => { e.preventDefault(); onEditSend(i, text.value); };
+      const form = el("form", { className: "edit row", onsubmit: submit }, text, send, cancel);
       item.append(form);
       return item;
     }
@@ -107,8 +107,8 @@ export function showProblem(problem, actions = []) {
 }
 
 const STAGES = { python: [0, 0.3, "starting Python"], packages: [0.3, 0.4, "installing kvckpt_web"],
-                 weights: [0.4, 0.65, "reading the weights"], upload: [0.65, 0.95, "uploading the weights to the GPU"],
-                 engine: [0.95, 1, "opening the engine"] };
+                 weights: [0.4, 0.6, "reading the weights"], upload: [0.6, 0.85, "uploading the weights to the GPU"],
+                 engine: [0.85, 0.87, "opening the engine"], kernels: [0.87, 1, "building the model's GPU kernels"] };
 
 // The engine's start, stage by stage (onProgress of createEngine), on the progress bar.
 export function showProgress(p) {

@@ -66,7 +66,10 @@ class _Turn:
     started: float
     first_token_at: float | None = None
     last_token_at: float | None = None
+    prefill_save_s: float = 0.0
+    """Seconds of saves until the first token was out (autosaves during the prefill and the first token's)."""
     save_s: float = 0.0
+    """Seconds of saves after it."""
     interrupted: bool = False
     sent: list[int] = field(default_factory=list)
 
@@ -206,7 +209,10 @@ class Engine:
         name = turn.slot.conversation
 
         def saved(result: Any) -> None:
-            turn.save_s += result.seconds
+            if turn.first_token_at is None:
+                turn.prefill_save_s += result.seconds
+            else:
+                turn.save_s += result.seconds
             if result.prefix_record is not None:
                 self.sources.index.note(result.prefix_record)
             if self.on_save is not None:
@@ -270,7 +276,7 @@ class Engine:
     def _usage(self, turn: _Turn) -> Usage:
         gen = turn.gen
         first, last = turn.first_token_at, turn.last_token_at
-        prefill_s = (first - turn.started - turn.restore_s) if first is not None else 0.0
+        prefill_s = (first - turn.started - turn.restore_s - turn.prefill_save_s) if first is not None else 0.0
         decode_s = max(0.0, (last - first) - turn.save_s) if first is not None and last is not None else 0.0
         timings = Timings(turn.restore_s, max(0.0, prefill_s), decode_s,
                           turn.prompt_tokens - turn.cached_tokens, max(0, len(turn.sent) - 1))
@@ -438,6 +444,22 @@ class Engine:
                 raise NotFoundError(f"conversation: expected a conversation named {name!r}, got none")
             if own is not None:
                 await self._drop(own)
+
+    async def warm_up(self) -> None:
+        """Run one token through the model in a free sequence of the cache and read its logits as a reply does (the
+        best id, the best few): a device that builds its kernels on first use builds them now, not at a reply's first
+        token. The cache is as it was afterwards; nothing if every sequence is taken."""
+        async with self.scheduler.turn():
+            seq_id = self.slots.free_seq_id()
+            if seq_id is None:
+                return
+            self.cache.add_sequence(seq_id)
+            try:
+                logits = await self.model.forward(self.cache, seq_id, [0])
+                await logits.argmax()
+                await logits.top_k(2)
+            finally:
+                self.cache.remove_sequence(seq_id)
 
     async def release(self, name: str) -> None:
         """Let go of conversation ``name`` in this engine: its slot leaves the cache and an unfinished reply of it

@@ -124,6 +124,12 @@ class ChatWorker:
         self.store_label = f"{STORE_LABELS[o['store']]} {o['store_name']!r}"
         return json.dumps({"context": self.engine.context, "store": self.store_label})
 
+    async def warm_up(self) -> str:
+        """Build the model's kernels now (see :meth:`Engine.warm_up`): JSON ``{ms}``."""
+        started = time.perf_counter()
+        await self._engine().warm_up()
+        return json.dumps({"ms": (time.perf_counter() - started) * 1e3})
+
     def _saved(self, name: str, result: SaveResult) -> None:
         self._event("saved", conversation=name, generation=result.generation, tokens=result.seq_length,
                     bytes=result.bytes_written, ms=result.seconds * 1e3, store=self.store_label)

@@ -95,6 +95,9 @@ const ops = {
     progress({ stage: "engine", done: 0, total: 1 });
     const opened = JSON.parse(await api.open(JSON.stringify(o.engine)));
     lap("engine");
+    progress({ stage: "kernels", done: 0, total: 1 });
+    await api.warm_up();
+    lap("kernels");
     const { bytes, ...kept } = weights;
     return { model: { ...model, url: o.model, bytes: bytes.length }, weights: kept, ...opened, took };
   },

@@ -29,7 +29,10 @@ class ChunkStream {
   }
 
   push(item) {
-    if (this.waiting) { const { resolve } = this.waiting; this.waiting = null; resolve(item); } else this.queue.push(item);
+    if (!this.waiting) { this.queue.push(item); return; }
+    const { resolve } = this.waiting;
+    this.waiting = null;
+    resolve(item);
   }
 
   next() {
@@ -73,7 +76,8 @@ class Worker_ {
       if (data.ok) call.resolve(data.result);
       else { this.streams.delete(data.id); call.reject(errorOf(data.error)); }
     };
-    this.worker.onerror = (e) => this.fail({ name: "WorkerError", message: `the engine's worker failed: ${e.message}` });
+    this.worker.onerror = (e) => this.fail({ name: "WorkerError",
+                                             message: `the engine's worker failed: ${e.message}` });
   }
 
   call(op, ...args) {
@@ -111,7 +115,7 @@ export class Engine {
   constructor(worker, info) {
     this.worker = worker;
     // {model: {url, identity, num_layers, vocab_size, max_context, bytes, load_ms}, weights: {source, kept, note},
-    //  context, store, took: {boot, weights, upload, engine} (ms)}
+    //  context, store, took: {boot, weights, upload, engine, kernels} (ms)}
     this.info = info;
     this.chat = { completions: { create: (body) => this.#create(body) } };
     // Test hooks: hold every reply's stream once it holds `tokens` tokens (until released or the worker is
@@ -185,7 +189,8 @@ const ENGINE_KEYS = { context: "context", sequences: "sequences", autosaveEvery:
 // Start the engine: Pyodide and kvckpt_web in a module Web Worker, the model of `model` (the GGUF file's URL, kept
 // in the browser for the next load: weights.mjs) on WebGPU, conversations in the IndexedDB or OPFS store
 // `storeName`. `onProgress({stage, done, total, source?})` hears of each stage: "python", "packages", "weights"
-// (source "cache" or "network", bytes), "upload" (parts of the weights), "engine"; `onEvent(e)` of what happens while
+// (source "cache" or "network", bytes), "upload" (parts of the weights), "engine", "kernels" (built by running one
+// token, so the first reply does not wait for them); `onEvent(e)` of what happens while
 // replies run: {type: "saved", conversation, generation, tokens, bytes, ms, store}, {type: "save_failed",
 // conversation, error, store}. `base`: the folder of kvckpt.mjs, pyodide/ and wheels/ (default: this module's).
 export async function createEngine({ model, store = "indexeddb", storeName = "kvckpt", onProgress = () => {},

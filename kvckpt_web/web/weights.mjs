@@ -80,7 +80,8 @@ export async function loadWeights(url, { progress = () => {}, cacheName = WEIGHT
   } else {
     const headers = Object.fromEntries(Object.entries(validators).filter(([, v]) => v !== null));
     try {
-      await cache.put(href, new Response(bytes, { headers: { ...headers, "content-type": "application/octet-stream" } }));
+      const kept = new Response(bytes, { headers: { ...headers, "content-type": "application/octet-stream" } });
+      await cache.put(href, kept);
     } catch (error) {
       note = `not kept (${error.name}: ${error.message})`;
     }

@@ -112,7 +112,8 @@ def test_a_reload_mid_reply_shows_the_time_to_the_first_resumed_token_stage_by_s
         browser.close()
     timeline = got["timeline"]
     labels = [stage["label"] for stage in timeline["stages"]]
-    assert labels == ["page", "Python", "weights (browser cache)", "upload", "engine", "restore", "first token"]
+    assert labels == ["page", "Python", "weights (browser cache)", "upload", "engine", "kernels", "restore",
+                      "first token"]
     assert timeline["weights_source"] == "cache" and len(gets) == 1  # the first load's only
     assert all(stage["ms"] >= 0 for stage in timeline["stages"])
     assert timeline["total_ms"] >= sum(stage["ms"] for stage in timeline["stages"][-2:])

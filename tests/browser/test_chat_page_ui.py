@@ -139,6 +139,6 @@ def test_the_focus_stays_where_the_user_was(page):
 def test_the_progress_bar_names_each_stage_of_the_start(page):
     state = page.state()
     text = page.page.inner_text("#load-text")
-    assert state["stages"] == ["python", "packages", "weights", "upload", "engine"]
+    assert state["stages"] == ["python", "packages", "weights", "upload", "engine", "kernels"]
     assert page.page.evaluate("document.getElementById('load-bar').value") == 1
     assert text.startswith("ready in ") and "weights downloaded" in text

@@ -87,7 +87,7 @@ def test_a_streamed_reply_is_openai_chunks_whose_last_has_usage_with_cached_toke
     history = last["usage"]["prompt_tokens"] + 16 - 1
     assert got["next"][-1]["usage"]["prompt_tokens_details"]["cached_tokens"] == history
     assert got["next"][-1]["kvckpt"]["conversation"] == last["kvckpt"]["conversation"]
-    assert got["stages"] == ["python", "packages", "weights", "upload", "engine"]
+    assert got["stages"] == ["python", "packages", "weights", "upload", "engine", "kernels"]
 
 
 def test_a_reply_without_stream_is_a_chat_completion(js_page):

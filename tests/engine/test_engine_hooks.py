@@ -129,3 +129,33 @@ def test_a_reply_whose_newest_checkpoint_cannot_be_read_continues_from_the_gener
 def test_a_generation_that_is_no_positive_integer_is_refused_naming_it(make_engine):
     with pytest.raises(FieldError, match="generation"):
         run(make_engine(store=MemoryStore()).resume("chat-x", generation=0))
+
+
+def test_a_warm_up_runs_one_token_and_leaves_the_cache_and_the_replies_as_they_were(make_engine):
+    want = run(make_engine(store=MemoryStore()).chat(MESSAGES, **GREEDY))
+    engine = make_engine(store=MemoryStore())
+    free = engine.cache.get_num_available_pages()
+    run(engine.warm_up())
+    assert engine.model.forwards == [1]
+    assert engine.cache.sequence_ids() == [] and engine.cache.get_num_available_pages() == free
+    assert run(engine.chat(MESSAGES, **GREEDY)).token_ids == want.token_ids
+
+
+def test_prefill_and_decode_times_leave_out_the_saves_made_in_either(make_engine, monkeypatch):
+    clock = [0.0]
+
+    def perf_counter():
+        clock[0] += 0.001  # every reading of the clock is a millisecond of work
+        return clock[0]
+
+    class SlowManifests(MemoryStore):
+        async def _set(self, key, data):
+            if key.startswith("manifests/"):
+                clock[0] += 10.0  # each commit takes ten seconds
+            await super()._set(key, data)
+
+    monkeypatch.setattr("time.perf_counter", perf_counter)
+    engine = make_engine(store=SlowManifests(), autosave_every=5)
+    long_prompt = [{"role": "user", "content": "tell me about the sea, the wind and the ships on it."}]
+    timings = run(engine.chat(long_prompt, **GREEDY)).usage.timings
+    assert 0 < timings.prefill_s < 10 and 0 < timings.decode_s < 10

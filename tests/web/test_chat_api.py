@@ -300,3 +300,9 @@ def test_a_resume_without_streaming_gives_the_whole_reply_and_how_its_kv_came_ba
     got = json.loads(run(tab().resume(name, None, False)))
     assert got["completion"]["object"] == "chat.completion" and got["restored"]["kv_restored"] is True
     assert got["completion"]["kvckpt"]["token_ids"] == ids_of(want)
+
+
+def test_a_warm_up_runs_before_any_reply_and_changes_nothing_stored(tab, stores):
+    worker = tab()
+    assert json.loads(run(worker.warm_up()))["ms"] >= 0 and worker.loaded.model.forwards == [1]
+    assert run(stores[("indexeddb", "s")].list_prefix("")) == []
