@@ -57,6 +57,14 @@ def chat_server(browser_prereqs, fresh_wheel, tmp_path) -> ChatServer:
     server.shutdown()
 
 
+@pytest.fixture
+def chat_browser(browser_prereqs, playwright_instance, tmp_path) -> CDPChromium:
+    """A Chromium of the test's own (its profile in ``tmp_path / "profile"``), closed after the test."""
+    chromium = CDPChromium(browser_prereqs["chromium"], tmp_path / "profile", playwright_instance)
+    yield chromium
+    chromium.close()
+
+
 class ChatPage:
     """The chat page in a tab: open it, set its controls, send, stop, crash, read ``window.demo``."""
 

@@ -76,40 +76,32 @@ def test_a_conversation_killed_with_the_browser_mid_reply_continues_after_relaun
 
 
 def test_the_crash_control_terminates_the_worker_and_reopen_continues_to_the_uninterrupted_tokens_and_chats_on(
-        browser_prereqs, playwright_instance, chat_server, tmp_path):
+        browser_prereqs, playwright_instance, chat_server, chat_browser, tmp_path):
     turns = user_turns(3)
     want = reference(browser_prereqs, playwright_instance, chat_server.url, tmp_path, turns)
-    browser = CDPChromium(browser_prereqs["chromium"], tmp_path / "profile", playwright_instance)
-    try:
-        page = open_chat(browser, chat_server.url).open(every=EVERY)
-        page.configure(max_tokens=TOKENS)
-        until_cut(page, turns[:2], CUT_AT)
-        page.crash()
-        crashed = page.state()
-        page.reopen()
-        got = resumed(page)
-        third = page.reply_to(turns[2])  # no dead end: the reopened engine chats on
-    finally:
-        browser.close()
+    page = open_chat(chat_browser, chat_server.url).open(every=EVERY)
+    page.configure(max_tokens=TOKENS)
+    until_cut(page, turns[:2], CUT_AT)
+    page.crash()
+    crashed = page.state()
+    page.reopen()
+    got = resumed(page)
+    third = page.reply_to(turns[2])  # no dead end: the reopened engine chats on
     assert crashed["problem"]["kind"] == "crashed"
     assert got["restored"]["kv_restored"] is True and got["replyIds"] == want[1]
     assert third["replyIds"] == want[2] and third["conversation"] == got["conversation"]
 
 
 def test_a_reload_mid_reply_shows_the_time_to_the_first_resumed_token_stage_by_stage_and_fetches_no_weights(
-        browser_prereqs, playwright_instance, chat_server, tmp_path):
-    browser = CDPChromium(browser_prereqs["chromium"], tmp_path / "profile", playwright_instance)
+        chat_server, chat_browser):
     gets = []
-    browser.context.on("request", lambda r: gets.append(r.url) if r.method == "GET" and "model.gguf" in r.url else 0)
-    try:
-        page = open_chat(browser, chat_server.url).open(every=EVERY)
-        page.configure(max_tokens=TOKENS)
-        page.send_and_hold(user_turns(1)[0], CUT_AT)
-        page.page.reload()
-        got = resumed(page)
-        line = page.page.inner_text("#timeline")
-    finally:
-        browser.close()
+    chat_browser.context.on("request", lambda r: gets.append(r.url) if r.method == "GET" and "model.gguf" in r.url else 0)
+    page = open_chat(chat_browser, chat_server.url).open(every=EVERY)
+    page.configure(max_tokens=TOKENS)
+    page.send_and_hold(user_turns(1)[0], CUT_AT)
+    page.page.reload()
+    got = resumed(page)
+    line = page.page.inner_text("#timeline")
     timeline = got["timeline"]
     labels = [stage["label"] for stage in timeline["stages"]]
     assert labels == ["page", "Python", "weights (browser cache)", "upload", "engine", "kernels", "restore",
@@ -121,26 +113,22 @@ def test_a_reload_mid_reply_shows_the_time_to_the_first_resumed_token_stage_by_s
 
 
 def test_a_reply_the_user_stopped_waits_for_continue_after_a_reload_and_continue_gives_the_uninterrupted_tokens(
-        browser_prereqs, playwright_instance, chat_server, tmp_path):
+        browser_prereqs, playwright_instance, chat_server, chat_browser, tmp_path):
     turns = user_turns(1)
     want = reference(browser_prereqs, playwright_instance, chat_server.url, tmp_path, turns)
-    browser = CDPChromium(browser_prereqs["chromium"], tmp_path / "profile", playwright_instance)
-    try:
-        page = open_chat(browser, chat_server.url).open(every=EVERY)
-        page.configure(max_tokens=TOKENS)
-        held = page.send_and_hold(turns[0], 5)
-        page.page.click("#stop")
-        page.page.evaluate("() => window.demoHooks.release()")
-        page.wait("d => d.phase === 'ready' && d.finishReason === 'abort'")
-        page.page.reload()
-        page.settle()
-        after_reload = page.state()
-        listed = page.conversation(held["conversation"])
-        page.open_conversation(held["conversation"])
-        page.page.click("#continue")
-        got = resumed(page)
-    finally:
-        browser.close()
+    page = open_chat(chat_browser, chat_server.url).open(every=EVERY)
+    page.configure(max_tokens=TOKENS)
+    held = page.send_and_hold(turns[0], 5)
+    page.page.click("#stop")
+    page.page.evaluate("() => window.demoHooks.release()")
+    page.wait("d => d.phase === 'ready' && d.finishReason === 'abort'")
+    page.page.reload()
+    page.settle()
+    after_reload = page.state()
+    listed = page.conversation(held["conversation"])
+    page.open_conversation(held["conversation"])
+    page.page.click("#continue")
+    got = resumed(page)
     assert after_reload["restored"] is None and after_reload["conversation"] is None
     assert listed["finished"] is False and listed["stopped"] is True
     assert got["replyIds"] == want[0]

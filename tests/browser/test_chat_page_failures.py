@@ -46,13 +46,6 @@ def resumed(page: ChatPage) -> dict:
 
 
 @pytest.fixture
-def browser(browser_prereqs, playwright_instance, tmp_path):
-    chromium = CDPChromium(browser_prereqs["chromium"], tmp_path / "profile", playwright_instance)
-    yield chromium
-    chromium.close()
-
-
-@pytest.fixture
 def want(browser_prereqs, playwright_instance, chat_server, tmp_path) -> list[int]:
     """The reply ids of PROMPT, never interrupted."""
     return uninterrupted(browser_prereqs, playwright_instance, chat_server.url, tmp_path / "clean-profile", [PROMPT],
@@ -60,8 +53,8 @@ def want(browser_prereqs, playwright_instance, chat_server, tmp_path) -> list[in
 
 
 @pytest.fixture
-def page(browser, chat_server) -> ChatPage:
-    chat = open_chat(browser, chat_server.url).open(every=EVERY)
+def page(chat_browser, chat_server) -> ChatPage:
+    chat = open_chat(chat_browser, chat_server.url).open(every=EVERY)
     chat.configure(max_tokens=TOKENS)
     return chat
 
@@ -109,8 +102,8 @@ def test_a_missing_model_file_is_named_with_the_install_hint_and_saved_conversat
 
 @pytest.mark.parametrize("store", ["indexeddb", "opfs"])
 def test_a_conversation_of_another_model_is_not_resumed_by_itself_and_continue_runs_it_again_with_this_model(
-        browser, chat_server, store):
-    page = open_chat(browser, chat_server.url).open(store=store, every=EVERY)
+        chat_browser, chat_server, store):
+    page = open_chat(chat_browser, chat_server.url).open(store=store, every=EVERY)
     page.configure(max_tokens=TOKENS)
     held = cut(page)
     chat_server.use_tiny(**OTHER_MODEL)
@@ -178,13 +171,13 @@ QUOTA_MARGIN = 256 * 1024  # the first checkpoints fit, the store's growth soon 
 
 
 @pytest.fixture
-def full_quota_page(browser, chat_server, request):
+def full_quota_page(chat_browser, chat_server, request):
     """The page on an origin of its own (a name under .localhost) whose quota, set before its first write, is
     its usage plus QUOTA_MARGIN: IndexedDB grants writes from the free space it last asked for during up to 30 s,
     so an origin that wrote before would not see the new quota. ``lift()`` gives the browser's quota back."""
     label = hashlib.sha256(request.node.nodeid.encode()).hexdigest()[:12]
-    page = open_chat(browser, chat_server.url.replace("127.0.0.1", f"q{label}.localhost"))
-    cdp = browser.context.new_cdp_session(page.page)
+    page = open_chat(chat_browser, chat_server.url.replace("127.0.0.1", f"q{label}.localhost"))
+    cdp = chat_browser.context.new_cdp_session(page.page)
     page.open(every=EVERY)  # lists the (empty) store: nothing written yet
     page.configure(max_tokens=TOKENS * 4)
     origin = page.page.evaluate("location.origin")

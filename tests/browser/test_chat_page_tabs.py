@@ -6,19 +6,9 @@ from __future__ import annotations
 
 import json
 
-import pytest
-
-from .browser_harness import CDPChromium
 from .chat_page import ChatPage, open_chat, uninterrupted
 
 TOKENS, EVERY = 24, 8
-
-
-@pytest.fixture
-def browser(browser_prereqs, playwright_instance, tmp_path):
-    chromium = CDPChromium(browser_prereqs["chromium"], tmp_path / "profile", playwright_instance)
-    yield chromium
-    chromium.close()
 
 
 def tab(browser, url) -> ChatPage:
@@ -27,10 +17,10 @@ def tab(browser, url) -> ChatPage:
     return page
 
 
-def test_a_second_tab_shows_the_conversation_read_only_and_cannot_write_it(browser, chat_server):
-    first = tab(browser, chat_server.url)
+def test_a_second_tab_shows_the_conversation_read_only_and_cannot_write_it(chat_browser, chat_server):
+    first = tab(chat_browser, chat_server.url)
     name = first.reply_to("tell me about the sea.")["conversation"]
-    second = tab(browser, chat_server.url)
+    second = tab(chat_browser, chat_server.url)
     second.open_conversation(name)
     state = second.state()
     writable = {b: second.page.is_enabled(f"#{b}") for b in ("send", "regenerate", "continue")}
@@ -42,12 +32,12 @@ def test_a_second_tab_shows_the_conversation_read_only_and_cannot_write_it(brows
 
 
 def test_taking_over_stops_the_first_tab_and_the_second_continues_its_reply_to_the_uninterrupted_tokens(
-        browser_prereqs, playwright_instance, chat_server, browser, tmp_path):
+        browser_prereqs, playwright_instance, chat_server, chat_browser, tmp_path):
     want, = uninterrupted(browser_prereqs, playwright_instance, chat_server.url, tmp_path / "clean-profile",
                           ["tell me about the sea."], max_tokens=TOKENS, every=EVERY)
-    first = tab(browser, chat_server.url)
+    first = tab(chat_browser, chat_server.url)
     held = first.send_and_hold("tell me about the sea.", 9)
-    second = tab(browser, chat_server.url)
+    second = tab(chat_browser, chat_server.url)
     second.page.click(f"#conversations li[data-name='{held['conversation']}'] .open")
     second.wait("d => d.readOnly === true")
     second.page.click("#take-over")

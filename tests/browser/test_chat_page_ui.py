@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import pytest
 
-from .browser_harness import CDPChromium
 from .chat_page import ChatPage, open_chat
 
 TOKENS = 12
@@ -15,15 +14,8 @@ ROLES = {"button", "textbox", "combobox", "spinbutton", "radio", "checkbox", "pr
 
 
 @pytest.fixture
-def browser(browser_prereqs, playwright_instance, tmp_path):
-    chromium = CDPChromium(browser_prereqs["chromium"], tmp_path / "profile", playwright_instance)
-    yield chromium
-    chromium.close()
-
-
-@pytest.fixture
-def page(browser, chat_server) -> ChatPage:
-    chat = open_chat(browser, chat_server.url).open()
+def page(chat_browser, chat_server) -> ChatPage:
+    chat = open_chat(chat_browser, chat_server.url).open()
     chat.configure(max_tokens=TOKENS)
     return chat
 
@@ -79,8 +71,8 @@ def test_a_delete_asks_can_be_cancelled_and_the_inspect_panel_closes_with_its_co
     assert page.page.is_hidden("#inspect") and page.state()["conversation"] is None
 
 
-def test_the_commit_line_names_the_store_that_was_written(browser, chat_server):
-    page = open_chat(browser, chat_server.url).open(store="opfs")
+def test_the_commit_line_names_the_store_that_was_written(chat_browser, chat_server):
+    page = open_chat(chat_browser, chat_server.url).open(store="opfs")
     page.configure(max_tokens=TOKENS)
     state = page.reply_to("tell me about the sea.")
     line = page.page.inner_text("#committed")
@@ -96,10 +88,10 @@ def test_the_page_fits_390_px_without_sideways_scrolling(page):
     assert widths[0] <= widths[1] <= 390
 
 
-def test_every_control_has_an_accessible_name(page, browser):
+def test_every_control_has_an_accessible_name(page, chat_browser):
     page.reply_to("tell me about the sea.")
     page.open_settings()
-    cdp = browser.context.new_cdp_session(page.page)
+    cdp = chat_browser.context.new_cdp_session(page.page)
     nodes = cdp.send("Accessibility.getFullAXTree")["nodes"]
     controls = [n for n in nodes if not n.get("ignored") and n.get("role", {}).get("value") in ROLES]
     unnamed = [n["role"]["value"] for n in controls if not n.get("name", {}).get("value", "").strip()]

@@ -7,7 +7,6 @@ tab or process.
 
 from __future__ import annotations
 
-import errno
 
 import pytest
 
@@ -16,24 +15,10 @@ from kvckpt_web.durable.catalog import manifest_keys
 from kvckpt_web.errors import ConflictError, FieldError, NotFoundError
 
 from kvmodel import run
+from stores_that_fail import FullAfter
 
 MESSAGES = [{"role": "user", "content": "tell me about the sea."}]
 GREEDY = {"temperature": 0.0, "max_tokens": 16}
-
-
-class FullAfter(MemoryStore):
-    """A MemoryStore whose manifest writes fail with ENOSPC after the first ``ok`` of them."""
-
-    def __init__(self, ok: int) -> None:
-        super().__init__()
-        self.ok = ok
-
-    async def _set(self, key, data):
-        if key.startswith("manifests/"):
-            if self.ok == 0:
-                raise OSError(errno.ENOSPC, "No space left on device")
-            self.ok -= 1
-        await super()._set(key, data)
 
 
 async def cut_after_first_token(engine):

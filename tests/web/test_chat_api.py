@@ -8,7 +8,6 @@ the test double; two ChatWorkers on one store are two tabs.
 
 from __future__ import annotations
 
-import errno
 import json
 import sys
 from pathlib import Path
@@ -22,27 +21,13 @@ from kvckpt_web.web import chat_api
 from kvckpt_web.web.chat_api import ChatWorker
 
 from kvmodel import run
+from stores_that_fail import FullAfter
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "model"))
 from lm_double import DoubleLM, DoubleText  # noqa: E402
 
 OPEN = {"store": "indexeddb", "store_name": "s", "context": 256, "autosave_every": 4, "prefill_chunk": 8}
 GREEDY = {"temperature": 0, "max_tokens": 12}
-
-
-class FullAfter(MemoryStore):
-    """A MemoryStore whose manifest writes fail with ENOSPC after the first ``ok`` of them."""
-
-    def __init__(self, ok: int) -> None:
-        super().__init__()
-        self.ok = ok
-
-    async def _set(self, key, data):
-        if key.startswith("manifests/"):
-            if self.ok == 0:
-                raise OSError(errno.ENOSPC, "No space left on device")
-            self.ok -= 1
-        await super()._set(key, data)
 
 
 @pytest.fixture
