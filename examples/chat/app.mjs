@@ -22,6 +22,7 @@ function onEvent(e) {
       `${e.conversation} · ${e.tokens} tokens · ${kib(e.bytes)} written in ${ms(e.ms)}`;
     page.tabs?.saved(e.conversation);
     if (state.problem?.kind === "quota" || state.problem?.kind === "save") clearProblem();  // saved again
+    if (!state.conversations.some((row) => row.name === e.conversation)) refresh();   // a new one: list it
   } else if (e.type === "save_failed") {
     const quota = e.error.message.toLowerCase().includes("quota");
     problem(quota ? "quota" : "save", "Saving failed", { ...e.error, message: `${e.store}: ${e.error.message}. The ` +

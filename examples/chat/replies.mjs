@@ -41,7 +41,10 @@ export async function run(opened, { resumed = false, timeline = false } = {}) {
     for await (const chunk of stream) {
       const now = performance.now();
       const [choice] = chunk.choices;
-      if (!old && chunk.kvckpt.token_ids.length) firstAt ??= now;
+      if (!old && chunk.kvckpt.token_ids.length && firstAt === null) {
+        firstAt = now;
+        $("phase").textContent = "generating";
+      }
       old = false;
       if (state.conversation !== chunk.kvckpt.conversation) await adopt(chunk.kvckpt.conversation);
       state.replyIds.push(...chunk.kvckpt.token_ids);
@@ -64,6 +67,7 @@ export async function run(opened, { resumed = false, timeline = false } = {}) {
 async function adopt(name) {
   if (state.conversation && state.conversation !== name) page.tabs.release(state.conversation);
   state.conversation = name;
+  $("chat-title").textContent = state.messages.find((m) => m.role === "user")?.content.slice(0, 60) ?? name;
   await page.tabs.claim(name);
 }
 
