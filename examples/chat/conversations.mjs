@@ -21,6 +21,7 @@ export async function refresh() {
 export function drawList() {
   showConversations(state.conversations, {
     current: state.conversation, confirming: page.confirming, onOpen: (name) => openConversation(name),
+    writing: page.streaming ? state.conversation : null,
     onInspect: inspect,
     onDelete: (name) => { page.confirming = name; drawList(); document.querySelector(".cancel-delete")?.focus(); },
     onCancel: (name) => { page.confirming = null; drawList(); focusRow(name, ".delete"); },

@@ -58,15 +58,18 @@ export function showReplyText(text) {
   if (last) last.textContent = text;
 }
 
-function label(row) {
+function label(row, writing) {
+  if (row.name === writing) return "writing";
   if (row.error) return "damaged";
   if (!row.same_model) return "another model's";
   if (!row.finished) return row.stopped ? "stopped" : "cut";
   return "";
 }
 
-// The saved conversations, newest first: open, inspect, delete (which asks, and can be cancelled).
-export function showConversations(rows, { current, confirming, onOpen, onInspect, onDelete, onConfirm, onCancel }) {
+// The saved conversations, newest first: open, inspect, delete (which asks, and can be cancelled); `writing` is the one
+// a reply is being written in.
+export function showConversations(rows, { current, writing, confirming, onOpen, onInspect, onDelete, onConfirm,
+                                         onCancel }) {
   $("no-conversations").hidden = rows.length > 0;
   keepingFocus($("conversations"), () => rows.map((row) => {
     const title = row.title || row.name;
@@ -82,7 +85,7 @@ export function showConversations(rows, { current, confirming, onOpen, onInspect
     const open = el("button", { type: "button", className: "open", dataset: { focus: `open:${row.name}` },
                                 onclick: () => onOpen(row.name) }, title);
     if (row.name === current) open.setAttribute("aria-current", "true");
-    const state = label(row);
+    const state = label(row, writing);
     const meta = el("span", { className: "meta", textContent: [state, row.tokens ? `${row.tokens} tokens` : "",
       row.updated_ms ? new Date(row.updated_ms).toLocaleString() : ""].filter(Boolean).join(" · ") });
     const inspect = el("button", { type: "button", className: "inspect", textContent: "Inspect",
