@@ -76,9 +76,9 @@ test-browser: setup web-deps
 serve: setup web-deps
 	$(BIN)/kvckpt serve
 
-# The crash-resume page: SmolLM2 generating in the browser (Pyodide on WebGPU), opened in the default browser.
+# The chat page: SmolLM2 chatting in the browser (Pyodide on WebGPU, in a Web Worker), conversations that survive a crash.
 demo-page: setup web-deps
-	$(BIN)/kvckpt serve --page examples/crash_resume --open
+	$(BIN)/kvckpt serve --page examples/chat --open
 
 bench-browser: setup web-deps
 	$(BIN)/python -m bench.browser

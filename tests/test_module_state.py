@@ -27,8 +27,6 @@ EXCEPTIONS = {
     "stores/js.py:_helpers": "the JS helper functions, evaluated once per realm: a value, no object's state",
     "web/runtime.py:REALM": "JavaScript calls module functions (pyimport(...).create_cache), and Pyodide imports a "
                             "module once per realm: the realm's one Runtime, which holds its state, is kept here",
-    "web/chat_api.py:_chat": "the chat page's worker calls this module's functions from JavaScript: its one _Chat "
-                             "is that realm's (as web/runtime.py:REALM)",
 }
 
 UPPER = re.compile(r"_?[A-Z][A-Z0-9_]*")

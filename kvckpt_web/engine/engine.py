@@ -70,7 +70,10 @@ class _Turn:
     """How the K/V of a reply continued from the store came back (None: the reply did not come from there)."""
     first_token_at: float | None = None
     last_token_at: float | None = None
+    prefill_save_s: float = 0.0
+    """Seconds of saves until the first token was out (autosaves during the prefill and the first token's)."""
     save_s: float = 0.0
+    """Seconds of saves after it."""
     interrupted: bool = False
     made: int = 0
     """Tokens this call generated (a resumed reply's earlier tokens not counted)."""
@@ -87,8 +90,9 @@ class Engine:
 
     ``progress(phase, done, total)`` hears how a prompt's prefill (phase "prefill") or a resume's replay of
     tokens whose K/V could not be used ("replay") advances; ``on_save(conversation, result)`` hears of each
-    save of a conversation, ``on_save_error(conversation, error)`` of each that failed in the store (a full
-    disk, the lock not had in time): the reply goes on and the next save tries again.
+    checkpoint of a conversation committed, ``on_save_error(conversation, error)`` of each that failed in the
+    store (a full disk, the lock not had in time): the reply goes on, the last committed generation stays, and
+    the next save tries again.
     """
 
     def __init__(self, loaded: "LoadedModel", device: "Device", *, store: "Store | None" = None,
@@ -217,7 +221,10 @@ class Engine:
         name = turn.slot.conversation
 
         def saved(result: SaveResult) -> None:
-            turn.save_s += result.seconds
+            if turn.first_token_at is None:
+                turn.prefill_save_s += result.seconds
+            else:
+                turn.save_s += result.seconds
             if result.prefix_record is not None:
                 self.sources.index.note(result.prefix_record)
             if self.on_save is not None:
@@ -271,7 +278,7 @@ class Engine:
     def _usage(self, turn: _Turn) -> Usage:
         gen = turn.gen
         first, last = turn.first_token_at, turn.last_token_at
-        prefill_s = (first - turn.started - turn.restore_s) if first is not None else 0.0
+        prefill_s = (first - turn.started - turn.restore_s - turn.prefill_save_s) if first is not None else 0.0
         decode_s = max(0.0, (last - first) - turn.save_s) if first is not None and last is not None else 0.0
         timings = Timings(turn.restore_s, max(0.0, prefill_s), decode_s,
                           turn.prompt_tokens - turn.cached_tokens, max(0, turn.made - 1))
@@ -369,8 +376,8 @@ class Engine:
         uninterrupted run gives; its first chunk holds what was written before and, when the reply came back
         from the store, ``resumed``: how its K/V did (imported, or their tokens run again when they could not
         be used). ``generation`` continues that generation of it instead of the newest (e.g. an intact one
-        beside a damaged newest). FieldError if the reply finished, NotFoundError if there is no such
-        conversation (or generation)."""
+        beside a newest that cannot be read). FieldError if the reply finished, NotFoundError if there is no
+        such conversation (or generation)."""
         if generation is not None and not is_int(generation, 1):
             raise FieldError("generation", "an integer >= 1 or None", generation)
         async with self.scheduler.turn():
@@ -442,6 +449,33 @@ class Engine:
                 self.sources.forget(name)
             elif own is None:
                 raise NotFoundError(f"conversation: expected a conversation named {name!r}, got none")
+            if own is not None:
+                await self._drop(own)
+
+    async def warm_up(self) -> None:
+        """Run one token through the model in a free sequence of the cache and read its logits as a reply does (the
+        best id, the best few): a device that builds its kernels on first use builds them now, not at a reply's first
+        token. The cache is as it was afterwards; nothing if every sequence is taken."""
+        async with self.scheduler.turn():
+            seq_id = self.slots.free_seq_id()
+            if seq_id is None:
+                return
+            self.cache.add_sequence(seq_id)
+            try:
+                logits = await self.model.forward(self.cache, seq_id, [0])
+                await logits.argmax()
+                await logits.top_k(2)
+            finally:
+                self.cache.remove_sequence(seq_id)
+
+    async def release(self, name: str) -> None:
+        """Let go of conversation ``name`` in this engine: its slot leaves the cache and an unfinished reply of it
+        releases the name's claim, so another engine (another tab or process) may continue it; the store keeps
+        it as last committed. ConflictError while a reply is being generated in it; nothing if it is not here."""
+        async with self.scheduler.turn():
+            own = self.slots.of_conversation(name)
+            if own is not None and own.busy:
+                raise ConflictError(f"conversation {name!r}: a reply is being generated in it; interrupt it first")
             if own is not None:
                 await self._drop(own)
 

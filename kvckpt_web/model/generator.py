@@ -483,13 +483,17 @@ class Generator:
     async def _replay(self) -> None:
         """Run the first ``kv_length`` tokens into the (empty) sequence in the forward calls the original run
         made (see :meth:`_call_end`). K/V an earlier turn took from another conversation's prefix were made
-        by that conversation's calls: replayed as a prefill, they may differ in the last bits."""
+        by that conversation's calls: replayed as a prefill, they may differ in the last bits. Returns once the
+        device has run them (the last forward's logits are read), so the time it took is the replay's own."""
         target, tokens = self.kv_length, self.tokens
         self.kv_length = 0
+        logits = None
         while self.kv_length < target:
-            await self._forward(tokens[self.kv_length:self._call_end(self.kv_length, target)])
+            logits = await self._forward(tokens[self.kv_length:self._call_end(self.kv_length, target)])
             if self.progress is not None:
                 self.progress("replay", self.kv_length, target)
+        if logits is not None:
+            await logits.argmax()
 
 
 def candidate_count(settings: SamplingSettings, previous: Sequence[int], vocab_size: int) -> int:

@@ -1,318 +1,302 @@
-"""The crash-resume page's model runner: what its Web Worker (``examples/crash_resume/worker.mjs``) calls.
+"""What the engine's Web Worker (``kvckpt_web/web/engine-worker.mjs``) calls: the chat engine on this worker's
+WebGPU device and an IndexedDB or OPFS store.
 
-One model and one conversation at a time, on the worker's WebGPU device, autosaved every N tokens to
-an IndexedDB or OPFS store under the conversation's name, which this worker holds (its Web Lock claim) until
-it starts or resumes another conversation, deletes this one, or closes: another tab or worker cannot write
-or delete it meanwhile (ConflictError). Each call returns JSON text (camelCase keys);
-what happens while a call runs reaches JavaScript as events, JSON text given to the callback of
-:func:`set_emit`:
+A :class:`ChatWorker` holds one model and one :class:`~kvckpt_web.engine.Engine`. Requests and results cross as
+JSON text in the engine's shapes (OpenAI's chat completions, :class:`~kvckpt_web.engine.ConversationInfo`:
+snake_case keys); a streamed reply is a handle whose chunks :meth:`ChatWorker.next_chunk` gives one by one.
+What happens meanwhile reaches JavaScript as events, JSON text given to ``emit``:
 
-* ``{"type": "upload", "done", "total"}`` -- weights uploaded to the GPU, in parts (a layer's, then the rest);
-* ``{"type": "prefill", "done", "total"}`` and ``{"type": "replay", "done", "total"}`` -- tokens run;
-* ``{"type": "token", "index", "text", "tokensPerS"}`` -- a generated token and the reply text it made final;
-* ``{"type": "saved", "generation", "tokens", "bytes", "ms"}`` -- a committed checkpoint;
-* ``{"type": "saveFailed", "error", "committed"}`` -- an autosave failed (the last committed generation stays,
-  the generation goes on); the next autosave tries again, :func:`save_now` at once;
-* ``{"type": "finished" or "paused", "finishReason", "text"}`` -- the generation stopped.
+* ``{"type": "upload", "done", "total"}`` -- weights uploaded to the GPU, in parts;
+* ``{"type": "saved", "conversation", "generation", "tokens", "bytes", "ms", "store"}`` -- a committed
+  checkpoint (``store`` names the store written, e.g. ``IndexedDB 'kvckpt'``);
+* ``{"type": "save_failed", "conversation", "error", "store"}`` -- an autosave failed in the store (the reply goes
+  on; the last committed generation stays).
 """
 
 from __future__ import annotations
 
 import json
 import time
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
-from ..durable.catalog import list_generations
+from ..durable.catalog import list_generations, list_names, load_manifest
 from ..durable.results import GenerationInfo, SaveResult
-from ..durable.retention import delete_name
-from ..errors import FieldError, UnusableCheckpointError
+from ..engine import ChatChunk, ChatRequest, Engine
+from ..engine.conversations import describe
+from ..engine.record import ChatRecord
+from ..errors import FieldError, KVCkptError, NotFoundError, is_int
+from ..model.generator import ResumeReport, new_cache
 from ..model.gguf import parse_gguf
 from ..model.loader import load_gguf
 from ..model.protocol import LoadedModel
-from ..model.sampler import SamplingSettings
-from ..model.app_state import StopRules
-from ..model.generator import Autosave, Generator, TokenEvent, new_cache
-from ..model.resume import resume
-from .runtime import camel_json, device, error_fields, open_store, to_py
+from .runtime import device, error_fields, open_store, to_py
 
-__all__ = ["close", "conversation", "conversations", "delete", "load_model", "pause", "resume_saved", "save_now",
-           "set_emit", "start"]
+__all__ = ["ChatWorker", "saved_conversations"]
 
+STORE_LABELS = {"indexeddb": "IndexedDB", "opfs": "OPFS"}
 
-class _Chat:
-    """This worker's model, cache and generation."""
-
-    def __init__(self) -> None:
-        self.loaded: LoadedModel | None = None
-        self.cache: Any = None
-        self.gen: Generator | None = None
-        self.writing: tuple[Any, str] | None = None  # the store and name the generation writes
-        self.pausing = False
-        self.running = False  # _run is stepping the generation
-        self.emit: Callable[[str], None] = lambda text: None
+ENGINE_OPTIONS = {"store": "indexeddb", "store_name": "kvckpt", "context": 1024, "sequences": 4,
+                  "autosave_every": 16, "prefill_chunk": 64, "model_name": "kvckpt"}
+"""What :meth:`ChatWorker.open` takes, and its defaults."""
 
 
-_chat = _Chat()
-
-
-def _json(**fields: Any) -> str:
-    return camel_json(fields)
-
-
-def _event(kind: str, **fields: Any) -> None:
-    _chat.emit(_json(type=kind, **fields))
+def _object(what: str, value: Any) -> dict[str, Any]:
+    """``value`` (JSON text, a JS object or a dict) as a dict; FieldError naming ``what`` if it is none."""
+    value = to_py(value)
+    if isinstance(value, str):
+        try:
+            value = json.loads(value)
+        except ValueError as exc:
+            raise FieldError(what, "a JSON object", f"invalid JSON ({exc})") from None
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise FieldError(what, "an object", type(value).__name__)
+    return value
 
 
 def _options(value: Any, known: dict[str, Any]) -> dict[str, Any]:
-    """``value`` (a JS object) over the defaults ``known``; FieldError naming an unknown option."""
-    given = to_py(value) or {}
-    if not isinstance(given, dict):
-        raise FieldError("options", "an object", type(given).__name__)
+    """``value`` over the defaults ``known``; FieldError naming an unknown option."""
+    given = _object("options", value)
     for key in given:
         if key not in known:
             raise FieldError(f"options.{key}", f"one of {sorted(known)}", "an unknown option")
-    return {**known, **given}
+    return {**known, **{k: v for k, v in given.items() if v is not None}}
 
 
-def _model() -> LoadedModel:
-    if _chat.loaded is None:
-        raise FieldError("model", "a model loaded with load_model()", "none")
-    return _chat.loaded
+def _report(report: ResumeReport) -> dict[str, Any]:
+    """How a resume got its K/V back, as the page shows it."""
+    return {"kv_restored": report.kv_restored, "reason": report.reason, "message": report.message,
+            "generation": report.generation, "tokens": report.kv_length, "restore_ms": report.restore_s * 1e3,
+            "replay_ms": report.replay_s * 1e3}
 
 
-def set_emit(callback: Callable[[str], None]) -> None:
-    """Send events (JSON text) to ``callback`` from now on."""
-    _chat.emit = callback
+def _summary(info: GenerationInfo) -> dict[str, Any]:
+    """One stored generation as the inspect panel lists it."""
+    sizes = dict(zip(info.chunk_keys, info.chunk_nbytes))
+    return {"generation": info.generation, "error": info.error, "kv_tokens": info.seq_length,
+            "bytes": sum(sizes.values()) + info.manifest_bytes, "created_ms": info.created_ms}
 
 
-async def load_model(data: Any) -> str:
-    """Load the GGUF file's bytes ``data`` (a Uint8Array) as the model, replacing any other; JSON
-    ``{identity, numLayers, vocabSize, maxContext, loadMs}``."""
-    await close()
-    started = time.perf_counter()
-    raw = to_py(data)  # a memoryview of the Uint8Array's bytes, copied once below
-    f = parse_gguf(bytes(raw))
-    _chat.loaded = load_gguf(f, await device(), lambda done, total: _event("upload", done=done, total=total))
-    model = _chat.loaded.model
-    return _json(identity=model.identity, num_layers=model.kv_layout().num_layers, vocab_size=model.vocab_size,
-                 max_context=model.max_context, load_ms=(time.perf_counter() - started) * 1e3)
+class ChatWorker:
+    """A worker's model, its engine, and the replies being streamed from it."""
+
+    def __init__(self, emit: Callable[[str], None] | None = None) -> None:
+        self.emit = emit or (lambda text: None)
+        self.loaded: LoadedModel | None = None
+        self.engine: Engine | None = None
+        self.store_label = ""
+        self._streams: dict[int, AsyncIterator[ChatChunk]] = {}
+        self._issued = 0  # stream handles are 1, 2, ...: never reused
+
+    def _event(self, kind: str, **fields: Any) -> None:
+        self.emit(json.dumps({"type": kind, **fields}))
+
+    def _engine(self) -> Engine:
+        if self.engine is None:
+            raise FieldError("engine", "an engine opened with open()", "none")
+        return self.engine
+
+    async def load_model(self, data: Any) -> str:
+        """Load the GGUF file's bytes ``data`` (a Uint8Array) as the model, closing any engine and model before;
+        JSON ``{identity, num_layers, vocab_size, max_context, load_ms}``."""
+        await self.close()
+        started = time.perf_counter()
+        f = parse_gguf(bytes(to_py(data)))  # a memoryview of the Uint8Array's bytes, copied once
+        self.loaded = load_gguf(f, await device(), lambda done, total: self._event("upload", done=done, total=total))
+        model = self.loaded.model
+        return json.dumps({"identity": model.identity, "num_layers": model.kv_layout().num_layers,
+                           "vocab_size": model.vocab_size, "max_context": model.max_context,
+                           "load_ms": (time.perf_counter() - started) * 1e3})
+
+    async def open(self, options: Any = None) -> str:
+        """Open the engine over the loaded model and the store ``options.store`` ("indexeddb" or "opfs") named
+        ``options.store_name`` (see :data:`ENGINE_OPTIONS`), closing the one before; JSON ``{context, store}``."""
+        o = _options(options, ENGINE_OPTIONS)
+        if self.loaded is None:
+            raise FieldError("model", "a model loaded with load_model()", "none")
+        store = await open_store(o["store"], o["store_name"])
+        await self._close_engine()
+        self.engine = Engine(self.loaded, await device(), store=store, model_name=o["model_name"],
+                             context=o["context"], sequences=o["sequences"], autosave_every=o["autosave_every"],
+                             prefill_chunk=o["prefill_chunk"], on_save=self._saved, on_save_error=self._save_failed)
+        self.store_label = f"{STORE_LABELS[o['store']]} {o['store_name']!r}"
+        return json.dumps({"context": self.engine.context, "store": self.store_label})
+
+    async def warm_up(self) -> str:
+        """Build the model's kernels now (see :meth:`Engine.warm_up`): JSON ``{ms}``."""
+        started = time.perf_counter()
+        await self._engine().warm_up()
+        return json.dumps({"ms": (time.perf_counter() - started) * 1e3})
+
+    def _saved(self, name: str, result: SaveResult) -> None:
+        self._event("saved", conversation=name, generation=result.generation, tokens=result.seq_length,
+                    bytes=result.bytes_written, ms=result.seconds * 1e3, store=self.store_label)
+
+    def _save_failed(self, name: str, exc: Exception) -> None:
+        error = error_fields(exc) if isinstance(exc, KVCkptError) else {"name": type(exc).__name__,
+                                                                        "message": str(exc)}
+        self._event("save_failed", conversation=name, error=error, store=self.store_label)
+
+    # ----- replies ------------------------------------------------------------------------------
+
+    def _keep(self, stream: AsyncIterator[ChatChunk]) -> int:
+        self._issued += 1
+        self._streams[self._issued] = stream
+        return self._issued
+
+    async def create(self, body: Any) -> str:
+        """Start the reply to an OpenAI chat-completions ``body`` (JSON text or object; ``stream`` is ignored, the
+        reply always streams): JSON ``{stream}``, the handle :meth:`next_chunk` reads. Bad input raises here,
+        before anything changes."""
+        request = ChatRequest.from_openai(_object("body", body))
+        return json.dumps({"stream": self._keep(await self._engine().create(request, stream=True))})
+
+    async def complete(self, body: Any) -> str:
+        """The whole reply to ``body``: OpenAI's ``chat.completion`` JSON."""
+        request = ChatRequest.from_openai(_object("body", body))
+        return json.dumps((await self._engine().create(request)).to_openai())
+
+    async def resume(self, name: str, generation: int | None = None, stream: bool = True) -> str:
+        """Continue conversation ``name``'s unfinished reply (from ``generation``, default its newest): JSON
+        ``{stream, restored}`` (or without ``stream``, the whole reply: ``{completion, restored}``), ``restored``
+        saying how its K/V came back from the store (null when its cache slot still held them):
+        ``{kv_restored, reason, message, generation, tokens, restore_ms, replay_ms}``."""
+        engine = self._engine()
+        before = engine.slots.of_conversation(name)
+        old = before.gen.resume_report if before is not None and before.gen is not None else None
+        reply = await engine.resume(name, stream=stream, generation=generation)
+        slot = engine.slots.of_conversation(name)
+        report = slot.gen.resume_report if slot is not None and slot.gen is not None else None
+        restored = _report(report) if report is not None and report is not old else None
+        if stream:
+            return json.dumps({"stream": self._keep(reply), "restored": restored})
+        return json.dumps({"completion": reply.to_openai(), "restored": restored})
+
+    async def next_chunk(self, handle: int) -> str:
+        """The next chunk of stream ``handle`` (OpenAI's ``chat.completion.chunk`` JSON), "" once it ended."""
+        stream = self._streams.get(handle)
+        if stream is None:
+            raise FieldError("stream", f"an open stream handle {sorted(self._streams)}", handle)
+        try:
+            chunk = await anext(stream)
+        except StopAsyncIteration:
+            del self._streams[handle]
+            return ""
+        except BaseException:
+            del self._streams[handle]
+            raise
+        return json.dumps(chunk.to_openai())
+
+    async def cancel(self, handle: int) -> None:
+        """Stop reading stream ``handle``: its reply stops as an interrupt stops it (saved, resumable)."""
+        stream = self._streams.pop(handle, None)
+        if stream is not None:
+            await stream.aclose()
+
+    def interrupt(self) -> None:
+        """Stop every reply being generated after its current token (each stays resumable)."""
+        if self.engine is not None:
+            self.engine.interrupt()
+
+    # ----- conversations --------------------------------------------------------------------------
+
+    async def conversations(self) -> str:
+        """Every conversation of the store, newest first: JSON list of ConversationInfo."""
+        return json.dumps([i.to_json() for i in await self._engine().conversations()])
+
+    async def unfinished(self) -> str:
+        """The conversations of this model whose last reply was cut or stopped: JSON list of ConversationInfo."""
+        return json.dumps([i.to_json() for i in await self._engine().unfinished()])
+
+    async def conversation(self, name: str) -> str:
+        """Conversation ``name`` (NotFoundError if none): JSON ConversationInfo."""
+        return json.dumps((await self._engine().conversation(name)).to_json())
+
+    async def inspect(self, name: str) -> str:
+        """Every stored generation of conversation ``name``: JSON ``{name, store, generations: [{generation,
+        error, kv_tokens, bytes, created_ms}]}``."""
+        engine = self._engine()
+        infos = await list_generations(engine.store, name)
+        if not infos:
+            raise NotFoundError(f"conversation: expected a conversation named {name!r}, got none")
+        return json.dumps({"name": name, "store": self.store_label, "generations": [_summary(i) for i in infos]})
+
+    async def delete(self, name: str) -> None:
+        """Delete conversation ``name`` (ConflictError while a reply is being generated in it, here or in another
+        tab)."""
+        await self._engine().delete(name)
+
+    async def release(self, name: str) -> None:
+        """Let go of conversation ``name`` so another tab may continue it (see :meth:`Engine.release`)."""
+        await self._engine().release(name)
+
+    async def measure_reprefill(self, name: str, tokens: int | None = None) -> str:
+        """Run the first ``tokens`` (default: all) of the tokens whose K/V conversation ``name``'s newest checkpoint
+        holds through the model into a scratch cache, timed once the device has finished (after a warm-up forward):
+        JSON ``{tokens, ms}``."""
+        engine = self._engine()
+        record = await engine.sources.record(name)
+        if record is None:
+            raise NotFoundError(f"conversation: expected a readable conversation named {name!r}, got none")
+        if record.saved.model != engine.model.identity:
+            raise FieldError("conversation", "a conversation of this model", name, "it is another model's")
+        held = record.saved.kv_length
+        if tokens is not None and not is_int(tokens, 1, held):
+            raise FieldError("tokens", f"an integer in [1, {held}] (the conversation's K/V tokens)", tokens)
+        tokens = record.tokens[:held if tokens is None else tokens]
+        async with engine.scheduler.turn():
+            ms = await _prefill_ms(engine, tokens)
+        return json.dumps({"tokens": len(tokens), "ms": ms})
+
+    async def _close_engine(self) -> None:
+        for handle in list(self._streams):
+            await self.cancel(handle)
+        if self.engine is not None:
+            await self.engine.close()
+        self.engine = None
+
+    async def close(self) -> None:
+        """Stop every reply (each stays resumable), close the engine and release the model's GPU memory."""
+        await self._close_engine()
+        if self.loaded is not None:
+            self.loaded.model.close()
+        self.loaded = None
 
 
-def _generator_hooks(started_at: int) -> dict[str, Any]:
-    """The callbacks of a Generator that turn its tokens, saves, failed autosaves and progress into events."""
-    clock = {"t0": time.perf_counter(), "first": started_at}
-
-    def on_token(event: TokenEvent) -> None:
-        made = event.index + 1 - clock["first"]
-        elapsed = time.perf_counter() - clock["t0"]
-        _event("token", index=event.index, text=event.text,
-               tokens_per_s=made / elapsed if made > 0 and elapsed > 0 else None)
-
-    def on_save(result: SaveResult) -> None:
-        _event("saved", generation=result.generation, tokens=result.seq_length, bytes=result.bytes_written,
-               ms=result.seconds * 1e3, name=result.name)
-
-    def on_save_error(exc: Exception) -> None:
-        _event("saveFailed", error=error_fields(exc),
-               committed=_chat.gen.committed_generation if _chat.gen is not None else None)
-
-    def progress(phase: str, done: int, total: int) -> None:
-        if phase in ("prefill", "replay"):
-            _event(phase, done=done, total=total)
-            if done == total:  # decode speed counts from the first decoded token
-                clock["t0"] = time.perf_counter()
-
-    return {"on_token": on_token, "on_save": on_save, "on_save_error": on_save_error, "progress": progress}
-
-
-async def _release() -> None:
-    """End this worker's generation, if any, releasing the name it holds."""
-    gen, _chat.gen, _chat.writing = _chat.gen, None, None
-    if gen is not None:
-        await gen.close()
-
-
-async def _new_cache(context: int) -> Any:
-    if _chat.cache is not None:
-        _chat.cache.close()
-        _chat.cache = None
-    loaded = _model()
-    _chat.cache = new_cache(loaded.model, await device(), max_tokens=min(context, loaded.model.max_context),
-                            prefill_chunk=64)
-    return _chat.cache
-
-
-START_OPTIONS = {"store": "indexeddb", "storeName": "kvckpt-demo", "name": None, "every": 16, "maxTokens": 128,
-                 "context": 1024, "temperature": 0.0, "seed": 0, "topK": 0, "topP": 1.0}
-
-
-async def start(prompt: str, options: Any = None) -> str:
-    """Generate the model's reply to ``prompt`` as conversation ``options.name``, autosaving every
-    ``options.every`` tokens; runs until the reply ends or :func:`pause`; JSON ``{finishReason, text, tokens}``
-    (the generated token ids)."""
-    o = _options(options, START_OPTIONS)
-    loaded = _model()
-    if not isinstance(prompt, str) or not prompt.strip():
-        raise FieldError("prompt", "a non-empty text", prompt if isinstance(prompt, str) else type(prompt).__name__)
-    settings = SamplingSettings(temperature=o["temperature"], seed=o["seed"], top_k=o["topK"], top_p=o["topP"])
-    stop = StopRules(o["maxTokens"], loaded.text.eos_ids)
-    autosave = Autosave(await open_store(o["store"], o["storeName"]), o["name"], o["every"])
-    tokens = loaded.text.encode_chat([{"role": "user", "content": prompt}],
-                                     max_tokens=min(o["context"], loaded.model.max_context))
-    await _release()
-    cache = await _new_cache(o["context"])
-    _chat.gen = await Generator.start(loaded.model, cache, tokens, settings, stop=stop, autosave=autosave,
-                                      decode=loaded.text.decode, **_generator_hooks(0))
-    _chat.writing = autosave.store, autosave.name
-    return await _run()
-
-
-RESUME_OPTIONS = {"store": "indexeddb", "storeName": "kvckpt-demo", "name": None, "generation": None, "every": None,
-                  "context": 1024, "replay": False, "measure": False}
-
-
-async def resume_saved(options: Any = None) -> str:
-    """Continue conversation ``options.name`` from its newest checkpoint (or ``options.generation``), then run
-    it like :func:`start`, autosaving every ``options.every`` tokens (default: as the checkpoint did).
-
-    JSON ``{problem: {reason, message}}`` if its K/V cannot be used and ``options.replay`` is false (nothing
-    changed); else, once the generation stops, what :func:`start` returns. A ``restored`` event says first how
-    the K/V came back: ``{kvRestored, reason, message, generation, tokens, restoreMs, replayMs, reprefillMs,
-    prompt, text}``, ``reprefillMs`` being a re-prefill of the same tokens into a scratch cache, timed, when
-    ``options.measure`` (else null).
-    """
-    o = _options(options, RESUME_OPTIONS)
-    loaded = _model()
-    store = await open_store(o["store"], o["storeName"])
-    autosave = Autosave(store, o["name"], o["every"])
-    await _release()
-    cache = await _new_cache(o["context"])
+async def _prefill_ms(engine: Engine, tokens: list[int]) -> float:
+    """Milliseconds to prefill ``tokens`` in the engine's prefill chunks into a scratch cache of its layout."""
+    chunk = engine.prefill_chunk
+    scratch = new_cache(engine.model, await device(), max_tokens=len(tokens) + chunk, prefill_chunk=chunk,
+                        page_size=engine.page_size, num_seqs=2)
     try:
-        _chat.gen = gen = await resume(store, o["name"], loaded.model, cache, generation=o["generation"],
-                                       autosave=autosave, decode=loaded.text.decode, replay=bool(o["replay"]),
-                                       **_generator_hooks(0))
-    except UnusableCheckpointError as exc:
-        return _json(problem=error_fields(exc))
-    _chat.writing = store, o["name"]
-    gen.on_token = _generator_hooks(len(gen.generated_tokens))["on_token"]
-    report = gen.resume_report
-    reprefill_ms = await _reprefill_ms(gen.tokens[:gen.kv_length]) if o["measure"] else None
-    _event("restored", kv_restored=report.kv_restored, reason=report.reason, message=report.message,
-           generation=report.generation, tokens=report.kv_length, restore_ms=report.restore_s * 1e3,
-           replay_ms=report.replay_s * 1e3, reprefill_ms=reprefill_ms,
-           prompt=loaded.text.decode(gen.prompt_tokens), text=gen.text)
-    return await _run()
-
-
-async def _reprefill_ms(tokens: list[int]) -> float:
-    """Milliseconds to run ``tokens`` through the model into a scratch cache of the same layout and limits,
-    after a warm-up forward of the first prefill chunk (pipelines are built once per page, not per prefill)."""
-    loaded = _model()
-    limits = _chat.cache.limits
-    scratch = new_cache(loaded.model, await device(), max_tokens=limits.max_total_seq_len,
-                        prefill_chunk=limits.prefill_chunk_size, num_seqs=2)
-    try:
-        scratch.add_sequence(1)
-        await (await loaded.model.forward(scratch, 1, tokens[:limits.prefill_chunk_size])).argmax()
+        scratch.add_sequence(1)  # warm-up: pipelines are built once per page, not per prefill
+        await (await engine.model.forward(scratch, 1, tokens[:chunk])).argmax()
         scratch.remove_sequence(1)
         scratch.add_sequence(0)
         started = time.perf_counter()
-        logits = await loaded.model.forward(scratch, 0, tokens)
-        await logits.argmax()  # waits for the GPU
+        logits = None
+        for at in range(0, len(tokens), chunk):
+            logits = await engine.model.forward(scratch, 0, tokens[at:at + chunk])
+        if logits is not None:
+            await logits.argmax()  # waits for the device
         return (time.perf_counter() - started) * 1e3
     finally:
         scratch.close()
 
 
-async def _run() -> str:
-    """Step the generation until it finishes or :func:`pause` asks (a failed autosave is an event, and
-    generation goes on)."""
-    gen = _chat.gen
-    _chat.pausing, _chat.running = False, True
-    try:
-        while gen.finish_reason is None and not _chat.pausing:
-            await gen.step()
-    finally:
-        _chat.running = False
-    _event("finished" if gen.finish_reason else "paused", finish_reason=gen.finish_reason, text=gen.text)
-    return _json(finish_reason=gen.finish_reason, text=gen.text, tokens=gen.generated_tokens)
-
-
-def pause() -> None:
-    """Stop the running generation after its current token (it stays resumable from its last checkpoint)."""
-    _chat.pausing = True
-
-
-async def save_now() -> str:
-    """Save the current generation now (after a failed autosave: without waiting for the next); the saved
-    event's JSON."""
-    gen = _chat.gen
-    if gen is None:
-        raise FieldError("generation", "a started or resumed generation", "none")
-    result = await gen.save()
-    return _json(generation=result.generation, tokens=result.seq_length, bytes=result.bytes_written,
-                 ms=result.seconds * 1e3)
-
-
-def _summary(info: GenerationInfo, identity: str | None) -> dict[str, Any]:
-    """One stored generation as the storage panel lists it."""
-    app = info.app_state or {}
-    tokens = app.get("prompt_tokens"), app.get("generated_tokens")
-    sizes = dict(zip(info.chunk_keys, info.chunk_nbytes))
-    return {"name": info.name, "generation": info.generation, "error": info.error,
-            "tokens": sum(len(t) for t in tokens if isinstance(t, list)) or info.seq_length,
-            "kvTokens": info.seq_length, "bytes": sum(sizes.values()) + info.manifest_bytes,
-            "createdMs": info.created_ms, "finishReason": app.get("finish_reason"),
-            "sameModel": identity is not None and app.get("model") == identity}
-
-
-async def conversations(store: str = "indexeddb", store_name: str = "kvckpt-demo") -> str:
-    """The conversations saved in the store, newest first: JSON list of the newest generation of each
-    (``name, generation, tokens, kvTokens, bytes, createdMs, finishReason, sameModel, error``)."""
-    identity = _chat.loaded.model.identity if _chat.loaded is not None else None
-    newest: dict[str, GenerationInfo] = {}
-    for info in await list_generations(await open_store(store, store_name)):
-        newest[info.name] = info  # listed by name, then generation
-    rows = [_summary(info, identity) for info in newest.values()]
-    return json.dumps(sorted(rows, key=lambda r: -(r["createdMs"] or 0)))
-
-
-async def conversation(store: str, store_name: str, name: str) -> str:
-    """Every generation of conversation ``name``, and its prompt and reply as text when this model wrote it:
-    JSON ``{generations: [...], prompt, reply, sampler}``."""
-    identity = _chat.loaded.model.identity if _chat.loaded is not None else None
-    infos = await list_generations(await open_store(store, store_name), name)
-    if not infos:
-        raise FieldError("name", "a conversation in the store", name)
-    app = infos[-1].app_state or {}
-    same = identity is not None and app.get("model") == identity
-    decode = _chat.loaded.text.decode if same else None
-    return json.dumps({"generations": [_summary(i, identity) for i in infos], "model": app.get("model"),
-                       "prompt": decode(app.get("prompt_tokens", [])) if decode else None,
-                       "reply": decode(app.get("generated_tokens", [])) if decode else None,
-                       "sampler": app.get("sampler")})
-
-
-async def delete(store: str, store_name: str, name: str) -> str:
-    """Delete every generation of conversation ``name`` and the chunks only it used; the GcResult as JSON.
-
-    This worker's own conversation is deleted once it is paused or finished (its generation ends); while it
-    generates, or while another tab or worker writes it, the delete is refused (ConflictError)."""
-    target = await open_store(store, store_name)
-    if _chat.writing == (target, name) and not _chat.running:
-        await _release()
-    result = await delete_name(target, name)
-    return _json(deleted_manifests=list(result.deleted_manifests), deleted_chunks=result.deleted_chunks,
-                 freed_bytes=result.freed_bytes)
-
-
-async def close() -> None:
-    """End the generation (releasing its conversation's name) and release the cache's and the model's GPU
-    memory."""
-    await _release()
-    if _chat.cache is not None:
-        _chat.cache.close()
-    if _chat.loaded is not None:
-        _chat.loaded.model.close()
-    _chat.cache = _chat.loaded = _chat.gen = None
+async def saved_conversations(kind: str, store_name: str) -> str:
+    """The conversations of a store as a page without a model lists them (their messages, not the last reply,
+    which only its model can decode), newest first: JSON list of ConversationInfo."""
+    store = await open_store(kind, store_name)
+    infos = []
+    for name in await list_names(store):
+        try:
+            manifest, _ = await load_manifest(store, name)
+            record: ChatRecord | None = ChatRecord.from_app_state(name, manifest.generation, manifest.created_ms,
+                                                                  manifest.app_state)
+        except KVCkptError:
+            record = None
+        infos.append(describe(name, record, "", lambda ids: ""))
+    return json.dumps([i.to_json() for i in sorted(infos, key=lambda i: -(i.updated_ms or 0))])

@@ -1,7 +1,17 @@
-// kvckpt_web in the browser: boot Pyodide offline and install the kvckpt_web wheel.
+// kvckpt_web in the browser: the chat engine in a Web Worker, and Pyodide with the kvckpt_web wheel for the raw cache.
 //
-// The Python package is the single source of truth; this module only loads it and
-// forwards a few calls. Results are plain objects with camelCase keys, as the arguments:
+// The Python package is the single source of truth; this module only loads it and forwards calls.
+//
+// The chat engine (engine.mjs), shaped as WebLLM's; its objects are OpenAI's and the engine's (snake_case keys):
+//
+//   import { createEngine } from "/kvckpt.mjs";
+//   const engine = await createEngine({model: "/model.gguf", store: "indexeddb", onProgress: (p) => show(p.stage)});
+//   const chunks = await engine.chat.completions.create({messages, stream: true, temperature: 0, max_tokens: 64});
+//   for await (const chunk of chunks) text += chunk.choices[0].delta.content ?? "";   // the last has `usage`
+//   for (const {name} of await engine.unfinished()) await engine.resume(name);   // replies a crash cut
+//   await engine.close();
+//
+// The raw cache, in this realm (results are plain objects with camelCase keys, as the arguments):
 //
 //   import { boot } from "/kvckpt.mjs";
 //   const kv = await boot();                       // Pyodide + micropip + kvckpt_web from this origin
@@ -40,12 +50,18 @@
 //
 // Served by `kvckpt serve` (routes /pyodide/, /wheels/ and /wheels/index.json).
 
+export { createEngine, Engine, savedConversations } from "./engine.mjs";
+
 const here = new URL(".", import.meta.url);
 
-export async function boot({ base = here.href, packages = [], log = () => {} } = {}) {
+// `progress({stage, done, total})` hears of each stage as it begins: "python" (Pyodide), then "packages" (micropip
+// and the wheels); `log` of Pyodide's messages.
+export async function boot({ base = here.href, packages = [], log = () => {}, progress = () => {} } = {}) {
   const t0 = performance.now();
+  progress({ stage: "python", done: 0, total: 1 });
   const { loadPyodide } = await import(new URL("pyodide/pyodide.mjs", base).href);
   const pyodide = await loadPyodide({ indexURL: new URL("pyodide/", base).href });
+  progress({ stage: "packages", done: 0, total: 1 });
   const index = await (await fetch(new URL("wheels/index.json", base))).json();
   const url = (name) => {
     const norm = (s) => s.toLowerCase().replace(/[-.]+/g, "_");

@@ -2,4 +2,4 @@
 
 from .browser_harness import (browser_context, browser_prereqs, fresh_wheel, playwright_instance,  # noqa: F401
                               py_page, web_server)
-from .demo_page import demo_server  # noqa: F401
+from .chat_page import chat_browser, chat_server  # noqa: F401

@@ -1,4 +1,5 @@
-"""The JavaScript snippets of README.md run as written in a page of the served origin."""
+"""The JavaScript snippets of README.md run as written in a page of the served origin: the chat engine's (with the
+tiny random llama as /model.gguf) and the raw cache's."""
 
 from __future__ import annotations
 
@@ -17,24 +18,38 @@ PAGE = """<!doctype html>
 </script>
 <script type="module">
 {snippet}
-window.readmeResult = {appState, seqLength};
+window.readmeResult = {result};
 </script>
 """
 
 
-def test_the_readme_has_a_browser_snippet():
-    assert len(JS) == 1 and 'from "/kvckpt.mjs"' in JS[0] and "appState: {tokens: [1, 2, 3]}" in JS[0]
-
-
-def test_js_snippet_restores_the_app_state_it_checkpointed(browser_context, web_server):
-    page = browser_context.new_page()
+def run_snippet(context, url: str, snippet: str, result: str):
+    page = context.new_page()
     try:
-        url = web_server + "readme.html"
-        page.route(url, lambda route: route.fulfill(content_type="text/html", body=PAGE.replace("{snippet}", JS[0])))
-        page.goto(url)
+        page.route(url + "readme.html", lambda route: route.fulfill(
+            content_type="text/html", body=PAGE.replace("{snippet}", snippet).replace("{result}", result)))
+        page.goto(url + "readme.html")
         page.wait_for_function("() => window.readmeResult || window.readmeError", timeout=BOOT_TIMEOUT_MS)
-        error, result = page.evaluate("() => [window.readmeError ?? null, window.readmeResult ?? null]")
+        return page.evaluate("() => [window.readmeError ?? null, window.readmeResult ?? null]")
     finally:
         page.close()
+
+
+def test_the_readme_has_the_engines_snippet_and_the_caches():
+    assert len(JS) == 2 and all('from "/kvckpt.mjs"' in js for js in JS)
+    assert "createEngine" in JS[0] and "appState: {tokens: [1, 2, 3]}" in JS[1]
+
+
+def test_the_engine_snippet_chats_two_turns_the_second_reusing_the_first(browser_context, chat_server):
+    error, result = run_snippet(browser_context, chat_server.url, JS[0],
+                                "{reply, cached: next.usage.prompt_tokens_details.cached_tokens, "
+                                "prompt: next.usage.prompt_tokens, finish: next.choices[0].finish_reason}")
+    assert error is None
+    assert result["reply"] and result["finish"] in ("stop", "length")
+    assert 0 < result["cached"] < result["prompt"]
+
+
+def test_the_cache_snippet_restores_the_app_state_it_checkpointed(browser_context, web_server):
+    error, result = run_snippet(browser_context, web_server, JS[1], "{appState, seqLength}")
     assert error is None
     assert result == {"appState": {"tokens": [1, 2, 3]}, "seqLength": 20}

@@ -220,6 +220,39 @@ def test_resume_without_replay_raises_the_reason_and_leaves_the_cache_and_checkp
     assert {key: run(store.get(key)) for key in run(store.list_prefix(""))} == before
 
 
+class LazyLM(DoubleLM):
+    """The double as a GPU runs it: a forward's work is pending until its logits are read."""
+
+    def __init__(self, **kwargs) -> None:
+        super().__init__(**kwargs)
+        self.pending = 0
+
+    async def forward(self, cache, seq_id, tokens):
+        logits = await super().forward(cache, seq_id, tokens)
+        self.pending += 1
+        model = self
+
+        class Read:
+            async def argmax(self):
+                model.pending = 0
+                return await logits.argmax()
+
+            async def top_k(self, k):
+                model.pending = 0
+                return await logits.top_k(k)
+
+        return Read()
+
+
+def test_a_replay_has_run_on_the_device_when_resume_returns_so_its_time_is_its_own(make_cache):
+    store = MemoryStore()
+    interrupted(make_cache, store, TOP_P, produced=9)
+    model = LazyLM(name="renamed")
+    gen = run(resume(store, "chat", model, make_cache(model), decode=TEXT.decode))
+    assert gen.resume_report.reason == "model" and model.forwards
+    assert model.pending == 0
+
+
 def test_rerunning_the_saved_tokens_repeats_the_forward_calls_of_the_original_run(make_cache):
     store = MemoryStore()
     model = DoubleLM()

@@ -31,6 +31,13 @@ def test_the_runtime_package_serves_its_page_and_module_only(pyodide, path):
         assert status(url, path) == 404
 
 
+@pytest.mark.parametrize("module", ["engine.mjs", "engine-worker.mjs", "weights.mjs"])
+def test_the_modules_kvckpt_mjs_loads_are_served_as_javascript(pyodide, module):
+    with serving(pyodide) as url:
+        code, headers, _ = request(url, "/" + module)
+        assert code == 200 and headers["content-type"].startswith("text/javascript")
+
+
 @pytest.mark.parametrize("path", ["/js", "/js/", "/pyodide", "/pyodide/", "/pyodide/sub", "/pyodide/sub/",
                                   "/wheels/", "/wheels"])
 def test_a_directory_is_not_listed(pyodide, tmp_path, page, path):

@@ -1,0 +1,172 @@
+// The chat page's replies: a message sent, an edited one (a fork), the last reply regenerated, an unfinished one
+// continued; each read chunk by chunk into the conversation, with the figures of what it cost.
+import { liveLine, notePrefill, replyLine, restoredLine, timelineLine } from "./figures.mjs";
+import { drawList, refresh, show } from "./conversations.mjs";
+import { announce, clearProblem, page, problem, setPhase, state, stopKey } from "./page.mjs";
+import { $, showReplyText } from "./view.mjs";
+
+// ----- replies ------------------------------------------------------------------------------------------------------
+
+function settings() {
+  const sample = document.querySelector("input[name=mode]:checked").value === "sample";
+  return { temperature: sample ? Number($("temperature").value) : 0, seed: Number($("seed").value),
+           max_tokens: Number($("max-tokens").value) };
+}
+
+function request(messages, extra = {}) {
+  const system = $("system").value.trim();
+  return { messages: system ? [{ role: "system", content: system }, ...messages] : messages, stream: true,
+           ...settings(), ...extra };
+}
+
+// Read a reply's chunks into the last message; `opened()` gives the stream (it may reject before anything changed).
+// With `resumed`, the first chunk is what the reply had written before (restored, not generated now).
+export async function run(opened, { resumed = false, timeline = false } = {}) {
+  clearProblem();
+  Object.assign(state, { reply: "", replyIds: [], held: null, finishReason: null });
+  state.messages.push({ role: "assistant", content: "" });
+  setPhase("generating", "waiting for the first token");
+  const asked = performance.now();
+  let stream;
+  try {
+    stream = await opened();
+  } catch (error) {
+    state.messages.pop();
+    return failedReply(error);
+  }
+  const openedAt = performance.now();   // a resume's K/V are back (or a new prompt's prefix is)
+  let finish, firstAt = null, old = resumed;
+  page.streaming = { done: new Promise((resolve) => { finish = resolve; }) };
+  try {
+    for await (const chunk of stream) {
+      const now = performance.now();
+      const [choice] = chunk.choices;
+      if (!old && chunk.kvckpt.token_ids.length && firstAt === null) {
+        firstAt = now;
+        $("phase").textContent = "generating";
+      }
+      old = false;
+      if (state.conversation !== chunk.kvckpt.conversation) await adopt(chunk.kvckpt.conversation);
+      state.replyIds.push(...chunk.kvckpt.token_ids);
+      state.reply += choice.delta.content ?? "";
+      state.messages[state.messages.length - 1].content = state.reply;
+      showReplyText(state.reply);
+      if (firstAt !== null) $("figures").textContent = liveLine(state.replyIds.length, firstAt, now);
+      if (choice.finish_reason) await finished(choice.finish_reason, chunk.usage);
+    }
+  } catch (error) {
+    failedReply(error);
+  } finally {
+    page.streaming = null;
+    finish();
+  }
+  if (timeline && firstAt !== null) showTimeline(asked, openedAt, firstAt);
+}
+
+// The conversation a reply is saved under (the page.engine names a new one, or a fork): this tab holds it now.
+async function adopt(name) {
+  if (state.conversation && state.conversation !== name) page.tabs.release(state.conversation);
+  state.conversation = name;
+  $("chat-title").textContent = state.messages.find((m) => m.role === "user")?.content.slice(0, 60) ?? name;
+  await page.tabs.claim(name);
+}
+
+async function finished(reason, usage) {
+  state.finishReason = reason;
+  state.usage = usage;
+  $("figures").textContent = replyLine(usage);
+  notePrefill(state.model.identity, usage.prompt_tokens - usage.prompt_tokens_details.cached_tokens,
+              usage.timings.prefill_s);
+  const info = await page.engine.conversation(state.conversation).catch(() => null);
+  if (info && !info.error) {   // the page.engine's own record of the messages: the next turn matches its tokens
+    show(info);
+    state.finishReason = reason;
+  }
+  setPhase("ready", reason === "abort" ? "stopped: Continue goes on" : `finished (${reason})`);
+  announce(reason === "abort" ? "Reply stopped" : `Reply finished: ${usage.completion_tokens} tokens`);
+  refresh();
+}
+
+function failedReply(error) {
+  if (error.name === "Terminated") return;   // the crash control
+  state.errors.push(error);
+  setPhase("ready", "stopped");
+  problem(error.name === "ConflictError" ? "conflict" : "error", "The reply did not run", error);
+}
+
+export async function send(text) {
+  if (!text.trim() || $("send").disabled) return;
+  $("prompt").value = "";
+  if (state.conversation) localStorage.removeItem(stopKey(state.conversation));
+  state.messages.push({ role: "user", content: text });
+  const messages = state.messages.map(({ role, content }) => ({ role, content }));
+  await run(() => page.engine.chat.completions.create(request(messages)));
+}
+
+export async function sendEdited(index, text) {
+  page.editing = null;
+  state.messages = [...state.messages.slice(0, index), { role: "user", content: text }];
+  const messages = state.messages.map(({ role, content }) => ({ role, content }));
+  await run(() => page.engine.chat.completions.create(request(messages)));   // a fork: the page.engine names it anew
+}
+
+export async function regenerate() {
+  const name = state.conversation;
+  while (state.messages.length && state.messages[state.messages.length - 1].role === "assistant") state.messages.pop();
+  localStorage.removeItem(stopKey(name));
+  const messages = state.messages.map(({ role, content }) => ({ role, content }));
+  await run(() => page.engine.chat.completions.create(request(messages, { conversation: name })));
+}
+
+// Continue conversation `info`'s unfinished reply (from `generation`, or its newest), showing how its K/V came back.
+export async function continueReply(info, { generation = null, timeline = false } = {}) {
+  clearProblem();
+  show(info);
+  state.conversation = info.name;
+  localStorage.removeItem(stopKey(info.name));
+  const resumed = state.messages[state.messages.length - 1]?.role === "assistant";
+  if (resumed) state.messages.pop();   // its text comes back as the first chunk
+  drawList();
+  await run(async () => {
+    setPhase("restoring", "restoring the conversation");
+    const stream = await page.engine.resume(info.name, { stream: true, generation });
+    state.restored = stream.restored;
+    state.measured = null;
+    showRestored();
+    setPhase("generating", "generating");
+    return stream;
+  }, { resumed, timeline });
+}
+
+function showRestored() {
+  $("restored").hidden = state.restored === null;
+  if (state.restored === null) return;
+  $("restored-text").textContent = restoredLine(state.restored, state.model.identity, state.measured);
+  $("measure").hidden = !state.restored.kv_restored || state.measured !== null;
+}
+
+export async function measure() {
+  $("measure").disabled = true;
+  $("restored-text").textContent += " · measuring a re-prefill…";
+  try {
+    state.measured = await page.engine.measureReprefill(state.conversation, { tokens: state.restored.tokens });
+    notePrefill(state.model.identity, state.measured.tokens, state.measured.ms / 1e3);
+  } catch (error) {
+    problem("error", "The re-prefill could not be measured", error);
+  }
+  showRestored();
+  $("measure").disabled = false;
+}
+
+// The way from the page's opening (or Reopen) to the first resumed token, stage by stage.
+function showTimeline(asked, openedAt, firstAt) {
+  const took = page.started.took;
+  const stages = [{ label: "page", ms: page.started.at - page.started.origin }, { label: "Python", ms: took.boot },
+                  { label: `weights (${page.engine.info.weights.source === "cache" ? "browser cache" : "download"})`,
+                    ms: took.weights }, { label: "upload", ms: took.upload }, { label: "engine", ms: took.engine },
+                  { label: "kernels", ms: took.kernels },
+                  { label: "restore", ms: openedAt - asked }, { label: "first token", ms: firstAt - openedAt }];
+  state.timeline = { total_ms: firstAt - page.started.origin, stages, weights_source: page.engine.info.weights.source };
+  $("timeline").hidden = false;
+  $("timeline").textContent = timelineLine(state.timeline);
+}

@@ -1,0 +1,228 @@
+"""Harness of the chat page tests: the page of ``examples/chat`` served with a model file the test controls (the tiny
+random llama, another tiny one, the real SmolLM2, or none), and a driver that uses it as a person would.
+
+``window.demo`` (app.mjs) mirrors what the page shows; the driver waits on it and clicks what a person would. A reply
+is cut where the test chooses: ``hold_after(k)`` holds the engine's worker once the reply holds k tokens (its
+autosaves up to there done), and the test then crashes it, kills the browser or reloads -- never after a sleep.
+"""
+
+from __future__ import annotations
+
+import shutil
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from .browser_harness import CDPChromium
+
+REPO = Path(__file__).resolve().parents[2]
+CHAT_DIR = REPO / "examples" / "chat"
+sys.path.insert(0, str(REPO / "tests" / "model"))  # tiny_llama and the reference it is built from
+
+from tiny_llama import write_tiny_llama  # noqa: E402
+
+PHASE_MS = int(__import__("os").environ.get("KVCKPT_PHASE_MS", 240_000))
+SETTLED = ("ready", "stopped", "crashed")
+
+
+class ChatServer:
+    """A server of the chat page whose ``/model.gguf`` is the file at ``model_path`` (which tests replace)."""
+
+    def __init__(self, url: str, model_path: Path) -> None:
+        self.url = url
+        self.model_path = model_path
+
+    def use_tiny(self, seed: int = 0) -> None:
+        """The tiny llama of ``seed`` (another seed: other weights, another model identity)."""
+        write_tiny_llama(self.model_path, seed=seed)
+
+    def use_file(self, path: Path) -> None:
+        shutil.copyfile(path, self.model_path)
+
+    def remove_model(self) -> None:
+        self.model_path.unlink(missing_ok=True)
+
+
+@pytest.fixture
+def chat_server(browser_prereqs, fresh_wheel, tmp_path) -> ChatServer:
+    from kvckpt_web.server.run import serve_in_thread
+
+    model = tmp_path / "model.gguf"
+    write_tiny_llama(model)
+    server, url = serve_in_thread(browser_prereqs["pyodide"], [fresh_wheel, browser_prereqs["wheels"]], port=0,
+                                  page_dir=CHAT_DIR, model=model)
+    yield ChatServer(url, model)
+    server.shutdown()
+
+
+@pytest.fixture
+def chat_browser(browser_prereqs, playwright_instance, tmp_path) -> CDPChromium:
+    """A Chromium of the test's own (its profile in ``tmp_path / "profile"``), closed after the test."""
+    chromium = CDPChromium(browser_prereqs["chromium"], tmp_path / "profile", playwright_instance)
+    yield chromium
+    chromium.close()
+
+
+class ChatPage:
+    """The chat page in a tab: open it, set its controls, send, stop, crash, read ``window.demo``."""
+
+    def __init__(self, page, url: str) -> None:
+        self.page = page
+        self.url = url
+        self.console: list[str] = []
+        page.on("console", lambda msg: self.console.append(f"{msg.type}: {msg.text}"))
+        page.on("pageerror", lambda err: self.console.append(f"pageerror: {err}"))
+
+    def open(self, *, store: str = "indexeddb", every: int = 8) -> "ChatPage":
+        """Load the page with the engine's store and autosave interval (as its settings remember them) and wait until
+        it settled: ready (after what it resumed), or stopped with a problem."""
+        self.page.goto(f"{self.url}?store={store}&every={every}")
+        return self.settle()
+
+    def settle(self, timeout_ms: int = PHASE_MS) -> "ChatPage":
+        """Wait until the page is idle (no reply running) or shows a problem."""
+        self.wait(f"d => d.opened && ({list(SETTLED)}.includes(d.phase) || d.problem !== null)", timeout_ms)
+        return self
+
+    def wait(self, predicate: str, timeout_ms: int = PHASE_MS) -> None:
+        """Wait for ``predicate`` (a JS function of ``window.demo``) to hold."""
+        try:
+            self.page.wait_for_function(f"() => ({predicate})(window.demo)", timeout=timeout_ms)
+        except Exception as exc:
+            raise AssertionError(f"{predicate} never held: {exc}\nstate: {self.state()}\nconsole:\n"
+                                 + "\n".join(self.console[-20:])) from None
+
+    def state(self) -> dict[str, Any]:
+        return self.page.evaluate("() => JSON.parse(JSON.stringify(window.demo))")
+
+    def open_settings(self) -> None:
+        if not self.page.evaluate("document.getElementById('settings').open"):
+            self.page.click("#settings summary")
+
+    def configure(self, *, max_tokens: int, seed: int | None = None, system: str = "") -> None:
+        """Set the reply's settings: greedy, or seeded temperature sampling when ``seed`` is given."""
+        self.open_settings()
+        self.page.fill("#max-tokens", str(max_tokens))
+        self.page.fill("#system", system)
+        if seed is not None:
+            self.page.check("input[name=mode][value=sample]")
+            self.page.fill("#seed", str(seed))
+        else:
+            self.page.check("input[name=mode][value=greedy]")
+
+    def restart_engine(self, *, store: str = "indexeddb", every: int = 8) -> None:
+        """Choose the store and the autosave interval, and restart the engine with them."""
+        self.open_settings()
+        self.page.select_option("#store", store)
+        self.page.fill("#every", str(every))
+        self.page.click("#apply-engine")
+        self.settle()
+
+    def send(self, text: str) -> None:
+        """Type ``text`` and press Enter (the reply starts)."""
+        if not self.page.is_enabled("#send"):
+            raise AssertionError(f"the page cannot send: {self.state()}\nconsole:\n" + "\n".join(self.console[-20:]))
+        self.page.fill("#prompt", text)
+        self.page.press("#prompt", "Enter")
+
+    def reply_to(self, text: str) -> dict[str, Any]:
+        """Send ``text`` and wait until the reply ends; the state then."""
+        self.send(text)
+        self.wait("d => d.phase === 'ready' && d.finishReason !== null")
+        return self.state()
+
+    def hold_after(self, tokens: int) -> None:
+        """The next reply holds once it holds ``tokens`` tokens (its autosaves until then done)."""
+        self.page.evaluate("(k) => window.demoHooks.holdAfter(k)", tokens)
+
+    def send_and_hold(self, text: str, tokens: int) -> dict[str, Any]:
+        """Send ``text``, and hold the reply once it holds ``tokens`` tokens; the state then."""
+        self.hold_after(tokens)
+        self.send(text)
+        self.wait(f"d => d.held !== null && d.replyIds.length >= {tokens}")
+        return self.state()
+
+    def crash(self) -> None:
+        """The page's Crash control (the engine's worker is terminated)."""
+        self.page.click("#crash")
+        self.wait("d => d.phase === 'crashed'")
+
+    def reopen(self) -> None:
+        """Reopen after a crash (a new worker, as a reopened tab); wait until the page settled."""
+        self.page.click("#reopen")
+        self.settle()
+
+    def conversation(self, name: str) -> dict[str, Any]:
+        rows = [row for row in self.state()["conversations"] if row["name"] == name]
+        assert rows, f"{name} is not listed: {self.state()['conversations']}"
+        return rows[0]
+
+    def open_conversation(self, name: str) -> None:
+        self.page.click(f"#conversations li[data-name='{name}'] .open")
+        self.wait(f"d => d.conversation === '{name}' && ['ready', 'stopped'].includes(d.phase)")
+
+
+def open_chat(browser: CDPChromium, url: str) -> ChatPage:
+    return ChatPage(browser.context.new_page(), url)
+
+
+def uninterrupted(browser_prereqs, playwright, url: str, profile: Path, turns: list[str], *, max_tokens: int,
+                  every: int = 8, **settings) -> list[list[int]]:
+    """The reply ids of every turn of ``turns``, never interrupted, in a browser (and a store) of their own."""
+    browser = CDPChromium(browser_prereqs["chromium"], profile, playwright)
+    try:
+        page = open_chat(browser, url).open(every=every)
+        page.configure(max_tokens=max_tokens, **settings)
+        return [page.reply_to(text)["replyIds"] for text in turns]
+    finally:
+        browser.close()
+
+
+def user_turns(n: int) -> list[str]:
+    """``n`` user messages, different each."""
+    return [f"tell me about the sea, part {i + 1}." for i in range(n)]
+
+
+OPEN_DB = """
+    const db = await new Promise((ok, fail) => {
+        const r = indexedDB.open("kvckpt-demo"); r.onsuccess = () => ok(r.result); r.onerror = () => fail(r.error);
+    });
+"""  # JS statements: ``db``, the page's IndexedDB database
+
+# The page's IndexedDB store, edited from the page's main thread as something outside the page would (a damaged
+# disk, a lost write): ``[key, action]`` where action is "flip" (one byte of the record changed), "delete" or
+# "garbage" (the record replaced by bytes that are no checkpoint record).
+EDIT_RECORD = "async ([key, action]) => {" + OPEN_DB + """
+    const done = (request) => new Promise((ok, fail) => { request.onsuccess = () => ok(request.result);
+                                                          request.onerror = () => fail(request.error); });
+    const store = db.transaction("kv", "readwrite").objectStore("kv");
+    const value = await done(store.get(key));
+    if (value === undefined) throw new Error(`no record ${key}`);
+    if (action === "delete") await done(store.delete(key));
+    else if (action === "garbage") await done(store.put(new TextEncoder().encode("not a manifest"), key));
+    else { const bytes = new Uint8Array(value); bytes[bytes.length >> 1] ^= 0xff; await done(store.put(bytes, key)); }
+    db.close();
+}"""
+
+# The records of the page's IndexedDB store: {key: the record's bytes as text (latin-1)} for manifests, the keys
+# alone (value null) for chunks.
+READ_RECORDS = "async () => {" + OPEN_DB + """
+    const store = db.transaction("kv").objectStore("kv");
+    const [keys, values] = await Promise.all([store.getAllKeys(), store.getAll()].map((request) =>
+        new Promise((ok, fail) => { request.onsuccess = () => ok(request.result); request.onerror = fail; })));
+    db.close();
+    return Object.fromEntries(keys.map((k, i) => [k, k.startsWith("manifests/")
+        ? String.fromCharCode(...new Uint8Array(values[i])) : null]));
+}"""
+
+
+def edit_record(page: ChatPage, key: str, action: str) -> None:
+    """Change one record of the page's IndexedDB store behind the page's back (see EDIT_RECORD)."""
+    page.page.evaluate(EDIT_RECORD, [key, action])
+
+
+def stored_records(page: ChatPage) -> dict[str, str | None]:
+    """The records of the page's IndexedDB store (see READ_RECORDS)."""
+    return page.page.evaluate(READ_RECORDS)

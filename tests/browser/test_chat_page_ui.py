@@ -1,0 +1,136 @@
+"""The chat page (examples/chat) without dead ends and for everyone: Crash only while a reply runs, a failed start
+that can be retried, a delete that asks and can be cancelled, an inspect panel that closes with its conversation,
+the commit line naming the store, 390 px without sideways scrolling, a name for every control, status changes
+announced but not each token, the focus kept where the user was, and the start's stages on the progress bar."""
+
+from __future__ import annotations
+
+import pytest
+
+from .chat_page import ChatPage, open_chat
+
+TOKENS = 12
+ROLES = {"button", "textbox", "combobox", "spinbutton", "radio", "checkbox", "progressbar", "DisclosureTriangle"}
+
+
+@pytest.fixture
+def page(chat_browser, chat_server) -> ChatPage:
+    chat = open_chat(chat_browser, chat_server.url).open()
+    chat.configure(max_tokens=TOKENS)
+    return chat
+
+
+def enabled(page: ChatPage, selector: str) -> bool:
+    return page.page.is_enabled(selector)
+
+
+def test_crash_is_enabled_only_while_a_reply_is_generated(page):
+    before = enabled(page, "#crash")
+    page.send_and_hold("tell me about the sea.", 3)
+    during = enabled(page, "#crash")
+    page.page.evaluate("() => window.demoHooks.release()")
+    page.wait("d => d.phase === 'ready' && d.finishReason !== null")
+    after = enabled(page, "#crash")
+    assert (before, during, after) == (False, True, False)
+
+
+def test_a_start_that_failed_can_be_retried_and_the_page_then_chats(page, chat_server):
+    page.reply_to("tell me about the sea.")
+    chat_server.remove_model()
+    page.page.reload()
+    page.settle()
+    failed = page.state()
+    chat_server.use_tiny()
+    page.page.click("#retry")
+    page.settle()
+    recovered = page.state()
+    reply = page.reply_to("and the wind?")
+    assert failed["problem"]["kind"] == "model-missing" and enabled(page, "#send")
+    assert failed["model"] is None and len(failed["conversations"]) == 1  # what was saved stays listed
+    assert recovered["problem"] is None and recovered["model"] is not None
+    assert reply["finishReason"] == "length"
+
+
+def test_a_delete_asks_can_be_cancelled_and_the_inspect_panel_closes_with_its_conversation(page):
+    name = page.reply_to("tell me about the sea.")["conversation"]
+    row = f"#conversations li[data-name='{name}']"
+    page.page.click(f"{row} .inspect")
+    page.page.wait_for_selector("#inspect:not([hidden])")
+    inspected = page.page.inner_text("#inspect-text")
+    page.page.click(f"{row} .delete")
+    asked = page.page.inner_text(row)
+    page.page.click(f"{row} .cancel-delete")
+    focused_after_cancel = page.page.evaluate("document.activeElement.className")
+    kept = [r["name"] for r in page.state()["conversations"]]
+    page.page.click(f"{row} .delete")
+    page.page.click(f"{row} .confirm-delete")
+    page.wait("d => d.conversations.length === 0")
+    assert "generation" in inspected and "tokens of K/V" in inspected
+    assert "Delete “" in asked and "Cancel" in asked
+    assert kept == [name] and focused_after_cancel == "delete"
+    assert page.page.is_hidden("#inspect") and page.state()["conversation"] is None
+
+
+def test_the_commit_line_names_the_store_that_was_written(chat_browser, chat_server):
+    page = open_chat(chat_browser, chat_server.url).open(store="opfs")
+    page.configure(max_tokens=TOKENS)
+    state = page.reply_to("tell me about the sea.")
+    line = page.page.inner_text("#committed")
+    assert state["committed"]["store"] == "OPFS 'kvckpt-demo'"
+    assert line.startswith("last committed: OPFS 'kvckpt-demo' · generation ") and state["conversation"] in line
+
+
+def test_the_page_fits_390_px_without_sideways_scrolling(page):
+    page.page.set_viewport_size({"width": 390, "height": 800})
+    page.reply_to("tell me about the sea, and a very long word: " + "sea" * 60)
+    page.page.click("#settings summary")
+    widths = page.page.evaluate("() => [document.documentElement.scrollWidth, document.documentElement.clientWidth]")
+    assert widths[0] <= widths[1] <= 390
+
+
+def test_every_control_has_an_accessible_name(page, chat_browser):
+    page.reply_to("tell me about the sea.")
+    page.open_settings()
+    cdp = chat_browser.context.new_cdp_session(page.page)
+    nodes = cdp.send("Accessibility.getFullAXTree")["nodes"]
+    controls = [n for n in nodes if not n.get("ignored") and n.get("role", {}).get("value") in ROLES]
+    unnamed = [n["role"]["value"] for n in controls if not n.get("name", {}).get("value", "").strip()]
+    assert len(controls) > 15 and unnamed == []
+
+
+def test_status_changes_are_announced_and_tokens_are_not(page):
+    live = page.page.evaluate("""() => [...document.querySelectorAll("[aria-live], [role=status], [role=alert]")]
+        .map((e) => e.id)""")
+    page.reply_to("tell me about the sea.")
+    status = page.page.inner_text("#status")
+    assert "messages" not in live and "status" in live
+    assert page.page.evaluate("document.getElementById('messages').closest('[aria-live]')") is None
+    assert status == f"Reply finished: {TOKENS} tokens"
+
+
+def test_the_focus_stays_where_the_user_was(page):
+    name = page.reply_to("tell me about the sea.")["conversation"]
+    page.send_and_hold("and the wind?", 3)
+    page.page.click("#stop")  # Stop is disabled once the reply stopped: the focus goes on to Continue
+    page.page.evaluate("() => window.demoHooks.release()")
+    page.wait("d => d.phase === 'ready' && d.finishReason === 'abort'")
+    after_stop = page.page.evaluate("document.activeElement.id")
+    page.page.click("#continue")
+    page.wait("d => d.phase === 'ready' && d.finishReason === 'length'")
+    page.hold_after(3)
+    page.send("and the sky?")
+    page.wait("d => d.held !== null")
+    page.page.focus(f"#conversations li[data-name='{name}'] .inspect")
+    page.page.evaluate("() => window.demoHooks.release()")
+    page.wait("d => d.phase === 'ready' && d.finishReason !== null")  # the list was drawn again meanwhile
+    kept = page.page.evaluate("[document.activeElement.className, document.activeElement.closest('li')?.dataset.name]")
+    assert after_stop == "continue"
+    assert kept == ["inspect", name]
+
+
+def test_the_progress_bar_names_each_stage_of_the_start(page):
+    state = page.state()
+    text = page.page.inner_text("#load-text")
+    assert state["stages"] == ["python", "packages", "weights", "upload", "engine", "kernels"]
+    assert page.page.evaluate("document.getElementById('load-bar').value") == 1
+    assert text.startswith("ready in ") and "weights downloaded" in text
