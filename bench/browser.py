@@ -172,7 +172,8 @@ from kvckpt_web.model.gguf import parse_gguf
 from kvckpt_web.model.loader import load_gguf
 from kvckpt_web.model.sampler import SamplingSettings
 from kvckpt_web.model.app_state import StopRules
-from kvckpt_web.model.generator import Generator, new_cache
+from kvckpt_web.model.caches import new_cache
+from kvckpt_web.model.generator import Generator
 from kvckpt_web.model.resume import resume
 from kvckpt_web.stores.indexeddb import IndexedDBStore
 from kvckpt_web.stores.opfs import OPFSStore

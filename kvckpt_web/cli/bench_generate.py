@@ -28,7 +28,7 @@ from ..durable.save import save
 from ..gpu.device import Device
 from ..gpu.open import open_device
 from ..model.loader import default_model_path, load_model
-from ..model.generator import new_cache
+from ..model.caches import new_cache
 from ..model.protocol import LoadedModel
 from ..stores.file import FileStore
 from .bench_rows import Probe

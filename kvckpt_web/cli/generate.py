@@ -31,7 +31,8 @@ from ..engine.record import ChatRecord
 from ..errors import ConflictError, FieldError, StoreError
 from ..gpu.open import open_device
 from ..model.conversation import check_owner
-from ..model.generator import DEFAULT_AUTOSAVE_EVERY, ResumeReport
+from ..model.autosave import DEFAULT_AUTOSAVE_EVERY
+from ..model.generator import ResumeReport
 from ..model.loader import default_model_path, load_model
 from ..model.tokenizer import utf8
 from ..durable.locations import is_url, open_location

@@ -13,22 +13,20 @@ from __future__ import annotations
 import secrets
 import time
 from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from ..checks import check_callable
 from ..durable.catalog import list_names
 from ..durable.ledger import Ledger
 from ..durable.prefix_index import PrefixIndex
-from ..durable.restore import restore
 from ..durable.results import Progress, SaveResult
 from ..durable.retention import DEFAULT_KEEP, delete_name
-from ..errors import (CapacityError, ConflictError, ContextFullError, FieldError, KVCkptError, NotFoundError,
-                      is_int)
+from ..errors import ConflictError, ContextFullError, FieldError, KVCkptError, NotFoundError, is_int
 from ..kv.cache import PagedKVCache
 from ..model.app_state import StopRules
+from ..model.autosave import Autosave
 from ..model.conversation import Conversation
-from ..model.generator import Autosave, Generator, ResumeReport
+from ..model.generator import Generator
 from ..model.resume import resume
 from ..model.sampler import MAX_SEED, SamplingSettings
 from ..tvm.layout import CacheLimits
@@ -36,10 +34,11 @@ from .conversations import ConversationInfo, describe
 from .prompt import build_prompt
 from .record import ChatExtra
 from .request import ChatRequest
-from .responses import ChatChunk, ChatCompletion, Timings, Usage
+from .responses import ChatChunk, ChatCompletion
 from .scheduler import Scheduler
-from .slots import Slot, Slots
-from .sources import PrefixSource, Sources
+from .slots import PrefixSource, Slot, Slots
+from .sources import Sources
+from .turn import Turn, committed
 
 if TYPE_CHECKING:
     from ..gpu.device import Device
@@ -52,31 +51,6 @@ DEFAULT_CONTEXT = 4096
 """Tokens per conversation unless told (the model's own context if smaller)."""
 
 _FINISH = {"eos": "stop", "stop": "stop", "length": "length", "context": "length"}
-
-
-@dataclass
-class _Turn:
-    """One reply being generated."""
-
-    gen: Generator
-    slot: Slot
-    completion_id: str
-    created: int
-    prompt_tokens: int
-    cached_tokens: int
-    restore_s: float
-    started: float
-    resumed: ResumeReport | None = None
-    """How the K/V of a reply continued from the store came back (None: the reply did not come from there)."""
-    first_token_at: float | None = None
-    last_token_at: float | None = None
-    prefill_save_s: float = 0.0
-    """Seconds of saves until the first token was out (autosaves during the prefill and the first token's)."""
-    save_s: float = 0.0
-    """Seconds of saves after it."""
-    interrupted: bool = False
-    made: int = 0
-    """Tokens this call generated (a resumed reply's earlier tokens not counted)."""
 
 
 class Engine:
@@ -126,12 +100,12 @@ class Engine:
         self.store = store
         #: What this engine knows of its store's checkpoints: every save, restore and deletion goes through it.
         self.ledger = Ledger(store) if store is not None else None
+        self.slots = Slots(self.cache, sequences, store, self.ledger)
         self.scope = f"{self.model.identity}/{self.cache.get_layout_hash()}/{self.model.kernels}"
-        self.slots = Slots(sequences)
         self.scheduler = Scheduler()
         index = PrefixIndex(store, self.scope, page_size) if store is not None else None
         self.sources = Sources(self.slots, store, index, page_size, self._reply_text)
-        self._turns: list[_Turn] = []
+        self._turns: list[Turn] = []
 
     # ----- chat ---------------------------------------------------------------------------------
 
@@ -155,7 +129,7 @@ class Engine:
             turn = await self._begin(request)
         return self._stream(turn) if stream else await self._collect(self._stream(turn))
 
-    async def _begin(self, request: ChatRequest) -> _Turn:
+    async def _begin(self, request: ChatRequest) -> Turn:
         started = time.perf_counter()
         await self.sources.refresh()
         try:
@@ -171,7 +145,7 @@ class Engine:
         source = await self.sources.longest_prefix(prompt.tokens[:n - 1]) if request.cache_prompt else PrefixSource(0)
         max_tokens = min(request.max_tokens or self.context, self.context - n)
         restore_begin = time.perf_counter()
-        slot = await self._place(name, source, n + max_tokens)
+        slot = await self.slots.place(name, source, n + max_tokens)
         restore_s = time.perf_counter() - restore_begin if source.record is not None else 0.0
         seed = request.seed if request.seed is not None else secrets.randbelow(MAX_SEED + 1)
         settings = {**request.settings_json(), "seed": seed, "conversation": name}
@@ -186,10 +160,10 @@ class Engine:
                 progress=self.progress, kv_length=source.length, replies=prompt.replies, extra=extra.to_json(), conversation=conversation,
                 context=self.context)
         except BaseException:
-            await self._drop(slot)
+            await self.slots.drop(slot)
             raise
         slot.tokens, slot.kv_length, slot.replies = list(prompt.tokens[:source.length]), source.length, prompt.replies
-        return self._track(_Turn(gen, slot, completion_id, created, n, source.length, restore_s, started))
+        return self._track(Turn(gen, slot, completion_id, created, n, source.length, restore_s, started))
 
     async def _conversation_of(self, name: str) -> Conversation | None:
         """The identity of conversation ``name`` if it exists (None: a new one); refuses a name another model's
@@ -214,7 +188,7 @@ class Engine:
         return Autosave(self.store, name, self.autosave_every, self.keep, pages_per_chunk=self.pages_per_chunk,
                         prefix_scope=self.scope, ledger=self.ledger)
 
-    def _track(self, turn: _Turn) -> _Turn:
+    def _track(self, turn: Turn) -> Turn:
         turn.slot.busy = True
         turn.slot.gen = turn.gen
         self._turns.append(turn)
@@ -234,7 +208,7 @@ class Engine:
         turn.gen.on_save_error = None if self.on_save_error is None else lambda exc: self.on_save_error(name, exc)
         return turn
 
-    async def _stream(self, turn: _Turn) -> AsyncIterator[ChatChunk]:
+    async def _stream(self, turn: Turn) -> AsyncIterator[ChatChunk]:
         gen, first = turn.gen, True
         model_name, name = self.model_name, turn.slot.conversation
         try:
@@ -256,7 +230,7 @@ class Engine:
                 first = False
             await self._save_stopped(gen)
             yield ChatChunk(turn.completion_id, turn.created, model_name, name,
-                            finish_reason=_FINISH.get(gen.finish_reason, "abort"), usage=self._usage(turn),
+                            finish_reason=_FINISH.get(gen.finish_reason, "abort"), usage=turn.usage(),
                             first=first)
         finally:
             if not gen.failed:  # a consumer that went away stops the reply as an interrupt does
@@ -268,23 +242,14 @@ class Engine:
 
     async def _save_stopped(self, gen: Generator) -> None:
         """Save a reply that stopped unfinished, unless the store holds its state already."""
-        if gen.finish_reason is None and not _committed(gen):
+        if gen.finish_reason is None and not committed(gen):
             async with self.scheduler.turn():
                 await gen.save()
 
     async def _collect(self, chunks: AsyncIterator[ChatChunk]) -> ChatCompletion:
         return ChatCompletion.from_chunks([chunk async for chunk in chunks])
 
-    def _usage(self, turn: _Turn) -> Usage:
-        gen = turn.gen
-        first, last = turn.first_token_at, turn.last_token_at
-        prefill_s = (first - turn.started - turn.restore_s - turn.prefill_save_s) if first is not None else 0.0
-        decode_s = max(0.0, (last - first) - turn.save_s) if first is not None and last is not None else 0.0
-        timings = Timings(turn.restore_s, max(0.0, prefill_s), decode_s,
-                          turn.prompt_tokens - turn.cached_tokens, max(0, turn.made - 1))
-        return Usage(turn.prompt_tokens, len(gen.generated_tokens), turn.cached_tokens, timings)
-
-    async def _end(self, turn: _Turn) -> None:
+    async def _end(self, turn: Turn) -> None:
         """The reply stopped (finished, interrupted, or its consumer went away): its slot keeps its state, and a
         finished reply's generator lets go of the conversation's name (an unfinished one keeps it, to go on)."""
         slot, gen = turn.slot, turn.gen
@@ -292,77 +257,19 @@ class Engine:
             self._turns.remove(turn)
         slot.busy = False
         if gen.failed:  # its K/V may hold part of a forward: nothing can follow it
-            await self._drop(slot)
+            await self.slots.drop(slot)
             return
         if gen.finish_reason is not None:
             await gen.close()
         slot.tokens, slot.kv_length = gen.tokens, gen.kv_length
         slot.replies = gen.replies + ([(len(gen.prompt_tokens), len(gen.tokens))] if gen.generated_tokens else [])
-        slot.committed = _committed(gen)
+        slot.committed = committed(gen)
         self.slots.touch(slot)
 
     def interrupt(self) -> None:
         """Stop every reply being generated after its current token; each stays resumable (:meth:`resume`)."""
         for turn in self._turns:
             turn.interrupted = True
-
-    # ----- placing a reply in the cache ---------------------------------------------------------
-
-    async def _place(self, name: str, source: PrefixSource, tokens: int) -> Slot:
-        """A slot for conversation ``name`` whose sequence holds the ``source.length`` tokens to reuse, with
-        room for ``tokens`` in all; the K/V come from the slot itself, a fork of another, or the store."""
-        own = self.slots.of_conversation(name)
-        if own is not None and own.busy:
-            raise ConflictError(f"conversation {name!r}: a reply is being generated in it; wait for it or interrupt it")
-        n = source.length
-        if own is not None and own.gen is not None:
-            await own.gen.close()  # an unfinished reply of it gives way to this turn, which claims the name
-        if own is not None and source.slot is own:
-            await self._reserve(tokens - n, keep=(own,))
-            self.cache.popn(own.seq_id, own.kv_length - n)
-            if n == 0:
-                self.cache.remove_sequence(own.seq_id)
-            own.kv_length, own.tokens = n, own.tokens[:n]
-            return own
-        if own is not None:
-            await self._drop(own)  # this turn supersedes what it held
-        keep = (source.slot,) if source.slot is not None else ()
-        seq_id = await self._free_sequence(keep)
-        await self._reserve(tokens - n, keep=keep)
-        if source.slot is not None:
-            self.cache.fork_sequence(source.slot.seq_id, seq_id, n)
-        elif source.record is not None:
-            await restore(self.store, source.record.name, self.cache, seq_id=seq_id,
-                          generation=source.record.generation, length=n, ledger=self.ledger)
-        return self.slots.add(Slot(seq_id, [], n, conversation=name))
-
-    async def _free_sequence(self, keep: tuple[Slot, ...]) -> int:
-        seq_id = self.slots.free_seq_id()
-        while seq_id is None:
-            await self._evict_one(keep, "a free sequence")
-            seq_id = self.slots.free_seq_id()
-        return seq_id
-
-    async def _reserve(self, tokens: int, keep: tuple[Slot, ...]) -> None:
-        """Evict idle slots (not those in ``keep``) until ``tokens`` more tokens fit in free pages."""
-        while self.cache.get_num_available_pages() * self.page_size < tokens:
-            await self._evict_one(keep, f"room for {tokens} tokens")
-
-    async def _evict_one(self, keep: tuple[Slot, ...], wanted: str) -> None:
-        for slot in self.slots.eviction_order():
-            if slot not in keep and slot.committed:
-                await self._drop(slot)
-                return
-        raise CapacityError(f"cache: expected {wanted} after evicting idle conversations, got none evictable "
-                            f"({len(self.slots)} in the cache, busy or not yet saved)")
-
-    async def _drop(self, slot: Slot) -> None:
-        """Take ``slot`` out of the cache (its generator, if one is open, lets go of the name)."""
-        if slot.gen is not None:
-            await slot.gen.close()
-        if slot.seq_id in self.cache.sequence_ids():
-            self.cache.remove_sequence(slot.seq_id)
-        self.slots.remove(slot)
 
     def _reply_text(self, ids: list[int]) -> str:
         ended = bool(ids) and ids[-1] in self.codec.eos_ids
@@ -384,7 +291,7 @@ class Engine:
             turn = await self._resume_turn(name, generation)
         return self._stream(turn) if stream else await self._collect(self._stream(turn))
 
-    async def _resume_turn(self, name: str, generation: int | None) -> _Turn:
+    async def _resume_turn(self, name: str, generation: int | None) -> Turn:
         started = time.perf_counter()
         own = self.slots.of_conversation(name)
         if own is not None and own.busy:
@@ -402,16 +309,16 @@ class Engine:
                 raise FieldError("conversation", "a conversation whose last reply is unfinished", name,
                                  f"its reply finished ({record.saved.finish_reason})")
             if own is not None:
-                await self._drop(own)
-            seq_id = await self._free_sequence(())
-            await self._reserve(self.context, keep=())
+                await self.slots.drop(own)
+            seq_id = await self.slots.free_sequence(())
+            await self.slots.reserve(self.context, keep=())
             gen = await resume(self.store, name, self.model, self.cache, seq_id=seq_id, generation=record.generation,
                                autosave=self._autosave(name), decode=self.codec.decode, context=self.context,
                                progress=self.progress, ledger=self.ledger)
             restore_s = gen.resume_report.restore_s + gen.resume_report.replay_s
             slot = self.slots.add(Slot(seq_id, gen.tokens, gen.kv_length, conversation=name))
         extra = ChatExtra.from_json(gen.extra)
-        return self._track(_Turn(gen, slot, extra.completion_id, extra.created, len(gen.prompt_tokens),
+        return self._track(Turn(gen, slot, extra.completion_id, extra.created, len(gen.prompt_tokens),
                                  len(gen.prompt_tokens), restore_s, started,
                                  resumed=gen.resume_report if slot is not own else None))
 
@@ -450,7 +357,7 @@ class Engine:
             elif own is None:
                 raise NotFoundError(f"conversation: expected a conversation named {name!r}, got none")
             if own is not None:
-                await self._drop(own)
+                await self.slots.drop(own)
 
     async def warm_up(self) -> None:
         """Run one token through the model in a free sequence of the cache and read its logits as a reply does (the
@@ -477,7 +384,7 @@ class Engine:
             if own is not None and own.busy:
                 raise ConflictError(f"conversation {name!r}: a reply is being generated in it; interrupt it first")
             if own is not None:
-                await self._drop(own)
+                await self.slots.drop(own)
 
     async def close(self) -> None:
         """Stop every reply (each stays resumable), let go of every conversation's name and release the cache's
@@ -488,15 +395,6 @@ class Engine:
                 if slot.gen is not None:
                     await slot.gen.close()
         self.cache.close()
-
-
-def _committed(gen: Generator) -> bool:
-    """Whether the store holds ``gen``'s state as it is now (always, without a store)."""
-    if gen.autosave is None:
-        return True
-    if gen.last_save is not None:
-        return gen.last_save.seq_length == gen.kv_length
-    return gen.resume_report is not None and gen.resume_report.kv_length == gen.kv_length
 
 
 def _new_name() -> str:

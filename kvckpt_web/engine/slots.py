@@ -1,5 +1,5 @@
 """The sequences an engine keeps in its cache: whose tokens each holds, which conversation it is, when it was
-used last, and which to evict when the cache is full.
+used last, which to evict when the cache is full, and how a reply's K/V get there.
 
 A :class:`Slot` is one sequence of the paged cache. Its K/V hold ``tokens[:kv_length]``; the tokens after that
 are known but pending (the last token a reply picked is never run until the next turn needs it). A slot is
@@ -13,10 +13,17 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-if TYPE_CHECKING:
-    from ..model.generator import Generator
+from ..durable.restore import restore
+from ..errors import CapacityError, ConflictError
 
-__all__ = ["Slot", "Slots", "common_prefix"]
+if TYPE_CHECKING:
+    from ..durable.ledger import Ledger
+    from ..kv.cache import PagedKVCache
+    from ..model.generator import Generator
+    from ..stores.base import Store
+    from .record import ChatRecord
+
+__all__ = ["PrefixSource", "Slot", "Slots", "common_prefix"]
 
 
 def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
@@ -47,11 +54,26 @@ class Slot:
     """The generator of its last reply (an interrupted one continues from it)."""
 
 
-class Slots:
-    """The slots of one cache: at most ``capacity`` sequences, evicted least recently used."""
+@dataclass(frozen=True)
+class PrefixSource:
+    """Where the longest reusable prefix of a prompt is: a slot of the cache or a checkpoint in the store."""
 
-    def __init__(self, capacity: int) -> None:
+    length: int
+    slot: Slot | None = None
+    record: "ChatRecord | None" = None
+
+
+class Slots:
+    """The slots of one cache: at most ``capacity`` sequences, evicted least recently used, whose K/V come from
+    a slot itself, a fork of another, or a prefix restored from ``store`` (with ``ledger``)."""
+
+    def __init__(self, cache: "PagedKVCache", capacity: int, store: "Store | None" = None,
+                 ledger: "Ledger | None" = None) -> None:
+        self.cache = cache
         self.capacity = capacity
+        self.page_size = cache.layout.page_size
+        self.store = store
+        self.ledger = ledger
         self._slots: dict[int, Slot] = {}
         self._clock = 0
 
@@ -94,3 +116,62 @@ class Slots:
     def eviction_order(self) -> list[Slot]:
         """Slots that may be evicted (not busy), least recently used first."""
         return sorted((s for s in self._slots.values() if not s.busy), key=lambda s: s.used)
+
+    async def place(self, name: str, source: PrefixSource, tokens: int) -> Slot:
+        """A slot for conversation ``name`` whose sequence holds the ``source.length`` tokens to reuse, with
+        room for ``tokens`` in all; the K/V come from the slot itself, a fork of another, or the store."""
+        own = self.of_conversation(name)
+        if own is not None and own.busy:
+            raise ConflictError(f"conversation {name!r}: a reply is being generated in it; wait for it or interrupt it")
+        n = source.length
+        if own is not None and own.gen is not None:
+            await own.gen.close()  # an unfinished reply of it gives way to this turn, which claims the name
+        if own is not None and source.slot is own:
+            await self.reserve(tokens - n, keep=(own,))
+            self.cache.popn(own.seq_id, own.kv_length - n)
+            if n == 0:
+                self.cache.remove_sequence(own.seq_id)
+            own.kv_length, own.tokens = n, own.tokens[:n]
+            return own
+        if own is not None:
+            await self.drop(own)  # this turn supersedes what it held
+        keep = (source.slot,) if source.slot is not None else ()
+        seq_id = await self.free_sequence(keep)
+        await self.reserve(tokens - n, keep=keep)
+        if source.slot is not None:
+            self.cache.fork_sequence(source.slot.seq_id, seq_id, n)
+        elif source.record is not None:
+            await restore(self.store, source.record.name, self.cache, seq_id=seq_id,
+                          generation=source.record.generation, length=n, ledger=self.ledger)
+        return self.add(Slot(seq_id, [], n, conversation=name))
+
+    async def free_sequence(self, keep: tuple[Slot, ...]) -> int:
+        """A sequence id no slot uses, evicting the least recently used idle slot (not one in ``keep``) if none is."""
+        seq_id = self.free_seq_id()
+        while seq_id is None:
+            await self._evict_one(keep, "a free sequence")
+            seq_id = self.free_seq_id()
+        return seq_id
+
+    async def reserve(self, tokens: int, keep: tuple[Slot, ...]) -> None:
+        """Evict idle slots (not those in ``keep``) until ``tokens`` more tokens fit in free pages."""
+        while self.cache.get_num_available_pages() * self.page_size < tokens:
+            await self._evict_one(keep, f"room for {tokens} tokens")
+
+    async def _evict_one(self, keep: tuple[Slot, ...], wanted: str) -> None:
+        """Drop the least recently used idle, committed slot not in ``keep``; CapacityError (saying ``wanted``)
+        if there is none."""
+        for slot in self.eviction_order():
+            if slot not in keep and slot.committed:
+                await self.drop(slot)
+                return
+        raise CapacityError(f"cache: expected {wanted} after evicting idle conversations, got none evictable "
+                            f"({len(self)} in the cache, busy or not yet saved)")
+
+    async def drop(self, slot: Slot) -> None:
+        """Take ``slot`` out of the cache (its generator, if one is open, lets go of the name)."""
+        if slot.gen is not None:
+            await slot.gen.close()
+        if slot.seq_id in self.cache.sequence_ids():
+            self.cache.remove_sequence(slot.seq_id)
+        self.remove(slot)

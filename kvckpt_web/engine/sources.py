@@ -11,19 +11,18 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from ..durable.catalog import load_manifest, manifest_keys
 from ..durable.prefix_index import PrefixIndex
 from ..errors import KVCkptError
 from .record import ChatRecord
-from .slots import Slot, Slots, common_prefix
+from .slots import PrefixSource, Slots, common_prefix
 
 if TYPE_CHECKING:
     from ..stores.base import Store
 
-__all__ = ["PrefixSource", "Sources", "continues"]
+__all__ = ["Sources", "continues"]
 
 RECORDS_KEPT = 256
 """Checkpoints whose records a :class:`Sources` keeps decoded (a manifest never changes under its key)."""
@@ -37,15 +36,6 @@ def continues(known: Sequence[int], kv_length: int, finish_reason: str | None, t
     id (the template's end of turn stands in its place in the next prompt)."""
     n = kv_length if finish_reason == "eos" else len(known)
     return common_prefix(known[:n], tokens) == n
-
-
-@dataclass(frozen=True)
-class PrefixSource:
-    """Where the longest reusable prefix of a prompt is: a slot of the cache or a checkpoint in the store."""
-
-    length: int
-    slot: Slot | None = None
-    record: ChatRecord | None = None
 
 
 class Sources:

@@ -33,29 +33,21 @@ from ..durable.prefix_records import PrefixKey
 from ..durable.results import Progress, SaveResult
 from ..durable.retention import DEFAULT_KEEP
 from ..durable.save import save
-from ..durable.container import validate_name
-from ..durable.ledger import Ledger, ledger_for
 from ..errors import CheckpointStateError, FieldError, StoreError
-from ..kv.cache import PagedKVCache, check_cache
+from ..kv.cache import check_cache
 from ..kv.pool import check_seq_id
-from ..stores.base import check_store
-from ..tvm.layout import CacheLimits
 from .app_state import SavedGeneration, StopRules, app_state_of, check_replies, check_token_ids
+from .autosave import DEFAULT_AUTOSAVE_EVERY, Autosave
+from .caches import check_chunk, context_of
 from .conversation import Conversation, check_owner
 from .protocol import CausalLM, Logits
 from .reply_text import ReplyText
-from .sampler import Sampler, SamplingSettings
+from .sampler import Sampler, SamplingSettings, candidate_count
 
 if TYPE_CHECKING:
-    from ..gpu.device import Device
-    from ..stores.base import Store
+    from ..kv.cache import PagedKVCache
 
-__all__ = ["Autosave", "DEFAULT_AUTOSAVE_EVERY", "GenerationResult", "Generator", "ResumeReport", "TokenEvent", "candidate_count",
-           "check_chunk", "check_run_options", "context_of", "new_cache"]
-
-DEFAULT_AUTOSAVE_EVERY = 64
-"""Tokens between two autosaves of a new generation that does not say."""
-
+__all__ = ["GenerationResult", "Generator", "ResumeReport", "TokenEvent", "check_callbacks", "check_run_options"]
 
 def check_callbacks(**callbacks: Any) -> None:
     """FieldError naming the first of ``callbacks`` (name=value) that is neither None nor callable."""
@@ -70,42 +62,6 @@ def check_run_options(model: Any, cache: Any, seq_id: Any, autosave: Any) -> Non
     check_seq_id("seq_id", seq_id)
     if autosave is not None:
         check_instance("autosave", autosave, Autosave, "an Autosave or None")
-
-
-@dataclass(frozen=True)
-class Autosave:
-    """Where and how often a generation saves itself."""
-
-    store: "Store"
-    name: str
-    every: int | None = None
-    """Save once this many tokens were added to the cache since the last save or failed try (prefill
-    included); None: the checkpoint's interval when resumed, else :data:`DEFAULT_AUTOSAVE_EVERY`."""
-    keep: int | None = None
-    """Generations of ``name`` to keep; None: the checkpoint's when resumed, else
-    :data:`~kvckpt_web.durable.retention.DEFAULT_KEEP`."""
-    pages_per_chunk: int | None = None
-    """Pages per chunk of its checkpoints (None: the save's default, about 1 MiB)."""
-    prefix_scope: str | None = None
-    """If given, each save indexes the checkpoint's tokens in the store's prefix index under this scope
-    (:class:`~kvckpt_web.durable.prefix_records.PrefixKey`), so other conversations can find its K/V."""
-    ledger: Ledger | None = None
-    """What its saves remember of the store (:class:`~kvckpt_web.durable.ledger.Ledger`), so that each writes
-    only what changed since the last; None: the store object's own."""
-
-    def __post_init__(self) -> None:
-        check_store(self.store, "autosave.store")
-        if self.ledger is not None:
-            ledger_for(self.store, self.ledger, "autosave.ledger")
-        validate_name(self.name)
-        if self.every is not None:
-            check_int("autosave.every", self.every, 1)
-        if self.keep is not None:
-            check_int("autosave.keep", self.keep, 1)
-        if self.pages_per_chunk is not None:
-            check_int("autosave.pages_per_chunk", self.pages_per_chunk, 1)
-        if self.prefix_scope is not None:
-            check_instance("autosave.prefix_scope", self.prefix_scope, str, "a str or None")
 
 
 @dataclass(frozen=True)
@@ -148,14 +104,6 @@ class GenerationResult:
     generated_tokens: tuple[int, ...]
     text: str
     finish_reason: str
-
-
-def check_chunk(prefill_chunk: int, cache: "PagedKVCache") -> int:
-    limit = cache.limits.prefill_chunk_size
-    if isinstance(prefill_chunk, bool) or not isinstance(prefill_chunk, int) or not 1 <= prefill_chunk <= limit:
-        raise FieldError("prefill_chunk", f"an integer in [1, {limit}] (the cache's prefill_chunk_size)",
-                         prefill_chunk)
-    return prefill_chunk
 
 
 class Generator:
@@ -496,39 +444,6 @@ class Generator:
             await logits.argmax()
 
 
-def candidate_count(settings: SamplingSettings, previous: Sequence[int], vocab_size: int) -> int:
-    """How many of the largest logits :meth:`Sampler.pick` needs to choose as it would from all of them;
-    0 when the argmax is the choice (greedy, no repetition penalty).
-
-    A penalty above 1 only lowers seen tokens, so the ``n`` best after it are among the ``n`` best before
-    it plus the distinct seen tokens; a penalty below 1 can lift any seen token: all logits then.
-    """
-    penalty = settings.repetition_penalty
-    if settings.greedy and penalty == 1:
-        return 0
-    if penalty < 1 or (settings.top_k == 0 and not settings.greedy):
-        return vocab_size
-    keep = 1 if settings.greedy else settings.top_k
-    return min(vocab_size, keep + (len(set(previous)) if penalty > 1 else 0))
-
-
-def context_of(model: CausalLM, cache: "PagedKVCache", limit: int | None = None) -> int:
-    """The most tokens of prompt and reply a generation holds: the least of the model's context, the cache's
-    and ``limit`` (None: no other limit)."""
-    return min(model.max_context, cache.limits.max_total_seq_len, limit or model.max_context)
-
-
 def _first(*values: int | None) -> int:
     """The first of ``values`` that is not None (the last never is)."""
     return next(v for v in values if v is not None)
-
-
-def new_cache(model: CausalLM, device: "Device", *, max_tokens: int | None = None, prefill_chunk: int = 512,
-              page_size: int = 16, num_seqs: int = 1) -> "PagedKVCache":
-    """A cache of ``model``'s layout for ``num_seqs`` sequences of up to ``max_tokens`` (default: the model's
-    context) tokens each, taking up to ``prefill_chunk`` tokens per forward."""
-    check_instance("model", model, CausalLM, "a CausalLM (a loaded model)")
-    for name, value in (("prefill_chunk", prefill_chunk), ("page_size", page_size), ("num_seqs", num_seqs)):
-        check_int(name, value, 1)
-    tokens = model.max_context if max_tokens is None else check_int("max_tokens", max_tokens, 1)
-    return PagedKVCache(device, model.kv_layout(page_size), CacheLimits(num_seqs, num_seqs * tokens, prefill_chunk))

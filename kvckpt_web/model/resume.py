@@ -23,8 +23,9 @@ from ..errors import (CorruptionError, FieldError, FormatError, MetadataError, S
                       UnusableCheckpointError)
 from ..stores.base import check_store
 from .app_state import SavedGeneration, StopRules, parse_app_state
-from .generator import (Autosave, Generator, ResumeReport, TokenEvent, check_callbacks, check_chunk,
-                        check_run_options, context_of)
+from .autosave import Autosave
+from .caches import check_chunk, context_of
+from .generator import Generator, ResumeReport, TokenEvent, check_callbacks, check_run_options
 from .protocol import CausalLM
 
 if TYPE_CHECKING:

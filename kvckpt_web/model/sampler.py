@@ -9,14 +9,14 @@ from __future__ import annotations
 
 import heapq
 import math
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
 from ..checks import check_collection, check_instance
 from ..errors import FieldError, is_int
 
-__all__ = ["MAX_SEED", "Sampler", "SamplingSettings", "splitmix64", "uniform"]
+__all__ = ["MAX_SEED", "Sampler", "SamplingSettings", "candidate_count", "splitmix64", "uniform"]
 
 MAX_SEED = 2**64 - 1
 """Largest seed: seeds are 64-bit unsigned integers."""
@@ -164,3 +164,19 @@ class Sampler:
             raise FieldError("sampler state.settings", f"an object with keys {sorted(fields)}",
                              sorted(settings) if isinstance(settings, dict) else type(settings).__name__)
         return cls(SamplingSettings(**settings), state["counter"])
+
+
+def candidate_count(settings: SamplingSettings, previous: Sequence[int], vocab_size: int) -> int:
+    """How many of the largest logits :meth:`Sampler.pick` needs to choose as it would from all of them;
+    0 when the argmax is the choice (greedy, no repetition penalty).
+
+    A penalty above 1 only lowers seen tokens, so the ``n`` best after it are among the ``n`` best before
+    it plus the distinct seen tokens; a penalty below 1 can lift any seen token: all logits then.
+    """
+    penalty = settings.repetition_penalty
+    if settings.greedy and penalty == 1:
+        return 0
+    if penalty < 1 or (settings.top_k == 0 and not settings.greedy):
+        return vocab_size
+    keep = 1 if settings.greedy else settings.top_k
+    return min(vocab_size, keep + (len(set(previous)) if penalty > 1 else 0))

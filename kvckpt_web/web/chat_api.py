@@ -26,7 +26,8 @@ from ..engine import ChatChunk, ChatRequest, Engine
 from ..engine.conversations import describe
 from ..engine.record import ChatRecord
 from ..errors import FieldError, KVCkptError, NotFoundError, is_int
-from ..model.generator import ResumeReport, new_cache
+from ..model.caches import new_cache
+from ..model.generator import ResumeReport
 from ..model.gguf import parse_gguf
 from ..model.loader import load_gguf
 from ..model.protocol import LoadedModel

@@ -10,7 +10,7 @@ import pytest
 
 from kvckpt_web.model import kernels
 from kvckpt_web.model.gguf import GGUFFile, open_gguf
-from kvckpt_web.model.generator import new_cache
+from kvckpt_web.model.caches import new_cache
 
 
 @pytest.fixture(scope="session")

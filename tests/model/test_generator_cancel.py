@@ -12,7 +12,7 @@ import asyncio
 import pytest
 
 from kvckpt_web.errors import CheckpointStateError
-from kvckpt_web.model.generator import Autosave
+from kvckpt_web.model.autosave import Autosave
 from kvckpt_web.model.resume import resume
 from kvckpt_web.stores.memory import MemoryStore
 

@@ -27,7 +27,7 @@ from kvckpt_web.errors import CheckpointStateError, FormatError, KVCkptError, Se
 from kvckpt_web.model.gguf import open_gguf  # noqa: E402
 from kvckpt_web.model.loader import load_gguf as load_gguf_model  # noqa: E402
 from kvckpt_web.model.loader import load_model  # noqa: E402
-from kvckpt_web.model.generator import new_cache# noqa: E402
+from kvckpt_web.model.caches import new_cache# noqa: E402
 
 TINY_LOGIT_ATOL = 1e-3
 REAL_LOGIT_ATOL = 5e-2

@@ -16,7 +16,8 @@ from kvckpt_web.durable.catalog import load_manifest
 from kvckpt_web.errors import CheckpointStateError, ConflictError, FormatError
 from kvckpt_web.model.sampler import SamplingSettings
 from kvckpt_web.model.app_state import StopRules
-from kvckpt_web.model.generator import Autosave, Generator
+from kvckpt_web.model.autosave import Autosave
+from kvckpt_web.model.generator import Generator
 from kvckpt_web.model.resume import resume
 from kvckpt_web.stores.file import FileStore
 
