@@ -23,8 +23,13 @@ function token() {
   return null;
 }
 
-// Run `move()` (a push or a pull: `kind`) with the controls that must wait disabled and its progress shown.
+// Run `move()` (`kind` "push" or "pull") with the controls that must wait disabled and its progress shown, what the
+// last one of its kind moved forgotten.
 async function moving(kind, text, move) {
+  const shown = `${kind}ed`;   // state.device.pushed, #pushed; state.device.pulled, #pulled
+  clearProblem();
+  state.device[shown] = null;
+  $(shown).hidden = true;
   state.device.busy = kind;
   $("device-status").hidden = false;
   $("device-status").textContent = text;
@@ -52,9 +57,6 @@ export async function push() {
   const name = state.conversation;
   const key = token();
   if (!name || key === null) return;
-  clearProblem();
-  state.device.pushed = null;
-  $("pushed").hidden = true;
   let sent;
   try {
     sent = await moving("push", `sending ${name} to the server…`, () => page.engine.push(name, { token: key }));
@@ -91,9 +93,6 @@ export async function pull(name) {
   }
   const key = token();
   if (key === null) return;
-  clearProblem();
-  state.device.pulled = null;
-  $("pulled").hidden = true;
   let got;
   try {
     got = await moving("pull", `pulling ${name} from the server…`, () => page.engine.pull(name, { token: key }));

@@ -77,12 +77,21 @@ def chat_server(browser_prereqs, fresh_wheel, tmp_path) -> ChatServer:
         yield served
 
 
+@contextmanager
+def chromium_of(browser_prereqs, playwright, profile: Path) -> Iterator[CDPChromium]:
+    """A Chromium of its own on ``profile`` (a device), closed afterwards."""
+    chromium = CDPChromium(browser_prereqs["chromium"], profile, playwright)
+    try:
+        yield chromium
+    finally:
+        chromium.close()
+
+
 @pytest.fixture
-def chat_browser(browser_prereqs, playwright_instance, tmp_path) -> CDPChromium:
+def chat_browser(browser_prereqs, playwright_instance, tmp_path) -> Iterator[CDPChromium]:
     """A Chromium of the test's own (its profile in ``tmp_path / "profile"``), closed after the test."""
-    chromium = CDPChromium(browser_prereqs["chromium"], tmp_path / "profile", playwright_instance)
-    yield chromium
-    chromium.close()
+    with chromium_of(browser_prereqs, playwright_instance, tmp_path / "profile") as chromium:
+        yield chromium
 
 
 class ChatPage:

@@ -8,6 +8,7 @@ said so, with nothing written and a retry offered. The tiny random llama; every 
 from __future__ import annotations
 
 import random
+from collections.abc import Iterator
 from urllib.parse import urlsplit
 
 import pytest
@@ -15,7 +16,7 @@ import pytest
 from kvckpt_web.durable.catalog import load_manifest
 
 from .browser_harness import CDPChromium, run_desktop
-from .chat_page import ChatPage, chat_served, open_chat
+from .chat_page import ChatPage, chat_served, chromium_of, open_chat
 
 from tiny_llama import CORPUS  # noqa: E402 - on sys.path through chat_page
 
@@ -31,11 +32,10 @@ def store_server(browser_prereqs, fresh_wheel, tmp_path):
 
 
 @pytest.fixture
-def other_browser(browser_prereqs, playwright_instance, tmp_path) -> CDPChromium:
+def other_browser(browser_prereqs, playwright_instance, tmp_path) -> Iterator[CDPChromium]:
     """The second device: a Chromium of another profile."""
-    chromium = CDPChromium(browser_prereqs["chromium"], tmp_path / "profile-b", playwright_instance)
-    yield chromium
-    chromium.close()
+    with chromium_of(browser_prereqs, playwright_instance, tmp_path / "profile-b") as chromium:
+        yield chromium
 
 
 def device(browser: CDPChromium, url: str, fragment: str = "") -> ChatPage:
