@@ -45,23 +45,22 @@ async function moving(kind, text, move) {
 }
 
 const moved = (r) => (r.copied ? `${r.chunks_sent} chunks (${kib(r.bytes_sent)}) in ${ms(r.ms)}, ` +
-  `${r.chunks_present} already there` : "nothing to send: the other side held this generation already");
+  `${r.chunks_present} already there` : "nothing moved: the other side held this generation already");
 
 function failed(title, error, message, actions) {
   state.errors.push(error);
   problem("remote", title, { name: error.name, field: error.field, message }, actions);
 }
 
-// Push the open conversation; show what was sent and what the other device uses to pull it.
-export async function push() {
-  const name = state.conversation;
+// Push conversation `name` (the open one); show what was sent and what the other device uses to pull it.
+export async function push(name = state.conversation) {
   const key = token();
   if (!name || key === null) return;
   let sent;
   try {
     sent = await moving("push", `sending ${name} to the server…`, () => page.engine.push(name, { token: key }));
   } catch (error) {
-    const retry = { id: "retry-push", label: "Retry", run: push };
+    const retry = { id: "retry-push", label: "Retry", run: () => push(name) };
     if (error.name === "ConflictError") {
       return failed("The conversation was not sent", error, `${error.message}. Another device went on with this ` +
         "conversation after this one sent it: pull the server's copy to go on from there, or start a new " +
@@ -137,7 +136,7 @@ function fromLink() {
 export function setUpDevices() {
   $("store-token").value = localStorage.getItem(TOKEN_KEY) ?? "";
   $("forget-token").onclick = forget;
-  $("push").onclick = push;
+  $("push").onclick = () => push();
   $("pull-form").onsubmit = (e) => { e.preventDefault(); pull($("pull-name").value.trim()); };
   window.addEventListener("hashchange", fromLink);
   fromLink();
