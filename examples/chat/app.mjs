@@ -3,6 +3,7 @@
 // the page shows (for tests), `window.demoHooks` holds the test hook that holds a reply after k tokens.
 import { createEngine, savedConversations } from "/kvckpt.mjs";
 import { drawList, closeInspect, newConversation, openConversation, refresh } from "./conversations.mjs";
+import { setUpDevices } from "./devices.mjs";
 import { kib, ms } from "./figures.mjs";
 import { STORE_NAME, announce, clearProblem, page, problem, setPhase, state, stopKey } from "./page.mjs";
 import { continueReply, measure, regenerate, send, sendEdited } from "./replies.mjs";
@@ -171,4 +172,5 @@ $("apply-engine").onclick = () => {
   newConversation();
   open();
 };
+setUpDevices();
 open();

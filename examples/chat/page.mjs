@@ -7,6 +7,7 @@ export const state = (window.demo = {
   opened: false, phase: "starting", model: null, store: null, conversation: null, messages: [], reply: "", replyIds: [],
   finishReason: null, usage: null, readOnly: false, restored: null, measured: null, committed: null, problem: null,
   conversations: [], held: null, timeline: null, stages: [], errors: [],
+  device: { busy: null, pushed: null, pulled: null },   // another device: "push" | "pull" under way; what moved last
 });
 export const page = {
   engine: null,        // createEngine's, while it runs
@@ -26,15 +27,23 @@ export const announce = (text) => { $("status").textContent = text; };
 export function setPhase(phase, text = phase) {
   state.phase = phase;
   $("phase").textContent = text;
+  updateControls();
+}
+
+// Enable the controls the phase, the open conversation and a push or pull under way allow.
+export function updateControls() {
+  const phase = state.phase;
   const ready = page.engine !== null && phase !== "crashed";
   const busy = phase === "generating" || phase === "restoring";
-  const writable = ready && !busy && !state.readOnly;
+  const writable = ready && !busy && !state.readOnly && state.device.busy !== "pull";
   const last = state.messages[state.messages.length - 1];
   const unfinished = state.finishReason === "abort" || state.finishReason === null && last?.role === "assistant";
   const controls = [["send", !writable, "prompt"], ["stop", phase !== "generating", "continue"],
                     ["continue", !(writable && state.conversation && unfinished), "stop"],
                     ["regenerate", !(writable && state.conversation && last?.role === "assistant"), "prompt"],
-                    ["crash", phase !== "generating", "prompt"]];
+                    ["crash", phase !== "generating", "prompt"],
+                    ["push", !(ready && !busy && state.conversation && state.device.busy === null), "prompt"],
+                    ["pull", !(ready && !busy && state.device.busy === null), "pull-name"]];
   for (const [id, off] of controls) if (!off) disable($(id), false);   // enabled first: the focus may move there
   for (const [id, off, next] of controls) if (off) disable($(id), true, $(next));
   $("measure").disabled = !writable;

@@ -11,6 +11,10 @@ What happens meanwhile reaches JavaScript as events, JSON text given to ``emit``
   checkpoint (``store`` names the store written, e.g. ``IndexedDB 'kvckpt'``);
 * ``{"type": "save_failed", "conversation", "error", "store"}`` -- an autosave failed in the store (the reply goes
   on; the last committed generation stays).
+
+A conversation moves to another device through the store ``kvckpt serve --store DIR --token T`` serves
+(:meth:`ChatWorker.push`, :meth:`ChatWorker.pull`, over :mod:`kvckpt_web.engine.remote` with an
+:class:`~kvckpt_web.stores.http.HTTPStore`).
 """
 
 from __future__ import annotations
@@ -21,8 +25,9 @@ from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 from ..durable.catalog import list_generations, list_names, load_manifest
-from ..durable.results import GenerationInfo, SaveResult
-from ..engine import ChatChunk, ChatRequest, Engine
+from ..durable.container import parse_manifest_key
+from ..durable.results import GenerationInfo, SaveResult, SyncResult
+from ..engine import ChatChunk, ChatRequest, Engine, pull, push
 from ..engine.conversations import describe
 from ..engine.record import ChatRecord
 from ..errors import FieldError, KVCkptError, NotFoundError, is_int
@@ -31,6 +36,7 @@ from ..model.generator import ResumeReport
 from ..model.gguf import parse_gguf
 from ..model.loader import load_gguf
 from ..model.protocol import LoadedModel
+from ..stores.http import HTTPStore
 from .runtime import device, error_fields, open_store, to_py
 
 __all__ = ["ChatWorker", "saved_conversations"]
@@ -78,6 +84,17 @@ def _summary(info: GenerationInfo) -> dict[str, Any]:
     sizes = dict(zip(info.chunk_keys, info.chunk_nbytes))
     return {"generation": info.generation, "error": info.error, "kv_tokens": info.seq_length,
             "bytes": sum(sizes.values()) + info.manifest_bytes, "created_ms": info.created_ms}
+
+
+def _moved(result: SyncResult) -> str:
+    """What a push or a pull moved: JSON ``{name, generation, copied, chunks_sent, chunks_present, records_sent,
+    bytes_sent, ms}`` (``copied`` false: the other side held that generation already, nothing but missing prefix
+    index records moved)."""
+    name, generation = parse_manifest_key((result.copied or result.up_to_date)[0])
+    return json.dumps({"name": name, "generation": generation, "copied": bool(result.copied),
+                       "chunks_sent": result.chunks_sent, "chunks_present": result.chunks_present,
+                       "records_sent": result.records_sent, "bytes_sent": result.bytes_sent,
+                       "ms": result.seconds * 1e3})
 
 
 class ChatWorker:
@@ -232,6 +249,27 @@ class ChatWorker:
     async def release(self, name: str) -> None:
         """Let go of conversation ``name`` so another tab may continue it (see :meth:`Engine.release`)."""
         await self._engine().release(name)
+
+    async def push(self, name: str, url: str, token: str | None) -> str:
+        """Copy conversation ``name``'s newest committed generation to the store that ``kvckpt serve --store DIR
+        --token T`` serves at ``url``, moving only the chunks it lacks (see :func:`kvckpt_web.engine.push`): JSON
+        of what moved (:func:`_moved`). NotFoundError if this store holds no ``name``; ConflictError if the remote holds a newer
+        or another generation of it (another device continued it); StoreError for a refused token (nothing
+        written) or no answer."""
+        remote = HTTPStore(url, token=token)
+        return _moved(await push(self._engine(), name, remote))
+
+    async def pull(self, name: str, url: str, token: str | None) -> str:
+        """Copy conversation ``name``'s newest generation from the store served at ``url`` into this engine's store
+        (see :func:`kvckpt_web.engine.pull`): JSON of what moved (:func:`_moved`). This engine lets go of a slot of
+        the conversation first (its K/V stay in the store), so that a newer generation from another device can
+        take its place; its next turn restores the K/V from the store. NotFoundError if the remote holds no
+        ``name``; ConflictError while a reply is being generated in it, or if this store holds a newer or another
+        generation of it; StoreError as :meth:`push`."""
+        remote = HTTPStore(url, token=token, read_only=True)
+        engine = self._engine()
+        await engine.release(name)
+        return _moved(await pull(engine, name, remote))
 
     async def measure_reprefill(self, name: str, tokens: int | None = None) -> str:
         """Run the first ``tokens`` (default: all) of the tokens whose K/V conversation ``name``'s newest checkpoint

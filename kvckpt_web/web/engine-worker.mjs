@@ -124,6 +124,8 @@ const ops = {
   async inspect(name) { return JSON.parse(await api.inspect(name)); },
   async delete(name) { await api.delete(name); return null; },
   async release(name) { await api.release(name); return null; },
+  async push(name, url, token) { return JSON.parse(await api.push(name, url, token)); },
+  async pull(name, url, token) { return JSON.parse(await api.pull(name, url, token)); },
   async measureReprefill(name, tokens) { return JSON.parse(await api.measure_reprefill(name, tokens ?? undefined)); },
   async saved(store, storeName) { return JSON.parse(await api.saved_conversations(store, storeName)); },
   hold(tokens) { holdAt = tokens; return null; },

@@ -112,8 +112,9 @@ class Worker_ {
 }
 
 export class Engine {
-  constructor(worker, info) {
+  constructor(worker, info, base = here.href) {
     this.worker = worker;
+    this.base = base;
     // {model: {url, identity, num_layers, vocab_size, max_context, bytes, load_ms}, weights: {source, kept, note},
     //  context, store, took: {boot, weights, upload, engine, kernels} (ms)}
     this.info = info;
@@ -165,6 +166,18 @@ export class Engine {
   delete(name) { return this.worker.call("delete", name); }
   // Let go of conversation `name` (its claim, its slot), so another tab's engine may continue it.
   release(name) { return this.worker.call("release", name); }
+  // Continue on another device, through the store `kvckpt serve --store DIR --token T` serves at `url` (default: the
+  // server of kvckpt.mjs, beside this page). push(name, {token}) copies conversation `name`'s newest committed
+  // checkpoint there, pull(name, {token}) copies the server's newest into this engine's store (letting go of this
+  // engine's slot of it, whose K/V stay stored): the next turn then restores its K/V instead of computing them. Only
+  // the chunks the other side lacks move: {name, generation, copied, chunks_sent, chunks_present, records_sent,
+  // bytes_sent, ms}. Errors: StoreError (the token refused: nothing written; no server), NotFoundError (no such
+  // conversation on the sending side), ConflictError (the other side holds a newer or another generation: another
+  // device continued it; or a reply is being generated in it), FieldError (no token, a bad URL).
+  push(name, { url = null, token = null } = {}) { return this.worker.call("push", name, this.#remote(url), token); }
+  pull(name, { url = null, token = null } = {}) { return this.worker.call("pull", name, this.#remote(url), token); }
+  #remote(url) { return url === null ? this.base : new URL(url, globalThis.location?.href ?? this.base).href; }
+
   // {tokens, ms}: a prefill of the first `tokens` (default: all) of the tokens whose K/V conversation `name`'s newest
   // checkpoint holds, timed now.
   measureReprefill(name, { tokens = null } = {}) { return this.worker.call("measureReprefill", name, tokens); }
@@ -207,7 +220,7 @@ export async function createEngine({ model, store = "indexeddb", storeName = "kv
   try {
     const info = await worker.call("init", { base, model: new URL(model, globalThis.location?.href ?? base).href,
                                              engine: engineOptions });
-    return new Engine(worker, info);
+    return new Engine(worker, info, base);
   } catch (error) {
     worker.terminate(error);
     throw error;

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import shutil
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -25,14 +27,19 @@ from tiny_llama import write_tiny_llama  # noqa: E402
 
 PHASE_MS = int(__import__("os").environ.get("KVCKPT_PHASE_MS", 240_000))
 SETTLED = ("ready", "stopped", "crashed")
+CONTROL_ROLES = {"button", "textbox", "combobox", "spinbutton", "radio", "checkbox", "progressbar",
+                 "DisclosureTriangle", "link"}
 
 
 class ChatServer:
-    """A server of the chat page whose ``/model.gguf`` is the file at ``model_path`` (which tests replace)."""
+    """A server of the chat page whose ``/model.gguf`` is the file at ``model_path`` (which tests replace); with a
+    ``token``, it serves the FileStore ``store`` too (``kvckpt serve --store DIR --token T``)."""
 
-    def __init__(self, url: str, model_path: Path) -> None:
+    def __init__(self, url: str, model_path: Path, store: Any = None, token: str | None = None) -> None:
         self.url = url
         self.model_path = model_path
+        self.store = store
+        self.token = token
 
     def use_tiny(self, seed: int = 0) -> None:
         """The tiny llama of ``seed`` (another seed: other weights, another model identity)."""
@@ -45,24 +52,46 @@ class ChatServer:
         self.model_path.unlink(missing_ok=True)
 
 
+@contextmanager
+def chat_served(browser_prereqs, fresh_wheel, directory: Path, *, token: str | None = None) -> Iterator[ChatServer]:
+    """The chat page served with the tiny llama (in ``directory``), and with a ``token``, a FileStore there too."""
+    from kvckpt_web.server.run import serve_in_thread
+    from kvckpt_web.server.store_routes import StoreRoutes
+    from kvckpt_web.stores.file import FileStore
+
+    model = directory / "model.gguf"
+    write_tiny_llama(model)
+    store = FileStore(directory / "served-store") if token is not None else None
+    server, url = serve_in_thread(browser_prereqs["pyodide"], [fresh_wheel, browser_prereqs["wheels"]], port=0,
+                                  page_dir=CHAT_DIR, model=model,
+                                  routes=StoreRoutes(store, token).routes() if store is not None else ())
+    try:
+        yield ChatServer(url, model, store, token)
+    finally:
+        server.shutdown()
+
+
 @pytest.fixture
 def chat_server(browser_prereqs, fresh_wheel, tmp_path) -> ChatServer:
-    from kvckpt_web.server.run import serve_in_thread
+    with chat_served(browser_prereqs, fresh_wheel, tmp_path) as served:
+        yield served
 
-    model = tmp_path / "model.gguf"
-    write_tiny_llama(model)
-    server, url = serve_in_thread(browser_prereqs["pyodide"], [fresh_wheel, browser_prereqs["wheels"]], port=0,
-                                  page_dir=CHAT_DIR, model=model)
-    yield ChatServer(url, model)
-    server.shutdown()
+
+@contextmanager
+def chromium_of(browser_prereqs, playwright, profile: Path) -> Iterator[CDPChromium]:
+    """A Chromium of its own on ``profile`` (a device), closed afterwards."""
+    chromium = CDPChromium(browser_prereqs["chromium"], profile, playwright)
+    try:
+        yield chromium
+    finally:
+        chromium.close()
 
 
 @pytest.fixture
-def chat_browser(browser_prereqs, playwright_instance, tmp_path) -> CDPChromium:
+def chat_browser(browser_prereqs, playwright_instance, tmp_path) -> Iterator[CDPChromium]:
     """A Chromium of the test's own (its profile in ``tmp_path / "profile"``), closed after the test."""
-    chromium = CDPChromium(browser_prereqs["chromium"], tmp_path / "profile", playwright_instance)
-    yield chromium
-    chromium.close()
+    with chromium_of(browser_prereqs, playwright_instance, tmp_path / "profile") as chromium:
+        yield chromium
 
 
 class ChatPage:
@@ -75,10 +104,11 @@ class ChatPage:
         page.on("console", lambda msg: self.console.append(f"{msg.type}: {msg.text}"))
         page.on("pageerror", lambda err: self.console.append(f"pageerror: {err}"))
 
-    def open(self, *, store: str = "indexeddb", every: int = 8) -> "ChatPage":
-        """Load the page with the engine's store and autosave interval (as its settings remember them) and wait until
-        it settled: ready (after what it resumed), or stopped with a problem."""
-        self.page.goto(f"{self.url}?store={store}&every={every}")
+    def open(self, *, store: str = "indexeddb", every: int = 8, fragment: str = "") -> "ChatPage":
+        """Load the page with the engine's store and autosave interval (as its settings remember them), and a
+        ``fragment`` (a link's ``#...``), and wait until it settled: ready (after what it resumed), or stopped with a
+        problem."""
+        self.page.goto(f"{self.url}?store={store}&every={every}{fragment}")
         return self.settle()
 
     def settle(self, timeout_ms: int = PHASE_MS) -> "ChatPage":
@@ -153,6 +183,39 @@ class ChatPage:
         """Reopen after a crash (a new worker, as a reopened tab); wait until the page settled."""
         self.page.click("#reopen")
         self.settle()
+
+    def open_device(self) -> None:
+        if not self.page.evaluate("document.getElementById('device').open"):
+            self.page.click("#device summary")
+
+    def push(self, token: str) -> dict[str, Any]:
+        """Continue on another device with the store ``token``: wait until the push ended; the state then."""
+        self.open_device()
+        self.page.fill("#store-token", token)
+        self.page.click("#push")
+        self.wait("d => d.device.busy === null && (d.device.pushed !== null || d.problem !== null)")
+        return self.state()
+
+    def pull(self, name: str, token: str) -> dict[str, Any]:
+        """Pull conversation ``name`` with the store ``token``: wait until it is open here, or the pull failed; the
+        state then."""
+        self.open_device()
+        self.page.fill("#store-token", token)
+        self.page.fill("#pull-name", name)
+        self.page.click("#pull")
+        self.wait("d => d.device.busy === null && (d.device.pulled !== null || d.problem !== null)")
+        return self.state()
+
+    def offered(self) -> set[str]:
+        """The ids of the problem's action buttons a person sees."""
+        return set(self.page.evaluate("""() => [...document.querySelectorAll("#problem-actions button")]
+            .filter((b) => b.offsetParent !== null).map((b) => b.id)"""))
+
+    def controls(self, browser: CDPChromium) -> tuple[int, list[str]]:
+        """How many controls the accessibility tree holds, and the roles of those without a name."""
+        nodes = browser.context.new_cdp_session(self.page).send("Accessibility.getFullAXTree")["nodes"]
+        controls = [n for n in nodes if not n.get("ignored") and n.get("role", {}).get("value") in CONTROL_ROLES]
+        return len(controls), [n["role"]["value"] for n in controls if not n.get("name", {}).get("value", "").strip()]
 
     def conversation(self, name: str) -> dict[str, Any]:
         rows = [row for row in self.state()["conversations"] if row["name"] == name]

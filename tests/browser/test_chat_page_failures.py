@@ -20,12 +20,6 @@ PROMPT = "tell me about the sea."
 OTHER_MODEL = {"seed": 1}  # other weights, the same shapes and header: another model identity
 
 
-def offered(page: ChatPage) -> set[str]:
-    """The ids of the problem's action buttons a person sees."""
-    return set(page.page.evaluate("""() => [...document.querySelectorAll("#problem-actions button")]
-        .filter((b) => b.offsetParent !== null).map((b) => b.id)"""))
-
-
 def cut(page: ChatPage) -> dict:
     """A reply of PROMPT held at CUT_AT tokens (several checkpoints committed), then the page's Crash control."""
     held = page.send_and_hold(PROMPT, CUT_AT)
@@ -74,7 +68,7 @@ def test_without_webgpu_the_page_says_so_and_still_lists_the_saved_conversations
         page = open_chat(without, chat_server.url).open()
         adapter = page.page.evaluate("async () => String(await navigator.gpu?.requestAdapter())")
         got = page.state()
-        actions = offered(page)
+        actions = page.offered()
         row = page.page.inner_text(f"#conversations li[data-name='{saved['conversation']}']")
     finally:
         without.close()
@@ -94,7 +88,7 @@ def test_a_missing_model_file_is_named_with_the_install_hint_and_saved_conversat
     message = got["problem"]["message"]
     assert got["problem"]["kind"] == "model-missing" and got["problem"]["title"] == "The model cannot be loaded"
     assert str(chat_server.model_path) in message and INSTALL_HINT in message, message
-    assert offered(page) == {"retry"} and got["model"] is None
+    assert page.offered() == {"retry"} and got["model"] is None
     assert [r["name"] for r in got["conversations"]] == [saved["conversation"]]
 
 
@@ -113,7 +107,7 @@ def test_a_conversation_of_another_model_is_not_resumed_by_itself_and_continue_r
     listed = page.conversation(held["conversation"])
     page.open_conversation(held["conversation"])
     problem = page.state()["problem"]
-    actions = offered(page)
+    actions = page.offered()
     page.page.click("#replay")
     got = resumed(page)
     assert opened["restored"] is None and listed["same_model"] is False
@@ -160,7 +154,7 @@ def test_an_unreadable_newest_manifest_offers_the_generation_before_which_contin
     assert listed["error"] is not None and page.state()["conversation"] == held["conversation"]
     assert problem["kind"] == "record" and problem["title"] == "This checkpoint cannot be read"
     assert newest in problem["message"]
-    assert offered(page) == set() and label.startswith(f"Resume generation {older} (")
+    assert page.offered() == set() and label.startswith(f"Resume generation {older} (")
     assert got["restored"]["kv_restored"] is True and got["restored"]["generation"] == older
     assert got["replyIds"] == want
 

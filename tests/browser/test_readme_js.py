@@ -3,9 +3,13 @@ tiny random llama as /model.gguf) and the raw cache's."""
 
 from __future__ import annotations
 
+import re
+
+import pytest
 from readme_snippets import snippets
 
-from .browser_harness import BOOT_TIMEOUT_MS
+from .browser_harness import BOOT_TIMEOUT_MS, run_desktop
+from .chat_page import chat_served
 
 JS = snippets("js")
 
@@ -40,13 +44,24 @@ def test_the_readme_has_the_engines_snippet_and_the_caches():
     assert "createEngine" in JS[0] and "appState: {tokens: [1, 2, 3]}" in JS[1]
 
 
-def test_the_engine_snippet_chats_two_turns_the_second_reusing_the_first(browser_context, chat_server):
-    error, result = run_snippet(browser_context, chat_server.url, JS[0],
+@pytest.fixture
+def snippet_server(browser_prereqs, fresh_wheel, tmp_path):
+    """The chat page's server, serving a store with the token the engine's snippet sends."""
+    token = re.search(r'const token = "([^"]+)"', JS[0]).group(1)
+    with chat_served(browser_prereqs, fresh_wheel, tmp_path, token=token) as served:
+        yield served
+
+
+def test_the_engine_snippet_chats_two_turns_the_second_reusing_the_first(browser_context, snippet_server):
+    error, result = run_snippet(browser_context, snippet_server.url, JS[0],
                                 "{reply, cached: next.usage.prompt_tokens_details.cached_tokens, "
-                                "prompt: next.usage.prompt_tokens, finish: next.choices[0].finish_reason}")
+                                "prompt: next.usage.prompt_tokens, finish: next.choices[0].finish_reason, sent, got}")
     assert error is None
     assert result["reply"] and result["finish"] in ("stop", "length")
     assert 0 < result["cached"] < result["prompt"]
+    assert result["sent"]["copied"] and result["sent"]["chunks_sent"] > 0  # pushed to the served store
+    assert result["got"]["name"] == result["sent"]["name"]
+    assert run_desktop(snippet_server.store.list_prefix(f"manifests/{result['sent']['name']}/"))
 
 
 def test_the_cache_snippet_restores_the_app_state_it_checkpointed(browser_context, web_server):
