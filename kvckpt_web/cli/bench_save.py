@@ -222,8 +222,8 @@ def _save_rows(label: str, nbytes: int, times: Times, rows: list[Row], echo: Cal
                                     times["raw"]), echo)
     incremental = emit(rows, Row.of_rounds(f"save, incremental +{SAVE_APPEND} tokens ({label})", nbytes,
                                            times["inc"], "full save", times["save"]), echo)
-    emit(rows, Row.of_rounds(f"its files alone, FileStore sets as the incremental save makes them "
-                             f"(incremental floor)", nbytes, times["inc_floor"], "full save", times["save"]), echo)
+    emit(rows, Row.of_rounds("its files alone, FileStore sets as the incremental save makes them "
+                             "(incremental floor)", nbytes, times["inc_floor"], "full save", times["save"]), echo)
     emit(rows, Row.of_rounds(f"save of a new process, every chunk stored already and read back ({label})",
                              nbytes, times["reread"], "full save", times["save"]), echo)
     emit(rows, Row.of_rounds(f"restore from disk ({label})", nbytes, times["restore"], "raw read+upload",
