@@ -20,6 +20,7 @@ from ..tvm.metadata import layout_from_metadata, limits_from_metadata, validate_
 from . import bench, chat, generate, serve_api, store_commands, sync
 from .demo import run_demo, worker_main
 from .demo_generation import DemoConfig, run_generation_demo
+from .serving import serve_until_interrupted
 
 
 def _describe_tvm_export(path: Path) -> dict[str, Any]:
@@ -124,15 +125,16 @@ def cmd_serve(args: argparse.Namespace) -> None:
     address = hosts.bind_address(args.host, args.port, args.allow_remote, field="--host", consent="--allow-remote")
     routes = _store_routes(args) if args.store is not None else []
     if routes and not (Path(pyodide) / "pyodide.mjs").is_file():
-        return _serve(run.make_routes_server(routes, host=args.host, port=args.port, allow_remote=args.allow_remote),
-                      address, args, f"kvckpt store {args.store} (no browser runtime: no Pyodide in {pyodide})")
+        server = run.make_routes_server(routes, host=args.host, port=args.port, allow_remote=args.allow_remote)
+        what = f"kvckpt store {args.store} (no browser runtime: no Pyodide in {pyodide})"
+        return serve_until_interrupted(server, _exposure(address, server),
+                                       lambda: print(f"{what} on {server.url} (Ctrl-C to stop)", flush=True))
     source = wheel.source_checkout()
     with tempfile.TemporaryDirectory(prefix="kvckpt-wheel-") as fresh:
         server = run.make_server(pyodide, [fresh, *wheels] if source else wheels, host=args.host, port=args.port,
                                  page_dir=page, model=model, allow_remote=args.allow_remote, routes=routes)
-        try:
-            if not address.loopback:
-                print(address.exposure(server.server_address[1]), file=sys.stderr, flush=True)
+
+        def start() -> None:
             if source:
                 print(f"building the kvckpt_web wheel of {source}", file=sys.stderr, flush=True)
                 wheel.build_wheel(source, fresh)
@@ -141,11 +143,13 @@ def cmd_serve(args: argparse.Namespace) -> None:
                   file=sys.stderr, flush=True)
             if args.open:
                 webbrowser.open(server.url)
-            server.serve_forever()
-        except KeyboardInterrupt:
-            pass
-        finally:
-            server.server_close()
+
+        serve_until_interrupted(server, _exposure(address, server), start)
+
+
+def _exposure(address: Any, server: Any) -> str | None:
+    """The warning for a server listening beyond loopback at ``address``; None on loopback."""
+    return None if address.loopback else address.exposure(server.server_address[1])
 
 
 def _store_routes(args: argparse.Namespace) -> list[Any]:
@@ -155,19 +159,6 @@ def _store_routes(args: argparse.Namespace) -> list[Any]:
     token = check_token(args.token if args.token is not None else os.environ.get(TOKEN_VARIABLE), "--token")
     store_commands.check_store_target("--store", args.store)
     return StoreRoutes(open_location(args.store, read_only=False, new=True, field="--store"), token).routes()
-
-
-def _serve(server: Any, address: Any, args: argparse.Namespace, what: str) -> None:
-    """Serve ``server`` (``what`` it serves, for the first line) until Ctrl-C."""
-    try:
-        if not address.loopback:
-            print(address.exposure(server.server_address[1]), file=sys.stderr, flush=True)
-        print(f"{what} on {server.url} (Ctrl-C to stop)", flush=True)
-        server.serve_forever()
-    except KeyboardInterrupt:
-        pass
-    finally:
-        server.server_close()
 
 
 def cmd_demo_worker(args: argparse.Namespace) -> None:

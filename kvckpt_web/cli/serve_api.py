@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING
 from ..durable.locations import open_location
 from ..errors import FieldError
 from ..model.loader import default_model_path
+from .serving import serve_until_interrupted
 from .store_commands import check_at_least, check_store_target
 
 if TYPE_CHECKING:
@@ -96,15 +97,9 @@ def cmd_serve_api(args: argparse.Namespace) -> None:
     engine = worker.EngineWorker(lambda: _build(path, args.store, name, context))
     try:
         server = make_api_server(engine, host=args.host, port=args.port, allow_remote=args.allow_remote)
-        try:
-            if not address.loopback:
-                print(_exposure(args.host, server.server_address[1]), file=sys.stderr, flush=True)
-            print(f"kvckpt_web OpenAI-compatible API on {server.url}v1 (model {name!r}, Ctrl-C to stop)", flush=True)
-            server.serve_forever()
-        except KeyboardInterrupt:
-            pass
-        finally:
-            server.server_close()
+        exposure = None if address.loopback else _exposure(args.host, server.server_address[1])
+        serve_until_interrupted(server, exposure, lambda: print(
+            f"kvckpt_web OpenAI-compatible API on {server.url}v1 (model {name!r}, Ctrl-C to stop)", flush=True))
     finally:
         engine.close()
 
