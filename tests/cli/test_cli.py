@@ -236,9 +236,16 @@ def test_demo_refuses_bad_input_in_one_line_before_a_worker_starts(tmp_path, cap
     assert (tmp_path / "file").read_text() == (tmp_path / "mine" / "photo.jpg").read_text() == "mine"
 
 
+def _ctrl_c_as_in_a_terminal() -> None:
+    """Ctrl-C's signal handled as a terminal's user gets it, even where this suite runs in a background job
+    (which starts with it ignored, and a Python started so keeps ignoring it)."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def test_ctrl_c_is_one_line_and_exit_status_130(device, tmp_path):
     worker = subprocess.Popen([sys.executable, "-m", "kvckpt_web.cli", "_demo-worker", str(tmp_path / "export"), "20",
-                               "0"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                               "0"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                              preexec_fn=_ctrl_c_as_in_a_terminal)
     try:
         assert json.loads(worker.stdout.readline())["bytes"] > 0  # exported: it now waits to be killed
         worker.send_signal(signal.SIGINT)
