@@ -27,15 +27,17 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import Awaitable, Callable
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import AbstractAsyncContextManager
+from functools import partial
 from typing import Any
 
 from ..checks import check_callable, check_instance, check_seconds
 from ..errors import FieldError, StoreError
 from .base import DEFAULT_LOCK_TIMEOUT, LocalClaims, LocalLock, Store, check_value_size
 
-__all__ = ["DEFAULT_GRACE_SECONDS", "FAULT_STEPS", "SETTLE_CONCURRENCY", "ObjectStore"]
+__all__ = ["DEFAULT_GRACE_SECONDS", "FAULT_STEPS", "REQUEST_THREADS", "SETTLE_CONCURRENCY", "ObjectStore"]
 
 DEFAULT_GRACE_SECONDS = 3600.0
 """How long after its last write gc and retention leave an unreferenced chunk alone (see the module docstring)."""
@@ -45,6 +47,12 @@ FAULT_STEPS = ("put", "delete")
 
 SETTLE_CONCURRENCY = 16
 """Requests in flight while :meth:`ObjectStore.settled` asks for the ages of values."""
+
+REQUEST_THREADS = 16
+"""Threads of one :class:`ObjectStore` that wait on its requests. obstore's blocking calls run there, not its
+``*_async`` ones: those hand their answer to Python from obstore's own runtime threads, and one of those still
+in Python as the interpreter exits aborts the process (SIGABRT after the program's work was done: 9 of 25
+short runs on a loaded 2-core machine)."""
 
 SCHEMES = ("s3", "s3a", "gs", "az", "adl", "azure", "abfs", "abfss", "file", "memory")
 """URL schemes :meth:`ObjectStore.from_url` opens."""
@@ -94,6 +102,7 @@ class ObjectStore(Store):
         self.fault = check_callable("fault", fault)
         self._lock_flag = LocalLock(f"{self!r} (this object's)")
         self._claims = LocalClaims()
+        self._threads: ThreadPoolExecutor | None = None
 
     @classmethod
     def from_url(cls, url: str, **kwargs: Any) -> "ObjectStore":
@@ -123,11 +132,17 @@ class ObjectStore(Store):
     def _error(self, what: str, key: str, exc: BaseException) -> StoreError:
         return StoreError(f"{what} {key!r} in {self!r}: {_reason(exc)}")
 
-    async def _call(self, what: str, key: str, request: Awaitable[Any]) -> Any:
-        """What ``request`` (about ``key``) answers; None if the key holds nothing; StoreError naming the key if the
-        storage failed."""
+    async def _request(self, call: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        """What the blocking obstore ``call`` answers, run on this store's request threads."""
+        if self._threads is None:
+            self._threads = ThreadPoolExecutor(REQUEST_THREADS, thread_name_prefix="kvckpt-objects")
+        return await asyncio.get_running_loop().run_in_executor(self._threads, partial(call, *args, **kwargs))
+
+    async def _call(self, what: str, key: str, call: Callable[..., Any]) -> Any:
+        """What obstore's ``call`` of ``key`` with this store answers; None if the key holds nothing; StoreError
+        naming the key if the storage failed."""
         try:
-            return await request
+            return await self._request(call, self._store, key)
         except FileNotFoundError:
             return None
         except (self._obs.exceptions.BaseError, OSError) as exc:
@@ -135,11 +150,11 @@ class ObjectStore(Store):
 
     async def _open(self, key: str) -> Any:
         """The answer of a GET of ``key`` (its ``meta``, its body not read yet); None if there is none."""
-        return await self._call("get", key, self._obs.get_async(self._store, key))
+        return await self._call("get", key, self._obs.get)
 
     async def _body(self, key: str, answer: Any) -> bytes:
         try:
-            return bytes(await answer.bytes_async())
+            return bytes(await self._request(answer.bytes))
         except (self._obs.exceptions.BaseError, OSError) as exc:
             raise self._error("get", key, exc) from exc
 
@@ -173,7 +188,7 @@ class ObjectStore(Store):
         if isinstance(self._store, self._obs.store.MemoryStore):
             data = bytes(data)  # it would keep the caller's buffer, not a copy
         try:
-            await self._obs.put_async(self._store, key, data, mode=mode, use_multipart=False)
+            await self._request(self._obs.put, self._store, key, data, mode=mode, use_multipart=False)
         except self._obs.exceptions.AlreadyExistsError:
             return False
         except (self._obs.exceptions.BaseError, OSError) as exc:
@@ -193,10 +208,10 @@ class ObjectStore(Store):
 
     async def _delete(self, key: str) -> None:
         self._step("delete")
-        await self._call("delete", key, self._obs.delete_async(self._store, key))
+        await self._call("delete", key, self._obs.delete)
 
     async def _head(self, key: str) -> dict[str, Any] | None:
-        return await self._call("head", key, self._obs.head_async(self._store, key))
+        return await self._call("head", key, self._obs.head)
 
     async def _exists(self, key: str) -> bool:
         return await self._head(key) is not None
@@ -220,10 +235,13 @@ class ObjectStore(Store):
     async def _list_prefix(self, prefix: str) -> list[str]:
         """object_store lists whole path segments: list the directory ``prefix`` is in, keep what it starts."""
         directory = prefix.rpartition("/")[0]
+
+        def listing() -> list[str]:
+            return [meta["path"] for batch in self._obs.list(self._store, directory or None, chunk_size=1000)
+                    for meta in batch if meta["path"].startswith(prefix)]
+
         try:
-            batches = self._obs.list(self._store, directory or None, chunk_size=1000)
-            return [meta["path"] async for batch in _batches(batches) for meta in batch
-                    if meta["path"].startswith(prefix)]
+            return await self._request(listing)
         except (self._obs.exceptions.BaseError, OSError) as exc:
             raise self._error("list", prefix, exc) from exc
 
@@ -232,11 +250,6 @@ class ObjectStore(Store):
 
     async def _claim(self, name: str) -> Callable[[], Awaitable[None]]:
         return self._claims.take(name, self._claimed(name))
-
-
-async def _batches(stream: Any) -> AsyncIterator[Any]:
-    async for batch in stream:
-        yield batch
 
 
 def _store_types(obstore: Any) -> tuple[type, ...]:
