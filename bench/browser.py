@@ -13,9 +13,13 @@
 * the chat page's reload (``--only reload``, the real model): a reply held mid-way, the page reloaded, and the time
   from the reload to the first resumed token, stage by stage as the page shows it (Python, the weights from the
   browser's cache, their upload, the engine, the restore, the first token). Target: with the weights cached, the
-  restore and the first token add less than 20% to the start before them.
+  restore and the first token add less than 20% to the start before them;
+* the floor of a decode step (``--only floor``, the real model, not in the default run): the Q4_1 products of a
+  decode step and the Q8_0 head against every texel of the same weights fetched with nothing computed, as
+  ``bench/model_kernels.py`` measures it on desktop, alternating.
 
-Run from the repository root: ``.venv/bin/python -m bench.browser [--only kv|model|reload] [--repeats N] [--context N]``
+Run from the repository root:
+``.venv/bin/python -m bench.browser [--only kv|model|reload|floor] [--repeats N] [--context N]``
 (it shares the page harness of the browser tests, ``tests/browser/browser_harness.py``).
 """
 
@@ -32,6 +36,8 @@ from pathlib import Path
 from kvckpt_web.cli.bench_generate import TEXT
 from kvckpt_web.errors import ModelUnavailableError
 from kvckpt_web.model.loader import default_model_path
+
+from bench.model_kernels import fetch_only_source
 from tests.browser import browser_harness as harness
 
 CHAT_PAGE = Path(__file__).resolve().parents[1] / "examples" / "chat"
@@ -162,7 +168,7 @@ store_src.close()
 result = {"adapter": dev.info.adapter, "rows": rows, "stores": stores}
 """
 
-MODEL_BENCH = """
+MODEL_LOAD = """
 import js, statistics
 from kvckpt_web.gpu.browser import BrowserDevice
 from kvckpt_web.gpu.device import Copy, Usage
@@ -200,6 +206,10 @@ del data
 await sync()
 load_s = now() - t
 model = loaded.model
+"""
+"""Page code: SmolLM2 fetched from the server and loaded as the crash-resume page loads it (``model``)."""
+
+MODEL_BENCH = MODEL_LOAD + """
 prompt = loaded.text.tokenizer.encode(TEXT * (4 * CONTEXT // len(TEXT.split()) + 1))[:CONTEXT]
 
 def fresh_cache():
@@ -269,6 +279,45 @@ result = {"adapter": dev.info.adapter, "model_bytes": nbytes, "fetch_s": fetch_s
           "context": context, "reprefill_s": reprefill_s, "stores": stores}
 """
 
+FLOOR_BENCH = MODEL_LOAD + """
+import struct
+from kvckpt_web.gpu.device import Dispatch
+from kvckpt_web.model import kernels
+from kvckpt_web.model.weights import TILE_ROWS
+x = kernels.activation_texture(dev, 576, 1, "floor.x")
+hidden = kernels.activation_texture(dev, 1536, 1, "floor.hidden")
+y = dev.create_buffer(4 * model.vocab_size, Usage.STORAGE | Usage.COPY_SRC, "floor.y")
+sink = dev.create_buffer(4 * model.vocab_size, Usage.STORAGE, "floor.sink")
+fetch = dev.kernel("bench.fetch", FETCH_SOURCE, "fetch")
+
+def fetched(matrices):  # every texel fetched once, as the products fetch them
+    return [Dispatch(fetch, struct.pack("<5I12x", m.rows, m.blocks, 2 if m.ggml_type == 8 else 1, m.scale_base,
+                                        m.shift), (m.texels, sink), workgroups=(-(-m.rows // TILE_ROWS), 1, 1),
+                     keep_bindings=True) for m in matrices]
+
+q4_1 = [m for layer in model.layers for m in (layer.qkv, layer.attn_output, layer.ffn_gate, layer.ffn_up,
+                                               layer.ffn_down)]
+variants = {
+    f"Q4_1 products of a decode step ({len(q4_1)} matrices)":
+        [d for m in q4_1 for d in kernels.matvec(dev, m, hidden if m.cols == 1536 else x, y)],
+    "floor: their weights fetched, nothing computed": fetched(q4_1),
+    "Q8_0 head": kernels.matvec(dev, model.head, x, y),
+    "floor: its weights fetched, nothing computed": fetched([model.head]),
+}
+times = {name: [] for name in variants}
+for round_ in range(R + 1):  # round 0 warms up (builds the pipelines and bind groups)
+    for name in (list(variants) if round_ % 2 else list(variants)[::-1]):
+        await sync()
+        t = now()
+        dev.submit(variants[name])
+        await sync()
+        if round_:
+            times[name].append(now() - t)
+result = {"adapter": dev.info.adapter, "rows": times}
+"""
+"""Page code: the decode step's weight products in the page against their floor, every texel of the same weights
+fetched with nothing computed (bench/model_kernels.py's floor, as the browser binds textures), alternating."""
+
 RESUME_TARGET = 50
 """Resume must be at least this many times faster than re-prefilling the context (on SwiftShader)."""
 RELOAD_TARGET = 0.2
@@ -303,9 +352,10 @@ def reload_rows(chromium: str, url: str, profile: Path, repeats: int) -> list[di
 
 def main() -> int:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--only", choices=["kv", "model", "reload"], default=None,
+    parser.add_argument("--only", choices=["kv", "model", "reload", "floor"], default=None,
                         help="kv: export/import and store rows; model: the SmolLM2 generation rows; reload: the chat "
-                             "page's reload to the first resumed token (default: all three)")
+                             "page's reload to the first resumed token (default: those three); floor: the decode "
+                             "step's weight products against fetching their weights alone")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--context", type=int, default=300, help="prompt tokens of the model rows (default 300)")
     parser.add_argument("--decode", type=int, default=16, help="tokens to generate in the model rows (default 16)")
@@ -322,15 +372,16 @@ def main() -> int:
         print("no chromium", file=sys.stderr)
         return 1
     model = None
-    if "model" in parts or "reload" in parts:
+    if parts != ["kv"]:
         try:
             model = default_model_path()
         except ModelUnavailableError as exc:
-            print(f"model and reload rows skipped: {exc}", file=sys.stderr)
+            print(f"model, reload and floor rows skipped: {exc}", file=sys.stderr)
             parts = [p for p in parts if p == "kv"]
     if not parts:
         return 0
-    out = model_out = reload_out = None
+    rows: dict[str, dict] = {}
+    reload_out = None
     loads = [os.getloadavg()[0]]
     with tempfile.TemporaryDirectory() as tmp:
         harness.build_wheel(Path(tmp) / "wheel")
@@ -343,42 +394,46 @@ def main() -> int:
                 server.shutdown()
             parts.remove("reload")
         if parts:
-            out, model_out = page_rows(chromium, wheels, model, parts, args, Path(tmp) / "profile")
+            rows = page_rows(chromium, wheels, model, parts, args, Path(tmp) / "profile")
     loads.append(os.getloadavg()[0])
     print(f"load average (1 minute) at the start and the end of the run: {loads[0]:.1f}, {loads[1]:.1f}")
-    if out is not None:
-        print_kv(out, args.repeats)
-    if model_out is not None:
-        print_model(model_out, model.name)
+    if "kv" in rows:
+        print_kv(rows["kv"], args.repeats)
+    if "model" in rows:
+        print_model(rows["model"], model.name)
+    if "floor" in rows:
+        print_floor(rows["floor"], model.name, loads)
     if reload_out is not None:
         print_reload(reload_out, model.name)
     return 0
 
 
 def page_rows(chromium: str, wheels: list[Path], model: Path | None, parts: list[str], args: argparse.Namespace,
-              profile: Path) -> tuple[dict | None, dict | None]:
-    """The kv and model rows, run in one page that boots Pyodide and kvckpt_web."""
+              profile: Path) -> dict[str, dict]:
+    """The kv, model and floor rows of ``parts``, run in one page that boots Pyodide and kvckpt_web."""
     from playwright.sync_api import sync_playwright
 
     from kvckpt_web.server.run import serve_in_thread
 
-    out = model_out = None
+    model_code = {"REPEATS": str(args.repeats), "CONTEXT_TOKENS": str(args.context), "DECODE_TOKENS": str(args.decode),
+                  "BENCH_TEXT": repr(TEXT), "FETCH_SOURCE": repr(fetch_only_source(sampled=True))}
+    codes = {"kv": BENCH.replace("REPEATS", str(args.repeats)), "model": MODEL_BENCH, "floor": FLOOR_BENCH}
+    rows = {}
     server, url = serve_in_thread(harness.pyodide_dir(), wheels, port=0, model=model)
     try:
         with sync_playwright() as pw:
             ctx = pw.chromium.launch_persistent_context(str(profile), executable_path=chromium, headless=True,
                                                         args=harness.CHROMIUM_FLAGS)
             page = harness.PyPage(ctx.new_page(), url).boot()
-            if "kv" in parts:
-                out = page.run(BENCH.replace("REPEATS", str(args.repeats)))
-            if "model" in parts:
-                model_out = page.run(MODEL_BENCH.replace("REPEATS", str(args.repeats))
-                                     .replace("CONTEXT_TOKENS", str(args.context))
-                                     .replace("DECODE_TOKENS", str(args.decode)).replace("BENCH_TEXT", repr(TEXT)))
+            for part in parts:
+                code = codes[part]
+                for name, value in model_code.items():
+                    code = code.replace(name, value)
+                rows[part] = page.run(code)
             ctx.close()
     finally:
         server.shutdown()
-    return out, model_out
+    return rows
 
 
 def print_kv(out: dict, repeats: int) -> None:
@@ -418,6 +473,22 @@ def print_model(out: dict, model_name: str) -> None:
     print(f"resume (restore + import, median of {len(restores)}) vs re-prefill of the same {out['context']}-token "
           f"context: {min(ratios):.0f}x or more faster (target >= {RESUME_TARGET}x: "
           f"{'met' if min(ratios) >= RESUME_TARGET else 'NOT met'})")
+    print(json.dumps(out))
+
+
+def print_floor(out: dict, model_name: str, loads: list[float]) -> None:
+    """The floor rows: each variant's median and range, and the products over their floor."""
+    medians = {name: statistics.median(times) for name, times in out["rows"].items()}
+    rounds = len(next(iter(out["rows"].values())))
+    print(f"\n{model_name} on {out['adapter']} (Chromium headless, Pyodide): the decode step's weight products "
+          f"against fetching their weights alone, {rounds} alternating rounds, load {min(loads):.1f}-{max(loads):.1f}")
+    print(f"{'what':<52}{'median ms':>10}{'range':>16}")
+    for name, times in out["rows"].items():
+        print(f"{name:<52}{medians[name] * 1e3:>10.1f}{f'{min(times) * 1e3:.1f}-{max(times) * 1e3:.1f}':>16}")
+    names = list(medians)
+    print(f"the products take {medians[names[0]] / medians[names[1]]:.2f}x their floor, the head "
+          f"{medians[names[2]] / medians[names[3]]:.2f}x; the floors together: "
+          f"{(medians[names[1]] + medians[names[3]]) * 1e3:.1f} ms a token")
     print(json.dumps(out))
 
 

@@ -37,10 +37,10 @@ PROJECTIONS = ("attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up"
 FETCH_ONLY = """
 struct Params { rows: u32, blocks: u32, per_block: u32, scale_base: u32, shift: u32 }
 @group(0) @binding(0) var<uniform> params: Params;
-@group(0) @binding(1) var weights: texture_storage_2d<rgba32uint, read>;
+@group(0) @binding(1) var weights: WEIGHTS_TEXTURE;
 @group(0) @binding(2) var<storage, read_write> sink: array<u32>;
 fn texel(i: u32) -> vec4<u32> {
-  return textureLoad(weights, vec2<u32>(i & ((1u << params.shift) - 1u), i >> params.shift));
+  return textureLoad(weights, vec2<u32>(i & ((1u << params.shift) - 1u), i >> params.shift)LEVEL);
 }
 @compute @workgroup_size(8)
 fn fetch(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>) {
@@ -56,6 +56,15 @@ fn fetch(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id) lid
   sink[wg.x * 8u + lid.x] = acc.x ^ acc.y ^ acc.z ^ acc.w;
 }
 """
+"""Every texel of a product's weights fetched once, in the order and by the workgroups the products fetch them,
+with no arithmetic: the floor of the products (:func:`fetch_only_source` fills in how the texture is bound)."""
+
+
+def fetch_only_source(sampled: bool) -> str:
+    """:data:`FETCH_ONLY` with the weights bound as the products bind them: a sampled texture (the browser's
+    flavour) or a read-only storage texture (the desktop's)."""
+    texture = "texture_2d<u32>" if sampled else "texture_storage_2d<rgba32uint, read>"
+    return FETCH_ONLY.replace("WEIGHTS_TEXTURE", texture).replace("LEVEL", ", 0" if sampled else "")
 
 
 def default_model() -> Path:
@@ -122,7 +131,7 @@ def decode_step(device: Device, w: dict[str, QuantizedTensor | DenseTensor], a: 
 
 def fetch_only(device: Device, matrices: list[QuantizedTensor], sink: Buffer) -> list[Dispatch]:
     """Every texel of ``matrices`` fetched once, in the order and by the workgroups the products fetch them."""
-    kernel = device.kernel("bench.fetch", FETCH_ONLY, "fetch")
+    kernel = device.kernel("bench.fetch", fetch_only_source(False), "fetch")
     return [Dispatch(kernel, struct.pack("<5I12x", m.rows, m.blocks, 2 if m.ggml_type == 8 else 1, m.scale_base,
                                          m.shift), (m.texels, sink), workgroups=(-(-m.rows // TILE_ROWS), 1, 1),
                      keep_bindings=True) for m in matrices]
