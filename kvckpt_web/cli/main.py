@@ -127,7 +127,7 @@ def cmd_serve(args: argparse.Namespace) -> None:
     if routes and not (Path(pyodide) / "pyodide.mjs").is_file():
         server = run.make_routes_server(routes, host=args.host, port=args.port, allow_remote=args.allow_remote)
         what = f"kvckpt store {args.store} (no browser runtime: no Pyodide in {pyodide})"
-        return serve_until_interrupted(server, _exposure(address, server),
+        return serve_until_interrupted(server, address,
                                        lambda: print(f"{what} on {server.url} (Ctrl-C to stop)", flush=True))
     source = wheel.source_checkout()
     with tempfile.TemporaryDirectory(prefix="kvckpt-wheel-") as fresh:
@@ -144,12 +144,7 @@ def cmd_serve(args: argparse.Namespace) -> None:
             if args.open:
                 webbrowser.open(server.url)
 
-        serve_until_interrupted(server, _exposure(address, server), start)
-
-
-def _exposure(address: Any, server: Any) -> str | None:
-    """The warning for a server listening beyond loopback at ``address``; None on loopback."""
-    return None if address.loopback else address.exposure(server.server_address[1])
+        serve_until_interrupted(server, address, start)
 
 
 def _store_routes(args: argparse.Namespace) -> list[Any]:

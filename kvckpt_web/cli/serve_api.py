@@ -97,9 +97,9 @@ def cmd_serve_api(args: argparse.Namespace) -> None:
     engine = worker.EngineWorker(lambda: _build(path, args.store, name, context))
     try:
         server = make_api_server(engine, host=args.host, port=args.port, allow_remote=args.allow_remote)
-        exposure = None if address.loopback else _exposure(args.host, server.server_address[1])
-        serve_until_interrupted(server, exposure, lambda: print(
-            f"kvckpt_web OpenAI-compatible API on {server.url}v1 (model {name!r}, Ctrl-C to stop)", flush=True))
+        announce = f"kvckpt_web OpenAI-compatible API on {server.url}v1 (model {name!r}, Ctrl-C to stop)"
+        serve_until_interrupted(server, address, lambda: print(announce, flush=True),
+                                exposure=lambda port: _exposure(args.host, port))
     finally:
         engine.close()
 

@@ -6,13 +6,14 @@ import sys
 from typing import Any, Callable
 
 
-def serve_until_interrupted(server: Any, exposure: str | None, start: Callable[[], None]) -> None:
-    """Say ``exposure`` (what listening beyond loopback exposes; None on loopback) on stderr, run ``start``
-    (its first lines, anything to do once it listens), then serve until Ctrl-C; the server is closed however
-    it ends."""
+def serve_until_interrupted(server: Any, address: Any, start: Callable[[], None],
+                            exposure: Callable[[int], str] | None = None) -> None:
+    """Serve ``server``, bound at ``address`` (a :class:`~kvckpt_web.server.hosts.BindAddress`), until Ctrl-C:
+    beyond loopback first say on stderr what that exposes (``exposure(port)``, default ``address.exposure``),
+    then run ``start`` (its first lines, anything to do once it listens); the server is closed however it ends."""
     try:
-        if exposure is not None:
-            print(exposure, file=sys.stderr, flush=True)
+        if not address.loopback:
+            print((exposure or address.exposure)(server.server_address[1]), file=sys.stderr, flush=True)
         start()
         server.serve_forever()
     except KeyboardInterrupt:
