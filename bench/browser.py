@@ -415,9 +415,10 @@ def page_rows(chromium: str, wheels: list[Path], model: Path | None, parts: list
 
     from kvckpt_web.server.run import serve_in_thread
 
-    model_code = {"REPEATS": str(args.repeats), "CONTEXT_TOKENS": str(args.context), "DECODE_TOKENS": str(args.decode),
-                  "BENCH_TEXT": repr(TEXT), "FETCH_SOURCE": repr(fetch_only_source(sampled=True))}
-    codes = {"kv": BENCH.replace("REPEATS", str(args.repeats)), "model": MODEL_BENCH, "floor": FLOOR_BENCH}
+    placeholders = {"REPEATS": str(args.repeats), "CONTEXT_TOKENS": str(args.context),
+                    "DECODE_TOKENS": str(args.decode), "BENCH_TEXT": repr(TEXT),
+                    "FETCH_SOURCE": repr(fetch_only_source(sampled=True))}
+    codes = {"kv": BENCH, "model": MODEL_BENCH, "floor": FLOOR_BENCH}
     rows = {}
     server, url = serve_in_thread(harness.pyodide_dir(), wheels, port=0, model=model)
     try:
@@ -427,7 +428,7 @@ def page_rows(chromium: str, wheels: list[Path], model: Path | None, parts: list
             page = harness.PyPage(ctx.new_page(), url).boot()
             for part in parts:
                 code = codes[part]
-                for name, value in model_code.items():
+                for name, value in placeholders.items():
                     code = code.replace(name, value)
                 rows[part] = page.run(code)
             ctx.close()
