@@ -94,6 +94,10 @@ def needs(store: Store, *flags: str) -> None:
         pytest.skip(f"{type(store).__name__} lacks {', '.join(missing)}")
 
 
+def never_called(view: memoryview) -> None:
+    raise AssertionError(f"then called with {len(view)} bytes")
+
+
 def run(coro: Awaitable[T]) -> T:
     """Run one coroutine to completion on a fresh event loop."""
     return asyncio.run(coro)  # type: ignore[arg-type]
@@ -197,6 +201,38 @@ class StoreTests:
 
     def test_get_into_of_a_missing_key_is_none(self, store: Store) -> None:
         assert run(store.get_into("nope", memoryview(bytearray(3)))) is None
+
+    def test_get_into_then_hands_the_whole_value_to_then_and_returns_what_it_returns(self, store: Store) -> None:
+        async def body() -> None:
+            blob = bytes(range(256)) * 40
+            await store.set("blob", blob)
+            out = bytearray(len(blob))
+            assert await store.get_into_then("blob", memoryview(out), bytes) == (len(blob), blob)
+            assert out == blob
+
+        run(body())
+
+    @pytest.mark.parametrize("size", [0, 9, 11])
+    def test_get_into_then_of_another_length_does_not_call_then(self, store: Store, size: int) -> None:
+        async def body() -> None:
+            await store.set("ten", b"0123456789")
+            out = bytearray(b"\xee" * size)
+            assert await store.get_into_then("ten", memoryview(out), never_called) == (10, None)
+            assert out == b"\xee" * size
+
+        run(body())
+
+    def test_get_into_then_of_a_missing_key_does_not_call_then(self, store: Store) -> None:
+        assert run(store.get_into_then("nope", memoryview(bytearray(3)), never_called)) == (None, None)
+
+    def test_get_into_then_passes_on_what_then_raises(self, store: Store) -> None:
+        def fails(view: memoryview) -> None:
+            raise ZeroDivisionError(f"{len(view)} bytes")
+
+        run(store.set("k", b"abc"))
+        with pytest.raises(ZeroDivisionError, match="3 bytes"):
+            run(store.get_into_then("k", memoryview(bytearray(3)), fails))
+        assert run(store.get("k")) == b"abc"
 
     @pytest.mark.parametrize("out", [b"abc", memoryview(b"abc"), "abc", None])
     def test_get_into_refuses_a_buffer_it_cannot_write(self, store: Store, out: Any) -> None:

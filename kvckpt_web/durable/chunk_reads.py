@@ -4,7 +4,8 @@ chunk, never a hang or an error of the whole operation."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from collections.abc import Callable
+from typing import TYPE_CHECKING, TypeVar
 
 from ..errors import CorruptionError, FormatError
 from .container import ChunkRef, check_chunk_size
@@ -14,11 +15,22 @@ if TYPE_CHECKING:
 
 __all__ = ["read_chunk", "read_chunk_into", "stored_size"]
 
+_T = TypeVar("_T")
+
 
 async def _length(store: "Store", key: str, out: memoryview, what: str) -> int | None:
     """:meth:`Store.get_into`; what is no value (a FIFO, a device, ...) is :class:`CorruptionError` of ``what``."""
+    return (await _read_then(store, key, out, what, None))[0]
+
+
+async def _read_then(store: "Store", key: str, out: memoryview, what: str,
+                     then: Callable[[memoryview], _T] | None) -> tuple[int | None, _T | None]:
+    """:meth:`Store.get_into_then` (:meth:`Store.get_into` without ``then``), what is no value being
+    :class:`CorruptionError` of ``what``."""
     try:
-        return await store.get_into(key, out)
+        if then is None:
+            return await store.get_into(key, out), None
+        return await store.get_into_then(key, out, then)
     except FormatError as exc:
         raise CorruptionError(f"{what}: expected {exc.expected}, got {exc.got}") from None
 
@@ -29,10 +41,14 @@ async def stored_size(store: "Store", key: str) -> int | None:
     return await _length(store, key, memoryview(bytearray()), key)  # get_into reads only into a buffer that fits
 
 
-async def read_chunk_into(store: "Store", ref: ChunkRef, out: memoryview) -> None:
-    """The stored bytes of ``ref`` read into ``out`` (``ref.nbytes`` long); :class:`CorruptionError` naming the
+async def read_chunk_into(store: "Store", ref: ChunkRef, out: memoryview,
+                          then: Callable[[memoryview], _T] | None = None) -> _T | None:
+    """The stored bytes of ``ref`` read into ``out`` (``ref.nbytes`` long), and what ``then(out)`` returns
+    (run where the store read them, see :meth:`Store.get_into_then`); :class:`CorruptionError` naming the
     chunk if it is missing, of another size (then nothing is read) or no value."""
-    check_chunk_size(ref, await _length(store, ref.key, out, ref.describe()))
+    length, result = await _read_then(store, ref.key, out, ref.describe(), then)
+    check_chunk_size(ref, length)
+    return result
 
 
 async def read_chunk(store: "Store", ref: ChunkRef) -> memoryview:

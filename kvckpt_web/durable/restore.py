@@ -17,9 +17,9 @@ from ..tvm.layout import CacheLimits, KVLayout
 from ..tvm.metadata import dump_tvm_json, limits_from_metadata, parse_metadata, validate_import, write_metadata
 from .catalog import at_key, load_manifest, manifest_keys
 from .chunk_reads import read_chunk_into
-from .container import MAX_MANIFEST_BYTES, ChunkRef, Manifest, check_chunk_digest
+from .container import MAX_MANIFEST_BYTES, ChunkRef, Manifest, check_chunk_digest, chunk_digest
 from .ledger import Ledger, ledger_for
-from .pipeline import IO_CONCURRENCY, Hasher, run_bounded
+from .pipeline import IO_CONCURRENCY, run_bounded
 from .results import Progress, RestoreResult
 
 if TYPE_CHECKING:
@@ -199,14 +199,12 @@ async def _fetch_groups(store: "Store", ledger: Ledger, manifest: Manifest, key:
     everything = _needed(manifest, groups.group_bytes // pb)
     refs = [ref for ref in everything if ref not in fetched]
     done = [len(everything) - len(refs)]
-    hasher = Hasher()
 
     async def fetch(ref: ChunkRef) -> None:
         view = groups[ref.group][ref.first_page * pb:ref.first_page * pb + ref.nbytes]
         whole = view if len(view) == ref.nbytes else memoryview(bytearray(ref.nbytes))  # pages past the prefix too
         try:
-            await read_chunk_into(store, ref, whole)
-            check_chunk_digest(ref, (await hasher.digest(whole))[0])
+            check_chunk_digest(ref, await read_chunk_into(store, ref, whole, chunk_digest))  # hashed while still cached
         except CorruptionError as exc:
             ledger.distrust((ref.key,))  # found damaged: no later save reuses it unread
             raise at_key(exc, key) from None
@@ -217,8 +215,5 @@ async def _fetch_groups(store: "Store", ledger: Ledger, manifest: Manifest, key:
         if progress is not None:
             progress("restore", done[0], len(everything))
 
-    try:
-        await run_bounded((lambda r=r: fetch(r) for r in refs), IO_CONCURRENCY)
-    finally:
-        await hasher.close()
+    await run_bounded((lambda r=r: fetch(r) for r in refs), IO_CONCURRENCY)
     return groups

@@ -20,11 +20,12 @@ from __future__ import annotations
 
 import asyncio
 import re
+import sys
 import time
 from abc import ABC, abstractmethod
 from collections.abc import AsyncIterator, Awaitable, Callable, Collection
 from contextlib import AbstractAsyncContextManager, asynccontextmanager, nullcontext
-from typing import Any
+from typing import Any, TypeVar
 
 from ..checks import check_bool, check_instance, check_int, check_seconds, check_writable
 from ..errors import ConflictError, FormatError, StoreError
@@ -51,6 +52,8 @@ MAX_KEY_CHARS = 1024
 
 DEFAULT_LOCK_TIMEOUT = 10.0
 """Seconds :meth:`Store.lock` waits for the lock unless told otherwise."""
+
+_T = TypeVar("_T")
 
 _SEGMENT_RE = re.compile(r"[A-Za-z0-9._-]+")
 _PARTIAL_RE = re.compile(r"[A-Za-z0-9._-]*")
@@ -179,6 +182,17 @@ class Store(ABC):
         validate_key(key)
         return await self._get_into(key, check_writable("out", out, error=FormatError).cast("B"))
 
+    async def get_into_then(self, key: str, out: memoryview, then: Callable[[memoryview], _T]
+                            ) -> tuple[int | None, _T | None]:
+        """:meth:`get_into`, and what ``then(out)`` returns once ``out`` holds the whole value (else None).
+
+        ``then`` (CPU work over the bytes, such as a digest) runs on the thread that read them, while they
+        are still in the CPU's caches, where the store reads on threads (FileStore); elsewhere on a worker
+        thread after the read, or inline where there are no threads (the browser).
+        """
+        validate_key(key)
+        return await self._get_into_then(key, check_writable("out", out, error=FormatError).cast("B"), then)
+
     def _payload(self, key: str, data: Any) -> memoryview:
         """``data`` to store under ``key``, once the key, the data and the store allow it."""
         validate_key(key)
@@ -285,6 +299,13 @@ class Store(ABC):
         if data is not None:
             check_value_size(key, len(data), max_bytes)
         return data
+
+    async def _get_into_then(self, key: str, out: memoryview, then: Callable[[memoryview], _T]
+                             ) -> tuple[int | None, _T | None]:
+        length = await self._get_into(key, out)
+        if length != len(out):
+            return length, None
+        return length, (then(out) if sys.platform == "emscripten" else await asyncio.to_thread(then, out))
 
     async def _get_into(self, key: str, out: memoryview) -> int | None:
         data = await self._get(key)

@@ -503,6 +503,14 @@ class FileStore(Store):
     async def _get_into(self, key: str, out: memoryview) -> int | None:
         return await _run_io(self._read_into, key, out)
 
+    async def _get_into_then(self, key: str, out: memoryview, then: Callable[[memoryview], _T]
+                             ) -> tuple[int | None, _T | None]:
+        def read_then() -> tuple[int | None, _T | None]:
+            length = self._read_into(key, out)
+            return length, (then(out) if length == len(out) else None)
+
+        return await _run_io(read_then)
+
     async def _set(self, key: str, data: memoryview) -> None:
         await _run_io(self._write, key, data, _BATCHES.get().get(self))
 

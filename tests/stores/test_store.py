@@ -10,6 +10,7 @@ import subprocess
 import sys
 import tempfile
 import textwrap
+import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -571,6 +572,22 @@ def test_get_with_max_bytes_reads_nothing_of_a_longer_file(tmp_path: Path) -> No
     os.truncate(tmp_path / "store" / "k", 20 << 30)  # sparse: reading it would need 20 GiB of memory
     with pytest.raises(FormatError, match=f"got {20 << 30}"):
         run(store.get("k", max_bytes=1 << 20))
+
+
+def test_get_into_then_runs_then_on_the_io_thread_that_read_the_value(tmp_path: Path) -> None:
+    store = FileStore(tmp_path / "store")
+    run(store.set("k", b"value"))
+    readers: list[int] = []
+    read_into = store._read_into
+
+    def recorded_read(key: str, out: memoryview) -> int | None:
+        readers.append(threading.get_ident())
+        return read_into(key, out)
+
+    store._read_into = recorded_read  # type: ignore[method-assign]
+    got = run(store.get_into_then("k", memoryview(bytearray(5)), lambda view: threading.get_ident()))
+    assert got == (5, readers[0]) and readers[0] != threading.get_ident()
+
 
 
 @pytest.mark.parametrize("method", ["get", "get_into"])
