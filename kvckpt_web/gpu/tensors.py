@@ -52,18 +52,12 @@ def span_bytes(count: int, size: int, stride: int) -> int:
     return (count - 1) * stride + size if count else 0
 
 
-HUGE_PAGE_BYTES = 2 << 20
-"""Host buffers of at least this many bytes ask the OS for huge pages (where it has them)."""
-
-
 def zeroed(nbytes: int) -> memoryview:
     """A new writable host buffer of ``nbytes`` zero bytes.
 
     On desktop an anonymous memory map: the OS hands out zero pages as they are first written, where a
     bytearray would first write every byte itself (for 256 MiB here, ~250 ms of page faults up front,
-    before a restore can start reading). One of :data:`HUGE_PAGE_BYTES` or more asks for huge pages (Linux's
-    transparent huge pages): one fault per 2 MiB instead of per 4 KiB, which here takes the first write of
-    23.6 MB (a restore of 1,024 tokens) from ~10.7 to ~4 ms. In the browser a bytearray.
+    before a restore can start reading). In the browser a bytearray.
     """
     if nbytes == 0 or sys.platform == "emscripten":
         return memoryview(bytearray(nbytes))
@@ -71,8 +65,6 @@ def zeroed(nbytes: int) -> memoryview:
 
     private = getattr(mmap, "MAP_PRIVATE", None)  # POSIX; Windows maps anonymous memory privately anyway
     mapped = mmap.mmap(-1, nbytes) if private is None else mmap.mmap(-1, nbytes, flags=private | mmap.MAP_ANONYMOUS)
-    if nbytes >= HUGE_PAGE_BYTES and hasattr(mapped, "madvise") and hasattr(mmap, "MADV_HUGEPAGE"):
-        mapped.madvise(mmap.MADV_HUGEPAGE)
     return memoryview(mapped)
 
 

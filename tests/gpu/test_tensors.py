@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
 
 from kvckpt_web import HostTensor, TensorError
-from kvckpt_web.gpu.tensors import HUGE_PAGE_BYTES, as_bytes, zeroed
+from kvckpt_web.gpu.tensors import as_bytes, zeroed
 
 
 def test_host_tensor_numpy_views_its_bytes_with_shape_and_dtype():
@@ -57,35 +56,3 @@ def test_zeroed_is_a_writable_buffer_of_that_many_zero_bytes(nbytes):
     if nbytes:
         buffer[nbytes - 1] = 7
         assert buffer[nbytes - 1] == 7
-
-
-def transparent_huge_pages() -> str | None:
-    """Linux's transparent huge page mode ("always", "madvise", "never"); None where there is none."""
-    try:
-        text = Path("/sys/kernel/mm/transparent_hugepage/enabled").read_text()
-    except OSError:
-        return None
-    return text.split("[", 1)[1].split("]", 1)[0]
-
-
-def smaps_field(address: int, field: str) -> str | None:
-    """``field`` of the mapping of this process that holds ``address`` (/proc/self/smaps), None if it has none."""
-    inside = False
-    for line in Path("/proc/self/smaps").read_text().splitlines():
-        head = line.split()[0]
-        if "-" in head and not head.endswith(":"):
-            lo, hi = (int(x, 16) for x in head.split("-"))
-            inside = lo <= address < hi
-        elif inside and head == f"{field}:":
-            return line.split()[1]
-    return None
-
-
-@pytest.mark.skipif(transparent_huge_pages() != "madvise", reason="needs transparent huge pages in madvise mode")
-@pytest.mark.parametrize(("nbytes", "eligible"), [(HUGE_PAGE_BYTES, "1"), (HUGE_PAGE_BYTES - 4096, "0")])
-def test_zeroed_asks_for_huge_pages_from_huge_page_bytes_on(nbytes, eligible):
-    buffer = zeroed(nbytes)
-    address = np.frombuffer(buffer, np.uint8).ctypes.data
-    if smaps_field(address, "THPeligible") is None:
-        pytest.skip("this kernel does not say which mappings take huge pages")
-    assert smaps_field(address, "THPeligible") == eligible
