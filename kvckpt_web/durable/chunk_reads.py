@@ -4,33 +4,25 @@ chunk, never a hang or an error of the whole operation."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import TYPE_CHECKING, TypeVar
+from typing import TYPE_CHECKING
 
 from ..errors import CorruptionError, FormatError
-from .container import ChunkRef, check_chunk_size
+from .container import ChunkRef, check_chunk_digest, check_chunk_size, chunk_digest
 
 if TYPE_CHECKING:
     from ..stores.base import Store
 
 __all__ = ["read_chunk", "read_chunk_into", "stored_size"]
 
-_T = TypeVar("_T")
 
-
-async def _length(store: "Store", key: str, out: memoryview, what: str) -> int | None:
-    """:meth:`Store.get_into`; what is no value (a FIFO, a device, ...) is :class:`CorruptionError` of ``what``."""
-    return (await _read_then(store, key, out, what, None))[0]
-
-
-async def _read_then(store: "Store", key: str, out: memoryview, what: str,
-                     then: Callable[[memoryview], _T] | None) -> tuple[int | None, _T | None]:
-    """:meth:`Store.get_into_then` (:meth:`Store.get_into` without ``then``), what is no value being
-    :class:`CorruptionError` of ``what``."""
+async def _length(store: "Store", key: str, out: memoryview, what: str, digest: bool = False
+                  ) -> tuple[int | None, str | None]:
+    """:meth:`Store.get_into` (:meth:`Store.get_into_then` with the SHA-256 hex digest of what it read if
+    ``digest``); what is no value (a FIFO, a device, ...) is :class:`CorruptionError` of ``what``."""
     try:
-        if then is None:
-            return await store.get_into(key, out), None
-        return await store.get_into_then(key, out, then)
+        if digest:
+            return await store.get_into_then(key, out, chunk_digest)
+        return await store.get_into(key, out), None
     except FormatError as exc:
         raise CorruptionError(f"{what}: expected {exc.expected}, got {exc.got}") from None
 
@@ -38,23 +30,23 @@ async def _read_then(store: "Store", key: str, out: memoryview, what: str,
 async def stored_size(store: "Store", key: str) -> int | None:
     """The length of the value under ``key``, none of it read (None: there is none); :class:`CorruptionError`
     naming the key if what is there is no value (a FIFO, a device, ...)."""
-    return await _length(store, key, memoryview(bytearray()), key)  # get_into reads only into a buffer that fits
+    return (await _length(store, key, memoryview(bytearray()), key))[0]  # get_into reads only into a buffer that fits
 
 
-async def read_chunk_into(store: "Store", ref: ChunkRef, out: memoryview,
-                          then: Callable[[memoryview], _T] | None = None) -> _T | None:
-    """The stored bytes of ``ref`` read into ``out`` (``ref.nbytes`` long), and what ``then(out)`` returns
-    (run where the store read them, see :meth:`Store.get_into_then`); :class:`CorruptionError` naming the
-    chunk if it is missing, of another size (then nothing is read) or no value."""
-    length, result = await _read_then(store, ref.key, out, ref.describe(), then)
+async def read_chunk_into(store: "Store", ref: ChunkRef, out: memoryview, *, verify: bool = False) -> None:
+    """The stored bytes of ``ref`` read into ``out`` (``ref.nbytes`` long), with ``verify`` their SHA-256 checked
+    against the ref's on the thread that read them (:meth:`Store.get_into_then`); :class:`CorruptionError`
+    naming the chunk if it is missing, of another size (then nothing is read), no value or, verified, other bytes."""
+    length, digest = await _length(store, ref.key, out, ref.describe(), verify)
     check_chunk_size(ref, length)
-    return result
+    if verify:
+        check_chunk_digest(ref, digest)
 
 
-async def read_chunk(store: "Store", ref: ChunkRef) -> memoryview:
-    """The stored bytes of ``ref``, in a buffer allocated only once the stored size is the one ``ref`` says;
-    :class:`CorruptionError` naming the chunk otherwise (as :func:`read_chunk_into`)."""
-    check_chunk_size(ref, await _length(store, ref.key, memoryview(bytearray()), ref.describe()))
+async def read_chunk(store: "Store", ref: ChunkRef, *, verify: bool = False) -> memoryview:
+    """The stored bytes of ``ref``, in a buffer allocated only once the stored size is the one ``ref`` says,
+    verified as :func:`read_chunk_into` verifies them; :class:`CorruptionError` naming the chunk otherwise."""
+    check_chunk_size(ref, (await _length(store, ref.key, memoryview(bytearray()), ref.describe()))[0])
     out = memoryview(bytearray(ref.nbytes))
-    await read_chunk_into(store, ref, out)
+    await read_chunk_into(store, ref, out, verify=verify)
     return out

@@ -28,7 +28,7 @@ READ_SLOTS = 4
 """Batches a save keeps mapped at once: the next ones are read back while earlier ones are hashed and written."""
 
 HASH_THREADS = max(1, min(8, os.cpu_count() or 1))
-"""Threads a save or restore hashes its chunks on."""
+"""Threads a save hashes its chunks on (a restore hashes each chunk on the thread that reads it)."""
 
 INLINE_HASH_BYTES = (16 << 20) // HASH_THREADS
 """A save of at most this many bytes hashes on the event loop, where a trip to the hash threads costs more than it saves."""

@@ -17,7 +17,7 @@ from ..tvm.layout import CacheLimits, KVLayout
 from ..tvm.metadata import dump_tvm_json, limits_from_metadata, parse_metadata, validate_import, write_metadata
 from .catalog import at_key, load_manifest, manifest_keys
 from .chunk_reads import read_chunk_into
-from .container import MAX_MANIFEST_BYTES, ChunkRef, Manifest, check_chunk_digest, chunk_digest
+from .container import MAX_MANIFEST_BYTES, ChunkRef, Manifest
 from .ledger import Ledger, ledger_for
 from .pipeline import IO_CONCURRENCY, run_bounded
 from .results import Progress, RestoreResult
@@ -204,7 +204,7 @@ async def _fetch_groups(store: "Store", ledger: Ledger, manifest: Manifest, key:
         view = groups[ref.group][ref.first_page * pb:ref.first_page * pb + ref.nbytes]
         whole = view if len(view) == ref.nbytes else memoryview(bytearray(ref.nbytes))  # pages past the prefix too
         try:
-            check_chunk_digest(ref, await read_chunk_into(store, ref, whole, chunk_digest))  # hashed while still cached
+            await read_chunk_into(store, ref, whole, verify=True)
         except CorruptionError as exc:
             ledger.distrust((ref.key,))  # found damaged: no later save reuses it unread
             raise at_key(exc, key) from None

@@ -21,10 +21,9 @@ from ..checks import check_callable, check_each, check_int
 from ..errors import CorruptionError, FormatError, KVCkptError, NotFoundError
 from .catalog import decode_at, manifest_keys
 from .chunk_reads import read_chunk, stored_size
-from .container import (CHUNKS, MAX_MANIFEST_BYTES, ChunkRef, check_chunk_digest, chunk_digest, is_chunk_key,
-                        validate_name)
+from .container import (CHUNKS, MAX_MANIFEST_BYTES, ChunkRef, is_chunk_key, validate_name)
 from .ledger import Ledger, ledger_for
-from .pipeline import IO_CONCURRENCY, offload, run_bounded
+from .pipeline import IO_CONCURRENCY, run_bounded
 from .prefix_index import drop_records
 from .results import GcResult, Progress
 
@@ -64,7 +63,7 @@ async def _unusable(store: "Store", key: str, ledger: Ledger | None, seen: dict[
 
     async def check(ref: ChunkRef) -> None:
         try:
-            check_chunk_digest(ref, await offload(chunk_digest, await read_chunk(store, ref)))
+            await read_chunk(store, ref, verify=True)
             seen[ref.key] = None
         except CorruptionError as exc:
             seen[ref.key] = str(exc)

@@ -8,17 +8,18 @@ from __future__ import annotations
 
 import asyncio
 import random
+import threading
 from collections.abc import Callable
 from typing import Any
 
 import pytest
 
 from kvckpt_web import CapacityError, CheckpointStateError, LayoutHashMismatch
-from kvckpt_web.durable import pipeline
+from kvckpt_web.durable import chunk_reads, pipeline
 from kvckpt_web.durable import restore as restoring
 from kvckpt_web.durable import save as saving
 from kvckpt_web.durable.catalog import list_generations, list_names
-from kvckpt_web.durable.container import decode_manifest
+from kvckpt_web.durable.container import chunk_digest, decode_manifest
 from kvckpt_web.durable.ledger import Ledger
 from kvckpt_web.durable.restore import restore
 from kvckpt_web.durable.retention import delete_name, gc
@@ -823,6 +824,31 @@ def test_a_small_save_hashes_on_the_loop_and_a_large_one_on_the_hash_threads(mod
         checkpoints.append({k: run(store.get(k)) for k in run(store.list_prefix("chunks/"))})
         assert sum(queued) == (0 if limit == nbytes else nbytes)
     assert checkpoints[0] == checkpoints[1]
+
+
+def test_a_restore_from_a_file_store_hashes_each_chunk_on_the_thread_that_read_it(model, target, tmp_path,
+                                                                                   monkeypatch):
+    model.add(0, 40)
+    store = FileStore(tmp_path / "store")
+    saved(model, store)
+    last_reader: dict[int, str] = {}  # id of a buffer -> the thread that last read into it
+    hashed: list[tuple[str, str]] = []  # (thread that read the bytes, thread that hashed them)
+    read_into = store._read_into
+
+    def recorded_read(key: str, out: memoryview) -> int | None:
+        last_reader[id(out)] = threading.current_thread().name
+        return read_into(key, out)
+
+    def recorded_digest(data: memoryview) -> str:
+        hashed.append((last_reader[id(data)], threading.current_thread().name))
+        return chunk_digest(data)
+
+    monkeypatch.setattr(store, "_read_into", recorded_read)
+    monkeypatch.setattr(chunk_reads, "chunk_digest", recorded_digest)
+    _, groups = restored(store, target)
+    assert groups == model.expected_groups(0)
+    assert len(hashed) == len(run(store.list_prefix("chunks/")))
+    assert all(reader == hasher and hasher.startswith("kvckpt-filestore") for reader, hasher in hashed)
 
 
 @pytest.fixture
