@@ -29,7 +29,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from kvckpt_web.cli.bench_generate import GenerationRunner, Timing, load_average
+from kvckpt_web.cli.bench_generate import GenerationRunner, Timing
+from kvckpt_web.cli.bench_rows import load_average, load_range
 from kvckpt_web.model.loader import default_model_path
 
 SHORT = 8
@@ -96,7 +97,7 @@ class Rows:
             return f"{tokens / seconds:.1f} tokens/s, CPU {statistics.median(t.cpu for t in timings) / tokens * 1e3:.1f} ms"
 
         return (f"| {what} | {show(ours)} | {show(theirs)} | {statistics.median(ratios):.2f} "
-                f"({min(ratios):.2f}-{max(ratios):.2f}) | {min(self.loads):.1f}-{max(self.loads):.1f} |")
+                f"({min(ratios):.2f}-{max(ratios):.2f}) | {load_range(self.loads)} |")
 
 
 def timing(answer: dict[str, Any]) -> Timing:

@@ -14,7 +14,7 @@ from typing import Callable
 from ..gpu.device import Device
 from .bench_chat import bench_chat
 from .bench_export import bench_export
-from .bench_rows import Row
+from .bench_rows import Row, load_range
 from .bench_save import bench_save
 from .soak import run_soak
 from .bench_generate import bench_generate
@@ -27,7 +27,8 @@ async def bench_soak(device: Device | None = None, repeats: int = 0, paths: tupl
     result = await run_soak(trials, device=device, echo=lambda line: print(line, file=sys.stderr, flush=True))
     echo(f"{result.trials} trials in {time.perf_counter() - started:.0f} s: worker killed while saving "
          f"{result.kills['killed']}, save finished first {result.kills['completed']}; restored the previous "
-         f"generation {result.restored[2]}, the new one {result.restored[3]}; failures {len(result.failures)}")
+         f"generation {result.restored[2]}, the new one {result.restored[3]}; failures {len(result.failures)}; "
+         f"load average {load_range(result.loads)}")
     for failure in result.failures:
         echo(f"FAILED: {failure}")
     if result.failures:

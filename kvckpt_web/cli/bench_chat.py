@@ -18,7 +18,6 @@ round, and the 1-minute load average over the rounds.
 
 from __future__ import annotations
 
-import os
 import statistics
 import sys
 import tempfile
@@ -34,6 +33,7 @@ from ..gpu.open import open_device
 from ..model.loader import default_model_path, load_model
 from ..model.protocol import LoadedModel
 from ..stores.file import FileStore
+from .bench_rows import load_average
 
 HISTORY_TOKENS = 2000
 STORE_TARGET = 20.0
@@ -152,7 +152,7 @@ async def bench_chat(device: Device | None = None, repeats: int = 5, paths: tupl
                     row.cached.append(usage.cached_tokens)
                     row.prefilled.append(usage.prompt_tokens - usage.cached_tokens)
                     row.restores.append(usage.timings.restore_s)
-                    row.loads.append(os.getloadavg()[0])
+                    row.loads.append(load_average())
 
             for p in PATHS[:2]:  # warm-up
                 await timed(p, None)

@@ -98,8 +98,8 @@ async def _split_copy_floors(raw: RawTransfers, repeats: int, rows: list[Row], e
                         (lay.page_bytes, "page (floor of a scattered table)")):
         for name, split, whole in (("raw readback", raw.readback_in, raw.readback),
                                    ("raw upload", raw.upload_in, raw.upload)):
-            t_split, t_one = await paired_rounds(split(piece), whole, repeats)
-            emit(rows, Row.of_rounds(f"{name}, one copy per {what}", raw.nbytes, t_split, name, t_one), echo)
+            t_split, t_one, loads = await paired_rounds(split(piece), whole, repeats)
+            emit(rows, Row.of_rounds(f"{name}, one copy per {what}", raw.nbytes, t_split, name, t_one, loads), echo)
 
 
 async def _mapped_floors(raw: RawTransfers, repeats: int, rows: list[Row], echo: Callable[[str], None]) -> None:
@@ -116,9 +116,9 @@ async def _mapped_floors(raw: RawTransfers, repeats: int, rows: list[Row], echo:
 
     await write_in_place()
     for name, op, base in (("raw readback", read_in_place, raw.readback), ("raw upload", write_in_place, raw.upload)):
-        t_op, t_base = await paired_rounds(op, base, repeats)
+        t_op, t_base, loads = await paired_rounds(op, base, repeats)
         emit(rows, Row.of_rounds(f"{name}, mapped in place (floor of the mapped path)", raw.nbytes, t_op, name,
-                                 t_base), echo)
+                                 t_base, loads), echo)
     device.destroy(in_place)
 
 
@@ -180,10 +180,10 @@ async def _table_rows(raw: RawTransfers, table: str, limits: CacheLimits, path: 
         return import_
 
     label = f"{table} page table, {chosen} path"
-    t_exp, t_read = await paired_rounds(export, raw.readback, repeats)
-    emit(rows, Row.of_rounds(f"export ({label})", raw.nbytes, t_exp, "raw readback", t_read), echo)
+    t_exp, t_read, loads = await paired_rounds(export, raw.readback, repeats)
+    emit(rows, Row.of_rounds(f"export ({label})", raw.nbytes, t_exp, "raw readback", t_read, loads), echo)
     for what, host_groups in (("", groups), (", one buffer per group", separate)):
-        t_imp, t_up = await paired_rounds(import_from(host_groups), raw.upload, repeats)
-        emit(rows, Row.of_rounds(f"import ({label}{what})", raw.nbytes, t_imp, "raw upload", t_up), echo)
+        t_imp, t_up, loads = await paired_rounds(import_from(host_groups), raw.upload, repeats)
+        emit(rows, Row.of_rounds(f"import ({label}{what})", raw.nbytes, t_imp, "raw upload", t_up, loads), echo)
     cache.close()
     target.close()

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
-import os
 import resource
 import statistics
 import tempfile
@@ -31,7 +30,7 @@ from ..model.loader import default_model_path, load_model
 from ..model.caches import new_cache
 from ..model.protocol import LoadedModel
 from ..stores.file import FileStore
-from .bench_rows import Probe
+from .bench_rows import Probe, load_average
 
 CONTEXT = 1024
 DECODE_TOKENS = 32
@@ -41,11 +40,6 @@ TEXT = ("The lighthouse keeper climbed the stairs every evening, counted the shi
         "their names in a book that nobody else would ever read. ")
 CHECKPOINT = "context"
 """Name the benchmarked context is saved under."""
-
-
-def load_average() -> float:
-    """The 1-minute load average now."""
-    return os.getloadavg()[0]
 
 
 @dataclass(frozen=True)

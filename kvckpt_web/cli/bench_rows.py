@@ -6,6 +6,7 @@ adapter, interleaved with it, so machine noise hits both alike.
 
 from __future__ import annotations
 
+import os
 import statistics
 import time
 from dataclasses import dataclass
@@ -29,6 +30,16 @@ def expand_paths(device: Device, paths: tuple[str, ...]) -> tuple[str, ...]:
     return tuple(dict.fromkeys(q for p in paths for q in (offered if p == ALL_PATHS else (p,))))
 
 
+def load_average() -> float:
+    """The 1-minute load average now."""
+    return os.getloadavg()[0]
+
+
+def load_range(loads: tuple[float, ...] | list[float]) -> str:
+    """``min-max`` of the load averages ``loads``, one decimal ("?" if none was taken)."""
+    return f"{min(loads):.1f}-{max(loads):.1f}" if loads else "?"
+
+
 @dataclass(frozen=True)
 class Row:
     """One benchmark line: an operation's median time, its baseline's, and the ratio of each round."""
@@ -40,16 +51,19 @@ class Row:
     baseline_seconds: float
     round_ratios: tuple[float, ...] = ()
     """Baseline time / operation time of each round, both timed back to back in that round."""
+    loads: tuple[float, ...] = ()
+    """The 1-minute load average after each round."""
 
     @classmethod
     def of_rounds(cls, name: str, nbytes: int, times: list[float], baseline: str,
-                  baseline_times: list[float]) -> "Row":
-        """The row of paired rounds: ``times[i]`` and ``baseline_times[i]`` were measured together."""
+                  baseline_times: list[float], loads: list[float] | tuple[float, ...] = ()) -> "Row":
+        """The row of paired rounds: ``times[i]`` and ``baseline_times[i]`` were measured together, and the load
+        average after them was ``loads[i]``."""
         if not times or len(times) != len(baseline_times):
             raise FieldError(f"{name}: rounds timed (operation, baseline)", "the same number, at least 1",
                              (len(times), len(baseline_times)))
         return cls(name, nbytes, statistics.median(times), baseline, statistics.median(baseline_times),
-                   tuple(b / t for t, b in zip(times, baseline_times)))
+                   tuple(b / t for t, b in zip(times, baseline_times)), tuple(loads))
 
     @property
     def ratio(self) -> float:
@@ -68,24 +82,27 @@ class Row:
                   if len(self.round_ratios) > 1 else "")
         return (f"| {self.name} | {self.nbytes / 2**20:.0f} MiB | {self.seconds * 1e3:.1f} ms ({gbs(self.seconds):.2f} GB/s)"
                 f" | {self.baseline} {self.baseline_seconds * 1e3:.1f} ms ({gbs(self.baseline_seconds):.2f} GB/s)"
-                f" | {self.ratio:.2f}{spread} |")
+                f" | {self.ratio:.2f}{spread} | {load_range(self.loads)} |")
 
 
-HEADER = ("| operation | bytes | time (median) | baseline, same run | ratio (range over rounds) |\n"
-          "|---|---|---|---|---|")
+HEADER = ("| operation | bytes | time (median) | baseline, same run | ratio (range over rounds) | load average |\n"
+          "|---|---|---|---|---|---|")
 
 
 async def paired_rounds(op: Callable[[], Awaitable[None]], base: Callable[[], Awaitable[None]],
-                        repeats: int) -> tuple[list[float], list[float]]:
-    """Seconds of ``op`` and ``base`` in each of ``repeats`` rounds, after one warm-up round; within a
-    round both run back to back, in an order that alternates from round to round."""
-    times: tuple[list[float], list[float]] = ([], [])
+                        repeats: int) -> tuple[list[float], list[float], list[float]]:
+    """Seconds of ``op`` and ``base`` in each of ``repeats`` rounds, after one warm-up round, and the load
+    average after each round; within a round both run back to back, in an order that alternates from round
+    to round."""
+    times: tuple[list[float], list[float], list[float]] = ([], [], [])
     for i in range(repeats + 1):
         for fn, bucket in ((op, times[0]), (base, times[1])) if i % 2 else ((base, times[1]), (op, times[0])):
             start = time.perf_counter()
             await fn()
             if i:
                 bucket.append(time.perf_counter() - start)
+        if i:
+            times[2].append(load_average())
     return times
 
 

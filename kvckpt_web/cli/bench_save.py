@@ -20,7 +20,7 @@ from ..gpu.tensors import zeroed
 from ..kv.cache import PagedKVCache
 from ..stores.file import FileStore
 from ..tvm.layout import CacheLimits
-from .bench_rows import EXPORT_LAYOUT, EXPORT_TOKENS, HEADER, Probe, Row, emit, expand_paths
+from .bench_rows import EXPORT_LAYOUT, EXPORT_TOKENS, HEADER, Probe, Row, emit, expand_paths, load_average
 
 SAVE_APPEND = 64
 """Tokens appended between the full and the incremental save of ``kvckpt bench save``."""
@@ -32,7 +32,7 @@ SAVE_INCREMENTAL_TARGET = 20
 """The target for an incremental save: at most 1/this of the full save's time."""
 
 Times = dict[str, list[float]]
-"""Seconds of each timed operation, one entry per measured round."""
+"""Seconds of each timed operation, one entry per measured round (and under "load", the load average after it)."""
 
 
 def _fill_unique(cache: PagedKVCache, seq: int, tokens: int) -> None:
@@ -138,7 +138,8 @@ class _SaveBench:
         _fill_unique(cache, 0, self.tokens)
         data = b"".join(await cache.export_groups(0))
         self.host[:] = data
-        times: Times = {k: [] for k in ("raw", "floor", "save", "inc", "inc_floor", "reread", "restore", "read")}
+        times: Times = {k: [] for k in ("raw", "floor", "save", "inc", "inc_floor", "reread", "restore", "read",
+                                        "load")}
         for i in range(repeats + 1):
             await self._round(i, cache, target, times)
         if bytes(b"".join(await target.export_groups(0))) != data:
@@ -176,6 +177,8 @@ class _SaveBench:
             await timed(name, fn)
         shutil.rmtree(store.directory)
         os.unlink(self.raw_path)
+        if record:
+            times["load"].append(load_average())
 
     async def _full_save(self, i: int, cache: PagedKVCache, store: FileStore, timed: Callable[..., Any]) -> None:
         """A full save, a raw write+fsync and the save's chunk files alone, in an order that rotates with ``i``."""
@@ -217,16 +220,17 @@ class _SaveBench:
 def _save_rows(label: str, nbytes: int, times: Times, rows: list[Row], echo: Callable[[str], None]) -> str:
     """The rows of one transfer path's measurements; returns its verdict on the targets."""
     emit(rows, Row.of_rounds("chunk files alone, one FileStore set each (store floor)", nbytes, times["floor"],
-                             "raw write+fsync", times["raw"]), echo)
+                             "raw write+fsync", times["raw"], times["load"]), echo)
     full = emit(rows, Row.of_rounds(f"save, full, to disk ({label})", nbytes, times["save"], "raw write+fsync",
-                                    times["raw"]), echo)
+                                    times["raw"], times["load"]), echo)
     incremental = emit(rows, Row.of_rounds(f"save, incremental +{SAVE_APPEND} tokens ({label})", nbytes,
-                                           times["inc"], "full save", times["save"]), echo)
+                                           times["inc"], "full save", times["save"], times["load"]), echo)
     emit(rows, Row.of_rounds("its files alone, FileStore sets as the incremental save makes them "
-                             "(incremental floor)", nbytes, times["inc_floor"], "full save", times["save"]), echo)
+                             "(incremental floor)", nbytes, times["inc_floor"], "full save", times["save"],
+                             times["load"]), echo)
     emit(rows, Row.of_rounds(f"save of a new process, every chunk stored already and read back ({label})",
-                             nbytes, times["reread"], "full save", times["save"]), echo)
+                             nbytes, times["reread"], "full save", times["save"], times["load"]), echo)
     emit(rows, Row.of_rounds(f"restore from disk ({label})", nbytes, times["restore"], "raw read+upload",
-                             times["read"]), echo)
+                             times["read"], times["load"]), echo)
     return (f"{label}: full save vs raw write+fsync {full.verdict(SAVE_FULL_TARGET)}; "
             f"incremental save vs full save {incremental.verdict(SAVE_INCREMENTAL_TARGET)}")

@@ -38,6 +38,7 @@ from ..gpu.open import open_device
 from ..kv.cache import PagedKVCache
 from ..stores.file import FileStore
 from ..tvm.layout import CacheLimits, KVLayout
+from .bench_rows import load_average
 
 LAYOUT = KVLayout(page_size=4, num_layers=2, num_qo_heads=4, num_kv_heads=2, qk_head_dim=8, dtype="float16",
                   rope_mode="none")
@@ -125,6 +126,8 @@ class SoakResult:
     """"killed" (SIGKILL arrived while saving) or "completed" (the save finished first), also per mode
     ("step killed", "timer completed", ...)."""
     failures: list[str] = field(default_factory=list)
+    loads: list[float] = field(default_factory=list)
+    """The 1-minute load average after each trial."""
 
     @property
     def ok(self) -> bool:
@@ -246,6 +249,7 @@ async def run_soak(trials: int = 200, *, seed: int = 0, jobs: int = 2, device: D
         finally:
             shutil.rmtree(directory, ignore_errors=True)
             result.trials += 1
+            result.loads.append(load_average())
             if echo is not None:
                 echo(f"soak: {result.trials}/{trials} trials, {len(result.failures)} failures, "
                      f"{time.perf_counter() - started:.0f} s")

@@ -4,6 +4,7 @@ import asyncio
 
 import pytest
 
+from kvckpt_web.cli import bench_rows
 from kvckpt_web.cli.bench_rows import HEADER, Row, paired_rounds
 from kvckpt_web.errors import FieldError
 
@@ -30,17 +31,17 @@ def test_row_refuses_rounds_that_do_not_pair_up():
 def test_format_shows_the_range_of_the_round_ratios_after_the_ratio():
     row = Row.of_rounds("export", 256 << 20, [0.1, 0.2, 0.1], "raw readback", [0.09, 0.1, 0.08])
     assert row.format() == ("| export | 256 MiB | 100.0 ms (2.68 GB/s) | raw readback 90.0 ms (2.98 GB/s)"
-                            " | 0.90 (0.50-0.90) |")
+                            " | 0.90 (0.50-0.90) | ? |")
 
 
 def test_format_of_a_single_round_has_no_range():
     row = Row.of_rounds("export", 1 << 20, [0.5], "raw", [0.25])
-    assert row.format().endswith("| 0.50 |")
+    assert row.format().endswith("| 0.50 | ? |")
 
 
 def test_verdict_judges_the_unrounded_ratio():
     row = Row.of_rounds("save", 1, [0.2358], "raw", [0.1877])  # 0.796: the table prints 0.80
-    assert row.format().endswith("| 0.80 |")
+    assert row.format().endswith("| 0.80 | ? |")
     assert row.verdict(0.8) == "0.796, target >= 0.8: not met"
 
 
@@ -63,6 +64,21 @@ def test_paired_rounds_warm_up_once_then_alternate_which_runs_first():
             calls.append(name)
         return run
 
-    op_times, base_times = asyncio.run(paired_rounds(recorder("op"), recorder("base"), 3))
+    op_times, base_times, loads = asyncio.run(paired_rounds(recorder("op"), recorder("base"), 3))
     assert calls == ["base", "op", "op", "base", "base", "op", "op", "base"]
-    assert len(op_times) == len(base_times) == 3  # the warm-up round is not recorded
+    assert len(op_times) == len(base_times) == len(loads) == 3  # the warm-up round is not recorded
+
+
+def test_paired_rounds_take_the_load_average_after_each_round(monkeypatch):
+    seen = iter([1.25, 0.5, 3.0])
+    monkeypatch.setattr(bench_rows, "load_average", lambda: next(seen))
+
+    async def nothing() -> None:
+        pass
+
+    assert asyncio.run(paired_rounds(nothing, nothing, 3))[2] == [1.25, 0.5, 3.0]
+
+
+def test_format_ends_with_the_range_of_the_load_averages_of_the_rounds():
+    row = Row.of_rounds("op", 1, [1.0, 1.0, 1.0], "raw", [1.0, 1.0, 1.0], [2.34, 0.96, 1.5])
+    assert row.format().endswith("| 1.00 (1.00-1.00) | 1.0-2.3 |")

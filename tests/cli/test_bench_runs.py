@@ -26,7 +26,7 @@ def test_bench_export_prints_every_export_and_import_row_next_to_its_baseline(de
         assert f"export ({table} page table, copy path)" in names
         assert f"import ({table} page table, copy path)" in names
         assert f"import ({table} page table, copy path, one buffer per group)" in names
-    assert all(row.nbytes == 4 << 20 and row.ratio > 0 for row in rows)
+    assert all(row.nbytes == 4 << 20 and row.ratio > 0 and len(row.loads) == 1 for row in rows)
     assert [line for line in lines if line.startswith("| export")] == [row.format() for row in rows
                                                                        if row.name.startswith("export")]
 
@@ -61,6 +61,7 @@ def test_bench_save_prints_full_incremental_and_restore_rows(device, tmp_path):
                                                          "read back", "restore from disk"]
     assert [row.baseline for row in rows] == ["raw write+fsync", "raw write+fsync", "full save", "full save",
                                               "full save", "raw read+upload"]
+    assert all(len(row.loads) == 1 for row in rows)  # the load average of its one round
     assert not list(tmp_path.iterdir())  # the benchmark removes what it wrote
 
 
