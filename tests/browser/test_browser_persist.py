@@ -261,9 +261,19 @@ class QuotaPage(PyPage):
         self.cdp.send("Storage.overrideQuotaForOrigin", {"origin": self.origin})
 
 
+@pytest.fixture(scope="module")
+def used_origins() -> set[str]:
+    """The origin labels quota pages of this module were given: a rerun of a test gets one its failed first
+    attempt did not write to."""
+    return set()
+
+
 @pytest.fixture
-def quota_page(browser_context, web_server, request):
-    label = hashlib.sha256(request.node.nodeid.encode()).hexdigest()[:12]
+def quota_page(browser_context, web_server, request, used_origins):
+    attempt = 0
+    while (label := hashlib.sha256(f"{request.node.nodeid}#{attempt}".encode()).hexdigest()[:12]) in used_origins:
+        attempt += 1
+    used_origins.add(label)
     page = QuotaPage(browser_context.new_page(), web_server.replace("127.0.0.1", f"q{label}.localhost"))
     yield page
     page.lift()
