@@ -18,7 +18,7 @@ ROOT = "kvckpt_web"
 #: Each layer and its rank: a module may import its own layer and any layer of a lower rank. Layers of
 #: one rank are siblings and do not import each other (gpu, tvm and stores know only the foundation).
 LAYERS = {
-    "foundation": 0,  # kvckpt_web/errors.py, kvckpt_web/checks.py, kvckpt_web/jsontext.py
+    "foundation": 0,  # kvckpt_web/errors.py, checks.py, jsontext.py, threads.py
     "gpu": 1,  # WebGPU: device interface, backends, WGSL loader, device tensors
     "tvm": 1,  # TVM's contract: layout, limits, layout hash, metadata
     "stores": 1,  # key-value stores
@@ -34,7 +34,7 @@ LAYERS = {
 EXTRAS = {"serve": {"starlette": {"server"}, "uvicorn": {"server"}}, "remote": {"obstore": {"stores"}}}
 #: Third-party modules only some layers may import.
 ONLY_IN = {module: layers for modules in EXTRAS.values() for module, layers in modules.items()}
-FOUNDATION = {"kvckpt_web.errors", "kvckpt_web.checks", "kvckpt_web.jsontext"}
+FOUNDATION = {"kvckpt_web.errors", "kvckpt_web.checks", "kvckpt_web.jsontext", "kvckpt_web.threads"}
 
 def module_name(path: Path) -> str:
     parts = path.relative_to(PACKAGE.parent).with_suffix("").parts

@@ -1,4 +1,4 @@
-"""The concurrency under saves and restores: bounded jobs, ordered hashing on worker threads, and the
+"""The concurrency under saves and restores: bounded jobs, a save's ordered hashing on worker threads, and the
 batches of a save mapped from the GPU a few at a time.
 
 Hashing (hashlib releases the GIL) and blocking file I/O run in threads where threads exist, except the
@@ -14,12 +14,13 @@ import functools
 import hashlib
 import os
 import queue
-import sys
 import threading
 import weakref
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
+
+from ..threads import IN_BROWSER
 
 if TYPE_CHECKING:
     from ..kv.cache import MappedPages, PagedKVCache
@@ -35,16 +36,6 @@ INLINE_HASH_BYTES = (16 << 20) // HASH_THREADS
 
 IO_CONCURRENCY = 16
 """Chunk reads or writes (with their hashing) in flight at once."""
-
-_IN_BROWSER = sys.platform == "emscripten"
-
-
-async def offload(fn: Callable[..., Any], *args: Any) -> Any:
-    """Run CPU-heavy ``fn`` (hashing, which releases the GIL) in a worker thread where threads exist."""
-    if _IN_BROWSER:
-        return fn(*args)
-    return await asyncio.to_thread(fn, *args)
-
 
 async def run_bounded(jobs: Iterable[Callable[[], Awaitable[None]]], limit: int) -> None:
     """Run the jobs, at most ``limit`` at once; on the first error start no more, wait for those running, re-raise."""
@@ -111,7 +102,7 @@ class Hasher:
         Cancelling the future before a worker reaches it skips the hashing.
         """
         future = self._loop.create_future()
-        if _IN_BROWSER:
+        if IN_BROWSER:
             future.set_result(continued_digest(data, start, keep))
             return future
         self._outstanding += 1
@@ -141,7 +132,7 @@ _HashItem = tuple[memoryview, HashState | None, int | None, "asyncio.Future[tupl
 class HashPool:
     """Threads that hash what :class:`Hasher` objects queue, in the order queued, started on first use.
 
-    Threads are the process's: every save and restore of every store hashes on the one :data:`HASH_POOL`, so
+    Threads are the process's: every save of every store hashes on the one :data:`HASH_POOL`, so
     that two saves at once share the CPUs instead of each starting as many threads as there are CPUs. The
     pool holds no save's or store's state (each item carries the Hasher waiting for it). A forked child,
     which has none of its parent's threads, starts its own on first use.

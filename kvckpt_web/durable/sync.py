@@ -19,10 +19,11 @@ from typing import TYPE_CHECKING
 from ..checks import check_callable, check_each
 from ..errors import ConflictError, CorruptionError, FormatError, KVCkptError, NotFoundError
 from ..stores.base import check_store
+from ..threads import offload
 from .catalog import load_manifest, manifest_keys
 from .container import (CHUNKS, MAX_MANIFEST_BYTES, PREFIXES, ChunkRef, Manifest, check_chunk_digest,
                         check_chunk_size, chunk_digest, decode_manifest, validate_name)
-from .pipeline import IO_CONCURRENCY, offload, run_bounded
+from .pipeline import IO_CONCURRENCY, run_bounded
 from .prefix_records import MAX_RECORD_BYTES, manifest_of
 from .results import Progress, SyncResult
 from .save import LIST_THRESHOLD

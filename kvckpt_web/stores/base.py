@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import asyncio
 import re
-import sys
 import time
 from abc import ABC, abstractmethod
 from collections.abc import AsyncIterator, Awaitable, Callable, Collection
@@ -29,6 +28,7 @@ from typing import Any, TypeVar
 
 from ..checks import check_bool, check_instance, check_int, check_seconds, check_writable
 from ..errors import ConflictError, FormatError, StoreError
+from ..threads import offload
 
 __all__ = [
     "DEFAULT_LOCK_TIMEOUT",
@@ -78,6 +78,12 @@ def validate_key(key: str) -> str:
         if not is_segment(segment):
             raise FormatError("key", _KEY_RULE, key, f"bad segment {segment!r}")
     return key
+
+
+def _read_target(key: str, out: Any) -> memoryview:
+    """``out`` as writable bytes to read the value of ``key`` into, once the key is valid."""
+    validate_key(key)
+    return check_writable("out", out, error=FormatError).cast("B")
 
 
 def validate_prefix(prefix: str) -> str:
@@ -179,8 +185,7 @@ class Store(ABC):
 
         If the lengths differ, ``out`` is left as it was.
         """
-        validate_key(key)
-        return await self._get_into(key, check_writable("out", out, error=FormatError).cast("B"))
+        return await self._get_into(key, _read_target(key, out))
 
     async def get_into_then(self, key: str, out: memoryview, then: Callable[[memoryview], _T]
                             ) -> tuple[int | None, _T | None]:
@@ -190,8 +195,7 @@ class Store(ABC):
         are still in the CPU's caches, where the store reads on threads (FileStore); elsewhere on a worker
         thread after the read, or inline where there are no threads (the browser).
         """
-        validate_key(key)
-        return await self._get_into_then(key, check_writable("out", out, error=FormatError).cast("B"), then)
+        return await self._get_into_then(key, _read_target(key, out), then)
 
     def _payload(self, key: str, data: Any) -> memoryview:
         """``data`` to store under ``key``, once the key, the data and the store allow it."""
@@ -305,7 +309,7 @@ class Store(ABC):
         length = await self._get_into(key, out)
         if length != len(out):
             return length, None
-        return length, (then(out) if sys.platform == "emscripten" else await asyncio.to_thread(then, out))
+        return length, await offload(then, out)
 
     async def _get_into(self, key: str, out: memoryview) -> int | None:
         data = await self._get(key)
