@@ -19,7 +19,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from kvckpt_web.errors import ConflictError, FormatError, StoreError
+from kvckpt_web.errors import ConflictError, FieldError, FormatError, StoreError
 from kvckpt_web.stores.file import TEMP_PREFIX
 from kvckpt_web.stores.base import Store
 
@@ -232,6 +232,15 @@ class StoreTests:
         run(store.set("k", b"abc"))
         with pytest.raises(ZeroDivisionError, match="3 bytes"):
             run(store.get_into_then("k", memoryview(bytearray(3)), fails))
+        assert run(store.get("k")) == b"abc"
+
+    @pytest.mark.parametrize("then", [None, "sha256", 3])
+    def test_get_into_then_refuses_a_then_that_is_no_function_before_reading(self, store: Store, then: Any) -> None:
+        run(store.set("k", b"abc"))
+        out = bytearray(b"xyz")
+        with pytest.raises(FieldError) as info:
+            run(store.get_into_then("k", memoryview(out), then))
+        assert info.value.field == "then" and out == b"xyz"
         assert run(store.get("k")) == b"abc"
 
     @pytest.mark.parametrize("out", [b"abc", memoryview(b"abc"), "abc", None])

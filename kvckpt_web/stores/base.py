@@ -26,8 +26,8 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Collection
 from contextlib import AbstractAsyncContextManager, asynccontextmanager, nullcontext
 from typing import Any, TypeVar
 
-from ..checks import check_bool, check_instance, check_int, check_seconds, check_writable
-from ..errors import ConflictError, FormatError, StoreError
+from ..checks import check_bool, check_instance, check_int, check_seconds, check_writable, type_name
+from ..errors import ConflictError, FieldError, FormatError, StoreError
 from ..threads import offload
 
 __all__ = [
@@ -195,7 +195,10 @@ class Store(ABC):
         are still in the CPU's caches, where the store reads on threads (FileStore); elsewhere on a worker
         thread after the read, or inline where there are no threads (the browser).
         """
-        return await self._get_into_then(key, _read_target(key, out), then)
+        target = _read_target(key, out)
+        if not callable(then):
+            raise FieldError("then", "a function of the bytes read", type_name(then))
+        return await self._get_into_then(key, target, then)
 
     def _payload(self, key: str, data: Any) -> memoryview:
         """``data`` to store under ``key``, once the key, the data and the store allow it."""
