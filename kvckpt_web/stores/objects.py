@@ -14,8 +14,10 @@ other processes or machines are kept apart by the commit protocol:
   ago (default one hour, measured against the object's last-modified time, so the clocks of the machines
   must agree within that), asked before they list the manifests whose chunks they keep and again just
   before each delete. A writer's new chunks are younger than that while its save lasts; a chunk it reuses
-  that is older than half the grace period is written again by :meth:`set_if_absent` (as git freshens an
-  object it would have written), so its age restarts.
+  that is older than half the grace period is freshened by :meth:`set_if_absent` (as git freshens an object
+  it would have written), so its age restarts: if the stored bytes are the ones it would have written, they
+  are written again, conditional on the ETag they were read with (in a local directory its file's time is
+  set). Freshening never writes the caller's bytes, so create-only stays create-only.
 
 What this leaves open, as git's gc leaves it: a writer that rewrites an old unreferenced chunk in the moment
 between gc's last look at that chunk and its delete (object storage offers no delete conditional on the
@@ -26,6 +28,7 @@ not protected. See ``kvckpt_web/durable/FORMAT.md`` section 8.
 from __future__ import annotations
 
 import asyncio
+import os
 import time
 from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -203,8 +206,39 @@ class ObjectStore(Store):
             return True
         age = await self._age(key)
         if age is not None and age > self.grace_seconds / 2:
-            await self._put(key, data, "overwrite")  # freshened: a concurrent gc leaves it alone now
+            await self._freshen(key, data)  # a concurrent gc leaves it alone now
         return False
+
+    async def _freshen(self, key: str, data: memoryview) -> None:
+        """Restart the age of the value stored under ``key`` if it is ``data``, writing only what is stored: the
+        stored bytes again, conditional on the ETag (and version) they were read with, so a value changed or
+        deleted meanwhile is left as it is; in a local directory, whose store has no conditional overwrite, its
+        file's modification time (as git freshens an object). Never the caller's bytes over another value."""
+        answer = await self._open(key)
+        stored = None if answer is None else await self._body(key, answer)
+        if stored != data:
+            return
+        self._step("put")
+        if isinstance(self._store, self._obs.store.LocalStore):
+            try:
+                os.utime(self._store.prefix / key, follow_symlinks=False)
+            except FileNotFoundError:
+                return
+            except OSError as exc:
+                raise self._error("freshen", key, exc) from exc
+            return
+        meta = answer.meta
+        mode = {name: meta[name] for name in ("e_tag", "version") if meta.get(name) is not None}
+        if not mode:
+            return  # nothing to make the write conditional on: no freshening
+        try:
+            await self._request(self._obs.put, self._store, key, stored, mode=mode, use_multipart=False)
+        except self._obs.exceptions.PreconditionError:
+            return  # changed or deleted since it was read: not this writer's to freshen
+        except NotImplementedError:
+            return  # a storage without conditional overwrites (a WebDAV server): not freshened
+        except (self._obs.exceptions.BaseError, OSError) as exc:
+            raise self._error("freshen", key, exc) from exc
 
     async def _delete(self, key: str) -> None:
         self._step("delete")

@@ -169,3 +169,24 @@ def test_serve_refuses_a_short_token_before_it_listens(tmp_path):
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 1 and "--token: expected a bearer token of at least 16" in proc.stderr
     assert not (tmp_path / "s").exists()
+
+
+def test_a_forged_manifest_put_over_an_old_one_is_refused_and_the_stored_one_kept(make_model, serve, tmp_path):
+    pytest.importorskip("obstore")
+    from kvckpt_web.stores.objects import ObjectStore
+
+    directory = tmp_path / "remote"
+    real, forged = make_model(limits=LIMITS, seed=21), make_model(limits=LIMITS, seed=22)
+    real.add(0, 60)
+    forged.add(0, 60)
+    saved(real, ObjectStore.from_url(f"file://{directory}"))
+    other = MemoryStore()
+    saved(forged, other)
+    [key] = run(other.list_prefix("manifests/chat/"))
+    stored = (directory / key).read_bytes()
+    os.utime(directory / key, (1e9, 1e9))  # older than half the grace period: freshened if the bytes match
+    remote = HTTPStore(serve(f"file://{directory}").url, token=TOKEN)
+    for chunk in chunks_of(other):
+        run(remote.set_if_absent(chunk, run(other.get(chunk))))
+    assert run(remote.set_if_absent(key, run(other.get(key)))) is False  # 412
+    assert (directory / key).read_bytes() == stored

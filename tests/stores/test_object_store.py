@@ -8,6 +8,7 @@ import subprocess
 import sys
 import threading
 from pathlib import Path
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -97,6 +98,57 @@ def test_set_if_absent_of_a_value_older_than_half_the_grace_period_writes_it_aga
     assert run(store.set_if_absent("chunks/a", b"a")) is False
     assert steps == ["put", "put", "put"]  # the set, the refused conditional put, the freshening put
     assert run(store.get("chunks/a")) == b"a"
+
+
+def test_set_if_absent_of_other_bytes_over_an_old_value_leaves_the_stored_value(s3_server):
+    url, clock = s3_server.new_url(), Clock(1801)
+    run(s3_server.store(url).set("manifests/alpha/2", b"real"))
+    assert run(s3_server.store(url, clock=clock).set_if_absent("manifests/alpha/2", b"forged")) is False
+    assert run(s3_server.store(url).get("manifests/alpha/2")) == b"real"
+
+
+def at_the_freshening_write(change: Callable[[], Any]) -> Callable[[str], None]:
+    """A fault hook that calls ``change`` before the second write of a set_if_absent of a stored key: after the
+    refused conditional put and the freshening read, just before the freshening write."""
+    steps: list[str] = []
+
+    def fault(step: str) -> None:
+        steps.append(step)
+        if len(steps) == 2:
+            change()
+
+    return fault
+
+
+def test_freshening_leaves_a_value_replaced_after_it_was_read_as_replaced(s3_server):
+    url = s3_server.new_url()
+    backing = s3_server.obstore(url)
+    run(s3_server.store(url).set("chunks/a", b"a"))
+    store = ObjectStore(backing, clock=Clock(1801),
+                        fault=at_the_freshening_write(lambda: obstore.put(backing, "chunks/a", b"other")))
+    assert run(store.set_if_absent("chunks/a", b"a")) is False
+    assert run(store.get("chunks/a")) == b"other"
+
+
+def test_freshening_leaves_a_value_deleted_after_it_was_read_deleted(s3_server):
+    url = s3_server.new_url()
+    backing = s3_server.obstore(url)
+    run(s3_server.store(url).set("chunks/a", b"a"))
+    store = ObjectStore(backing, clock=Clock(1801),
+                        fault=at_the_freshening_write(lambda: obstore.delete(backing, "chunks/a")))
+    assert run(store.set_if_absent("chunks/a", b"a")) is False
+    assert run(store.get("chunks/a")) is None
+
+
+def test_freshening_in_a_local_directory_restarts_the_age_and_writes_no_bytes(tmp_path):
+    store = ObjectStore.from_url(f"file://{tmp_path}")
+    run(store.set("chunks/a", b"a"))
+    os.utime(tmp_path / "chunks" / "a", (1e9, 1e9))
+    assert run(store.set_if_absent("chunks/a", b"a")) is False
+    assert run(store.settled(["chunks/a"])) == set()
+    os.utime(tmp_path / "chunks" / "a", (1e9, 1e9))
+    assert run(store.set_if_absent("chunks/a", b"forged")) is False
+    assert (tmp_path / "chunks" / "a").read_bytes() == b"a" and run(store.settled(["chunks/a"])) == {"chunks/a"}
 
 
 def test_set_if_absent_of_a_young_value_writes_nothing():
