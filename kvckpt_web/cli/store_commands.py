@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import shutil
@@ -19,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from ..checks import check_int
-from ..durable.catalog import list_generations, list_names, load_manifest
+from ..durable.catalog import list_generations, list_names, load_manifest, manifest_keys
 from ..durable.container import CHUNKS, STORE_TOPS, Manifest, validate_name
 from ..durable.locations import is_url, open_location
 from ..durable.prefix_index import count_records
@@ -29,7 +30,7 @@ from ..durable.retention import gc
 from ..durable.save import save
 from ..durable.tvm_export import METADATA_FILE, check_replaceable, read_tvm_export, write_tvm_export
 from ..durable.verify import verify
-from ..errors import ConflictError, FieldError, FormatError, NotFoundError
+from ..errors import ConflictError, FieldError, FormatError, KVCkptError, NotFoundError
 from ..gpu.open import open_device
 from ..kv.cache import PagedKVCache
 from ..model.conversation import check_owner, conversation_of
@@ -324,8 +325,9 @@ async def convert(src: str, dst: str, to: str, *, name: str | None = None, gener
     Arguments are checked (:func:`check_convert`) before the GPU is touched. Into a store, the checkpoint
     becomes the next generation of its name, written under the name's claim, and only ``keep`` (default
     None: no retention) drops older ones; a name that holds another conversation (a TVM export is a new
-    one) or that another writer holds is refused before the GPU is touched (ConflictError naming --name). A
-    store DST this call created is removed again if the conversion fails.
+    one) or that another writer holds is refused before the GPU is touched (ConflictError naming --name). If
+    the conversion fails, what it wrote into a store directory DST it created is removed, and DST too unless
+    another process stored a checkpoint there meanwhile (which stays).
     """
     check_convert(src, dst, to, name=name, generation=generation, force=force, keep=keep)
     source = await _source_manifest(src, name, generation)
@@ -341,8 +343,9 @@ async def convert(src: str, dst: str, to: str, *, name: str | None = None, gener
     app_state = source[1].app_state if source is not None else {}
     created = not is_url(dst) and not os.path.lexists(dst)
     store = open_location(dst, read_only=False, new=True, field="DST")
-    try:
-        async with store.claim(target_name):
+    async with store.claim(target_name):
+        before = {key for _, _, key in await manifest_keys(store, target_name)}
+        try:
             try:
                 await check_owner(store, target_name, conversation_of(app_state))
             except ConflictError as exc:
@@ -355,12 +358,29 @@ async def convert(src: str, dst: str, to: str, *, name: str | None = None, gener
                 groups = cache.layout.num_layers
             finally:
                 cache.close()
-    except BaseException:
-        if created:
-            shutil.rmtree(dst, ignore_errors=True)  # made by this call: nothing in it is anyone else's
-        raise
+        except BaseException:
+            if created:
+                with contextlib.suppress(KVCkptError):  # the error to report is the conversion's
+                    await _remove_written(store, dst, target_name, before)
+            raise
     return {"seq_length": result.seq_length, "groups": groups, "to": "kvckpt",
             "name": target_name, "generation": result.generation, "chunks_written": result.chunks_written}
+
+
+async def _remove_written(store: Store, dst: str, name: str, before: set[str]) -> None:
+    """Remove what a failed convert wrote into the store directory ``dst`` it created, holding ``name``'s claim
+    (so no one else committed a generation of ``name`` since the manifest keys ``before`` were listed): the
+    generations of ``name`` it committed, then the chunks and records no manifest uses; and the directory,
+    only if it then holds no key. Whatever another process committed there meanwhile stays."""
+    async with store.lock():
+        async with store.batch():
+            for _, _, key in await manifest_keys(store, name):
+                if key not in before:
+                    await store.delete(key)
+    await gc(store, keep=None)
+    async with store.lock():
+        if not await store.list_prefix(""):
+            shutil.rmtree(dst, ignore_errors=True)
 
 
 def cmd_convert(args: argparse.Namespace) -> None:

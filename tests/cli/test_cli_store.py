@@ -431,3 +431,26 @@ def test_convert_from_a_directory_that_is_no_checkpoint_names_both_kinds(tmp_pat
     assert main(["convert", str(tmp_path / "etc"), str(tmp_path / "out"), "--to", "tvm"]) == 1
     err = one_line_error(capsys)
     assert "a TVM export directory" in err and "a store directory" in err and "passwd" in err
+
+
+def test_a_convert_to_kvckpt_that_fails_removes_only_what_it_wrote(export_dir, tmp_path, capsys, monkeypatch,
+                                                                    make_model):
+    from kvckpt_web.cli import store_commands
+    from kvckpt_web.durable.catalog import load_manifest
+
+    theirs = make_model()
+    theirs.add(2, 30)
+    real_save = store_commands.save
+
+    async def commit_then_fail(cache, seq_id, store, name, **kwargs):
+        await real_save(theirs.cache, 2, FileStore(tmp_path / "new"), "theirs", keep=None)  # another process's
+        await real_save(cache, seq_id, store, name, **kwargs)
+        raise StoreError("disk gone")
+
+    monkeypatch.setattr(store_commands, "save", commit_then_fail)
+    assert main(["convert", str(export_dir), str(tmp_path / "new"), "--to", "kvckpt"]) == 1
+    assert "disk gone" in one_line_error(capsys)
+    assert generations(tmp_path / "new") == [("theirs", 1)]
+    kept = FileStore(tmp_path / "new", read_only=True)
+    assert set(asyncio.run(kept.list_prefix("chunks/"))) == set(asyncio.run(load_manifest(kept, "theirs"))[0].chunk_keys())
+    assert main(["verify", str(tmp_path / "new"), "--no-load"]) == 0
