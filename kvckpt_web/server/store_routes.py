@@ -10,8 +10,9 @@ client pushes and pulls, gc runs where the store's storage is.
 * ``GET /store/keys?prefix=P&after=K`` -- ``{"keys": [...], "truncated": bool}``: the keys starting with ``P``,
   sorted, after ``K``, at most :data:`LIST_PAGE` per answer;
 * ``GET`` / ``HEAD /store/v/<key>`` -- the value (404 if none);
-* ``PUT /store/v/<key>`` -- stores the body if the key holds nothing: 201, or 412 if it holds a value. A body
-  longer than its key's kind allows (a manifest the format's limit, a prefix index record 1 MiB, any other value
+* ``PUT /store/v/<key>`` -- stores the body if the key holds nothing: 201, or 412 if it holds a value. Only keys
+  of the checkpoint format are taken (a chunk's, a manifest's, a prefix index record's): any other is 400. A body
+  longer than its key's kind allows (a manifest the format's limit, a prefix index record 1 MiB, a chunk
   :data:`MAX_VALUE_BYTES`) is refused (413) before it is read. A chunk key's body must be the bytes its SHA-256
   names, a manifest key's must decode and every chunk it names must be stored already, a record key's must
   decode and its manifest be stored: else 400 or 409 and nothing is written. Manifests and records are written
@@ -135,7 +136,15 @@ class StoreRoutes:
         headers = {**CORS, "content-length": str(len(data)), "content-type": "application/octet-stream"}
         return Response(b"" if request.method == "HEAD" else data, headers=headers)
 
+    def accepts(self, key: str) -> bool:
+        """Whether a PUT may store a value under ``key`` (a valid key): only keys of the checkpoint format, a
+        chunk's, a manifest's or a prefix index record's (FORMAT.md), so nothing else lands in the store."""
+        return is_chunk_key(key) or _is_manifest_key(key) or manifest_of(key) is not None
+
     async def _put(self, request: Request, key: str) -> Response:
+        if not self.accepts(key):
+            return _text(400, f"Bad Request: {key} is no key of the checkpoint format (expected chunks/<sha256>, "
+                              "manifests/<name>/<20 digits> or prefixes/<32 hex>/<name>/<20 digits>)")
         limit = _limit(key)
         declared = request.headers.get("content-length")
         if declared is None or not declared.isdigit():

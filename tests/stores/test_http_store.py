@@ -27,15 +27,23 @@ from kvckpt_web.stores.http import HTTPStore  # noqa: E402
 TOKEN = "t" * 24
 
 
-class Served:
-    """Servers of FileStore directories, one per directory, stopped at the end."""
+class AnyKeyRoutes(StoreRoutes):
+    """The served store's routes, taking a PUT of any valid key: the shared suite stores keys of its own."""
 
-    def __init__(self) -> None:
+    def accepts(self, key: str) -> bool:
+        return True
+
+
+class Served:
+    """Servers of FileStore directories, one per directory, stopped at the end; ``routes`` serves each."""
+
+    def __init__(self, routes: type[StoreRoutes] = StoreRoutes) -> None:
         self.servers: dict[Path, tuple[Any, str]] = {}
+        self.routes = routes
 
     def url(self, directory: Path) -> str:
         if directory not in self.servers:
-            routes = StoreRoutes(FileStore(directory), TOKEN).routes()
+            routes = self.routes(FileStore(directory), TOKEN).routes()
             self.servers[directory] = serve_routes_in_thread(routes, port=0)
         return self.servers[directory][1]
 
@@ -51,10 +59,17 @@ def served() -> Any:
     servers.stop()
 
 
+@pytest.fixture
+def served_any_key() -> Any:
+    servers = Served(AnyKeyRoutes)
+    yield servers
+    servers.stop()
+
+
 class TestHTTPStore(StoreTests):
     @pytest.fixture(autouse=True)
-    def _servers(self, served: Served) -> None:
-        self.served = served
+    def _servers(self, served_any_key: Served) -> None:
+        self.served = served_any_key
 
     def open_store(self, location: Path, **kwargs: Any) -> Store:
         return HTTPStore(self.served.url(location / "served"), token=TOKEN, **kwargs)
@@ -112,6 +127,15 @@ def test_a_value_is_stored_once_and_then_refused_412(server):
     assert request(url + f"store/v/{KEY}", "PUT", CHUNK)[0] == 201
     assert request(url + f"store/v/{KEY}", "PUT", CHUNK)[0] == 412
     assert run(backing.get(KEY)) == CHUNK
+
+
+@pytest.mark.parametrize("key", ["junk/x", ".hidden", "manifests/alpha/00000000000000000002/x", "manifests/alpha",
+                                 "chunks/" + "A" * 64, "prefixes/x"])
+def test_a_put_of_a_key_the_format_does_not_define_is_refused_naming_it(server, key):
+    url, backing = server
+    status, text, _ = request(url + f"store/v/{key}", "PUT", CHUNK)
+    assert status == 400 and key.encode() in text
+    assert run(backing.list_prefix("")) == []
 
 
 def test_a_body_over_its_keys_limit_is_refused_before_it_is_read(server):
