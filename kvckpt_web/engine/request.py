@@ -172,7 +172,7 @@ class ChatRequest:
         for key in body:
             if key not in _IGNORED and key not in _SETTINGS and key not in ("messages", "max_completion_tokens"):
                 raise FieldError(key, "a supported chat-completions parameter", "an unknown or unsupported key")
-        if body.get("n", 1) != 1:
+        if not is_int(body.get("n", 1), 1, 1):  # a bool is not an int here: true is refused, not taken for 1
             raise FieldError("n", "1 (one choice per request)", body.get("n"))
         for key in ("frequency_penalty", "presence_penalty"):
             if body.get(key, 0) not in (0, 0.0, None):

@@ -52,7 +52,8 @@ def create(url, **body):
     ({"temperature": 3}, "temperature"),
     ({"extra_body": {"tools": []}}, "tools"),
     ({"stream_options": {"include_usage": True}}, "stream_options"),
-], ids=["role", "no messages", "max_tokens", "temperature", "unknown key", "stream_options without stream"])
+    ({"n": True}, "n"),
+], ids=["role", "no messages", "max_tokens", "temperature", "unknown key", "stream_options without stream", "n true"])
 def test_a_bad_field_is_a_400_naming_it_and_nothing_is_stored(url, store_dir, body, param):
     error = failed(lambda: create(url, **body))
     assert error.status_code == 400 and error.body["param"] == param
