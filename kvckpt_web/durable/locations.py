@@ -6,6 +6,7 @@ One function opens any of them, so every command that takes a store path takes a
 from __future__ import annotations
 
 import os
+import re
 from typing import TYPE_CHECKING
 
 from ..errors import FieldError
@@ -26,10 +27,14 @@ TOKEN_VARIABLE = "KVCKPT_STORE_TOKEN"
 """The environment variable holding the bearer token of a served store, unless one is given."""
 
 
+_SCHEME = re.compile(r"([A-Za-z][A-Za-z0-9+.-]*)://")
+"""What starts a URL (``scheme://``), of a scheme :func:`open_location` opens or not."""
+
+
 def is_url(location: str) -> bool:
-    """Whether ``location`` is a store URL (object storage or a served store) rather than a directory path."""
-    scheme, sep, _ = location.partition("://")
-    return bool(sep) and scheme.lower() in OBJECT_SCHEMES + HTTP_SCHEMES
+    """Whether ``location`` is a URL (``scheme://...``) rather than a directory path; :func:`open_location`
+    refuses one of a scheme it does not open, so no URL is ever taken for a directory (``./ftp:``)."""
+    return _SCHEME.match(location) is not None
 
 
 def open_location(location: str, *, read_only: bool, new: bool = False, field: str = "store",
@@ -42,7 +47,8 @@ def open_location(location: str, *, read_only: bool, new: bool = False, field: s
       :class:`~kvckpt_web.stores.objects.ObjectStore` (endpoint and credentials from the environment: the usual
       ``AWS_*`` variables);
     * ``http://host:port/`` or ``https://``: an :class:`~kvckpt_web.stores.http.HTTPStore` of a store ``kvckpt
-      serve --store`` serves, with bearer ``token`` (default: the variable :data:`TOKEN_VARIABLE`).
+      serve --store`` serves, with bearer ``token`` (default: the variable :data:`TOKEN_VARIABLE`);
+    * any other ``scheme://``: FieldError naming ``field`` and the scheme (never a directory of that name).
     """
     if not isinstance(location, str) or not location:
         raise FieldError(field, "a store directory or URL", location if isinstance(location, str) else
@@ -53,7 +59,11 @@ def open_location(location: str, *, read_only: bool, new: bool = False, field: s
 
         return HTTPStore(location, token=token if token is not None else os.environ.get(TOKEN_VARIABLE),
                          read_only=read_only)
-    if is_url(location):
+    if is_url(location) and scheme in OBJECT_SCHEMES:
         return ObjectStore.from_url(location, read_only=read_only)
+    if is_url(location):
+        schemes = ", ".join(s + "://" for s in OBJECT_SCHEMES + HTTP_SCHEMES)
+        raise FieldError(field, f"a store directory or a URL of {schemes}", location,
+                         f"kvckpt opens no {scheme}:// store")
     FileStore.check_directory(location, STORE_TOPS, new=new)
     return FileStore(location, read_only=read_only)

@@ -454,3 +454,12 @@ def test_a_convert_to_kvckpt_that_fails_removes_only_what_it_wrote(export_dir, t
     kept = FileStore(tmp_path / "new", read_only=True)
     assert set(asyncio.run(kept.list_prefix("chunks/"))) == set(asyncio.run(load_manifest(kept, "theirs"))[0].chunk_keys())
     assert main(["verify", str(tmp_path / "new"), "--no-load"]) == 0
+
+
+def test_sync_to_a_url_of_an_unknown_scheme_is_refused_naming_it_and_writes_nothing(store_dir, tmp_path, capsys,
+                                                                                     monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    assert main(["sync", str(store_dir), "ftp://x/y"]) == 1
+    error = one_line_error(capsys)
+    assert "DST: expected" in error and "no ftp:// store" in error
+    assert not (tmp_path / "ftp:").exists()
