@@ -30,7 +30,7 @@ from ..stores.file import FileStore
 from .chat_session import ChatSession
 from .chat_terminal import Terminal
 from .sampling_flags import add_sampling_flags
-from .store_commands import check_at_least, check_store_target
+from .store_commands import check_at_least, check_context, check_store_target
 
 __all__ = ["add_parsers", "cmd_chat", "default_store"]
 
@@ -93,6 +93,8 @@ def cmd_chat(args: argparse.Namespace) -> None:
     started = time.perf_counter()
     device = open_device()
     loaded = load_model(path, device)
+    if args.context is not None:
+        check_context(args.context, loaded.model.max_context)
     engine = Engine(loaded, device, store=store, model_name=path.stem, **engine_options)
     terminal.note(f"model loaded in {time.perf_counter() - started:.2f} s; conversations in {store.directory} "
                   "(/help lists the commands, /exit or Ctrl-D ends the chat)")

@@ -37,7 +37,7 @@ from ..model.loader import default_model_path, load_model
 from ..model.tokenizer import utf8
 from ..durable.locations import is_url, open_location
 from .sampling_flags import add_sampling_flags
-from .store_commands import check_store_target
+from .store_commands import check_at_least, check_context, check_store_target
 
 if TYPE_CHECKING:
     from ..stores.base import Store
@@ -66,10 +66,12 @@ def _progress(phase: str, done: int, total: int) -> None:
 def _check_args(args: argparse.Namespace) -> ChatRequest | None:
     """One-line FieldErrors for flags that do not go together or values out of range; the chat of ``--prompt``
     (None with ``--resume``)."""
-    for flag, value in (("--prefill-chunk", args.prefill_chunk), ("--context", args.context),
-                        ("--autosave-every", args.autosave_every), ("--generation", args.generation)):
+    for flag, value in (("--prefill-chunk", args.prefill_chunk), ("--autosave-every", args.autosave_every),
+                        ("--generation", args.generation)):
         if value is not None and value < 1:
             raise FieldError(flag, "an integer >= 1", value)
+    if args.context is not None:
+        check_at_least("--context", args.context, 2)
     if args.name is not None and args.store is None:
         raise FieldError("--name", "--store DIR to save into", "no --store")
     if args.resume:
@@ -204,6 +206,8 @@ def cmd_generate(args: argparse.Namespace) -> None:
     loaded = load_model(path, device)
     _print_err(f"model loaded in {time.perf_counter() - start:.2f} s")
     max_context = loaded.model.max_context
+    if args.context is not None:
+        check_context(args.context, max_context)
     context = min(args.context or (saved.context if saved is not None else None) or max_context, max_context)
     saves = _Saves(name, None if record is None else record.generation)
     engine = Engine(loaded, device, store=store, context=context, sequences=1, cache_tokens=context,

@@ -18,7 +18,7 @@ from ..durable.locations import open_location
 from ..errors import FieldError
 from ..model.loader import default_model_path
 from .serving import serve_until_interrupted
-from .store_commands import check_at_least, check_store_target
+from .store_commands import check_at_least, check_context, check_store_target
 
 if TYPE_CHECKING:
     from ..engine import Engine
@@ -69,8 +69,11 @@ def _build(path: Path, store: str | None, name: str, context: int | None) -> "En
 
     start = time.perf_counter()
     device = open_device()
+    loaded = load_model(path, device)
+    if context is not None:
+        check_context(context, loaded.model.max_context)
     opened = open_location(store, read_only=False, new=True, field="--store") if store is not None else None
-    engine = Engine(load_model(path, device), device, store=opened, model_name=name, context=context)
+    engine = Engine(loaded, device, store=opened, model_name=name, context=context)
     print(f"model loaded in {time.perf_counter() - start:.2f} s", file=sys.stderr, flush=True)
     return engine
 

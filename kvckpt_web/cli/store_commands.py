@@ -43,6 +43,14 @@ def check_at_least(field: str, value: int, minimum: int) -> int:
     return check_int(field, value, minimum)
 
 
+def check_context(value: int, max_context: int) -> int:
+    """``--context`` ``value`` if the loaded model, of ``max_context`` tokens, can hold it: FieldError naming the
+    flag and the model's context if not (never clamped silently)."""
+    if value > max_context:
+        raise FieldError("--context", f"at most {max_context} tokens (the model's context)", value)
+    return value
+
+
 def check_path(flag: str, path: str) -> str:
     """``path`` unless it is '' (which the file system takes for the current directory): FieldError naming
     ``flag``."""

@@ -65,3 +65,15 @@ def test_the_default_store_is_made_readable_by_its_user_only(monkeypatch, tmp_pa
     monkeypatch.setattr(chat, "open_device", no_device)
     assert main(["chat"]) == 1  # the device (refused here) is opened after the store is made
     assert (Path(tmp_path) / "kvckpt" / "chats").stat().st_mode & 0o777 == 0o700
+
+
+def test_a_context_over_the_models_is_refused_naming_it_not_clamped(monkeypatch, tmp_path, capsys):
+    from lm_double import DoubleLM, DoubleText
+
+    from kvckpt_web.model.protocol import LoadedModel
+
+    monkeypatch.setattr(chat, "open_device", lambda: None)
+    monkeypatch.setattr(chat, "load_model", lambda path, device: LoadedModel(DoubleLM(), DoubleText()))
+    assert main(["chat", "--store", str(tmp_path / "chats"), "--model", "double.gguf", "--context", "99999999"]) == 1
+    assert capsys.readouterr().err.splitlines()[-1] == (
+        "kvckpt: error: --context: expected at most 96 tokens (the model's context), got 99999999")

@@ -357,8 +357,9 @@ def no_model(monkeypatch):
     (["--prompt", "hi", "--store", "{tmp}/mine/notes.txt"], "got 'a regular file'"),
     (["--prompt", "hi", "--store", "{tmp}/export"], "got 'a directory holding group_0.bin, metadata.json'"),
     (["--prompt", "hi", "--seed", "-1"], "seed: expected an integer in [0, "),
+    (["--prompt", "hi", "--context", "1"], "--context: expected an integer >= 2, got 1"),
 ], ids=["prompt-not-utf8", "empty-name", "empty-store", "store-of-other-files", "store-that-is-a-file",
-        "store-that-is-a-tvm-export", "negative-seed"])
+        "store-that-is-a-tvm-export", "negative-seed", "context-of-one-token"])
 def test_input_is_refused_in_one_line_before_the_model_loads(tmp_path, capsys, no_model, argv, names):
     for folder, files in (("mine", ("notes.txt",)), ("export", ("metadata.json", "group_0.bin"))):
         (tmp_path / folder).mkdir()
@@ -459,3 +460,9 @@ def test_a_prompt_longer_than_the_context_is_refused_in_one_line_naming_the_cont
     error = capsys.readouterr().err.splitlines()[-1]
     assert error.startswith("kvckpt: error: messages: expected a prompt of at most 63 tokens (the context is 64 ")
     assert not list((tmp_path / "s").iterdir())  # nothing saved
+
+
+def test_a_context_over_the_models_is_refused_naming_it_not_clamped(double_model, capsys):
+    assert main(["generate", "--model", double_model, "--prompt", PROMPT, "--context", "99999999"]) == 1
+    assert capsys.readouterr().err.splitlines()[-1] == (
+        "kvckpt: error: --context: expected at most 96 tokens (the model's context), got 99999999")

@@ -145,3 +145,16 @@ def test_smollm2_chats_over_the_api_streaming_two_turns_whose_second_reuses_the_
                 messages += [{"role": "assistant", "content": text}, {"role": "user", "content": question}]
     assert model == Path(smollm_path).name.removesuffix(".gguf")
     assert turns[1].prompt_tokens_details.cached_tokens == turns[0].prompt_tokens + turns[0].completion_tokens - 1
+
+
+def test_a_context_over_the_models_is_refused_naming_it_not_clamped(monkeypatch, tiny_llama_path, capsys):
+    from lm_double import DoubleLM, DoubleText
+
+    from kvckpt_web.gpu import open as gpu_open
+    from kvckpt_web.model.protocol import LoadedModel
+
+    monkeypatch.setattr(gpu_open, "open_device", lambda: None)
+    monkeypatch.setattr(loader, "load_model", lambda path, device: LoadedModel(DoubleLM(), DoubleText()))
+    status = main(["serve", "--api", "--port", "0", "--model", str(tiny_llama_path), "--context", "99999999"])
+    assert status == 1 and capsys.readouterr().err.splitlines()[-1] == (
+        "kvckpt: error: --context: expected at most 96 tokens (the model's context), got 99999999")
