@@ -16,13 +16,17 @@ client pushes and pulls, gc runs where the store's storage is.
   :data:`MAX_VALUE_BYTES`) is refused (413) before it is read. A chunk key's body must be the bytes its SHA-256
   names, a manifest key's must decode and every chunk it names must be stored already, a record key's must
   decode and its manifest be stored: else 400 or 409 and nothing is written. Manifests and records are written
-  under the store's writer lock.
+  under the store's writer lock. The body is spooled to a temporary file as it arrives, never held in memory
+  whole, and must arrive within ``body_timeout`` seconds of the request head (else 408, closing the connection).
 """
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import hmac
+import mmap
+import tempfile
 
 from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response
@@ -31,10 +35,11 @@ from starlette.routing import Route
 from ..durable.catalog import decode_at
 from ..durable.container import MAX_MANIFEST_BYTES, chunk_key, is_chunk_key, parse_manifest_key
 from ..durable.prefix_records import MAX_RECORD_BYTES, decode_record, manifest_of
+from ..checks import check_seconds
 from ..errors import FieldError, FormatError, KVCkptError
 from ..stores.base import Store, validate_key, validate_prefix
 
-__all__ = ["LIST_PAGE", "MAX_VALUE_BYTES", "StoreRoutes", "check_token"]
+__all__ = ["BODY_TIMEOUT", "LIST_PAGE", "MAX_VALUE_BYTES", "StoreRoutes", "check_token"]
 
 LIST_PAGE = 10_000
 """Keys per answer of ``/store/keys``."""
@@ -42,6 +47,9 @@ LIST_PAGE = 10_000
 MAX_VALUE_BYTES = 256 << 20
 """The longest chunk (or other value) a served store takes (a save's chunks are about 1 MiB unless it asks for
 larger)."""
+
+BODY_TIMEOUT = 120.0
+"""Seconds a PUT body may take to arrive, once its head has (a chunk of :data:`MAX_VALUE_BYTES` at about 2 MiB/s)."""
 
 MIN_TOKEN_CHARS = 16
 
@@ -82,11 +90,13 @@ def _text(status: int, message: str, headers: dict[str, str] | None = None) -> R
 
 
 class StoreRoutes:
-    """The routes serving ``store`` to holders of ``token``."""
+    """The routes serving ``store`` to holders of ``token``; a PUT body must arrive within ``body_timeout``
+    seconds of its head."""
 
-    def __init__(self, store: Store, token: str) -> None:
+    def __init__(self, store: Store, token: str, *, body_timeout: float = BODY_TIMEOUT) -> None:
         self.store = store
         self._token = check_token(token).encode()
+        self.body_timeout = check_seconds("body_timeout", body_timeout)
 
     def routes(self) -> list[Route]:
         return [Route("/store/keys", self._keys, methods=["GET", "OPTIONS"]),
@@ -151,13 +161,9 @@ class StoreRoutes:
             return _text(411, "Length Required")
         if int(declared) > limit:
             return _text(413, f"Content Too Large: {key} holds at most {limit} bytes, got {declared}")
-        body = bytearray()
-        async for piece in request.stream():
-            body += piece
-            if len(body) > int(declared):
-                return _text(400, "Bad Request: a body longer than its Content-Length")
-        if len(body) != int(declared):
-            return _text(400, "Bad Request: a body shorter than its Content-Length")
+        body = await self._receive(request, int(declared))
+        if isinstance(body, Response):
+            return body
         if is_chunk_key(key) and chunk_key(hashlib.sha256(body).hexdigest()) != key:
             return _text(400, f"Bad Request: {key}: the body is not the bytes its SHA-256 names")
         check = (self._check_manifest if _is_manifest_key(key) else
@@ -169,6 +175,29 @@ class StoreRoutes:
             if problem is not None:
                 return problem
             return self._stored(key, await self.store.set_if_absent(key, body))
+
+    async def _receive(self, request: Request, length: int) -> memoryview | bytes | Response:
+        """The body of ``request``, ``length`` bytes, spooled to a temporary file as it arrives (so a large
+        value is never held in memory whole) and mapped read-only; the answer instead if it is longer or shorter
+        than that, or does not arrive whole within :attr:`body_timeout` seconds (408, closing the connection)."""
+        with tempfile.TemporaryFile(prefix="kvckpt-put-") as spool:
+            received = 0
+            try:
+                async with asyncio.timeout(self.body_timeout):
+                    async for piece in request.stream():
+                        received += len(piece)
+                        if received > length:
+                            return _text(400, "Bad Request: a body longer than its Content-Length")
+                        spool.write(piece)
+            except TimeoutError:
+                return _text(408, f"Request Timeout: expected the whole body within {self.body_timeout:g} s of "
+                                  "the request head", {"connection": "close"})
+            if received != length:
+                return _text(400, "Bad Request: a body shorter than its Content-Length")
+            if not length:
+                return b""
+            spool.flush()
+            return memoryview(mmap.mmap(spool.fileno(), length, access=mmap.ACCESS_READ))  # valid once it is closed
 
     @staticmethod
     def _stored(key: str, stored: bool) -> Response:

@@ -5,6 +5,7 @@ manifest naming chunks the server lacks, paths that are no key)."""
 from __future__ import annotations
 
 import http.client
+import os
 
 import urllib.error
 import urllib.request
@@ -151,6 +152,40 @@ def test_a_body_over_its_keys_limit_is_refused_before_it_is_read(server):
     assert answer.status == 413
     connection.close()
     assert not run(backing.exists(key))
+
+
+def test_a_large_put_body_is_never_held_in_memory_whole(server):
+    import tracemalloc
+
+    url, backing = server
+    value = os.urandom(16 << 20)
+    key = chunk_key(chunk_digest(value))
+    tracemalloc.start()
+    try:
+        status = request(url + f"store/v/{key}", "PUT", value)[0]
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert status == 201 and run(backing.get(key)) == value
+    assert peak < len(value) // 4
+
+
+def test_a_put_body_slower_than_its_deadline_is_a_408_and_the_connection_closed(tmp_path):
+    import socket
+
+    server, url = serve_routes_in_thread(StoreRoutes(FileStore(tmp_path), TOKEN, body_timeout=0.5).routes(), port=0)
+    host, port = url.removeprefix("http://").rstrip("/").split(":")
+    try:
+        with socket.create_connection((host, int(port)), timeout=60) as sock:
+            sock.sendall(f"PUT /store/v/{KEY} HTTP/1.1\r\nHost: {host}\r\nAuthorization: Bearer {TOKEN}\r\n"
+                         f"Content-Length: {len(CHUNK)}\r\n\r\n".encode() + CHUNK[:1])  # and no more
+            answer = b""
+            while piece := sock.recv(65536):  # until the server closes the connection
+                answer += piece
+    finally:
+        server.shutdown()
+    assert answer.startswith(b"HTTP/1.1 408 ") and b"connection: close" in answer.lower()
+    assert run(FileStore(tmp_path).list_prefix("")) == []
 
 
 def test_a_put_without_a_length_is_refused(server):
