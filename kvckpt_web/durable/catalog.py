@@ -17,7 +17,7 @@ from .results import GenerationInfo
 if TYPE_CHECKING:
     from ..stores.base import Store
 
-__all__ = ["at_key", "decode_at", "list_generations", "list_names", "load_manifest", "manifest_keys"]
+__all__ = ["at_key", "decode_at", "list_generations", "list_names", "load_manifest", "manifest_keys", "newest_readable"]
 
 
 def at_key(exc: KVCkptError, where: str) -> KVCkptError:
@@ -81,6 +81,18 @@ async def load_manifest(store: "Store", name: str, generation: int | None = None
         have = [g for _, g, _ in await manifest_keys(store, name)]
         raise NotFoundError(f"{key}: no generation {generation} of {name!r} (generations in store: {have})")
     return decode_at(key, data), data
+
+
+async def newest_readable(store: "Store", name: str, keys: list[tuple[str, int, str]]) -> Manifest | None:
+    """The newest manifest of ``name`` among ``keys`` (its :func:`manifest_keys`) that can be read; damaged ones,
+    and ones deleted since the listing, are passed over. None if none can be read."""
+    for _, generation, _ in reversed(keys):
+        try:
+            manifest, _ = await load_manifest(store, name, generation)
+        except (CorruptionError, FormatError, NotFoundError):
+            continue
+        return manifest
+    return None
 
 
 async def list_generations(store: "Store", name: str | None = None) -> list[GenerationInfo]:

@@ -3,10 +3,12 @@
 Commit protocol (all under ``store.lock()``): write every new chunk in one ``store.batch()`` (each ``set``
 atomic, all durable when the batch ends), then the manifest of generation ``newest + 1``, create-only (where the
 lock does not exclude every writer, a save whose generation another writer committed first fails with
-ConflictError); only after that manifest is committed, retention (:mod:`.retention`; none with ``keep=None``) drops the generations of that
-name it does not keep and then the chunks no remaining manifest of any name uses. A crash at any instant
-therefore leaves the previous or the new generation restorable, plus at worst unreferenced chunks that
-:func:`~.retention.gc` removes.
+ConflictError); only after that manifest is committed, retention (:mod:`.retention`; none with ``keep=None``)
+drops the generations of that name it does not keep and then the chunks no remaining manifest of any name uses.
+A crash at any instant therefore leaves the previous or the new generation restorable, plus at worst
+unreferenced chunks that :func:`~.retention.gc` removes. A save whose ``app_state`` records a conversation
+commits only on top of that conversation's newest generation: before anything is written, the name's newest
+readable generation must be of it (so two writers of one name never interleave two conversations under it).
 
 A chunk already in the store is reused only once it is known to hold the bytes its name says: the save's
 :class:`~.ledger.Ledger` wrote it or read it back, else the save reads it once and, if it differs, rewrites
@@ -31,7 +33,7 @@ from ..errors import CheckpointStateError, ConflictError, FormatError, KVCkptErr
 from ..kv.cache import check_cache
 from ..kv.pool import check_seq_id
 from ..stores.base import check_store
-from .catalog import manifest_keys
+from .catalog import manifest_keys, newest_readable
 from .container import (CHUNKS, MAX_MANIFEST_BYTES, ChunkRef, Manifest, chunk_key, encode_manifest, plan_chunks,
                         validate_name)
 from .ledger import Ledger, ledger_for
@@ -75,7 +77,9 @@ async def save(cache: "PagedKVCache", seq_id: int, store: "Store", name: str, *,
     keeps the newest ``keep`` generations of ``name`` that can be restored (and any damaged one newer
     than those) and deletes chunks no kept manifest of any name uses; ``keep=None`` applies no retention
     (every generation already there stays, the new one is added).
-    ``app_state`` (a JSON object) is stored verbatim in the manifest. ``pages_per_chunk`` defaults to
+    ``app_state`` (a JSON object) is stored verbatim in the manifest; if it records a ``conversation`` (FORMAT.md
+    section 4), ConflictError (nothing written) unless ``name`` holds no generation or its newest readable one
+    records the same conversation. ``pages_per_chunk`` defaults to
     about :data:`DEFAULT_CHUNK_BYTES` per chunk. The sequence must not change while the save runs
     (:class:`CheckpointStateError` if it did; nothing is committed then). If anything fails before the
     manifest is committed, the store still holds the previous generations intact; a failure of the
@@ -96,6 +100,7 @@ async def save(cache: "PagedKVCache", seq_id: int, store: "Store", name: str, *,
         npages = lay.num_logical_pages(state.length)
         plan = plan_chunks(npages, ppc)
         existing, reuse = await _reusable(store, ledger, cache, seq_id, name, ppc, len(plan))
+        await _check_conversation(store, name, existing, app_state)  # before anything is written
         generation = existing[-1][1] + 1 if existing else 1
         record = prefix_record(prefix, name, generation, state.length, lay.page_size)  # nothing written yet
         written_before = store.bytes_written
@@ -207,6 +212,32 @@ async def _reusable(store: "Store", ledger: Ledger, cache: "PagedKVCache", seq_i
     starts = {(i, g): start for g, (i, start) in prev.tails.items()
               if reuse <= i < num_chunks and i * ppc + start.nbytes // lay.page_bytes <= unchanged_pages}
     return existing, _Reuse(reuse, prev.chunks, prev.chunk_keys, starts)
+
+
+async def _check_conversation(store: "Store", name: str, existing: list[tuple[str, int, str]],
+                              app_state: dict[str, Any]) -> None:
+    """Refuse a save whose ``app_state`` records a conversation (FORMAT.md section 4) unless ``name`` holds no
+    generation (``existing``, listed under the save's lock) or its newest readable one records the same: a
+    generation is committed only on top of its own conversation's, never another writer's. ConflictError naming
+    the name, the conversation expected and the one found."""
+    if "conversation" not in app_state or not existing:
+        return
+    ours = app_state["conversation"]
+    newest = await newest_readable(store, name, existing)
+    theirs = None if newest is None else newest.app_state.get("conversation")
+    if theirs == ours:
+        return
+    got = (f"none of its {len(existing)} generations readable" if newest is None else
+           f"generation {newest.generation} of conversation {_conversation_id(theirs)}")
+    raise ConflictError(f"save {name!r}: expected the newest generation of {name!r} in {store!r} to be of this "
+                        f"save's conversation {_conversation_id(ours)}, got {got} (another writer's); nothing was "
+                        "written")
+
+
+def _conversation_id(value: Any) -> str:
+    """The id a ``conversation`` value of an app_state records, for a message."""
+    cid = value.get("id") if isinstance(value, dict) else None
+    return repr(cid) if isinstance(cid, str) else "(none)"
 
 
 async def _write_chunks(store: "Store", ledger: Ledger, cache: "PagedKVCache", seq_id: int,

@@ -16,9 +16,9 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Any
 
-from ..durable.catalog import load_manifest, manifest_keys
+from ..durable.catalog import manifest_keys, newest_readable
 from ..durable.container import Manifest
-from ..errors import ConflictError, CorruptionError, FormatError, KVCkptError, NotFoundError, is_int
+from ..errors import ConflictError, FormatError, KVCkptError, is_int
 from ..tvm.metadata import parse_metadata
 
 if TYPE_CHECKING:
@@ -78,20 +78,18 @@ async def check_owner(store: "Store", name: str, conversation: Conversation | No
     writing, so the answer stays true.
     """
     keys = await manifest_keys(store, name)
-    for _, generation, _ in reversed(keys):
-        try:
-            manifest, _ = await load_manifest(store, name, generation)
-        except (CorruptionError, FormatError, NotFoundError):
-            continue  # damaged, or deleted since the listing: the next older one tells
-        theirs = conversation_of(manifest.app_state)
-        if conversation is not None and theirs is not None and theirs.id == conversation.id:
-            return
-        count = f"{len(keys)} generation{'s' if len(keys) > 1 else ''}"
-        raise ConflictError(f"name {name!r} in {store!r} holds another conversation ({_holding(manifest, theirs)}, "
-                            f"{count}): resume it, write under another name, or delete it")
-    if keys:
+    if not keys:
+        return
+    manifest = await newest_readable(store, name, keys)
+    if manifest is None:
         raise ConflictError(f"name {name!r} in {store!r} holds {len(keys)} generations, none of them readable: "
                             "write under another name, or delete them")
+    theirs = conversation_of(manifest.app_state)
+    if conversation is not None and theirs is not None and theirs.id == conversation.id:
+        return
+    count = f"{len(keys)} generation{'s' if len(keys) > 1 else ''}"
+    raise ConflictError(f"name {name!r} in {store!r} holds another conversation ({_holding(manifest, theirs)}, "
+                        f"{count}): resume it, write under another name, or delete it")
 
 
 def _holding(manifest: Manifest, conversation: Conversation | None) -> str:

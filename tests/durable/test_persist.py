@@ -400,6 +400,57 @@ def test_a_save_while_a_forward_pass_is_open_is_refused_and_commits_nothing(mode
     assert [g.generation for g in run(list_generations(store))] == [1]
 
 
+# ----- one conversation per name ----------------------------------------------------------------------
+
+
+def conversation(letter: str) -> dict[str, Any]:
+    """The app_state of a save that records conversation ``letter * 32``."""
+    return {"conversation": {"id": letter * 32, "created_ms": 1_700_000_000_000}}
+
+
+def keys_and_values(store: Store) -> dict[str, bytes | None]:
+    return {key: run(store.get(key)) for key in run(store.list_prefix(""))}
+
+
+@pytest.mark.parametrize("kind", ["one MemoryStore", "two FileStore objects"])
+def test_a_save_on_top_of_another_conversations_generation_is_refused_and_writes_nothing(model, tmp_path, kind):
+    first = MemoryStore() if kind == "one MemoryStore" else FileStore(tmp_path)
+    second = first if kind == "one MemoryStore" else FileStore(tmp_path)  # another process's store object
+    model.add(0, 20)
+    model.add(1, 30)
+    saved(model, first, "chat", app_state=conversation("a"), keep=None)
+    for _ in range(2):  # the two writers interleave their saves: only the first one's are committed
+        before = keys_and_values(first)
+        with pytest.raises(ConflictError) as info:
+            saved(model, second, "chat", seq=1, app_state=conversation("b"), keep=None)
+        message = str(info.value)
+        assert "'chat'" in message and f"conversation {'b' * 32!r}" in message
+        assert f"of conversation {'a' * 32!r}" in message and "nothing was written" in message
+        assert keys_and_values(first) == before
+        saved(model, first, "chat", app_state=conversation("a"), keep=None)
+    assert [info.app_state for info in run(list_generations(first, "chat"))] == [conversation("a")] * 3
+
+
+def test_a_save_goes_on_from_its_conversations_newest_readable_generation_past_a_damaged_one(model):
+    store = MemoryStore()
+    model.add(0, 20)
+    saved(model, store, "chat", app_state=conversation("a"))
+    saved(model, store, "chat", app_state=conversation("a"))
+    run(store.set("manifests/chat/00000000000000000002", b"damaged"))
+    with pytest.raises(ConflictError, match="got generation 1 of conversation 'a"):
+        saved(model, store, "chat", app_state=conversation("b"))
+    assert saved(model, store, "chat", app_state=conversation("a")).generation == 3
+
+
+def test_a_save_recording_a_conversation_is_refused_on_a_name_none_of_whose_generations_can_be_read(model):
+    store = MemoryStore()
+    model.add(0, 20)
+    saved(model, store, "chat", app_state=conversation("a"))
+    run(store.set("manifests/chat/00000000000000000001", b"damaged"))
+    with pytest.raises(ConflictError, match="'chat'.*none of its 1 generations readable"):
+        saved(model, store, "chat", app_state=conversation("a"))
+
+
 # ----- names, retention, sharing, gc -------------------------------------------------------------------
 
 

@@ -17,6 +17,7 @@ from kvckpt_web.errors import CheckpointStateError, ConflictError, FormatError
 from kvckpt_web.model.sampler import SamplingSettings
 from kvckpt_web.model.app_state import StopRules
 from kvckpt_web.model.autosave import Autosave
+from kvckpt_web.model.conversation import Conversation
 from kvckpt_web.model.generator import Generator
 from kvckpt_web.model.resume import resume
 from kvckpt_web.stores.file import FileStore
@@ -30,10 +31,10 @@ OTHER_PROMPT = TEXT.encode_chat([{"role": "user", "content": "and now about ship
 SETTINGS = SamplingSettings(temperature=0.9, top_p=0.85, seed=11)
 
 
-def start(make_cache, store, *, prompt=PROMPT, name="chat", every=4, keep=2):
+def start(make_cache, store, *, prompt=PROMPT, name="chat", every=4, keep=2, **kwargs):
     model = DoubleLM()
     return run(Generator.start(model, make_cache(model), prompt, SETTINGS, stop=StopRules(20), prefill_chunk=8,
-                               autosave=Autosave(store, name, every, keep), decode=TEXT.decode))
+                               autosave=Autosave(store, name, every, keep), decode=TEXT.decode, **kwargs))
 
 
 def finished(gen):
@@ -178,6 +179,24 @@ def test_resume_saving_under_another_name_that_holds_another_conversation_is_ref
     with pytest.raises(ConflictError, match="'other'"):
         run(resume(store, "chat", model, make_cache(model), autosave=Autosave(store, "other", 4)))
     assert snapshot(store) == before
+
+
+def test_an_autosave_on_top_of_another_conversations_generation_fails_and_is_not_reported_saved(make_cache):
+    store = MemoryStore()
+    reported = []
+    gen = start(make_cache, store, on_save=reported.append)
+    # another writer, which does not hold the name's claim (as one whose claim excluded only its own process), starts
+    # a conversation of its own there while this reply runs
+    other = Conversation.new()
+    saved_directly(make_cache, store, "chat", {"conversation": other.to_json()})
+    before = snapshot(store)
+    with pytest.raises(ConflictError) as info:
+        run(gen.step())
+    message = str(info.value)
+    assert "'chat'" in message and repr(gen.conversation.id) in message and repr(other.id) in message
+    assert snapshot(store) == before and reported == [] and gen.last_save is None
+    assert conversations(store) == [other.to_json()]
+    run(gen.close())
 
 
 # ----- one writer per name ----------------------------------------------------------------------------------
