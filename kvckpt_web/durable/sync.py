@@ -38,7 +38,7 @@ from .save import LIST_THRESHOLD
 if TYPE_CHECKING:
     from ..stores.base import Store
 
-__all__ = ["APART", "apart_name", "continues", "place", "sync"]
+__all__ = ["APART", "apart_name", "continues", "sync"]
 
 APART = ".apart-"
 """What joins a name and the short id of a copy kept beside it: ``<name>.apart-<8 hex digits>``."""
@@ -68,7 +68,7 @@ async def sync(src: "Store", dst: "Store", *, names: Iterable[str] | None = None
         chosen = check_each("names", names, "a list of checkpoint names", lambda f, n: validate_name(n, f))
         missing = sorted(set(chosen) - set(present))
         if missing:
-            raise NotFoundError(f"names: no checkpoint named {', '.join(map(repr, missing))} in {place(src)}")
+            raise NotFoundError(f"names: no checkpoint named {', '.join(map(repr, missing))} in {_place(src)}")
     written_before = dst.bytes_written
     totals = {"sent": 0, "present": 0, "records": 0}
     copied: list[str] = []
@@ -94,7 +94,7 @@ async def sync(src: "Store", dst: "Store", *, names: Iterable[str] | None = None
                       totals["records"], dst.bytes_written - written_before, time.perf_counter() - started, apart)
 
 
-def place(store: "Store") -> str:
+def _place(store: "Store") -> str:
     """Where ``store`` is, as its user named it (for messages): the URL of a served store or object storage, a
     directory, else how the store prints itself."""
     for attribute in ("url", "directory"):
@@ -184,7 +184,7 @@ async def _target(src: "Store", dst: "Store", manifest: Manifest, envelope: byte
     if await _goes_on(manifest, src, held, held_envelope):
         return manifest, True
     if await _goes_on(held, dst, manifest, envelope):
-        raise ConflictError(f"{manifest.name}: {place(dst)} holds generation {held.generation}, which goes on from "
+        raise ConflictError(f"{manifest.name}: {_place(dst)} holds generation {held.generation}, which goes on from "
                             f"the source's generation {manifest.generation}: not copied (sync the other way to bring "
                             "the source up to date)")
     return await _kept_apart(src, dst, manifest, envelope)
@@ -207,7 +207,7 @@ async def _kept_apart(src: "Store", dst: "Store", manifest: Manifest, envelope: 
     renamed = _renamed(manifest, apart_name(manifest.name, envelope))
     if await manifest_keys(dst, renamed.name):
         raise ConflictError(f"{manifest.name}: the source's generation {manifest.generation} went apart from the one "
-                            f"{place(dst)} holds, and the name it would be kept under there, {renamed.name}, holds "
+                            f"{_place(dst)} holds, and the name it would be kept under there, {renamed.name}, holds "
                             "another checkpoint: not copied")
     return renamed, True
 
@@ -241,7 +241,7 @@ async def _copy(src: "Store", dst: "Store", manifest: Manifest, envelope: bytes,
         if not await dst.set_if_absent(target.key, data):
             if await dst.get(target.key, max_bytes=MAX_MANIFEST_BYTES) != data:
                 raise ConflictError(f"{manifest.name}: another writer committed generation {target.generation} of "
-                                    f"{target.name} in {place(dst)} while this sync ran: not overwritten")
+                                    f"{target.name} in {_place(dst)} while this sync ran: not overwritten")
     await _copy_records(src, dst, manifest.key, target.name, totals)
 
 

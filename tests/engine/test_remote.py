@@ -100,7 +100,7 @@ def test_copies_that_went_apart_are_kept_beside_each_other_by_push_and_pull(make
         name = replies[0].conversation
         await push(here, name, remote())
         await pull(there, name, remote())
-        await converse(there, ["and then?"], {**GREEDY, "conversation": name}, messages)
+        _, history = await converse(there, ["and then?"], {**GREEDY, "conversation": name}, messages)
         await push(there, name, remote())
         mine, _ = await converse(here, ["something else"], {**GREEDY, "conversation": name}, messages)
         theirs = (await load_manifest(remote(), name))[0]
@@ -115,6 +115,8 @@ def test_copies_that_went_apart_are_kept_beside_each_other_by_push_and_pull(make
         assert pulled.kept_apart[name].startswith(f"{name}.apart-") and pulled.kept_apart[name] != kept
         assert (await load_manifest(here.store, name))[0].app_state["generated_tokens"] == list(mine[0].token_ids)
         assert (await load_manifest(here.store, pulled.kept_apart[name]))[0].app_state == theirs.app_state
+        went_on, _ = await converse(here, ["and?"], {**GREEDY, "conversation": pulled.kept_apart[name]}, history)
+        assert went_on[0].conversation == pulled.kept_apart[name] and went_on[0].usage.cached_tokens > len(FIRST) // 2
 
     run(body())
 
