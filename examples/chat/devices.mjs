@@ -63,7 +63,7 @@ export async function push(name = state.conversation) {
     const retry = { id: "retry-push", label: "Retry", run: () => push(name) };
     if (error.name === "ConflictError") {
       return failed("The conversation was not sent", error, `${error.message}. Another device went on with this ` +
-        "conversation after this one sent it: pull the server's copy to go on from there, or start a new " +
+        "conversation from where this one is: pull the server's copy to go on from there, or start a new " +
         "conversation here.", [retry, { id: "pull-instead", label: "Pull the server's copy", run: () => pull(name) }]);
     }
     const hint = error.name === "StoreError" ? ` ${SERVED}` : "";
@@ -72,14 +72,18 @@ export async function push(name = state.conversation) {
   localStorage.setItem(TOKEN_KEY, key);
   state.device.pushed = sent;
   const link = new URL(location.pathname, location.href);
-  link.hash = LINK_KEY + encodeURIComponent(name);
-  $("pushed-text").textContent = `Sent generation ${sent.generation} of ${name}: ${moved(sent)}.`;
-  $("pushed-name").textContent = name;
+  link.hash = LINK_KEY + encodeURIComponent(sent.name);
+  // A copy that went apart from the server's (another device went on with the conversation its own way) was sent
+  // under a name of its own, beside the server's copy: nothing there was overwritten.
+  $("pushed-text").textContent = (sent.apart_from ? `This device's copy of ${sent.apart_from} went apart from the ` +
+    `server's (another device went on with it its own way): nothing was overwritten, both are kept there, this ` +
+    `one as ${sent.name}. ` : "") + `Sent generation ${sent.generation} of ${sent.name}: ${moved(sent)}.`;
+  $("pushed-name").textContent = sent.name;
   $("pushed-link").href = link.href;
   $("pushed-link").textContent = link.href;
   $("pushed").hidden = false;
   $("device").open = true;
-  announce(`Sent: ${moved(sent)}. On the other device, pull ${name}`);
+  announce(`Sent: ${moved(sent)}. On the other device, pull ${sent.name}`);
   $("pushed-link").focus();
 }
 
@@ -100,22 +104,38 @@ export async function pull(name) {
     const why = {
       NotFoundError: `No conversation ${name} on this server (${error.message}). Check the name the other device ` +
         "shows after Continue on another device, and that its push finished.",
-      ConflictError: `${error.message}. This device holds a newer or another copy of ${name} (or a reply is being ` +
-        "written in it): open it from the list; the server's copy stays there.",
+      ConflictError: `${error.message}. This device's copy of ${name} goes on from the server's (or a reply is ` +
+        "being written in it): open it from the list; the server's copy stays there.",
       StoreError: `${error.message}. ${SERVED}`,
     }[error.name] ?? `${error.message}.`;
     return failed(error.name === "NotFoundError" ? "Not on the server" : "The conversation was not pulled", error,
                   why, [retry]);
   }
   localStorage.setItem(TOKEN_KEY, key);
-  $("pulled").textContent = `Pulled generation ${got.generation} of ${name}: ${moved(got)}. Its next turn restores ` +
-    "its history from this device's store instead of computing it again.";
+  $("pulled").textContent = `Pulled generation ${got.generation} of ${got.name}: ${moved(got)}. Its next turn ` +
+    "restores its history from this device's store instead of computing it again.";
   $("pulled").hidden = false;
   await refresh();
+  if (got.apart_from) return keptApart(got);
   await openConversation(name);
   state.device.pulled = got;   // and open
   announce(`Pulled ${name}: continue it here`);
   $("prompt").focus();
+}
+
+// The server's copy of a conversation went apart from this device's (each device went on with it its own way): it
+// was kept here under a name of its own, beside this device's, which stays as it was. Both are listed; say so and
+// offer to open either.
+function keptApart(got) {
+  const mine = got.apart_from;
+  problem("apart", "Two copies of this conversation are kept", { message: `The server's copy of ${mine} and this ` +
+    `device's went apart: each device went on with the conversation its own way. Nothing was overwritten: the ` +
+    `server's copy (generation ${got.generation}) is kept here as ${got.name}, beside this device's ${mine}; both ` +
+    "are in the list." }, [
+    { id: "open-theirs", label: "Open the server's copy", run: () => openConversation(got.name) },
+    { id: "open-mine", label: "Open this device's copy", run: () => openConversation(mine) }]);
+  state.device.pulled = got;
+  $("open-theirs").focus();
 }
 
 function forget() {

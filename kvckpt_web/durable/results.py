@@ -128,11 +128,12 @@ class SyncResult:
     """What one :func:`~kvckpt_web.durable.sync.sync` did."""
 
     copied: tuple[str, ...]
-    """The manifest keys it copied (each name's newest generation that the destination lacked)."""
+    """The manifest keys it copied (each name's newest generation that the destination lacked; under a name of
+    its own for a name in ``kept_apart``)."""
     up_to_date: tuple[str, ...]
     """The manifest keys the destination held already (their missing prefix index records were copied)."""
     conflicts: tuple[str, ...]
-    """One line per name not copied because the destination holds a newer or another generation of it."""
+    """One line per name not copied because the destination holds a generation that goes on from it."""
     chunks_sent: int
     """Chunks written to the destination."""
     chunks_present: int
@@ -142,3 +143,7 @@ class SyncResult:
     bytes_sent: int
     """Payload bytes written to the destination: chunks, manifests and records."""
     seconds: float
+    kept_apart: dict[str, str] = field(default_factory=dict)
+    """Per name whose copy went apart from the destination's (another history or another conversation under
+    the name): the name the destination holds the copy under, beside its own (``<name>.apart-<id>``, see
+    :func:`~kvckpt_web.durable.sync.apart_name`); the copy's key is in ``copied`` or ``up_to_date``."""

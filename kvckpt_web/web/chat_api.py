@@ -87,11 +87,13 @@ def _summary(info: GenerationInfo) -> dict[str, Any]:
 
 
 def _moved(result: SyncResult) -> str:
-    """What a push or a pull moved: JSON ``{name, generation, copied, chunks_sent, chunks_present, records_sent,
-    bytes_sent, ms}`` (``copied`` false: the other side held that generation already, nothing but missing prefix
-    index records moved)."""
+    """What a push or a pull moved: JSON ``{name, generation, apart_from, copied, chunks_sent, chunks_present,
+    records_sent, bytes_sent, ms}`` (``copied`` false: the other side held that generation already, nothing but
+    missing prefix index records moved). ``apart_from``: null, or the name the conversation was pushed or pulled
+    as, when its copy there went apart from this one: it was kept beside it under ``name`` (nothing overwritten)."""
     name, generation = parse_manifest_key((result.copied or result.up_to_date)[0])
-    return json.dumps({"name": name, "generation": generation, "copied": bool(result.copied),
+    apart_from = next(iter(result.kept_apart), None)
+    return json.dumps({"name": name, "generation": generation, "apart_from": apart_from, "copied": bool(result.copied),
                        "chunks_sent": result.chunks_sent, "chunks_present": result.chunks_present,
                        "records_sent": result.records_sent, "bytes_sent": result.bytes_sent,
                        "ms": result.seconds * 1e3})
@@ -253,9 +255,10 @@ class ChatWorker:
     async def push(self, name: str, url: str, token: str | None) -> str:
         """Copy conversation ``name``'s newest committed generation to the store that ``kvckpt serve --store DIR
         --token T`` serves at ``url``, moving only the chunks it lacks (see :func:`kvckpt_web.engine.push`): JSON
-        of what moved (:func:`_moved`). NotFoundError if this store holds no ``name``; ConflictError if the remote holds a newer
-        or another generation of it (another device continued it); StoreError for a refused token (nothing
-        written) or no answer."""
+        of what moved (:func:`_moved`; a copy that went apart from the remote's is kept there beside it under a
+        name of its own). NotFoundError if this store holds no ``name``; ConflictError if the remote's copy goes on
+        from this one (another device continued it: pull it); StoreError for a refused token (nothing written) or
+        no answer."""
         remote = HTTPStore(url, token=token)
         return _moved(await push(self._engine(), name, remote))
 
@@ -263,9 +266,10 @@ class ChatWorker:
         """Copy conversation ``name``'s newest generation from the store served at ``url`` into this engine's store
         (see :func:`kvckpt_web.engine.pull`): JSON of what moved (:func:`_moved`). This engine lets go of a slot of
         the conversation first (its K/V stay in the store), so that a newer generation from another device can
-        take its place; its next turn restores the K/V from the store. NotFoundError if the remote holds no
-        ``name``; ConflictError while a reply is being generated in it, or if this store holds a newer or another
-        generation of it; StoreError as :meth:`push`."""
+        take its place; its next turn restores the K/V from the store. The remote's copy, if it went apart from
+        this one, is kept here beside it under a name of its own (``name`` of the JSON). NotFoundError if the remote
+        holds no ``name``; ConflictError while a reply is being generated in it, or if this store's copy goes on
+        from the remote's; StoreError as :meth:`push`."""
         remote = HTTPStore(url, token=token, read_only=True)
         engine = self._engine()
         await engine.release(name)

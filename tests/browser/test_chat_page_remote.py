@@ -2,7 +2,8 @@
 that serves the page and a store (``kvckpt serve --page examples/chat --store DIR --token T``). Profile A pushes a
 multi-turn conversation ("Continue on another device"), profile B opens the link A shows, pulls the conversation and
 continues it with the tokens A's uninterrupted run gives, its history restored from the store (cached_tokens), not
-computed again; B's push after that turn sends only the new chunks. A wrong token and a name the server lacks are
+computed again; B's push after that turn sends only the new chunks. Copies that went apart (A and B each went on its
+own way) are both kept, listed and offered, by a pull and by a push. A wrong token and a name the server lacks are
 said so, with nothing written and a retry offered. The tiny random llama; every wait is on the page's state."""
 
 from __future__ import annotations
@@ -125,3 +126,33 @@ def test_the_device_panel_fits_390_px_and_names_every_control(chat_browser, stor
     assert a.page.is_visible("#pushed-link") and a.page.is_visible("#pull")
     assert widths[0] <= widths[1] <= 390
     assert a.page.is_visible("#store-token") and a.controls(chat_browser)[1] == []
+
+
+def test_copies_that_went_apart_are_both_kept_listed_and_offered_by_pull_and_push(chat_browser, other_browser,
+                                                                                  store_server):
+    a = device(chat_browser, store_server.url)
+    name = a.reply_to("tell me about the sea.")["conversation"]
+    a.push(TOKEN)
+    b = device(other_browser, store_server.url)
+    b.pull(name, TOKEN)
+    theirs = b.reply_to("and the wind?")["messages"]
+    b.push(TOKEN)
+    mine = a.reply_to("and the boats?")["messages"]  # each device went on its own way
+
+    pulled = a.pull(name, TOKEN)
+    kept = pulled["device"]["pulled"]["name"]
+    assert pulled["problem"]["kind"] == "apart" and a.offered() == {"open-theirs", "open-mine"}
+    assert kept.startswith(f"{name}.apart-") and kept in a.page.inner_text("#problem-text")
+    assert pulled["conversation"] == name and pulled["messages"] == mine  # this device's copy stays as it was
+    assert {name, kept} <= {row["name"] for row in pulled["conversations"]}
+    a.page.click("#open-theirs")
+    a.wait(f"d => d.conversation === {kept!r} && d.phase === 'ready'")
+    assert a.state()["messages"] == theirs and a.state()["problem"] is None
+
+    a.open_conversation(name)
+    a.wait(f"d => d.conversation === {name!r} && d.phase === 'ready'")
+    sent = a.push(TOKEN)["device"]["pushed"]  # this device's copy goes beside the server's, which stays
+    assert sent["apart_from"] == name and sent["name"].startswith(f"{name}.apart-") and sent["name"] != kept
+    assert f"both are kept there, this one as {sent['name']}" in a.page.inner_text("#pushed-text")
+    assert run_desktop(load_manifest(store_server.store, name))[0].app_state["extra"]["messages"][-1]["content"] \
+        == "and the wind?"

@@ -100,7 +100,7 @@ def test_a_sync_onto_a_newer_generation_is_a_one_line_conflict(tmp_path, s3_env,
     capsys.readouterr()
     assert main(["sync", str(tmp_path / "here"), s3_env]) == 1
     err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and err[0].startswith("kvckpt: error: sync: chat: ") and "newer than" in err[0]
+    assert len(err) == 1 and err[0].startswith("kvckpt: error: sync: chat: ") and "goes on from" in err[0]
 
 
 def test_a_url_of_no_known_scheme_is_a_path_and_a_bad_s3_url_is_refused(tmp_path, capsys):

@@ -11,8 +11,9 @@ import pytest
 from kvckpt_web.durable.catalog import load_manifest, manifest_keys
 from kvckpt_web.durable.prefix_records import PrefixKey
 from kvckpt_web.durable.restore import restore
+from kvckpt_web.durable.retention import DEFAULT_KEEP
 from kvckpt_web.durable.save import save
-from kvckpt_web.durable.sync import sync
+from kvckpt_web.durable.sync import apart_name, sync
 from kvckpt_web.errors import CorruptionError, FieldError, NotFoundError
 from kvckpt_web.stores.file import FileStore
 from kvckpt_web.stores.memory import MemoryStore
@@ -27,9 +28,13 @@ def model(make_model: Callable[..., KVModel]) -> KVModel:
     return make_model(seed=11)
 
 
-def saved(model: KVModel, store: Any, name: str = "chat", seq: int = 0, **app_state: Any) -> Any:
-    ids = list(range(100, 100 + model.length(seq)))
-    return run(save(model.cache, seq, store, name, pages_per_chunk=2, app_state=app_state,
+def saved(model: KVModel, store: Any, name: str = "chat", seq: int = 0, *, tokens: list[int] | None = None,
+          keep: int | None = DEFAULT_KEEP, **app_state: Any) -> Any:
+    """Save ``seq`` as ``name``'s next generation, its ``app_state`` recording the tokens whose K/V it holds (by
+    default 100, 101, ...: one more per token a sequence grew by) as a generation does."""
+    ids = list(range(100, 100 + model.length(seq))) if tokens is None else tokens
+    state = {"prompt_tokens": ids, "generated_tokens": [], **app_state}
+    return run(save(model.cache, seq, store, name, pages_per_chunk=2, app_state=state, keep=keep,
                     prefix=PrefixKey(SCOPE, ids)))
 
 
@@ -127,43 +132,129 @@ def test_a_manifest_is_never_written_before_its_chunks(model):
     assert run(dst.list_prefix("manifests/")) == []
 
 
-def test_a_newer_generation_at_the_destination_is_a_conflict_and_stays(model):
+def test_a_destination_that_went_on_further_is_a_conflict_and_stays(model):
     src, dst = MemoryStore(), MemoryStore()
     model.add(0, 30)
     saved(model, src)
-    saved(model, dst)
-    saved(model, dst)
+    run(sync(src, dst))
+    model.append({0: 4})
+    saved(model, dst)  # another device went on with it
     result = run(sync(src, dst))
-    assert result.copied == () and len(result.conflicts) == 1
-    assert "holds manifests/chat/00000000000000000002, newer than the source's generation 1" in result.conflicts[0]
+    assert result.copied == () and result.kept_apart == {} and len(result.conflicts) == 1
+    assert result.conflicts[0].startswith("chat: MemoryStore(") and ("holds generation 2, which goes on from the "
+                                                                     "source's generation 1") in result.conflicts[0]
     assert [g for _, g, _ in run(manifest_keys(dst))] == [1, 2]
 
 
-def test_another_checkpoint_under_the_same_generation_is_a_conflict(model):
+def kept_copy(store: Any, name: str = "chat") -> str:
+    """The name under which a sync keeps ``store``'s newest generation of ``name`` where it went apart."""
+    return apart_name(name, run(load_manifest(store, name))[1])
+
+
+def test_another_checkpoint_under_the_same_generation_is_kept_beside_under_a_name_of_its_own(model):
     src, dst = MemoryStore(), MemoryStore()
     model.add(0, 30)
     saved(model, src, by="src")
     saved(model, dst, by="dst")
     result = run(sync(src, dst))
-    assert "another checkpoint under the same generation" in result.conflicts[0]
+    kept = kept_copy(src)
+    assert result.kept_apart == {"chat": kept} and result.copied == (f"manifests/{kept}/00000000000000000001",)
     assert run(load_manifest(dst, "chat"))[0].app_state["by"] == "dst"
+    assert run(load_manifest(dst, kept))[0].app_state["by"] == "src"
 
 
-def test_an_older_generation_that_went_apart_is_a_conflict(model):
+def go_apart(model: KVModel, more: int) -> tuple[list[int], list[int]]:
+    """Sequence 1 forked from sequence 0, then each ``more`` tokens longer, K/V and ids of its own (two devices
+    that went on from one conversation each its own way); the token ids of 0 and of 1."""
+    common = list(range(100, 100 + model.length(0)))
+    model.fork(0, 1)
+    model.append({0: more, 1: more})
+    return common + [7] * more, common + [8] * more
+
+
+def test_a_conversation_shorter_than_a_chunk_that_went_apart_is_kept_beside_and_not_pulled_over(model, make_cache):
+    server, device = MemoryStore(), MemoryStore()
+    model.add(0, 3)
+    saved(model, server)
+    run(sync(server, device))
+    theirs, mine = go_apart(model, 2)  # 5 tokens: 2 of the 2 pages of each group's one chunk
+    saved(model, device, seq=1, tokens=mine)
+    for _ in range(2):  # the other device saved more often: a higher generation, and only the newest is kept
+        saved(model, server, seq=0, tokens=theirs, keep=1)
+    result = run(sync(server, device))  # a pull
+    kept = kept_copy(server)
+    assert result.kept_apart == {"chat": kept} and result.copied == (f"manifests/{kept}/00000000000000000003",)
+    assert run(load_manifest(device, "chat"))[0].app_state["prompt_tokens"] == mine  # its own copy stays
+    target = make_cache()
+    run(restore(device, kept, target))
+    assert [bytes(g) for g in run(target.export_groups(0))] == model.expected_groups(0)
+
+
+def test_a_copy_that_went_apart_within_the_last_partial_chunk_is_kept_beside(model):
+    server, device = MemoryStore(), MemoryStore()
+    model.add(0, 16)
+    saved(model, server)
+    run(sync(server, device))
+    theirs, mine = go_apart(model, 2)  # 18 tokens, 5 pages: 2 whole chunks of 2 pages and a partial one of 1
+    saved(model, device, seq=1, tokens=mine)
+    for _ in range(2):
+        saved(model, server, seq=0, tokens=theirs, keep=1)
+    result = run(sync(server, device))
+    assert result.kept_apart == {"chat": kept_copy(server)}
+    assert run(load_manifest(device, "chat"))[0].app_state["prompt_tokens"] == mine
+
+
+def test_a_push_of_a_higher_generation_that_went_apart_never_replaces_the_servers_copy(model):
+    device, server = MemoryStore(), MemoryStore()
+    model.add(0, 3)
+    saved(model, device)
+    run(sync(device, server))
+    mine, theirs = go_apart(model, 2)
+    saved(model, server, seq=1, tokens=theirs)  # another device pushed its turn: the server's generation 2
+    for _ in range(3):
+        saved(model, device, seq=0, tokens=mine, keep=1)  # this device's generation 4 went its own way
+    result = run(sync(device, server, names=["chat"]))  # a push
+    kept = kept_copy(device)
+    assert result.kept_apart == {"chat": kept} and result.conflicts == ()
+    assert run(load_manifest(server, "chat"))[0].app_state["prompt_tokens"] == theirs
+    assert run(load_manifest(server, kept))[0].app_state["prompt_tokens"] == mine
+
+
+def test_a_copy_kept_apart_is_up_to_date_on_a_rerun_and_its_continuation_goes_under_the_same_name(model):
+    device, server = MemoryStore(), MemoryStore()
+    model.add(0, 3)
+    saved(model, device)
+    run(sync(device, server))
+    mine, theirs = go_apart(model, 2)
+    saved(model, server, seq=1, tokens=theirs)
+    saved(model, device, seq=0, tokens=mine)
+    kept = run(sync(device, server)).kept_apart["chat"]
+    again = run(sync(device, server))
+    assert again.kept_apart == {"chat": kept} and again.up_to_date == (f"manifests/{kept}/00000000000000000002",)
+    model.append({0: 2})
+    saved(model, device, seq=0, tokens=[*mine, 9, 9])
+    later = run(sync(device, server))
+    assert later.kept_apart == {"chat": kept} and later.copied == (f"manifests/{kept}/00000000000000000003",)
+    assert {n for n, _, _ in run(manifest_keys(server))} == {"chat", kept}
+
+
+def test_a_copy_kept_apart_carries_its_prefix_index_record_under_its_own_name(model):
     src, dst = MemoryStore(), MemoryStore()
-    model.add(0, 30)
+    model.add(0, 12)
     saved(model, src, by="src")
     saved(model, dst, by="dst")
-    saved(model, src, by="src")
     result = run(sync(src, dst))
-    assert "differs from the source's generation 1" in result.conflicts[0]
+    kept = result.kept_apart["chat"]
+    assert result.records_sent == 1
+    assert [k.split("/")[2:] for k in run(dst.list_prefix("prefixes/")) if kept in k] == [[kept, "0" * 19 + "1"]]
 
 
 def test_other_names_are_copied_beside_a_conflict(model):
     src, dst = MemoryStore(), MemoryStore()
     model.add(0, 30)
-    saved(model, src, "a", by="src")
-    saved(model, dst, "a", by="dst")
+    saved(model, src, "a")
+    run(sync(src, dst))
+    saved(model, dst, "a")
     saved(model, src, "b")
     result = run(sync(src, dst))
     assert result.copied == ("manifests/b/00000000000000000001",) and len(result.conflicts) == 1
@@ -219,35 +310,41 @@ def test_a_continuation_is_copied_though_the_source_dropped_the_generation_the_d
     run(sync(src, dst))
     for _ in range(2):
         model.append({0: 9})
-        run(save(model.cache, 0, src, "chat", pages_per_chunk=2, keep=1))  # generation 1 is gone from src
+        saved(model, src, keep=1)  # generation 1 is gone from src
     result = run(sync(src, dst))
     assert result.copied == ("manifests/chat/00000000000000000003",) and result.conflicts == ()
 
 
-def test_a_destination_whose_history_parted_from_the_sources_is_a_conflict(model):
-    src, dst = MemoryStore(), MemoryStore()
-    model.add(0, 24)
-    saved(model, src)
-    run(sync(src, dst))
-    model.fork(0, 1)
-    model.popn(1, 20)  # another device went back in the history and on from there
-    model.append({1: 12})
-    run(save(model.cache, 1, dst, "chat", pages_per_chunk=2))
-    model.remove(1)
-    for _ in range(2):
-        model.append({0: 4})
-        run(save(model.cache, 0, src, "chat", pages_per_chunk=2, keep=1))
-    result = run(sync(src, dst))
-    assert result.copied == () and "does not continue" in result.conflicts[0]
-
-
-def test_an_older_generation_of_another_conversation_is_a_conflict(model):
+def test_a_reply_regenerated_at_the_source_after_a_sync_is_copied_under_its_name(model):
     src, dst = MemoryStore(), MemoryStore()
     model.add(0, 30)
-    run(save(model.cache, 0, dst, "chat", pages_per_chunk=2, app_state={"conversation": {"id": "a" * 32,
-                                                                                          "created_ms": 1}}))
-    for _ in range(2):
-        run(save(model.cache, 0, src, "chat", pages_per_chunk=2, keep=1,
-                 app_state={"conversation": {"id": "b" * 32, "created_ms": 2}}))
+    saved(model, src)
+    run(sync(src, dst))
+    saved(model, src, tokens=[*range(100, 120), *[5] * 10])  # its own history: dst's generation is src's
     result = run(sync(src, dst))
-    assert "does not continue" in result.conflicts[0]
+    assert result.copied == ("manifests/chat/00000000000000000002",) and result.kept_apart == {}
+
+
+def test_an_older_generation_of_another_conversation_is_kept_apart(model):
+    src, dst = MemoryStore(), MemoryStore()
+    model.add(0, 30)
+    saved(model, dst, conversation={"id": "a" * 32, "created_ms": 1})
+    for _ in range(2):
+        saved(model, src, keep=1, conversation={"id": "b" * 32, "created_ms": 2})
+    result = run(sync(src, dst))
+    assert result.kept_apart == {"chat": kept_copy(src)}
+    assert run(load_manifest(dst, "chat"))[0].app_state["conversation"]["id"] == "a" * 32
+
+
+def test_a_checkpoint_that_saved_no_tokens_continues_only_its_own_history(model):
+    src, dst = MemoryStore(), MemoryStore()
+    model.add(0, 30)
+    run(save(model.cache, 0, src, "chat", pages_per_chunk=2))
+    run(sync(src, dst))
+    model.append({0: 9})
+    run(save(model.cache, 0, src, "chat", pages_per_chunk=2))
+    assert run(sync(src, dst)).copied == ("manifests/chat/00000000000000000002",)
+    run(save(model.cache, 0, dst, "chat", pages_per_chunk=2, keep=None))  # dst's generation 3: src holds none
+    run(save(model.cache, 0, src, "chat", pages_per_chunk=2, keep=1))
+    run(save(model.cache, 0, src, "chat", pages_per_chunk=2, keep=1))
+    assert run(sync(src, dst)).kept_apart == {"chat": kept_copy(src)}

@@ -87,9 +87,36 @@ def test_a_push_onto_a_conversation_another_device_continued_is_a_conflict(make_
         await pull(there, name, remote())
         await converse(there, ["and then?"], {**GREEDY, "conversation": name}, messages)
         await push(there, name, remote())
-        await converse(here, ["something else"], {**GREEDY, "conversation": name}, messages)
-        with pytest.raises(ConflictError, match=name):
+        with pytest.raises(ConflictError, match=f"{name}: .* holds generation"):
             await push(here, name, remote())
+
+    run(body())
+
+
+def test_copies_that_went_apart_are_kept_beside_each_other_by_push_and_pull(make_engine, remote):
+    async def body() -> None:
+        here, there = make_engine(store=MemoryStore()), make_engine(store=MemoryStore())
+        replies, messages = await converse(here, [FIRST], GREEDY)
+        name = replies[0].conversation
+        await push(here, name, remote())
+        await pull(there, name, remote())
+        _, history = await converse(there, ["and then?"], {**GREEDY, "conversation": name}, messages)
+        await push(there, name, remote())
+        mine, _ = await converse(here, ["something else"], {**GREEDY, "conversation": name}, messages)
+        theirs = (await load_manifest(remote(), name))[0]
+
+        pushed = await push(here, name, remote())
+        kept = pushed.kept_apart[name]
+        assert kept.startswith(f"{name}.apart-") and pushed.copied[0].startswith(f"manifests/{kept}/")
+        assert (await load_manifest(remote(), name))[0] == theirs  # the server's copy stays as it was
+        assert (await load_manifest(remote(), kept))[0].app_state["generated_tokens"] == list(mine[0].token_ids)
+
+        pulled = await pull(here, name, remote())  # the other device's copy comes in beside this one's
+        assert pulled.kept_apart[name].startswith(f"{name}.apart-") and pulled.kept_apart[name] != kept
+        assert (await load_manifest(here.store, name))[0].app_state["generated_tokens"] == list(mine[0].token_ids)
+        assert (await load_manifest(here.store, pulled.kept_apart[name]))[0].app_state == theirs.app_state
+        went_on, _ = await converse(here, ["and?"], {**GREEDY, "conversation": pulled.kept_apart[name]}, history)
+        assert went_on[0].conversation == pulled.kept_apart[name] and went_on[0].usage.cached_tokens > len(FIRST) // 2
 
     run(body())
 

@@ -95,9 +95,26 @@ def test_a_push_onto_a_conversation_another_device_continued_is_a_conflict(tab, 
     run(there.pull(name, url, TOKEN))
     reply(there, FIRST, text_of(first), "and the wind?")
     run(there.push(name, url, TOKEN))
-    reply(here, FIRST, text_of(first), "and the boats?")
     with pytest.raises(ConflictError, match=name):
         run(here.push(name, url, TOKEN))
+
+
+def test_a_push_and_a_pull_of_copies_that_went_apart_keep_both_and_say_under_which_name(tab, served):
+    url, _ = served
+    here, there = tab(store_name="here"), tab(store_name="there")
+    first = reply(here, FIRST)
+    name = first[-1]["kvckpt"]["conversation"]
+    run(here.push(name, url, TOKEN))
+    run(there.pull(name, url, TOKEN))
+    reply(there, FIRST, text_of(first), "and the wind?")
+    run(there.push(name, url, TOKEN))
+    reply(here, FIRST, text_of(first), "and the boats?")
+    pushed = json.loads(run(here.push(name, url, TOKEN)))
+    assert pushed["apart_from"] == name and pushed["name"].startswith(f"{name}.apart-") and pushed["copied"]
+    pulled = json.loads(run(here.pull(name, url, TOKEN)))
+    assert pulled["apart_from"] == name and pulled["name"].startswith(f"{name}.apart-")
+    listed = {c["name"] for c in json.loads(run(here.conversations()))}
+    assert listed == {name, pulled["name"]}
 
 
 def test_a_missing_token_or_a_bad_url_is_refused_naming_it_before_anything_moves(tab, served):
