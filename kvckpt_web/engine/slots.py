@@ -47,6 +47,8 @@ class Slot:
     conversation: str | None = None
     committed: bool = False
     """The store's newest generation of ``conversation`` holds exactly this state (or the engine has no store)."""
+    named: bool = False
+    """A request named ``conversation``: requests that name none never continue it (:attr:`ChatExtra.named`)."""
     busy: bool = False
     """A reply is being generated in it: it cannot be evicted or continued by another call."""
     used: int = 0

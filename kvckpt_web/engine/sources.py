@@ -111,15 +111,17 @@ class Sources:
         return best
 
     async def continued(self, tokens: Sequence[int]) -> str | None:
-        """The conversation that ``tokens`` go on from, if its newest generation is in the store or its slot is
-        idle: the conversation a request's reply continues (see :func:`continues`)."""
-        for slot in self.slots:
+        """The conversation that ``tokens`` go on from (see :func:`continues`), if its newest generation is in the
+        store or its slot is idle, and no request named it (:attr:`ChatExtra.named`): the conversation the reply
+        to a request that names none continues. Of several, the one used last (a slot), else the newest saved."""
+        for slot in sorted(self.slots, key=lambda s: -s.used):
             reason = slot.gen.finish_reason if slot.gen is not None else None
-            if slot.conversation and not slot.busy and continues(slot.tokens, slot.kv_length, reason, tokens):
+            if (slot.conversation and not slot.busy and not slot.named
+                    and continues(slot.tokens, slot.kv_length, reason, tokens)):
                 return slot.conversation
-        for record in await self._candidates(tokens):
+        for record in sorted(await self._candidates(tokens), key=lambda r: -(r.created_ms or 0)):
             newest = await self.record(record.name)
-            if (newest is not None and newest.generation == record.generation
+            if (newest is not None and newest.generation == record.generation and not newest.chat.named
                     and continues(record.tokens, record.saved.kv_length, record.saved.finish_reason, tokens)):
                 return record.name
         return None

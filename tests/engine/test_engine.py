@@ -225,6 +225,42 @@ def test_the_next_turn_after_a_reply_that_ended_at_eos_stays_in_its_conversation
     assert second.conversation == first.conversation
 
 
+@pytest.mark.parametrize("named", [False, True], ids=["names-none", "names-it"])
+def test_the_next_turn_of_the_second_of_two_conversations_begun_alike_is_saved_into_the_second(make_engine, named):
+    engine = make_engine(store=MemoryStore())
+    hi = [{"role": "user", "content": "Hi"}]
+
+    async def body():
+        first = await engine.chat(hi, **GREEDY)
+        second = await engine.chat(hi, **GREEDY)  # New conversation, the same message: the same reply
+        assert second.conversation != first.conversation and second.token_ids == first.token_ids
+        kept = await engine.conversation(first.conversation)
+        messages = [*hi, {"role": "assistant", "content": second.text}, {"role": "user", "content": "What can you do?"}]
+        again = await engine.chat(messages, **GREEDY, **({"conversation": second.conversation} if named else {}))
+        return second, again, kept, await engine.conversation(first.conversation)
+
+    second, again, kept, first_now = run(body())
+    assert again.conversation == second.conversation
+    assert first_now.to_json() == kept.to_json()
+
+
+@pytest.mark.parametrize("restarted", [False, True], ids=["same-engine", "restarted"])
+def test_a_request_naming_no_conversation_is_never_saved_into_one_a_request_named(make_engine, restarted):
+    store = MemoryStore()
+    engine = make_engine(store=store)
+
+    async def body():
+        _, messages = await converse(engine, ["hello there"], {**GREEDY, "conversation": "mine"})
+        kept = await engine.conversation("mine")
+        nxt = make_engine(store=store) if restarted else engine
+        other, _ = await converse(nxt, ["tell me more."], GREEDY, messages)  # its tokens continue "mine"
+        return other[0], kept, await nxt.conversation("mine")
+
+    other, kept, mine_now = run(body())
+    assert other.conversation != "mine" and mine_now.to_json() == kept.to_json()
+    assert other.usage.cached_tokens > 0  # a new conversation, on the K/V of the history it shares
+
+
 def test_cache_prompt_false_prefills_everything(make_engine):
     engine = make_engine(store=MemoryStore())
 
