@@ -104,7 +104,7 @@ class Engine:
         self.scope = f"{self.model.identity}/{self.cache.get_layout_hash()}/{self.model.kernels}"
         self.scheduler = Scheduler()
         index = PrefixIndex(store, self.scope, page_size) if store is not None else None
-        self.sources = Sources(self.slots, store, index, page_size, self._reply_text)
+        self.sources = Sources(self.slots, store, index, page_size, self._reply_text, self.model.identity)
         self._turns: list[Turn] = []
 
     # ----- chat ---------------------------------------------------------------------------------

@@ -39,11 +39,12 @@ def continues(known: Sequence[int], kv_length: int, finish_reason: str | None, t
 
 
 class Sources:
-    """The slots and the store an engine reuses K/V and replies from."""
+    """The slots and the store an engine reuses K/V and replies from: only checkpoints of ``model`` (an identity)."""
 
     def __init__(self, slots: Slots, store: "Store | None", index: PrefixIndex | None, page_size: int,
-                 decode_reply: Callable[[Sequence[int]], str]) -> None:
+                 decode_reply: Callable[[Sequence[int]], str], model: str) -> None:
         self.slots = slots
+        self.model = model
         self.store = store
         self.index = index
         self.page_size = page_size
@@ -89,13 +90,14 @@ class Sources:
             await self.index.refresh()
 
     async def _candidates(self, tokens: Sequence[int]) -> list[ChatRecord]:
-        """The store's records whose K/V share the most full pages with ``tokens``, best first."""
+        """The store's records whose K/V share the most full pages with ``tokens``, best first: this model's only (an
+        index record may point at another model's checkpoint, whose K/V are no prefix of this one's)."""
         if self.index is None:
             return []
         out = []
         for hit in self.index.lookup(tokens)[:HITS_TRIED]:
             record = await self.record(hit.name, hit.generation)
-            if record is not None:
+            if record is not None and record.saved.model == self.model:
                 out.append(record)
         return out
 

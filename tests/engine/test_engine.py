@@ -11,6 +11,7 @@ from __future__ import annotations
 import pytest
 
 from kvckpt_web import FileStore, MemoryStore
+from kvckpt_web.durable.prefix_records import PrefixKey, encode_record, prefix_record
 from kvckpt_web.engine import ChatChunk, ChatCompletion
 from kvckpt_web.errors import ContextFullError, FieldError, KVCkptError, NotFoundError
 
@@ -368,6 +369,21 @@ def test_a_conversation_of_another_model_is_refused(make_engine):
         run(other.chat([{"role": "user", "content": "hi"}], **GREEDY, conversation="c"))
     assert caught.value.field == "conversation"
     assert snapshot(store) == before
+
+
+def test_a_prefix_record_pointing_at_another_models_checkpoint_is_never_used(make_engine):
+    store = MemoryStore()
+    hello = [{"role": "user", "content": USER_TURNS[0]}]
+    run(make_engine(store=store, model=DoubleLM(seed=1, max_context=1024)).chat(hello, **GREEDY, conversation="theirs"))
+    engine = make_engine(store=store)
+    theirs = run(engine.sources.record("theirs"))  # other weights: K/V of other bits for the same tokens
+    held = theirs.tokens[:theirs.saved.kv_length]
+    forged = prefix_record(PrefixKey(engine.scope, held), "theirs", theirs.generation, len(held), engine.page_size)
+    run(store.set_if_absent(forged.key, encode_record(forged)))  # in this model's scope, as a store's writer may
+
+    reply = run(engine.chat(hello, **GREEDY))
+    assert reply.usage.cached_tokens == 0
+    assert reply.token_ids == run(make_engine().chat(hello, **GREEDY)).token_ids  # a cold prefill's
 
 
 def test_resuming_a_finished_or_missing_conversation_is_refused(make_engine):
