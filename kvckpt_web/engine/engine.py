@@ -100,7 +100,7 @@ class Engine:
         self.store = store
         #: What this engine knows of its store's checkpoints: every save, restore and deletion goes through it.
         self.ledger = Ledger(store) if store is not None else None
-        self.slots = Slots(self.cache, sequences, store, self.ledger)
+        self.slots = Slots(self.cache, sequences, store, self.ledger, self.model.identity)
         self.scope = f"{self.model.identity}/{self.cache.get_layout_hash()}/{self.model.kernels}"
         self.scheduler = Scheduler()
         index = PrefixIndex(store, self.scope, page_size) if store is not None else None
@@ -147,6 +147,9 @@ class Engine:
         restore_begin = time.perf_counter()
         slot = await self.slots.place(name, source, n + max_tokens)
         restore_s = time.perf_counter() - restore_begin if source.record is not None else 0.0
+        if slot.kv_length < source.length:  # the checkpoint holds other tokens now: what was read of it is stale
+            self.sources.forget(source.record.name)
+            source = PrefixSource(0)
         seed = request.seed if request.seed is not None else secrets.randbelow(MAX_SEED + 1)
         settings = {**request.settings_json(), "seed": seed}  # its conversation: the one it named, or null
         sampling = SamplingSettings(request.temperature, request.top_k, request.top_p, request.repetition_penalty, seed)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import pytest
 
 from kvckpt_web import FileStore, MemoryStore
+from kvckpt_web.durable.catalog import manifest_keys
 from kvckpt_web.durable.prefix_records import PrefixKey, encode_record, prefix_record
 from kvckpt_web.engine import ChatChunk, ChatCompletion
 from kvckpt_web.errors import ContextFullError, FieldError, KVCkptError, NotFoundError
@@ -260,6 +261,37 @@ def test_a_request_naming_no_conversation_is_never_saved_into_one_a_request_name
     other, kept, mine_now = run(body())
     assert other.conversation != "mine" and mine_now.to_json() == kept.to_json()
     assert other.usage.cached_tokens > 0  # a new conversation, on the K/V of the history it shares
+
+
+@pytest.mark.parametrize("anew", [("tell me about the sky.", 3), ("tell me", 8), None],
+                         ids=["written-anew", "written-anew-shorter", "deleted-but-its-index-records"])
+def test_a_checkpoint_changed_behind_a_running_engine_is_no_prefix_of_the_tokens_it_held_before(make_engine, anew):
+    store = MemoryStore()
+    writer, engine = make_engine(store=store), make_engine(store=store)  # two processes; `engine` keeps running
+    told = [{"role": "user", "content": "tell me about the sea."}]
+    asked = [*told, {"role": "assistant", "content": "waves"}, {"role": "user", "content": "and the wind?"}]
+    cold = {"temperature": 0.0, "cache_prompt": False}  # each written alike: generations of the same numbers
+
+    async def generations():
+        return [g for _, g, _ in await manifest_keys(store, "x")]
+
+    async def body():
+        await writer.chat(told, **cold, max_tokens=3, conversation="x")
+        before, records = await generations(), {k: v for k, v in snapshot(store).items() if k.startswith("prefixes/")}
+        await engine.chat(asked, **GREEDY, conversation="a")  # its prefix comes from x, whose record it keeps
+        await engine.delete("a")
+        await writer.delete("x")
+        if anew:
+            text, max_tokens = anew
+            await writer.chat([{"role": "user", "content": text}], **cold, max_tokens=max_tokens, conversation="x")
+            assert await generations() == before  # the same names and numbers, other tokens
+        else:  # as a crash between the deletion of the manifests and of their index records leaves them
+            for key, data in records.items():
+                await store.set_if_absent(key, data)
+        return await engine.chat(asked, **GREEDY, conversation="b")
+
+    again = run(body())
+    assert again.token_ids == run(make_engine().chat(asked, **GREEDY)).token_ids  # a cold prefill's
 
 
 def test_cache_prompt_false_prefills_everything(make_engine):
