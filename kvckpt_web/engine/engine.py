@@ -100,7 +100,7 @@ class Engine:
         self.store = store
         #: What this engine knows of its store's checkpoints: every save, restore and deletion goes through it.
         self.ledger = Ledger(store) if store is not None else None
-        self.slots = Slots(self.cache, sequences, store, self.ledger, self.model.identity)
+        self.slots = Slots(self.cache, sequences, self.model.identity, store, self.ledger)
         self.scope = f"{self.model.identity}/{self.cache.get_layout_hash()}/{self.model.kernels}"
         self.scheduler = Scheduler()
         index = PrefixIndex(store, self.scope, page_size) if store is not None else None

@@ -71,8 +71,8 @@ class Slots:
     a slot itself, a fork of another, or a prefix restored from ``store`` (with ``ledger``) of a checkpoint of
     ``model`` (an identity)."""
 
-    def __init__(self, cache: "PagedKVCache", capacity: int, store: "Store | None" = None,
-                 ledger: "Ledger | None" = None, model: str = "") -> None:
+    def __init__(self, cache: "PagedKVCache", capacity: int, model: str, store: "Store | None" = None,
+                 ledger: "Ledger | None" = None) -> None:
         self.cache = cache
         self.model = model
         self.capacity = capacity
