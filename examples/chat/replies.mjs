@@ -100,7 +100,9 @@ export async function send(text) {
   if (state.conversation) localStorage.removeItem(stopKey(state.conversation));
   state.messages.push({ role: "user", content: text });
   const messages = state.messages.map(({ role, content }) => ({ role, content }));
-  await run(() => page.engine.chat.completions.create(request(messages)));
+  // the open conversation's next turn is saved into it (a new one: the page.engine names it)
+  const open = state.conversation ? { conversation: state.conversation } : {};
+  await run(() => page.engine.chat.completions.create(request(messages, open)));
 }
 
 export async function sendEdited(index, text) {

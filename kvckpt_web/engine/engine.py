@@ -100,11 +100,11 @@ class Engine:
         self.store = store
         #: What this engine knows of its store's checkpoints: every save, restore and deletion goes through it.
         self.ledger = Ledger(store) if store is not None else None
-        self.slots = Slots(self.cache, sequences, store, self.ledger)
+        self.slots = Slots(self.cache, sequences, self.model.identity, store, self.ledger)
         self.scope = f"{self.model.identity}/{self.cache.get_layout_hash()}/{self.model.kernels}"
         self.scheduler = Scheduler()
         index = PrefixIndex(store, self.scope, page_size) if store is not None else None
-        self.sources = Sources(self.slots, store, index, page_size, self._reply_text)
+        self.sources = Sources(self.slots, store, index, page_size, self._reply_text, self.model.identity)
         self._turns: list[Turn] = []
 
     # ----- chat ---------------------------------------------------------------------------------
@@ -147,8 +147,11 @@ class Engine:
         restore_begin = time.perf_counter()
         slot = await self.slots.place(name, source, n + max_tokens)
         restore_s = time.perf_counter() - restore_begin if source.record is not None else 0.0
+        if slot.kv_length < source.length:  # the checkpoint holds other tokens now: what was read of it is stale
+            self.sources.forget(source.record.name)
+            source = PrefixSource(0)
         seed = request.seed if request.seed is not None else secrets.randbelow(MAX_SEED + 1)
-        settings = {**request.settings_json(), "seed": seed, "conversation": name}
+        settings = {**request.settings_json(), "seed": seed}  # its conversation: the one it named, or null
         sampling = SamplingSettings(request.temperature, request.top_k, request.top_p, request.repetition_penalty, seed)
         completion_id, created = f"chatcmpl-{secrets.token_hex(12)}", int(time.time())
         extra = ChatExtra(request.messages, settings, completion_id, created)
@@ -163,6 +166,7 @@ class Engine:
             await self.slots.drop(slot)
             raise
         slot.tokens, slot.kv_length, slot.replies = list(prompt.tokens[:source.length]), source.length, prompt.replies
+        slot.named = request.conversation is not None
         return self._track(Turn(gen, slot, completion_id, created, n, source.length, restore_s, started))
 
     async def _conversation_of(self, name: str) -> Conversation | None:
@@ -318,6 +322,7 @@ class Engine:
             restore_s = gen.resume_report.restore_s + gen.resume_report.replay_s
             slot = self.slots.add(Slot(seq_id, gen.tokens, gen.kv_length, conversation=name))
         extra = ChatExtra.from_json(gen.extra)
+        slot.named = extra.named
         return self._track(Turn(gen, slot, extra.completion_id, extra.created, len(gen.prompt_tokens),
                                  len(gen.prompt_tokens), restore_s, started,
                                  resumed=gen.resume_report if slot is not own else None))

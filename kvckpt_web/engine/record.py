@@ -35,6 +35,12 @@ class ChatExtra:
         return {"kind": EXTRA_FORMAT, "version": 1, "messages": [m.to_json() for m in self.messages],
                 "settings": self.settings, "completion_id": self.completion_id, "created": self.created}
 
+    @property
+    def named(self) -> bool:
+        """Whether the request named its conversation (``settings.conversation``; the engine chose a name for one
+        that gave none): a request that names none is never saved into a conversation another request named."""
+        return self.settings.get("conversation") is not None
+
     @classmethod
     def from_json(cls, value: Any) -> "ChatExtra":
         """The ``extra`` of a chat generation; FormatError naming the field if it is not one."""

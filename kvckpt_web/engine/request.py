@@ -127,7 +127,8 @@ class ChatRequest:
     reply and records it, so a resumed reply continues the same draws. ``cache_prompt`` False prefills the
     whole prompt from nothing (the K/V of a prefix reused from another conversation may differ from a cold
     prefill in the last bits). ``conversation`` names the conversation the reply is saved under (default:
-    the conversation the messages continue, else a new one).
+    the conversation the messages continue that no request named, the one used last of several, else a new
+    one: a request that names none is never saved into a conversation another request named).
     """
 
     messages: tuple[Message, ...]

@@ -14,7 +14,8 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from ..durable.restore import restore
-from ..errors import CapacityError, ConflictError
+from ..errors import CapacityError, ConflictError, FieldError, FormatError, NotFoundError
+from ..model.app_state import parse_app_state
 
 if TYPE_CHECKING:
     from ..durable.ledger import Ledger
@@ -47,6 +48,8 @@ class Slot:
     conversation: str | None = None
     committed: bool = False
     """The store's newest generation of ``conversation`` holds exactly this state (or the engine has no store)."""
+    named: bool = False
+    """A request named ``conversation``: requests that name none never continue it (:attr:`ChatExtra.named`)."""
     busy: bool = False
     """A reply is being generated in it: it cannot be evicted or continued by another call."""
     used: int = 0
@@ -65,11 +68,13 @@ class PrefixSource:
 
 class Slots:
     """The slots of one cache: at most ``capacity`` sequences, evicted least recently used, whose K/V come from
-    a slot itself, a fork of another, or a prefix restored from ``store`` (with ``ledger``)."""
+    a slot itself, a fork of another, or a prefix restored from ``store`` (with ``ledger``) of a checkpoint of
+    ``model`` (an identity)."""
 
-    def __init__(self, cache: "PagedKVCache", capacity: int, store: "Store | None" = None,
+    def __init__(self, cache: "PagedKVCache", capacity: int, model: str, store: "Store | None" = None,
                  ledger: "Ledger | None" = None) -> None:
         self.cache = cache
+        self.model = model
         self.capacity = capacity
         self.page_size = cache.layout.page_size
         self.store = store
@@ -119,7 +124,8 @@ class Slots:
 
     async def place(self, name: str, source: PrefixSource, tokens: int) -> Slot:
         """A slot for conversation ``name`` whose sequence holds the ``source.length`` tokens to reuse, with
-        room for ``tokens`` in all; the K/V come from the slot itself, a fork of another, or the store."""
+        room for ``tokens`` in all; the K/V come from the slot itself, a fork of another, or the store (none,
+        its ``kv_length`` 0, if the checkpoint holds other tokens now: see :meth:`_restore_prefix`)."""
         own = self.of_conversation(name)
         if own is not None and own.busy:
             raise ConflictError(f"conversation {name!r}: a reply is being generated in it; wait for it or interrupt it")
@@ -141,9 +147,34 @@ class Slots:
         if source.slot is not None:
             self.cache.fork_sequence(source.slot.seq_id, seq_id, n)
         elif source.record is not None:
-            await restore(self.store, source.record.name, self.cache, seq_id=seq_id,
-                          generation=source.record.generation, length=n, ledger=self.ledger)
+            n = await self._restore_prefix(source.record, seq_id, n)
+            if n == 0:
+                await self.reserve(tokens, keep=keep)  # the whole prompt to prefill
         return self.add(Slot(seq_id, [], n, conversation=name))
+
+    async def _restore_prefix(self, record: "ChatRecord", seq_id: int, n: int) -> int:
+        """Restore the first ``n`` tokens of ``record``'s checkpoint as ``seq_id``: ``n``, or 0 with nothing restored
+        when the checkpoint under its name and generation is gone, or holds no K/V of this model for
+        ``record``'s first ``n`` tokens (as read from the manifest restored: another process may have deleted
+        the conversation and written another under the same name and generation since ``record`` was read)."""
+        try:
+            result = await restore(self.store, record.name, self.cache, seq_id=seq_id, generation=record.generation,
+                                   length=n, ledger=self.ledger)
+        except NotFoundError:
+            return 0
+        except FieldError as exc:
+            if exc.field != "length":
+                raise
+            return 0  # it holds fewer tokens
+        try:
+            saved = parse_app_state(result.app_state)
+        except FormatError:
+            saved = None
+        if (saved is None or saved.model != self.model or saved.kv_length < n
+                or (saved.prompt + saved.generated)[:n] != record.tokens[:n]):
+            self.cache.remove_sequence(seq_id)
+            return 0
+        return n
 
     async def free_sequence(self, keep: tuple[Slot, ...]) -> int:
         """A sequence id no slot uses, evicting the least recently used idle slot (not one in ``keep``) if none is."""

@@ -39,11 +39,12 @@ def continues(known: Sequence[int], kv_length: int, finish_reason: str | None, t
 
 
 class Sources:
-    """The slots and the store an engine reuses K/V and replies from."""
+    """The slots and the store an engine reuses K/V and replies from: only checkpoints of ``model`` (an identity)."""
 
     def __init__(self, slots: Slots, store: "Store | None", index: PrefixIndex | None, page_size: int,
-                 decode_reply: Callable[[Sequence[int]], str]) -> None:
+                 decode_reply: Callable[[Sequence[int]], str], model: str) -> None:
         self.slots = slots
+        self.model = model
         self.store = store
         self.index = index
         self.page_size = page_size
@@ -89,13 +90,14 @@ class Sources:
             await self.index.refresh()
 
     async def _candidates(self, tokens: Sequence[int]) -> list[ChatRecord]:
-        """The store's records whose K/V share the most full pages with ``tokens``, best first."""
+        """The store's records whose K/V share the most full pages with ``tokens``, best first: this model's only (an
+        index record may point at another model's checkpoint, whose K/V are no prefix of this one's)."""
         if self.index is None:
             return []
         out = []
         for hit in self.index.lookup(tokens)[:HITS_TRIED]:
             record = await self.record(hit.name, hit.generation)
-            if record is not None:
+            if record is not None and record.saved.model == self.model:
                 out.append(record)
         return out
 
@@ -111,15 +113,17 @@ class Sources:
         return best
 
     async def continued(self, tokens: Sequence[int]) -> str | None:
-        """The conversation that ``tokens`` go on from, if its newest generation is in the store or its slot is
-        idle: the conversation a request's reply continues (see :func:`continues`)."""
-        for slot in self.slots:
+        """The conversation that ``tokens`` go on from (see :func:`continues`), if its newest generation is in the
+        store or its slot is idle, and no request named it (:attr:`ChatExtra.named`): the conversation the reply
+        to a request that names none continues. Of several, the one used last (a slot), else the newest saved."""
+        for slot in sorted(self.slots, key=lambda s: -s.used):
             reason = slot.gen.finish_reason if slot.gen is not None else None
-            if slot.conversation and not slot.busy and continues(slot.tokens, slot.kv_length, reason, tokens):
+            if (slot.conversation and not slot.busy and not slot.named
+                    and continues(slot.tokens, slot.kv_length, reason, tokens)):
                 return slot.conversation
-        for record in await self._candidates(tokens):
+        for record in sorted(await self._candidates(tokens), key=lambda r: -(r.created_ms or 0)):
             newest = await self.record(record.name)
-            if (newest is not None and newest.generation == record.generation
+            if (newest is not None and newest.generation == record.generation and not newest.chat.named
                     and continues(record.tokens, record.saved.kv_length, record.saved.finish_reason, tokens)):
                 return record.name
         return None

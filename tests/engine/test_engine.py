@@ -11,6 +11,8 @@ from __future__ import annotations
 import pytest
 
 from kvckpt_web import FileStore, MemoryStore
+from kvckpt_web.durable.catalog import manifest_keys
+from kvckpt_web.durable.prefix_records import PrefixKey, encode_record, prefix_record
 from kvckpt_web.engine import ChatChunk, ChatCompletion
 from kvckpt_web.errors import ContextFullError, FieldError, KVCkptError, NotFoundError
 
@@ -225,6 +227,73 @@ def test_the_next_turn_after_a_reply_that_ended_at_eos_stays_in_its_conversation
     assert second.conversation == first.conversation
 
 
+@pytest.mark.parametrize("named", [False, True], ids=["names-none", "names-it"])
+def test_the_next_turn_of_the_second_of_two_conversations_begun_alike_is_saved_into_the_second(make_engine, named):
+    engine = make_engine(store=MemoryStore())
+    hi = [{"role": "user", "content": "Hi"}]
+
+    async def body():
+        first = await engine.chat(hi, **GREEDY)
+        second = await engine.chat(hi, **GREEDY)  # New conversation, the same message: the same reply
+        assert second.conversation != first.conversation and second.token_ids == first.token_ids
+        kept = await engine.conversation(first.conversation)
+        messages = [*hi, {"role": "assistant", "content": second.text}, {"role": "user", "content": "What can you do?"}]
+        again = await engine.chat(messages, **GREEDY, **({"conversation": second.conversation} if named else {}))
+        return second, again, kept, await engine.conversation(first.conversation)
+
+    second, again, kept, first_now = run(body())
+    assert again.conversation == second.conversation
+    assert first_now.to_json() == kept.to_json()
+
+
+@pytest.mark.parametrize("restarted", [False, True], ids=["same-engine", "restarted"])
+def test_a_request_naming_no_conversation_is_never_saved_into_one_a_request_named(make_engine, restarted):
+    store = MemoryStore()
+    engine = make_engine(store=store)
+
+    async def body():
+        _, messages = await converse(engine, ["hello there"], {**GREEDY, "conversation": "mine"})
+        kept = await engine.conversation("mine")
+        nxt = make_engine(store=store) if restarted else engine
+        other, _ = await converse(nxt, ["tell me more."], GREEDY, messages)  # its tokens continue "mine"
+        return other[0], kept, await nxt.conversation("mine")
+
+    other, kept, mine_now = run(body())
+    assert other.conversation != "mine" and mine_now.to_json() == kept.to_json()
+    assert other.usage.cached_tokens > 0  # a new conversation, on the K/V of the history it shares
+
+
+@pytest.mark.parametrize("anew", [("tell me about the sky.", 3), ("tell me", 8), None],
+                         ids=["written-anew", "written-anew-shorter", "deleted-but-its-index-records"])
+def test_a_checkpoint_changed_behind_a_running_engine_is_no_prefix_of_the_tokens_it_held_before(make_engine, anew):
+    store = MemoryStore()
+    writer, engine = make_engine(store=store), make_engine(store=store)  # two processes; `engine` keeps running
+    told = [{"role": "user", "content": "tell me about the sea."}]
+    asked = [*told, {"role": "assistant", "content": "waves"}, {"role": "user", "content": "and the wind?"}]
+    cold = {"temperature": 0.0, "cache_prompt": False}  # each written alike: generations of the same numbers
+
+    async def generations():
+        return [g for _, g, _ in await manifest_keys(store, "x")]
+
+    async def body():
+        await writer.chat(told, **cold, max_tokens=3, conversation="x")
+        before, records = await generations(), {k: v for k, v in snapshot(store).items() if k.startswith("prefixes/")}
+        await engine.chat(asked, **GREEDY, conversation="a")  # its prefix comes from x, whose record it keeps
+        await engine.delete("a")
+        await writer.delete("x")
+        if anew:
+            text, max_tokens = anew
+            await writer.chat([{"role": "user", "content": text}], **cold, max_tokens=max_tokens, conversation="x")
+            assert await generations() == before  # the same names and numbers, other tokens
+        else:  # as a crash between the deletion of the manifests and of their index records leaves them
+            for key, data in records.items():
+                await store.set_if_absent(key, data)
+        return await engine.chat(asked, **GREEDY, conversation="b")
+
+    again = run(body())
+    assert again.token_ids == run(make_engine().chat(asked, **GREEDY)).token_ids  # a cold prefill's
+
+
 def test_cache_prompt_false_prefills_everything(make_engine):
     engine = make_engine(store=MemoryStore())
 
@@ -332,6 +401,21 @@ def test_a_conversation_of_another_model_is_refused(make_engine):
         run(other.chat([{"role": "user", "content": "hi"}], **GREEDY, conversation="c"))
     assert caught.value.field == "conversation"
     assert snapshot(store) == before
+
+
+def test_a_prefix_record_pointing_at_another_models_checkpoint_is_never_used(make_engine):
+    store = MemoryStore()
+    hello = [{"role": "user", "content": USER_TURNS[0]}]
+    run(make_engine(store=store, model=DoubleLM(seed=1, max_context=1024)).chat(hello, **GREEDY, conversation="theirs"))
+    engine = make_engine(store=store)
+    theirs = run(engine.sources.record("theirs"))  # other weights: K/V of other bits for the same tokens
+    held = theirs.tokens[:theirs.saved.kv_length]
+    forged = prefix_record(PrefixKey(engine.scope, held), "theirs", theirs.generation, len(held), engine.page_size)
+    run(store.set_if_absent(forged.key, encode_record(forged)))  # in this model's scope, as a store's writer may
+
+    reply = run(engine.chat(hello, **GREEDY))
+    assert reply.usage.cached_tokens == 0
+    assert reply.token_ids == run(make_engine().chat(hello, **GREEDY)).token_ids  # a cold prefill's
 
 
 def test_resuming_a_finished_or_missing_conversation_is_refused(make_engine):

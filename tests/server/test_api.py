@@ -72,6 +72,19 @@ def test_the_second_turn_of_a_chat_reports_its_history_as_cached_tokens(url):
     assert second.kvckpt["conversation"] == first.kvckpt["conversation"]
 
 
+def test_a_turn_that_names_no_conversation_is_not_saved_into_the_one_a_turn_named(url):
+    api = client(url)
+    messages = [USER]
+    named = api.chat.completions.create(model="tiny", messages=messages, extra_body={"conversation": "mine"}, **SEEDED)
+    messages += [{"role": "assistant", "content": named.choices[0].message.content},
+                 {"role": "user", "content": "and the wind?"}]
+    unnamed = api.chat.completions.create(model="tiny", messages=messages, **SEEDED)  # its tokens continue "mine"
+    assert named.kvckpt["conversation"] == "mine" and unnamed.kvckpt["conversation"] != "mine"
+    assert unnamed.usage.prompt_tokens_details.cached_tokens > 0  # on the K/V of the history it shares
+    mine = api.get("/kvckpt/conversations/mine", cast_to=object)
+    assert [m["content"] for m in mine["messages"]] == [USER["content"], named.choices[0].message.content]
+
+
 def test_models_lists_the_one_served_model(url):
     models = client(url).models.list()
     assert [(m.id, m.object, m.owned_by) for m in models.data] == [("tiny", "model", "kvckpt")]
