@@ -10,7 +10,7 @@ not reused from either (the index holds only full pages).
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from typing import TYPE_CHECKING
 
 from ..durable.catalog import load_manifest, manifest_keys
@@ -74,6 +74,17 @@ class Sources:
             self._records.popitem(last=False)
         return record
 
+    async def newest_readable(self, name: str) -> ChatRecord | None:
+        """The newest generation of ``name`` whose chat record can be read (one beside a damaged newest), as a
+        writer decides whose a name is; None if no generation can be read."""
+        if self.store is None:
+            return None
+        for _, generation, _ in reversed(await manifest_keys(self.store, name)):
+            record = await self.record(name, generation)
+            if record is not None:
+                return record
+        return None
+
     async def has(self, name: str) -> bool:
         """Whether the store holds any generation of ``name``."""
         return self.store is not None and bool(await manifest_keys(self.store, name))
@@ -99,26 +110,30 @@ class Sources:
                 out.append(record)
         return out
 
-    async def longest_prefix(self, tokens: Sequence[int]) -> PrefixSource:
+    async def longest_prefix(self, tokens: Sequence[int], skip: Collection[tuple[str, int]] = ()) -> PrefixSource:
         """The longest prefix of ``tokens`` whose K/V a slot or a checkpoint holds (at least a page, else
-        nothing); a slot wins a tie, as it costs no reading."""
+        nothing), leaving out the checkpoints ``skip`` names (``(name, generation)``: found unusable); a slot wins
+        a tie, as it costs no reading."""
         slot, n = self.slots.best_prefix(tokens)
         best = PrefixSource(n, slot=slot) if n >= self.page_size else PrefixSource(0)
         for record in await self._candidates(tokens):
+            if (record.name, record.generation) in skip:
+                continue
             m = common_prefix(record.tokens[:record.saved.kv_length], tokens)
             if m > best.length and m >= self.page_size:
                 best = PrefixSource(m, record=record)
         return best
 
     async def continued(self, tokens: Sequence[int]) -> str | None:
-        """The conversation that ``tokens`` go on from, if its newest generation is in the store or its slot is
-        idle: the conversation a request's reply continues (see :func:`continues`)."""
+        """The conversation that ``tokens`` go on from, if its newest readable generation is in the store (one
+        beside a damaged newest counts) or its slot is idle: the conversation a request's reply continues (see
+        :func:`continues`)."""
         for slot in self.slots:
             reason = slot.gen.finish_reason if slot.gen is not None else None
             if slot.conversation and not slot.busy and continues(slot.tokens, slot.kv_length, reason, tokens):
                 return slot.conversation
         for record in await self._candidates(tokens):
-            newest = await self.record(record.name)
+            newest = await self.newest_readable(record.name)
             if (newest is not None and newest.generation == record.generation
                     and continues(record.tokens, record.saved.kv_length, record.saved.finish_reason, tokens)):
                 return record.name
