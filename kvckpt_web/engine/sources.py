@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 from ..durable.catalog import load_manifest, manifest_keys
 from ..durable.prefix_index import PrefixIndex
 from ..errors import KVCkptError
+from ..tvm.metadata import parse_metadata
 from .record import ChatRecord
 from .slots import PrefixSource, Slots, common_prefix
 
@@ -49,6 +50,7 @@ class Sources:
         self.page_size = page_size
         self._decode_reply = decode_reply
         self._records: "OrderedDict[tuple[str, int], ChatRecord | None]" = OrderedDict()
+        self._examined: set[tuple[str, int]] = set()  # generations :meth:`reindex` read and need nothing more
 
     async def record(self, name: str, generation: int | None = None) -> ChatRecord | None:
         """The chat record of ``name``'s generation (newest if None); None if it is missing, damaged, or not a
@@ -98,6 +100,38 @@ class Sources:
         """Read the index records other writers committed since the last refresh (once per request)."""
         if self.index is not None:
             await self.index.refresh()
+
+    async def reindex(self, model: str, layout_hash: str) -> int:
+        """Rebuild the prefix index records that the newest generation of a conversation of ``model`` whose K/V
+        are of ``layout_hash`` was committed without (its writer killed between its manifest and its record), from
+        what its manifest saved, so that its replies are recognised and its K/V reused again. Returns how many it
+        wrote. Each generation is tried once, unless the writer lock could not be had (then at the next miss)."""
+        if self.index is None or self.store is None:
+            return 0
+        newest = {name: generation for name, generation, _ in await manifest_keys(self.store)}
+        missing = []
+        for name, generation in newest.items():
+            if (name, generation) in self._examined or self.index.holds(name, generation):
+                continue
+            try:
+                manifest, _ = await load_manifest(self.store, name, generation)
+                record = ChatRecord.from_app_state(name, generation, manifest.created_ms, manifest.app_state)
+                metadata = parse_metadata(manifest.tvm_metadata)
+            except KVCkptError:
+                self._examined.add((name, generation))
+                continue
+            saved = record.saved
+            if (saved.model, metadata.get("layout_hash"), metadata.get("seq_length")) == (model, layout_hash,
+                                                                                           saved.kv_length):
+                missing.append((name, generation, record.tokens[:saved.kv_length]))
+            else:
+                self._examined.add((name, generation))
+        try:
+            written = await self.index.rebuild(missing)
+        except KVCkptError:
+            return 0
+        self._examined.update((name, generation) for name, generation, _ in missing)
+        return len(written)
 
     async def _candidates(self, tokens: Sequence[int]) -> list[ChatRecord]:
         """The store's records whose K/V share the most full pages with ``tokens``, best first."""

@@ -1,6 +1,8 @@
 """A damaged chunk or manifest in the store never blocks a turn: the engine passes over K/V it cannot use for
 an older generation's, else prefills the prompt, continues the conversation from its newest generation that
-can be read, and says so in the reply's ``warnings``; the reply has the tokens of an undamaged run.
+can be read, and says so in the reply's ``warnings``; the reply has the tokens of an undamaged run. A prefix
+index record lost (its writer killed after the manifest) is rebuilt from the manifest: the next turn is the
+turn it would have been.
 
 The model is the K/V-honest double (tests/model/lm_double.py): K/V restored wrongly change the tokens. A
 second engine on the same store is a restarted process.
@@ -12,8 +14,10 @@ import pytest
 
 from kvckpt_web import MemoryStore
 from kvckpt_web.durable.catalog import load_manifest, manifest_keys
+from kvckpt_web.durable.prefix_records import record_key, scope_id
 
 from kvmodel import run
+from lm_double import DoubleLM
 
 GREEDY = {"temperature": 0.0, "max_tokens": 12}
 TURNS = ["hello there, tell me about the sea.", "and the wind?", "why is the sky blue?"]
@@ -105,3 +109,40 @@ def test_a_damaged_newest_manifest_continues_the_conversation_from_the_newest_th
     assert reply.conversation == name and reply.token_ids
     assert any(f"generation {newest} cannot be read" in w and f"generation {older}" in w for w in reply.warnings)
     assert run(manifest_keys(store, name))[-1][1] > newest
+
+
+# ----- a prefix index record lost ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("named", [False, True])
+def test_a_turn_after_the_newest_record_was_lost_is_the_turn_it_would_have_been(make_engine, named):
+    def third_turn(drop_record: bool):
+        store = MemoryStore()
+        engine = make_engine(store=store)
+        (first, _), messages = run(converse(engine, TURNS[:2]))
+        name, newest = first.conversation, run(manifest_keys(store, first.conversation))[-1][1]
+        key = record_key(scope_id(engine.scope), name, newest)
+        if drop_record:  # as a writer killed between the manifest and its record leaves it
+            del store._data[key]
+        settings = {"conversation": name} if named else {}
+        reply = run(make_engine(store=store).chat([*messages, {"role": "user", "content": TURNS[2]}], **settings,
+                                                  **GREEDY))
+        assert reply.conversation == name
+        return reply
+
+    want, got = third_turn(False), third_turn(True)
+    assert got.token_ids == want.token_ids
+    assert got.usage.cached_tokens == want.usage.cached_tokens  # the same K/V reused: the same forward calls
+
+
+def test_a_lost_record_of_another_models_conversation_is_not_rebuilt(make_engine):
+    store = MemoryStore()
+    other = make_engine(store=store, model=DoubleLM(max_context=1024, name="other"))
+    (first, _), messages = run(converse(other, TURNS[:2]))
+    newest = run(manifest_keys(store, first.conversation))[-1][1]
+    del store._data[record_key(scope_id(other.scope), first.conversation, newest)]
+    engine = make_engine(store=store)
+    reply = run(engine.chat([*messages, {"role": "user", "content": TURNS[2]}], **GREEDY))
+    assert reply.conversation != first.conversation and reply.usage.cached_tokens == 0
+    assert not any(key.endswith(f"/{first.conversation}/{newest:020d}") for key in store._data
+                   if key.startswith("prefixes/"))
