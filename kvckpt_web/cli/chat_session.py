@@ -157,12 +157,14 @@ class ChatSession:
         self.term.note(reply_status(self.name, last, len(first.token_ids) if resumed else None))
 
     async def _show(self, chunks: AsyncIterator[ChatChunk], shown: str) -> tuple[ChatChunk, ChatChunk]:
-        """Print the text of ``chunks`` past its first ``len(shown)`` characters as it comes; the first and the
-        last chunk."""
+        """Print the text of ``chunks`` past its first ``len(shown)`` characters as it comes (and the warnings of
+        the first, before it); the first and the last chunk."""
         text, printed, first, last = "", len(shown), None, None
         async for chunk in chunks:
             if self._stopping:  # Ctrl-C came before the reply's first step
                 self.engine.interrupt()
+            for warning in chunk.warnings:
+                self.term.warning(warning)
             text += chunk.text
             if len(text) > printed:
                 self.term.reply(text[printed:])

@@ -140,6 +140,10 @@ class Terminal:
         """A line about the chat (status, what a command did), dimmed."""
         self._write(self.err, self._dim(self.err, visible(text)) + "\n")
 
+    def warning(self, text: str) -> None:
+        """A one-line warning: something the reply did without (it goes on)."""
+        self._write(self.err, f"warning: {visible(text)}\n")
+
     def error(self, text: str) -> None:
         """A one-line error; the chat goes on."""
         self._write(self.err, f"error: {visible(text)}\n")

@@ -4,12 +4,13 @@ conversation; ``--resume`` continues a reply that was cut (by a crash or Ctrl-C)
 A thin layer over :class:`~kvckpt_web.engine.Engine`: ``--prompt`` is a chat of one user message, saved as
 conversation ``--name`` (default ``chat``) in ``--store``; ``--resume`` is :meth:`Engine.resume`, which goes
 on with the tokens an uninterrupted run gives. Text goes to stdout as it is produced; loading, prefill
-progress, what a resume did and failed autosaves go to stderr. Every argument is checked before the model
-loads, so bad input changes no checkpoint; so is the store: a name another writer holds, a reply to resume
-that is missing, finished or not a chat's, and (without ``--resume``) a name that holds a conversation already
-are refused before the model loads. A resumed reply goes on with the checkpoint's settings (sampler, token
-limit, context, prefill chunk, autosave interval); ``--prefill-chunk`` and ``--autosave-every`` may give others.
-Ctrl-C stops the reply after its current token and saves it, so ``--resume`` continues it; the exit status is 130.
+progress, what a resume did, K/V in the store that could not be used and failed autosaves go to stderr. Every
+argument is checked before the model loads, so bad input changes no checkpoint; so is the store: a name another
+writer holds, a reply to resume that is missing, finished or not a chat's, and (without ``--resume``) a name that
+holds a conversation already are refused before the model loads. A resumed reply goes on with the checkpoint's
+settings (sampler, token limit, context, prefill chunk, autosave interval); ``--prefill-chunk`` and
+``--autosave-every`` may give others. Ctrl-C stops the reply after its current token and saves it, so
+``--resume`` continues it; the exit status is 130.
 """
 
 from __future__ import annotations
@@ -177,9 +178,12 @@ async def _reply(engine: Engine, request: ChatRequest | None, record: ChatRecord
 
 
 def _show(chunk: ChatChunk) -> None:
-    """Write a chunk's text to stdout; the first chunk of a resumed reply also says on stderr how it came back."""
+    """Write a chunk's text to stdout; the first chunk also says on stderr how a resumed reply came back, and
+    what the reply did without (K/V in the store that could not be used)."""
     if chunk.resumed is not None:
         _print_err(_resumed(chunk.resumed, len(chunk.token_ids)))
+    for warning in chunk.warnings:
+        _print_err(f"kvckpt: warning: {warning}")
     if chunk.text:
         _write(chunk.text)
 

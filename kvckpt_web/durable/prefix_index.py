@@ -3,9 +3,10 @@ and looked up by the token ids of a prompt (FORMAT.md section 7; the records the
 :mod:`.prefix_records`).
 
 A save writes a generation's record after the manifest, under the same lock; retention deletes it after the
-manifest. A record is only a hint. A reader ignores a record it cannot use (that is a miss), and the caller
-checks a hit against the tokens the checkpoint saved before it uses the hit. :class:`PrefixIndex` keeps one
-scope's records in memory and answers lookups without reading the store.
+manifest. A writer killed between the two leaves a checkpoint without a record: :meth:`PrefixIndex.rebuild`
+writes it later from what its manifest saved. A record is only a hint. A reader ignores a record it cannot use
+(that is a miss), and the caller checks a hit against the tokens the checkpoint saved before it uses the hit.
+:class:`PrefixIndex` keeps one scope's records in memory and answers lookups without reading the store.
 """
 
 from __future__ import annotations
@@ -16,10 +17,11 @@ from typing import TYPE_CHECKING
 
 from ..errors import FieldError, FormatError, KVCkptError, StoreError
 from .catalog import manifest_keys
-from .container import PREFIXES, manifest_prefix
+from .container import PREFIXES, manifest_key, manifest_prefix
 from .pipeline import IO_CONCURRENCY, run_bounded
-from .prefix_records import (HASH_BYTES, MAX_RECORD_BYTES, PrefixRecord, chain_hashes, check_page_size,
-                             checked_tokens, decode_record, encode_record, manifest_of, parse_record_key, scope_hash)
+from .prefix_records import (HASH_BYTES, MAX_RECORD_BYTES, PrefixKey, PrefixRecord, chain_hashes, check_page_size,
+                             checked_tokens, decode_record, encode_record, manifest_of, parse_record_key, prefix_record,
+                             record_key, scope_hash)
 
 if TYPE_CHECKING:
     from ..stores.base import Store
@@ -161,6 +163,7 @@ class PrefixIndex:
     def __init__(self, store: "Store", scope: str, page_size: int) -> None:
         self.store = store
         self.page_size = check_page_size(page_size)
+        self.scope = scope
         self._h0 = scope_hash(scope)
         self.scope_id = self._h0[:HASH_BYTES].hex()
         self._entries: dict[str, _Entry] = {}
@@ -203,6 +206,35 @@ class PrefixIndex:
 
         await run_bounded(((lambda k=k: load(k)) for k in new), IO_CONCURRENCY)
         return read[0]
+
+    def holds(self, name: str, generation: int) -> bool:
+        """Whether this index has read a record of generation ``generation`` of ``name`` (one it uses or ignores)."""
+        key = record_key(self.scope_id, name, generation)
+        return key in self._entries or key in self._ignored
+
+    async def rebuild(self, missing: Sequence[tuple[str, int, Sequence[int]]]) -> list[PrefixRecord]:
+        """Write the records of checkpoints committed without one (their writer killed between the manifest and
+        the record, FORMAT.md section 7): ``missing`` names each by name and generation with the token ids its
+        K/V hold, which the caller read from its manifest and found of this scope's model and layout. Under the
+        writer lock, a checkpoint that has a record in any scope by then (its writer's: K/V of other kernels are
+        not this scope's), or whose manifest is gone, is left alone. Returns the records written, which lookups
+        find from now on. Raises :class:`StoreError` if the lock cannot be had or the store cannot be listed."""
+        written: list[PrefixRecord] = []
+        if not missing:
+            return written
+        async with self.store.lock():
+            indexed = {manifest_of(key) for key in await self.store.list_prefix(PREFIXES)}
+            present = {key for _, _, key in await manifest_keys(self.store)}
+            for name, generation, tokens in missing:
+                key = manifest_key(name, generation)
+                if key in indexed or key not in present:
+                    continue
+                record = prefix_record(PrefixKey(self.scope, tuple(tokens)), name, generation, len(tokens),
+                                       self.page_size)
+                if (await commit_record(self.store, record))[0] is not None:  # else it stays a miss
+                    self.note(record)
+                    written.append(record)
+        return written
 
     def note(self, record: PrefixRecord) -> None:
         """Add ``record``, which the caller has just committed (``SaveResult.prefix_record``), without reading it

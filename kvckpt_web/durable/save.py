@@ -126,7 +126,7 @@ async def save(cache: "PagedKVCache", seq_id: int, store: "Store", name: str, *,
                                 "checkpoints are as that writer left them")
         ledger.remember(envelope, manifest, state, tails)
         ledger.trust(manifest.chunk_keys())  # each one written, read back, or reused
-        record, not_indexed = await commit_record(store, record)  # after the manifest: a crash costs a miss
+        record, not_indexed = await commit_record(store, record)  # after the manifest: a crash leaves it to be rebuilt
         written = store.bytes_written - written_before
         warnings = [f"{key}: stored bytes differed from the chunk its name says; rewritten from the cache"
                     for key in sorted(repaired)]

@@ -16,7 +16,7 @@ from collections.abc import AsyncIterator, Callable
 from typing import TYPE_CHECKING, Any
 
 from ..checks import check_callable
-from ..durable.catalog import list_names
+from ..durable.catalog import list_names, manifest_keys
 from ..durable.ledger import Ledger
 from ..durable.prefix_index import PrefixIndex
 from ..durable.results import Progress, SaveResult
@@ -36,7 +36,7 @@ from .record import ChatExtra
 from .request import ChatRequest
 from .responses import ChatChunk, ChatCompletion
 from .scheduler import Scheduler
-from .slots import PrefixSource, Slot, Slots
+from .slots import UNUSABLE_KV, PrefixSource, Slot, Slots
 from .sources import Sources
 from .turn import Turn, committed
 
@@ -134,6 +134,11 @@ class Engine:
         await self.sources.refresh()
         try:
             prompt = await build_prompt(self.codec, request.messages, self.sources.known_reply, self.context - 1)
+            replies = sum(m.role == "assistant" for m in request.messages)
+            if len(prompt.replies) < replies and await self.sources.reindex(self.model.identity,
+                                                                            self.cache.get_layout_hash()):
+                # a reply not recognised, and records were missing (a writer killed before writing them)
+                prompt = await build_prompt(self.codec, request.messages, self.sources.known_reply, self.context - 1)
         except FieldError as exc:
             if exc.field != "prompt":
                 raise
@@ -141,11 +146,12 @@ class Engine:
                                    f"{self.context} tokens, and the reply needs at least one)", exc.got) from None
         n = len(prompt.tokens)
         name = request.conversation or await self.sources.continued(prompt.tokens) or _new_name()
-        conversation = await self._conversation_of(name)
-        source = await self.sources.longest_prefix(prompt.tokens[:n - 1]) if request.cache_prompt else PrefixSource(0)
+        warnings: list[str] = []
+        conversation = await self._conversation_of(name, warnings)
         max_tokens = min(request.max_tokens or self.context, self.context - n)
         restore_begin = time.perf_counter()
-        slot = await self.slots.place(name, source, n + max_tokens)
+        slot, source = await self._place(name, prompt.tokens[:n - 1] if request.cache_prompt else [], n + max_tokens,
+                                         warnings)
         restore_s = time.perf_counter() - restore_begin if source.record is not None else 0.0
         if slot.kv_length < source.length:  # the checkpoint holds other tokens now: what was read of it is stale
             self.sources.forget(source.record.name)
@@ -167,20 +173,50 @@ class Engine:
             raise
         slot.tokens, slot.kv_length, slot.replies = list(prompt.tokens[:source.length]), source.length, prompt.replies
         slot.named = request.conversation is not None
-        return self._track(Turn(gen, slot, completion_id, created, n, source.length, restore_s, started))
+        return self._track(Turn(gen, slot, completion_id, created, n, source.length, restore_s, started,
+                                warnings=tuple(warnings)))
 
-    async def _conversation_of(self, name: str) -> Conversation | None:
-        """The identity of conversation ``name`` if it exists (None: a new one); refuses a name another model's
-        conversation, or a checkpoint that is no chat, holds."""
+    async def _place(self, name: str, tokens: list[int], room: int, warnings: list[str]) -> tuple[Slot, PrefixSource]:
+        """A slot for conversation ``name`` (room for ``room`` tokens) holding the longest prefix of ``tokens``
+        whose K/V can be had. A checkpoint whose K/V cannot be used (a damaged or missing chunk or manifest) is
+        passed over for the next longest prefix, or none (the prompt is prefilled): ``warnings`` says so."""
+        unusable: dict[tuple[str, int], KVCkptError] = {}
+        while True:
+            source = await self.sources.longest_prefix(tokens, skip=unusable) if tokens else PrefixSource(0)
+            try:
+                slot = await self.slots.place(name, source, room)
+            except UNUSABLE_KV as exc:
+                if source.record is None:
+                    raise
+                unusable[(source.record.name, source.record.generation)] = exc
+                continue
+            break
+        if unusable:
+            instead = (f"restored {source.length} tokens of {source.record.name!r} generation "
+                       f"{source.record.generation} instead" if source.record is not None
+                       else f"reused {source.length} tokens held in the cache instead" if source.slot is not None
+                       else "prefilled the prompt instead")
+            warnings += [f"the K/V of {other!r} generation {generation} cannot be used ({exc}); {instead}"
+                         for (other, generation), exc in unusable.items()]
+        return slot, source
+
+    async def _conversation_of(self, name: str, warnings: list[str]) -> Conversation | None:
+        """The identity of conversation ``name`` if it exists (None: a new one), from its newest generation that
+        can be read (``warnings`` says when newer ones cannot); refuses a name another model's conversation, or
+        checkpoints none of which is a chat's that can be read, hold."""
         own = self.slots.of_conversation(name)
         if own is not None and own.gen is not None:
             return own.gen.conversation
         if self.store is None or not await self.sources.has(name):
             return None
-        record = await self.sources.record(name)
+        record = await self.sources.newest_readable(name)
         if record is None:
-            raise ConflictError(f"conversation: expected a chat conversation named {name!r} or a new name, got a "
-                                "checkpoint that is not one (or is damaged): pass another name")
+            raise ConflictError(f"conversation: expected a chat conversation named {name!r} or a new name, got "
+                                "checkpoints none of which is a chat's that can be read: pass another name")
+        newest = (await manifest_keys(self.store, name))[-1][1]
+        if newest != record.generation:
+            warnings.append(f"conversation {name!r}: generation {newest} cannot be read (damaged, or not a chat's); "
+                            f"continued from generation {record.generation}, the newest that can")
         if record.saved.model != self.model.identity:
             raise FieldError("conversation", f"a conversation of this model ({self.model.identity[:16]}...)",
                              name, f"it was written by model {record.saved.model[:16]}...")
@@ -218,7 +254,7 @@ class Engine:
         try:
             if gen.generated_tokens or turn.resumed is not None:  # a resumed reply: what it had written first
                 yield ChatChunk(turn.completion_id, turn.created, model_name, name, gen.text,
-                                tuple(gen.generated_tokens), first=True, resumed=turn.resumed)
+                                tuple(gen.generated_tokens), first=True, resumed=turn.resumed, warnings=turn.warnings)
                 first = False
             while gen.finish_reason is None and not turn.interrupted:
                 async with self.scheduler.turn():
@@ -230,12 +266,12 @@ class Engine:
                 turn.last_token_at = now
                 turn.made += 1
                 yield ChatChunk(turn.completion_id, turn.created, model_name, name, event.text, (event.token,),
-                                first=first)
+                                first=first, warnings=turn.warnings if first else ())
                 first = False
             await self._save_stopped(gen)
             yield ChatChunk(turn.completion_id, turn.created, model_name, name,
                             finish_reason=_FINISH.get(gen.finish_reason, "abort"), usage=turn.usage(),
-                            first=first)
+                            first=first, warnings=turn.warnings if first else ())
         finally:
             if not gen.failed:  # a consumer that went away stops the reply as an interrupt does
                 try:

@@ -3,7 +3,9 @@
 
 Beyond OpenAI's fields, ``usage`` carries ``timings`` (seconds of restoring K/V, of prefill and of decode,
 measured once the GPU work has finished, and the rates they give), and a top-level ``kvckpt`` object names
-the conversation the reply is saved under and the reply's token ids. Clients that do not know them ignore them.
+the conversation the reply is saved under and the reply's token ids, and, only when there are some,
+``warnings``: what the reply did without (K/V in the store that could not be used, and what was done instead).
+Clients that do not know them ignore them.
 """
 
 from __future__ import annotations
@@ -77,6 +79,9 @@ class ChatChunk:
     resumed: "ResumeReport | None" = None
     """On the first chunk of a reply :meth:`Engine.resume` brought back from the store: whether its K/V were
     imported or (unusable: another model or layout, a damaged chunk) their tokens run again, and the times."""
+    warnings: tuple[str, ...] = ()
+    """On the first chunk: what the reply did without (K/V of the store that could not be used: a damaged chunk or
+    manifest), and what was done instead (an older generation restored, the prompt prefilled)."""
 
     def to_openai(self) -> dict[str, Any]:
         delta: dict[str, Any] = {"role": "assistant"} if self.first else {}
@@ -84,7 +89,7 @@ class ChatChunk:
             delta["content"] = self.text
         out = {"id": self.id, "object": "chat.completion.chunk", "created": self.created, "model": self.model,
                "choices": [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": self.finish_reason}],
-               "kvckpt": {"conversation": self.conversation, "token_ids": list(self.token_ids)}}
+               "kvckpt": _kvckpt(self.conversation, self.token_ids, self.warnings)}
         if self.usage is not None:
             out["usage"] = self.usage.to_openai()
         return out
@@ -102,17 +107,28 @@ class ChatCompletion:
     token_ids: tuple[int, ...]
     finish_reason: str
     usage: Usage
+    warnings: tuple[str, ...] = ()
+    """What the reply did without (see :attr:`ChatChunk.warnings`)."""
 
     @classmethod
     def from_chunks(cls, chunks: Sequence[ChatChunk]) -> "ChatCompletion":
         """The whole reply that ``chunks`` (a whole stream, its final chunk last) tell in pieces."""
         last = chunks[-1]
         return cls(last.id, last.created, last.model, last.conversation, "".join(c.text for c in chunks),
-                   tuple(t for c in chunks for t in c.token_ids), last.finish_reason, last.usage)
+                   tuple(t for c in chunks for t in c.token_ids), last.finish_reason, last.usage,
+                   tuple(w for c in chunks for w in c.warnings))
 
     def to_openai(self) -> dict[str, Any]:
         return {"id": self.id, "object": "chat.completion", "created": self.created, "model": self.model,
                 "choices": [{"index": 0, "message": {"role": "assistant", "content": self.text},
                              "logprobs": None, "finish_reason": self.finish_reason}],
                 "usage": self.usage.to_openai(),
-                "kvckpt": {"conversation": self.conversation, "token_ids": list(self.token_ids)}}
+                "kvckpt": _kvckpt(self.conversation, self.token_ids, self.warnings)}
+
+
+def _kvckpt(conversation: str, token_ids: Sequence[int], warnings: Sequence[str]) -> dict[str, Any]:
+    """The wire's ``kvckpt`` object: ``warnings`` only when there are some."""
+    out: dict[str, Any] = {"conversation": conversation, "token_ids": list(token_ids)}
+    if warnings:
+        out["warnings"] = list(warnings)
+    return out

@@ -14,7 +14,8 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from ..durable.restore import restore
-from ..errors import CapacityError, ConflictError, FieldError, FormatError, NotFoundError
+from ..errors import (CapacityError, ConflictError, CorruptionError, FieldError, FormatError, MetadataError,
+                      NotFoundError)
 from ..model.app_state import parse_app_state
 
 if TYPE_CHECKING:
@@ -24,7 +25,11 @@ if TYPE_CHECKING:
     from ..stores.base import Store
     from .record import ChatRecord
 
-__all__ = ["PrefixSource", "Slot", "Slots", "common_prefix"]
+__all__ = ["UNUSABLE_KV", "PrefixSource", "Slot", "Slots", "common_prefix"]
+
+UNUSABLE_KV = (CorruptionError, FormatError, MetadataError, NotFoundError)
+"""What a restore from the store raises when a checkpoint's K/V cannot be used: a chunk or manifest damaged or
+missing, another layout, a generation collected since it was found. The cache is left as it was."""
 
 
 def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:

@@ -10,12 +10,13 @@ not reused from either (the index holds only full pages).
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from typing import TYPE_CHECKING
 
 from ..durable.catalog import load_manifest, manifest_keys
 from ..durable.prefix_index import PrefixIndex
 from ..errors import KVCkptError
+from ..tvm.metadata import parse_metadata
 from .record import ChatRecord
 from .slots import PrefixSource, Slots, common_prefix
 
@@ -50,6 +51,7 @@ class Sources:
         self.page_size = page_size
         self._decode_reply = decode_reply
         self._records: "OrderedDict[tuple[str, int], ChatRecord | None]" = OrderedDict()
+        self._examined: set[tuple[str, int]] = set()  # generations :meth:`reindex` read and need nothing more
 
     async def record(self, name: str, generation: int | None = None) -> ChatRecord | None:
         """The chat record of ``name``'s generation (newest if None); None if it is missing, damaged, or not a
@@ -75,6 +77,17 @@ class Sources:
             self._records.popitem(last=False)
         return record
 
+    async def newest_readable(self, name: str) -> ChatRecord | None:
+        """The newest generation of ``name`` whose chat record can be read (one beside a damaged newest), as a
+        writer decides whose a name is; None if no generation can be read."""
+        if self.store is None:
+            return None
+        for _, generation, _ in reversed(await manifest_keys(self.store, name)):
+            record = await self.record(name, generation)
+            if record is not None:
+                return record
+        return None
+
     async def has(self, name: str) -> bool:
         """Whether the store holds any generation of ``name``."""
         return self.store is not None and bool(await manifest_keys(self.store, name))
@@ -89,6 +102,38 @@ class Sources:
         if self.index is not None:
             await self.index.refresh()
 
+    async def reindex(self, model: str, layout_hash: str) -> int:
+        """Rebuild the prefix index records that the newest generation of a conversation of ``model`` whose K/V
+        are of ``layout_hash`` was committed without (its writer killed between its manifest and its record), from
+        what its manifest saved, so that its replies are recognised and its K/V reused again. Returns how many it
+        wrote. Each generation is tried once, unless the writer lock could not be had (then at the next miss)."""
+        if self.index is None or self.store is None:
+            return 0
+        newest = {name: generation for name, generation, _ in await manifest_keys(self.store)}
+        missing = []
+        for name, generation in newest.items():
+            if (name, generation) in self._examined or self.index.holds(name, generation):
+                continue
+            try:
+                manifest, _ = await load_manifest(self.store, name, generation)
+                record = ChatRecord.from_app_state(name, generation, manifest.created_ms, manifest.app_state)
+                metadata = parse_metadata(manifest.tvm_metadata)
+            except KVCkptError:
+                self._examined.add((name, generation))
+                continue
+            saved = record.saved
+            if (saved.model, metadata.get("layout_hash"), metadata.get("seq_length")) == (model, layout_hash,
+                                                                                           saved.kv_length):
+                missing.append((name, generation, record.tokens[:saved.kv_length]))
+            else:
+                self._examined.add((name, generation))
+        try:
+            written = await self.index.rebuild(missing)
+        except KVCkptError:
+            return 0
+        self._examined.update((name, generation) for name, generation, _ in missing)
+        return len(written)
+
     async def _candidates(self, tokens: Sequence[int]) -> list[ChatRecord]:
         """The store's records whose K/V share the most full pages with ``tokens``, best first: this model's only (an
         index record may point at another model's checkpoint, whose K/V are no prefix of this one's)."""
@@ -101,28 +146,32 @@ class Sources:
                 out.append(record)
         return out
 
-    async def longest_prefix(self, tokens: Sequence[int]) -> PrefixSource:
+    async def longest_prefix(self, tokens: Sequence[int], skip: Collection[tuple[str, int]] = ()) -> PrefixSource:
         """The longest prefix of ``tokens`` whose K/V a slot or a checkpoint holds (at least a page, else
-        nothing); a slot wins a tie, as it costs no reading."""
+        nothing), leaving out the checkpoints ``skip`` names (``(name, generation)``: found unusable); a slot wins
+        a tie, as it costs no reading."""
         slot, n = self.slots.best_prefix(tokens)
         best = PrefixSource(n, slot=slot) if n >= self.page_size else PrefixSource(0)
         for record in await self._candidates(tokens):
+            if (record.name, record.generation) in skip:
+                continue
             m = common_prefix(record.tokens[:record.saved.kv_length], tokens)
             if m > best.length and m >= self.page_size:
                 best = PrefixSource(m, record=record)
         return best
 
     async def continued(self, tokens: Sequence[int]) -> str | None:
-        """The conversation that ``tokens`` go on from (see :func:`continues`), if its newest generation is in the
-        store or its slot is idle, and no request named it (:attr:`ChatExtra.named`): the conversation the reply
-        to a request that names none continues. Of several, the one used last (a slot), else the newest saved."""
+        """The conversation that ``tokens`` go on from (see :func:`continues`), if its newest readable generation is
+        in the store (one beside a damaged newest counts) or its slot is idle, and no request named it
+        (:attr:`ChatExtra.named`): the conversation the reply to a request that names none continues. Of several,
+        the one used last (a slot), else the newest saved."""
         for slot in sorted(self.slots, key=lambda s: -s.used):
             reason = slot.gen.finish_reason if slot.gen is not None else None
             if (slot.conversation and not slot.busy and not slot.named
                     and continues(slot.tokens, slot.kv_length, reason, tokens)):
                 return slot.conversation
         for record in sorted(await self._candidates(tokens), key=lambda r: -(r.created_ms or 0)):
-            newest = await self.record(record.name)
+            newest = await self.newest_readable(record.name)
             if (newest is not None and newest.generation == record.generation and not newest.chat.named
                     and continues(record.tokens, record.saved.kv_length, record.saved.finish_reason, tokens)):
                 return record.name

@@ -35,6 +35,9 @@ class Turn:
     interrupted: bool = False
     made: int = 0
     """Tokens this call generated (a resumed reply's earlier tokens not counted)."""
+    warnings: tuple[str, ...] = ()
+    """What went wrong on the way that the reply did without (K/V of the store that could not be used, and what
+    was done instead); the first chunk carries them."""
 
     def usage(self) -> Usage:
         """The call's usage: its token counts, and where its time went (saves left out of prefill and decode)."""

@@ -119,6 +119,20 @@ def test_the_reply_goes_to_stdout_and_its_status_line_to_stderr(chat, store):
     assert len(statuses(done.err)) == 1 and errors(done) == []
 
 
+def test_kv_in_the_store_that_cannot_be_used_are_a_warning_and_the_reply_goes_on(chat, store):
+    chat(["hello there"], conversation="talk")
+    for chunk in (store / "chunks").iterdir():
+        data = bytearray(chunk.read_bytes())
+        data[-1] ^= 0xFF
+        chunk.write_bytes(bytes(data))
+    again = chat(["and the wind?"], conversation="talk")
+    warnings = [line for line in again.err.splitlines() if line.startswith("warning: ")]
+    assert warnings and all("'talk' generation" in w and "prefilled the prompt instead" in w for w in warnings)
+    assert errors(again) == [] and int(statuses(again.err)[-1]["cached"]) == 0
+    assert [m.content for m in saved(store)["talk"].chat.messages if m.role == "user"] == ["hello there",
+                                                                                          "and the wind?"]
+
+
 def test_a_message_starting_with_two_slashes_is_sent_with_one(chat, store):
     done = chat(["//etc is a folder"])
     assert saved(store)[done.name].chat.messages[-1].content == "/etc is a folder"

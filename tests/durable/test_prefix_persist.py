@@ -113,6 +113,27 @@ def test_a_record_lost_after_the_manifest_costs_a_miss_and_a_warning(model, make
     assert [bytes(g) for g in run(target.export_groups(0))] == model.expected_groups(0)
 
 
+def test_rebuild_writes_the_record_a_save_lost_as_the_save_would_have(model):
+    model.add(0, 21)
+    store = MemoryStore()
+    saved(model, store, "a")
+    want = store._data.pop(key("a", 1))
+    index = PrefixIndex(store, SCOPE, PAGE)
+    run(index.refresh())
+    assert [r.key for r in run(index.rebuild([("a", 1, tokens(21))]))] == [key("a", 1)]
+    assert store._data[key("a", 1)] == want
+    assert [(h.name, h.generation) for h in index.lookup(tokens(21))] == [("a", 1)]
+
+
+def test_rebuild_leaves_alone_a_checkpoint_indexed_in_another_scope(model):
+    model.add(0, 21)
+    store = MemoryStore()
+    saved(model, store, "a")  # its writer's scope: SCOPE
+    index = PrefixIndex(store, "model-a|layout|other-kernels", PAGE)
+    assert run(index.rebuild([("a", 1, tokens(21))])) == []
+    assert records(store) == [key("a", 1)] and index.lookup(tokens(21)) == []
+
+
 def test_a_record_over_the_size_cap_is_a_warning_and_none_is_written(model, monkeypatch):
     model.add(0, 21)
     monkeypatch.setattr(prefix_records, "MAX_RECORD_BYTES", 64)

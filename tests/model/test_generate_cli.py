@@ -260,6 +260,25 @@ def test_a_reply_whose_kv_are_damaged_is_resumed_by_running_its_tokens_again(dev
     assert "K/V not usable (corrupt: " in err and "saved tokens again" in err
 
 
+def test_a_prompt_whose_prefix_kv_in_the_store_are_damaged_is_prefilled_and_a_warning_says_so(device, double_model,
+                                                                                               tmp_path, capsys):
+    store = tmp_path / "store"
+    argv = ["generate", "--model", double_model, "--store", str(store), "--prompt", PROMPT, "--temperature", "0.9",
+            "--seed", "2", "--max-tokens", "8"]
+    assert main([*argv, "--name", "first"]) == 0
+    for chunk in (store / "chunks").iterdir():
+        data = bytearray(chunk.read_bytes())
+        data[-1] ^= 0xFF
+        chunk.write_bytes(bytes(data))
+    capsys.readouterr()
+    assert main([*argv, "--name", "second"]) == 0  # its prompt's prefix is the first's
+    out, err = capsys.readouterr()
+    assert out == expected_text(device, SamplingSettings(temperature=0.9, seed=2), 8) + "\n"
+    warnings = [line for line in err.splitlines() if line.startswith("kvckpt: warning: ")]
+    assert warnings and all("the K/V of 'first' generation" in w and "prefilled the prompt instead" in w
+                            for w in warnings)
+
+
 # ----- a failed autosave ----------------------------------------------------------------------------------------
 
 
