@@ -53,6 +53,11 @@ I/O needs both aligned."""
 
 _O_DIRECT: int = getattr(os, "O_DIRECT", 0) if sys.platform.startswith("linux") else 0  # macOS, Pyodide: none
 
+_NOFOLLOW: int = getattr(os, "O_NOFOLLOW", 0)
+_DIRECTORY: int = getattr(os, "O_DIRECTORY", 0)
+_SUBDIR = os.O_RDONLY | _DIRECTORY | _NOFOLLOW
+"""How a directory under a store's directory is opened: never through a symbolic link."""
+
 
 def _block_aligned(view: memoryview) -> bool:
     """Whether ``view`` is whole :data:`DIRECT_IO_BLOCK` blocks of memory, as ``O_DIRECT`` takes them."""
@@ -81,11 +86,11 @@ _BATCHES: "contextvars.ContextVar[dict[FileStore, set[str]]]" = contextvars.Cont
 """Per task: each FileStore with an open batch, and the directories that batch changed, not fsynced yet."""
 
 
-def link_unnamed(fd: int, path: str) -> None:
-    """Give the unnamed file ``fd`` (opened with ``O_TMPFILE``) the name ``path``."""
+def link_unnamed(fd: int, path: str, dir_fd: int | None = None) -> None:
+    """Give the unnamed file ``fd`` (opened with ``O_TMPFILE``) the name ``path`` (relative to ``dir_fd``)."""
     # an absolute source makes linkat ignore src_dir_fd; passing one makes os.link call linkat with
     # AT_SYMLINK_FOLLOW, which links the file /proc/self/fd/N stands for rather than that symlink
-    os.link(f"/proc/self/fd/{fd}", path, src_dir_fd=fd, follow_symlinks=True)
+    os.link(f"/proc/self/fd/{fd}", path, src_dir_fd=fd, dst_dir_fd=dir_fd, follow_symlinks=True)
 
 
 def takes_unnamed_files(directory: str) -> bool:
@@ -148,6 +153,12 @@ class FileStore(Store):
     A key cannot both hold a value and be a directory of other keys (``a`` and
     ``a/b``); such a ``set`` raises :class:`StoreError`. ``delete`` removes the
     directories it leaves empty.
+
+    No symbolic link under the directory is followed (``O_NOFOLLOW``, each
+    directory of a key opened one at a time): a value that is one is damage
+    (:class:`FormatError` naming the key), and a key with one in its path is
+    refused (:class:`StoreError`), so nothing outside the directory is read or
+    written through the store. The directory itself may be a link.
 
     A :meth:`~Store.claim` of a name is an ``flock`` on the file
     :data:`CLAIM_PREFIX` + name in the directory (so it excludes other processes
@@ -254,12 +265,20 @@ class FileStore(Store):
         anything but a regular file or a directory (a directory holds other keys, not a value).
         """
         path = self._path(key)
+        parent = self._parent(key, "get")
+        if parent is None:
+            return None
         try:
-            fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
+            fd = os.open(os.path.basename(path), os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | _NOFOLLOW,
+                         dir_fd=parent)
         except (FileNotFoundError, NotADirectoryError):
             return None
         except OSError as exc:
+            if exc.errno == errno.ELOOP:
+                raise FormatError(key, f"a regular file ({path})", "a symbolic link (not followed)") from None
             raise StoreError(f"get {key!r}: cannot read {path} ({exc})") from exc
+        finally:
+            os.close(parent)
         value = None
         try:
             st = os.fstat(fd)
@@ -303,31 +322,50 @@ class FileStore(Store):
             except OSError as exc:
                 raise StoreError(f"get {key!r}: cannot read {self._path(key)} ({exc})") from exc
 
-    def _makedirs(self, parent: str) -> None:
-        """Create ``parent`` and missing ancestors, fsyncing each new entry's directory."""
-        missing = []
-        while not os.path.isdir(parent):
-            missing.append(parent)
-            parent = os.path.dirname(parent)
-        for path in reversed(missing):
+    def _parent(self, key: str, what: str, create: bool = False) -> int | None:
+        """A descriptor of the directory that holds (or will hold) the file of ``key``, opened from the store's
+        directory one segment at a time, never through a symbolic link (``O_NOFOLLOW``); None if a segment is
+        missing (or a file), unless ``create``: then it is made, and its directory fsynced. StoreError naming
+        the operation ``what`` and the key if a segment is a symbolic link (or, with ``create``, a file)."""
+        try:
+            fd = os.open(self.directory, os.O_RDONLY | _DIRECTORY)
+        except OSError as exc:
+            raise StoreError(f"{what} {key!r}: cannot open {self.directory} ({exc})") from exc
+        try:
+            for segment in key.split("/")[:-1]:
+                try:
+                    below = os.open(segment, _SUBDIR, dir_fd=fd)
+                except FileNotFoundError:
+                    if not create:
+                        os.close(fd)
+                        return None
+                    try:
+                        os.mkdir(segment, 0o755, dir_fd=fd)
+                        os.fsync(fd)
+                    except FileExistsError:
+                        pass
+                    below = os.open(segment, _SUBDIR, dir_fd=fd)
+                os.close(fd)
+                fd = below
+            return fd
+        except OSError as exc:
             try:
-                os.mkdir(path)
-            except FileExistsError:
-                if not os.path.isdir(path):
-                    raise
-            fsync_dir(os.path.dirname(path))
+                link = exc.errno in (errno.ENOTDIR, errno.ELOOP) and stat.S_ISLNK(
+                    os.stat(segment, dir_fd=fd, follow_symlinks=False).st_mode)
+            except OSError:
+                link = False
+            finally:
+                os.close(fd)
+            if link:
+                raise StoreError(f"{what} {key!r}: {self.directory} holds a symbolic link at {segment!r} in its "
+                                 "path, which is not followed") from None
+            if exc.errno == errno.ENOTDIR and not create:
+                return None  # a value where a directory would be: no key below it
+            raise StoreError(f"{what} {key!r}: cannot open the directories of {self._path(key)} ({exc})") from exc
 
-    def _in_parent(self, parent: str, op: Callable[[], _T]) -> _T:
-        """``op()``, creating ``parent`` first if it is missing (a concurrent delete may prune it again)."""
-        for _ in range(2):
-            try:
-                return op()
-            except FileNotFoundError:
-                self._makedirs(parent)
-        return op()
-
-    def _temp_path(self, parent: str, base: str) -> str:
-        return os.path.join(parent, f"{TEMP_PREFIX}{base}.{secrets.token_hex(8)}")
+    @staticmethod
+    def _temp_name(base: str) -> str:
+        return f"{TEMP_PREFIX}{base}.{secrets.token_hex(8)}"
 
     def _write(self, key: str, data: memoryview, unsynced: set[str] | None, replace: bool = True) -> bool:
         """Store ``data`` under ``key``; unless ``replace``, leave a value already there and return False."""
@@ -336,41 +374,66 @@ class FileStore(Store):
         tmp: str | None = None
         try:
             if self._unnamed:
-                fd = self._in_parent(parent, lambda: os.open(parent, os.O_TMPFILE | os.O_WRONLY, 0o644))
+                fd = self._in_dir(key, lambda d: os.open(".", os.O_TMPFILE | os.O_WRONLY, 0o644, dir_fd=d))
                 try:
                     self._fill(fd, data)
                     self._step("link")
                     try:
-                        self._in_parent(parent, lambda: link_unnamed(fd, path))
+                        self._in_dir(key, lambda d: link_unnamed(fd, base, d))
                     except FileExistsError:
-                        if not replace and os.path.isfile(path):
+                        if not replace and self._in_dir(key, lambda d: self._is_value(d, base)):
                             return False
-                        tmp = self._temp_path(parent, base)  # replaced below, as a named temp file would be
-                        link_unnamed(fd, tmp)
+                        tmp = self._temp_name(base)  # replaced below, as a named temp file would be
+                        self._in_dir(key, lambda d: link_unnamed(fd, tmp, d))
                     os.fsync(fd)  # its new link count: without a journal, the directory's fsync does not carry it
                 finally:
                     os.close(fd)
             else:
-                tmp = self._temp_path(parent, base)
-                fd = self._in_parent(parent, lambda: os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644))
+                tmp = self._temp_name(base)
+                fd = self._in_dir(key, lambda d: os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | _NOFOLLOW,
+                                                         0o644, dir_fd=d))
                 try:
                     self._fill(fd, data)
                 finally:
                     os.close(fd)
             if tmp is not None:
                 self._step("rename")
-                os.replace(tmp, path)
+                self._in_dir(key, lambda d: os.replace(tmp, base, src_dir_fd=d, dst_dir_fd=d))
             self._entries_changed(parent, unsynced)
             return True
         except BaseException as exc:
             if tmp is not None:
                 try:
-                    os.unlink(tmp)
-                except OSError:
+                    self._in_dir(key, lambda d: os.unlink(tmp, dir_fd=d))
+                except (OSError, StoreError):
                     pass
             if isinstance(exc, OSError):
                 raise StoreError(f"set {key!r}: cannot write {path} ({exc})") from exc
             raise
+
+    def _in_dir(self, key: str, op: Callable[[int], _T]) -> _T:
+        """``op(directory)``, ``directory`` a descriptor of the directory of ``key``'s file (see :meth:`_parent`),
+        made first if it is missing; once more if a concurrent delete pruned it meanwhile."""
+        def attempt() -> _T:
+            directory = self._parent(key, "set", create=True)
+            assert directory is not None  # made if missing
+            try:
+                return op(directory)
+            finally:
+                os.close(directory)
+
+        try:
+            return attempt()
+        except FileNotFoundError:
+            return attempt()
+
+    @staticmethod
+    def _is_value(directory: int, name: str) -> bool:
+        """Whether ``name`` in the open ``directory`` is a regular file (a symbolic link is not followed)."""
+        try:
+            return stat.S_ISREG(os.stat(name, dir_fd=directory, follow_symlinks=False).st_mode)
+        except (FileNotFoundError, NotADirectoryError):
+            return False
 
     def _fill(self, fd: int, data: memoryview) -> None:
         self._step("write")
@@ -404,18 +467,33 @@ class FileStore(Store):
 
     def _write_if_absent(self, key: str, data: memoryview, unsynced: set[str] | None) -> bool:
         """:meth:`_write` unless ``key`` is a file already (one trip to an I/O thread for both)."""
-        if os.path.isfile(self._path(key)):
+        if self._holds(key):
             return False
         return self._write(key, data, unsynced, replace=False)
 
+    def _holds(self, key: str) -> bool:
+        """Whether ``key``'s file is a regular file, reached without following a symbolic link."""
+        directory = self._parent(key, "exists")
+        if directory is None:
+            return False
+        try:
+            return self._is_value(directory, os.path.basename(self._path(key)))
+        finally:
+            os.close(directory)
+
     def _remove(self, key: str, unsynced: set[str] | None) -> None:
         path = self._path(key)
+        directory = self._parent(key, "delete")
+        if directory is None:
+            return
         try:
-            os.unlink(path)
+            os.unlink(os.path.basename(path), dir_fd=directory)
         except (FileNotFoundError, NotADirectoryError, IsADirectoryError):
             return
         except OSError as exc:
             raise StoreError(f"delete {key!r}: cannot remove {path} ({exc})") from exc
+        finally:
+            os.close(directory)
         try:
             parent = os.path.dirname(path)
             self._entries_changed(parent, unsynced)
@@ -453,6 +531,11 @@ class FileStore(Store):
     def _walk(self, prefix: str) -> list[str]:
         base_key = prefix.rpartition("/")[0]
         top = self._path(base_key) if base_key else self.directory
+        if base_key:  # a listing never goes through a symbolic link either
+            directory = self._parent(f"{base_key}/", "list")
+            if directory is None:
+                return []
+            os.close(directory)
         found = []
         for root, dirs, files in os.walk(top, onerror=self._walk_error):
             rel = os.path.relpath(root, self.directory)
@@ -521,7 +604,7 @@ class FileStore(Store):
         await _run_io(self._remove, key, _BATCHES.get().get(self))
 
     async def _exists(self, key: str) -> bool:
-        return await _run_io(os.path.isfile, self._path(key))
+        return await _run_io(self._holds, key)
 
     async def _list_prefix(self, prefix: str) -> list[str]:
         return await _run_io(self._walk, prefix)
@@ -542,7 +625,7 @@ class FileStore(Store):
 
         path = self.lock_path
         try:
-            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+            fd = os.open(path, os.O_RDWR | os.O_CREAT | _NOFOLLOW, 0o644)
         except OSError as exc:
             raise StoreError(f"lock {path}: cannot open ({exc})") from exc
 
@@ -581,7 +664,7 @@ class FileStore(Store):
 
         while True:
             try:
-                fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+                fd = os.open(path, os.O_RDWR | os.O_CREAT | _NOFOLLOW, 0o644)
             except OSError as exc:
                 raise StoreError(f"claim {name!r}: cannot open {path} ({exc})") from exc
             try:

@@ -599,11 +599,27 @@ def test_a_fifo_where_a_value_should_be_is_refused_without_blocking(tmp_path: Pa
         run(store.get("k") if method == "get" else store.get_into("k", bytearray(11)))
 
 
-def test_a_value_that_is_a_link_to_a_device_is_refused(tmp_path: Path) -> None:
+def test_a_value_that_is_a_symbolic_link_is_refused_not_followed(tmp_path: Path) -> None:
     store = FileStore(tmp_path / "store")
     (tmp_path / "store" / "k").symlink_to("/dev/zero")
-    with pytest.raises(FormatError, match="character device"):
+    with pytest.raises(FormatError, match="symbolic link"):
         run(store.get("k"))
+    assert not run(store.exists("k"))
+
+
+def test_a_symbolic_link_in_a_keys_path_is_not_followed_for_reads_or_writes(tmp_path: Path) -> None:
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "k").write_bytes(b"not the store's")
+    store = FileStore(tmp_path / "store")
+    (tmp_path / "store" / "chunks").symlink_to(outside)
+    with pytest.raises(StoreError, match="symbolic link"):
+        run(store.get("chunks/k"))
+    with pytest.raises(StoreError, match="symbolic link"):
+        run(store.set_if_absent("chunks/new", b"v"))
+    with pytest.raises(StoreError, match="symbolic link"):
+        run(store.list_prefix("chunks/"))
+    assert [(p.name, p.read_bytes()) for p in outside.iterdir()] == [("k", b"not the store's")]
 
 
 def test_check_directory_takes_a_store_and_refuses_what_is_not_one(tmp_path: Path) -> None:
