@@ -15,13 +15,15 @@ client pushes and pulls, gc runs where the store's storage is.
   :data:`MAX_VALUE_BYTES`) is refused (413) before it is read. A chunk key's body must be the bytes its SHA-256
   names, a manifest key's must decode and every chunk it names must be stored already, a record key's must
   decode and its manifest be stored: else 400 or 409 and nothing is written. Manifests and records are written
-  under the store's writer lock.
+  under the store's writer lock;
+* ``/store/claims/<name>`` -- claims of checkpoint names, held as leases (:mod:`.claim_routes`).
 """
 
 from __future__ import annotations
 
 import hashlib
 import hmac
+from collections.abc import Callable
 
 from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response
@@ -32,6 +34,7 @@ from ..durable.container import MAX_MANIFEST_BYTES, chunk_key, is_chunk_key, par
 from ..durable.prefix_records import MAX_RECORD_BYTES, decode_record, manifest_of
 from ..errors import FieldError, FormatError, KVCkptError
 from ..stores.base import Store, validate_key, validate_prefix
+from .claim_routes import ClaimRoutes
 
 __all__ = ["LIST_PAGE", "MAX_VALUE_BYTES", "StoreRoutes", "check_token"]
 
@@ -45,7 +48,7 @@ larger)."""
 MIN_TOKEN_CHARS = 16
 
 CORS = {"access-control-allow-origin": "*"}
-PREFLIGHT = {**CORS, "access-control-allow-methods": "GET, HEAD, PUT",
+PREFLIGHT = {**CORS, "access-control-allow-methods": "GET, HEAD, PUT, POST, DELETE",
              "access-control-allow-headers": "authorization, content-type, if-none-match",
              "access-control-max-age": "600"}
 
@@ -81,15 +84,18 @@ def _text(status: int, message: str, headers: dict[str, str] | None = None) -> R
 
 
 class StoreRoutes:
-    """The routes serving ``store`` to holders of ``token``."""
+    """The routes serving ``store`` to holders of ``token``; ``clock`` (default ``time.time``) measures the leases of
+    claims."""
 
-    def __init__(self, store: Store, token: str) -> None:
+    def __init__(self, store: Store, token: str, *, clock: Callable[[], float] | None = None) -> None:
         self.store = store
         self._token = check_token(token).encode()
+        self.claims = ClaimRoutes(store, self._refused, clock=clock)
 
     def routes(self) -> list[Route]:
         return [Route("/store/keys", self._keys, methods=["GET", "OPTIONS"]),
-                Route("/store/v/{key:path}", self._value, methods=["GET", "HEAD", "PUT", "OPTIONS"])]
+                Route("/store/v/{key:path}", self._value, methods=["GET", "HEAD", "PUT", "OPTIONS"]),
+                *self.claims.routes()]
 
     def _refused(self, request: Request) -> Response | None:
         """The answer to a request this server does not take: a preflight's, or 401 without the token."""
