@@ -11,6 +11,7 @@ import asyncio
 import os
 import sys
 import tempfile
+import time
 from collections.abc import Awaitable
 from pathlib import Path
 from typing import Any, TypeVar
@@ -22,6 +23,7 @@ from hypothesis import strategies as st
 from kvckpt_web.errors import ConflictError, FieldError, FormatError, StoreError
 from kvckpt_web.stores.file import TEMP_PREFIX
 from kvckpt_web.stores.base import Store
+from kvckpt_web.stores.leases import CLOCK_SKEW_SECONDS, DEFAULT_LEASE_SECONDS
 
 T = TypeVar("T")
 
@@ -103,12 +105,36 @@ def run(coro: Awaitable[T]) -> T:
     return asyncio.run(coro)  # type: ignore[arg-type]
 
 
+class Clock:
+    """A clock the test moves (``offset`` seconds ahead of the real one): what ages of stored values and leases of
+    claims are measured with."""
+
+    def __init__(self, offset: float = 0.0) -> None:
+        self.offset = offset
+
+    def __call__(self) -> float:
+        return time.time() + self.offset
+
+
+LEASE_RUN_OUT = DEFAULT_LEASE_SECONDS + CLOCK_SKEW_SECONDS + 1
+"""Seconds after which a claim taken with the default lease and not renewed may be taken over."""
+
+
 class StoreTests:
     """Shared Store tests; subclasses define :meth:`open_store`."""
 
     def open_store(self, location: Path, **kwargs: Any) -> Store:
         """Open the backend at ``location``; stores opened at one location see the same data."""
         raise NotImplementedError
+
+    def open_other_writer(self, location: Path) -> Store:
+        """Another store object on the storage at ``location``, standing for another process's writer."""
+        return self.open_store(location)
+
+    def open_leased(self, location: Path, clock: Clock) -> Store:
+        """The backend at ``location`` with its claims' leases (the storage's included) measured by ``clock``;
+        skips where claims hold until released."""
+        pytest.skip(f"claims of {type(self).__name__} hold until released")
 
     @pytest.fixture
     def store(self, tmp_path: Path) -> Store:
@@ -556,6 +582,64 @@ class StoreTests:
         with pytest.raises(FormatError) as info:
             store.claim(name)
         assert info.value.field == "name"
+        with pytest.raises(FormatError) as info:
+            run(store.renew_claim(name))
+        assert info.value.field == "name"
+
+    def test_a_claim_refuses_a_writer_of_another_process_until_it_is_released(self, tmp_path: Path) -> None:
+        first, second = self.open_store(tmp_path), self.open_other_writer(tmp_path)
+        held = first.claim("chat")
+        run(held.__aenter__())
+        with pytest.raises(ConflictError, match="'chat'"):
+            run(second.claim("chat").__aenter__())
+        run(held.__aexit__(None, None, None))
+        run(second.claim("chat").__aenter__())
+
+    def test_renewing_a_claim_this_object_does_not_hold_does_nothing(self, store: Store) -> None:
+        async def body() -> list[str]:
+            await store.renew_claim("chat")
+            async with store.claim("chat"):
+                await store.renew_claim("chat")
+            return await store.list_prefix("")
+
+        assert run(body()) == []
+
+    def test_a_claim_whose_writer_died_is_taken_over_once_its_lease_ran_out(self, tmp_path: Path) -> None:
+        clock = Clock()
+        dead, second = self.open_leased(tmp_path, clock), self.open_leased(tmp_path, clock)
+        run(dead.claim("chat").__aenter__())  # never left: its process was killed
+        clock.offset = LEASE_RUN_OUT - 2
+        with pytest.raises(ConflictError, match="'chat'"):
+            run(second.claim("chat").__aenter__())
+        clock.offset = LEASE_RUN_OUT
+        run(second.claim("chat").__aenter__())
+
+    def test_a_holder_whose_lease_ran_out_and_was_taken_over_writes_nothing_more(self, tmp_path: Path) -> None:
+        clock = Clock()
+        slow, second = self.open_leased(tmp_path, clock), self.open_leased(tmp_path, clock)
+        held = slow.claim("chat")
+        run(held.__aenter__())
+        clock.offset = LEASE_RUN_OUT
+        taken = second.claim("chat")
+        run(taken.__aenter__())
+        with pytest.raises(ConflictError, match="'chat'.*lease ran out"):
+            run(slow.renew_claim("chat"))
+        run(held.__aexit__(None, None, None))  # leaves the claim of the writer that took it over
+        with pytest.raises(ConflictError, match="'chat'"):
+            run(self.open_leased(tmp_path, clock).claim("chat").__aenter__())
+        run(second.renew_claim("chat"))
+        run(taken.__aexit__(None, None, None))
+
+    def test_a_holder_that_renews_its_claim_keeps_the_name_past_its_first_lease(self, tmp_path: Path) -> None:
+        clock = Clock()
+        holder, second = self.open_leased(tmp_path, clock), self.open_leased(tmp_path, clock)
+        run(holder.claim("chat").__aenter__())
+        for step in range(1, 5):  # each renewal, past half of the lease, runs a whole lease from then
+            clock.offset = step * DEFAULT_LEASE_SECONDS * 0.6
+            run(holder.renew_claim("chat"))
+        clock.offset += DEFAULT_LEASE_SECONDS * 0.9
+        with pytest.raises(ConflictError, match="'chat'"):
+            run(second.claim("chat").__aenter__())
 
     # -- model-based -------------------------------------------------------------
 

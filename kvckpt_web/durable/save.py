@@ -95,6 +95,7 @@ async def save(cache: "PagedKVCache", seq_id: int, store: "Store", name: str, *,
     lay = cache.layout
     page_bytes, num_groups = lay.page_bytes, lay.num_layers
     async with store.lock():
+        await store.renew_claim(name)  # a writer whose claim was taken over writes nothing
         state = cache.sequence_state(seq_id)
         metadata = cache.get_checkpoint_metadata(seq_id)
         npages = lay.num_logical_pages(state.length)
@@ -120,6 +121,7 @@ async def save(cache: "PagedKVCache", seq_id: int, store: "Store", name: str, *,
         manifest = Manifest(name, generation, metadata, page_bytes, ppc, npages,
                             tuple(tuple(group) for group in table), app_state)  # type: ignore[arg-type]
         envelope = encode_manifest(manifest, metadata_is_valid=True)  # the cache wrote that metadata
+        await store.renew_claim(name)  # still this writer's name as it commits
         if not await store.set_if_absent(manifest.key, envelope):  # the commit point: create-only
             raise ConflictError(f"save {name!r}: generation {generation} was committed by another writer while this "
                                 f"save ran ({manifest.key} exists); nothing of this save is used, the store's "

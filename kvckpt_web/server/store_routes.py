@@ -17,7 +17,8 @@ client pushes and pulls, gc runs where the store's storage is.
   names, a manifest key's must decode and every chunk it names must be stored already, a record key's must
   decode and its manifest be stored: else 400 or 409 and nothing is written. Manifests and records are written
   under the store's writer lock. The body is spooled to a temporary file as it arrives, never held in memory
-  whole, and must arrive within ``body_timeout`` seconds of the request head (else 408, closing the connection).
+  whole, and must arrive within ``body_timeout`` seconds of the request head (else 408, closing the connection);
+* ``/store/claims/<name>`` -- claims of checkpoint names, held as leases (:mod:`.claim_routes`).
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ import hashlib
 import hmac
 import mmap
 import tempfile
+from collections.abc import Callable
 
 from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response
@@ -38,6 +40,7 @@ from ..durable.prefix_records import MAX_RECORD_BYTES, decode_record, manifest_o
 from ..checks import check_seconds
 from ..errors import FieldError, FormatError, KVCkptError
 from ..stores.base import Store, validate_key, validate_prefix
+from .claim_routes import ClaimRoutes
 
 __all__ = ["BODY_TIMEOUT", "LIST_PAGE", "MAX_VALUE_BYTES", "StoreRoutes", "check_token"]
 
@@ -54,7 +57,7 @@ BODY_TIMEOUT = 120.0
 MIN_TOKEN_CHARS = 16
 
 CORS = {"access-control-allow-origin": "*"}
-PREFLIGHT = {**CORS, "access-control-allow-methods": "GET, HEAD, PUT",
+PREFLIGHT = {**CORS, "access-control-allow-methods": "GET, HEAD, PUT, POST, DELETE",
              "access-control-allow-headers": "authorization, content-type, if-none-match",
              "access-control-max-age": "600"}
 
@@ -91,16 +94,19 @@ def _text(status: int, message: str, headers: dict[str, str] | None = None) -> R
 
 class StoreRoutes:
     """The routes serving ``store`` to holders of ``token``; a PUT body must arrive within ``body_timeout``
-    seconds of its head."""
+    seconds of its head; ``clock`` (default ``time.time``) measures the leases of claims."""
 
-    def __init__(self, store: Store, token: str, *, body_timeout: float = BODY_TIMEOUT) -> None:
+    def __init__(self, store: Store, token: str, *, body_timeout: float = BODY_TIMEOUT,
+                 clock: Callable[[], float] | None = None) -> None:
         self.store = store
         self._token = check_token(token).encode()
         self.body_timeout = check_seconds("body_timeout", body_timeout)
+        self.claims = ClaimRoutes(store, self._refused, clock=clock)
 
     def routes(self) -> list[Route]:
         return [Route("/store/keys", self._keys, methods=["GET", "OPTIONS"]),
-                Route("/store/v/{key:path}", self._value, methods=["GET", "HEAD", "PUT", "OPTIONS"])]
+                Route("/store/v/{key:path}", self._value, methods=["GET", "HEAD", "PUT", "OPTIONS"]),
+                *self.claims.routes()]
 
     def _refused(self, request: Request) -> Response | None:
         """The answer to a request this server does not take: a preflight's, or 401 without the token."""

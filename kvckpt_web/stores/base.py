@@ -31,6 +31,7 @@ from ..errors import ConflictError, FieldError, FormatError, StoreError
 from ..threads import offload
 
 __all__ = [
+    "CLAIM_PREFIX",
     "DEFAULT_LOCK_TIMEOUT",
     "LocalClaims",
     "LocalLock",
@@ -52,6 +53,10 @@ MAX_KEY_CHARS = 1024
 
 DEFAULT_LOCK_TIMEOUT = 10.0
 """Seconds :meth:`Store.lock` waits for the lock unless told otherwise."""
+
+CLAIM_PREFIX = "~kvckpt.claim."
+"""A store that keeps the claim of a checkpoint name in its storage keeps it under this followed by the name, beside
+its keys and never one of them (``~`` is no key character): FileStore's claim file, ObjectStore's claim object."""
 
 _T = TypeVar("_T")
 
@@ -78,6 +83,13 @@ def validate_key(key: str) -> str:
         if not is_segment(segment):
             raise FormatError("key", _KEY_RULE, key, f"bad segment {segment!r}")
     return key
+
+
+def _check_name(name: Any) -> None:
+    """FormatError unless ``name`` can be claimed: a key segment, as every checkpoint name is."""
+    if not isinstance(name, str) or not is_segment(name):
+        raise FormatError("name", f"1 to {MAX_SEGMENT_CHARS} characters of [A-Za-z0-9._-], not '.' or '..'",
+                          name if isinstance(name, str) else type(name).__name__)
 
 
 def _read_target(key: str, out: Any) -> memoryview:
@@ -142,11 +154,11 @@ class Store(ABC):
     (retention and gc then run where the store's storage is, on a store that deletes)."""
 
     exclusive_lock: bool = True
-    """Whether :meth:`lock` and :meth:`claim` exclude every writer of the storage (other processes, tabs,
-    machines). If False they exclude only the holders through this store object, and writers elsewhere are
-    kept apart by the commit protocol alone: chunks, manifests and prefix records written create-only
-    (:meth:`set_if_absent`; a save whose generation another writer took first fails with ConflictError), and
-    values deleted by gc or retention only once :meth:`settled` (see there)."""
+    """Whether :meth:`lock` excludes every writer of the storage (other processes, tabs, machines), as
+    :meth:`claim` does on every store. If False it excludes only the holders through this store object, and
+    writers elsewhere are kept apart by their claims and the commit protocol: chunks, manifests and prefix
+    records written create-only (:meth:`set_if_absent`; a save whose generation another writer took first fails
+    with ConflictError), and values deleted by gc or retention only once :meth:`settled` (see there)."""
 
     def __init__(self, *, read_only: bool = False, lock_timeout: float = DEFAULT_LOCK_TIMEOUT) -> None:
         check_store_options(read_only, lock_timeout)
@@ -269,17 +281,32 @@ class Store(ABC):
         """An async context manager holding the exclusive write claim on checkpoint name ``name`` while it is held.
 
         A writer holds it for as long as it writes the name (a generation's autosaves, a convert, a delete);
-        :meth:`lock` stays the short lock of each write. It excludes every other claim of ``name`` on this
-        store (another task's, or this task's again: it is not re-entrant; for FileStore and the browser stores
-        also another process's, store object's, tab's or worker's) and never waits: while another holder has
-        it, entering raises :class:`ConflictError` naming the name and the store. ``name`` is a key segment
-        (every checkpoint name is one); a read-only store refuses with :class:`StoreError`.
+        :meth:`lock` stays the short lock of each write. It excludes every other claim of ``name`` on the
+        storage (another task's, or this task's again: it is not re-entrant; another store object's, process's,
+        tab's, worker's or machine's) and never waits: while another holder has it, entering raises
+        :class:`ConflictError` naming the name and the store. Where no lock reaches every writer (ObjectStore,
+        HTTPStore) the claim is a lease (:mod:`~kvckpt_web.stores.leases`): it runs for a while unless
+        :meth:`renew_claim` renews it, and a writer that died without releasing it holds the name until then.
+        ``name`` is a key segment (every checkpoint name is one); a read-only store refuses with
+        :class:`StoreError`.
         """
-        if not isinstance(name, str) or not is_segment(name):
-            raise FormatError("name", f"1 to {MAX_SEGMENT_CHARS} characters of [A-Za-z0-9._-], not '.' or '..'",
-                              name if isinstance(name, str) else type(name).__name__)
+        _check_name(name)
         self._check_writable(f"claim {name!r}")
         return _Claim(lambda: self._claim(name))
+
+    async def renew_claim(self, name: str) -> None:
+        """Make sure the claim of ``name`` this store object holds is still its own: a claim held as a lease that is
+        past half its time is renewed, and :class:`ConflictError` (naming the name and the store) says that it ran
+        out and another writer took the name over. Nothing if this object holds no claim of ``name``, or holds it
+        until released (a lock every writer sees). A save calls it before it writes anything and again just before
+        it commits."""
+        _check_name(name)
+        await self._renew_claim(name)
+
+    def _lost(self, name: str) -> ConflictError:
+        """The error of a claim of ``name`` whose lease ran out and that another writer took over."""
+        return ConflictError(f"claim {name!r} of {self!r}: its lease ran out and another writer took the name over; "
+                             "this writer writes nothing more under it")
 
     def _claimed(self, name: str) -> ConflictError:
         """The error of a claim of ``name`` another holder has."""
@@ -348,6 +375,9 @@ class Store(ABC):
     async def _claim(self, name: str) -> Callable[[], Awaitable[None]]:
         """Take the claim of ``name`` (``self._claimed(name)`` if another holder has it); what releases it (done
         once it returns: a claim of the name right after succeeds)."""
+
+    async def _renew_claim(self, name: str) -> None:
+        return None  # claims held until released
 
     def _batch(self) -> AbstractAsyncContextManager[None]:
         return nullcontext()  # backends whose writes are durable when they return

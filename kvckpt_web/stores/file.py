@@ -23,7 +23,7 @@ from typing import Any, TypeVar
 
 from ..checks import check_bool, check_callable, check_each, check_instance, check_path
 from ..errors import FormatError, StoreError
-from .base import DEFAULT_LOCK_TIMEOUT, Store, check_value_size, is_segment, poll_acquire
+from .base import CLAIM_PREFIX, DEFAULT_LOCK_TIMEOUT, Store, check_value_size, is_segment, poll_acquire
 
 __all__ = ["CLAIM_PREFIX", "DIRECT_IO_BLOCK", "FAULT_STEPS", "LOCK_NAME", "TEMP_PREFIX", "FileStore", "file_kind",
            "fsync_dir"]
@@ -37,9 +37,6 @@ TEMP_PREFIX = "~tmp."
 LOCK_NAME = "~kvckpt.lock"
 """Name of FileStore's lock file in its directory."""
 
-CLAIM_PREFIX = "~kvckpt.claim."
-"""FileStore's claim file of a checkpoint name in its directory is this followed by the name; it exists while the
-name is claimed (and after a holder that was killed, until the name's next claim is released)."""
 
 FAULT_STEPS = ("write", "fsync", "link", "rename", "dirsync")
 """The steps of a :class:`FileStore` write, in order, as passed to its ``fault`` hook. An unnamed file is

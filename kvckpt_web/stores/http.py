@@ -4,9 +4,11 @@ Pyodide's ``fetch``) and on desktop (``urllib`` on a worker thread).
 The served store is create-only: every key a checkpoint writes is written once (chunks are named by their
 bytes, manifests and prefix index records by their generation), so nothing there is ever overwritten or deleted
 through it (``supports_overwrites`` and ``supports_deletes`` are False; gc runs where its storage is). Its
-:meth:`~Store.lock` and :meth:`~Store.claim` exclude only the holders through this object (``exclusive_lock`` is
-False): writers elsewhere are kept apart by the create-only commit, and the server refuses a manifest that names
-a chunk it does not hold. See ``kvckpt_web/server/store_routes.py`` for the protocol.
+:meth:`~Store.lock` excludes only the holders through this object (``exclusive_lock`` is False): writers elsewhere
+are kept apart by their claims and the create-only commit, and the server refuses a manifest that names a chunk it
+does not hold. A :meth:`~Store.claim` is a lease the server gives (and holds the claim of its storage for), which
+:meth:`~Store.renew_claim` renews. See ``kvckpt_web/server/store_routes.py`` and ``claim_routes.py`` for the
+protocol.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import json
 import sys
+import time
 import urllib.error
 import urllib.parse
 import urllib.request
@@ -22,9 +25,10 @@ from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
 from typing import Any
 
-from ..checks import check_instance, check_seconds
+from ..checks import check_callable, check_instance, check_seconds
 from ..errors import ConflictError, FieldError, FormatError, StoreError
-from .base import DEFAULT_LOCK_TIMEOUT, LocalClaims, LocalLock, Store, check_value_size
+from .base import DEFAULT_LOCK_TIMEOUT, LocalLock, Store, check_value_size
+from .leases import Lease, Leases, check_lease_seconds, new_holder
 
 __all__ = ["DEFAULT_TIMEOUT", "HTTPStore"]
 
@@ -47,8 +51,9 @@ class HTTPStore(Store):
     """The store served at ``url`` (the ``kvckpt serve`` server's base URL) to holders of the bearer ``token``.
 
     ``bytes_read`` counts the value bytes this object fetched, as ``bytes_written`` counts those it stored.
-    Requests that fail (no server, a lost connection, an answer other than the protocol's) raise
-    :class:`StoreError` naming the key; a wrong token is a StoreError saying so (401, nothing written).
+    ``clock`` (default ``time.time``) times the leases of its claims. Requests that fail (no server, a lost
+    connection, an answer other than the protocol's) raise :class:`StoreError` naming the key; a wrong token is a
+    StoreError saying so (401, nothing written).
     """
 
     supports_overwrites = False
@@ -56,7 +61,8 @@ class HTTPStore(Store):
     exclusive_lock = False
 
     def __init__(self, url: str, *, token: str | None, read_only: bool = False,
-                 lock_timeout: float = DEFAULT_LOCK_TIMEOUT, timeout: float = DEFAULT_TIMEOUT) -> None:
+                 lock_timeout: float = DEFAULT_LOCK_TIMEOUT, timeout: float = DEFAULT_TIMEOUT,
+                 clock: Callable[[], float] | None = None) -> None:
         super().__init__(read_only=read_only, lock_timeout=lock_timeout)
         check_instance("url", url, str, "the http(s) URL of a kvckpt serve --store server")
         parts = urllib.parse.urlsplit(url)
@@ -69,7 +75,7 @@ class HTTPStore(Store):
         self._headers = {"authorization": f"Bearer {token}"}
         self._timeout = check_seconds("timeout", timeout)
         self._lock_flag = LocalLock(f"{self!r} (this object's)")
-        self._claims = LocalClaims()
+        self._leases = Leases(check_callable("clock", clock) or time.time)
         self.bytes_read = 0
 
     def __repr__(self) -> str:
@@ -180,7 +186,53 @@ class HTTPStore(Store):
         return self._lock_flag.hold(timeout)
 
     async def _claim(self, name: str) -> Callable[[], Awaitable[None]]:
-        return self._claims.take(name, self._claimed(name))
+        holder, started = new_holder(), self._leases.clock()
+        seconds = await self._claim_request("POST", name, holder)
+        if seconds is None:
+            raise self._claimed(name)
+        lease = Lease(holder, started, seconds, None)
+        self._leases.hold(name, lease)
+
+        async def release() -> None:
+            self._leases.drop(name, lease)
+            try:
+                await self._claim_request("DELETE", name, holder)
+            except StoreError:
+                pass  # the server releases it once its lease runs out
+
+        return release
+
+    async def _renew_claim(self, name: str) -> None:
+        lease = self._leases.due(name)
+        if lease is None:
+            return
+        started = self._leases.clock()
+        seconds = await self._claim_request("PUT", name, lease.holder)
+        if seconds is None:
+            self._leases.drop(name, lease)
+            raise self._lost(name)
+        lease.started, lease.seconds = started, seconds
+
+    async def _claim_request(self, method: str, name: str, holder: str) -> float | None:
+        """Take (POST), renew (PUT) or release (DELETE) ``holder``'s claim of ``name`` at the server: the seconds
+        of the lease it gave, None if it refused (409: another holder has the name); 0 for a release."""
+        url = f"{self.url}store/claims/{name}"
+        what = f"claim {name!r}"
+        if method == "DELETE":
+            answer = await self._request(method, f"{url}?{urllib.parse.urlencode({'holder': holder})}", what)
+            if answer.status != 204:
+                raise await self._failed(method, what, answer)
+            return 0.0
+        body = json.dumps({"holder": holder}).encode()
+        answer = await self._request(method, url, what, memoryview(body))
+        if answer.status == 409:
+            return None
+        if answer.status not in (200, 201):
+            raise await self._failed(method, what, answer)
+        try:
+            return check_lease_seconds("seconds", json.loads(await answer.read())["seconds"])
+        except (ValueError, KeyError, TypeError, FieldError) as exc:
+            raise StoreError(f"{method} {what} at {self.url}: not a lease ({exc})") from None
 
 
 # -- transports ------------------------------------------------------------------------------------------------

@@ -2,9 +2,12 @@
 servers, Google Cloud Storage, Azure Blob Storage, a local directory or memory. Desktop only, from the optional
 ``remote`` extra; nothing imports this module in Pyodide.
 
-Object storage has no lock that every writer sees, so this store's :meth:`~Store.lock` and :meth:`~Store.claim`
-exclude only the holders through one ``ObjectStore`` object (``exclusive_lock`` is False), and writers on
-other processes or machines are kept apart by the commit protocol:
+Object storage has no lock that every writer sees, so this store's :meth:`~Store.lock` excludes only the holders
+through one ``ObjectStore`` object (``exclusive_lock`` is False). A :meth:`~Store.claim` of a name excludes every
+writer: it is a lease held in the claim object ``~kvckpt.claim.<name>`` (created only if absent, renewed and
+taken over only if unchanged since read: conditional PUTs, ``If-None-Match: *`` and ``If-Match`` on S3; see
+:mod:`.leases` and ``kvckpt_web/durable/FORMAT.md`` section 10). Writers on other processes or machines are kept
+apart by those claims and by the commit protocol:
 
 * chunks, manifests and prefix index records are written create-only (a conditional PUT, ``If-None-Match: *``
   on S3), so a manifest is never overwritten and a generation number belongs to whoever created its manifest
@@ -38,7 +41,9 @@ from typing import Any
 
 from ..checks import check_callable, check_instance, check_seconds
 from ..errors import FieldError, StoreError
-from .base import DEFAULT_LOCK_TIMEOUT, LocalClaims, LocalLock, Store, check_value_size
+from .base import CLAIM_PREFIX, DEFAULT_LOCK_TIMEOUT, LocalLock, Store, check_value_size
+from .leases import (CLOCK_SKEW_SECONDS, DEFAULT_LEASE_SECONDS, MAX_CLAIM_BYTES, ClaimValue, Lease, Leases,
+                     check_lease_seconds, claim_runs_until, decode_claim, encode_claim, new_holder)
 
 __all__ = ["DEFAULT_GRACE_SECONDS", "FAULT_STEPS", "REQUEST_THREADS", "SETTLE_CONCURRENCY", "ObjectStore"]
 
@@ -82,8 +87,9 @@ class ObjectStore(Store):
 
     ``store`` is an obstore store object (``obstore.store.S3Store(...)``, ``from_url(...)``); keys are paths
     under it (its ``prefix``, if any, in front). :meth:`from_url` opens one from a URL, with the endpoint and
-    credentials from the usual environment variables. ``grace_seconds`` is the period of :meth:`settled`;
-    ``clock`` (default ``time.time``) is what its ages are measured with; ``fault``, if given, is called with
+    credentials from the usual environment variables. ``grace_seconds`` is the period of :meth:`settled`,
+    ``lease_seconds`` how long a claim runs unless renewed; ``clock`` (default ``time.time``) is what ages and
+    leases are measured with; ``fault``, if given, is called with
     each step name of :data:`FAULT_STEPS` before that request, for fault-injection tests.
 
     Every value is written in one request (no multipart upload), so a reader sees the old value or the new
@@ -94,7 +100,8 @@ class ObjectStore(Store):
 
     def __init__(self, store: Any, *, url: str | None = None, read_only: bool = False,
                  lock_timeout: float = DEFAULT_LOCK_TIMEOUT, grace_seconds: float = DEFAULT_GRACE_SECONDS,
-                 clock: Callable[[], float] | None = None, fault: Callable[[str], None] | None = None) -> None:
+                 lease_seconds: float = DEFAULT_LEASE_SECONDS, clock: Callable[[], float] | None = None,
+                 fault: Callable[[str], None] | None = None) -> None:
         super().__init__(read_only=read_only, lock_timeout=lock_timeout)
         obstore = _obstore()
         self._obs = obstore
@@ -103,8 +110,9 @@ class ObjectStore(Store):
         self.grace_seconds = check_seconds("grace_seconds", grace_seconds)
         self._clock = check_callable("clock", clock) or time.time
         self.fault = check_callable("fault", fault)
+        self.lease_seconds = check_lease_seconds("lease_seconds", lease_seconds)
         self._lock_flag = LocalLock(f"{self!r} (this object's)")
-        self._claims = LocalClaims()
+        self._leases = Leases(self._clock)
         self._threads: ThreadPoolExecutor | None = None
 
     @classmethod
@@ -270,9 +278,9 @@ class ObjectStore(Store):
         """object_store lists whole path segments: list the directory ``prefix`` is in, keep what it starts."""
         directory = prefix.rpartition("/")[0]
 
-        def listing() -> list[str]:
+        def listing() -> list[str]:  # claim objects are no keys
             return [meta["path"] for batch in self._obs.list(self._store, directory or None, chunk_size=1000)
-                    for meta in batch if meta["path"].startswith(prefix)]
+                    for meta in batch if meta["path"].startswith(prefix) and not meta["path"].startswith(CLAIM_PREFIX)]
 
         try:
             return await self._request(listing)
@@ -283,7 +291,68 @@ class ObjectStore(Store):
         return self._lock_flag.hold(timeout)
 
     async def _claim(self, name: str) -> Callable[[], Awaitable[None]]:
-        return self._claims.take(name, self._claimed(name))
+        """Create the claim object of ``name``, or take over one that ran out; what releases it: deletes it while
+        the lease still runs (after that, another writer may have taken it over: it is left to them)."""
+        key = CLAIM_PREFIX + name
+        lease = Lease(new_holder(), self._clock(), self.lease_seconds, None)
+        value = encode_claim(ClaimValue(name, lease.holder, lease.expires_ms()))
+        lease.tag = await self._put_claim(key, value, "create")
+        if lease.tag is None:
+            lease.tag = await self._take_over(name, key, value)
+        self._leases.hold(name, lease)
+
+        async def release() -> None:
+            if self._leases.drop(name, lease):
+                try:
+                    await self._delete(key)
+                except StoreError:
+                    pass  # left behind, it runs out by itself
+
+        return release
+
+    async def _take_over(self, name: str, key: str, value: bytes) -> str:
+        """Replace the claim object of ``name`` with ``value`` if it ran out (``_claimed`` while it runs, or if
+        another writer replaced it first); the ETag written."""
+        answer = await self._open(key)
+        if answer is None:  # released since it was found
+            tag = await self._put_claim(key, value, "create")
+        else:
+            meta = answer.meta
+            found = decode_claim(name, await self._body(key, answer)) if meta["size"] <= MAX_CLAIM_BYTES else None
+            if self._clock() <= claim_runs_until(found, meta["last_modified"].timestamp()) + CLOCK_SKEW_SECONDS:
+                raise self._claimed(name)
+            tag = await self._put_claim(key, value, {"e_tag": meta["e_tag"]})
+        if tag is None:
+            raise self._claimed(name)
+        return tag
+
+    async def _renew_claim(self, name: str) -> None:
+        lease = self._leases.due(name)
+        if lease is None:
+            return
+        started = self._clock()
+        value = encode_claim(ClaimValue(name, lease.holder, int((started + lease.seconds) * 1000)))
+        tag = await self._put_claim(CLAIM_PREFIX + name, value, {"e_tag": lease.tag})
+        if tag is None:
+            self._leases.drop(name, lease)
+            raise self._lost(name)
+        lease.started, lease.tag = started, tag
+
+    async def _put_claim(self, key: str, value: bytes, mode: Any) -> str | None:
+        """PUT claim object ``value`` under ``key`` if its condition ``mode`` holds ("create", or unchanged since
+        an ETag); the ETag written, or None if the condition failed."""
+        self._step("put")
+        try:
+            answer = await self._request(self._obs.put, self._store, key, value, mode=mode, use_multipart=False)
+        except (self._obs.exceptions.AlreadyExistsError, self._obs.exceptions.PreconditionError, FileNotFoundError):
+            return None
+        except NotImplementedError as exc:
+            raise StoreError(f"claim {key!r} in {self!r}: this object storage writes nothing conditionally on an "
+                             f"ETag ({_reason(exc)}), which a claim's renewal and take-over need; open a directory "
+                             "as a plain path instead (FileStore)") from exc
+        except (self._obs.exceptions.BaseError, OSError) as exc:
+            raise self._error("claim", key, exc) from exc
+        return answer["e_tag"]
 
 
 def _store_types(obstore: Any) -> tuple[type, ...]:

@@ -21,8 +21,10 @@ from kvckpt_web.model.conversation import Conversation
 from kvckpt_web.model.generator import Generator
 from kvckpt_web.model.resume import resume
 from kvckpt_web.stores.file import FileStore
+from kvckpt_web.stores.http import HTTPStore
 
 from kvmodel import run
+from store_suite import LEASE_RUN_OUT, Clock
 from lm_double import DoubleLM, DoubleText
 
 TEXT = DoubleText()
@@ -218,6 +220,48 @@ def test_a_second_writer_of_a_name_is_refused_while_the_first_holds_it_and_the_f
     infos = run(list_generations(store, "chat"))
     assert infos[-1].app_state["generated_tokens"] == list(done.generated_tokens)
     assert {i.app_state["conversation"]["id"] for i in infos} == {first.conversation.id}
+
+
+@pytest.fixture(params=["ObjectStore on S3", "served store"])
+def two_writers(request, tmp_path):
+    """Two store objects on one storage where claims are leases, standing for two processes, and the clock (theirs
+    and the storage's) the test moves."""
+    clock = Clock()
+    if request.param == "ObjectStore on S3":
+        server = request.getfixturevalue("s3_server")
+        url = server.new_url()
+        yield server.store(url, clock=clock), server.store(url, clock=clock), clock
+        return
+    pytest.importorskip("starlette")
+    from kvckpt_web.server.run import serve_routes_in_thread
+    from kvckpt_web.server.store_routes import StoreRoutes
+
+    token = "t" * 24
+    served, url = serve_routes_in_thread(StoreRoutes(FileStore(tmp_path / "s"), token, clock=clock).routes(), port=0)
+    yield HTTPStore(url, token=token, clock=clock), HTTPStore(url, token=token, clock=clock), clock
+    served.shutdown()
+
+
+def test_a_second_process_is_refused_while_the_first_writes_and_takes_over_once_its_lease_ran_out(make_cache,
+                                                                                                  two_writers):
+    first_store, second_store, clock = two_writers
+    first = start(make_cache, first_store)
+    run(first.step())
+    with pytest.raises(ConflictError, match="'chat'.*held by another writer"):
+        start(make_cache, second_store, prompt=OTHER_PROMPT)
+    clock.offset = LEASE_RUN_OUT  # the first writer stalled past its lease: the second resumes its reply
+    model = DoubleLM()
+    second = run(resume(second_store, "chat", model, make_cache(model), autosave=Autosave(second_store, "chat", 4),
+                        decode=TEXT.decode))
+    before = snapshot(second_store)
+    with pytest.raises(ConflictError, match="'chat'.*lease ran out"):
+        run(first.step())  # its next autosave: the name is not its own any more
+    assert snapshot(second_store) == before
+    done = finished(second)
+    infos = run(list_generations(second_store, "chat"))
+    assert infos[-1].app_state["generated_tokens"] == list(done.generated_tokens)
+    assert {i.app_state["conversation"]["id"] for i in infos} == {first.conversation.id}
+    run(first.close())
 
 
 def test_resume_by_a_second_writer_is_refused_at_once_and_changes_nothing(make_cache, tmp_path):

@@ -13,12 +13,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from store_suite import StoreTests, run
+from store_suite import LEASE_RUN_OUT, Clock, StoreTests, run
 
 pytest.importorskip("starlette")
 
 from kvckpt_web.durable.container import MAX_MANIFEST_BYTES, chunk_digest, chunk_key  # noqa: E402
-from kvckpt_web.errors import FieldError, FormatError, StoreError  # noqa: E402
+from kvckpt_web.errors import ConflictError, FieldError, FormatError, StoreError  # noqa: E402
 from kvckpt_web.server.run import serve_routes_in_thread  # noqa: E402
 from kvckpt_web.server.store_routes import StoreRoutes  # noqa: E402
 from kvckpt_web.stores.base import Store  # noqa: E402
@@ -42,9 +42,14 @@ class Served:
         self.servers: dict[Path, tuple[Any, str]] = {}
         self.routes = routes
 
-    def url(self, directory: Path) -> str:
+    def url(self, directory: Path, clock: Clock | None = None) -> str:
+        """The URL of the server of ``directory``, started on first use, its claims' leases timed by ``clock``."""
         if directory not in self.servers:
+<<<<<<< HEAD
             routes = self.routes(FileStore(directory), TOKEN).routes()
+=======
+            routes = StoreRoutes(FileStore(directory), TOKEN, clock=clock).routes()
+>>>>>>> i37-claims
             self.servers[directory] = serve_routes_in_thread(routes, port=0)
         return self.servers[directory][1]
 
@@ -74,6 +79,9 @@ class TestHTTPStore(StoreTests):
 
     def open_store(self, location: Path, **kwargs: Any) -> Store:
         return HTTPStore(self.served.url(location / "served"), token=TOKEN, **kwargs)
+
+    def open_leased(self, location: Path, clock: Clock) -> Store:
+        return HTTPStore(self.served.url(location / "leased", clock), token=TOKEN, clock=clock)
 
 
 @pytest.fixture
@@ -285,3 +293,60 @@ def test_a_short_token_is_refused_when_serving():
         check_token("short", "--token")
     assert info.value.field == "--token"
 
+
+
+# -- claims -------------------------------------------------------------------------------------------------------
+
+
+def test_a_claim_through_the_server_and_one_of_a_writer_of_its_directory_exclude_each_other(server):
+    url, backing = server
+    remote = HTTPStore(url, token=TOKEN).claim("chat")
+    run(remote.__aenter__())
+    with pytest.raises(ConflictError, match="'chat'"):
+        run(backing.claim("chat").__aenter__())
+    run(remote.__aexit__(None, None, None))
+    local = backing.claim("chat")
+    run(local.__aenter__())
+    with pytest.raises(ConflictError, match="'chat'"):
+        run(HTTPStore(url, token=TOKEN).claim("chat").__aenter__())
+    run(local.__aexit__(None, None, None))
+
+
+def test_a_client_that_died_leaves_the_name_to_writers_of_the_directory_once_its_lease_ran_out(served, tmp_path):
+    clock = Clock()
+    url = served.url(tmp_path / "served", clock)
+    run(HTTPStore(url, token=TOKEN, clock=clock).claim("chat").__aenter__())  # never left: the client was killed
+    clock.offset = LEASE_RUN_OUT
+    run(HTTPStore(url, token=TOKEN, clock=clock).claim("other").__aenter__())  # any claim request sweeps
+    run(FileStore(tmp_path / "served").claim("chat").__aenter__())
+
+
+@pytest.mark.parametrize("body", [b"", b"{}", b'{"holder": "AB"}', b'{"holder": "' + b"a" * 32 + b'", "x": 1}',
+                                  b'{"holder": "' + b"a" * 2000 + b'"}', b"\xff"])
+def test_a_claim_request_whose_body_is_no_holder_is_400_and_claims_nothing(server, body):
+    url, backing = server
+    status, answer, _ = request(f"{url}store/claims/chat", "POST", body)
+    assert status == 400 and b"holder" in answer
+    run(backing.claim("chat").__aenter__())
+
+
+@pytest.mark.parametrize("method", ["POST", "PUT", "DELETE"])
+def test_a_claim_request_without_the_token_is_401_and_claims_nothing(server, method):
+    url, backing = server
+    status, _, _ = request(f"{url}store/claims/chat?holder={'a' * 32}", method, b'{"holder": "' + b"a" * 32 + b'"}',
+                           token=None)
+    assert status == 401
+    run(backing.claim("chat").__aenter__())
+
+
+def test_a_claim_of_a_name_that_is_no_key_segment_is_404(server):
+    url, _ = server
+    status, _, _ = request(f"{url}store/claims/~kvckpt.lock", "POST", b'{"holder": "' + b"a" * 32 + b'"}')
+    assert status == 404
+
+
+def test_a_preflight_of_a_claim_request_allows_its_methods(server):
+    url, _ = server
+    status, _, headers = request(url + "store/claims/chat", "OPTIONS", token=None,
+                                 headers={"Origin": "http://localhost:9", "Access-Control-Request-Method": "POST"})
+    assert status == 204 and {"POST", "PUT", "DELETE"} <= set(headers["access-control-allow-methods"].split(", "))

@@ -3,7 +3,9 @@ conditional PUT on the wire, and when values settle for gc."""
 
 from __future__ import annotations
 
+import json
 import os
+import re
 import subprocess
 import sys
 import threading
@@ -13,9 +15,9 @@ from typing import Any
 
 import pytest
 from s3_server import BUCKET, NO_RETRIES
-from store_suite import StoreTests, run
+from store_suite import LEASE_RUN_OUT, Clock, StoreTests, run
 
-from kvckpt_web.errors import FieldError, StoreError
+from kvckpt_web.errors import ConflictError, FieldError, StoreError
 from kvckpt_web.stores.base import Store
 
 obstore = pytest.importorskip("obstore")
@@ -35,6 +37,9 @@ class TestObjectStoreOnS3(StoreTests):
         url = self.urls.setdefault(location, self.server.new_url())
         return self.server.store(url, **kwargs)
 
+    def open_leased(self, location: Path, clock: Clock) -> Store:
+        return self.open_store(location, clock=clock)
+
 
 class TestObjectStoreInMemory(StoreTests):
     def setup_method(self) -> None:
@@ -44,6 +49,9 @@ class TestObjectStoreInMemory(StoreTests):
         from obstore.store import MemoryStore
 
         return ObjectStore(self.backing.setdefault(location, MemoryStore()), **kwargs)
+
+    def open_leased(self, location: Path, clock: Clock) -> Store:
+        return self.open_store(location, clock=clock)
 
 
 def test_the_s3_server_refuses_a_conditional_put_of_a_key_that_holds_a_value(s3_server):
@@ -67,18 +75,6 @@ def test_set_if_absent_leaves_a_value_another_writer_stored_first(s3_server):
     assert run(second.set_if_absent("manifests/chat/1", b"two")) is False
     assert run(first.get("manifests/chat/1")) == b"one"
     assert second.bytes_written == 0
-
-
-class Clock:
-    """A clock the test moves: ages of stored values are measured against it."""
-
-    def __init__(self, offset: float = 0.0) -> None:
-        self.offset = offset
-
-    def __call__(self) -> float:
-        import time
-
-        return time.time() + self.offset
 
 
 def test_a_fresh_value_is_not_settled_and_an_old_one_is():
@@ -220,3 +216,64 @@ def test_every_request_waits_on_the_stores_own_threads(s3_server, monkeypatch):
     assert run(store.list_prefix("chunks/")) == ["chunks/a"]
     run(store.delete("chunks/a"))
     assert len(threads) >= 5 and all(name.startswith("kvckpt-objects") for name in threads)
+
+
+# -- claims: leases in claim objects (FORMAT.md section 9) -------------------------------------------------------
+
+
+def claim_object(backing: Any, name: str = "chat") -> tuple[bytes, Any]:
+    answer = obstore.get(backing, f"~kvckpt.claim.{name}")
+    return bytes(answer.bytes()), answer.meta
+
+
+def test_a_claim_is_an_object_beside_the_keys_holding_its_holder_and_when_its_lease_runs_out():
+    backing, clock = obstore.store.MemoryStore(), Clock()
+    store = ObjectStore(backing, clock=clock, lease_seconds=30)
+    held = store.claim("chat")
+    before = clock()
+    run(held.__aenter__())
+    value = json.loads(claim_object(backing)[0])
+    assert sorted(value) == ["expires_ms", "format", "holder", "name", "version"]
+    assert (value["format"], value["version"], value["name"]) == ("kvckpt.claim", 1, "chat")
+    assert re.fullmatch(r"[0-9a-f]{32}", value["holder"])
+    assert int((before + 30) * 1000) <= value["expires_ms"] <= int((clock() + 30) * 1000)
+    assert run(store.list_prefix("")) == []
+    run(held.__aexit__(None, None, None))
+    with pytest.raises(FileNotFoundError):
+        claim_object(backing)
+
+
+@pytest.mark.parametrize("value", [b"not json", b'{"format":"kvckpt.claim","version":2}', b"x" * 2000,
+                                   b'{"expires_ms":99999999999999,"format":"kvckpt.claim","holder":"'
+                                   + b"a" * 32 + b'","name":"chat","version":1}'])
+def test_a_claim_object_that_is_none_or_runs_for_longer_holds_its_name_an_hour_after_it_was_written(value):
+    backing, clock = obstore.store.MemoryStore(), Clock()
+    obstore.put(backing, "~kvckpt.claim.chat", value)
+    store = ObjectStore(backing, clock=clock)
+    clock.offset = LEASE_RUN_OUT
+    with pytest.raises(ConflictError, match="'chat'"):
+        run(store.claim("chat").__aenter__())
+    assert claim_object(backing)[0] == value
+    clock.offset = 3600 + LEASE_RUN_OUT
+    run(store.claim("chat").__aenter__())
+
+
+def test_a_claim_on_storage_without_conditional_updates_is_taken_and_released_but_not_taken_over(tmp_path):
+    clock = Clock()
+    first, second = (ObjectStore(obstore.store.LocalStore(str(tmp_path)), clock=clock) for _ in range(2))
+    held = first.claim("chat")
+    run(held.__aenter__())
+    with pytest.raises(ConflictError, match="'chat'"):
+        run(second.claim("chat").__aenter__())
+    run(held.__aexit__(None, None, None))
+    run(first.claim("chat").__aenter__())  # and never released: its writer died
+    clock.offset = LEASE_RUN_OUT
+    with pytest.raises(StoreError, match="conditionally on an ETag.*FileStore"):
+        run(second.claim("chat").__aenter__())
+
+
+def test_a_lease_must_be_longer_than_0_and_at_most_an_hour():
+    for seconds in (0, 3601, -1, float("nan"), True):
+        with pytest.raises(FieldError) as info:
+            ObjectStore(obstore.store.MemoryStore(), lease_seconds=seconds)
+        assert info.value.field == "lease_seconds"
