@@ -20,6 +20,7 @@ import dataclasses
 import os
 import time
 from collections.abc import Iterable, Mapping
+from contextlib import AsyncExitStack
 from typing import TYPE_CHECKING, Any
 
 from ..checks import check_callable, check_each
@@ -78,20 +79,30 @@ async def sync(src: "Store", dst: "Store", *, names: Iterable[str] | None = None
     for name in chosen:
         manifest, envelope = await load_manifest(src, name)
         try:
-            async with dst.claim(name), dst.lock():
+            async with AsyncExitStack() as held:
+                await _claim(held, dst, name)
+                await held.enter_async_context(dst.lock())
                 target, needed = await _target(src, dst, manifest, envelope)
-                if target.name == name:
-                    await _copy(src, dst, manifest, envelope, target, needed, totals, progress)
-                else:
-                    async with dst.claim(target.name):
-                        await _copy(src, dst, manifest, envelope, target, needed, totals, progress)
+                if target.name != name:
+                    await _claim(held, dst, target.name)
                     apart[name] = target.name
+                await _copy(src, dst, manifest, envelope, target, needed, totals, progress)
         except ConflictError as exc:
             conflicts.append(str(exc))
             continue
         (copied if needed else current).append(target.key)
     return SyncResult(tuple(copied), tuple(current), tuple(conflicts), totals["sent"], totals["present"],
                       totals["records"], dst.bytes_written - written_before, time.perf_counter() - started, apart)
+
+
+async def _claim(held: AsyncExitStack, dst: "Store", name: str) -> None:
+    """Hold ``dst``'s claim of ``name`` until ``held`` closes; ConflictError naming the name and the store if another
+    writer holds it."""
+    try:
+        await held.enter_async_context(dst.claim(name))
+    except ConflictError:
+        raise ConflictError(f"{name}: being written in {_place(dst)} (a reply under way there, or another tab, "
+                            "process or sync): not copied") from None
 
 
 def _place(store: "Store") -> str:
