@@ -246,8 +246,12 @@ async def _copy(src: "Store", dst: "Store", manifest: Manifest, envelope: bytes,
             if progress is not None:
                 progress("sync", done[0], len(refs))
 
-        async with dst.batch():  # every chunk durable before the manifest is written
-            await run_bounded((lambda r=r: copy(r) for r in refs.values()), IO_CONCURRENCY)
+        try:
+            async with dst.batch():  # every chunk durable before the manifest is written
+                await run_bounded((lambda r=r: copy(r) for r in refs.values()), IO_CONCURRENCY)
+        except CorruptionError as exc:
+            raise CorruptionError(f"{manifest.name}: generation {manifest.generation} in {_place(src)} is damaged and "
+                                  f"was not copied ({exc})") from None
         data = envelope if target is manifest else encode_manifest(target, metadata_is_valid=True)
         if not await dst.set_if_absent(target.key, data):
             if await dst.get(target.key, max_bytes=MAX_MANIFEST_BYTES) != data:

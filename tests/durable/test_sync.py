@@ -285,8 +285,9 @@ def test_a_damaged_chunk_in_the_source_is_not_copied_and_no_manifest_is_written(
     saved(model, src)
     key = sorted(k for k in src._data if k.startswith("chunks/"))[0]
     src._data[key] = bytes(len(src._data[key]))
-    with pytest.raises(CorruptionError, match=key):
+    with pytest.raises(CorruptionError, match=key) as caught:
         run(sync(src, dst))
+    assert str(caught.value).startswith("chat: generation 1 in MemoryStore(") and "is damaged" in str(caught.value)
     assert run(dst.list_prefix("manifests/")) == []
 
 
