@@ -20,6 +20,7 @@ import dataclasses
 import os
 import time
 from collections.abc import Iterable, Mapping
+from contextlib import AsyncExitStack
 from typing import TYPE_CHECKING, Any
 
 from ..checks import check_callable, check_each
@@ -78,20 +79,30 @@ async def sync(src: "Store", dst: "Store", *, names: Iterable[str] | None = None
     for name in chosen:
         manifest, envelope = await load_manifest(src, name)
         try:
-            async with dst.claim(name), dst.lock():
+            async with AsyncExitStack() as held:
+                await _claim(held, dst, name)
+                await held.enter_async_context(dst.lock())
                 target, needed = await _target(src, dst, manifest, envelope)
-                if target.name == name:
-                    await _copy(src, dst, manifest, envelope, target, needed, totals, progress)
-                else:
-                    async with dst.claim(target.name):
-                        await _copy(src, dst, manifest, envelope, target, needed, totals, progress)
+                if target.name != name:
+                    await _claim(held, dst, target.name)
                     apart[name] = target.name
+                await _copy(src, dst, manifest, envelope, target, needed, totals, progress)
         except ConflictError as exc:
             conflicts.append(str(exc))
             continue
         (copied if needed else current).append(target.key)
     return SyncResult(tuple(copied), tuple(current), tuple(conflicts), totals["sent"], totals["present"],
                       totals["records"], dst.bytes_written - written_before, time.perf_counter() - started, apart)
+
+
+async def _claim(held: AsyncExitStack, dst: "Store", name: str) -> None:
+    """Hold ``dst``'s claim of ``name`` until ``held`` closes; ConflictError naming the name and the store if another
+    writer holds it."""
+    try:
+        await held.enter_async_context(dst.claim(name))
+    except ConflictError:
+        raise ConflictError(f"{name}: being written in {_place(dst)} (a reply under way there, or another tab, "
+                            "process or sync): not copied") from None
 
 
 def _place(store: "Store") -> str:
@@ -235,8 +246,12 @@ async def _copy(src: "Store", dst: "Store", manifest: Manifest, envelope: bytes,
             if progress is not None:
                 progress("sync", done[0], len(refs))
 
-        async with dst.batch():  # every chunk durable before the manifest is written
-            await run_bounded((lambda r=r: copy(r) for r in refs.values()), IO_CONCURRENCY)
+        try:
+            async with dst.batch():  # every chunk durable before the manifest is written
+                await run_bounded((lambda r=r: copy(r) for r in refs.values()), IO_CONCURRENCY)
+        except CorruptionError as exc:
+            raise CorruptionError(f"{manifest.name}: generation {manifest.generation} in {_place(src)} is damaged and "
+                                  f"was not copied ({exc})") from None
         data = envelope if target is manifest else encode_manifest(target, metadata_is_valid=True)
         if not await dst.set_if_absent(target.key, data):
             if await dst.get(target.key, max_bytes=MAX_MANIFEST_BYTES) != data:

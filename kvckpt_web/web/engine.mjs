@@ -170,10 +170,12 @@ export class Engine {
   // server of kvckpt.mjs, beside this page). push(name, {token}) copies conversation `name`'s newest committed
   // checkpoint there, pull(name, {token}) copies the server's newest into this engine's store (letting go of this
   // engine's slot of it, whose K/V stay stored): the next turn then restores its K/V instead of computing them. Only
-  // the chunks the other side lacks move: {name, generation, copied, chunks_sent, chunks_present, records_sent,
-  // bytes_sent, ms}. Errors: StoreError (the token refused: nothing written; no server), NotFoundError (no such
-  // conversation on the sending side), ConflictError (the other side holds a newer or another generation: another
-  // device continued it; or a reply is being generated in it), FieldError (no token, a bad URL).
+  // the chunks the other side lacks move: {name, generation, apart_from, copied, chunks_sent, chunks_present,
+  // records_sent, bytes_sent, ms}. Nothing is overwritten: a copy that went apart from the other side's (each device
+  // went on its own way) is kept there beside it as `name`, `<apart_from>.apart-<id>`. Errors: StoreError (the token
+  // refused: nothing written; no server), NotFoundError (no such conversation on the sending side), ConflictError
+  // (the other side's copy goes on from this one: another device continued it; or a reply is being generated in
+  // it), FieldError (no token, a bad URL).
   push(name, { url = null, token = null } = {}) { return this.worker.call("push", name, this.#remote(url), token); }
   pull(name, { url = null, token = null } = {}) { return this.worker.call("pull", name, this.#remote(url), token); }
   #remote(url) { return url === null ? this.base : new URL(url, globalThis.location?.href ?? this.base).href; }

@@ -78,6 +78,22 @@ def test_a_pulled_conversation_continues_with_the_uninterrupted_tokens_without_c
     run(body())
 
 
+def test_a_second_push_of_a_conversation_shorter_than_a_chunk_writes_nothing(make_engine, remote):
+    async def body() -> None:
+        here = make_engine(store=MemoryStore(), chunk_tokens=256)
+        replies, _ = await converse(here, ["hi"], GREEDY)
+        name = replies[0].conversation
+        manifest, _ = await load_manifest(here.store, name)
+        assert manifest.num_logical_pages < manifest.pages_per_chunk  # each group's one chunk is partial
+        first = await push(here, name, remote())
+        again = remote()
+        second = await push(here, name, again)
+        assert first.chunks_sent == len(manifest.chunk_keys()) and second.up_to_date == first.copied
+        assert (second.copied, second.chunks_sent, second.bytes_sent, again.bytes_written) == ((), 0, 0, 0)
+
+    run(body())
+
+
 def test_a_push_onto_a_conversation_another_device_continued_is_a_conflict(make_engine, remote):
     async def body() -> None:
         here, there = make_engine(store=MemoryStore()), make_engine(store=MemoryStore())
