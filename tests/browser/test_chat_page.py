@@ -129,6 +129,17 @@ def test_a_new_conversation_starts_empty_and_its_reply_is_saved_apart(page):
     assert second["usage"]["prompt_tokens_details"]["cached_tokens"] < second["usage"]["prompt_tokens"]
 
 
+def test_a_turn_is_saved_into_the_open_conversation_when_another_holds_the_same_history(page):
+    first = page.reply_to("Hi")
+    page.page.click("#new-chat")
+    second = page.reply_to("Hi")  # greedy: the same reply, a second conversation
+    page.open_conversation(first["conversation"])
+    again = page.reply_to("What can you do?")  # its tokens continue both; the second was used last
+    assert second["conversation"] != first["conversation"] and second["replyIds"] == first["replyIds"]
+    assert again["conversation"] == first["conversation"] and len(again["messages"]) == 4
+    assert page.conversation(second["conversation"])["tokens"] == history_tokens(second) + 1  # left as it was
+
+
 def test_a_restore_is_compared_with_an_estimate_from_the_shown_prefill_rate_and_measured_only_when_asked(page):
     page.reply_to("tell me about the sea.")  # a prefill this device has shown
     page.send_and_hold("and the wind?", 4)
