@@ -130,7 +130,8 @@ class Slots:
     async def place(self, name: str, source: PrefixSource, tokens: int) -> Slot:
         """A slot for conversation ``name`` whose sequence holds the ``source.length`` tokens to reuse, with
         room for ``tokens`` in all; the K/V come from the slot itself, a fork of another, or the store (none,
-        its ``kv_length`` 0, if the checkpoint holds other tokens now: see :meth:`_restore_prefix`)."""
+        its ``kv_length`` 0, if the checkpoint holds other tokens now: see :meth:`_restore_prefix`). Raises one
+        of :data:`UNUSABLE_KV` if the store's cannot be used: no slot is added (``name``'s own is gone)."""
         own = self.of_conversation(name)
         if own is not None and own.busy:
             raise ConflictError(f"conversation {name!r}: a reply is being generated in it; wait for it or interrupt it")
