@@ -23,6 +23,7 @@ function request(messages, extra = {}) {
 // With `resumed`, the first chunk is what the reply had written before (restored, not generated now).
 export async function run(opened, { resumed = false, timeline = false } = {}) {
   clearProblem();
+  page.stopping = false;
   Object.assign(state, { reply: "", replyIds: [], held: null, finishReason: null });
   state.messages.push({ role: "assistant", content: "" });
   setPhase("generating", "waiting for the first token");
@@ -72,6 +73,7 @@ async function adopt(name) {
 }
 
 async function finished(reason, usage) {
+  if (reason === "abort" && page.stopping) localStorage.setItem(stopKey(state.conversation), "1");
   state.finishReason = reason;
   state.usage = usage;
   $("figures").textContent = replyLine(usage);
