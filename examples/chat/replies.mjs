@@ -139,13 +139,14 @@ export async function sendEdited(index, text) {
             { refused: () => { state.messages = before; } });
 }
 
-// The last reply answered again.
+// The last reply answered again; with temperature sampling from a new seed (shown in the settings, saved with it).
 export async function regenerate() {
   const name = state.conversation;
   const before = state.messages;
   state.messages = state.messages.slice();
   while (state.messages.length && state.messages[state.messages.length - 1].role === "assistant") state.messages.pop();
   localStorage.removeItem(stopKey(name));
+  if (sampling()) $("seed").value = String(crypto.getRandomValues(new Uint32Array(1))[0]);
   const messages = state.messages.map(({ role, content }) => ({ role, content }));
   await run(() => page.engine.chat.completions.create(request(messages, { conversation: name })),
             { refused: () => { state.messages = before; } });
