@@ -48,7 +48,7 @@ export function updateControls() {
   for (const [id, off] of controls) if (!off) disable($(id), false);   // enabled first: the focus may move there
   for (const [id, off, next] of controls) if (off) disable($(id), true, $(next));
   $("measure").disabled = !writable;
-  $("apply-engine").disabled = busy;
+  $("apply-engine").disabled = busy || phase === "starting";   // one engine at a time
   $("owner").hidden = !state.readOnly;
   render();
 }
