@@ -195,9 +195,7 @@ class Engine:
         name = turn.slot.conversation
 
         def saved(result: SaveResult) -> None:
-            if turn.first_token_at is None:
-                turn.prefill_save_s += result.seconds
-            else:
+            if turn.first_token_at is not None:
                 turn.save_s += result.seconds
             if result.prefix_record is not None:
                 self.sources.index.note(result.prefix_record)

@@ -126,7 +126,8 @@ def test_a_warm_up_runs_one_token_and_leaves_the_cache_and_the_replies_as_they_w
     assert run(engine.chat(MESSAGES, **GREEDY)).token_ids == want.token_ids
 
 
-def test_prefill_and_decode_times_leave_out_the_saves_made_in_either(make_engine, monkeypatch):
+def test_the_prefill_time_is_the_wait_for_the_first_token_saves_included_and_the_decode_leaves_its_saves_out(
+        make_engine, monkeypatch):
     clock = [0.0]
 
     def perf_counter():
@@ -143,4 +144,4 @@ def test_prefill_and_decode_times_leave_out_the_saves_made_in_either(make_engine
     engine = make_engine(store=SlowManifests(), autosave_every=5)
     long_prompt = [{"role": "user", "content": "tell me about the sea, the wind and the ships on it."}]
     timings = run(engine.chat(long_prompt, **GREEDY)).usage.timings
-    assert 0 < timings.prefill_s < 10 and 0 < timings.decode_s < 10
+    assert timings.prefill_s > 10 and 0 < timings.decode_s < 10  # commits made during the prefill were waited for
