@@ -202,8 +202,8 @@ const ENGINE_KEYS = { context: "context", sequences: "sequences", autosaveEvery:
 // Start the engine: Pyodide and kvckpt_web in a module Web Worker, the model of `model` (the GGUF file's URL, kept
 // in the browser for the next load: weights.mjs) on WebGPU, conversations in the IndexedDB or OPFS store
 // `storeName`. `onProgress({stage, done, total, source?})` hears of each stage: "python", "packages", "weights"
-// (source "cache" or "network", bytes), "upload" (parts of the weights), "engine", "kernels" (built by running one
-// token, so the first reply does not wait for them); `onEvent(e)` of what happens while
+// (source "cache" or "network", bytes), "upload" (parts of the weights), "engine", "kernels" (every one a reply
+// uses, built by a warm-up, so the first reply does not wait for them); `onEvent(e)` of what happens while
 // replies run: {type: "saved", conversation, generation, tokens, bytes, ms, store}, {type: "save_failed",
 // conversation, error, store}. `base`: the folder of kvckpt.mjs, pyodide/ and wheels/ (default: this module's).
 export async function createEngine({ model, store = "indexeddb", storeName = "kvckpt", onProgress = () => {},
