@@ -136,7 +136,8 @@ $("prompt").onkeydown = (e) => {
   if (e.key === "Enter" && !e.shiftKey && !e.isComposing) { e.preventDefault(); $("composer").requestSubmit(); }
 };
 $("stop").onclick = () => {
-  localStorage.setItem(stopKey(state.conversation), "1");
+  page.stopping = true;   // a new conversation is named by the reply's first chunk: its end marks it stopped
+  if (state.conversation) localStorage.setItem(stopKey(state.conversation), "1");
   page.engine.interrupt();
 };
 $("continue").onclick = async () => continueReply(await page.engine.conversation(state.conversation));

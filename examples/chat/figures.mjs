@@ -31,7 +31,9 @@ export function replyLine(usage) {
   if (t.restore_s > 0) parts[0] += `, read in ${ms(t.restore_s * 1e3)}`;
   parts[0] += ")";
   const prefilled = usage.prompt_tokens - cached;
-  if (prefilled > 0) {
+  if (prefilled > 0 && usage.completion_tokens === 0) {
+    parts.push(`stopped before the first token, during the prefill of ${prefilled} tokens`);
+  } else if (prefilled > 0) {
     parts.push(`prefill ${prefilled} tokens in ${ms(t.prefill_s * 1e3)}` +
                (t.prefill_tokens_per_s ? `: ${rate(t.prefill_tokens_per_s)} tokens/s` : ""));
   }

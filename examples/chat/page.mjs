@@ -14,6 +14,7 @@ export const page = {
   tabs: null,          // one writer per conversation (tabs.mjs)
   streaming: null,     // the reply being read: {done}, a promise of its end
   editing: null,       // the index of the message being edited
+  stopping: false,     // Stop was pressed during the reply being read
   confirming: null,    // the conversation whose delete asks for confirmation
   started: { runs: 0, origin: 0, at: 0, took: null },   // engine starts; when the page (or a restart) began
   sendEdited: null,    // what an edited message's Send does (replies.mjs)
@@ -47,7 +48,7 @@ export function updateControls() {
   for (const [id, off] of controls) if (!off) disable($(id), false);   // enabled first: the focus may move there
   for (const [id, off, next] of controls) if (off) disable($(id), true, $(next));
   $("measure").disabled = !writable;
-  $("apply-engine").disabled = busy;
+  $("apply-engine").disabled = busy || phase === "starting";   // one engine at a time
   $("owner").hidden = !state.readOnly;
   render();
 }

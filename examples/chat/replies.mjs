@@ -1,16 +1,29 @@
 // The chat page's replies: a message sent, an edited one (a fork), the last reply regenerated, an unfinished one
 // continued; each read chunk by chunk into the conversation, with the figures of what it cost.
 import { liveLine, notePrefill, replyLine, restoredLine, timelineLine } from "./figures.mjs";
-import { drawList, refresh, show } from "./conversations.mjs";
+import { drawList, newConversation, refresh, show } from "./conversations.mjs";
 import { announce, clearProblem, page, problem, setPhase, state, stopKey } from "./page.mjs";
 import { $, showReplyText } from "./view.mjs";
 
 // ----- replies ------------------------------------------------------------------------------------------------------
 
+const sampling = () => document.querySelector("input[name=mode]:checked").value === "sample";
+
+// The number in the settings' field `id` (named `label`) as its min, max and step allow; a FieldError naming it if
+// it is empty or outside them (the reply is then not asked for).
+function number(id, label) {
+  const input = $(id);
+  if (input.value !== "" && input.checkValidity()) return Number(input.value);
+  const expected = `${["", "1"].includes(input.step) ? "an integer" : "a number"} ` +
+    (input.max ? `in [${input.min}, ${input.max}]` : `>= ${input.min}`);
+  const got = input.value === "" ? "nothing" : input.value;
+  throw Object.assign(new Error(`${label}: expected ${expected}, got ${got}`),
+                      { name: "FieldError", field: label, expected, got });
+}
+
 function settings() {
-  const sample = document.querySelector("input[name=mode]:checked").value === "sample";
-  return { temperature: sample ? Number($("temperature").value) : 0, seed: Number($("seed").value),
-           max_tokens: Number($("max-tokens").value) };
+  return { temperature: sampling() ? number("temperature", "temperature") : 0, seed: number("seed", "seed"),
+           max_tokens: number("max-tokens", "max tokens") };
 }
 
 function request(messages, extra = {}) {
@@ -19,10 +32,13 @@ function request(messages, extra = {}) {
            ...settings(), ...extra };
 }
 
-// Read a reply's chunks into the last message; `opened()` gives the stream (it may reject before anything changed).
-// With `resumed`, the first chunk is what the reply had written before (restored, not generated now).
-export async function run(opened, { resumed = false, timeline = false } = {}) {
+// Read a reply's chunks into the last message; `opened()` gives the stream (it may reject before anything changed:
+// `refused()` then puts back what the caller changed). With `resumed`, the first chunk is what the reply had written
+// before (restored, not generated now).
+export async function run(opened, { resumed = false, timeline = false, refused = () => {} } = {}) {
   clearProblem();
+  page.stopping = false;
+  const ended = state.finishReason;   // how the last reply ended, while a refused one changes nothing
   Object.assign(state, { reply: "", replyIds: [], held: null, finishReason: null });
   state.messages.push({ role: "assistant", content: "" });
   setPhase("generating", "waiting for the first token");
@@ -32,6 +48,8 @@ export async function run(opened, { resumed = false, timeline = false } = {}) {
     stream = await opened();
   } catch (error) {
     state.messages.pop();
+    state.finishReason = ended;
+    refused();
     return failedReply(error);
   }
   const openedAt = performance.now();   // a resume's K/V are back (or a new prompt's prefix is)
@@ -72,6 +90,7 @@ async function adopt(name) {
 }
 
 async function finished(reason, usage) {
+  if (reason === "abort" && page.stopping) localStorage.setItem(stopKey(state.conversation), "1");
   state.finishReason = reason;
   state.usage = usage;
   $("figures").textContent = replyLine(usage);
@@ -91,33 +110,48 @@ function failedReply(error) {
   if (error.name === "Terminated") return;   // the crash control
   state.errors.push(error);
   setPhase("ready", "stopped");
+  if (error.name === "ContextFullError") {
+    return problem("full", "This conversation is full", { ...error, message: `${error.message}. A new ` +
+      "conversation starts with the whole context free (what you wrote stays in the box)." },
+      [{ id: "new-conversation", label: "New conversation", run: newConversation }]);
+  }
   problem(error.name === "ConflictError" ? "conflict" : "error", "The reply did not run", error);
 }
 
+// A refused send leaves the history as it was (`before`), and the text in the box.
 export async function send(text) {
   if (!text.trim() || $("send").disabled) return;
+  const before = state.messages;
   $("prompt").value = "";
   if (state.conversation) localStorage.removeItem(stopKey(state.conversation));
-  state.messages.push({ role: "user", content: text });
+  state.messages = [...before, { role: "user", content: text }];
   const messages = state.messages.map(({ role, content }) => ({ role, content }));
   // the open conversation's next turn is saved into it (a new one: the page.engine names it)
   const open = state.conversation ? { conversation: state.conversation } : {};
-  await run(() => page.engine.chat.completions.create(request(messages, open)));
+  await run(() => page.engine.chat.completions.create(request(messages, open)),
+            { refused: () => { state.messages = before; $("prompt").value = text; } });
 }
 
 export async function sendEdited(index, text) {
+  const before = state.messages;
   page.editing = null;
   state.messages = [...state.messages.slice(0, index), { role: "user", content: text }];
   const messages = state.messages.map(({ role, content }) => ({ role, content }));
-  await run(() => page.engine.chat.completions.create(request(messages)));   // a fork: the page.engine names it anew
+  await run(() => page.engine.chat.completions.create(request(messages)),   // a fork: the page.engine names it anew
+            { refused: () => { state.messages = before; } });
 }
 
+// The last reply answered again; with temperature sampling from a new seed (shown in the settings, saved with it).
 export async function regenerate() {
   const name = state.conversation;
+  const before = state.messages;
+  state.messages = state.messages.slice();
   while (state.messages.length && state.messages[state.messages.length - 1].role === "assistant") state.messages.pop();
   localStorage.removeItem(stopKey(name));
+  if (sampling()) $("seed").value = String(crypto.getRandomValues(new Uint32Array(1))[0]);
   const messages = state.messages.map(({ role, content }) => ({ role, content }));
-  await run(() => page.engine.chat.completions.create(request(messages, { conversation: name })));
+  await run(() => page.engine.chat.completions.create(request(messages, { conversation: name })),
+            { refused: () => { state.messages = before; } });
 }
 
 // Continue conversation `info`'s unfinished reply (from `generation`, or its newest), showing how its K/V came back.

@@ -235,9 +235,7 @@ class Engine:
         name = turn.slot.conversation
 
         def saved(result: SaveResult) -> None:
-            if turn.first_token_at is None:
-                turn.prefill_save_s += result.seconds
-            else:
+            if turn.first_token_at is not None:
                 turn.save_s += result.seconds
             if result.prefix_record is not None:
                 self.sources.index.note(result.prefix_record)
@@ -401,17 +399,22 @@ class Engine:
                 await self.slots.drop(own)
 
     async def warm_up(self) -> None:
-        """Run one token through the model in a free sequence of the cache and read its logits as a reply does (the
-        best id, the best few): a device that builds its kernels on first use builds them now, not at a reply's first
-        token. The cache is as it was afterwards; nothing if every sequence is taken."""
+        """Run what a turn runs through the model in a free sequence of the cache, reading the logits as a reply does
+        (the best id, the best few), so that a device that builds its kernels on first use builds every one of them
+        now, not during a reply: a short prompt and a token after it (attention over one range of keys), then a
+        prompt chunk (:attr:`prefill_chunk` tokens, or as many as the context allows) and a token after it
+        (attention split over ranges of keys). The cache is as it was afterwards; nothing if every sequence is
+        taken."""
         async with self.scheduler.turn():
             seq_id = self.slots.free_seq_id()
             if seq_id is None:
                 return
             self.cache.add_sequence(seq_id)
+            chunk = min(self.prefill_chunk, self.context - 4)
             try:
-                logits = await self.model.forward(self.cache, seq_id, [0])
-                await logits.argmax()
+                for n in (2, 1, chunk, 1) if chunk >= 1 else (1,):
+                    logits = await self.model.forward(self.cache, seq_id, [0] * n)
+                    await logits.argmax()
                 await logits.top_k(2)
             finally:
                 self.cache.remove_sequence(seq_id)

@@ -28,10 +28,8 @@ class Turn:
     """How the K/V of a reply continued from the store came back (None: the reply did not come from there)."""
     first_token_at: float | None = None
     last_token_at: float | None = None
-    prefill_save_s: float = 0.0
-    """Seconds of saves until the first token was out (autosaves during the prefill and the first token's)."""
     save_s: float = 0.0
-    """Seconds of saves after it."""
+    """Seconds of saves after the first token was out (those before it are part of the wait for it)."""
     interrupted: bool = False
     made: int = 0
     """Tokens this call generated (a resumed reply's earlier tokens not counted)."""
@@ -40,10 +38,13 @@ class Turn:
     was done instead); the first chunk carries them."""
 
     def usage(self) -> Usage:
-        """The call's usage: its token counts, and where its time went (saves left out of prefill and decode)."""
+        """The call's usage: its token counts, and where its time went. The prefill is the wait for the first token
+        after the restore, saves made meanwhile included: a save's readback may wait for the queued prefill (in the
+        browser it does), so its own time cannot be told apart. Saves after the first token are left out of the
+        decode."""
         gen = self.gen
         first, last = self.first_token_at, self.last_token_at
-        prefill_s = (first - self.started - self.restore_s - self.prefill_save_s) if first is not None else 0.0
+        prefill_s = (first - self.started - self.restore_s) if first is not None else 0.0
         decode_s = max(0.0, (last - first) - self.save_s) if first is not None and last is not None else 0.0
         timings = Timings(self.restore_s, max(0.0, prefill_s), decode_s,
                           self.prompt_tokens - self.cached_tokens, max(0, self.made - 1))

@@ -39,23 +39,25 @@ async function webgpu() {
   }
 }
 
-// Read stream `id` (a chat_api stream handle) to its end, posting each chunk; hold where the test hook says.
+// Read stream `id` (a chat_api stream handle) to its end, posting each chunk; hold where the test hook says (with 0
+// tokens, before the first chunk is asked for: before the prompt's prefill).
 async function pump(id, handle) {
-  let tokens = 0;
+  let tokens = 0, conversation = null;
   live.add(id);
   try {
     for (;;) {
+      if (holdAt !== null && tokens >= holdAt) {
+        holdAt = null;
+        event({ type: "held", conversation, tokens });
+        await new Promise((resolve) => { unhold = resolve; });
+      }
       if (cancelling.has(id)) { await api.cancel(handle); break; }
       const text = await api.next_chunk(handle);
       if (!text) break;
       const chunk = JSON.parse(text);
       post({ stream: id, chunk });
       tokens += chunk.kvckpt.token_ids.length;
-      if (holdAt !== null && tokens >= holdAt) {
-        holdAt = null;
-        event({ type: "held", conversation: chunk.kvckpt.conversation, tokens });
-        await new Promise((resolve) => { unhold = resolve; });
-      }
+      conversation = chunk.kvckpt.conversation;
     }
     post({ stream: id, end: true });
   } catch (e) {

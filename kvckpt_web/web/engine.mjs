@@ -119,8 +119,8 @@ export class Engine {
     //  context, store, took: {boot, weights, upload, engine, kernels} (ms)}
     this.info = info;
     this.chat = { completions: { create: (body) => this.#create(body) } };
-    // Test hooks: hold every reply's stream once it holds `tokens` tokens (until released or the worker is
-    // terminated), so that a test crashes at the point it chose.
+    // Test hooks: hold every reply's stream once it holds `tokens` tokens (0: before its prefill), until released or
+    // the worker is terminated, so that a test crashes or stops it at the point it chose.
     this.testing = {
       holdAfter: (tokens) => this.worker.call("hold", tokens),
       release: () => this.worker.call("unhold"),
@@ -204,8 +204,8 @@ const ENGINE_KEYS = { context: "context", sequences: "sequences", autosaveEvery:
 // Start the engine: Pyodide and kvckpt_web in a module Web Worker, the model of `model` (the GGUF file's URL, kept
 // in the browser for the next load: weights.mjs) on WebGPU, conversations in the IndexedDB or OPFS store
 // `storeName`. `onProgress({stage, done, total, source?})` hears of each stage: "python", "packages", "weights"
-// (source "cache" or "network", bytes), "upload" (parts of the weights), "engine", "kernels" (built by running one
-// token, so the first reply does not wait for them); `onEvent(e)` of what happens while
+// (source "cache" or "network", bytes), "upload" (parts of the weights), "engine", "kernels" (every one a reply
+// uses, built by a warm-up, so the first reply does not wait for them); `onEvent(e)` of what happens while
 // replies run: {type: "saved", conversation, generation, tokens, bytes, ms, store}, {type: "save_failed",
 // conversation, error, store}. `base`: the folder of kvckpt.mjs, pyodide/ and wheels/ (default: this module's).
 export async function createEngine({ model, store = "indexeddb", storeName = "kvckpt", onProgress = () => {},

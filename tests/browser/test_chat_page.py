@@ -100,6 +100,18 @@ def test_regenerate_replaces_the_last_reply_in_the_same_conversation_reusing_its
     assert [row["name"] for row in again["conversations"]] == [first["conversation"]]
 
 
+def test_regenerate_with_temperature_sampling_draws_a_new_seed_shown_and_saved_with_the_reply(page):
+    page.configure(max_tokens=TOKENS, seed=1)
+    first = page.reply_to("tell me about the sea.")
+    page.page.click("#regenerate")
+    page.wait("d => d.phase === 'ready' && d.finishReason !== null && d.usage.prompt_tokens_details.cached_tokens > 0")
+    again = page.state()
+    shown = page.page.input_value("#seed")
+    saved = page.conversation(first["conversation"])["settings"]
+    assert shown != "1" and saved["seed"] == int(shown)
+    assert again["conversation"] == first["conversation"] and again["replyIds"] != first["replyIds"]
+
+
 def test_editing_a_past_message_forks_a_new_conversation_reusing_the_shared_prefix(page):
     first_turns = user_turns(2)
     page.reply_to(first_turns[0])

@@ -132,3 +132,26 @@ def test_a_reply_the_user_stopped_waits_for_continue_after_a_reload_and_continue
     assert after_reload["restored"] is None and after_reload["conversation"] is None
     assert listed["finished"] is False and listed["stopped"] is True
     assert got["replyIds"] == want[0]
+
+
+def test_a_new_conversation_stopped_before_its_first_token_is_kept_stopped_under_its_own_name_after_a_reload(
+        chat_server, chat_browser):
+    page = open_chat(chat_browser, chat_server.url).open(every=EVERY)
+    page.configure(max_tokens=TOKENS)
+    page.hold_after(0)  # the worker holds before the prompt's prefill
+    page.send(user_turns(1)[0])
+    page.wait("d => d.held !== null")
+    page.page.click("#stop")
+    page.page.evaluate("() => window.demoHooks.release()")
+    page.wait("d => d.phase === 'ready' && d.finishReason === 'abort'")
+    stopped = page.state()
+    figures = page.page.inner_text("#figures")
+    keys = page.page.evaluate("() => Object.keys(localStorage).filter((k) => k.startsWith('kvckpt-chat:stopped:'))")
+    page.page.reload()
+    page.settle()
+    after_reload = page.state()
+    assert stopped["replyIds"] == [] and stopped["conversation"] is not None
+    assert keys == [f"kvckpt-chat:stopped:indexeddb:kvckpt-demo:{stopped['conversation']}"]
+    assert "stopped before the first token" in figures and " in 0 ms" not in figures
+    assert after_reload["restored"] is None and after_reload["conversation"] is None
+    assert page.conversation(stopped["conversation"])["stopped"] is True

@@ -218,3 +218,47 @@ def test_once_the_quota_is_lifted_the_next_autosave_commits_and_the_problem_goes
     got = page.reply_to("and the wind?")
     assert got["problem"] is None and got["committed"]["generation"] > failed["committed"]["generation"]
     assert page.conversation(failed["conversation"])["finished"] is True
+
+
+# ----- a send that is refused --------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("field, value, says, good", [
+    ("#temperature", "5", "temperature: expected a number in [0.05, 2], got 5", "0.8"),
+    ("#seed", "-1", "seed: expected an integer >= 0, got -1", "3"),
+    ("#max-tokens", "", "max tokens: expected an integer in [1, 900], got nothing", str(TOKENS)),
+    ("#max-tokens", "901", "max tokens: expected an integer in [1, 900], got 901", str(TOKENS)),
+], ids=["temperature-5", "seed-minus-1", "empty-max-tokens", "max-tokens-over-its-max"])
+def test_a_refused_send_keeps_the_text_in_the_box_and_the_history_as_it_was_and_the_next_send_answers(
+        page, field, value, says, good):
+    first = page.reply_to(PROMPT)
+    page.configure(max_tokens=TOKENS, seed=3)
+    page.page.fill(field, value)
+    page.send("and the wind?")
+    page.wait("d => d.problem !== null")
+    refused = page.state()
+    box = page.page.input_value("#prompt")
+    page.page.fill(field, good)
+    page.page.click("#send")
+    page.wait("d => d.phase === 'ready' && d.finishReason !== null && d.messages.length === 4")
+    got = page.state()
+    assert refused["problem"]["message"] == says and box == "and the wind?"
+    assert refused["messages"] == first["messages"] and refused["finishReason"] == first["finishReason"]
+    assert [m["role"] for m in got["messages"]] == ["user", "assistant"] * 2
+    assert got["messages"][2]["content"] == "and the wind?" and got["conversation"] == first["conversation"]
+
+
+def test_a_message_over_the_context_says_the_conversation_is_full_keeps_it_as_it_was_and_offers_a_new_one(page):
+    first = page.reply_to(PROMPT)
+    too_long = "the sea " * 2000
+    page.send(too_long)
+    page.wait("d => d.problem !== null")
+    full = page.state()
+    actions = page.offered()
+    box = page.page.input_value("#prompt")
+    page.page.click("#new-conversation")
+    page.wait("d => d.conversation === null && d.messages.length === 0")
+    listed = page.conversation(first["conversation"])
+    assert full["problem"]["kind"] == "full" and full["problem"]["title"] == "This conversation is full"
+    assert "context" in full["problem"]["message"] and actions == {"new-conversation"}
+    assert full["messages"] == first["messages"] and box == too_long
+    assert listed["finished"] is True and listed["tokens"] == first["usage"]["prompt_tokens"] + TOKENS

@@ -50,6 +50,36 @@ def test_a_start_that_failed_can_be_retried_and_the_page_then_chats(page, chat_s
     assert reply["finishReason"] == "length"
 
 
+HOLD_ENGINE_STARTS = """
+    window.engineStarts = { posted: 0, held: [] };   // each start of an engine (an init with a model), held
+    const post = Worker.prototype.postMessage;
+    Worker.prototype.postMessage = function (message, ...rest) {
+        if (message?.op !== "init" || !message.args?.[0]?.model) return post.call(this, message, ...rest);
+        window.engineStarts.posted += 1;
+        window.engineStarts.held.push(() => post.call(this, message, ...rest));
+    };
+    window.releaseEngineStarts = () => { for (const go of window.engineStarts.held.splice(0)) go(); };
+"""  # page script: the engine's start waits, in its worker's init message, until the test releases it
+
+
+def test_restart_the_engine_while_it_starts_never_starts_a_second_engine(chat_browser, chat_server):
+    page = open_chat(chat_browser, chat_server.url)
+    page.page.add_init_script(HOLD_ENGINE_STARTS)
+    page.page.goto(f"{chat_server.url}?store=indexeddb&every=8")
+    page.page.wait_for_function("() => window.engineStarts.posted === 1")
+    enabled_while_starting = enabled(page, "#apply-engine")
+    page.page.evaluate("() => document.getElementById('apply-engine').click()")
+    page.page.evaluate("() => window.releaseEngineStarts()")
+    page.settle()
+    got = page.state()
+    starts = page.page.evaluate("() => window.engineStarts.posted")
+    page.page.evaluate("() => window.releaseEngineStarts()")
+    reply = page.reply_to("tell me about the sea.")
+    assert starts == 1 and enabled_while_starting is False
+    assert got["phase"] == "ready" and got["problem"] is None and got["model"] is not None
+    assert reply["finishReason"] is not None and enabled(page, "#apply-engine")
+
+
 def test_a_delete_asks_can_be_cancelled_and_the_inspect_panel_closes_with_its_conversation(page):
     name = page.reply_to("tell me about the sea.")["conversation"]
     row = f"#conversations li[data-name='{name}']"

@@ -1,8 +1,8 @@
 """What a page needs of the engine beyond chat: hearing of every commit and failed autosave, and letting go of a
 conversation so that another tab's engine may continue it.
 
-The model is the K/V-honest double (``tests/model/lm_double.py``); a second engine on the same store is another
-tab or process.
+The model is the K/V-honest double (``tests/model/lm_double.py``), or the tiny llama where its GPU kernels
+matter; a second engine on the same store is another tab or process.
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ from kvckpt_web.errors import ConflictError, FieldError, NotFoundError
 
 from kvmodel import run
 from stores_that_fail import FullAfter
+from tiny_llama import write_tiny_llama
 
 MESSAGES = [{"role": "user", "content": "tell me about the sea."}]
 GREEDY = {"temperature": 0.0, "max_tokens": 16}
@@ -116,17 +117,19 @@ def test_a_generation_that_is_no_positive_integer_is_refused_naming_it(make_engi
         run(make_engine(store=MemoryStore()).resume("chat-x", generation=0))
 
 
-def test_a_warm_up_runs_one_token_and_leaves_the_cache_and_the_replies_as_they_were(make_engine):
+def test_a_warm_up_runs_a_short_prompt_and_a_prompt_chunk_each_with_a_token_after_it_and_leaves_the_cache_as_it_was(
+        make_engine):
     want = run(make_engine(store=MemoryStore()).chat(MESSAGES, **GREEDY))
     engine = make_engine(store=MemoryStore())
     free = engine.cache.get_num_available_pages()
     run(engine.warm_up())
-    assert engine.model.forwards == [1]
+    assert engine.model.forwards == [2, 1, engine.prefill_chunk, 1]
     assert engine.cache.sequence_ids() == [] and engine.cache.get_num_available_pages() == free
     assert run(engine.chat(MESSAGES, **GREEDY)).token_ids == want.token_ids
 
 
-def test_prefill_and_decode_times_leave_out_the_saves_made_in_either(make_engine, monkeypatch):
+def test_the_prefill_time_is_the_wait_for_the_first_token_saves_included_and_the_decode_leaves_its_saves_out(
+        make_engine, monkeypatch):
     clock = [0.0]
 
     def perf_counter():
@@ -143,4 +146,28 @@ def test_prefill_and_decode_times_leave_out_the_saves_made_in_either(make_engine
     engine = make_engine(store=SlowManifests(), autosave_every=5)
     long_prompt = [{"role": "user", "content": "tell me about the sea, the wind and the ships on it."}]
     timings = run(engine.chat(long_prompt, **GREEDY)).usage.timings
-    assert 0 < timings.prefill_s < 10 and 0 < timings.decode_s < 10
+    assert timings.prefill_s > 10 and 0 < timings.decode_s < 10  # commits made during the prefill were waited for
+
+
+def test_after_a_warm_up_no_turn_builds_a_kernel(tmp_path):
+    import wgpu
+
+    from kvckpt_web.engine import Engine
+    from kvckpt_web.gpu.wgpu_native import WgpuDevice
+    from kvckpt_web.model.loader import load_model
+
+    adapter = wgpu.gpu.request_adapter_sync(power_preference="high-performance")
+    device = WgpuDevice(adapter, adapter.request_device_sync())  # its own: no kernel built by another test
+    engine = Engine(load_model(write_tiny_llama(tmp_path / "tiny.gguf"), device), device, store=MemoryStore(),
+                    context=512, prefill_chunk=64, autosave_every=8)
+    try:
+        run(engine.warm_up())
+        built = len(device._kernels)
+        long = [{"role": "user", "content": "tell me about the sea, " * 12}]  # more than a prefill chunk
+        first = run(engine.chat(long, max_tokens=24, temperature=0.8, seed=1))
+        run(engine.chat([*long, {"role": "assistant", "content": first.text}, {"role": "user", "content": "more"}],
+                        max_tokens=8, temperature=0.0))
+        run(engine.chat([{"role": "user", "content": "hi"}], max_tokens=24, temperature=0.0))
+    finally:
+        run(engine.close())
+    assert first.usage.prompt_tokens > engine.prefill_chunk and len(device._kernels) == built

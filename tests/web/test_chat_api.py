@@ -289,5 +289,6 @@ def test_a_resume_without_streaming_gives_the_whole_reply_and_how_its_kv_came_ba
 
 def test_a_warm_up_runs_before_any_reply_and_changes_nothing_stored(tab, stores):
     worker = tab()
-    assert json.loads(run(worker.warm_up()))["ms"] >= 0 and worker.loaded.model.forwards == [1]
+    assert json.loads(run(worker.warm_up()))["ms"] >= 0
+    assert worker.loaded.model.forwards == [2, 1, worker.engine.prefill_chunk, 1]
     assert run(stores[("indexeddb", "s")].list_prefix("")) == []
