@@ -45,11 +45,7 @@ class Served:
     def url(self, directory: Path, clock: Clock | None = None) -> str:
         """The URL of the server of ``directory``, started on first use, its claims' leases timed by ``clock``."""
         if directory not in self.servers:
-<<<<<<< HEAD
-            routes = self.routes(FileStore(directory), TOKEN).routes()
-=======
-            routes = StoreRoutes(FileStore(directory), TOKEN, clock=clock).routes()
->>>>>>> i37-claims
+            routes = self.routes(FileStore(directory), TOKEN, clock=clock).routes()
             self.servers[directory] = serve_routes_in_thread(routes, port=0)
         return self.servers[directory][1]
 
