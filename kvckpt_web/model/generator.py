@@ -355,7 +355,9 @@ class Generator:
         """Run the next forward (a prefill chunk or the pending token); the token it produced, if any.
 
         Autosaves when due; a save that fails in the store (StoreError, OSError) is reported to
-        ``on_save_error`` and kept in ``save_error``, and the generation goes on."""
+        ``on_save_error`` and kept in ``save_error``, and the generation goes on. A save refused because the name is
+        no longer this reply's (another writer took its claim over, or committed another conversation there) raises
+        ConflictError: nothing is saved under the name any more."""
         self._check_usable()
         if self.finish_reason is not None:
             return None

@@ -150,6 +150,22 @@ def test_generate_on_a_name_another_writer_holds_is_refused_before_the_model_loa
     assert snapshot(saved_reply) == before
 
 
+def test_generate_on_s3_is_refused_while_a_process_on_another_machine_writes_the_name(double_model, s3_server,
+                                                                                    monkeypatch, capsys):
+    for variable, value in s3_server.env.items():
+        monkeypatch.setenv(variable, value)
+    url = s3_server.new_url()
+    held = s3_server.store(url).claim("story")  # as another machine's running `kvckpt generate` holds it
+    run(held.__aenter__())
+    try:
+        assert main(["generate", "--model", double_model, "--store", url, "--name", "story", "--prompt", PROMPT]) == 1
+    finally:
+        run(held.__aexit__(None, None, None))
+    error = one_line_error(capsys)
+    assert "'story'" in error and "held by another writer" in error
+    assert run(s3_server.store(url).list_prefix("")) == []
+
+
 def test_generate_resume_of_a_finished_reply_is_refused_before_the_model_loads(saved_reply, double_model, capsys):
     before = snapshot(saved_reply)
     assert main(["generate", "--model", double_model, "--store", str(saved_reply), "--name", "talk", "--resume"]) == 1
