@@ -804,7 +804,7 @@ def test_two_filestores_on_one_directory_exclude_each_others_claims(tmp_path: Pa
 
 def test_a_claim_of_another_process_refuses_ours_until_it_releases_it(tmp_path: Path) -> None:
     with lock_holder(tmp_path, "chat") as holder:
-        with pytest.raises(ConflictError, match=f"'chat' of FileStore\\('{tmp_path}'"):
+        with pytest.raises(ConflictError, match=f"'chat' of {tmp_path}: held by another writer"):
             run(take_claim(tmp_path))
         holder.communicate("\n", timeout=30)
         assert holder.returncode == 0
