@@ -140,6 +140,9 @@ class StoreTests:
     def store(self, tmp_path: Path) -> Store:
         return self.open_store(tmp_path)
 
+    def test_it_names_its_location_for_messages(self, store: Store) -> None:
+        assert isinstance(store.location, str) and store.location
+
     # -- get / set / delete / exists -------------------------------------------
 
     def test_missing_key(self, store: Store) -> None:
@@ -503,7 +506,7 @@ class StoreTests:
             return str(info.value)
 
         message = run(body())
-        assert "'chat'" in message and repr(store) in message
+        assert "'chat'" in message and store.location in message
 
     def test_a_claim_refuses_another_task_while_held(self, store: Store) -> None:
         async def other() -> str:

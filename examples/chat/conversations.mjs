@@ -3,7 +3,7 @@
 import { kib } from "./figures.mjs";
 import { announce, clearProblem, page, problem, setPhase, state, stopKey } from "./page.mjs";
 import { continueReply } from "./replies.mjs";
-import { $, showConversations } from "./view.mjs";
+import { $, showConversations, showWarnings } from "./view.mjs";
 
 // ----- the list ----------------------------------------------------------------------------------------------------
 
@@ -140,6 +140,7 @@ export function newConversation() {
   $("chat-title").textContent = "New conversation";
   $("restored").hidden = true;
   $("figures").textContent = "";
+  showWarnings([]);
   setPhase(page.engine ? "ready" : state.phase, page.engine ? "ready" : state.phase);
   drawList();
   $("prompt").focus();

@@ -3,7 +3,7 @@
 import { liveLine, notePrefill, replyLine, restoredLine, timelineLine } from "./figures.mjs";
 import { drawList, newConversation, refresh, show } from "./conversations.mjs";
 import { announce, clearProblem, page, problem, setPhase, state, stopKey } from "./page.mjs";
-import { $, showReplyText } from "./view.mjs";
+import { $, showReplyText, showWarnings } from "./view.mjs";
 
 // ----- replies ------------------------------------------------------------------------------------------------------
 
@@ -59,6 +59,7 @@ export async function run(opened, { resumed = false, timeline = false, refused =
     for await (const chunk of stream) {
       const now = performance.now();
       const [choice] = chunk.choices;
+      if (choice.delta.role) showWarnings(chunk.kvckpt.warnings ?? []);   // on its first chunk
       if (!old && chunk.kvckpt.token_ids.length && firstAt === null) {
         firstAt = now;
         $("phase").textContent = "generating";

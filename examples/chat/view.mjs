@@ -58,6 +58,13 @@ export function showReplyText(text) {
   if (last) last.textContent = text;
 }
 
+// What a reply did without (the engine's `kvckpt.warnings`: K/V in the store that could not be used, and what was done
+// instead), as a notice beside it, text only; none hides it.
+export function showWarnings(warnings) {
+  $("reply-warnings").hidden = warnings.length === 0;
+  $("reply-warnings").textContent = warnings.length ? `Note: ${warnings.join("; ")}` : "";
+}
+
 function label(row, writing) {
   if (row.name === writing) return "writing";
   if (row.error) return "damaged";

@@ -72,7 +72,7 @@ async def load_manifest(store: "Store", name: str, generation: int | None = None
     if generation is None:
         keys = await manifest_keys(store, name)
         if not keys:
-            raise NotFoundError(f"{manifest_prefix(name)}: no checkpoint named {name!r} in {store!r}")
+            raise NotFoundError(f"{manifest_prefix(name)}: no checkpoint named {name!r} in {store.location}")
         key = keys[-1][2]
     else:
         key = manifest_key(name, generation)

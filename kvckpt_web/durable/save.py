@@ -231,7 +231,7 @@ async def _check_conversation(store: "Store", name: str, existing: list[tuple[st
         return
     got = (f"none of its {len(existing)} generations readable" if newest is None else
            f"generation {newest.generation} of conversation {_conversation_id(theirs)}")
-    raise ConflictError(f"save {name!r}: expected the newest generation of {name!r} in {store!r} to be of this "
+    raise ConflictError(f"save {name!r}: expected the newest generation of {name!r} in {store.location} to be of this "
                         f"save's conversation {_conversation_id(ours)}, got {got} (another writer's); nothing was "
                         "written")
 

@@ -17,7 +17,6 @@ destination went on further) is a conflict: nothing is copied. A copy that went 
 from __future__ import annotations
 
 import dataclasses
-import os
 import time
 from collections.abc import Iterable, Mapping
 from contextlib import AsyncExitStack
@@ -69,7 +68,7 @@ async def sync(src: "Store", dst: "Store", *, names: Iterable[str] | None = None
         chosen = check_each("names", names, "a list of checkpoint names", lambda f, n: validate_name(n, f))
         missing = sorted(set(chosen) - set(present))
         if missing:
-            raise NotFoundError(f"names: no checkpoint named {', '.join(map(repr, missing))} in {_place(src)}")
+            raise NotFoundError(f"names: no checkpoint named {', '.join(map(repr, missing))} in {src.location}")
     written_before = dst.bytes_written
     totals = {"sent": 0, "present": 0, "records": 0}
     copied: list[str] = []
@@ -101,18 +100,8 @@ async def _claim(held: AsyncExitStack, dst: "Store", name: str) -> None:
     try:
         await held.enter_async_context(dst.claim(name))
     except ConflictError:
-        raise ConflictError(f"{name}: being written in {_place(dst)} (a reply under way there, or another tab, "
+        raise ConflictError(f"{name}: being written in {dst.location} (a reply under way there, or another tab, "
                             "process or sync): not copied") from None
-
-
-def _place(store: "Store") -> str:
-    """Where ``store`` is, as its user named it (for messages): the URL of a served store or object storage, a
-    directory, else how the store prints itself."""
-    for attribute in ("url", "directory"):
-        where = getattr(store, attribute, None)
-        if isinstance(where, (str, os.PathLike)):
-            return os.fspath(where)
-    return repr(store)
 
 
 def _history(app_state: Mapping[str, Any]) -> tuple[list[Any], int] | None:
@@ -195,7 +184,7 @@ async def _target(src: "Store", dst: "Store", manifest: Manifest, envelope: byte
     if await _goes_on(manifest, src, held, held_envelope):
         return manifest, True
     if await _goes_on(held, dst, manifest, envelope):
-        raise ConflictError(f"{manifest.name}: {_place(dst)} holds generation {held.generation}, which goes on from "
+        raise ConflictError(f"{manifest.name}: {dst.location} holds generation {held.generation}, which goes on from "
                             f"the source's generation {manifest.generation}: not copied (sync the other way to bring "
                             "the source up to date)")
     return await _kept_apart(src, dst, manifest, envelope)
@@ -218,7 +207,7 @@ async def _kept_apart(src: "Store", dst: "Store", manifest: Manifest, envelope: 
     renamed = _renamed(manifest, apart_name(manifest.name, envelope))
     if await manifest_keys(dst, renamed.name):
         raise ConflictError(f"{manifest.name}: the source's generation {manifest.generation} went apart from the one "
-                            f"{_place(dst)} holds, and the name it would be kept under there, {renamed.name}, holds "
+                            f"{dst.location} holds, and the name it would be kept under there, {renamed.name}, holds "
                             "another checkpoint: not copied")
     return renamed, True
 
@@ -250,13 +239,13 @@ async def _copy(src: "Store", dst: "Store", manifest: Manifest, envelope: bytes,
             async with dst.batch():  # every chunk durable before the manifest is written
                 await run_bounded((lambda r=r: copy(r) for r in refs.values()), IO_CONCURRENCY)
         except CorruptionError as exc:
-            raise CorruptionError(f"{manifest.name}: generation {manifest.generation} in {_place(src)} is damaged and "
+            raise CorruptionError(f"{manifest.name}: generation {manifest.generation} in {src.location} is damaged and "
                                   f"was not copied ({exc})") from None
         data = envelope if target is manifest else encode_manifest(target, metadata_is_valid=True)
         if not await dst.set_if_absent(target.key, data):
             if await dst.get(target.key, max_bytes=MAX_MANIFEST_BYTES) != data:
                 raise ConflictError(f"{manifest.name}: another writer committed generation {target.generation} of "
-                                    f"{target.name} in {_place(dst)} while this sync ran: not overwritten")
+                                    f"{target.name} in {dst.location} while this sync ran: not overwritten")
     await _copy_records(src, dst, manifest.key, target.name, totals)
 
 

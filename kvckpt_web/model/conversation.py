@@ -82,13 +82,13 @@ async def check_owner(store: "Store", name: str, conversation: Conversation | No
         return
     manifest = await newest_readable(store, name, keys)
     if manifest is None:
-        raise ConflictError(f"name {name!r} in {store!r} holds {len(keys)} generations, none of them readable: "
+        raise ConflictError(f"name {name!r} in {store.location} holds {len(keys)} generations, none of them readable: "
                             "write under another name, or delete them")
     theirs = conversation_of(manifest.app_state)
     if conversation is not None and theirs is not None and theirs.id == conversation.id:
         return
     count = f"{len(keys)} generation{'s' if len(keys) > 1 else ''}"
-    raise ConflictError(f"name {name!r} in {store!r} holds another conversation ({_holding(manifest, theirs)}, "
+    raise ConflictError(f"name {name!r} in {store.location} holds another conversation ({_holding(manifest, theirs)}, "
                         f"{count}): resume it, write under another name, or delete it")
 
 

@@ -172,13 +172,19 @@ class Store(ABC):
         return self._read_only
 
     @property
+    @abstractmethod
+    def location(self) -> str:
+        """Where the store is, as its user named it (for messages): the URL it was opened from (``s3://bucket/prefix``,
+        ``http://host:port/``), its directory, ``indexeddb:<database>``, ``opfs:<directory>`` or ``memory``."""
+
+    @property
     def bytes_written(self) -> int:
         """Total payload bytes of the successful :meth:`set` calls on this object."""
         return self._bytes_written
 
     def _check_writable(self, what: str) -> None:
         if self._read_only:
-            raise StoreError(f"{what}: store {self!r} is read-only")
+            raise StoreError(f"{what}: store {self.location} is read-only")
 
     async def get(self, key: str, *, max_bytes: int | None = None) -> bytes | None:
         """The value under ``key``, or None if there is none.
@@ -242,7 +248,7 @@ class Store(ABC):
         validate_key(key)
         self._check_writable(f"delete {key!r}")
         if not self.supports_deletes:
-            raise StoreError(f"delete {key!r}: store {self!r} is create-only and deletes nothing "
+            raise StoreError(f"delete {key!r}: store {self.location} is create-only and deletes nothing "
                              "(run gc where its storage is)")
         await self._delete(key)
 
@@ -305,13 +311,13 @@ class Store(ABC):
 
     def _lost(self, name: str) -> ConflictError:
         """The error of a claim of ``name`` whose lease ran out and that another writer took over."""
-        return ConflictError(f"claim {name!r} of {self!r}: its lease ran out and another writer took the name over; "
-                             "this writer writes nothing more under it")
+        return ConflictError(f"claim {name!r} of {self.location}: its lease ran out and another writer took the name "
+                             "over; this writer writes nothing more under it")
 
     def _claimed(self, name: str) -> ConflictError:
         """The error of a claim of ``name`` another holder has."""
-        return ConflictError(f"claim {name!r} of {self!r}: held by another writer of that name (another task, "
-                             "process, tab or worker); nothing was written")
+        return ConflictError(f"claim {name!r} of {self.location}: held by another writer of that name (another "
+                             "task, process, tab or worker); nothing was written")
 
     def batch(self) -> AbstractAsyncContextManager[None]:
         """An async context manager in which each :meth:`set` and :meth:`delete` stays atomic but may leave

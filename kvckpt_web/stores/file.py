@@ -194,6 +194,10 @@ class FileStore(Store):
     def __repr__(self) -> str:
         return f"FileStore({self.directory!r}, read_only={self.read_only})"
 
+    @property
+    def location(self) -> str:
+        return self.directory
+
     @staticmethod
     def check_directory(directory: str | os.PathLike[str], tops: Collection[str], *, new: bool = False) -> None:
         """Raise :class:`FormatError` naming ``directory`` and what it holds unless it is a FileStore directory

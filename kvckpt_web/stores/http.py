@@ -81,6 +81,10 @@ class HTTPStore(Store):
     def __repr__(self) -> str:
         return f"HTTPStore({self.url!r}, read_only={self.read_only})"
 
+    @property
+    def location(self) -> str:
+        return self.url
+
     # -- requests ------------------------------------------------------------------------------------------
 
     def _value_url(self, key: str) -> str:
@@ -146,14 +150,14 @@ class HTTPStore(Store):
 
     async def _set(self, key: str, data: memoryview) -> None:
         if not await self._put(key, data):
-            raise ConflictError(f"set {key!r}: {self!r} holds a value there already and is create-only; "
+            raise ConflictError(f"set {key!r}: {self.location} holds a value there already and is create-only; "
                                 "nothing was written")
 
     async def _set_if_absent(self, key: str, data: memoryview) -> bool:
         return await self._put(key, data)
 
     async def _delete(self, key: str) -> None:  # never called: supports_deletes is False
-        raise StoreError(f"delete {key!r}: {self!r} deletes nothing")
+        raise StoreError(f"delete {key!r}: {self.location} deletes nothing")
 
     async def _exists(self, key: str) -> bool:
         answer = await self._request("HEAD", self._value_url(key), key)

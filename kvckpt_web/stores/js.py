@@ -177,6 +177,10 @@ class BrowserStore(Store):
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.name!r}, read_only={self.read_only})"
 
+    @property
+    def location(self) -> str:
+        return f"{self.KIND.lower()}:{self.name}"
+
     @staticmethod
     def check_open(name: str, read_only: bool, lock_timeout: float, persist: bool) -> None:
         """FieldError for an argument of ``open`` of the wrong type or value, before anything is opened."""

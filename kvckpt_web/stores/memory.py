@@ -35,6 +35,10 @@ class MemoryStore(Store):
     def __repr__(self) -> str:
         return f"MemoryStore(<{len(self._data)} keys>, read_only={self.read_only})"
 
+    @property
+    def location(self) -> str:
+        return "memory"
+
     async def _get(self, key: str) -> bytes | None:
         return self._data.get(key)
 

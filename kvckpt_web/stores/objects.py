@@ -136,12 +136,16 @@ class ObjectStore(Store):
     def __repr__(self) -> str:
         return f"ObjectStore({self._url or self._store!r}, read_only={self.read_only})"
 
+    @property
+    def location(self) -> str:
+        return self._url or _location(self._obs, self._store)
+
     def _step(self, name: str) -> None:
         if self.fault is not None:
             self.fault(name)
 
     def _error(self, what: str, key: str, exc: BaseException) -> StoreError:
-        return StoreError(f"{what} {key!r} in {self!r}: {_reason(exc)}")
+        return StoreError(f"{what} {key!r} in {self.location}: {_reason(exc)}")
 
     async def _request(self, call: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         """What the blocking obstore ``call`` answers, run on this store's request threads."""
@@ -347,12 +351,26 @@ class ObjectStore(Store):
         except (self._obs.exceptions.AlreadyExistsError, self._obs.exceptions.PreconditionError, FileNotFoundError):
             return None
         except NotImplementedError as exc:
-            raise StoreError(f"claim {key!r} in {self!r}: this object storage writes nothing conditionally on an "
-                             f"ETag ({_reason(exc)}), which a claim's renewal and take-over need; open a directory "
-                             "as a plain path instead (FileStore)") from exc
+            raise StoreError(f"claim {key!r} in {self.location}: this object storage writes nothing conditionally "
+                             f"on an ETag ({_reason(exc)}), which a claim's renewal and take-over need; open a "
+                             "directory as a plain path instead (FileStore)") from exc
         except (self._obs.exceptions.BaseError, OSError) as exc:
             raise self._error("claim", key, exc) from exc
         return answer["e_tag"]
+
+
+def _location(obstore: Any, store: Any) -> str:
+    """Where an obstore store object is, as the URL :meth:`ObjectStore.from_url` would open it from."""
+    s = obstore.store
+    if isinstance(store, s.MemoryStore):
+        return "memory:///"
+    if isinstance(store, s.LocalStore):
+        return f"file://{os.fspath(store.prefix or '/')}"
+    if isinstance(store, s.HTTPStore):
+        return store.url
+    scheme, container = {s.S3Store: ("s3", "bucket"), s.GCSStore: ("gs", "bucket"),
+                         s.AzureStore: ("az", "container_name")}[type(store)]
+    return f"{scheme}://{store.config[container]}/{store.prefix or ''}".rstrip("/")
 
 
 def _store_types(obstore: Any) -> tuple[type, ...]:

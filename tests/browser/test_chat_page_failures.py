@@ -1,7 +1,8 @@
 """The chat page (examples/chat) when something goes wrong: no WebGPU, a conversation of another model, a damaged
-chunk, an unreadable newest manifest, a full storage quota, no model file. Each time the page says what happened,
-offers what can be done, and what was saved stays: listed, and where it applies, continued to the tokens of an
-uninterrupted run (the tiny random llama). Replies are cut where the test holds the worker, never after a sleep."""
+chunk, an unreadable newest manifest, stored K/V a turn cannot use, a full storage quota, no model file. Each time
+the page says what happened, offers what can be done, and what was saved stays: listed, and where it applies,
+continued to the tokens of an uninterrupted run (the tiny random llama). Replies are cut where the test holds the
+worker, never after a sleep."""
 
 from __future__ import annotations
 
@@ -157,6 +158,22 @@ def test_an_unreadable_newest_manifest_offers_the_generation_before_which_contin
     assert page.offered() == set() and label.startswith(f"Resume generation {older} (")
     assert got["restored"]["kv_restored"] is True and got["restored"]["generation"] == older
     assert got["replyIds"] == want
+
+
+def test_a_turn_whose_stored_kv_cannot_be_used_shows_the_engines_notice_beside_the_reply(page):
+    first = page.reply_to(PROMPT)
+    _, chunks = newest_manifest(page, first["conversation"])
+    for key in chunks:
+        edit_record(page, key, "flip")
+    page.restart_engine(every=EVERY)  # a new engine: its next turn reads the K/V from the store
+    page.open_conversation(first["conversation"])
+    assert page.page.is_hidden("#reply-warnings")
+    got = page.reply_to("and the wind?")
+    notice = page.page.inner_text("#reply-warnings")
+    assert got["conversation"] == first["conversation"] and got["replyIds"]
+    assert page.page.is_visible("#reply-warnings")
+    assert notice.startswith("Note: ") and "cannot be used" in notice and "instead" in notice
+    assert page.page.eval_on_selector("#reply-warnings", "e => e.children.length") == 0  # text only
 
 
 # ----- a full storage quota -------------------------------------------------------------------------------------

@@ -152,6 +152,22 @@ def test_a_pulled_conversation_of_another_model_is_refused_by_the_engine(make_en
     run(body())
 
 
+def test_a_refused_pull_into_object_storage_names_it_by_its_url(make_engine, s3_server):
+    async def body() -> None:
+        url = s3_server.new_url()
+        here, elsewhere = make_engine(store=s3_server.store(url)), MemoryStore()
+        replies, messages = await converse(here, [FIRST], GREEDY)
+        name = replies[0].conversation
+        await push(here, name, elsewhere)
+        await converse(here, ["and then?"], {**GREEDY, "conversation": name}, messages)
+        await here.release(name)
+        with pytest.raises(ConflictError) as caught:
+            await pull(here, name, elsewhere)  # this store's copy goes on from the other's
+        assert f"{name}: {url} holds generation" in str(caught.value)
+
+    run(body())
+
+
 def test_pulling_a_conversation_the_remote_lacks_is_not_found(make_engine, remote):
     with pytest.raises(NotFoundError, match="'nope'"):
         run(pull(make_engine(store=MemoryStore()), "nope", remote()))

@@ -54,6 +54,13 @@ class TestObjectStoreInMemory(StoreTests):
         return self.open_store(location, clock=clock)
 
 
+def test_a_store_opened_on_an_obstore_object_names_its_location_as_a_url(s3_server, tmp_path):
+    url = s3_server.new_url()
+    assert ObjectStore(s3_server.obstore(url)).location == url
+    assert ObjectStore(obstore.store.LocalStore(tmp_path)).location == f"file://{tmp_path}"
+    assert ObjectStore(obstore.store.MemoryStore()).location == "memory:///"
+
+
 def test_the_s3_server_refuses_a_conditional_put_of_a_key_that_holds_a_value(s3_server):
     import boto3
     from botocore.exceptions import ClientError

@@ -25,7 +25,9 @@ from kvckpt_web.stores import file as file_module
 from kvckpt_web.stores.base import Store
 from kvckpt_web.stores.file import (CLAIM_PREFIX, DIRECT_IO_BLOCK, FAULT_STEPS, LOCK_NAME, TEMP_PREFIX, FileStore,
                                     takes_unnamed_files)
+from kvckpt_web.stores.indexeddb import IndexedDBStore
 from kvckpt_web.stores.memory import MemoryStore
+from kvckpt_web.stores.opfs import OPFSStore
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -804,7 +806,7 @@ def test_two_filestores_on_one_directory_exclude_each_others_claims(tmp_path: Pa
 
 def test_a_claim_of_another_process_refuses_ours_until_it_releases_it(tmp_path: Path) -> None:
     with lock_holder(tmp_path, "chat") as holder:
-        with pytest.raises(ConflictError, match=f"'chat' of FileStore\\('{tmp_path}'"):
+        with pytest.raises(ConflictError, match=f"'chat' of {tmp_path}: held by another writer"):
             run(take_claim(tmp_path))
         holder.communicate("\n", timeout=30)
         assert holder.returncode == 0
@@ -859,3 +861,8 @@ def test_a_claimer_that_locked_a_claim_file_its_holder_removed_claims_the_file_t
     monkeypatch.setattr(fcntl, "flock", flock)
     run(body())
     assert len(calls) == 2
+
+
+def test_a_browser_store_names_its_location_by_its_kind_and_name():
+    assert IndexedDBStore(None, "kvckpt-demo").location == "indexeddb:kvckpt-demo"
+    assert OPFSStore(None, "kvckpt").location == "opfs:kvckpt"

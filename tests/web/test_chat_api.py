@@ -154,6 +154,34 @@ def test_a_reopened_conversation_in_a_new_tab_costs_only_its_own_tokens_and_give
         want[-1]["usage"]["prompt_tokens_details"]["cached_tokens"]
 
 
+@pytest.fixture
+def damaged(tab, stores):
+    """A tab whose store holds one turn with every chunk damaged (written by a tab since closed), and the history of
+    that turn."""
+    writer = tab()
+    first = reply(writer, "tell me about the sea.")
+    run(writer.close())
+    store = stores[("indexeddb", OPEN["store_name"])]
+    for key in [k for k in store._data if k.startswith("chunks/")]:
+        store._data[key] = store._data[key][:-1] + bytes([store._data[key][-1] ^ 0xFF])
+    return tab(), ["tell me about the sea.", text_of(first)]
+
+
+def test_a_streamed_reply_whose_stored_kv_cannot_be_used_says_so_in_its_first_chunk(damaged):
+    worker, history = damaged
+    chunks = reply(worker, *history, "and the wind?")
+    warnings = chunks[0]["kvckpt"]["warnings"]
+    assert warnings and all("cannot be used" in w and "prefilled the prompt instead" in w for w in warnings)
+    assert all("warnings" not in c["kvckpt"] for c in chunks[1:])
+
+
+def test_a_whole_reply_whose_stored_kv_cannot_be_used_says_so(damaged):
+    worker, history = damaged
+    completion = json.loads(run(worker.complete(json.dumps({**body(*history, "and the wind?"), "stream": False}))))
+    warnings = completion["kvckpt"]["warnings"]
+    assert warnings and all("cannot be used" in w for w in warnings)
+
+
 def test_a_regenerated_reply_keeps_its_conversation_and_reuses_the_prompt(tab):
     worker = tab()
     first = reply(worker, "tell me about the sea.")
