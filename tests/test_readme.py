@@ -1,19 +1,35 @@
-"""Every Python snippet of README.md runs as written (the JS ones: tests/browser/test_readme_js.py)."""
+"""Every Python snippet of README.md and the docs runs as written (the JS ones: tests/browser/test_readme_js.py), and
+the README stays a page of one sitting."""
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 
 import pytest
 
-from readme_snippets import NEEDS_API, snippets
+from readme_snippets import NEEDS_API, PAGES, README, snippets
 
 PYTHON = [s for s in snippets("python") if not s.startswith(NEEDS_API)]
+README_LIMIT = 14_000
+"""Bytes: what it is, the two commands, install, the quick starts, the measured figures and links; references go
+to docs/."""
 
 
 def test_the_readme_has_a_python_quick_start():
     assert PYTHON and "from kvckpt_web import" in PYTHON[0]
+
+
+def test_the_readme_reads_in_one_sitting():
+    assert len(README.read_bytes()) < README_LIMIT
+
+
+@pytest.mark.parametrize("page", PAGES, ids=[p.name if p.parent.name != "chat" else "chat/README.md" for p in PAGES])
+def test_every_relative_link_of_a_page_names_a_file_that_exists(page):
+    targets = re.findall(r"\]\(([^)#:]+)(?:#[^)]*)?\)", page.read_text())
+    missing = [t for t in targets if not (page.parent / t).exists()]
+    assert targets and not missing
 
 
 @pytest.mark.parametrize("source", PYTHON, ids=[f"block{i}" for i in range(len(PYTHON))])

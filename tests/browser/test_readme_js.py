@@ -1,5 +1,5 @@
-"""The JavaScript snippets of README.md run as written in a page of the served origin: the chat engine's (with the
-tiny random llama as /model.gguf) and the raw cache's."""
+"""The JavaScript snippets of README.md and docs/js-api.md run as written in a page of the served origin: the chat
+engine's (the README's quick start, with the tiny random llama as /model.gguf) and the raw cache's (docs/js-api.md)."""
 
 from __future__ import annotations
 
@@ -12,6 +12,8 @@ from .browser_harness import BOOT_TIMEOUT_MS, run_desktop
 from .chat_page import chat_served
 
 JS = snippets("js")
+ENGINE = [js for js in JS if "createEngine" in js]
+CACHE = [js for js in JS if "createCache" in js]
 
 PAGE = """<!doctype html>
 <meta charset="utf-8">
@@ -39,21 +41,21 @@ def run_snippet(context, url: str, snippet: str, result: str):
         page.close()
 
 
-def test_the_readme_has_the_engines_snippet_and_the_caches():
+def test_the_docs_have_the_engines_snippet_and_the_caches():
     assert len(JS) == 2 and all('from "/kvckpt.mjs"' in js for js in JS)
-    assert "createEngine" in JS[0] and "appState: {tokens: [1, 2, 3]}" in JS[1]
+    assert len(ENGINE) == 1 and len(CACHE) == 1 and "appState: {tokens: [1, 2, 3]}" in CACHE[0]
 
 
 @pytest.fixture
 def snippet_server(browser_prereqs, fresh_wheel, tmp_path):
     """The chat page's server, serving a store with the token the engine's snippet sends."""
-    token = re.search(r'const token = "([^"]+)"', JS[0]).group(1)
+    token = re.search(r'const token = "([^"]+)"', ENGINE[0]).group(1)
     with chat_served(browser_prereqs, fresh_wheel, tmp_path, token=token) as served:
         yield served
 
 
 def test_the_engine_snippet_chats_two_turns_the_second_reusing_the_first(browser_context, snippet_server):
-    error, result = run_snippet(browser_context, snippet_server.url, JS[0],
+    error, result = run_snippet(browser_context, snippet_server.url, ENGINE[0],
                                 "{reply, cached: next.usage.prompt_tokens_details.cached_tokens, "
                                 "prompt: next.usage.prompt_tokens, finish: next.choices[0].finish_reason, sent, got}")
     assert error is None
@@ -65,6 +67,6 @@ def test_the_engine_snippet_chats_two_turns_the_second_reusing_the_first(browser
 
 
 def test_the_cache_snippet_restores_the_app_state_it_checkpointed(browser_context, web_server):
-    error, result = run_snippet(browser_context, web_server, JS[1], "{appState, seqLength}")
+    error, result = run_snippet(browser_context, web_server, CACHE[0], "{appState, seqLength}")
     assert error is None
     assert result == {"appState": {"tokens": [1, 2, 3]}, "seqLength": 20}

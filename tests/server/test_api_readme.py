@@ -1,5 +1,6 @@
-"""The README's HTTP API snippets, the curl command and the ``openai`` client's Python, run as written against
-``kvckpt serve --api`` (the tiny llama under the README's model name, on a free port instead of 8000)."""
+"""The HTTP API snippets of the README and docs/http-api.md, each curl command and the ``openai`` client's Python, run
+as written against ``kvckpt serve --api`` (the tiny llama under the snippets' model name, on a free port instead of
+8000)."""
 
 from __future__ import annotations
 
@@ -25,15 +26,16 @@ def url(tiny_llama_path, tmp_path_factory):
         yield url
 
 
-def test_the_readme_has_an_api_snippet_of_each_kind():
+def test_the_docs_have_an_api_snippet_of_each_kind():
     assert len(PYTHON) == 1 and "from openai import OpenAI" in PYTHON[0] and README_URL in PYTHON[0]
-    assert len(CURL) == 1 and README_URL in CURL[0]
+    assert CURL and all(README_URL in command for command in CURL)
 
 
-def test_the_curl_command_gets_a_chat_completion(url):
+@pytest.mark.parametrize("command", CURL, ids=[f"curl{i}" for i in range(len(CURL))])
+def test_the_curl_command_gets_a_chat_completion(url, command):
     if shutil.which("curl") is None:
         pytest.skip("no curl on this machine")
-    done = subprocess.run(["bash", "-c", CURL[0].replace(README_URL, url)], capture_output=True, text=True,
+    done = subprocess.run(["bash", "-c", command.replace(README_URL, url)], capture_output=True, text=True,
                           timeout=PATIENCE)
     assert done.returncode == 0, done.stderr
     assert json.loads(done.stdout)["object"] == "chat.completion"
