@@ -9,9 +9,12 @@ import sys
 
 import pytest
 
-from readme_snippets import NEEDS_API, PAGES, README, snippets
+from readme_snippets import NEEDS_API, PAGES, README, REPO, snippets
 
 PYTHON = [s for s in snippets("python") if not s.startswith(NEEDS_API)]
+NOTES = sorted((REPO / "bench" / "notes").glob("*.md"))
+LINKING = (*PAGES, REPO / "CONTRIBUTING.md", REPO / "bench" / "README.md", *NOTES)
+"""The pages whose relative links are followed: the snippets' pages, the contributors' and the benchmarks'."""
 README_LIMIT = 14_000
 """Bytes: what it is, the two commands, install, the quick starts, the measured figures and links; references go
 to docs/."""
@@ -25,11 +28,16 @@ def test_the_readme_reads_in_one_sitting():
     assert len(README.read_bytes()) < README_LIMIT
 
 
-@pytest.mark.parametrize("page", PAGES, ids=[p.name if p.parent.name != "chat" else "chat/README.md" for p in PAGES])
+@pytest.mark.parametrize("page", LINKING, ids=[str(p.relative_to(REPO)) for p in LINKING])
 def test_every_relative_link_of_a_page_names_a_file_that_exists(page):
     targets = re.findall(r"\]\(([^)#:]+)(?:#[^)]*)?\)", page.read_text())
-    missing = [t for t in targets if not (page.parent / t).exists()]
-    assert targets and not missing
+    assert not [t for t in targets if not (page.parent / t).exists()]
+
+
+def test_the_benchmarks_index_links_every_dated_note():
+    index = (REPO / "bench" / "README.md").read_text()
+    assert NOTES and all(re.fullmatch(r"\d{4}-\d{2}-\d{2}-[a-z0-9-]+\.md", n.name) for n in NOTES)
+    assert [n.name for n in NOTES if f"](notes/{n.name})" not in index] == []
 
 
 @pytest.mark.parametrize("source", PYTHON, ids=[f"block{i}" for i in range(len(PYTHON))])

@@ -9,9 +9,9 @@ prefill chunk, a decode step at a short context) one dispatch that writes the fi
 decode steps are the same call: a token attends to every earlier token of its sequence and to itself, through its
 page table. The dispatches bind the same buffers every time, so the device keeps their bind groups.
 
-How the work is cut (measured on lavapipe, see bench/README.md): an invocation serves a tile of up to
-``rows_per_tile`` consecutive tokens of one sequence and every query head of one KV head, so each K/V word it
-loads serves ``rows_per_tile * group`` rows; keys are split into ranges so that a decode step still has
+How the work is cut (measured on lavapipe, see bench/notes/2026-12-05-model-attention.md): an invocation serves a
+tile of up to ``rows_per_tile`` consecutive tokens of one sequence and every query head of one KV head, so each K/V
+word it loads serves ``rows_per_tile * group`` rows; keys are split into ranges so that a decode step still has
 :data:`MIN_INVOCATIONS` invocations (and so that none runs past llvmpipe's loop budget).
 
 Q/K/V come in TVM's fused layout: one f32 buffer ``qkv`` of ``[num_tokens, num_qo_heads + 2 * num_kv_heads,

@@ -133,9 +133,10 @@ def _products(device: Device, entry: str, weights: tuple[QuantizedTensor, ...], 
 
 FLAVOURS = {"desktop": {"SAMPLED": 0, "MASKED": 0}, "browser": {"SAMPLED": 1, "MASKED": 1}}
 """The two ways quant.wgsl is built (its SAMPLED and MASKED constants), each what measured faster where it is used
-(bench/README.md): on lavapipe read-only storage textures and shifted bytes (sampled textures took the decode
-products to 1.45x the CPU time, masked bytes a prefill's to 1.16x); on SwiftShader (Chromium) sampled textures and
-bytes masked in place (storage textures took the products to ~1.7x the time, shifts the head's to ~1.9x)."""
+(bench/notes/2026-12-05-model-kernels.md, bench/notes/2026-12-05-kernels-vs-llama-cpp.md): on lavapipe read-only
+storage textures and shifted bytes (sampled textures took the decode products to 1.45x the CPU time, masked bytes a
+prefill's to 1.16x); on SwiftShader (Chromium) sampled textures and bytes masked in place (storage textures took the
+products to ~1.7x the time, shifts the head's to ~1.9x)."""
 
 FLAVOUR = "model.quant_flavour"
 """``device.choices`` key: the name of the :data:`FLAVOURS` entry the products are built with on that device; set
