@@ -9,7 +9,8 @@ import tempfile
 import time
 from typing import Any, Awaitable, Callable
 
-from ..durable.container import CHUNKS, plan_chunks
+from ..durable.container import plan_chunks
+from ..durable.keys import CHUNKS
 from ..durable.ledger import Ledger
 from ..durable.pipeline import IO_CONCURRENCY, run_bounded
 from ..durable.restore import restore

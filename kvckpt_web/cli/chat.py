@@ -21,7 +21,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from ..durable.container import validate_name
+from ..durable.keys import validate_name
 from ..engine import ChatRequest, Engine
 from ..errors import FieldError
 from ..gpu.open import open_device

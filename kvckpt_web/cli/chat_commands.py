@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..durable.container import validate_name
+from ..durable.keys import validate_name
 from ..errors import FieldError
 
 __all__ = ["COMMANDS", "HELP", "Command", "parse_line"]

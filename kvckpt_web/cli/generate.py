@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ..durable.catalog import load_manifest
-from ..durable.container import validate_name
+from ..durable.keys import validate_name
 from ..durable.results import SaveResult
 from ..durable.retention import DEFAULT_KEEP
 from ..engine import ChatChunk, ChatRequest, Engine

@@ -21,7 +21,8 @@ from typing import Any
 
 from ..checks import check_int
 from ..durable.catalog import list_generations, list_names, load_manifest, manifest_keys
-from ..durable.container import CHUNKS, STORE_TOPS, Manifest, validate_name
+from ..durable.container import Manifest
+from ..durable.keys import CHUNKS, STORE_TOPS, validate_name
 from ..durable.locations import is_url, open_location
 from ..durable.prefix_index import count_records
 from ..durable.restore import restore

@@ -8,7 +8,7 @@ import asyncio
 import sys
 from typing import Any
 
-from ..durable.container import parse_manifest_key
+from ..durable.keys import parse_manifest_key
 from ..durable.locations import open_location
 from ..durable.sync import sync
 from ..errors import FormatError

@@ -10,8 +10,8 @@ from typing import TYPE_CHECKING
 from ..errors import CorruptionError, FieldError, FormatError, KVCkptError, NotFoundError, is_int
 from ..stores.base import check_store
 from ..tvm.metadata import parse_metadata
-from .container import (MANIFESTS, MAX_MANIFEST_BYTES, Manifest, decode_manifest, manifest_key, manifest_prefix,
-                        parse_manifest_key, validate_name)
+from .container import MAX_MANIFEST_BYTES, Manifest, decode_manifest
+from .keys import MANIFESTS, manifest_key, manifest_prefix, parse_manifest_key, validate_name
 from .results import GenerationInfo
 
 if TYPE_CHECKING:

@@ -7,7 +7,8 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from ..errors import CorruptionError, FormatError
-from .container import ChunkRef, check_chunk_digest, check_chunk_size, chunk_digest
+from .container import ChunkRef, check_chunk_digest, check_chunk_size
+from .keys import chunk_digest
 
 if TYPE_CHECKING:
     from ..stores.base import Store

@@ -8,7 +8,7 @@ A checkpoint of one named sequence is a manifest plus content-addressed data
 chunks. A chunk holds ``pages_per_chunk`` consecutive logical pages of one page
 group (the last chunk of a group may hold fewer) and lives under
 ``chunks/<sha256 hex>``; the manifest lives under
-``manifests/<name>/<generation as 20 digits>``.
+``manifests/<name>/<generation as 20 digits>`` (the key layout: :mod:`.keys`).
 """
 
 from __future__ import annotations
@@ -16,7 +16,6 @@ from __future__ import annotations
 import hashlib
 import json
 import math
-import re
 import struct
 import time
 from collections.abc import Iterator, Sequence
@@ -26,31 +25,21 @@ from typing import Any
 
 from ..errors import CorruptionError, FormatError
 from ..jsontext import MAX_NESTING, nesting_depth, non_string_key, unique_keys
+from .keys import CHUNKS, HEX64_RE, MAX_INT, check_digest, check_int, chunk_digest, manifest_key, validate_name
 
 __all__ = [
     "FORMAT_VERSION",
     "MAGIC",
     "MAX_BODY_BYTES",
     "MAX_MANIFEST_BYTES",
-    "CHUNKS",
-    "MANIFESTS",
-    "PREFIXES",
-    "STORE_TOPS",
     "ChunkRef",
     "Manifest",
-    "chunk_digest",
-    "chunk_key",
     "decode_manifest",
     "encode_manifest",
-    "manifest_key",
-    "manifest_prefix",
-    "parse_manifest_key",
     "plan_chunks",
     "split_group",
-    "validate_name",
     "check_chunk_digest",
     "check_chunk_size",
-    "is_chunk_key",
     "verify_chunk",
 ]
 
@@ -63,30 +52,12 @@ FORMAT_VERSION = 1
 MAX_BODY_BYTES = 64 * 1024 * 1024
 """Largest JSON body a reader accepts."""
 
-MAX_INT = 2**53 - 1
-"""Largest integer in a manifest field: every JSON reader holds it exactly."""
-
 _PREFIX = struct.Struct("<8sII")  # magic, format version, body length
 _DIGEST_BYTES = 32
 
 MAX_MANIFEST_BYTES = _PREFIX.size + MAX_BODY_BYTES + _DIGEST_BYTES
 """Longest manifest a reader accepts: header, the longest body, checksum."""
 
-MANIFESTS = "manifests/"
-"""The key prefix of every manifest: ``manifests/<name>/<generation as 20 digits>``."""
-
-CHUNKS = "chunks/"
-"""The key prefix of every chunk: ``chunks/<sha256 hex>``."""
-
-PREFIXES = "prefixes/"
-"""The key prefix of every prefix index record: ``prefixes/<scope id>/<name>/<generation as 20 digits>``
-(FORMAT.md section 7; :mod:`.prefix_records`)."""
-
-STORE_TOPS = (MANIFESTS.rstrip("/"), CHUNKS.rstrip("/"), PREFIXES.rstrip("/"))
-"""The first segment of every key of a checkpoint store."""
-_NAME_RE = re.compile(r"[A-Za-z0-9._-]{1,128}")
-_HEX64_RE = re.compile(r"[0-9a-f]{64}")
-_GENERATION_RE = re.compile(r"[0-9]{20}")
 _BODY_KEYS = frozenset(
     {
         "app_state",
@@ -105,77 +76,13 @@ _BODY_KEYS = frozenset(
 _CHUNK_KEYS = frozenset({"first_page", "nbytes", "num_pages", "sha256"})
 
 
-# -- names and keys -----------------------------------------------------------
-
-
-def validate_name(name: str, field: str = "name") -> str:
-    """Return ``name`` if it is a valid sequence name, else raise :class:`FormatError` naming ``field``.
-
-    Valid: 1 to 128 characters of ``[A-Za-z0-9._-]``, other than ``.`` and ``..``.
-    """
-    if not isinstance(name, str) or _NAME_RE.fullmatch(name) is None or name in (".", ".."):
-        raise FormatError(field, "1-128 characters of [A-Za-z0-9._-], not '.' or '..'", name)
-    return name
-
-
-def _check_int(field_name: str, value: Any, minimum: int) -> int:
-    if type(value) is not int:
-        raise FormatError(field_name, "an integer", type(value).__name__)
-    if not minimum <= value <= MAX_INT:
-        raise FormatError(field_name, f"an integer in [{minimum}, {MAX_INT}]", value)
-    return value
-
-
-def _check_digest(field_name: str, digest: Any) -> str:
-    if not isinstance(digest, str) or _HEX64_RE.fullmatch(digest) is None:
-        got = digest if isinstance(digest, str) else type(digest).__name__
-        raise FormatError(field_name, "64 lowercase hex digits", got)
-    return digest
-
-
-def chunk_digest(data: bytes | bytearray | memoryview) -> str:
-    """The sha256 of ``data`` as 64 lowercase hex digits."""
-    return hashlib.sha256(data).hexdigest()
-
-
-def chunk_key(digest: str) -> str:
-    """The store key of the chunk whose sha256 hex is ``digest``."""
-    return CHUNKS + _check_digest("digest", digest)
-
-
-def is_chunk_key(key: str) -> bool:
-    """Whether ``key`` is the key of a chunk (``chunks/`` and 64 lowercase hex digits)."""
-    try:
-        return chunk_key(key[len(CHUNKS):]) == key
-    except FormatError:
-        return False
-
-
-def manifest_prefix(name: str) -> str:
-    """The store-key prefix under which all manifests of sequence ``name`` live."""
-    return f"{MANIFESTS}{validate_name(name)}/"
-
-
-def manifest_key(name: str, generation: int) -> str:
-    """The store key of generation ``generation`` of sequence ``name``."""
-    return f"{manifest_prefix(name)}{_check_int('generation', generation, 1):020d}"
-
-
-def parse_manifest_key(key: str) -> tuple[str, int]:
-    """The (name, generation) of a key made by :func:`manifest_key`."""
-    parts = key.split("/") if isinstance(key, str) else []
-    if len(parts) != 3 or f"{parts[0]}/" != MANIFESTS or _GENERATION_RE.fullmatch(parts[2]) is None:
-        raise FormatError("manifest key", f"'{MANIFESTS}<name>/<20 digits>'", key)
-    return validate_name(parts[1]), _check_int("generation", int(parts[2]), 1)
-
-
 # -- chunks -------------------------------------------------------------------
 
 
 def plan_chunks(num_logical_pages: int, pages_per_chunk: int) -> list[tuple[int, int]]:
     """The (first_page, num_pages) of each chunk of one page group, in order."""
-    _check_int("num_logical_pages", num_logical_pages, 0)
-    _check_int("pages_per_chunk", pages_per_chunk, 1)
+    check_int("num_logical_pages", num_logical_pages, 0)
+    check_int("pages_per_chunk", pages_per_chunk, 1)
     return [
         (first, min(pages_per_chunk, num_logical_pages - first))
         for first in range(0, num_logical_pages, pages_per_chunk)
@@ -209,7 +116,7 @@ class ChunkRef:
         Cached: an incremental save writes the refs it keeps from the previous manifest again.
         """
         if (type(self.first_page) is int and type(self.num_pages) is int and type(self.nbytes) is int
-                and type(self.sha256) is str and _HEX64_RE.fullmatch(self.sha256)):
+                and type(self.sha256) is str and HEX64_RE.fullmatch(self.sha256)):
             return _ENTRY_JSON % (self.first_page, self.nbytes, self.num_pages, self.sha256)
         return None
 
@@ -223,8 +130,8 @@ def split_group(
     group: int, data: bytes | bytearray | memoryview, page_bytes: int, pages_per_chunk: int
 ) -> list[tuple[ChunkRef, bytes]]:
     """Cut the bytes of one page group (all its logical pages, in order) into chunks and their refs."""
-    _check_int("group", group, 0)
-    _check_int("page_bytes", page_bytes, 1)
+    check_int("group", group, 0)
+    check_int("page_bytes", page_bytes, 1)
     try:
         view = memoryview(data).cast("B")
     except TypeError as exc:
@@ -364,7 +271,7 @@ def _parse_table(raw: Any, num_groups: int, num_pages: int, page_bytes: int, per
             if (type(entry) is dict and entry.keys() == _CHUNK_KEYS and type(entry["first_page"]) is int
                     and entry["first_page"] == first and type(entry["num_pages"]) is int and entry["num_pages"] == count
                     and type(entry["nbytes"]) is int and entry["nbytes"] == count * page_bytes
-                    and type(entry["sha256"]) is str and _HEX64_RE.fullmatch(entry["sha256"])):
+                    and type(entry["sha256"]) is str and HEX64_RE.fullmatch(entry["sha256"])):
                 refs.append(ChunkRef(g, first, count, count * page_bytes, entry["sha256"]))  # all as planned
                 continue
             at = f"{where}[{i}]"
@@ -372,16 +279,16 @@ def _parse_table(raw: Any, num_groups: int, num_pages: int, page_bytes: int, per
                 raise FormatError(at, "an object", type(entry).__name__)
             if entry.keys() != _CHUNK_KEYS:
                 raise FormatError(at, f"keys {sorted(_CHUNK_KEYS)}", sorted(entry))
-            got_first = _check_int(f"{at}.first_page", entry["first_page"], 0)
+            got_first = check_int(f"{at}.first_page", entry["first_page"], 0)
             if got_first != first:
                 raise FormatError(f"{at}.first_page", first, got_first, "chunks must be contiguous and in order")
-            got_count = _check_int(f"{at}.num_pages", entry["num_pages"], 1)
+            got_count = check_int(f"{at}.num_pages", entry["num_pages"], 1)
             if got_count != count:
                 raise FormatError(f"{at}.num_pages", count, got_count)
-            nbytes = _check_int(f"{at}.nbytes", entry["nbytes"], 1)
+            nbytes = check_int(f"{at}.nbytes", entry["nbytes"], 1)
             if nbytes != count * page_bytes:
                 raise FormatError(f"{at}.nbytes", f"num_pages*page_bytes={count * page_bytes}", nbytes)
-            refs.append(ChunkRef(g, first, count, nbytes, _check_digest(f"{at}.sha256", entry["sha256"])))
+            refs.append(ChunkRef(g, first, count, nbytes, check_digest(f"{at}.sha256", entry["sha256"])))
         groups.append(tuple(refs))
     return tuple(groups)
 
@@ -396,21 +303,21 @@ def _parse_header(body: Any, metadata_is_valid: bool = False) -> tuple[str, int,
     if body.keys() != _BODY_KEYS:
         missing, extra = sorted(_BODY_KEYS - body.keys()), sorted(body.keys() - _BODY_KEYS)
         raise FormatError("body", f"keys {sorted(_BODY_KEYS)}", f"missing {missing}, unknown {extra}")
-    version = _check_int("body.format_version", body["format_version"], 0)
+    version = check_int("body.format_version", body["format_version"], 0)
     if version != FORMAT_VERSION:
         raise FormatError("body.format_version", FORMAT_VERSION, version)
     name = validate_name(body["name"])
-    generation = _check_int("body.generation", body["generation"], 1)
-    created_ms = _check_int("body.created_ms", body["created_ms"], 0)
+    generation = check_int("body.generation", body["generation"], 1)
+    created_ms = check_int("body.created_ms", body["created_ms"], 0)
     tvm_metadata = body["tvm_metadata"]
     if not isinstance(tvm_metadata, str):
         raise FormatError("body.tvm_metadata", "a str", type(tvm_metadata).__name__)
     if not metadata_is_valid and not isinstance(_loads(tvm_metadata, "body.tvm_metadata"), dict):
         raise FormatError("body.tvm_metadata", "the text of a JSON object", tvm_metadata[:64])
-    page_bytes = _check_int("body.page_bytes", body["page_bytes"], 1)
-    per_chunk = _check_int("body.pages_per_chunk", body["pages_per_chunk"], 1)
-    num_groups = _check_int("body.num_groups", body["num_groups"], 1)
-    num_pages = _check_int("body.num_logical_pages", body["num_logical_pages"], 0)
+    page_bytes = check_int("body.page_bytes", body["page_bytes"], 1)
+    per_chunk = check_int("body.pages_per_chunk", body["pages_per_chunk"], 1)
+    num_groups = check_int("body.num_groups", body["num_groups"], 1)
+    num_pages = check_int("body.num_logical_pages", body["num_logical_pages"], 0)
     if num_pages * page_bytes > MAX_INT:
         raise FormatError("body.num_logical_pages*page_bytes", f"at most {MAX_INT}", num_pages * page_bytes)
     app_state = body["app_state"]

@@ -13,7 +13,7 @@ from ..errors import FieldError
 from ..stores.file import FileStore
 from ..stores.objects import SCHEMES as OBJECT_SCHEMES
 from ..stores.objects import ObjectStore
-from .container import STORE_TOPS
+from .keys import STORE_TOPS
 
 if TYPE_CHECKING:
     from ..stores.base import Store

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 
 from ..errors import FieldError, FormatError, KVCkptError, StoreError
 from .catalog import manifest_keys
-from .container import PREFIXES, manifest_key, manifest_prefix
+from .keys import PREFIXES, manifest_key, manifest_prefix
 from .pipeline import IO_CONCURRENCY, run_bounded
 from .prefix_records import (HASH_BYTES, MAX_RECORD_BYTES, PrefixKey, PrefixRecord, chain_hashes, check_page_size,
                              checked_tokens, decode_record, encode_record, manifest_of, parse_record_key, prefix_record,

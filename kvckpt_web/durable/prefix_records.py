@@ -18,7 +18,7 @@ from typing import Any
 
 from ..errors import FieldError, FormatError, is_int
 from ..jsontext import nesting_depth, unique_keys
-from .container import MANIFESTS, MAX_INT, PREFIXES, manifest_key, parse_manifest_key
+from .keys import MANIFESTS, MAX_INT, PREFIXES, manifest_key, parse_manifest_key
 
 __all__ = ["HASH_BYTES", "MAX_RECORD_BYTES", "MAX_TOKEN", "RECORD_FORMAT", "RECORD_VERSION", "PrefixKey",
            "PrefixRecord", "chain_hashes", "check_page_size", "checked_tokens", "decode_record", "encode_record",

@@ -21,7 +21,8 @@ from ..checks import check_callable, check_each, check_int
 from ..errors import CorruptionError, FormatError, KVCkptError, NotFoundError
 from .catalog import decode_at, manifest_keys
 from .chunk_reads import read_chunk, stored_size
-from .container import (CHUNKS, MAX_MANIFEST_BYTES, ChunkRef, is_chunk_key, validate_name)
+from .container import MAX_MANIFEST_BYTES, ChunkRef
+from .keys import CHUNKS, is_chunk_key, validate_name
 from .ledger import Ledger, ledger_for
 from .pipeline import IO_CONCURRENCY, run_bounded
 from .prefix_index import drop_records

@@ -34,8 +34,8 @@ from ..kv.cache import check_cache
 from ..kv.pool import check_seq_id
 from ..stores.base import check_store
 from .catalog import manifest_keys, newest_readable
-from .container import (CHUNKS, MAX_MANIFEST_BYTES, ChunkRef, Manifest, chunk_key, encode_manifest, plan_chunks,
-                        validate_name)
+from .container import MAX_MANIFEST_BYTES, ChunkRef, Manifest, encode_manifest, plan_chunks
+from .keys import CHUNKS, chunk_key, validate_name
 from .ledger import Ledger, ledger_for
 from .pipeline import IO_CONCURRENCY, HashState, MappedBatches, run_bounded
 from .prefix_index import commit_record

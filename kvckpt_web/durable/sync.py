@@ -27,8 +27,8 @@ from ..errors import ConflictError, CorruptionError, FormatError, KVCkptError, N
 from ..stores.base import check_store
 from ..threads import offload
 from .catalog import decode_at, load_manifest, manifest_keys
-from .container import (CHUNKS, MAX_MANIFEST_BYTES, PREFIXES, ChunkRef, Manifest, check_chunk_digest,
-                        check_chunk_size, chunk_digest, encode_manifest, validate_name)
+from .container import MAX_MANIFEST_BYTES, ChunkRef, Manifest, check_chunk_digest, check_chunk_size, encode_manifest
+from .keys import CHUNKS, PREFIXES, chunk_digest, validate_name
 from .pipeline import IO_CONCURRENCY, run_bounded
 from .prefix_records import (MAX_RECORD_BYTES, decode_record, encode_record, manifest_of, parse_record_key,
                              record_key)

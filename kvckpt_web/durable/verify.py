@@ -18,8 +18,8 @@ from ..threads import offload
 from ..tvm.metadata import layout_from_metadata, limits_from_metadata, parse_metadata
 from .catalog import decode_at, manifest_keys
 from .chunk_reads import read_chunk, stored_size
-from .container import (CHUNKS, MAX_MANIFEST_BYTES, ChunkRef, Manifest, chunk_digest, chunk_key,
-                        is_chunk_key, validate_name)
+from .container import MAX_MANIFEST_BYTES, ChunkRef, Manifest
+from .keys import CHUNKS, chunk_digest, chunk_key, is_chunk_key, validate_name
 from .ledger import Ledger, ledger_for
 from .pipeline import IO_CONCURRENCY, run_bounded
 from .prefix_index import check_records

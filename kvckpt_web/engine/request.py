@@ -13,7 +13,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from ..durable.container import validate_name
+from ..durable.keys import validate_name
 from ..errors import FieldError, is_int
 from ..model.sampler import MAX_SEED
 

@@ -18,11 +18,12 @@ Open it with ``device = await BrowserDevice.open()`` (or
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Iterable
 from typing import Any
 
 from ..errors import DeviceError
-from .device import (Buffer, Clear, Command, Copy, CopyRuns, Device, DeviceInfo, Dispatch, Texture, TextureCopy, Usage,
-                     done, map_window, uniform_params, workgroup_counts)
+from .device import Buffer, DeviceInfo, Texture, Usage, done, map_window
+from .encoding import EncodingDevice, Recorder
 
 _MAP_READ = 1  # GPUMapMode.READ
 _MAP_WRITE = 2  # GPUMapMode.WRITE
@@ -47,7 +48,40 @@ def _obj(value: Any) -> Any:
     return to_js(value, dict_converter=js.Object.fromEntries)
 
 
-class BrowserDevice(Device):
+class _BrowserRecorder(Recorder):
+    """A ``GPUCommandEncoder`` of the page's device."""
+
+    def __init__(self, encoder: Any) -> None:
+        self._encoder = encoder
+        self._copy = encoder.copyBufferToBuffer  # one JS attribute lookup per encoder, not per copy
+
+    def copy(self, src: Buffer, dst: Buffer, runs: Iterable[tuple[int, int, int]]) -> None:
+        copy, src_native, dst_native = self._copy, src.native, dst.native
+        for src_offset, dst_offset, size in runs:
+            copy(src_native, src_offset, dst_native, dst_offset, size)
+
+    def copy_texture(self, texture: Texture, buffer: Buffer, offset: int) -> None:
+        self._encoder.copyTextureToBuffer(_obj({"texture": texture.native}),
+                                          _obj({"buffer": buffer.native, "offset": offset,
+                                                "bytesPerRow": texture.row_pitch, "rowsPerImage": texture.height}),
+                                          _obj([texture.width, texture.height, 1]))
+
+    def clear(self, buffer: Buffer, offset: int, size: int) -> None:
+        self._encoder.clearBuffer(buffer.native, offset, size)
+
+    def begin_pass(self) -> Any:
+        return self._encoder.beginComputePass()
+
+    def dispatch(self, compute: Any, pipeline: Any, bind_group: Any, counts: tuple[int, int, int]) -> None:
+        compute.setPipeline(pipeline)
+        compute.setBindGroup(0, bind_group)
+        compute.dispatchWorkgroups(*counts)
+
+    def finish(self) -> Any:
+        return self._encoder.finish()
+
+
+class BrowserDevice(EncodingDevice):
     """A :class:`~kvckpt_web.gpu.device.Device` on the page's (or worker's) ``navigator.gpu``."""
 
     def __init__(self, adapter: Any, device: Any) -> None:
@@ -156,57 +190,21 @@ class BrowserDevice(Device):
         arr = self._u8(data)
         self._queue.writeBuffer(buffer.native, offset, arr, 0, arr.length)
 
-    def _params_buffer(self, size: int) -> Any:
-        if self._params is None or self._params_size < size:
+    def _upload_params(self, blob: bytes) -> Any:
+        if self._params is None or self._params_size < len(blob):
             if self._params is not None:
                 self._params.destroy()
                 self.forget_bind_groups()
-            self._params_size = max(size, 4096)
+            self._params_size = max(len(blob), 4096)
             self._params = self._device.createBuffer(_obj({"size": self._params_size, "usage": int(
                 Usage.UNIFORM | Usage.COPY_DST), "label": "kvckpt.params"}))
+        arr = self._u8(blob)
+        # queue writes are ordered before the next submit, so one params buffer serves every commit
+        self._queue.writeBuffer(self._params, 0, arr, 0, arr.length)
         return self._params
 
-    def encode(self, commands: list[Command]) -> Any:
-        blob, offsets = uniform_params(commands)
-        params = None
-        if blob:
-            params = self._params_buffer(len(blob))
-            arr = self._u8(blob)
-            # queue writes are ordered before the next submit, so one params buffer serves every commit
-            self._queue.writeBuffer(params, 0, arr, 0, arr.length)
-        slots = iter(offsets)
-        encoder = self._device.createCommandEncoder()
-        copy = encoder.copyBufferToBuffer
-        compute = None  # the open compute pass, shared by consecutive dispatches
-        for command in commands:
-            if compute is not None and not isinstance(command, Dispatch):
-                compute.end()
-                compute = None
-            if isinstance(command, Copy):
-                copy(command.src.native, command.src_offset, command.dst.native, command.dst_offset, command.size)
-            elif isinstance(command, CopyRuns):
-                src, dst = command.src.native, command.dst.native
-                for src_offset, dst_offset, size in command.runs:
-                    copy(src, src_offset, dst, dst_offset, size)
-            elif isinstance(command, TextureCopy):
-                t = command.texture
-                encoder.copyTextureToBuffer(_obj({"texture": t.native}),
-                                            _obj({"buffer": command.buffer.native, "offset": command.offset,
-                                                  "bytesPerRow": t.row_pitch, "rowsPerImage": t.height}),
-                                            _obj([t.width, t.height, 1]))
-            elif isinstance(command, Clear):
-                encoder.clearBuffer(command.buffer.native, command.offset, command.size)
-            else:
-                pipeline = command.kernel.native
-                bind_group = self.bind_group(params, next(slots), command)
-                if compute is None:
-                    compute = encoder.beginComputePass()
-                compute.setPipeline(pipeline)
-                compute.setBindGroup(0, bind_group)
-                compute.dispatchWorkgroups(*workgroup_counts(command, self.info.max_workgroups_per_dim))
-        if compute is not None:
-            compute.end()
-        return encoder.finish()
+    def _recorder(self) -> Recorder:
+        return _BrowserRecorder(self._device.createCommandEncoder())
 
     def _create_bind_group(self, pipeline: Any, entries: list[dict[str, Any]]) -> Any:
         return self._device.createBindGroup(_obj({"layout": pipeline.getBindGroupLayout(0), "entries": entries}))

@@ -6,13 +6,14 @@ import asyncio
 import concurrent.futures
 import os
 import tempfile
+from collections.abc import Iterable
 from typing import Any, Callable
 
 import numpy
 
 from ..errors import DeviceError
-from .device import (Buffer, Clear, Command, Copy, CopyRuns, Device, DeviceInfo, Dispatch, Texture, TextureCopy, Usage,
-                     done, map_window, uniform_params, workgroup_counts)
+from .device import Buffer, DeviceInfo, Texture, Usage, done, map_window
+from .encoding import EncodingDevice, Recorder
 
 
 def _quiet_runtime_dir() -> None:
@@ -67,7 +68,43 @@ def _copy_run(dst: memoryview, src: memoryview) -> None:
         dst[:] = src
 
 
-class WgpuDevice(Device):
+class _WgpuRecorder(Recorder):
+    """A wgpu-py command encoder, and the upload staging buffers its copies read (``finish`` returns both: a
+    commit maps them again after the submit)."""
+
+    def __init__(self, encoder: Any) -> None:
+        self._encoder = encoder
+        self._staged: list[Buffer] = []
+
+    def copy(self, src: Buffer, dst: Buffer, runs: Iterable[tuple[int, int, int]]) -> None:
+        copy, src_native, dst_native = self._encoder.copy_buffer_to_buffer, src.native, dst.native
+        for src_offset, dst_offset, size in runs:
+            copy(src_native, src_offset, dst_native, dst_offset, size)
+        if src.usage & UPLOAD_STAGING == Usage.MAP_WRITE and src not in self._staged:
+            self._staged.append(src)
+
+    def copy_texture(self, texture: Texture, buffer: Buffer, offset: int) -> None:
+        self._encoder.copy_texture_to_buffer({"texture": texture.native},
+                                             {"buffer": buffer.native, "offset": offset,
+                                              "bytes_per_row": texture.row_pitch, "rows_per_image": texture.height},
+                                             (texture.width, texture.height, 1))
+
+    def clear(self, buffer: Buffer, offset: int, size: int) -> None:
+        self._encoder.clear_buffer(buffer.native, offset, size)
+
+    def begin_pass(self) -> Any:
+        return self._encoder.begin_compute_pass()
+
+    def dispatch(self, compute: Any, pipeline: Any, bind_group: Any, counts: tuple[int, int, int]) -> None:
+        compute.set_pipeline(pipeline)
+        compute.set_bind_group(0, bind_group)
+        compute.dispatch_workgroups(*counts)
+
+    def finish(self) -> tuple[Any, list[Buffer]]:
+        return self._encoder.finish(), self._staged
+
+
+class WgpuDevice(EncodingDevice):
     """A :class:`~kvckpt_web.gpu.device.Device` on a wgpu-py adapter.
 
     wgpu-native resolves a map once every submission made before the request is done, so each map is
@@ -85,7 +122,7 @@ class WgpuDevice(Device):
         self._premapped: dict[Any, Any] = {}  # upload staging buffer -> its pending WRITE map
         self._unmapped: list[Buffer] = []  # upload staging the last submit read: mapped again at the next one
         self._unsubmitted_writes = False  # queue writes made since the last submit
-        self._params: Any = None  # the kernel parameters' uniform buffer (see _params_buffer)
+        self._params: Any = None  # the kernel parameters' uniform buffer (see _upload_params)
         self._helper = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="kvckpt-wgpu-map")
         limits = device.limits
         adapter_info = adapter.info
@@ -170,50 +207,7 @@ class WgpuDevice(Device):
         self._device.queue.write_buffer(buffer.native, offset, data)
         self._unsubmitted_writes = True
 
-    def encode(self, commands: list[Command]) -> tuple[Any, list[Buffer]]:
-        blob, offsets = uniform_params(commands)
-        params = self._params_buffer(blob) if blob else None
-        slots = iter(offsets)
-        encoder = self._device.create_command_encoder()
-        staged: list[Buffer] = []
-        copy = encoder.copy_buffer_to_buffer
-        compute = None  # the open compute pass, shared by consecutive dispatches
-        for command in commands:
-            if compute is not None and not isinstance(command, Dispatch):
-                compute.end()
-                compute = None
-            if isinstance(command, (Copy, CopyRuns)):
-                src, dst = command.src.native, command.dst.native
-                if isinstance(command, Copy):
-                    copy(src, command.src_offset, dst, command.dst_offset, command.size)
-                else:
-                    for src_offset, dst_offset, size in command.runs:
-                        copy(src, src_offset, dst, dst_offset, size)
-                if command.src.usage & UPLOAD_STAGING == Usage.MAP_WRITE and command.src not in staged:
-                    staged.append(command.src)
-            elif isinstance(command, TextureCopy):
-                t = command.texture
-                encoder.copy_texture_to_buffer({"texture": t.native},
-                                               {"buffer": command.buffer.native, "offset": command.offset,
-                                                "bytes_per_row": t.row_pitch, "rows_per_image": t.height},
-                                               (t.width, t.height, 1))
-            elif isinstance(command, Clear):
-                encoder.clear_buffer(command.buffer.native, command.offset, command.size)
-            else:
-                pipeline = command.kernel.native
-                bind_group = self.bind_group(params, next(slots), command)
-                if compute is None:
-                    compute = encoder.begin_compute_pass()
-                compute.set_pipeline(pipeline)
-                compute.set_bind_group(0, bind_group)
-                compute.dispatch_workgroups(*workgroup_counts(command, self.info.max_workgroups_per_dim))
-        if compute is not None:
-            compute.end()
-        return encoder.finish(), staged
-
-    def _params_buffer(self, blob: bytes) -> Any:
-        """The one uniform buffer of kernel parameters (grown as needed), ``blob`` queued into it: written at
-        encoding, it serves the next commit (so bind groups that bind it can be kept)."""
+    def _upload_params(self, blob: bytes) -> Any:
         if self._params is None or self._params.size < len(blob):
             if self._params is not None:
                 self._params.destroy()
@@ -223,6 +217,9 @@ class WgpuDevice(Device):
         self._device.queue.write_buffer(self._params, 0, blob)
         self._unsubmitted_writes = True
         return self._params
+
+    def _recorder(self) -> Recorder:
+        return _WgpuRecorder(self._device.create_command_encoder())
 
     def _create_bind_group(self, pipeline: Any, entries: list[dict[str, Any]]) -> Any:
         return self._device.create_bind_group(layout=pipeline.get_bind_group_layout(0), entries=entries)

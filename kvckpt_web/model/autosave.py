@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from ..checks import check_instance, check_int
-from ..durable.container import validate_name
+from ..durable.keys import validate_name
 from ..durable.ledger import Ledger, ledger_for
 from ..stores.base import check_store
 

@@ -36,7 +36,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import BaseRoute, Mount, Route
 from starlette.types import Receive, Scope, Send
 
-from ..durable.container import validate_name
+from ..durable.keys import validate_name
 from ..engine import ChatChunk, ChatCompletion, ChatRequest
 from ..errors import FieldError, is_int
 from .api_body import DEFAULT_BODY_TIMEOUT, DEFAULT_MAX_BODY, read_json

@@ -35,7 +35,8 @@ from starlette.responses import JSONResponse, PlainTextResponse, Response
 from starlette.routing import Route
 
 from ..durable.catalog import decode_at
-from ..durable.container import MAX_MANIFEST_BYTES, chunk_key, is_chunk_key, parse_manifest_key
+from ..durable.container import MAX_MANIFEST_BYTES
+from ..durable.keys import chunk_key, is_chunk_key, parse_manifest_key
 from ..durable.prefix_records import MAX_RECORD_BYTES, decode_record, manifest_of
 from ..checks import check_seconds
 from ..errors import FieldError, FormatError, KVCkptError

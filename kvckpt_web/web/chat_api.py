@@ -25,7 +25,7 @@ from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 from ..durable.catalog import list_generations, list_names, load_manifest
-from ..durable.container import parse_manifest_key
+from ..durable.keys import parse_manifest_key
 from ..durable.results import GenerationInfo, SaveResult, SyncResult
 from ..engine import ChatChunk, ChatRequest, Engine, pull, push
 from ..engine.conversations import describe

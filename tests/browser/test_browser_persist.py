@@ -318,7 +318,7 @@ def put_orphan_chunks(page: PyPage, store: str, store_name: str, count: int) -> 
     """Store ``count`` chunks no manifest names, as a save killed between its chunks and its manifest leaves."""
     return page.run(f"""
         import hashlib
-        from kvckpt_web.durable.container import chunk_key
+        from kvckpt_web.durable.keys import chunk_key
         from kvckpt_web.stores.{store} import {PY_STORES[store]} as S
         s = await S.open("{store_name}")
         result = []

@@ -19,7 +19,8 @@ from kvckpt_web.durable import chunk_reads, pipeline
 from kvckpt_web.durable import restore as restoring
 from kvckpt_web.durable import save as saving
 from kvckpt_web.durable.catalog import list_generations, list_names
-from kvckpt_web.durable.container import chunk_digest, decode_manifest
+from kvckpt_web.durable.container import decode_manifest
+from kvckpt_web.durable.keys import chunk_digest
 from kvckpt_web.durable.ledger import Ledger
 from kvckpt_web.durable.restore import restore
 from kvckpt_web.durable.retention import delete_name, gc

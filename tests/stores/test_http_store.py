@@ -17,7 +17,8 @@ from store_suite import LEASE_RUN_OUT, Clock, StoreTests, run
 
 pytest.importorskip("starlette")
 
-from kvckpt_web.durable.container import MAX_MANIFEST_BYTES, chunk_digest, chunk_key  # noqa: E402
+from kvckpt_web.durable.container import MAX_MANIFEST_BYTES  # noqa: E402
+from kvckpt_web.durable.keys import chunk_digest, chunk_key
 from kvckpt_web.errors import ConflictError, FieldError, FormatError, StoreError  # noqa: E402
 from kvckpt_web.server.run import serve_routes_in_thread  # noqa: E402
 from kvckpt_web.server.store_routes import StoreRoutes  # noqa: E402

@@ -21,7 +21,7 @@ from store_suite import StoreTests, needs_direct_io, run, spy_writes
 
 from kvckpt_web.errors import ConflictError, FormatError, StoreError
 from kvckpt_web.gpu.tensors import zeroed
-from kvckpt_web.stores import file as file_module
+from kvckpt_web.stores import file_writes
 from kvckpt_web.stores.base import Store
 from kvckpt_web.stores.file import (CLAIM_PREFIX, DIRECT_IO_BLOCK, FAULT_STEPS, LOCK_NAME, TEMP_PREFIX, FileStore,
                                     takes_unnamed_files)
@@ -210,13 +210,13 @@ def test_batch_fsyncs_every_changed_directory_at_its_end(tmp_path: Path, monkeyp
     store = FileStore(tmp_path)
     run(store.set("x/old", b"v"))
     synced: list[str] = []
-    real = file_module.fsync_dir
+    real = file_writes.fsync_dir
 
     def recording(path: str) -> None:
         real(path)
         synced.append(os.fspath(path))
 
-    monkeypatch.setattr(file_module, "fsync_dir", recording)
+    monkeypatch.setattr(file_writes, "fsync_dir", recording)
 
     async def changes() -> None:
         async with store.batch():
@@ -360,7 +360,7 @@ def _refuse_links(monkeypatch: pytest.MonkeyPatch) -> None:
     def cross_device(fd: int, path: str) -> None:
         raise OSError(18, "Invalid cross-device link")
 
-    monkeypatch.setattr(file_module, "link_unnamed", cross_device)
+    monkeypatch.setattr(file_writes, "link_unnamed", cross_device)
 
 
 WITHOUT_UNNAMED_FILES = {
