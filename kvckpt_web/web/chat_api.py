@@ -136,7 +136,7 @@ class ChatWorker:
         """Open the engine over the loaded model and the store ``options.store`` ("indexeddb" or "opfs") named
         ``options.store_name`` (see :data:`OPEN_OPTIONS`), its settings the ``browser`` preset's with those of
         :data:`ENGINE_SETTINGS` the options give, closing the one before; JSON ``{context, store, config}``
-        (``config``: the settings it runs with, :meth:`EngineConfig.to_json`)."""
+        (``config``: the settings it runs with, :meth:`~kvckpt_web.engine.EngineConfig.to_json`)."""
         o = _options(options, {**OPEN_OPTIONS, **dict.fromkeys(ENGINE_SETTINGS)})
         config = PRESETS["browser"].replace(**{key: o[key] for key in ENGINE_SETTINGS})
         if self.loaded is None:
