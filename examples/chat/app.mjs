@@ -59,7 +59,7 @@ async function start() {
   try {
     state.stages = [];
     page.engine = await createEngine({ model: "/model.gguf", store, storeName: STORE_NAME, onEvent,
-                                  autosaveEvery: Number($("every").value), onProgress: (p) => {
+                                  autosaveEvery: Number($("every").value) || undefined, onProgress: (p) => {
                                     if (state.stages[state.stages.length - 1] !== p.stage) state.stages.push(p.stage);
                                     showProgress(p);
                                   } });
@@ -68,6 +68,7 @@ async function start() {
   }
   window.demoHooks = page.engine.testing;
   state.model = page.engine.info.model;
+  $("every").value ||= page.engine.info.config.autosave_every;   // none given: the engine's preset's
   state.store = page.engine.info.store;
   page.started.took = page.engine.info.took;
   $("model-name").textContent = `${state.model.url.split("/").pop()} · ${state.model.num_layers} layers · ` +
@@ -165,7 +166,7 @@ $("new-chat").onclick = newConversation;
 $("inspect-close").onclick = closeInspect;
 $("measure").onclick = measure;
 $("store").value = setting("store", "indexeddb");
-$("every").value = setting("every", "16");
+$("every").value = setting("every", "");
 $("apply-engine").onclick = () => {
   localStorage.setItem("kvckpt-chat:store", $("store").value);
   localStorage.setItem("kvckpt-chat:every", $("every").value);

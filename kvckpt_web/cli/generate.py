@@ -26,17 +26,16 @@ from typing import TYPE_CHECKING, Any
 from ..durable.catalog import load_manifest
 from ..durable.keys import validate_name
 from ..durable.results import SaveResult
-from ..durable.retention import DEFAULT_KEEP
 from ..engine import ChatChunk, ChatRequest, Engine
 from ..engine.record import ChatRecord
 from ..errors import ConflictError, FieldError, StoreError
 from ..gpu.open import open_device
 from ..model.conversation import check_owner
-from ..model.autosave import DEFAULT_AUTOSAVE_EVERY
 from ..model.generator import ResumeReport
 from ..model.loader import default_model_path, load_model
 from ..model.tokenizer import utf8
 from ..durable.locations import is_url, open_location
+from .engine_flags import DESKTOP, engine_config
 from .sampling_flags import add_sampling_flags
 from .store_commands import check_at_least, check_context, check_store_target
 
@@ -47,8 +46,9 @@ SAMPLER_FLAGS = {"seed": "--seed", "temperature": "--temperature", "top_k": "--t
                  "repetition_penalty": "--repetition-penalty"}
 SAVED_FLAGS = {**SAMPLER_FLAGS, "max_tokens": "--max-tokens", "context": "--context"}
 """Flags whose value a resumed reply takes from its checkpoint."""
+ENGINE_FLAGS = ("prefill_chunk", "autosave_every", "context")
+"""The flags that replace fields of the engine's preset."""
 MAX_TOKENS = 256
-PREFILL_CHUNK = 512
 
 
 def _print_err(*parts: Any) -> None:
@@ -67,12 +67,8 @@ def _progress(phase: str, done: int, total: int) -> None:
 def _check_args(args: argparse.Namespace) -> ChatRequest | None:
     """One-line FieldErrors for flags that do not go together or values out of range; the chat of ``--prompt``
     (None with ``--resume``)."""
-    for flag, value in (("--prefill-chunk", args.prefill_chunk), ("--autosave-every", args.autosave_every),
-                        ("--generation", args.generation)):
-        if value is not None and value < 1:
-            raise FieldError(flag, "an integer >= 1", value)
-    if args.context is not None:
-        check_at_least("--context", args.context, 2)
+    if args.generation is not None:
+        check_at_least("--generation", args.generation, 1)
     if args.name is not None and args.store is None:
         raise FieldError("--name", "--store DIR to save into", "no --store")
     if args.resume:
@@ -190,6 +186,7 @@ def _show(chunk: ChatChunk) -> None:
 
 def cmd_generate(args: argparse.Namespace) -> None:
     request = _check_args(args)
+    config = engine_config(args, ENGINE_FLAGS)
     store = record = None
     name = "chat" if args.name is None else args.name
     if args.store is not None:
@@ -213,12 +210,13 @@ def cmd_generate(args: argparse.Namespace) -> None:
     if args.context is not None:
         check_context(args.context, max_context)
     context = min(args.context or (saved.context if saved is not None else None) or max_context, max_context)
+    if saved is not None:  # a resumed reply goes on with the settings it was saved with, unless flags say others
+        config = config.replace(**{key: value for key, value in (
+            ("prefill_chunk", saved.prefill_chunk), ("autosave_every", saved.autosave_every),
+            ("keep", saved.autosave_keep)) if getattr(args, key, None) is None})
     saves = _Saves(name, None if record is None else record.generation)
-    engine = Engine(loaded, device, store=store, context=context, sequences=1, cache_tokens=context,
-                    prefill_chunk=args.prefill_chunk or (saved.prefill_chunk if saved is not None else PREFILL_CHUNK),
-                    autosave_every=args.autosave_every or (saved.autosave_every if saved is not None else None)
-                    or DEFAULT_AUTOSAVE_EVERY,
-                    keep=(saved.autosave_keep if saved is not None else None) or DEFAULT_KEEP,
+    engine = Engine(loaded, device, store=store, config=config.replace(context=context, sequences=1,
+                                                                       cache_tokens=context),
                     progress=_progress, on_save=saves.saved, on_save_error=saves.failed)
     asyncio.run(_reply(engine, request, record, saves))
 
@@ -239,9 +237,9 @@ def add_parsers(sub: Any) -> None:
     p.add_argument("--seed", type=int, help="seed of the random draws (default 0)")
     add_sampling_flags(p)
     p.add_argument("--max-tokens", type=int, help=f"most tokens to generate (default {MAX_TOKENS})")
-    p.add_argument("--autosave-every", type=int, help=f"save after this many tokens (default {DEFAULT_AUTOSAVE_EVERY}; "
-                   "with --resume: the checkpoint's)")
-    p.add_argument("--prefill-chunk", type=int, help=f"prompt tokens per forward (default {PREFILL_CHUNK}; with "
-                   "--resume: the checkpoint's, and at least that)")
+    p.add_argument("--autosave-every", type=int, help="save after this many tokens (default "
+                   f"{DESKTOP.autosave_every}; with --resume: the checkpoint's)")
+    p.add_argument("--prefill-chunk", type=int, help="prompt tokens per forward (default "
+                   f"{DESKTOP.prefill_chunk}; with --resume: the checkpoint's, and at least that)")
     p.add_argument("--context", type=int, help="most tokens of prompt and reply (default: the model's context)")
     p.set_defaults(func=cmd_generate)

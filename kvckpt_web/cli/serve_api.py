@@ -18,10 +18,11 @@ from ..durable.locations import open_location
 from ..errors import FieldError
 from ..model.loader import default_model_path
 from .serving import serve_until_interrupted
-from .store_commands import check_at_least, check_context, check_store_target
+from .engine_flags import DESKTOP, engine_config
+from .store_commands import check_context, check_store_target
 
 if TYPE_CHECKING:
-    from ..engine import Engine
+    from ..engine import Engine, EngineConfig
 
 RUNTIME_FLAGS = {"page": "--page", "pyodide": "--pyodide", "wheels": "--wheels", "open": "--open", "token": "--token"}
 """The flags of the browser runtime and of a served store, which ``--api`` does not serve."""
@@ -37,7 +38,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model-name", default=None, help="with --api: the model's name in the API (default: the "
                         "model file's name without .gguf)")
     parser.add_argument("--context", type=int, default=None, help="with --api: most tokens of one conversation "
-                        "(default 4096, or the model's context if smaller)")
+                        f"(default {DESKTOP.context}, or the model's context if smaller)")
 
 
 def check_flags(args: argparse.Namespace) -> None:
@@ -61,8 +62,9 @@ def _model_name(args: argparse.Namespace, path: Path) -> str:
     return name
 
 
-def _build(path: Path, store: str | None, name: str, context: int | None) -> "Engine":
-    """The engine (run on the engine's own thread): the device opened, the model loaded, the store opened."""
+def _build(path: Path, store: str | None, name: str, config: "EngineConfig", context: int | None) -> "Engine":
+    """The engine of ``config`` (run on the engine's own thread): the device opened, the model loaded (``--context``
+    ``context`` no more than its context), the store opened."""
     from ..engine import Engine
     from ..gpu.open import open_device
     from ..model.loader import load_model
@@ -73,7 +75,7 @@ def _build(path: Path, store: str | None, name: str, context: int | None) -> "En
     if context is not None:
         check_context(context, loaded.model.max_context)
     opened = open_location(store, read_only=False, new=True, field="--store") if store is not None else None
-    engine = Engine(loaded, device, store=opened, model_name=name, context=context)
+    engine = Engine(loaded, device, store=opened, model_name=name, config=config)
     print(f"model loaded in {time.perf_counter() - start:.2f} s", file=sys.stderr, flush=True)
     return engine
 
@@ -90,14 +92,14 @@ def cmd_serve_api(args: argparse.Namespace) -> None:
     from ..server.api import make_api_server
     from ..server.static import check_model_file
 
-    context = check_at_least("--context", args.context, 2) if args.context is not None else None
+    config = engine_config(args, ("context",))
     path = check_model_file(args.model, "--model") if args.model is not None else default_model_path()
     name = _model_name(args, path)
     if args.store is not None:
         check_store_target("--store", args.store)
     address = hosts.bind_address(args.host, args.port, args.allow_remote, field="--host", consent="--allow-remote")
     print(f"loading model {path} ...", file=sys.stderr, flush=True)
-    engine = worker.EngineWorker(lambda: _build(path, args.store, name, context))
+    engine = worker.EngineWorker(lambda: _build(path, args.store, name, config, args.context))
     try:
         server = make_api_server(engine, host=args.host, port=args.port, allow_remote=args.allow_remote)
         announce = f"kvckpt_web OpenAI-compatible API on {server.url}v1 (model {name!r}, Ctrl-C to stop)"

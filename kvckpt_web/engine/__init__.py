@@ -1,11 +1,12 @@
 """The chat engine: OpenAI-shaped multi-turn chat on the paged cache, with prefix reuse in memory and from the
 store, and replies that survive a crash (see :mod:`kvckpt_web.engine.engine`)."""
 
+from .config import PRESETS, EngineConfig
 from .conversations import ConversationInfo
-from .engine import DEFAULT_CONTEXT, Engine
+from .engine import Engine
 from .remote import pull, push
 from .request import ChatRequest, Message
 from .responses import ChatChunk, ChatCompletion, Timings, Usage
 
-__all__ = ["DEFAULT_CONTEXT", "ChatChunk", "ChatCompletion", "ChatRequest", "ConversationInfo", "Engine", "Message",
-           "Timings", "Usage", "pull", "push"]
+__all__ = ["PRESETS", "ChatChunk", "ChatCompletion", "ChatRequest", "ConversationInfo", "Engine", "EngineConfig",
+           "Message", "Timings", "Usage", "pull", "push"]

@@ -15,12 +15,12 @@ import time
 from collections.abc import AsyncIterator, Callable
 from typing import TYPE_CHECKING, Any
 
-from ..checks import check_callable
+from ..checks import check_callable, check_instance
 from ..durable.catalog import list_names, manifest_keys
 from ..durable.ledger import Ledger
 from ..durable.prefix_index import PrefixIndex
 from ..durable.results import Progress, SaveResult
-from ..durable.retention import DEFAULT_KEEP, delete_name
+from ..durable.retention import delete_name
 from ..errors import ConflictError, ContextFullError, FieldError, KVCkptError, NotFoundError, is_int
 from ..kv.cache import PagedKVCache
 from ..model.app_state import StopRules
@@ -30,6 +30,7 @@ from ..model.generator import Generator
 from ..model.resume import resume
 from ..model.sampler import MAX_SEED, SamplingSettings
 from ..tvm.layout import CacheLimits
+from .config import PRESETS, EngineConfig
 from .conversations import ConversationInfo, describe
 from .prompt import build_prompt
 from .record import ChatExtra
@@ -45,10 +46,7 @@ if TYPE_CHECKING:
     from ..model.protocol import LoadedModel
     from ..stores.base import Store
 
-__all__ = ["DEFAULT_CONTEXT", "Engine"]
-
-DEFAULT_CONTEXT = 4096
-"""Tokens per conversation unless told (the model's own context if smaller)."""
+__all__ = ["Engine"]
 
 _FINISH = {"eos": "stop", "stop": "stop", "length": "length", "context": "length"}
 
@@ -56,11 +54,9 @@ _FINISH = {"eos": "stop", "stop": "stop", "length": "length", "context": "length
 class Engine:
     """A model, its paged cache and (optionally) a store of conversations.
 
-    ``context`` bounds each conversation (prompt and reply); the cache holds ``sequences`` conversations and
-    ``cache_tokens`` tokens in all (default: twice the context), evicting the least recently used idle one
-    when full (its K/V are committed to the store already). Prompts are prefilled ``prefill_chunk`` tokens per
-    forward; checkpoints keep ``keep`` generations and cut each layer into chunks of ``chunk_tokens`` tokens,
-    small enough that conversations sharing a prefix share its chunks.
+    ``config`` sets its context, cache and autosaves (:class:`EngineConfig`, default its ``desktop`` preset);
+    :attr:`config` is what it runs with (the context no more than the model's). The cache evicts the least
+    recently used idle conversation when full (its K/V are committed to the store already).
 
     ``progress(phase, done, total)`` hears how a prompt's prefill (phase "prefill") or a resume's replay of
     tokens whose K/V could not be used ("replay") advances; ``on_save(conversation, result)`` hears of each
@@ -70,17 +66,10 @@ class Engine:
     """
 
     def __init__(self, loaded: "LoadedModel", device: "Device", *, store: "Store | None" = None,
-                 model_name: str = "kvckpt", context: int | None = None, sequences: int = 4,
-                 cache_tokens: int | None = None, page_size: int = 16, prefill_chunk: int = 128,
-                 autosave_every: int = 32, keep: int = DEFAULT_KEEP, chunk_tokens: int = 256,
+                 model_name: str = "kvckpt", config: EngineConfig = PRESETS["desktop"],
                  progress: Progress | None = None, on_save: Callable[[str, SaveResult], None] | None = None,
                  on_save_error: Callable[[str, Exception], None] | None = None) -> None:
-        for name, value in (("sequences", sequences), ("page_size", page_size), ("prefill_chunk", prefill_chunk),
-                            ("autosave_every", autosave_every), ("keep", keep), ("chunk_tokens", chunk_tokens)):
-            if not is_int(value, 1):
-                raise FieldError(name, "an integer >= 1", value)
-        if context is not None and not is_int(context, 2):
-            raise FieldError("context", "an integer >= 2 or None", context)
+        check_instance("config", config, EngineConfig, "an EngineConfig")
         if not isinstance(model_name, str) or not model_name:
             raise FieldError("model_name", "a non-empty string", model_name)
         self.progress = check_callable("progress", progress)
@@ -88,23 +77,19 @@ class Engine:
         self.on_save_error = check_callable("on_save_error", on_save_error)
         self.model, self.codec = loaded.model, loaded.text
         self.model_name = model_name
-        self.context = min(self.model.max_context, context or DEFAULT_CONTEXT)
-        total = 2 * self.context if cache_tokens is None else cache_tokens
-        if not is_int(total, self.context):
-            raise FieldError("cache_tokens", f"an integer >= the context ({self.context})", total)
-        self.cache = PagedKVCache(device, self.model.kv_layout(page_size), CacheLimits(sequences, total, prefill_chunk))
-        self.page_size = page_size
-        self.prefill_chunk = prefill_chunk
-        self.autosave_every, self.keep = autosave_every, keep
-        self.pages_per_chunk = max(1, chunk_tokens // page_size)
+        #: The settings it runs with: ``config`` with the context no more than the model's.
+        self.config = config = config.fitted(self.model.max_context)
+        self.context, self.prefill_chunk = config.context, config.prefill_chunk
+        self.cache = PagedKVCache(device, self.model.kv_layout(config.page_size),
+                                  CacheLimits(config.sequences, config.cache_tokens, config.prefill_chunk))
         self.store = store
         #: What this engine knows of its store's checkpoints: every save, restore and deletion goes through it.
         self.ledger = Ledger(store) if store is not None else None
-        self.slots = Slots(self.cache, sequences, self.model.identity, store, self.ledger)
+        self.slots = Slots(self.cache, config.sequences, self.model.identity, store, self.ledger)
         self.scope = f"{self.model.identity}/{self.cache.get_layout_hash()}/{self.model.kernels}"
         self.scheduler = Scheduler()
-        index = PrefixIndex(store, self.scope, page_size) if store is not None else None
-        self.sources = Sources(self.slots, store, index, page_size, self._reply_text, self.model.identity)
+        index = PrefixIndex(store, self.scope, config.page_size) if store is not None else None
+        self.sources = Sources(self.slots, store, index, config.page_size, self._reply_text, self.model.identity)
         self._turns: list[Turn] = []
 
     # ----- chat ---------------------------------------------------------------------------------
@@ -225,8 +210,8 @@ class Engine:
     def _autosave(self, name: str) -> Autosave | None:
         if self.store is None:
             return None
-        return Autosave(self.store, name, self.autosave_every, self.keep, pages_per_chunk=self.pages_per_chunk,
-                        prefix_scope=self.scope, ledger=self.ledger)
+        return Autosave(self.store, name, self.config.autosave_every, self.config.keep,
+                        pages_per_chunk=self.config.pages_per_chunk, prefix_scope=self.scope, ledger=self.ledger)
 
     def _track(self, turn: Turn) -> Turn:
         turn.slot.busy = True

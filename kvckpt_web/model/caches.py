@@ -14,7 +14,13 @@ from .protocol import CausalLM
 if TYPE_CHECKING:
     from ..gpu.device import Device
 
-__all__ = ["check_chunk", "context_of", "new_cache"]
+__all__ = ["PAGE_SIZE", "PREFILL_CHUNK", "check_chunk", "context_of", "new_cache"]
+
+PAGE_SIZE = 16
+"""Tokens per page of a cache unless told (the engine's presets too)."""
+PREFILL_CHUNK = 128
+"""Prompt tokens per forward unless told (the engine's ``desktop`` preset too)."""
+
 
 def context_of(model: CausalLM, cache: "PagedKVCache", limit: int | None = None) -> int:
     """The most tokens of prompt and reply a generation holds: the least of the model's context, the cache's
@@ -30,8 +36,8 @@ def check_chunk(prefill_chunk: int, cache: "PagedKVCache") -> int:
     return prefill_chunk
 
 
-def new_cache(model: CausalLM, device: "Device", *, max_tokens: int | None = None, prefill_chunk: int = 512,
-              page_size: int = 16, num_seqs: int = 1) -> "PagedKVCache":
+def new_cache(model: CausalLM, device: "Device", *, max_tokens: int | None = None, prefill_chunk: int = PREFILL_CHUNK,
+              page_size: int = PAGE_SIZE, num_seqs: int = 1) -> "PagedKVCache":
     """A cache of ``model``'s layout for ``num_seqs`` sequences of up to ``max_tokens`` (default: the model's
     context) tokens each, taking up to ``prefill_chunk`` tokens per forward."""
     check_instance("model", model, CausalLM, "a CausalLM (a loaded model)")

@@ -27,7 +27,7 @@ from typing import Any
 from ..durable.catalog import list_generations, list_names, load_manifest
 from ..durable.keys import parse_manifest_key
 from ..durable.results import GenerationInfo, SaveResult, SyncResult
-from ..engine import ChatChunk, ChatRequest, Engine, pull, push
+from ..engine import PRESETS, ChatChunk, ChatRequest, Engine, pull, push
 from ..engine.conversations import describe
 from ..engine.record import ChatRecord
 from ..errors import FieldError, KVCkptError, NotFoundError, is_int
@@ -43,9 +43,11 @@ __all__ = ["ChatWorker", "saved_conversations"]
 
 STORE_LABELS = {"indexeddb": "IndexedDB", "opfs": "OPFS"}
 
-ENGINE_OPTIONS = {"store": "indexeddb", "store_name": "kvckpt", "context": 1024, "sequences": 4,
-                  "autosave_every": 16, "prefill_chunk": 64, "model_name": "kvckpt"}
-"""What :meth:`ChatWorker.open` takes, and its defaults."""
+OPEN_OPTIONS = {"store": "indexeddb", "store_name": "kvckpt", "model_name": "kvckpt"}
+"""What :meth:`ChatWorker.open` takes beside :data:`ENGINE_SETTINGS`, and its defaults."""
+ENGINE_SETTINGS = ("context", "sequences", "autosave_every", "prefill_chunk")
+"""The fields of the engine's ``browser`` preset (:data:`~kvckpt_web.engine.PRESETS`) that :meth:`ChatWorker.open`
+may replace."""
 
 
 def _object(what: str, value: Any) -> dict[str, Any]:
@@ -132,17 +134,20 @@ class ChatWorker:
 
     async def open(self, options: Any = None) -> str:
         """Open the engine over the loaded model and the store ``options.store`` ("indexeddb" or "opfs") named
-        ``options.store_name`` (see :data:`ENGINE_OPTIONS`), closing the one before; JSON ``{context, store}``."""
-        o = _options(options, ENGINE_OPTIONS)
+        ``options.store_name`` (see :data:`OPEN_OPTIONS`), its settings the ``browser`` preset's with those of
+        :data:`ENGINE_SETTINGS` the options give, closing the one before; JSON ``{context, store, config}``
+        (``config``: the settings it runs with, :meth:`~kvckpt_web.engine.EngineConfig.to_json`)."""
+        o = _options(options, {**OPEN_OPTIONS, **dict.fromkeys(ENGINE_SETTINGS)})
+        config = PRESETS["browser"].replace(**{key: o[key] for key in ENGINE_SETTINGS})
         if self.loaded is None:
             raise FieldError("model", "a model loaded with load_model()", "none")
         store = await open_store(o["store"], o["store_name"])
         await self._close_engine()
-        self.engine = Engine(self.loaded, await device(), store=store, model_name=o["model_name"],
-                             context=o["context"], sequences=o["sequences"], autosave_every=o["autosave_every"],
-                             prefill_chunk=o["prefill_chunk"], on_save=self._saved, on_save_error=self._save_failed)
+        self.engine = Engine(self.loaded, await device(), store=store, model_name=o["model_name"], config=config,
+                             on_save=self._saved, on_save_error=self._save_failed)
         self.store_label = f"{STORE_LABELS[o['store']]} {o['store_name']!r}"
-        return json.dumps({"context": self.engine.context, "store": self.store_label})
+        return json.dumps({"context": self.engine.context, "store": self.store_label,
+                           "config": self.engine.config.to_json()})
 
     async def warm_up(self) -> str:
         """Build the model's kernels now (see :meth:`Engine.warm_up`): JSON ``{ms}``."""
@@ -312,7 +317,7 @@ async def _prefill_ms(engine: Engine, tokens: list[int]) -> float:
     """Milliseconds to prefill ``tokens`` in the engine's prefill chunks into a scratch cache of its layout."""
     chunk = engine.prefill_chunk
     scratch = new_cache(engine.model, await device(), max_tokens=len(tokens) + chunk, prefill_chunk=chunk,
-                        page_size=engine.page_size, num_seqs=2)
+                        page_size=engine.config.page_size, num_seqs=2)
     try:
         scratch.add_sequence(1)  # warm-up: pipelines are built once per page, not per prefill
         await (await engine.model.forward(scratch, 1, tokens[:chunk])).argmax()

@@ -116,7 +116,8 @@ export class Engine {
     this.worker = worker;
     this.base = base;
     // {model: {url, identity, num_layers, vocab_size, max_context, bytes, load_ms}, weights: {source, kept, note},
-    //  context, store, took: {boot, weights, upload, engine, kernels} (ms)}
+    //  context, store, config: the engine's settings (snake_case, kvckpt_web/engine/config.py), took: {boot, weights,
+    //  upload, engine, kernels} (ms)}
     this.info = info;
     this.chat = { completions: { create: (body) => this.#create(body) } };
     // Test hooks: hold every reply's stream once it holds `tokens` tokens (0: before its prefill), until released or
@@ -208,6 +209,7 @@ const ENGINE_KEYS = { context: "context", sequences: "sequences", autosaveEvery:
 // uses, built by a warm-up, so the first reply does not wait for them); `onEvent(e)` of what happens while
 // replies run: {type: "saved", conversation, generation, tokens, bytes, ms, store}, {type: "save_failed",
 // conversation, error, store}. `base`: the folder of kvckpt.mjs, pyodide/ and wheels/ (default: this module's).
+// `context`, `sequences`, `autosaveEvery`, `prefillChunk`, given, replace those of the engine's "browser" preset.
 export async function createEngine({ model, store = "indexeddb", storeName = "kvckpt", onProgress = () => {},
                                      onEvent = () => {}, base = here.href, ...settings } = {}) {
   if (typeof model !== "string" || !model) throw fieldError("model", "the URL of a GGUF model file", typeOf(model));

@@ -28,13 +28,13 @@ SETTINGS = "temperature=1.0, seed=11, max_tokens=24"  # the random tiny model re
 SETUP = f"""
     from js import location
     from kvckpt_web.durable.catalog import load_manifest
-    from kvckpt_web.engine import Engine, pull, push
+    from kvckpt_web.engine import Engine, EngineConfig, pull, push
     from kvckpt_web.model.loader import load_model
     from kvckpt_web.stores.http import HTTPStore
     from kvckpt_web.stores.indexeddb import IndexedDBStore
     tiny = load_model("/home/pyodide/tiny.gguf", dev)
     store = await IndexedDBStore.open("conversations")
-    engine = Engine(tiny, dev, store=store, context=4096, prefill_chunk=512, sequences=2)
+    engine = Engine(tiny, dev, store=store, config=EngineConfig(prefill_chunk=512, sequences=2))
     remote = lambda: HTTPStore(location.origin + "/", token={TOKEN!r})
 
     async def generation(name, before=frozenset()):

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import pytest
 
+from kvckpt_web.engine import PRESETS
+
 from .chat_page import ChatPage, open_chat
 
 TOKENS = 12
@@ -161,3 +163,11 @@ def test_the_progress_bar_names_each_stage_of_the_start(page):
     assert state["stages"] == ["python", "packages", "weights", "upload", "engine", "kernels"]
     assert page.page.evaluate("document.getElementById('load-bar').value") == 1
     assert text.startswith("ready in ") and "weights downloaded" in text
+
+
+def test_without_an_interval_given_the_autosave_field_shows_the_browser_presets(chat_browser, chat_server):
+    page = open_chat(chat_browser, chat_server.url)
+    page.page.goto(chat_server.url)
+    page.settle()
+    assert page.state()["problem"] is None
+    assert page.page.input_value("#every") == str(PRESETS["browser"].autosave_every)

@@ -18,7 +18,7 @@ import pytest
 
 from kvckpt_web.cli.chat_session import ChatSession
 from kvckpt_web.cli.chat_terminal import Terminal
-from kvckpt_web.engine import Engine
+from kvckpt_web.engine import Engine, EngineConfig
 from kvckpt_web.model.protocol import LoadedModel
 from kvckpt_web.stores.file import FileStore
 
@@ -28,7 +28,7 @@ from kvmodel import run
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "model"))
 from lm_double import DoubleLM, DoubleText  # noqa: E402
 
-ENGINE = {"context": 512, "sequences": 3, "page_size": 4, "prefill_chunk": 8, "autosave_every": 5, "chunk_tokens": 16}
+ENGINE = EngineConfig(context=512, sequences=3, page_size=4, prefill_chunk=8, autosave_every=5, chunk_tokens=16)
 GREEDY = {"temperature": 0.0, "max_tokens": 12}
 SEEDED = {"temperature": 0.9, "seed": 3, "max_tokens": 20}
 
@@ -66,7 +66,7 @@ def chat(device, store):
 
     def start(lines, *, conversation=None, system=None, settings=GREEDY, stop_after=None, **engine_kwargs) -> Chat:
         engine = Engine(LoadedModel(DoubleLM(max_context=1024), DoubleText()), device, store=FileStore(store),
-                        model_name="double", **{**ENGINE, **engine_kwargs})
+                        model_name="double", config=ENGINE.replace(**engine_kwargs))
         out, err = io.StringIO(), io.StringIO()
         terminal = Terminal(out, err, read=Lines(lines))
         session = ChatSession(engine, terminal, settings=dict(settings), system=system)

@@ -410,7 +410,8 @@ def test_a_prefix_record_pointing_at_another_models_checkpoint_is_never_used(mak
     engine = make_engine(store=store)
     theirs = run(engine.sources.record("theirs"))  # other weights: K/V of other bits for the same tokens
     held = theirs.tokens[:theirs.saved.kv_length]
-    forged = prefix_record(PrefixKey(engine.scope, held), "theirs", theirs.generation, len(held), engine.page_size)
+    forged = prefix_record(PrefixKey(engine.scope, held), "theirs", theirs.generation, len(held),
+                           engine.config.page_size)
     run(store.set_if_absent(forged.key, encode_record(forged)))  # in this model's scope, as a store's writer may
 
     reply = run(engine.chat(hello, **GREEDY))

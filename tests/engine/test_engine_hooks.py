@@ -152,14 +152,14 @@ def test_the_prefill_time_is_the_wait_for_the_first_token_saves_included_and_the
 def test_after_a_warm_up_no_turn_builds_a_kernel(tmp_path):
     import wgpu
 
-    from kvckpt_web.engine import Engine
+    from kvckpt_web.engine import Engine, EngineConfig
     from kvckpt_web.gpu.wgpu_native import WgpuDevice
     from kvckpt_web.model.loader import load_model
 
     adapter = wgpu.gpu.request_adapter_sync(power_preference="high-performance")
     device = WgpuDevice(adapter, adapter.request_device_sync())  # its own: no kernel built by another test
     engine = Engine(load_model(write_tiny_llama(tmp_path / "tiny.gguf"), device), device, store=MemoryStore(),
-                    context=512, prefill_chunk=64, autosave_every=8)
+                    config=EngineConfig(context=512, prefill_chunk=64, autosave_every=8))
     try:
         run(engine.warm_up())
         built = len(device._kernels)

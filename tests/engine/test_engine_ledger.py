@@ -42,11 +42,11 @@ def test_an_engines_next_turn_reads_back_only_the_pages_its_last_save_left(make_
         return reply.usage.prompt_tokens + reply.usage.completion_tokens - 1  # the K/V of the first turn
 
     history = run(body())
-    chunk_tokens = engine.pages_per_chunk * engine.page_size
-    history_pages = history // chunk_tokens * engine.pages_per_chunk  # in chunks no later save changes
-    assert saves and history_pages >= 2 * engine.pages_per_chunk
+    chunk_tokens = engine.config.pages_per_chunk * engine.config.page_size
+    history_pages = history // chunk_tokens * engine.config.pages_per_chunk  # in chunks no later save changes
+    assert saves and history_pages >= 2 * engine.config.pages_per_chunk
     for result in saves:
-        pages = -(-result.seq_length // engine.page_size)
+        pages = -(-result.seq_length // engine.config.page_size)
         assert result.pages_read <= pages - history_pages  # never the history's chunks
 
 

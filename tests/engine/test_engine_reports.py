@@ -1,5 +1,6 @@
 """What an engine tells its caller beside the reply: prefill progress, each save and each failed save of a
-conversation, how a resumed reply's K/V came back; and resuming a given generation of a conversation.
+conversation, how a resumed reply's K/V came back; and resuming a given generation of a conversation, or by an
+engine of another prefill chunk (saved with the reply: a resume splits its prompt as the reply's engine did).
 
 The model is the K/V-honest double (tests/model/lm_double.py); a second engine on the same store is a restarted
 process.
@@ -141,3 +142,21 @@ def test_resume_refuses_a_generation_that_is_no_integer_from_1(make_engine, gene
     with pytest.raises(FieldError) as caught:
         run(make_engine(store=MemoryStore()).resume("chat", generation=generation))
     assert caught.value.field == "generation"
+
+
+def test_a_reply_resumed_by_an_engine_of_a_larger_prefill_chunk_gives_the_uninterrupted_tokens(make_engine):
+    want = run(make_engine(store=MemoryStore(), prefill_chunk=4).chat(HELLO, **GREEDY))
+    store = MemoryStore()
+    name = run(interrupted(make_engine(store=store, prefill_chunk=4, autosave_every=3)))
+    again = run(make_engine(store=store, prefill_chunk=32).resume(name))
+    assert again.token_ids == want.token_ids
+
+
+def test_a_reply_resumed_by_an_engine_of_a_smaller_prefill_chunk_is_refused_naming_it(make_engine):
+    store = MemoryStore()
+    name = run(interrupted(make_engine(store=store, prefill_chunk=16, autosave_every=3)))
+    before = dict(store._data)
+    with pytest.raises(FieldError) as caught:
+        run(make_engine(store=store, prefill_chunk=8).resume(name))
+    assert (caught.value.field, caught.value.got) == ("prefill_chunk", 16)
+    assert store._data == before

@@ -18,6 +18,7 @@ from kvckpt_web.cli.main import main
 from kvckpt_web.cli import generate
 from kvckpt_web.durable import locations
 from kvckpt_web.durable.catalog import list_generations
+from kvckpt_web.engine import PRESETS, Engine
 from kvckpt_web.errors import StoreError
 from kvckpt_web.model import loader
 from kvckpt_web.model.protocol import LoadedModel
@@ -217,6 +218,17 @@ def test_a_reply_started_with_a_prefill_chunk_resumes_without_repeating_it(devic
     capsys.readouterr()
     assert main(resume) == 0
     assert capsys.readouterr().out == expected_text(device, SamplingSettings(temperature=0.9, seed=2), 25) + "\n"
+
+
+def test_a_reply_cut_in_generate_resumes_in_the_engine_kvckpt_chat_runs(device, double_model, tmp_path, ctrl_c_after):
+    started(double_model, tmp_path / "store", ctrl_c_after)  # both run the desktop preset: the same prefill chunk
+    engine = Engine(LoadedModel(DoubleLM(), DoubleText()), device, store=FileStore(tmp_path / "store"),
+                    config=PRESETS["desktop"])
+    try:
+        reply = run(engine.resume("talk"))
+    finally:
+        run(engine.close())
+    assert reply.text == expected_text(device, SamplingSettings(temperature=0.9, seed=2), 25)
 
 
 def test_a_resumed_reply_autosaves_at_the_interval_it_was_started_with(double_model, tmp_path, ctrl_c_after):

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from kvckpt_web.engine import Engine
+from kvckpt_web.engine import PRESETS, Engine
 from kvckpt_web.model.loader import load_model
 from kvckpt_web.model.protocol import LoadedModel
 from kvckpt_web.server.worker import EngineWorker
@@ -39,13 +39,15 @@ def tiny_llama(tiny_llama_path: Path, device) -> LoadedModel:
 
 @pytest.fixture
 def make_worker(tiny_llama: LoadedModel, device):
-    """``make_worker(store=None, model=None, **engine_kwargs)``: an engine named ``tiny`` on the tiny llama (or
-    ``model``, e.g. a gated one) on its own thread; closed after the test."""
+    """``make_worker(store=None, model=None, **settings)``: an engine named ``tiny`` on the tiny llama (or
+    ``model``, e.g. a gated one) on its own thread, its ``settings`` over the ``desktop`` preset's (what
+    ``kvckpt serve --api`` runs); closed after the test."""
     made = []
 
-    def make(store=None, model=None, **kwargs):
+    def make(store=None, model=None, **settings):
         loaded = LoadedModel(model or tiny_llama.model, tiny_llama.text)
-        made.append(EngineWorker(lambda: Engine(loaded, device, store=store, model_name="tiny", **kwargs)))
+        config = PRESETS["desktop"].replace(**settings)
+        made.append(EngineWorker(lambda: Engine(loaded, device, store=store, model_name="tiny", config=config)))
         return made[-1]
 
     yield make

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 from api_helpers import SEEDED, USER, api_serving, client, raw, serving_api
+from kvmodel import run
 from serve_helpers import PATIENCE
 
 from kvckpt_web import FileStore
@@ -40,6 +41,19 @@ def test_a_browser_runtime_flag_with_api_is_a_one_line_error(capsys, flags):
     assert status == 1 and f"{flags[0]}: expected no browser runtime flag with --api" in one_line_error(capsys)
 
 
+class NotServing:
+    """A server on ``host`` port 8123 that stops at once, as Ctrl-C stops one."""
+
+    def __init__(self, host: str) -> None:
+        self.server_address, self.url = (host, 8123), f"http://{host}:8123/"
+
+    def serve_forever(self) -> None:
+        raise KeyboardInterrupt
+
+    def server_close(self) -> None:
+        pass
+
+
 @pytest.fixture
 def no_model_load(monkeypatch):
     """Loading a model fails the test: what is checked must be checked before."""
@@ -68,15 +82,6 @@ def test_a_store_directory_of_other_files_is_refused_before_the_model_loads(tiny
 def test_allow_remote_serves_the_api_beyond_loopback_with_a_loud_warning(monkeypatch, tiny_llama_path, capsys):
     from kvckpt_web.server import api, worker
 
-    class NotServing:
-        server_address, url = ("0.0.0.0", 8123), "http://0.0.0.0:8123/"
-
-        def serve_forever(self) -> None:
-            raise KeyboardInterrupt
-
-        def server_close(self) -> None:
-            pass
-
     class NoEngine:
         def __init__(self, build) -> None:
             pass
@@ -85,7 +90,7 @@ def test_allow_remote_serves_the_api_beyond_loopback_with_a_loud_warning(monkeyp
             pass
 
     monkeypatch.setattr(worker, "EngineWorker", NoEngine)
-    monkeypatch.setattr(api, "make_api_server", lambda engine, **kwargs: NotServing())
+    monkeypatch.setattr(api, "make_api_server", lambda engine, **kwargs: NotServing("0.0.0.0"))
     status = main(["serve", "--api", "--model", str(tiny_llama_path), "--host", "0.0.0.0", "--allow-remote"])
     out, err = capsys.readouterr()
     assert status == 0 and "http://0.0.0.0:8123/v1" in out
@@ -158,3 +163,31 @@ def test_a_context_over_the_models_is_refused_naming_it_not_clamped(monkeypatch,
     status = main(["serve", "--api", "--port", "0", "--model", str(tiny_llama_path), "--context", "99999999"])
     assert status == 1 and capsys.readouterr().err.splitlines()[-1] == (
         "kvckpt: error: --context: expected at most 96 tokens (the model's context), got 99999999")
+
+
+@pytest.mark.parametrize("flags, fields", [([], {}), (["--context", "64"], {"context": 64})],
+                         ids=["preset", "context flag"])
+def test_the_api_runs_the_desktop_preset_with_its_flags_fields_fitted_to_the_model(monkeypatch, tiny_llama_path,
+                                                                                    device, capsys, flags, fields):
+    from lm_double import DoubleLM, DoubleText
+
+    from kvckpt_web.engine import PRESETS
+    from kvckpt_web.gpu import open as gpu_open
+    from kvckpt_web.model.protocol import LoadedModel
+    from kvckpt_web.server import api, worker
+
+    built = []
+
+    class Built:  # the engine built at once, on this thread
+        def __init__(self, build) -> None:
+            built.append(build())
+
+        def close(self) -> None:
+            run(built[0].close())
+
+    monkeypatch.setattr(gpu_open, "open_device", lambda: device)
+    monkeypatch.setattr(loader, "load_model", lambda path, device: LoadedModel(DoubleLM(), DoubleText()))
+    monkeypatch.setattr(worker, "EngineWorker", Built)
+    monkeypatch.setattr(api, "make_api_server", lambda engine, **kwargs: NotServing("127.0.0.1"))
+    assert main(["serve", "--api", "--model", str(tiny_llama_path), *flags]) == 0
+    assert built[0].config == PRESETS["desktop"].replace(**fields).fitted(96)

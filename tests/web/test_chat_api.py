@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from kvckpt_web.engine import PRESETS
 from kvckpt_web.errors import ConflictError, FieldError, NotFoundError
 from kvckpt_web.model.protocol import LoadedModel
 from kvckpt_web.stores.memory import MemoryStore
@@ -285,6 +286,24 @@ def test_a_bad_request_names_the_field_and_stores_nothing(tab, stores):
 def test_an_unknown_engine_option_is_refused_naming_it(tab):
     with pytest.raises(FieldError, match="options.every"):
         tab(every=4)
+
+
+def test_the_engine_runs_the_browser_preset_unless_an_option_replaces_a_field(stores):
+    worker = ChatWorker()
+    worker.loaded = LoadedModel(DoubleLM(max_context=1024), DoubleText())
+    opened = json.loads(run(worker.open({"store": "indexeddb"})))
+    assert opened["config"] == worker.engine.config.to_json() == PRESETS["browser"].fitted(1024).to_json()
+    opened = json.loads(run(worker.open({"store": "indexeddb", "context": 256, "prefill_chunk": 8})))
+    assert worker.engine.config == PRESETS["browser"].replace(context=256, prefill_chunk=8).fitted(1024)
+    assert opened["config"]["prefill_chunk"] == 8
+    run(worker.close())
+
+
+def test_an_engine_option_out_of_range_is_refused_naming_it_before_the_store_opens(tab, stores):
+    with pytest.raises(FieldError) as caught:
+        tab(store_name="other", prefill_chunk=0)
+    assert (caught.value.field, caught.value.got) == ("prefill_chunk", 0)
+    assert ("indexeddb", "other") not in stores
 
 
 def test_the_inspect_panel_lists_every_stored_generation_and_names_the_store(tab):
