@@ -73,7 +73,8 @@ async function start() {
   $("model-name").textContent = `${state.model.url.split("/").pop()} · ${state.model.num_layers} layers · ` +
     `${page.engine.info.store}`;
   $("load-bar").value = 1;
-  $("load-text").textContent = `ready in ${ms(performance.now())} since the page opened (weights ` +
+  $("load-text").textContent = `ready in ${ms(performance.now() - page.started.origin)} since ` +
+    `${page.started.origin ? "the engine was started again" : "the page opened"} (weights ` +
     `${page.engine.info.weights.source === "cache" ? "from the browser's cache" : "downloaded"})` +
     (page.engine.info.weights.note ? `; ${page.engine.info.weights.note}` : "");
   setPhase("ready", "ready");
