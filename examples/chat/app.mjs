@@ -126,6 +126,8 @@ async function onLost(name) {
   state.readOnly = true;
   if (page.streaming) { await page.engine.interrupt(); await page.streaming.done; }
   await page.engine.release(name).catch((error) => state.errors.push(error));
+  $("figures").textContent = "";   // the other tab's reply is not this one's to measure
+  $("restored").hidden = true;
   setPhase("ready", "read-only");
   announce("Another tab took this conversation over");
 }
