@@ -70,7 +70,8 @@ async function start() {
   state.model = page.engine.info.model;
   state.store = page.engine.info.store;
   page.started.took = page.engine.info.took;
-  $("model-name").textContent = `${state.model.url.split("/").pop()} · ${state.model.num_layers} layers · ` +
+  $("model-name").textContent = `${state.model.name ?? state.model.url.split("/").pop()} · ` +
+    `${state.model.num_layers} layers · ` +
     `${page.engine.info.store}`;
   $("load-bar").value = 1;
   $("load-text").textContent = `ready in ${ms(performance.now() - page.started.origin)} since ` +
