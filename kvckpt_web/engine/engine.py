@@ -3,9 +3,9 @@
 Each call gets the whole message list. The engine builds the prompt (its own replies put back as the ids it
 generated), reuses the longest prefix whose K/V it has (a slot of its cache, or a checkpoint in its store
 found through the prefix index), prefills only the rest and streams the reply, autosaving it under the
-conversation's name before the prefill (a crash during it keeps the messages) and every ``autosave_every`` tokens. A reply cut by a crash or stopped by
-:meth:`Engine.interrupt` is listed by :meth:`Engine.unfinished` and continued by :meth:`Engine.resume` with
-the tokens an uninterrupted run gives. All work on the cache runs in turns of one :class:`Scheduler`.
+conversation's name before the prefill (a crash during it keeps the messages) and every ``autosave_every``
+tokens. A reply cut by a crash or stopped by :meth:`Engine.interrupt` is listed by :meth:`Engine.unfinished`
+and continued by :meth:`Engine.resume` with the tokens an uninterrupted run gives. All work on the cache runs in turns of one :class:`Scheduler`.
 """
 
 from __future__ import annotations
