@@ -71,10 +71,12 @@ async function start() {
   $("every").value ||= page.engine.info.config.autosave_every;   // none given: the engine's preset's
   state.store = page.engine.info.store;
   page.started.took = page.engine.info.took;
-  $("model-name").textContent = `${state.model.url.split("/").pop()} · ${state.model.num_layers} layers · ` +
+  $("model-name").textContent = `${state.model.name ?? state.model.url.split("/").pop()} · ` +
+    `${state.model.num_layers} layers · ` +
     `${page.engine.info.store}`;
   $("load-bar").value = 1;
-  $("load-text").textContent = `ready in ${ms(performance.now())} since the page opened (weights ` +
+  $("load-text").textContent = `ready in ${ms(performance.now() - page.started.origin)} since ` +
+    `${page.started.origin ? "the engine was started again" : "the page opened"} (weights ` +
     `${page.engine.info.weights.source === "cache" ? "from the browser's cache" : "downloaded"})` +
     (page.engine.info.weights.note ? `; ${page.engine.info.weights.note}` : "");
   setPhase("ready", "ready");
@@ -126,6 +128,8 @@ async function onLost(name) {
   state.readOnly = true;
   if (page.streaming) { await page.engine.interrupt(); await page.streaming.done; }
   await page.engine.release(name).catch((error) => state.errors.push(error));
+  $("figures").textContent = "";   // the other tab's reply is not this one's to measure
+  $("restored").hidden = true;
   setPhase("ready", "read-only");
   announce("Another tab took this conversation over");
 }

@@ -43,7 +43,7 @@ export function updateControls() {
                     ["continue", !(writable && state.conversation && unfinished), "stop"],
                     ["regenerate", !(writable && state.conversation && last?.role === "assistant"), "prompt"],
                     ["crash", phase !== "generating", "prompt"],
-                    ["push", !(ready && !busy && state.conversation && state.device.busy === null), "prompt"],
+                    ["push", !(writable && state.conversation && state.device.busy === null), "prompt"],
                     ["pull", !(ready && !busy && state.device.busy === null), "pull-name"]];
   for (const [id, off] of controls) if (!off) disable($(id), false);   // enabled first: the focus may move there
   for (const [id, off, next] of controls) if (off) disable($(id), true, $(next));

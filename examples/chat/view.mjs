@@ -73,13 +73,22 @@ function label(row, writing) {
   return "";
 }
 
+// How the list names conversation `row`: its title (its first message), and where another row has the same title
+// (an edit's fork and its original), its last message too.
+function titleOf(row, rows) {
+  const title = row.title || row.name;
+  if (!rows.some((other) => other !== row && (other.title || other.name) === title)) return title;
+  const last = row.messages.filter((m) => m.role === "user").pop()?.content.split(/\s+/).join(" ") ?? "";
+  return last && last !== title ? `${title} · ${last.length > 40 ? `${last.slice(0, 39)}…` : last}` : title;
+}
+
 // The saved conversations, newest first: open, inspect, delete (which asks, and can be cancelled); `writing` is the one
 // a reply is being written in.
 export function showConversations(rows, { current, writing, confirming, onOpen, onInspect, onDelete, onConfirm,
                                          onCancel }) {
   $("no-conversations").hidden = rows.length > 0;
   keepingFocus($("conversations"), () => rows.map((row) => {
-    const title = row.title || row.name;
+    const title = titleOf(row, rows);
     const item = el("li", { className: row.name === current ? "current" : "", dataset: { name: row.name } });
     if (row.name === confirming) {
       item.append(el("span", { className: "ask", textContent: `Delete “${title}”?` }),

@@ -2,10 +2,10 @@
 
 Each call gets the whole message list. The engine builds the prompt (its own replies put back as the ids it
 generated), reuses the longest prefix whose K/V it has (a slot of its cache, or a checkpoint in its store
-found through the prefix index), prefills only the rest and streams the reply, autosaving it every
-``autosave_every`` tokens under the conversation's name. A reply cut by a crash or stopped by
-:meth:`Engine.interrupt` is listed by :meth:`Engine.unfinished` and continued by :meth:`Engine.resume` with
-the tokens an uninterrupted run gives. All work on the cache runs in turns of one :class:`Scheduler`.
+found through the prefix index), prefills only the rest and streams the reply, autosaving it under the
+conversation's name before the prefill (a crash during it keeps the messages) and every ``autosave_every``
+tokens. A reply cut by a crash or stopped by :meth:`Engine.interrupt` is listed by :meth:`Engine.unfinished`
+and continued by :meth:`Engine.resume` with the tokens an uninterrupted run gives. All work on the cache runs in turns of one :class:`Scheduler`.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from ..durable.ledger import Ledger
 from ..durable.prefix_index import PrefixIndex
 from ..durable.results import Progress, SaveResult
 from ..durable.retention import delete_name
-from ..errors import ConflictError, ContextFullError, FieldError, KVCkptError, NotFoundError, is_int
+from ..errors import ConflictError, ContextFullError, FieldError, KVCkptError, NotFoundError, StoreError, is_int
 from ..kv.cache import PagedKVCache
 from ..model.app_state import StopRules
 from ..model.autosave import Autosave
@@ -158,8 +158,15 @@ class Engine:
             raise
         slot.tokens, slot.kv_length, slot.replies = list(prompt.tokens[:source.length]), source.length, prompt.replies
         slot.named = request.conversation is not None
-        return self._track(Turn(gen, slot, completion_id, created, n, source.length, restore_s, started,
+        turn = self._track(Turn(gen, slot, completion_id, created, n, source.length, restore_s, started,
                                 warnings=tuple(warnings)))
+        if gen.autosave is not None:  # the messages are committed before the prefill: a crash during it keeps them
+            try:
+                await gen.save()
+            except (StoreError, OSError) as exc:
+                if gen.on_save_error is not None:
+                    gen.on_save_error(exc)
+        return turn
 
     async def _place(self, name: str, tokens: list[int], room: int, warnings: list[str]) -> tuple[Slot, PrefixSource]:
         """A slot for conversation ``name`` (room for ``room`` tokens) holding the longest prefix of ``tokens``

@@ -122,13 +122,16 @@ class ChatWorker:
 
     async def load_model(self, data: Any) -> str:
         """Load the GGUF file's bytes ``data`` (a Uint8Array) as the model, closing any engine and model before;
-        JSON ``{identity, num_layers, vocab_size, max_context, load_ms}``."""
+        JSON ``{identity, name, num_layers, vocab_size, max_context, load_ms}`` (``name``: the file's
+        ``general.name``, null if it has none)."""
         await self.close()
         started = time.perf_counter()
         f = parse_gguf(bytes(to_py(data)))  # a memoryview of the Uint8Array's bytes, copied once
         self.loaded = load_gguf(f, await device(), lambda done, total: self._event("upload", done=done, total=total))
         model = self.loaded.model
-        return json.dumps({"identity": model.identity, "num_layers": model.kv_layout().num_layers,
+        name = f.metadata.get("general.name")
+        return json.dumps({"identity": model.identity, "name": name if isinstance(name, str) and name.strip() else None,
+                           "num_layers": model.kv_layout().num_layers,
                            "vocab_size": model.vocab_size, "max_context": model.max_context,
                            "load_ms": (time.perf_counter() - started) * 1e3})
 

@@ -115,9 +115,9 @@ export class Engine {
   constructor(worker, info, base = here.href) {
     this.worker = worker;
     this.base = base;
-    // {model: {url, identity, num_layers, vocab_size, max_context, bytes, load_ms}, weights: {source, kept, note},
-    //  context, store, config: the engine's settings (snake_case, kvckpt_web/engine/config.py), took: {boot, weights,
-    //  upload, engine, kernels} (ms)}
+    // {model: {url, identity, name (the file's general.name, or null), num_layers, vocab_size, max_context, bytes,
+    //  load_ms}, weights: {source, kept, note}, context, store, config: the engine's settings (snake_case,
+    //  kvckpt_web/engine/config.py), took: {boot, weights, upload, engine, kernels} (ms)}
     this.info = info;
     this.chat = { completions: { create: (body) => this.#create(body) } };
     // Test hooks: hold every reply's stream once it holds `tokens` tokens (0: before its prefill), until released or

@@ -125,7 +125,11 @@ def test_editing_a_past_message_forks_a_new_conversation_reusing_the_shared_pref
     assert fork["messages"][1] == before["messages"][1]
     assert fork["usage"]["prompt_tokens_details"]["cached_tokens"] >= 16  # the shared turn, whole pages of it
     names = {row["name"] for row in fork["conversations"]}
+    titles = {name: page.page.inner_text(f"#conversations li[data-name='{name}'] .open")
+              for name in (before["conversation"], fork["conversation"])}
     assert {before["conversation"], fork["conversation"]} <= names
+    assert titles == {before["conversation"]: f"{first_turns[0]} · {first_turns[1]}",
+                      fork["conversation"]: f"{first_turns[0]} · and the wind instead?"}
     assert page.conversation(before["conversation"])["tokens"] == history_tokens(before) + 1  # left as it was
 
 

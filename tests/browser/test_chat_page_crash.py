@@ -155,3 +155,18 @@ def test_a_new_conversation_stopped_before_its_first_token_is_kept_stopped_under
     assert "stopped before the first token" in figures and " in 0 ms" not in figures
     assert after_reload["restored"] is None and after_reload["conversation"] is None
     assert page.conversation(stopped["conversation"])["stopped"] is True
+
+
+def test_a_message_whose_prefill_a_crash_cut_is_shown_after_reopen_and_answered_to_the_uninterrupted_tokens(
+        browser_prereqs, playwright_instance, chat_server, chat_browser, tmp_path):
+    turns = user_turns(1)
+    want = reference(browser_prereqs, playwright_instance, chat_server.url, tmp_path, turns)
+    page = open_chat(chat_browser, chat_server.url).open(every=EVERY)
+    page.configure(max_tokens=TOKENS)
+    page.hold_after(0)  # the worker holds before the prompt's prefill
+    page.send(turns[0])
+    page.wait("d => d.held !== null")
+    page.crash()
+    page.reopen()
+    got = resumed(page)
+    assert got["messages"][0] == {"role": "user", "content": turns[0]} and got["replyIds"] == want[0]

@@ -23,11 +23,11 @@ def test_a_second_tab_shows_the_conversation_read_only_and_cannot_write_it(chat_
     second = tab(chat_browser, chat_server.url)
     second.open_conversation(name)
     state = second.state()
-    writable = {b: second.page.is_enabled(f"#{b}") for b in ("send", "regenerate", "continue")}
+    writable = {b: second.page.is_enabled(f"#{b}") for b in ("send", "regenerate", "continue", "push")}
     edits = second.page.locator("#messages .edit-button").count()
     assert state["readOnly"] is True and second.page.is_visible("#take-over")
     assert [m["role"] for m in state["messages"]] == ["user", "assistant"]
-    assert writable == {"send": False, "regenerate": False, "continue": False} and edits == 0
+    assert writable == {"send": False, "regenerate": False, "continue": False, "push": False} and edits == 0
     assert first.state()["readOnly"] is False and first.page.is_enabled("#send")
 
 
@@ -49,3 +49,4 @@ def test_taking_over_stops_the_first_tab_and_the_second_continues_its_reply_to_t
     got, lost = second.state(), first.state()  # the read-only tab follows what the writer saves
     assert got["conversation"] == held["conversation"] and got["replyIds"] == want
     assert lost["errors"] == [] and not first.page.is_enabled("#send") and first.page.is_visible("#take-over")
+    assert not first.page.is_enabled("#push") and first.page.inner_text("#figures") == ""

@@ -5,6 +5,8 @@ announced but not each token, the focus kept where the user was, and the start's
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from kvckpt_web.engine import PRESETS
@@ -80,6 +82,18 @@ def test_restart_the_engine_while_it_starts_never_starts_a_second_engine(chat_br
     assert starts == 1 and enabled_while_starting is False
     assert got["phase"] == "ready" and got["problem"] is None and got["model"] is not None
     assert reply["finishReason"] is not None and enabled(page, "#apply-engine")
+
+
+def test_after_reopen_the_ready_line_times_the_new_start_not_the_page(page):
+    page.send_and_hold("tell me about the sea.", 3)
+    page.crash()
+    before = page.page.evaluate("performance.now()")
+    page.reopen()
+    after = page.page.evaluate("performance.now()")
+    line = page.page.inner_text("#load-text")
+    number, unit = re.match(r"ready in ([0-9.]+) (ms|s) ", line).groups()
+    shown = float(number) * (1000 if unit == "s" else 1)
+    assert "since the engine was started again" in line and shown <= after - before + 50  # ms(): rounded
 
 
 def test_a_delete_asks_can_be_cancelled_and_the_inspect_panel_closes_with_its_conversation(page):

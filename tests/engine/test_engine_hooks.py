@@ -117,6 +117,24 @@ def test_a_generation_that_is_no_positive_integer_is_refused_naming_it(make_engi
         run(make_engine(store=MemoryStore()).resume("chat-x", generation=0))
 
 
+def test_a_turns_messages_are_committed_before_its_prefill_so_a_crash_during_it_keeps_and_continues_them(
+        make_engine):
+    want = run(make_engine(store=MemoryStore()).chat(MESSAGES, **GREEDY))
+    store = MemoryStore()
+    engine = make_engine(store=store)
+
+    async def crash_before_the_prefill():
+        await engine.chat(MESSAGES, stream=True, **GREEDY)  # the turn began; none of its prompt ran
+        await engine.close()  # as a crashed tab lets go of the name
+
+    run(crash_before_the_prefill())
+    again = make_engine(store=store)
+    [cut] = run(again.unfinished())
+    got = run(again.resume(cut.name))
+    assert [m.to_json() for m in cut.messages] == MESSAGES and not cut.finished
+    assert got.token_ids == want.token_ids
+
+
 def test_a_warm_up_runs_a_short_prompt_and_a_prompt_chunk_each_with_a_token_after_it_and_leaves_the_cache_as_it_was(
         make_engine):
     want = run(make_engine(store=MemoryStore()).chat(MESSAGES, **GREEDY))

@@ -75,8 +75,9 @@ def tiny_tensors(seed: int = 0) -> dict[str, tuple[np.ndarray, Any]]:
 
 def write_tiny_llama(path: Path, seed: int = 0,
                      edit: Callable[[dict[str, tuple[np.ndarray, Any]]], None] | None = None,
-                     metadata: dict[str, Any] | None = None) -> Path:
-    """Write the tiny model to ``path``; ``edit`` may change its tensors and ``metadata`` its llama keys first."""
+                     metadata: dict[str, Any] | None = None, name: str | None = None) -> Path:
+    """Write the tiny model to ``path``; ``edit`` may change its tensors and ``metadata`` its llama keys first;
+    ``name`` is its ``general.name`` (none by default)."""
     tokens, merges = vocabulary()
     tensors = tiny_tensors(seed)
     if edit is not None:
@@ -88,6 +89,8 @@ def write_tiny_llama(path: Path, seed: int = 0,
                             "rope.freq_base": c.rope_theta, "attention.layer_norm_rms_epsilon": c.rms_eps,
                             **(metadata or {})}
     w = gguf.GGUFWriter(path, "llama")
+    if name is not None:
+        w.add_name(name)
     for key, value in keys.items():
         if isinstance(value, float):
             w.add_float32(f"llama.{key}", value)

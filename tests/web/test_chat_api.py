@@ -26,6 +26,7 @@ from stores_that_fail import FullAfter
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "model"))
 from lm_double import DoubleLM, DoubleText  # noqa: E402
+from tiny_llama import write_tiny_llama  # noqa: E402
 
 OPEN = {"store": "indexeddb", "store_name": "s", "context": 256, "autosave_every": 4, "prefill_chunk": 8}
 GREEDY = {"temperature": 0, "max_tokens": 12}
@@ -339,3 +340,13 @@ def test_a_warm_up_runs_before_any_reply_and_changes_nothing_stored(tab, stores)
     assert json.loads(run(worker.warm_up()))["ms"] >= 0
     assert worker.loaded.model.forwards == [2, 1, worker.engine.prefill_chunk, 1]
     assert run(stores[("indexeddb", "s")].list_prefix("")) == []
+
+
+@pytest.mark.parametrize("name", ["SmolLM2 135M Instruct", None], ids=["named", "unnamed"])
+def test_a_loaded_model_is_named_as_its_file_names_it(tmp_path, name):
+    worker = ChatWorker()
+    try:
+        got = json.loads(run(worker.load_model(write_tiny_llama(tmp_path / "model.gguf", name=name).read_bytes())))
+    finally:
+        run(worker.close())
+    assert got["name"] == name
