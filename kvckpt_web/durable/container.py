@@ -20,11 +20,12 @@ import re
 import struct
 import time
 from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any
 
-from ..errors import CorruptionError, FormatError
+from ..errors import CorruptionError, FieldError, FormatError
 from ..jsontext import MAX_NESTING, nesting_depth, non_string_key, unique_keys
 
 __all__ = [
@@ -108,28 +109,39 @@ _CHUNK_KEYS = frozenset({"first_page", "nbytes", "num_pages", "sha256"})
 # -- names and keys -----------------------------------------------------------
 
 
+@contextmanager
+def _read() -> Iterator[None]:
+    """Inside it, a check written for a caller's values (a name, an integer, a digest) that fails on a manifest's
+    own field or key raises the :class:`FormatError` it is there, not a :class:`FieldError`."""
+    try:
+        yield
+    except FieldError as exc:
+        raise FormatError(exc.field, exc.expected, exc.got) from None
+
+
 def validate_name(name: str, field: str = "name") -> str:
-    """Return ``name`` if it is a valid sequence name, else raise :class:`FormatError` naming ``field``.
+    """Return ``name`` if it is a valid sequence name, else raise :class:`FieldError` naming ``field`` (a name read
+    from a store is checked by its reader, which raises :class:`FormatError`).
 
     Valid: 1 to 128 characters of ``[A-Za-z0-9._-]``, other than ``.`` and ``..``.
     """
     if not isinstance(name, str) or _NAME_RE.fullmatch(name) is None or name in (".", ".."):
-        raise FormatError(field, "1-128 characters of [A-Za-z0-9._-], not '.' or '..'", name)
+        raise FieldError(field, "1-128 characters of [A-Za-z0-9._-], not '.' or '..'", name)
     return name
 
 
 def _check_int(field_name: str, value: Any, minimum: int) -> int:
     if type(value) is not int:
-        raise FormatError(field_name, "an integer", type(value).__name__)
+        raise FieldError(field_name, "an integer", type(value).__name__)
     if not minimum <= value <= MAX_INT:
-        raise FormatError(field_name, f"an integer in [{minimum}, {MAX_INT}]", value)
+        raise FieldError(field_name, f"an integer in [{minimum}, {MAX_INT}]", value)
     return value
 
 
 def _check_digest(field_name: str, digest: Any) -> str:
     if not isinstance(digest, str) or _HEX64_RE.fullmatch(digest) is None:
         got = digest if isinstance(digest, str) else type(digest).__name__
-        raise FormatError(field_name, "64 lowercase hex digits", got)
+        raise FieldError(field_name, "64 lowercase hex digits", got)
     return digest
 
 
@@ -147,7 +159,7 @@ def is_chunk_key(key: str) -> bool:
     """Whether ``key`` is the key of a chunk (``chunks/`` and 64 lowercase hex digits)."""
     try:
         return chunk_key(key[len(CHUNKS):]) == key
-    except FormatError:
+    except FieldError:
         return False
 
 
@@ -162,11 +174,13 @@ def manifest_key(name: str, generation: int) -> str:
 
 
 def parse_manifest_key(key: str) -> tuple[str, int]:
-    """The (name, generation) of a key made by :func:`manifest_key`."""
+    """The (name, generation) of a key made by :func:`manifest_key`; FormatError if it is none (a key listed in a
+    store, or sent to one)."""
     parts = key.split("/") if isinstance(key, str) else []
     if len(parts) != 3 or f"{parts[0]}/" != MANIFESTS or _GENERATION_RE.fullmatch(parts[2]) is None:
         raise FormatError("manifest key", f"'{MANIFESTS}<name>/<20 digits>'", key)
-    return validate_name(parts[1]), _check_int("generation", int(parts[2]), 1)
+    with _read():
+        return validate_name(parts[1]), _check_int("generation", int(parts[2]), 1)
 
 
 # -- chunks -------------------------------------------------------------------
@@ -228,9 +242,9 @@ def split_group(
     try:
         view = memoryview(data).cast("B")
     except TypeError as exc:
-        raise FormatError(f"group {group} bytes", "a contiguous bytes-like buffer", type(data).__name__) from exc
+        raise FieldError(f"group {group} bytes", "a contiguous bytes-like buffer", type(data).__name__) from exc
     if len(view) % page_bytes:
-        raise FormatError(f"group {group} bytes", f"a multiple of page_bytes={page_bytes}", len(view))
+        raise FieldError(f"group {group} bytes", f"a multiple of page_bytes={page_bytes}", len(view))
     out = []
     for first, count in plan_chunks(len(view) // page_bytes, pages_per_chunk):
         chunk = bytes(view[first * page_bytes : (first + count) * page_bytes])
@@ -344,6 +358,7 @@ def _to_body(m: Manifest, table: bool = True) -> dict[str, Any]:
     }
 
 
+@_read()
 def _parse_table(raw: Any, num_groups: int, num_pages: int, page_bytes: int, per_chunk: int) -> tuple:
     if not isinstance(raw, list):
         raise FormatError("chunks", "a list of groups", type(raw).__name__)
@@ -386,6 +401,7 @@ def _parse_table(raw: Any, num_groups: int, num_pages: int, page_bytes: int, per
     return tuple(groups)
 
 
+@_read()
 def _parse_header(body: Any, metadata_is_valid: bool = False) -> tuple[str, int, int, str, int, int, int, int,
                                                                          dict[str, Any]]:
     """Every body field but the chunk table, validated: (name, generation, created_ms, tvm_metadata,

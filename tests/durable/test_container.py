@@ -31,7 +31,7 @@ from kvckpt_web.durable.container import (
     validate_name,
     verify_chunk,
 )
-from kvckpt_web.errors import CorruptionError, FormatError, KVCkptError
+from kvckpt_web.errors import CorruptionError, FieldError, FormatError, KVCkptError
 from kvckpt_web.jsontext import MAX_NESTING
 from kvckpt_web.stores.base import validate_key
 
@@ -515,10 +515,10 @@ def test_parse_manifest_key() -> None:
 
 @pytest.mark.parametrize("name", ["", ".", "..", "a/b", "x" * 129, "sp ace", "ü", None, 3])
 def test_bad_names(name: Any) -> None:
-    with pytest.raises(FormatError) as info:
+    with pytest.raises(FieldError) as info:
         validate_name(name)
     assert info.value.field == "name"
-    with pytest.raises(FormatError):
+    with pytest.raises(FieldError):
         manifest_key(name, 1)
 
 
@@ -529,13 +529,13 @@ def test_good_names(name: str) -> None:
 
 @pytest.mark.parametrize("digest", ["", D0.upper(), D0[:-1], D0 + "0", None])
 def test_bad_chunk_digest(digest: Any) -> None:
-    with pytest.raises(FormatError, match="digest"):
+    with pytest.raises(FieldError, match="digest"):
         chunk_key(digest)
 
 
 @pytest.mark.parametrize("generation", [0, -1, 1.5, True, MAX_INT + 1])
 def test_bad_generation(generation: Any) -> None:
-    with pytest.raises(FormatError, match="generation"):
+    with pytest.raises(FieldError, match="generation"):
         manifest_key("s", generation)
 
 
@@ -562,7 +562,7 @@ def test_split_group() -> None:
     for ref, chunk in pieces:
         assert verify_chunk(ref, chunk) == chunk
     assert split_group(0, b"", 8, 2) == []
-    with pytest.raises(FormatError, match="a multiple of page_bytes=8"):
+    with pytest.raises(FieldError, match="a multiple of page_bytes=8"):
         split_group(0, data[:-1], 8, 2)
 
 
@@ -591,7 +591,7 @@ def test_plan_chunks(pages: int, per_chunk: int, plan: list[tuple[int, int]]) ->
      (2.0, 1, "num_logical_pages"), (2, True, "pages_per_chunk")],
 )
 def test_plan_chunks_rejects(pages: Any, per_chunk: Any, field: str) -> None:
-    with pytest.raises(FormatError) as info:
+    with pytest.raises(FieldError) as info:
         plan_chunks(pages, per_chunk)
     assert info.value.field == field
 
