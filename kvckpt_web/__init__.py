@@ -8,9 +8,9 @@ from .durable.save import save
 from .durable.tvm_export import read_tvm_export, write_tvm_export
 from .durable.verify import verify
 from .engine import ChatChunk, ChatCompletion, ChatRequest, Engine, EngineConfig
-from .errors import (CapacityError, CheckpointStateError, ConflictError, ContextFullError, CorruptionError,
-                     DeviceError, FieldError, FormatError, KVCkptError, LayoutHashMismatch, MetadataError,
-                     ModelUnavailableError, NotFoundError, SequenceError, StoreError, TensorError,
+from .errors import (BadValueError, CapacityError, CheckpointStateError, ConflictError, ContextFullError,
+                     CorruptionError, DataError, DeviceError, FieldError, FormatError, KVCkptError, LayoutHashMismatch,
+                     MetadataError, ModelUnavailableError, NotFoundError, SequenceError, StoreError, TensorError,
                      UnsupportedLayoutError, UnusableCheckpointError)
 from .gpu.device import Device
 from .gpu.open import open_device, open_device_async
@@ -26,13 +26,13 @@ from .stores.opfs import OPFSStore
 from .tvm.layout import CacheLimits, KVLayout
 
 __all__ = [
-    "CacheLimits", "CapacityError", "ChatChunk", "ChatCompletion", "ChatRequest", "CheckpointStateError",
-    "ConflictError", "ContextFullError", "CorruptionError", "Device", "DeviceArray", "DeviceError", "Engine",
-    "EngineConfig", "FieldError", "FileStore", "FormatError", "HTTPStore", "HostTensor", "IndexedDBStore",
-    "KVCkptError", "KVLayout", "LayoutHashMismatch", "Ledger", "MemoryStore", "MetadataError",
-    "ModelUnavailableError", "NotFoundError", "OPFSStore", "ObjectStore", "PageGroups", "PagedKVCache",
-    "SequenceError", "StoreError", "TensorError", "UnsupportedLayoutError", "UnusableCheckpointError", "gc",
-    "list_generations", "list_names", "open_device", "open_device_async", "read_tvm_export", "restore", "save",
+    "BadValueError", "CacheLimits", "CapacityError", "ChatChunk", "ChatCompletion", "ChatRequest",
+    "CheckpointStateError", "ConflictError", "ContextFullError", "CorruptionError", "DataError", "Device",
+    "DeviceArray", "DeviceError", "Engine", "EngineConfig", "FieldError", "FileStore", "FormatError", "HTTPStore",
+    "HostTensor", "IndexedDBStore", "KVCkptError", "KVLayout", "LayoutHashMismatch", "Ledger", "MemoryStore",
+    "MetadataError", "ModelUnavailableError", "NotFoundError", "OPFSStore", "ObjectStore", "PageGroups",
+    "PagedKVCache", "SequenceError", "StoreError", "TensorError", "UnsupportedLayoutError", "UnusableCheckpointError",
+    "gc", "list_generations", "list_names", "open_device", "open_device_async", "read_tvm_export", "restore", "save",
     "verify", "write_tvm_export",
 ]
 __version__ = "0.1.0"

@@ -1,8 +1,24 @@
 """The one exception hierarchy of kvckpt_web.
 
 Every error the library raises on purpose derives from :class:`KVCkptError`.
-Errors about a value carry the field it came from, what was expected and what
-was got, and say all three in their message.
+Errors about a value (:class:`BadValueError`) carry the field it came from, what
+was expected and what was got, and say all three in their message. Whose fault
+an error is decides its branch (and the HTTP API's status, ``server/api_errors.py``):
+
+* :class:`FieldError` -- a value the caller gave (an argument, a request's field,
+  a flag) is wrong: the caller's fault (HTTP 400). :class:`ContextFullError` and
+  :class:`TensorError` (a tensor argument) are FieldErrors.
+* :class:`DataError` -- data read from a store, a file or an export (a checkpoint's
+  manifest or metadata, a record, a model file) is damaged or off its format: no
+  fault of the caller, who can do nothing about it (HTTP 500).
+  :class:`FormatError` and :class:`MetadataError` (:class:`LayoutHashMismatch`)
+  name the field; :class:`CorruptionError` (a checksum, a missing chunk) does not.
+* the others: a state (:class:`CheckpointStateError`, :class:`SequenceError`,
+  :class:`CapacityError`, :class:`ConflictError`, :class:`NotFoundError`) or a
+  failure of what the library stands on (:class:`StoreError`, :class:`DeviceError`).
+
+A check that serves both, a name's, runs on the caller's values and raises
+FieldError; a reader applying it to stored bytes reports a FormatError instead.
 """
 
 from __future__ import annotations
@@ -22,8 +38,9 @@ class KVCkptError(Exception):
     """Base class of every error raised by kvckpt_web."""
 
 
-class FieldError(KVCkptError):
-    """A value does not match what it must be.
+class BadValueError(KVCkptError):
+    """A value does not match what it must be: a :class:`FieldError` (the caller's) or a :class:`FormatError` /
+    :class:`MetadataError` (stored or loaded data's).
 
     ``field`` names where the value came from (``"metadata.groups[3].nbytes"``),
     ``expected`` and ``got`` are the two values; the message says all three.
@@ -41,12 +58,21 @@ class FieldError(KVCkptError):
         super().__init__(message)
 
 
+class FieldError(BadValueError):
+    """A value the caller gave (an argument, a request's field, a flag, a setting) is not what it must be."""
+
+
+class DataError(KVCkptError):
+    """Data read from a store, a file or an export is damaged or does not follow its format: not the caller's
+    fault (see the module docstring)."""
+
+
 class UnsupportedLayoutError(KVCkptError):
     """The cache layout cannot be checkpointed (same reasons as TVM)."""
 
 
-class MetadataError(FieldError):
-    """Checkpoint metadata is malformed or does not fit this cache."""
+class MetadataError(DataError, BadValueError):
+    """Checkpoint metadata (stored, or in a TVM export) is malformed or does not fit this cache."""
 
 
 class LayoutHashMismatch(MetadataError):
@@ -66,18 +92,19 @@ class CapacityError(KVCkptError):
 
 
 class TensorError(FieldError):
-    """A page group or K/V tensor has the wrong shape, dtype or size."""
+    """A page group or K/V tensor the caller gave has the wrong shape, dtype or size (or a tensor argument, a layer
+    or page index, is out of range)."""
 
 
 class DeviceError(KVCkptError):
     """The WebGPU device is missing, lost, or refused an operation."""
 
 
-class FormatError(FieldError):
+class FormatError(DataError, BadValueError):
     """A stored file or container does not follow its format specification."""
 
 
-class CorruptionError(KVCkptError):
+class CorruptionError(DataError):
     """Stored bytes fail their checksum or are missing: the data is damaged."""
 
 

@@ -20,7 +20,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from kvckpt_web.errors import ConflictError, FieldError, FormatError, StoreError
+from kvckpt_web.errors import ConflictError, FieldError, StoreError
 from kvckpt_web.stores.file import TEMP_PREFIX
 from kvckpt_web.stores.base import Store
 from kvckpt_web.stores.leases import CLOCK_SKEW_SECONDS, DEFAULT_LEASE_SECONDS
@@ -275,14 +275,14 @@ class StoreTests:
     @pytest.mark.parametrize("out", [b"abc", memoryview(b"abc"), "abc", None])
     def test_get_into_refuses_a_buffer_it_cannot_write(self, store: Store, out: Any) -> None:
         run(store.set("k", b"abc"))
-        with pytest.raises(FormatError) as info:
+        with pytest.raises(FieldError) as info:
             run(store.get_into("k", out))
         assert info.value.field == "out"
         assert run(store.get("k")) == b"abc"
 
     @pytest.mark.parametrize("data", ["text", 5, None, [1, 2]])
     def test_non_bytes_value_rejected(self, store: Store, data: Any) -> None:
-        with pytest.raises(FormatError, match="data"):
+        with pytest.raises(FieldError, match="data"):
             run(store.set("k", data))
 
     def test_set_if_absent_stores_a_new_value(self, store: Store) -> None:
@@ -302,7 +302,7 @@ class StoreTests:
 
     @pytest.mark.parametrize("data", ["text", 5, None])
     def test_set_if_absent_refuses_non_bytes_and_stores_nothing(self, store: Store, data: Any) -> None:
-        with pytest.raises(FormatError, match="data"):
+        with pytest.raises(FieldError, match="data"):
             run(store.set_if_absent("k", data))
         assert run(store.exists("k")) is False
 
@@ -344,13 +344,13 @@ class StoreTests:
     def test_bad_keys_rejected(self, store: Store, key: str) -> None:
         for call in (store.get(key), store.set(key, b"x"), store.set_if_absent(key, b"x"), store.delete(key),
                      store.exists(key)):
-            with pytest.raises(FormatError) as info:
+            with pytest.raises(FieldError) as info:
                 run(call)
             assert info.value.field == "key"
 
     @pytest.mark.parametrize("key", [None, 7, b"bytes"])
     def test_non_str_key_rejected(self, store: Store, key: Any) -> None:
-        with pytest.raises(FormatError, match="key"):
+        with pytest.raises(FieldError, match="key"):
             run(store.get(key))
 
     def test_odd_but_valid_keys(self, store: Store) -> None:
@@ -386,7 +386,7 @@ class StoreTests:
 
     @pytest.mark.parametrize("prefix", BAD_PREFIXES)
     def test_bad_prefix_rejected(self, store: Store, prefix: str) -> None:
-        with pytest.raises(FormatError, match="prefix"):
+        with pytest.raises(FieldError, match="prefix"):
             run(store.list_prefix(prefix))
 
     # -- read-only and byte counter --------------------------------------------
@@ -421,7 +421,7 @@ class StoreTests:
             await store.get("a")
             await store.delete("a")
             assert store.bytes_written == 8
-            with pytest.raises(FormatError):
+            with pytest.raises(FieldError):
                 await store.set("../bad", b"xxxx")
             assert store.bytes_written == 8
 
@@ -582,10 +582,10 @@ class StoreTests:
 
     @pytest.mark.parametrize("name", ["", "a/b", "..", "t~ilde", None])
     def test_a_claim_of_a_name_that_is_no_key_segment_is_refused(self, store: Store, name: Any) -> None:
-        with pytest.raises(FormatError) as info:
+        with pytest.raises(FieldError) as info:
             store.claim(name)
         assert info.value.field == "name"
-        with pytest.raises(FormatError) as info:
+        with pytest.raises(FieldError) as info:
             run(store.renew_claim(name))
         assert info.value.field == "name"
 

@@ -22,7 +22,7 @@ from typing import Any, Callable, Iterator
 import numpy as np
 
 from ..durable.tvm_export import check_replaceable, is_tvm_export, read_tvm_export, read_tvm_metadata, write_tvm_export
-from ..errors import FormatError, KVCkptError
+from ..errors import FieldError, KVCkptError
 from ..gpu.open import open_device
 from ..kv.cache import PagedKVCache
 from ..tvm.layout import CacheLimits, KVLayout
@@ -114,7 +114,7 @@ def check_demo_dir(directory: Path) -> None:
     """Refuse a ``--dir`` the demo must not replace: anything but a new path, an empty directory or a demo export."""
     check_replaceable(directory)  # a file, a symlink, a store, a directory of something else
     if is_tvm_export(directory) and not is_demo_export(directory):
-        raise FormatError(str(directory), "a new path, an empty directory or a demo export to replace",
+        raise FieldError(str(directory), "a new path, an empty directory or a demo export to replace",
                           "a TVM export directory of another cache layout")
 
 

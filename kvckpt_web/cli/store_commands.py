@@ -262,7 +262,7 @@ async def _source_manifest(src: str, name: str | None, generation: int | None) -
     a TVM export directory (FormatError naming SRC if it is neither)."""
     if source_kind(src) == "tvm":
         if generation is not None:
-            raise FormatError("--generation", "a store as SRC (a TVM export directory has one checkpoint)", src)
+            raise FieldError("--generation", "a store as SRC (a TVM export directory has one checkpoint)", src)
         return None
     store = _open_store(src, read_only=True)
     if name is None:
@@ -308,12 +308,12 @@ def check_convert(src: str, dst: str, to: str, *, name: str | None = None, gener
         check_at_least("--keep", keep, 1)
     if is_url(src) or is_url(dst):
         if src.rstrip("/") == dst.rstrip("/"):
-            raise FormatError("DST", f"a store apart from SRC {src}", dst)
+            raise FieldError("DST", f"a store apart from SRC {src}", dst)
     else:
         source, target = Path(src).resolve(), Path(dst).resolve()
         same = target == source or (os.path.exists(src) and os.path.exists(dst) and os.path.samefile(src, dst))
         if same or target in source.parents or source in target.parents:
-            raise FormatError("DST", f"a path apart from SRC {src} (not it, not inside it, not holding it)", dst)
+            raise FieldError("DST", f"a path apart from SRC {src} (not it, not inside it, not holding it)", dst)
     if to == "kvckpt":
         if is_url(dst):
             open_location(dst, read_only=False, field="DST")
@@ -321,9 +321,9 @@ def check_convert(src: str, dst: str, to: str, *, name: str | None = None, gener
             FileStore.check_directory(dst, STORE_TOPS, new=True)
         return
     if is_url(dst):
-        raise FormatError("DST", "a TVM export directory to write (a path, not a store URL)", dst)
+        raise FieldError("DST", "a TVM export directory to write (a path, not a store URL)", dst)
     if os.path.lexists(dst) and not force:
-        raise FormatError(dst, "a path that does not exist yet (replace it with --force)", "existing")
+        raise FieldError(dst, "a path that does not exist yet (replace it with --force)", "existing")
     check_replaceable(dst)
 
 

@@ -11,7 +11,7 @@ from typing import Any
 from ..durable.keys import parse_manifest_key
 from ..durable.locations import open_location
 from ..durable.sync import sync
-from ..errors import FormatError
+from ..errors import FieldError
 from .store_commands import check_store_target, mib, progress_printer
 
 
@@ -19,7 +19,7 @@ def cmd_sync(args: argparse.Namespace) -> int:
     """Sync; exit status 1 (each conflict one line on stderr) if a name was not copied. A name whose copy went
     apart from DST's is copied beside it under a name of its own, said in one line on stdout."""
     if args.src == args.dst:
-        raise FormatError("DST", f"a store apart from SRC {args.src}", args.dst)
+        raise FieldError("DST", f"a store apart from SRC {args.src}", args.dst)
     source = open_location(args.src, read_only=True, field="SRC")
     check_store_target("DST", args.dst)
     target = open_location(args.dst, read_only=False, new=True, field="DST")

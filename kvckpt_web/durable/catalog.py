@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from ..errors import CorruptionError, FieldError, FormatError, KVCkptError, NotFoundError, is_int
+from ..errors import BadValueError, CorruptionError, FormatError, KVCkptError, NotFoundError, is_int
 from ..stores.base import check_store
 from ..tvm.metadata import parse_metadata
 from .container import MAX_MANIFEST_BYTES, Manifest, decode_manifest
@@ -22,7 +22,7 @@ __all__ = ["at_key", "decode_at", "list_generations", "list_names", "load_manife
 
 def at_key(exc: KVCkptError, where: str) -> KVCkptError:
     """``exc`` with ``where`` (a store key) in front of its message, same type."""
-    if isinstance(exc, FieldError):
+    if isinstance(exc, BadValueError):
         return type(exc)(f"{where}: {exc.field}", exc.expected, exc.got)
     return type(exc)(f"{where}: {exc}")
 

@@ -23,9 +23,10 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any
 
-from ..errors import CorruptionError, FormatError
+from ..errors import CorruptionError, FieldError, FormatError
 from ..jsontext import MAX_NESTING, nesting_depth, non_string_key, unique_keys
-from .keys import CHUNKS, HEX64_RE, MAX_INT, check_digest, check_int, chunk_digest, manifest_key, validate_name
+from .keys import (CHUNKS, HEX64_RE, MAX_INT, check_digest, check_int, chunk_digest, manifest_key, read_checks,
+                   validate_name)
 
 __all__ = [
     "FORMAT_VERSION",
@@ -135,9 +136,9 @@ def split_group(
     try:
         view = memoryview(data).cast("B")
     except TypeError as exc:
-        raise FormatError(f"group {group} bytes", "a contiguous bytes-like buffer", type(data).__name__) from exc
+        raise FieldError(f"group {group} bytes", "a contiguous bytes-like buffer", type(data).__name__) from exc
     if len(view) % page_bytes:
-        raise FormatError(f"group {group} bytes", f"a multiple of page_bytes={page_bytes}", len(view))
+        raise FieldError(f"group {group} bytes", f"a multiple of page_bytes={page_bytes}", len(view))
     out = []
     for first, count in plan_chunks(len(view) // page_bytes, pages_per_chunk):
         chunk = bytes(view[first * page_bytes : (first + count) * page_bytes])
@@ -251,6 +252,7 @@ def _to_body(m: Manifest, table: bool = True) -> dict[str, Any]:
     }
 
 
+@read_checks()
 def _parse_table(raw: Any, num_groups: int, num_pages: int, page_bytes: int, per_chunk: int) -> tuple:
     if not isinstance(raw, list):
         raise FormatError("chunks", "a list of groups", type(raw).__name__)
@@ -293,6 +295,7 @@ def _parse_table(raw: Any, num_groups: int, num_pages: int, page_bytes: int, per
     return tuple(groups)
 
 
+@read_checks()
 def _parse_header(body: Any, metadata_is_valid: bool = False) -> tuple[str, int, int, str, int, int, int, int,
                                                                          dict[str, Any]]:
     """Every body field but the chunk table, validated: (name, generation, created_ms, tvm_metadata,

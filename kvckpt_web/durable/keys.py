@@ -10,9 +10,11 @@ from __future__ import annotations
 
 import hashlib
 import re
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
-from ..errors import FormatError
+from ..errors import FieldError, FormatError
 
 __all__ = ["CHUNKS", "HEX64_RE", "MANIFESTS", "MAX_INT", "PREFIXES", "STORE_TOPS", "check_digest", "check_int",
            "chunk_digest", "chunk_key", "is_chunk_key", "manifest_key", "manifest_prefix", "parse_manifest_key",
@@ -39,31 +41,42 @@ HEX64_RE = re.compile(r"[0-9a-f]{64}")
 _GENERATION_RE = re.compile(r"[0-9]{20}")
 
 
+@contextmanager
+def read_checks() -> Iterator[None]:
+    """Inside it, a check written for a caller's values (a name, an integer, a digest) that fails on a stored
+    field or key raises the :class:`FormatError` it is there, not a :class:`FieldError`."""
+    try:
+        yield
+    except FieldError as exc:
+        raise FormatError(exc.field, exc.expected, exc.got) from None
+
+
 def validate_name(name: str, field: str = "name") -> str:
-    """Return ``name`` if it is a valid sequence name, else raise :class:`FormatError` naming ``field``.
+    """Return ``name`` if it is a valid sequence name, else raise :class:`FieldError` naming ``field`` (a name read
+    from a store is checked by its reader, which raises :class:`FormatError`).
 
     Valid: 1 to 128 characters of ``[A-Za-z0-9._-]``, other than ``.`` and ``..``.
     """
     if not isinstance(name, str) or _NAME_RE.fullmatch(name) is None or name in (".", ".."):
-        raise FormatError(field, "1-128 characters of [A-Za-z0-9._-], not '.' or '..'", name)
+        raise FieldError(field, "1-128 characters of [A-Za-z0-9._-], not '.' or '..'", name)
     return name
 
 
 def check_int(field_name: str, value: Any, minimum: int) -> int:
-    """``value`` if it is an int (not a bool) in [``minimum``, :data:`MAX_INT`], else :class:`FormatError`
+    """``value`` if it is an int (not a bool) in [``minimum``, :data:`MAX_INT`], else :class:`FieldError`
     naming ``field_name``."""
     if type(value) is not int:
-        raise FormatError(field_name, "an integer", type(value).__name__)
+        raise FieldError(field_name, "an integer", type(value).__name__)
     if not minimum <= value <= MAX_INT:
-        raise FormatError(field_name, f"an integer in [{minimum}, {MAX_INT}]", value)
+        raise FieldError(field_name, f"an integer in [{minimum}, {MAX_INT}]", value)
     return value
 
 
 def check_digest(field_name: str, digest: Any) -> str:
-    """``digest`` if it is 64 lowercase hex digits, else :class:`FormatError` naming ``field_name``."""
+    """``digest`` if it is 64 lowercase hex digits, else :class:`FieldError` naming ``field_name``."""
     if not isinstance(digest, str) or HEX64_RE.fullmatch(digest) is None:
         got = digest if isinstance(digest, str) else type(digest).__name__
-        raise FormatError(field_name, "64 lowercase hex digits", got)
+        raise FieldError(field_name, "64 lowercase hex digits", got)
     return digest
 
 
@@ -81,7 +94,7 @@ def is_chunk_key(key: str) -> bool:
     """Whether ``key`` is the key of a chunk (``chunks/`` and 64 lowercase hex digits)."""
     try:
         return chunk_key(key[len(CHUNKS):]) == key
-    except FormatError:
+    except FieldError:
         return False
 
 
@@ -96,8 +109,10 @@ def manifest_key(name: str, generation: int) -> str:
 
 
 def parse_manifest_key(key: str) -> tuple[str, int]:
-    """The (name, generation) of a key made by :func:`manifest_key`."""
+    """The (name, generation) of a key made by :func:`manifest_key`; FormatError if it is none (a key listed in a
+    store, or sent to one)."""
     parts = key.split("/") if isinstance(key, str) else []
     if len(parts) != 3 or f"{parts[0]}/" != MANIFESTS or _GENERATION_RE.fullmatch(parts[2]) is None:
         raise FormatError("manifest key", f"'{MANIFESTS}<name>/<20 digits>'", key)
-    return validate_name(parts[1]), check_int("generation", int(parts[2]), 1)
+    with read_checks():
+        return validate_name(parts[1]), check_int("generation", int(parts[2]), 1)

@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from ..errors import FieldError, FormatError, is_int
+from ..errors import BadValueError, FieldError, FormatError, is_int
 from ..jsontext import nesting_depth, unique_keys
 from .keys import MANIFESTS, MAX_INT, PREFIXES, manifest_key, parse_manifest_key
 
@@ -121,7 +121,7 @@ class PrefixKey:
 def _check_scope_id(value: Any) -> str:
     if not isinstance(value, str) or _HEX32_RE.fullmatch(value) is None:
         got = value if isinstance(value, str) else type(value).__name__
-        raise FormatError("scope_id", "32 lowercase hex digits", got)
+        raise FieldError("scope_id", "32 lowercase hex digits", got)
     return value
 
 
@@ -138,7 +138,7 @@ def parse_record_key(key: str) -> tuple[str, str, int]:
             raise FormatError("record key", "", key)
         name, generation = parse_manifest_key(f"{MANIFESTS}{parts[2]}/{parts[3]}")
         return _check_scope_id(parts[1]), name, generation
-    except FormatError:
+    except BadValueError:
         raise FormatError("record key", f"'{PREFIXES}<32 hex>/<name>/<20 digits>'", key) from None
 
 

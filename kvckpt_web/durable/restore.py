@@ -10,7 +10,8 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from ..checks import check_callable, check_int
-from ..errors import CorruptionError, FieldError, FormatError, LayoutHashMismatch, NotFoundError, StoreError, is_int
+from ..errors import (BadValueError, CorruptionError, FieldError, FormatError, LayoutHashMismatch, NotFoundError,
+                      StoreError, is_int)
 from ..kv.cache import check_cache
 from ..kv.page_groups import PageGroups
 from ..tvm.layout import CacheLimits, KVLayout
@@ -152,7 +153,7 @@ def _prefix_metadata(manifest: Manifest, cache: "PagedKVCache", seq_id: int, len
     metadata = write_metadata(cache.layout, cache.limits, seq_id, length)
     try:
         validate_import(metadata, cache.layout, cache.limits, seq_id)
-    except FieldError as exc:
+    except BadValueError as exc:
         raise at_key(exc, key) from None
     return metadata
 
@@ -181,7 +182,7 @@ def check_fits(manifest: Manifest, metadata: str, lay: KVLayout, limits: CacheLi
             raise LayoutHashMismatch("tvm_metadata.layout_hash", lay.layout_hash(), got_hash,
                                      "the checkpoint was written by a cache of another layout")
         plan = validate_import(metadata, lay, limits, seq_id)
-    except FieldError as exc:
+    except BadValueError as exc:
         raise at_key(exc, key) from None
     for what, expected, got in (("page_bytes", lay.page_bytes, manifest.page_bytes),
                                 ("num_groups", lay.num_layers, manifest.num_groups),

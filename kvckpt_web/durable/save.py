@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from ..checks import check_callable, check_int
-from ..errors import CheckpointStateError, ConflictError, FormatError, KVCkptError
+from ..errors import CheckpointStateError, ConflictError, FieldError, FormatError, KVCkptError
 from ..kv.cache import check_cache
 from ..kv.pool import check_seq_id
 from ..stores.base import check_store
@@ -158,12 +158,15 @@ def _checked_arguments(cache: "PagedKVCache", seq_id: int, store: "Store", name:
     check_callable("progress", progress)
     app_state = {} if app_state is None else app_state
     if not isinstance(app_state, dict):
-        raise FormatError("app_state", "a JSON object (dict)", type(app_state).__name__)
+        raise FieldError("app_state", "a JSON object (dict)", type(app_state).__name__)
     lay = cache.layout
     if pages_per_chunk is None:
         pages_per_chunk = default_pages_per_chunk(lay.page_bytes)
     check_int("pages_per_chunk", pages_per_chunk, 1)
-    encode_manifest(Manifest(name, 1, "{}", lay.page_bytes, pages_per_chunk, 0, ((),) * lay.num_layers, app_state))
+    try:
+        encode_manifest(Manifest(name, 1, "{}", lay.page_bytes, pages_per_chunk, 0, ((),) * lay.num_layers, app_state))
+    except FormatError as exc:  # the caller's app_state, which no manifest can hold
+        raise FieldError(exc.field, exc.expected, exc.got) from None
     return app_state, pages_per_chunk
 
 

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from ..checks import check_bool, check_buffer, check_each, check_path
-from ..errors import FormatError, MetadataError, is_int
+from ..errors import FieldError, FormatError, MetadataError, is_int
 from ..stores.file import file_kind, fsync_dir
 from ..tvm.metadata import parse_metadata
 
@@ -86,7 +86,7 @@ def is_tvm_export(path: str | os.PathLike) -> bool:
 
 
 def check_replaceable(path: str | os.PathLike) -> None:
-    """Raise :class:`FormatError` unless :func:`write_tvm_export` may replace ``path``: missing, an empty
+    """Raise :class:`FieldError` unless :func:`write_tvm_export` may replace ``path``: missing, an empty
     directory or a TVM export directory (anything else, a store included, is someone's data)."""
     path = Path(path)
     if not os.path.lexists(path) or (not path.is_symlink() and path.is_dir() and not os.listdir(path)):
@@ -98,7 +98,7 @@ def check_replaceable(path: str | os.PathLike) -> None:
     else:
         names = sorted(os.listdir(path))
         got = f"a directory holding {', '.join(names[:5])}" + (f" and {len(names) - 5} more" if len(names) > 5 else "")
-    raise FormatError(str(path), f"a TVM export directory ({METADATA_FILE}, group_<i>.bin) to replace", got)
+    raise FieldError(str(path), f"a TVM export directory ({METADATA_FILE}, group_<i>.bin) to replace", got)
 
 
 def _beside(path: Path, kind: str) -> list[Path]:
@@ -161,7 +161,7 @@ def _replace(tmp: Path, path: Path) -> None:
 
 def write_tvm_export(path: str | os.PathLike, metadata_json: str, groups: Sequence[Any], *,
                      overwrite: bool = False) -> Path:
-    """Write a TVM export directory at ``path`` atomically; FormatError if a group's size disagrees with the metadata.
+    """Write a TVM export directory at ``path`` atomically; FieldError if a group's size disagrees with the metadata.
 
     ``overwrite`` replaces only what :func:`check_replaceable` allows (an empty directory or another TVM export
     directory). A crash leaves the old export or the new one at ``path``, or (crashed between two renames
@@ -174,13 +174,13 @@ def write_tvm_export(path: str | os.PathLike, metadata_json: str, groups: Sequen
     check_bool("overwrite", overwrite)
     sizes = _group_sizes(parse_metadata(metadata_json))
     if len(views) != len(sizes):
-        raise FormatError("groups", f"{len(sizes)} page groups (metadata.groups)", len(views))
+        raise FieldError("groups", f"{len(sizes)} page groups (metadata.groups)", len(views))
     for i, (view, size) in enumerate(zip(views, sizes)):
         if view.nbytes != size:
-            raise FormatError(f"groups[{i}].nbytes", size, view.nbytes)
+            raise FieldError(f"groups[{i}].nbytes", size, view.nbytes)
     _recover(path)
     if os.path.lexists(path) and not overwrite:
-        raise FormatError(str(path), "a path that does not exist yet (replace it with --force, or overwrite=True)", "existing")
+        raise FieldError(str(path), "a path that does not exist yet (replace it with --force, or overwrite=True)", "existing")
     check_replaceable(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.parent / f".{path.name}.{_NEW}.{secrets.token_hex(8)}"

@@ -8,6 +8,10 @@ Each exception maps to one status, as OpenAI's API (or HTTP itself) answers it:
 * :class:`~kvckpt_web.errors.ConflictError` (the conversation is busy, or another writer holds its name): 409;
 * :class:`~kvckpt_web.errors.NotFoundError` (no such conversation): 404;
 * :class:`~kvckpt_web.errors.CapacityError` (the cache has no room now) and a server stopping: 503;
+* :class:`~kvckpt_web.errors.DataError` (a stored checkpoint damaged or off its format: a
+  :class:`~kvckpt_web.errors.FormatError`, :class:`~kvckpt_web.errors.MetadataError` or
+  :class:`~kvckpt_web.errors.CorruptionError`): 500 ``server_error`` with the code ``damaged_data``, its message
+  naming the key and field; the client's request was not at fault;
 * any other :class:`~kvckpt_web.errors.KVCkptError` (a store that cannot be written, ...): 500 with its message;
 * anything else: 500 naming only the exception's type; its traceback goes to the server's stderr, never to
   the client.
@@ -23,7 +27,8 @@ from typing import Any
 
 from starlette.responses import JSONResponse
 
-from ..errors import CapacityError, ConflictError, ContextFullError, FieldError, KVCkptError, NotFoundError
+from ..errors import (CapacityError, ConflictError, ContextFullError, DataError, FieldError, KVCkptError,
+                      NotFoundError)
 from .worker import ShuttingDown
 
 __all__ = ["ApiError", "api_error", "error_body", "error_response"]
@@ -57,6 +62,8 @@ def api_error(exc: BaseException) -> ApiError:
         return ApiError(404, message, code="not_found")
     if isinstance(exc, (CapacityError, ShuttingDown)):
         return ApiError(503, message, type="server_error", code="unavailable")
+    if isinstance(exc, DataError):
+        return ApiError(500, message, type="server_error", code="damaged_data")
     if isinstance(exc, KVCkptError):
         return ApiError(500, message, type="server_error")
     print(f"kvckpt serve: internal error answering a request: {exc!r}", file=sys.stderr, flush=True)

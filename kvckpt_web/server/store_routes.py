@@ -9,7 +9,8 @@ client pushes and pulls, gc runs where the store's storage is.
 
 * ``GET /store/keys?prefix=P&after=K`` -- ``{"keys": [...], "truncated": bool}``: the keys starting with ``P``,
   sorted, after ``K``, at most :data:`LIST_PAGE` per answer;
-* ``GET`` / ``HEAD /store/v/<key>`` -- the value (404 if none);
+* ``GET`` / ``HEAD /store/v/<key>`` -- the value (404 if none; 500 if what the store holds there is damaged: longer
+  than its key's kind allows, or no file);
 * ``PUT /store/v/<key>`` -- stores the body if the key holds nothing: 201, or 412 if it holds a value. Only keys
   of the checkpoint format are taken (a chunk's, a manifest's, a prefix index record's): any other is 400. A body
   longer than its key's kind allows (a manifest the format's limit, a prefix index record 1 MiB, a chunk
@@ -128,7 +129,7 @@ class StoreRoutes:
             validate_prefix(prefix)
             keys = [k for k in await self.store.list_prefix(prefix) if k > after]
         except KVCkptError as exc:
-            return _text(400 if isinstance(exc, FormatError) else 500, str(exc))
+            return _text(400 if isinstance(exc, FieldError) else 500, str(exc))
         return JSONResponse({"keys": keys[:LIST_PAGE], "truncated": len(keys) > LIST_PAGE}, headers=CORS)
 
     async def _value(self, request: Request) -> Response:
@@ -138,15 +139,13 @@ class StoreRoutes:
         key = request.path_params["key"]
         try:
             validate_key(key)
-        except FormatError:
+        except FieldError:
             return _text(404, "Not Found")
         try:
             if request.method == "PUT":
                 return await self._put(request, key)
             data = await self.store.get(key, max_bytes=_limit(key))
-        except FormatError as exc:
-            return _text(400, str(exc))
-        except KVCkptError as exc:
+        except KVCkptError as exc:  # the store failing, or what it holds damaged: never the client's fault
             return _text(500, str(exc))
         if data is None:
             return _text(404, "Not Found")

@@ -74,42 +74,42 @@ def is_segment(segment: str) -> bool:
 
 
 def validate_key(key: str) -> str:
-    """Return ``key`` if it is a valid store key, else raise :class:`FormatError`."""
+    """Return ``key`` if it is a valid store key, else raise :class:`FieldError`."""
     if not isinstance(key, str):
-        raise FormatError("key", "a str", type(key).__name__)
+        raise FieldError("key", "a str", type(key).__name__)
     if not key or len(key) > MAX_KEY_CHARS:
-        raise FormatError("key", f"1 to {MAX_KEY_CHARS} characters", key)
+        raise FieldError("key", f"1 to {MAX_KEY_CHARS} characters", key)
     for segment in key.split("/"):
         if not is_segment(segment):
-            raise FormatError("key", _KEY_RULE, key, f"bad segment {segment!r}")
+            raise FieldError("key", _KEY_RULE, key, f"bad segment {segment!r}")
     return key
 
 
 def _check_name(name: Any) -> None:
-    """FormatError unless ``name`` can be claimed: a key segment, as every checkpoint name is."""
+    """FieldError unless ``name`` can be claimed: a key segment, as every checkpoint name is."""
     if not isinstance(name, str) or not is_segment(name):
-        raise FormatError("name", f"1 to {MAX_SEGMENT_CHARS} characters of [A-Za-z0-9._-], not '.' or '..'",
+        raise FieldError("name", f"1 to {MAX_SEGMENT_CHARS} characters of [A-Za-z0-9._-], not '.' or '..'",
                           name if isinstance(name, str) else type(name).__name__)
 
 
 def _read_target(key: str, out: Any) -> memoryview:
     """``out`` as writable bytes to read the value of ``key`` into, once the key is valid."""
     validate_key(key)
-    return check_writable("out", out, error=FormatError).cast("B")
+    return check_writable("out", out, error=FieldError).cast("B")
 
 
 def validate_prefix(prefix: str) -> str:
-    """Return ``prefix`` if it can start a key (``""`` starts every key), else raise :class:`FormatError`."""
+    """Return ``prefix`` if it can start a key (``""`` starts every key), else raise :class:`FieldError`."""
     if not isinstance(prefix, str):
-        raise FormatError("prefix", "a str", type(prefix).__name__)
+        raise FieldError("prefix", "a str", type(prefix).__name__)
     if len(prefix) > MAX_KEY_CHARS:
-        raise FormatError("prefix", f"at most {MAX_KEY_CHARS} characters", prefix)
+        raise FieldError("prefix", f"at most {MAX_KEY_CHARS} characters", prefix)
     *dirs, last = prefix.split("/")
     for segment in dirs:
         if not is_segment(segment):
-            raise FormatError("prefix", _KEY_RULE, prefix, f"bad segment {segment!r}")
+            raise FieldError("prefix", _KEY_RULE, prefix, f"bad segment {segment!r}")
     if _PARTIAL_RE.fullmatch(last) is None:
-        raise FormatError("prefix", _KEY_RULE, prefix, f"bad segment {last!r}")
+        raise FieldError("prefix", _KEY_RULE, prefix, f"bad segment {last!r}")
     return prefix
 
 
@@ -122,7 +122,7 @@ def check_value_size(key: str, nbytes: int, max_bytes: int) -> None:
 def _as_view(data: Any) -> memoryview:
     if isinstance(data, (bytes, bytearray, memoryview)):
         return memoryview(data).cast("B")
-    raise FormatError("data", "bytes, bytearray or memoryview", type(data).__name__)
+    raise FieldError("data", "bytes, bytearray or memoryview", type(data).__name__)
 
 
 def check_store_options(read_only: bool, lock_timeout: float) -> None:

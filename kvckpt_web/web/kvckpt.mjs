@@ -33,10 +33,10 @@
 // Errors: every method of KVCkpt and KVCache throws (or rejects with) a plain Error, never Pyodide's PythonError.
 // Its `message` is kvckpt_web's one-line message and its `name` the kvckpt_web exception class (kvckpt_web/errors.py:
 // "FieldError", "TensorError", "NotFoundError", "StoreError", "CheckpointStateError", ...); an error about one
-// value (FieldError and its subclasses) also has `field`, `expected` and `got`, an UnusableCheckpointError `reason`
-// ("model", "layout", "corrupt", "length"). Any other Python exception arrives as name "PythonError", message the
-// traceback's last line ("TypeError: ..."). `cause` is Pyodide's PythonError (with the traceback). A bad call
-// leaves the cache and the store as they were.
+// value (a caller's: FieldError, TensorError; stored data's: FormatError, MetadataError) also has `field`,
+// `expected` and `got`, an UnusableCheckpointError `reason` ("model", "layout", "corrupt", "length"). Any other
+// Python exception arrives as name "PythonError", message the traceback's last line ("TypeError: ..."). `cause` is
+// Pyodide's PythonError (with the traceback). A bad call leaves the cache and the store as they were.
 //
 //   try { cache.append([0], [n + 1], layers); }
 //   catch (e) { if (e.name === "TensorError") console.log(e.field, e.expected, e.got); }   // "layers[0].k.nbytes"

@@ -23,7 +23,7 @@ def fresh_page(browser_context, web_server):
 def test_store_contract(py_page, kind):
     out = py_page.run(f"""
         from kvckpt_web.stores.{kind.removesuffix('Store').lower()} import {kind} as S
-        from kvckpt_web.errors import FormatError, StoreError
+        from kvckpt_web.errors import FieldError, StoreError
         s = await S.open("contract-{kind}")
         for k in await s.list_prefix(""):
             await s.delete(k)
@@ -40,8 +40,8 @@ def test_store_contract(py_page, kind):
         r["after_delete"] = await s.list_prefix("")
         try:
             await s.set("../x", b""); r["bad_key"] = "accepted"
-        except FormatError:
-            r["bad_key"] = "FormatError"
+        except FieldError:
+            r["bad_key"] = "FieldError"
         ro = await S.open("contract-{kind}", read_only=True)
         try:
             await ro.set("z", b""); r["ro"] = "accepted"
@@ -59,7 +59,7 @@ def test_store_contract(py_page, kind):
     """)
     assert out == {"missing": None, "get": "two", "big": 70000, "exists": [True, False, False],
                    "list": ["a/b", "a/c/d"], "list_all": ["a/b", "a/c/d", "top"], "after_delete": ["a/b", "top"],
-                   "bad_key": "FormatError", "ro": "StoreError", "batch": "b",
+                   "bad_key": "FieldError", "ro": "StoreError", "batch": "b",
                    "if_absent": [False, True, "x", "n"], "bytes_written": 3 + 3 + 70000 + 1 + 1 + 1}
 
 

@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 from kvckpt_web.durable.container import (FORMAT_VERSION, MAGIC, MAX_BODY_BYTES, ChunkRef, Manifest, decode_manifest,
                                           encode_manifest, plan_chunks, split_group, verify_chunk)
 from kvckpt_web.durable.keys import MAX_INT, chunk_digest, chunk_key
-from kvckpt_web.errors import CorruptionError, FormatError, KVCkptError
+from kvckpt_web.errors import CorruptionError, FieldError, FormatError, KVCkptError
 from kvckpt_web.jsontext import MAX_NESTING
 
 C0, C1 = bytes(range(16)), bytes(range(16, 24))
@@ -497,7 +497,7 @@ def test_split_group() -> None:
     for ref, chunk in pieces:
         assert verify_chunk(ref, chunk) == chunk
     assert split_group(0, b"", 8, 2) == []
-    with pytest.raises(FormatError, match="a multiple of page_bytes=8"):
+    with pytest.raises(FieldError, match="a multiple of page_bytes=8"):
         split_group(0, data[:-1], 8, 2)
 
 
@@ -526,7 +526,7 @@ def test_plan_chunks(pages: int, per_chunk: int, plan: list[tuple[int, int]]) ->
      (2.0, 1, "num_logical_pages"), (2, True, "pages_per_chunk")],
 )
 def test_plan_chunks_rejects(pages: Any, per_chunk: Any, field: str) -> None:
-    with pytest.raises(FormatError) as info:
+    with pytest.raises(FieldError) as info:
         plan_chunks(pages, per_chunk)
     assert info.value.field == field
 

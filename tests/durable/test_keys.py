@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 
 from kvckpt_web.durable.keys import MAX_INT, chunk_key, manifest_key, manifest_prefix, parse_manifest_key, validate_name
-from kvckpt_web.errors import FormatError
+from kvckpt_web.errors import FieldError, FormatError
 from kvckpt_web.stores.base import validate_key
 
 D0 = "be45cb2605bf36bebde684841a28f0fd43c69850a3dce5fedba69928ee3a8991"
@@ -37,10 +37,10 @@ def test_parse_manifest_key() -> None:
 
 @pytest.mark.parametrize("name", ["", ".", "..", "a/b", "x" * 129, "sp ace", "ü", None, 3])
 def test_bad_names(name: Any) -> None:
-    with pytest.raises(FormatError) as info:
+    with pytest.raises(FieldError) as info:
         validate_name(name)
     assert info.value.field == "name"
-    with pytest.raises(FormatError):
+    with pytest.raises(FieldError):
         manifest_key(name, 1)
 
 
@@ -51,11 +51,11 @@ def test_good_names(name: str) -> None:
 
 @pytest.mark.parametrize("digest", ["", D0.upper(), D0[:-1], D0 + "0", None])
 def test_bad_chunk_digest(digest: Any) -> None:
-    with pytest.raises(FormatError, match="digest"):
+    with pytest.raises(FieldError, match="digest"):
         chunk_key(digest)
 
 
 @pytest.mark.parametrize("generation", [0, -1, 1.5, True, MAX_INT + 1])
 def test_bad_generation(generation: Any) -> None:
-    with pytest.raises(FormatError, match="generation"):
+    with pytest.raises(FieldError, match="generation"):
         manifest_key("s", generation)

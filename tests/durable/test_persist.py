@@ -26,7 +26,7 @@ from kvckpt_web.durable.restore import restore
 from kvckpt_web.durable.retention import delete_name, gc
 from kvckpt_web.durable.save import DEFAULT_CHUNK_BYTES, save
 from kvckpt_web.durable.verify import verify
-from kvckpt_web.errors import ConflictError, FieldError, FormatError, NotFoundError, StoreError
+from kvckpt_web.errors import ConflictError, FieldError, NotFoundError, StoreError
 from kvckpt_web.stores.base import Store
 from kvckpt_web.stores.file import FileStore
 from kvckpt_web.stores.memory import MemoryStore
@@ -148,7 +148,7 @@ def test_restore_picks_an_older_generation_on_request(model, target):
 
 def test_app_state_must_be_a_json_object(model):
     model.add(0, 5)
-    with pytest.raises(FormatError, match="app_state"):
+    with pytest.raises(FieldError, match="app_state"):
         saved(model, MemoryStore(), app_state=[1, 2])
 
 
@@ -156,7 +156,7 @@ def test_an_app_state_json_cannot_hold_is_refused_before_anything_is_written(mod
     model.add(0, 5)
     store = MemoryStore()
     for bad in ({"x": float("nan")}, {"x": object()}):
-        with pytest.raises(FormatError):
+        with pytest.raises(FieldError):
             saved(model, store, app_state=bad)
     assert store.bytes_written == 0
 

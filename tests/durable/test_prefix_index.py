@@ -74,9 +74,9 @@ def test_another_scope_gives_other_hashes_and_another_scope_id():
 
 def test_record_keys_format_the_generation_as_manifests_do():
     assert record_key("0" * 32, "a", 7) == f"prefixes/{'0' * 32}/a/00000000000000000007"
-    with pytest.raises(FormatError, match="name"):
+    with pytest.raises(FieldError, match="name"):
         record_key("0" * 32, "..", 1)
-    with pytest.raises(FormatError, match="scope_id"):
+    with pytest.raises(FieldError, match="scope_id"):
         record_key("0" * 31, "a", 1)
 
 

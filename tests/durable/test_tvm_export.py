@@ -7,7 +7,7 @@ import os
 
 import pytest
 
-from kvckpt_web.errors import FormatError, MetadataError
+from kvckpt_web.errors import FieldError, FormatError, MetadataError
 from kvckpt_web.tvm.layout import CacheLimits, KVLayout
 from kvckpt_web.tvm.metadata import write_metadata
 from kvckpt_web.durable import tvm_export
@@ -40,7 +40,7 @@ def test_write_leaves_no_temporary_directory_behind(tmp_path):
 def test_write_refuses_an_existing_path_unless_overwrite(tmp_path):
     metadata, groups = _export()
     write_tvm_export(tmp_path / "ckpt", metadata, groups)
-    with pytest.raises(FormatError, match="does not exist yet"):
+    with pytest.raises(FieldError, match="does not exist yet"):
         write_tvm_export(tmp_path / "ckpt", metadata, groups)
     other, other_groups = _export(seq_length=9)
     write_tvm_export(tmp_path / "ckpt", other, other_groups, overwrite=True)
@@ -49,7 +49,7 @@ def test_write_refuses_an_existing_path_unless_overwrite(tmp_path):
 
 def test_write_rejects_a_group_whose_size_disagrees_with_the_metadata(tmp_path):
     metadata, groups = _export()
-    with pytest.raises(FormatError) as err:
+    with pytest.raises(FieldError) as err:
         write_tvm_export(tmp_path / "ckpt", metadata, [groups[0], groups[1] + b"\0\0"])
     assert err.value.field == "groups[1].nbytes"
     assert err.value.expected == len(groups[1]) and err.value.got == len(groups[1]) + 2
@@ -58,7 +58,7 @@ def test_write_rejects_a_group_whose_size_disagrees_with_the_metadata(tmp_path):
 
 def test_write_rejects_a_missing_group(tmp_path):
     metadata, groups = _export()
-    with pytest.raises(FormatError, match="2 page groups"):
+    with pytest.raises(FieldError, match="2 page groups"):
         write_tvm_export(tmp_path / "ckpt", metadata, groups[:1])
 
 
@@ -118,14 +118,14 @@ def test_read_of_a_path_that_is_not_a_directory_fails(tmp_path):
 def test_overwrite_replaces_only_a_tvm_export_directory(tmp_path):
     (tmp_path / "notes").mkdir()
     (tmp_path / "notes" / "todo.txt").write_text("mine")
-    with pytest.raises(FormatError, match="todo.txt"):
+    with pytest.raises(FieldError, match="todo.txt"):
         write_tvm_export(tmp_path / "notes", *_export(), overwrite=True)
     assert (tmp_path / "notes" / "todo.txt").read_text() == "mine"
 
 
 def test_overwrite_refuses_a_file(tmp_path):
     (tmp_path / "file").write_text("mine")
-    with pytest.raises(FormatError, match="regular file"):
+    with pytest.raises(FieldError, match="regular file"):
         write_tvm_export(tmp_path / "file", *_export(), overwrite=True)
     assert (tmp_path / "file").read_text() == "mine"
 
@@ -133,7 +133,7 @@ def test_overwrite_refuses_a_file(tmp_path):
 def test_overwrite_refuses_a_symlink_and_leaves_its_target(tmp_path):
     write_tvm_export(tmp_path / "real", *_export())
     (tmp_path / "link").symlink_to(tmp_path / "real")
-    with pytest.raises(FormatError, match="symbolic link"):
+    with pytest.raises(FieldError, match="symbolic link"):
         write_tvm_export(tmp_path / "link", *_export(seq_length=9), overwrite=True)
     assert read_tvm_export(tmp_path / "real").metadata_json == _export()[0]
 
@@ -169,7 +169,7 @@ def test_the_next_write_puts_a_backed_up_export_back_first(tmp_path, monkeypatch
     with pytest.raises(KeyboardInterrupt):
         write_tvm_export(tmp_path / "ckpt", *_export(seq_length=9), overwrite=True)
     monkeypatch.undo()
-    with pytest.raises(FormatError, match="does not exist yet"):
+    with pytest.raises(FieldError, match="does not exist yet"):
         write_tvm_export(tmp_path / "ckpt", *_export(seq_length=9))
     assert read_tvm_export(tmp_path / "ckpt").metadata_json == old[0]
     assert sorted(os.listdir(tmp_path)) == ["ckpt"]

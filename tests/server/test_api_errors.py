@@ -11,6 +11,7 @@ from api_helpers import SEEDED, USER, api_serving, client, error_of, raw, until_
 from serve_helpers import connect
 
 from kvckpt_web import FileStore
+from kvckpt_web.durable.catalog import load_manifest
 from kvckpt_web.engine import ChatChunk
 from kvckpt_web.errors import StoreError
 
@@ -59,6 +60,28 @@ def test_a_bad_field_is_a_400_naming_it_and_nothing_is_stored(url, store_dir, bo
     assert error.status_code == 400 and error.body["param"] == param
     assert error.body["type"] == "invalid_request_error" and error.body["message"].startswith(param + ": expected")
     assert snapshot(store_dir) == {}
+
+
+def test_a_conversation_name_that_is_no_name_is_a_400_naming_it(url):
+    status, _, body = raw(url, "GET", "/v1/kvckpt/conversations/sp%20ace")
+    assert status == 400 and error_of(body)["param"] == "name" and error_of(body)["type"] == "invalid_request_error"
+
+
+def test_a_damaged_stored_checkpoint_is_a_500_damaged_data_naming_it_not_the_clients_400(url, worker, store_dir):
+    name = create(url).kvckpt["conversation"]
+    newest = sorted((store_dir / "manifests" / name).iterdir())[-1]
+    newest.unlink()
+    newest.write_bytes(b"KVCK")  # cut short: off the manifest format
+    key = newest.relative_to(store_dir).as_posix()
+
+    async def conversation(name):  # a request that reads the conversation's newest manifest
+        await load_manifest(FileStore(store_dir), name)
+
+    worker.engine.conversation = conversation
+    status, _, body = raw(url, "GET", f"/v1/kvckpt/conversations/{name}")
+    error = error_of(body)
+    assert status == 500 and error["type"] == "server_error" and error["code"] == "damaged_data"
+    assert error["message"].startswith(f"{key}: manifest length: expected at least")
 
 
 def test_a_prompt_the_context_cannot_hold_is_a_400_context_length_exceeded(make_worker):

@@ -252,6 +252,22 @@ def test_a_manifest_naming_chunks_the_server_lacks_is_refused(server, make_model
     assert run(backing.list_prefix("")) == []
 
 
+def test_a_put_body_that_does_not_decode_is_the_clients_fault_400_and_nothing_is_stored(server):
+    url, backing = server
+    key = "manifests/chat/00000000000000000001"
+    status, text, _ = request(url + f"store/v/{key}", "PUT", b"no manifest")
+    assert status == 400 and text.startswith(f"Bad Request: {key}: manifest length: expected at least".encode())
+    assert run(backing.list_prefix("")) == []
+
+
+def test_a_damaged_value_the_store_holds_is_a_500_naming_its_key_not_the_clients_400(server, tmp_path):
+    url, backing = server
+    (tmp_path / "served" / "chunks").mkdir(parents=True)
+    (tmp_path / "served" / KEY).symlink_to(tmp_path / "elsewhere")  # no value a FileStore reads: damage
+    status, text, _ = request(url + f"store/v/{KEY}")
+    assert status == 500 and text.startswith(KEY.encode() + b": expected a regular file")
+
+
 def test_a_record_of_a_manifest_the_server_lacks_is_refused(server):
     url, backing = server
     key = "prefixes/" + "0" * 32 + "/chat/00000000000000000001"

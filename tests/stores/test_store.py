@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 from store_suite import StoreTests, needs_direct_io, run, spy_writes
 
-from kvckpt_web.errors import ConflictError, FormatError, StoreError
+from kvckpt_web.errors import ConflictError, FieldError, FormatError, StoreError
 from kvckpt_web.gpu.tensors import zeroed
 from kvckpt_web.stores import file_writes
 from kvckpt_web.stores.base import Store
@@ -553,7 +553,7 @@ def test_directory_is_a_file(tmp_path: Path) -> None:
 
 
 def test_bad_key_checked_before_read_only(tmp_path: Path) -> None:
-    with pytest.raises(FormatError):
+    with pytest.raises(FieldError):
         run(FileStore(tmp_path, read_only=True).set("/etc/passwd", b""))
 
 

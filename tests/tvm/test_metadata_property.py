@@ -30,7 +30,7 @@ from hypothesis import strategies as st
 tvm = pytest.importorskip("tvm", reason="Apache TVM is not installed (CI installs it)")
 
 from kvckpt_web import CacheLimits, KVLayout, PagedKVCache  # noqa: E402
-from kvckpt_web.errors import FieldError, KVCkptError, LayoutHashMismatch  # noqa: E402
+from kvckpt_web.errors import BadValueError, KVCkptError, LayoutHashMismatch  # noqa: E402
 
 import tvm_reference as ref
 
@@ -245,7 +245,7 @@ def check_against_tvm(ours: Ours, oracle, text: str) -> KVCkptError | None:
     try:
         ours.cache.prepare_import(0, text)
     except KVCkptError as exc:
-        assert isinstance(exc, FieldError), f"{type(exc).__name__} carries no field: {exc}"
+        assert isinstance(exc, BadValueError), f"{type(exc).__name__} carries no field: {exc}"
         assert exc.field.startswith("metadata") and exc.field in str(exc), str(exc)
         assert ours.state() == ours.snapshot, f"rejected import changed the cache ({exc})"
         return exc
@@ -537,7 +537,7 @@ def test_too_deeply_nested_metadata_is_rejected_with_a_metadata_error(ours, base
     text = base_text[:-1] + ',"extra":' + "[" * 100_000 + "]" * 100_000 + "}"
     with pytest.raises(KVCkptError) as info:
         ours.cache.prepare_import(0, text)
-    assert isinstance(info.value, FieldError) and info.value.field == "metadata"
+    assert isinstance(info.value, BadValueError) and info.value.field == "metadata"
     assert ours.state() == ours.snapshot
 
 
