@@ -45,6 +45,7 @@ from .reply_text import ReplyText
 from .sampler import Sampler, SamplingSettings, candidate_count
 
 if TYPE_CHECKING:
+    from ..durable.container import Manifest
     from ..kv.cache import PagedKVCache
 
 __all__ = ["GenerationResult", "Generator", "ResumeReport", "TokenEvent", "check_callbacks", "check_run_options"]
@@ -163,7 +164,7 @@ class Generator:
                     on_save_error: Callable[[Exception], None] | None = None,
                     progress: Progress | None = None, kv_length: int = 0, replies: Sequence[tuple[int, int]] = (),
                     extra: dict[str, Any] | None = None, conversation: Conversation | None = None,
-                    context: int | None = None) -> "Generator":
+                    context: int | None = None, owner: Manifest | None = None) -> "Generator":
         """A generation of ``prompt`` (token ids) in sequence ``seq_id`` of ``cache``: a new sequence, or with
         ``kv_length`` > 0 the existing one, which holds the K/V of ``prompt[:kv_length]`` (an earlier turn's,
         or a prefix restored or forked), so only the rest is prefilled.
@@ -176,7 +177,9 @@ class Generator:
         replay), ``extra`` the caller's JSON object saved with every checkpoint. The reply belongs to
         ``conversation`` (None: a new one): with ``autosave``, ConflictError (nothing written) while another
         writer holds the name, or if the name holds generations of another conversation (resume it, or use
-        another name, or delete it); the generator holds the name's claim until :meth:`close`.
+        another name, or delete it); the generator holds the name's claim until :meth:`close`. ``owner`` is the
+        name's newest readable manifest as the caller read it: the check does not read it again while the name's
+        newest generation is still that one.
         ``on_save_error`` hears of each autosave that failed (generation goes on; see :meth:`step`).
         """
         check_run_options(model, cache, seq_id, autosave)
@@ -210,7 +213,7 @@ class Generator:
                                 replies=check_replies("replies", replies, len(prompt)), extra=dict(extra or {}))
         gen = cls(model, cache, seq_id, saved, autosave=autosave, decode=decode, on_token=on_token,
                   on_save=on_save, on_save_error=on_save_error, progress=progress)
-        await gen._hold_name(check=True)
+        await gen._hold_name(check=True, owner=owner)
         try:
             if not kv_length:
                 cache.add_sequence(seq_id)
@@ -219,16 +222,17 @@ class Generator:
             raise
         return gen
 
-    async def _hold_name(self, check: bool) -> None:
+    async def _hold_name(self, check: bool, owner: Manifest | None = None) -> None:
         """Claim the autosave name until :meth:`close` (ConflictError at once while another writer holds it);
-        with ``check``, refuse a name that holds another conversation than this one (ConflictError)."""
+        with ``check``, refuse a name that holds another conversation than this one (ConflictError; ``owner``:
+        its newest readable manifest as read already, see :func:`check_owner`)."""
         if self.autosave is None:
             return
         store, name = self.autosave.store, self.autosave.name
         await self._held.enter_async_context(store.claim(name))
         if check:
             try:
-                await check_owner(store, name, self.conversation)
+                await check_owner(store, name, self.conversation, owner)
             except BaseException:
                 await self.close()
                 raise
