@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from ..checks import check_callable, check_instance, check_int
+from ..durable.container import Manifest
 from ..durable.prefix_records import PrefixKey
 from ..durable.results import Progress, SaveResult
 from ..durable.retention import DEFAULT_KEEP
@@ -45,7 +46,6 @@ from .reply_text import ReplyText
 from .sampler import Sampler, SamplingSettings, candidate_count
 
 if TYPE_CHECKING:
-    from ..durable.container import Manifest
     from ..kv.cache import PagedKVCache
 
 __all__ = ["GenerationResult", "Generator", "ResumeReport", "TokenEvent", "check_callbacks", "check_run_options"]
@@ -188,6 +188,8 @@ class Generator:
         check_callbacks(decode=decode, on_token=on_token, on_save=on_save, progress=progress)
         if conversation is not None:
             check_instance("conversation", conversation, Conversation, "a Conversation or None")
+        if owner is not None:
+            check_instance("owner", owner, Manifest, "a Manifest (the name's newest readable one) or None")
         if extra is not None:
             check_instance("extra", extra, dict, "a JSON object or None")
         prompt = check_token_ids("prompt", prompt)
