@@ -133,14 +133,16 @@ class Engine:
     async def _begin(self, request: ChatRequest) -> Turn:
         started = time.perf_counter()
         self.sources.begin()
-        await self.sources.refresh()
         try:
             prompt = await build_prompt(self.codec, request.messages, self.sources.known_reply, self.context - 1)
             replies = sum(m.role == "assistant" for m in request.messages)
-            if len(prompt.replies) < replies and await self.sources.reindex(self.model.identity,
-                                                                            self.cache.get_layout_hash()):
-                # a reply not recognised, and records were missing (a writer killed before writing them)
-                prompt = await build_prompt(self.codec, request.messages, self.sources.known_reply, self.context - 1)
+            # a reply not recognised: records other writers committed since, or ones missing (a writer killed
+            # before writing them)
+            for recover in (self.sources.refresh,
+                            lambda: self.sources.reindex(self.model.identity, self.cache.get_layout_hash())):
+                if len(prompt.replies) < replies and await recover():
+                    prompt = await build_prompt(self.codec, request.messages, self.sources.known_reply,
+                                                self.context - 1)
         except FieldError as exc:
             if exc.field != "prompt":
                 raise

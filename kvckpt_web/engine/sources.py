@@ -68,6 +68,7 @@ class Sources:
         self._decode_reply = decode_reply
         self._records: "OrderedDict[tuple[str, int], tuple[ChatRecord, Manifest, bytes] | None]" = OrderedDict()
         self._views: dict[str, ConversationView] = {}  # this request's, by name (see :meth:`begin`)
+        self._refreshed = False  # this request read the index's new records already
         self._examined: set[tuple[str, int]] = set()  # generations :meth:`reindex` read and need nothing more
 
     async def record(self, name: str, generation: int | None = None) -> ChatRecord | None:
@@ -106,8 +107,10 @@ class Sources:
         return read
 
     def begin(self) -> None:
-        """Start a request: the conversations it views are listed again (once each) from now on."""
+        """Start a request: the conversations it views are listed again (once each) from now on, and the prefix
+        index is read again at its first miss."""
         self._views.clear()
+        self._refreshed = False
 
     async def view(self, name: str) -> ConversationView:
         """This request's view of conversation ``name``: its generations listed once, and the newest one whose chat
@@ -130,10 +133,14 @@ class Sources:
             del self._records[key]
         self._views.pop(name, None)
 
-    async def refresh(self) -> None:
-        """Read the index records other writers committed since the last refresh (once per request)."""
-        if self.index is not None:
-            await self.index.refresh()
+    async def refresh(self) -> bool:
+        """Read the index records other writers committed since the last refresh, at most once per request (at a
+        miss: a lookup that finds nothing, or a reply of the prompt no source holds). Whether it read them now."""
+        if self.index is None or self._refreshed:
+            return False
+        self._refreshed = True
+        await self.index.refresh()
+        return True
 
     async def reindex(self, model: str, layout_hash: str) -> int:
         """Rebuild the prefix index records that the newest generation of a conversation of ``model`` whose K/V
@@ -172,8 +179,11 @@ class Sources:
         index record may point at another model's checkpoint, whose K/V are no prefix of this one's)."""
         if self.index is None:
             return []
+        hits = self.index.lookup(tokens)
+        if not hits and len(tokens) >= self.page_size and await self.refresh():
+            hits = self.index.lookup(tokens)
         out = []
-        for hit in self.index.lookup(tokens)[:HITS_TRIED]:
+        for hit in hits[:HITS_TRIED]:
             read = await self._read(hit.name, hit.generation)
             if read is not None and read[0].saved.model == self.model:
                 out.append(read[0])

@@ -2,7 +2,7 @@
 conversation's next turn in a restarted process (its K/V come from the store), the conversation's manifests are
 listed once for the request's view of it and once more for the ownership check under the name's claim, its
 newest manifest is read once (the view's, passed down to the ownership check and the restore), and no
-listing of every chunk or every manifest is made."""
+listing of every chunk or every manifest is made. The prefix index is listed again only at a miss."""
 
 from __future__ import annotations
 
@@ -48,6 +48,18 @@ def test_a_stored_conversations_next_turn_lists_its_manifests_for_one_view_and_r
 
 
 @pytest.mark.parametrize("named", [True, False], ids=["named", "unnamed"])
-def test_a_stored_conversations_next_turn_lists_the_prefix_index_at_most_once(make_engine, named):
+def test_a_stored_conversations_next_turn_found_in_the_prefix_index_does_not_list_it_again(make_engine, named):
     _, _, calls = run(_next_turn(make_engine, named))
-    assert count(calls, "list", "prefixes/") <= 1
+    assert count(calls, "list", "prefixes/") == 0
+
+
+def test_a_prompt_the_prefix_index_misses_lists_it_once_to_find_what_other_writers_committed(make_engine):
+    store = CountingStore()
+    engine = make_engine(store=store)
+    run(engine.sources.refresh())  # started before the other writer's reply
+    reply = run(make_engine(store=store).chat(FIRST, **GREEDY))
+    store.reset()
+    again = run(engine.chat(FIRST + [{"role": "assistant", "content": reply.text},
+                                     {"role": "user", "content": "and the sky?"}], **GREEDY))
+    assert again.conversation == reply.conversation and again.usage.cached_tokens > 0
+    assert count(store.calls, "list", f"prefixes/{engine.sources.index.scope_id}/") == 1  # retention lists all
