@@ -179,11 +179,11 @@ class Sources:
         index record may point at another model's checkpoint, whose K/V are no prefix of this one's)."""
         if self.index is None:
             return []
-        hits = self.index.lookup(tokens)
+        hits = self.index.lookup(tokens, HITS_TRIED)
         if not hits and len(tokens) >= self.page_size and await self.refresh():
-            hits = self.index.lookup(tokens)
+            hits = self.index.lookup(tokens, HITS_TRIED)
         out = []
-        for hit in hits[:HITS_TRIED]:
+        for hit in hits:
             read = await self._read(hit.name, hit.generation)
             if read is not None and read[0].saved.model == self.model:
                 out.append(read[0])
