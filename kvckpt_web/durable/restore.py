@@ -56,8 +56,9 @@ async def restore(store: "Store", name: str, cache: "PagedKVCache", *, seq_id: i
 
     ``ledger`` (default: the store object's own, :meth:`~.ledger.Ledger.of`) remembers what was loaded, so
     that its next save of ``name`` writes only what changed since, and trusts the chunks verified. A prefix
-    restore is not remembered as the last save of ``name``, since the caller goes on under another name,
-    but the chunks it verified are trusted by later saves.
+    restore shorter than the checkpoint is not remembered as the last save of ``name``, since the caller goes
+    on under another name, but the chunks it verified are trusted by later saves; one of all its tokens (a
+    conversation's next turn) is remembered as a whole restore is.
 
     ``manifest`` is that generation's manifest and its envelope bytes as the caller read them already
     (:func:`~.catalog.load_manifest`): it is not read again. It needs ``generation``, and must be of ``name``
@@ -84,7 +85,7 @@ async def restore_into(store: "Store", ledger: Ledger, name: str, cache: "PagedK
                        length: int | None = None, loaded: tuple[Manifest, bytes] | None = None) -> RestoreResult:
     """:func:`restore`; only if ``record``, ``ledger`` trusts the chunks it verified and, unless it loads a
     prefix (``length``), remembers what it loaded for its next save of ``name``. A chunk found damaged is
-    no longer trusted either way. ``loaded``: the manifest of ``generation`` and its envelope, read already."""
+    no longer trusted either way; a prefix of all the checkpoint's tokens counts as the whole. ``loaded``: the manifest of ``generation`` and its envelope, read already."""
     check_cache(cache)
     if seq_id is not None:
         check_int("seq_id", seq_id, 0)
@@ -130,7 +131,7 @@ async def restore_into(store: "Store", ledger: Ledger, name: str, cache: "PagedK
             raise
     read = _needed(manifest, pages)
     if record:
-        if length is None:
+        if length is None or length == parse_metadata(manifest.tvm_metadata)["seq_length"]:
             ledger.remember(envelope, manifest, cache.sequence_state(target))
         ledger.trust(ref.key for ref in read)  # each one read back and verified
     seq_length = cache.get_sequence_length(target)

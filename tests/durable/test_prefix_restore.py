@@ -140,3 +140,10 @@ def test_a_restore_given_a_manifest_of_another_generation_is_refused_and_changes
         run(restore(MemoryStore(data), "a", target.cache, seq_id=SEQ, generation=generation, manifest=loaded))
     assert target.cache.sequence_ids() == [SEQ]
     target.assert_holds(SEQ)
+
+
+def test_a_prefix_restore_of_every_token_is_remembered_as_the_last_save(source, target):
+    _, data = source
+    store: Any = MemoryStore(data)
+    run(restore(store, "a", target.cache, seq_id=SEQ, length=LENGTH))
+    assert Ledger.of(store).last_saved("a").key == "manifests/a/00000000000000000001"
