@@ -99,6 +99,7 @@ CALLS: list[tuple[str, Callable[[World], Any], str]] = [
     ("restore seq_id=-1", lambda w: restore(w.store, "chat", w.cache, seq_id=-1), "seq_id"),
     ("restore generation=str", lambda w: restore(w.store, "chat", w.cache, generation="1"), "generation"),
     ("restore progress=int", lambda w: restore(w.store, "chat", w.cache, seq_id=2, progress=1), "progress"),
+    ("restore manifest=bytes", lambda w: restore(w.store, "chat", w.cache, generation=1, manifest=b"{}"), "manifest"),
     ("restore ledger of another store",
      lambda w: restore(w.store, "chat", w.cache, seq_id=2, ledger=Ledger(MemoryStore(w.data))), "ledger"),
     ("verify store=None", lambda w: verify(None), "store"),

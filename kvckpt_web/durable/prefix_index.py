@@ -15,6 +15,7 @@ from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from ..checks import check_int
 from ..errors import FieldError, FormatError, KVCkptError, StoreError
 from .catalog import manifest_keys
 from .keys import PREFIXES, manifest_key, manifest_prefix
@@ -140,23 +141,13 @@ class _Entry:
     """The record's page hashes back to back, :data:`HASH_BYTES` each."""
 
 
-def _common_pages(a: bytes, b: bytes) -> int:
-    """The number of leading hashes that ``a`` and ``b`` share, given that they share the first one."""
-    lo, hi = 1, min(len(a), len(b)) // HASH_BYTES
-    while lo < hi:
-        mid = (lo + hi + 1) // 2
-        if a[:mid * HASH_BYTES] == b[:mid * HASH_BYTES]:
-            lo = mid
-        else:
-            hi = mid - 1
-    return lo
-
-
 class PrefixIndex:
     """The records of one scope of one store, held in memory for lookups by the token ids of a prompt.
 
     :meth:`refresh` reads the records it has not read yet. A record key is written once, so each one is read
-    once. :meth:`lookup` reads nothing: it hashes the prompt's full pages once and probes dictionaries.
+    once. :meth:`lookup` reads nothing: it hashes the prompt's full pages once and probes one dictionary, which
+    holds every record under each of its chained page hashes (a hash names the whole prefix up to its page, as in
+    vLLM's block pool), so a lookup costs the hits it returns, not the records that share a first page.
     Records of another page size, and those a reader ignores, are listed in :attr:`ignored`.
     """
 
@@ -167,8 +158,8 @@ class PrefixIndex:
         self._h0 = scope_hash(scope)
         self.scope_id = self._h0[:HASH_BYTES].hex()
         self._entries: dict[str, _Entry] = {}
-        # the entries by their first page hash: every record a prompt matches shares the prompt's first
-        self._by_first: dict[bytes, dict[str, _Entry]] = {}
+        # the entries by each of their chained page hashes: those under a prompt's n-th share its first n pages
+        self._by_page: dict[bytes, dict[str, _Entry]] = {}
         self._ignored: dict[str, str] = {}
 
     def __len__(self) -> int:
@@ -256,26 +247,41 @@ class PrefixIndex:
             return
         entry = _Entry(record.name, record.generation, record.tokens, bytes.fromhex("".join(record.pages)))
         self._entries[key] = entry
-        if entry.hashes:
-            self._by_first.setdefault(entry.hashes[:HASH_BYTES], {})[key] = entry
+        for page in _pages(entry.hashes):
+            self._by_page.setdefault(page, {})[key] = entry
 
     def _forget(self, key: str) -> None:
         entry = self._entries.pop(key)
-        group = self._by_first.get(entry.hashes[:HASH_BYTES])
-        if group is not None:
-            group.pop(key, None)
-            if not group:
-                del self._by_first[entry.hashes[:HASH_BYTES]]
+        for page in _pages(entry.hashes):
+            group = self._by_page.get(page)
+            if group is not None:
+                group.pop(key, None)
+                if not group:
+                    del self._by_page[page]
 
-    def lookup(self, tokens: Sequence[int]) -> list[PrefixHit]:
+    def lookup(self, tokens: Sequence[int], limit: int | None = None) -> list[PrefixHit]:
         """The checkpoints whose records share at least one full leading page with ``tokens``: longest match
-        first, then newest generation, then name. These are hints: confirm a hit against the tokens the
-        checkpoint saved before using it."""
-        hashes = chain_hashes(self._h0, checked_tokens(tokens, "tokens"), self.page_size)
-        group = self._by_first.get(hashes[:HASH_BYTES]) if hashes else None
-        if not group:
-            return []
-        hits = [PrefixHit(e.name, e.generation, _common_pages(hashes, e.hashes), e.tokens, self.page_size)
-                for e in group.values()]
-        hits.sort(key=lambda h: (-h.pages, -h.generation, h.name))
-        return hits
+        first, then newest generation, then name; only the first ``limit`` if it is given. These are hints:
+        confirm a hit against the tokens the checkpoint saved before using it."""
+        if limit is not None:
+            check_int("limit", limit, 1)
+        hashes = _pages(chain_hashes(self._h0, checked_tokens(tokens, "tokens"), self.page_size))
+        hits: list[PrefixHit] = []
+        seen: set[str] = set()
+        for pages in range(len(hashes), 0, -1):  # an entry under the n-th hash is under every one before it
+            if limit is not None and len(hits) >= limit:
+                break
+            group = self._by_page.get(hashes[pages - 1])
+            if not group:
+                continue
+            level = [PrefixHit(e.name, e.generation, pages, e.tokens, self.page_size)
+                     for key, e in group.items() if key not in seen]
+            level.sort(key=lambda h: (-h.generation, h.name))
+            hits += level
+            seen.update(group)
+        return hits[:limit]
+
+
+def _pages(hashes: bytes) -> list[bytes]:
+    """``hashes`` (back to back, :data:`HASH_BYTES` each) one by one."""
+    return [hashes[i:i + HASH_BYTES] for i in range(0, len(hashes), HASH_BYTES)]

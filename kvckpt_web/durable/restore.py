@@ -32,7 +32,8 @@ __all__ = ["READ_ATTEMPTS", "check_fits", "restore", "restore_into"]
 
 async def restore(store: "Store", name: str, cache: "PagedKVCache", *, seq_id: int | None = None,
                   generation: int | None = None, length: int | None = None,
-                  progress: Progress | None = None, ledger: Ledger | None = None) -> RestoreResult:
+                  progress: Progress | None = None, ledger: Ledger | None = None,
+                  manifest: tuple[Manifest, bytes] | None = None) -> RestoreResult:
     """Load generation ``generation`` (default: the newest) of ``name`` into ``cache`` as ``seq_id``.
 
     ``seq_id`` defaults to the one the checkpoint was taken from. The manifest, its TVM metadata
@@ -56,13 +57,24 @@ async def restore(store: "Store", name: str, cache: "PagedKVCache", *, seq_id: i
 
     ``ledger`` (default: the store object's own, :meth:`~.ledger.Ledger.of`) remembers what was loaded, so
     that its next save of ``name`` writes only what changed since, and trusts the chunks verified. A prefix
-    restore is not remembered as the last save of ``name``, since the caller goes on under another name,
-    but the chunks it verified are trusted by later saves.
+    restore shorter than the checkpoint is not remembered as the last save of ``name``, since the caller goes
+    on under another name, but the chunks it verified are trusted by later saves; one of all its tokens (a
+    conversation's next turn) is remembered as a whole restore is.
+
+    ``manifest`` is that generation's manifest and its envelope bytes as the caller read them already
+    (:func:`~.catalog.load_manifest`): it is not read again. It needs ``generation``, and must be of ``name``
+    and ``generation`` (else :class:`FieldError`).
     """
     if length is not None and not is_int(length, 1):
         raise FieldError("length", "an integer >= 1 (tokens to restore) or None", length)
+    if manifest is not None:
+        if (not isinstance(manifest, tuple) or len(manifest) != 2 or not isinstance(manifest[0], Manifest)
+                or not isinstance(manifest[1], bytes)):
+            raise FieldError("manifest", "a (Manifest, bytes) pair from load_manifest, or None", type(manifest).__name__)
+        if (manifest[0].name, manifest[0].generation) != (name, generation):
+            raise FieldError("manifest", f"the manifest of {name!r} generation {generation}", manifest[0].key)
     return await restore_into(store, ledger_for(store, ledger), name, cache, seq_id, generation, progress,
-                              record=True, length=length)
+                              record=True, length=length, loaded=manifest)
 
 
 READ_ATTEMPTS = 8
@@ -71,10 +83,10 @@ READ_ATTEMPTS = 8
 
 async def restore_into(store: "Store", ledger: Ledger, name: str, cache: "PagedKVCache", seq_id: int | None,
                        generation: int | None, progress: Progress | None, *, record: bool,
-                       length: int | None = None) -> RestoreResult:
+                       length: int | None = None, loaded: tuple[Manifest, bytes] | None = None) -> RestoreResult:
     """:func:`restore`; only if ``record``, ``ledger`` trusts the chunks it verified and, unless it loads a
     prefix (``length``), remembers what it loaded for its next save of ``name``. A chunk found damaged is
-    no longer trusted either way."""
+    no longer trusted either way; a prefix of all the checkpoint's tokens counts as the whole. ``loaded``: the manifest of ``generation`` and its envelope, read already."""
     check_cache(cache)
     if seq_id is not None:
         check_int("seq_id", seq_id, 0)
@@ -83,7 +95,7 @@ async def restore_into(store: "Store", ledger: Ledger, name: str, cache: "PagedK
     fetched: set[ChunkRef] = set()  # chunks in `groups` already, from an attempt whose generation was collected
     for _ in range(READ_ATTEMPTS):
         try:
-            manifest, envelope = await load_manifest(store, name, generation)
+            manifest, envelope = loaded if loaded is not None else await load_manifest(store, name, generation)
         except NotFoundError:
             if generation is None and await manifest_keys(store, name):
                 continue  # the newest it listed was collected before it was read
@@ -120,7 +132,7 @@ async def restore_into(store: "Store", ledger: Ledger, name: str, cache: "PagedK
             raise
     read = _needed(manifest, pages)
     if record:
-        if length is None:
+        if length is None or length == parse_metadata(manifest.tvm_metadata)["seq_length"]:
             ledger.remember(envelope, manifest, cache.sequence_state(target))
         ledger.trust(ref.key for ref in read)  # each one read back and verified
     seq_length = cache.get_sequence_length(target)

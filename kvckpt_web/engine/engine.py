@@ -16,7 +16,7 @@ from collections.abc import AsyncIterator, Callable
 from typing import TYPE_CHECKING, Any
 
 from ..checks import check_callable, check_instance
-from ..durable.catalog import list_names, manifest_keys
+from ..durable.catalog import list_names
 from ..durable.ledger import Ledger
 from ..durable.prefix_index import PrefixIndex
 from ..durable.results import Progress, SaveResult
@@ -42,6 +42,7 @@ from .sources import Sources
 from .turn import Turn, committed
 
 if TYPE_CHECKING:
+    from ..durable.container import Manifest
     from ..gpu.device import Device
     from ..model.protocol import LoadedModel
     from ..stores.base import Store
@@ -116,14 +117,17 @@ class Engine:
 
     async def _begin(self, request: ChatRequest) -> Turn:
         started = time.perf_counter()
-        await self.sources.refresh()
+        self.sources.begin()
         try:
             prompt = await build_prompt(self.codec, request.messages, self.sources.known_reply, self.context - 1)
             replies = sum(m.role == "assistant" for m in request.messages)
-            if len(prompt.replies) < replies and await self.sources.reindex(self.model.identity,
-                                                                            self.cache.get_layout_hash()):
-                # a reply not recognised, and records were missing (a writer killed before writing them)
-                prompt = await build_prompt(self.codec, request.messages, self.sources.known_reply, self.context - 1)
+            # a reply not recognised: records other writers committed since, or ones missing (a writer killed
+            # before writing them)
+            for recover in (self.sources.refresh,
+                            lambda: self.sources.reindex(self.model.identity, self.cache.get_layout_hash())):
+                if len(prompt.replies) < replies and await recover():
+                    prompt = await build_prompt(self.codec, request.messages, self.sources.known_reply,
+                                                self.context - 1)
         except FieldError as exc:
             if exc.field != "prompt":
                 raise
@@ -132,7 +136,7 @@ class Engine:
         n = len(prompt.tokens)
         name = request.conversation or await self.sources.continued(prompt.tokens) or _new_name()
         warnings: list[str] = []
-        conversation = await self._conversation_of(name, warnings)
+        conversation, owner = await self._conversation_of(name, warnings)
         max_tokens = min(request.max_tokens or self.context, self.context - n)
         restore_begin = time.perf_counter()
         slot, source = await self._place(name, prompt.tokens[:n - 1] if request.cache_prompt else [], n + max_tokens,
@@ -151,8 +155,8 @@ class Engine:
                 self.model, self.cache, prompt.tokens, sampling,
                 stop=StopRules(max_tokens, self.codec.eos_ids, request.stop), seq_id=slot.seq_id,
                 prefill_chunk=self.prefill_chunk, autosave=self._autosave(name), decode=self.codec.decode,
-                progress=self.progress, kv_length=source.length, replies=prompt.replies, extra=extra.to_json(), conversation=conversation,
-                context=self.context)
+                progress=self.progress, kv_length=source.length, replies=prompt.replies, extra=extra.to_json(),
+                conversation=conversation, context=self.context, owner=owner)
         except BaseException:
             await self.slots.drop(slot)
             raise
@@ -192,27 +196,31 @@ class Engine:
                          for (other, generation), exc in unusable.items()]
         return slot, source
 
-    async def _conversation_of(self, name: str, warnings: list[str]) -> Conversation | None:
+    async def _conversation_of(self, name: str, warnings: list[str]) -> tuple[Conversation | None, Manifest | None]:
         """The identity of conversation ``name`` if it exists (None: a new one), from its newest generation that
-        can be read (``warnings`` says when newer ones cannot); refuses a name another model's conversation, or
-        checkpoints none of which is a chat's that can be read, hold."""
+        can be read (``warnings`` says when newer ones cannot), and that generation's manifest if it was read (its
+        writer's ownership check reads it no more); refuses a name another model's conversation, or checkpoints
+        none of which is a chat's that can be read, hold."""
         own = self.slots.of_conversation(name)
         if own is not None and own.gen is not None:
-            return own.gen.conversation
-        if self.store is None or not await self.sources.has(name):
-            return None
-        record = await self.sources.newest_readable(name)
+            return own.gen.conversation, None
+        if self.store is None:
+            return None, None
+        view = await self.sources.view(name)
+        if not view.generations:
+            return None, None
+        record = view.record
         if record is None:
             raise ConflictError(f"conversation: expected a chat conversation named {name!r} or a new name, got "
                                 "checkpoints none of which is a chat's that can be read: pass another name")
-        newest = (await manifest_keys(self.store, name))[-1][1]
+        newest = view.generations[-1]
         if newest != record.generation:
             warnings.append(f"conversation {name!r}: generation {newest} cannot be read (damaged, or not a chat's); "
                             f"continued from generation {record.generation}, the newest that can")
         if record.saved.model != self.model.identity:
             raise FieldError("conversation", f"a conversation of this model ({self.model.identity[:16]}...)",
                              name, f"it was written by model {record.saved.model[:16]}...")
-        return record.saved.conversation
+        return record.saved.conversation, view.manifest
 
     def _autosave(self, name: str) -> Autosave | None:
         if self.store is None:

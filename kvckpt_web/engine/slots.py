@@ -19,6 +19,7 @@ from ..errors import (CapacityError, ConflictError, CorruptionError, FieldError,
 from ..model.app_state import parse_app_state
 
 if TYPE_CHECKING:
+    from ..durable.container import Manifest
     from ..durable.ledger import Ledger
     from ..kv.cache import PagedKVCache
     from ..model.generator import Generator
@@ -69,6 +70,8 @@ class PrefixSource:
     length: int
     slot: Slot | None = None
     record: "ChatRecord | None" = None
+    manifest: "tuple[Manifest, bytes] | None" = None
+    """``record``'s manifest and its envelope bytes as read (restored from without reading it again), if kept."""
 
 
 class Slots:
@@ -153,19 +156,21 @@ class Slots:
         if source.slot is not None:
             self.cache.fork_sequence(source.slot.seq_id, seq_id, n)
         elif source.record is not None:
-            n = await self._restore_prefix(source.record, seq_id, n)
+            n = await self._restore_prefix(source.record, source.manifest, seq_id, n)
             if n == 0:
                 await self.reserve(tokens, keep=keep)  # the whole prompt to prefill
         return self.add(Slot(seq_id, [], n, conversation=name))
 
-    async def _restore_prefix(self, record: "ChatRecord", seq_id: int, n: int) -> int:
-        """Restore the first ``n`` tokens of ``record``'s checkpoint as ``seq_id``: ``n``, or 0 with nothing restored
-        when the checkpoint under its name and generation is gone, or holds no K/V of this model for
-        ``record``'s first ``n`` tokens (as read from the manifest restored: another process may have deleted
-        the conversation and written another under the same name and generation since ``record`` was read)."""
+    async def _restore_prefix(self, record: "ChatRecord", manifest: "tuple[Manifest, bytes] | None", seq_id: int,
+                              n: int) -> int:
+        """Restore the first ``n`` tokens of ``record``'s checkpoint (from ``manifest``, its manifest as read, if
+        given) as ``seq_id``: ``n``, or 0 with nothing restored when the checkpoint under its name and generation
+        is gone, or holds no K/V of this model for ``record``'s first ``n`` tokens (as read from the manifest
+        restored: another process may have deleted the conversation and written another under the same name and
+        generation since ``record`` was read; chunks are read by their SHA-256, so the K/V are ``manifest``'s)."""
         try:
             result = await restore(self.store, record.name, self.cache, seq_id=seq_id, generation=record.generation,
-                                   length=n, ledger=self.ledger)
+                                   length=n, ledger=self.ledger, manifest=manifest)
         except NotFoundError:
             return 0
         except FieldError as exc:

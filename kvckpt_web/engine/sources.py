@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from collections.abc import Callable, Collection, Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from ..durable.catalog import load_manifest, manifest_keys
@@ -21,9 +22,10 @@ from .record import ChatRecord
 from .slots import PrefixSource, Slots, common_prefix
 
 if TYPE_CHECKING:
+    from ..durable.container import Manifest
     from ..stores.base import Store
 
-__all__ = ["Sources", "continues"]
+__all__ = ["ConversationView", "Sources", "continues"]
 
 RECORDS_KEPT = 256
 """Checkpoints whose records a :class:`Sources` keeps decoded (a manifest never changes under its key)."""
@@ -39,6 +41,20 @@ def continues(known: Sequence[int], kv_length: int, finish_reason: str | None, t
     return common_prefix(known[:n], tokens) == n
 
 
+@dataclass(frozen=True)
+class ConversationView:
+    """What the store holds of one conversation, as a request sees it: its generations listed once, and the newest
+    that can be read, decoded once."""
+
+    name: str
+    generations: tuple[int, ...]
+    """Every generation the store holds, oldest first (empty: a new conversation)."""
+    record: ChatRecord | None
+    """The newest generation whose chat record can be read; None if none can."""
+    manifest: "Manifest | None"
+    """That generation's manifest, as read."""
+
+
 class Sources:
     """The slots and the store an engine reuses K/V and replies from: only checkpoints of ``model`` (an identity)."""
 
@@ -50,7 +66,9 @@ class Sources:
         self.index = index
         self.page_size = page_size
         self._decode_reply = decode_reply
-        self._records: "OrderedDict[tuple[str, int], ChatRecord | None]" = OrderedDict()
+        self._records: "OrderedDict[tuple[str, int], tuple[ChatRecord, Manifest, bytes] | None]" = OrderedDict()
+        self._views: dict[str, ConversationView] = {}  # this request's, by name (see :meth:`begin`)
+        self._refreshed = False  # this request read the index's new records already
         self._examined: set[tuple[str, int]] = set()  # generations :meth:`reindex` read and need nothing more
 
     async def record(self, name: str, generation: int | None = None) -> ChatRecord | None:
@@ -63,44 +81,66 @@ class Sources:
             if not keys:
                 return None
             generation = keys[-1][1]
+        read = await self._read(name, generation)
+        return read[0] if read is not None else None
+
+    def loaded(self, record: ChatRecord) -> "tuple[Manifest, bytes] | None":
+        """The manifest ``record`` was read from and its envelope bytes, as read (None if no longer kept)."""
+        read = self._records.get((record.name, record.generation))
+        return read[1:] if read is not None and read[0] is record else None
+
+    async def _read(self, name: str, generation: int) -> "tuple[ChatRecord, Manifest, bytes] | None":
+        """``name``'s generation read and decoded once (kept, as a manifest never changes under its key)."""
         key = (name, generation)
         if key in self._records:
             self._records.move_to_end(key)
             return self._records[key]
         try:
-            manifest, _ = await load_manifest(self.store, name, generation)
-            record = ChatRecord.from_app_state(name, generation, manifest.created_ms, manifest.app_state)
+            manifest, envelope = await load_manifest(self.store, name, generation)
+            read = (ChatRecord.from_app_state(name, generation, manifest.created_ms, manifest.app_state), manifest,
+                    envelope)
         except KVCkptError:
-            record = None
-        self._records[key] = record
+            read = None
+        self._records[key] = read
         while len(self._records) > RECORDS_KEPT:
             self._records.popitem(last=False)
-        return record
+        return read
 
-    async def newest_readable(self, name: str) -> ChatRecord | None:
-        """The newest generation of ``name`` whose chat record can be read (one beside a damaged newest), as a
-        writer decides whose a name is; None if no generation can be read."""
-        if self.store is None:
-            return None
-        for _, generation, _ in reversed(await manifest_keys(self.store, name)):
-            record = await self.record(name, generation)
-            if record is not None:
-                return record
-        return None
+    def begin(self) -> None:
+        """Start a request: the conversations it views are listed again (once each) from now on, and the prefix
+        index is read again at its first miss."""
+        self._views.clear()
+        self._refreshed = False
 
-    async def has(self, name: str) -> bool:
-        """Whether the store holds any generation of ``name``."""
-        return self.store is not None and bool(await manifest_keys(self.store, name))
+    async def view(self, name: str) -> ConversationView:
+        """This request's view of conversation ``name``: its generations listed once, and the newest one whose chat
+        record can be read (one beside a damaged newest), as a writer decides whose a name is, decoded once."""
+        if name in self._views:
+            return self._views[name]
+        keys = await manifest_keys(self.store, name) if self.store is not None else []
+        view = ConversationView(name, tuple(generation for _, generation, _ in keys), None, None)
+        for _, generation, _ in reversed(keys):
+            read = await self._read(name, generation)
+            if read is not None:
+                view = ConversationView(name, view.generations, read[0], read[1])
+                break
+        self._views[name] = view
+        return view
 
     def forget(self, name: str) -> None:
-        """Drop what is kept of ``name``'s records (it was deleted)."""
+        """Drop what is kept of ``name``'s records (it was deleted, or holds other tokens now)."""
         for key in [k for k in self._records if k[0] == name]:
             del self._records[key]
+        self._views.pop(name, None)
 
-    async def refresh(self) -> None:
-        """Read the index records other writers committed since the last refresh (once per request)."""
-        if self.index is not None:
-            await self.index.refresh()
+    async def refresh(self) -> bool:
+        """Read the index records other writers committed since the last refresh, at most once per request (at a
+        miss: a lookup that finds nothing, or a reply of the prompt no source holds). Whether it read them now."""
+        if self.index is None or self._refreshed:
+            return False
+        self._refreshed = True
+        await self.index.refresh()
+        return True
 
     async def reindex(self, model: str, layout_hash: str) -> int:
         """Rebuild the prefix index records that the newest generation of a conversation of ``model`` whose K/V
@@ -139,11 +179,14 @@ class Sources:
         index record may point at another model's checkpoint, whose K/V are no prefix of this one's)."""
         if self.index is None:
             return []
+        hits = self.index.lookup(tokens, HITS_TRIED)
+        if not hits and len(tokens) >= self.page_size and await self.refresh():
+            hits = self.index.lookup(tokens, HITS_TRIED)
         out = []
-        for hit in self.index.lookup(tokens)[:HITS_TRIED]:
-            record = await self.record(hit.name, hit.generation)
-            if record is not None and record.saved.model == self.model:
-                out.append(record)
+        for hit in hits:
+            read = await self._read(hit.name, hit.generation)
+            if read is not None and read[0].saved.model == self.model:
+                out.append(read[0])
         return out
 
     async def longest_prefix(self, tokens: Sequence[int], skip: Collection[tuple[str, int]] = ()) -> PrefixSource:
@@ -157,7 +200,7 @@ class Sources:
                 continue
             m = common_prefix(record.tokens[:record.saved.kv_length], tokens)
             if m > best.length and m >= self.page_size:
-                best = PrefixSource(m, record=record)
+                best = PrefixSource(m, record=record, manifest=self.loaded(record))
         return best
 
     async def continued(self, tokens: Sequence[int]) -> str | None:
@@ -171,7 +214,7 @@ class Sources:
                     and continues(slot.tokens, slot.kv_length, reason, tokens)):
                 return slot.conversation
         for record in sorted(await self._candidates(tokens), key=lambda r: -(r.created_ms or 0)):
-            newest = await self.newest_readable(record.name)
+            newest = (await self.view(record.name)).record
             if (newest is not None and newest.generation == record.generation and not newest.chat.named
                     and continues(record.tokens, record.saved.kv_length, record.saved.finish_reason, tokens)):
                 return record.name

@@ -276,3 +276,19 @@ def test_note_refuses_a_record_of_another_scope():
     with pytest.raises(FieldError, match="scope_id"):
         index.note(record("a", 1, list(range(12)), scope="model-b"))
     assert len(index) == 0
+
+
+def test_lookup_with_a_limit_returns_only_the_longest_matches():
+    prompt = list(range(40))
+    store = MemoryStore()
+    shared = [record(f"short-{i}", 1, prompt[:4] + [500 + i] * 8) for i in range(50)]  # one page, as a system prompt
+    stored(store, record("long", 1, prompt[:21]), record("mid", 1, prompt[:9]), *shared)
+    index = index_of(store)
+    assert [(h.name, h.pages) for h in index.lookup(prompt, limit=2)] == [("long", 5), ("mid", 2)]
+    assert len(index.lookup(prompt)) == 52 and index.lookup(prompt)[:2] == index.lookup(prompt, limit=2)
+
+
+@pytest.mark.parametrize("limit", [0, -1, 1.5, True])
+def test_lookup_refuses_a_limit_that_is_no_positive_integer(limit):
+    with pytest.raises(FieldError, match="limit"):
+        index_of(MemoryStore()).lookup(list(range(8)), limit=limit)

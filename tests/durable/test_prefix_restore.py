@@ -8,6 +8,8 @@ from typing import Any
 import numpy as np
 import pytest
 
+from counting_store import CountingStore, count
+from kvckpt_web.durable.catalog import load_manifest
 from kvckpt_web.durable.container import decode_manifest
 from kvckpt_web.durable.ledger import Ledger
 from kvckpt_web.durable.restore import restore
@@ -116,3 +118,32 @@ def test_a_prefix_restore_is_not_remembered_as_the_last_save_but_its_chunks_are_
     run(restore(store, "a", target.cache, seq_id=SEQ, length=9))
     assert Ledger.of(store).last_saved("a") is None
     assert Ledger.of(store).trusted == chunks_of(data, 3)
+
+
+def test_a_restore_given_the_manifest_read_already_reads_only_chunks(source, target):
+    model, data = source
+    store = CountingStore(data)
+    loaded = run(load_manifest(store, "a", 1))
+    store.reset()
+    run(restore(store, "a", target.cache, seq_id=SEQ, generation=1, length=16, manifest=loaded))
+    assert count(store.calls, "get", "manifests/") == count(store.calls, "list") == 0
+    assert count(store.calls, "get", "chunks/") == len(chunks_of(data, 4))
+    k, _ = run(target.cache.debug_get_kv(SEQ, 0, 16))
+    np.testing.assert_array_equal(np.frombuffer(k.data, np.uint16).reshape(k.shape), model.ref[0][0][:, :16])
+
+
+@pytest.mark.parametrize("generation", [None, 2], ids=["newest", "another-generation"])
+def test_a_restore_given_a_manifest_of_another_generation_is_refused_and_changes_nothing(source, target, generation):
+    _, data = source
+    loaded = run(load_manifest(MemoryStore(data), "a", 1))
+    with pytest.raises(FieldError, match="manifest"):
+        run(restore(MemoryStore(data), "a", target.cache, seq_id=SEQ, generation=generation, manifest=loaded))
+    assert target.cache.sequence_ids() == [SEQ]
+    target.assert_holds(SEQ)
+
+
+def test_a_prefix_restore_of_every_token_is_remembered_as_the_last_save(source, target):
+    _, data = source
+    store: Any = MemoryStore(data)
+    run(restore(store, "a", target.cache, seq_id=SEQ, length=LENGTH))
+    assert Ledger.of(store).last_saved("a").key == "manifests/a/00000000000000000001"

@@ -76,3 +76,19 @@ def test_an_engine_keeps_what_it_knows_in_its_own_ledger_and_a_second_engine_sta
     assert all(ledger.trusted for ledger in ledgers)
     own = Ledger.of(store)  # no call of any engine fell back on the store object's own ledger
     assert own.last_saved(name) is None and own.trusted == frozenset()
+
+
+def test_a_restarted_engines_first_save_of_a_stored_conversations_next_turn_reads_back_only_new_pages(make_engine,
+                                                                                                       saves):
+    store = MemoryStore()
+    reply = run(make_engine(store=store).chat(FIRST, **GREEDY))
+    engine = make_engine(store=store)
+    saves.clear()
+    again = run(engine.chat(FIRST + [{"role": "assistant", "content": reply.text},
+                                     {"role": "user", "content": "and the sky?"}], **GREEDY))
+    history = again.usage.cached_tokens  # restored from the store
+    chunk_tokens = engine.pages_per_chunk * engine.page_size
+    history_pages = history // chunk_tokens * engine.pages_per_chunk
+    assert saves and history_pages >= 2 * engine.pages_per_chunk
+    first = saves[0]
+    assert first.pages_read <= -(-first.seq_length // engine.page_size) - history_pages

@@ -17,12 +17,13 @@ from kvckpt_web.errors import CheckpointStateError, ConflictError, FormatError
 from kvckpt_web.model.sampler import SamplingSettings
 from kvckpt_web.model.app_state import StopRules
 from kvckpt_web.model.autosave import Autosave
-from kvckpt_web.model.conversation import Conversation
+from kvckpt_web.model.conversation import Conversation, conversation_of
 from kvckpt_web.model.generator import Generator
 from kvckpt_web.model.resume import resume
 from kvckpt_web.stores.file import FileStore
 from kvckpt_web.stores.http import HTTPStore
 
+from counting_store import CountingStore, count
 from kvmodel import run
 from store_suite import LEASE_RUN_OUT, Clock
 from lm_double import DoubleLM, DoubleText
@@ -308,3 +309,26 @@ def test_a_generator_without_autosave_claims_no_name(make_cache):
     finished(run(resume(store, "chat", model, make_cache(model), autosave=Autosave(store, "chat", 4),
                         decode=TEXT.decode)))
     run(reader.close())
+
+
+def test_a_reply_given_the_names_newest_manifest_as_read_checks_ownership_without_reading_it_again(make_cache):
+    store = CountingStore()
+    finished(start(make_cache, store))
+    manifest, _ = run(load_manifest(store, "chat"))
+    store.reset()
+    gen = start(make_cache, store, conversation=conversation_of(manifest.app_state), owner=manifest)
+    calls = store.calls.copy()
+    finished(gen)
+    assert count(calls, "get", "manifests/") == 0 and count(calls, "list", "manifests/chat/") == 1
+
+
+def test_a_reply_given_a_manifest_no_longer_the_newest_reads_the_newest_to_check_ownership(make_cache):
+    store = CountingStore()
+    finished(start(make_cache, store))
+    oldest = run(list_generations(store, "chat"))[0]
+    stale, _ = run(load_manifest(store, "chat", oldest.generation))
+    newest, _ = run(load_manifest(store, "chat"))
+    store.reset()
+    with pytest.raises(ConflictError, match="another conversation"):
+        start(make_cache, store, conversation=Conversation.new(), owner=stale)
+    assert count(store.calls, "get", "manifests/") == count(store.calls, "get", newest.key) == 1
