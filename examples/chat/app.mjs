@@ -23,7 +23,12 @@ function onEvent(e) {
       `${e.conversation} · ${e.tokens} tokens · ${kib(e.bytes)} written in ${ms(e.ms)}`;
     page.tabs?.saved(e.conversation);
     if (state.problem?.kind === "quota" || state.problem?.kind === "save") clearProblem();  // saved again
-    if (!state.conversations.some((row) => row.name === e.conversation)) refresh();   // a new one: list it
+    const row = state.conversations.find((r) => r.name === e.conversation);
+    if (!row) refresh();   // a new one: list it
+    else if (e.tokens > (row.tokens ?? 0)) {   // the list keeps up with the commit line while a reply runs
+      Object.assign(row, { tokens: e.tokens, updated_ms: Date.now() });
+      drawList();
+    }
   } else if (e.type === "save_failed") {
     const quota = e.error.message.toLowerCase().includes("quota");
     problem(quota ? "quota" : "save", "Saving failed", { ...e.error, message: `${e.store}: ${e.error.message}. The ` +

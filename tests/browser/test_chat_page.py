@@ -156,6 +156,16 @@ def test_a_turn_is_saved_into_the_open_conversation_when_another_holds_the_same_
     assert page.conversation(second["conversation"])["tokens"] == history_tokens(second) + 1  # left as it was
 
 
+def test_the_lists_token_count_keeps_up_with_the_commit_line_while_a_reply_runs(page):
+    first = page.reply_to("tell me about the sea.")
+    held = page.send_and_hold("and the wind?", 12)  # autosave every 8 tokens: a commit during this reply
+    committed = held["committed"]
+    meta = page.page.inner_text(f"#conversations li[data-name='{first['conversation']}'] .meta")
+    assert committed["conversation"] == first["conversation"] and committed["tokens"] > history_tokens(first) + 1
+    assert page.conversation(first["conversation"])["tokens"] == committed["tokens"]
+    assert f"{committed['tokens']} tokens" in meta
+
+
 def test_a_restore_is_compared_with_an_estimate_from_the_shown_prefill_rate_and_measured_only_when_asked(page):
     page.reply_to("tell me about the sea.")  # a prefill this device has shown
     page.send_and_hold("and the wind?", 4)
