@@ -204,13 +204,20 @@ def test_a_copy_that_went_apart_within_the_last_partial_chunk_is_kept_beside(mod
     assert run(load_manifest(device, "chat"))[0].app_state["prompt_tokens"] == mine
 
 
-def test_a_push_of_a_higher_generation_that_went_apart_never_replaces_the_servers_copy(model):
+def pushed_then_apart(model: Any) -> tuple[MemoryStore, MemoryStore, list[int], list[int]]:
+    """A device's conversation pushed to a server, after which another device pushed a turn of its own there:
+    (device, server, this device's tokens to go on with, the server's tokens)."""
     device, server = MemoryStore(), MemoryStore()
     model.add(0, 3)
     saved(model, device)
     run(sync(device, server))
     mine, theirs = go_apart(model, 2)
-    saved(model, server, seq=1, tokens=theirs)  # another device pushed its turn: the server's generation 2
+    saved(model, server, seq=1, tokens=theirs)
+    return device, server, mine, theirs
+
+
+def test_a_push_of_a_higher_generation_that_went_apart_never_replaces_the_servers_copy(model):
+    device, server, mine, theirs = pushed_then_apart(model)  # another device's turn: the server's generation 2
     for _ in range(3):
         saved(model, device, seq=0, tokens=mine, keep=1)  # this device's generation 4 went its own way
     result = run(sync(device, server, names=["chat"]))  # a push
@@ -221,12 +228,7 @@ def test_a_push_of_a_higher_generation_that_went_apart_never_replaces_the_server
 
 
 def test_a_copy_kept_apart_is_up_to_date_on_a_rerun_and_its_continuation_goes_under_the_same_name(model):
-    device, server = MemoryStore(), MemoryStore()
-    model.add(0, 3)
-    saved(model, device)
-    run(sync(device, server))
-    mine, theirs = go_apart(model, 2)
-    saved(model, server, seq=1, tokens=theirs)
+    device, server, mine, theirs = pushed_then_apart(model)
     saved(model, device, seq=0, tokens=mine)
     kept = run(sync(device, server)).kept_apart["chat"]
     again = run(sync(device, server))

@@ -94,15 +94,22 @@ def test_a_second_push_of_a_conversation_shorter_than_a_chunk_writes_nothing(mak
     run(body())
 
 
+async def continued_on_another_device(make_engine: Any, remote: Any) -> tuple[Any, str, list, list]:
+    """A conversation pushed from one engine, pulled, continued and pushed by another: (the first engine, the name,
+    its messages, the other's history)."""
+    here, there = make_engine(store=MemoryStore()), make_engine(store=MemoryStore())
+    replies, messages = await converse(here, [FIRST], GREEDY)
+    name = replies[0].conversation
+    await push(here, name, remote())
+    await pull(there, name, remote())
+    _, history = await converse(there, ["and then?"], {**GREEDY, "conversation": name}, messages)
+    await push(there, name, remote())
+    return here, name, messages, history
+
+
 def test_a_push_onto_a_conversation_another_device_continued_is_a_conflict(make_engine, remote):
     async def body() -> None:
-        here, there = make_engine(store=MemoryStore()), make_engine(store=MemoryStore())
-        replies, messages = await converse(here, [FIRST], GREEDY)
-        name = replies[0].conversation
-        await push(here, name, remote())
-        await pull(there, name, remote())
-        await converse(there, ["and then?"], {**GREEDY, "conversation": name}, messages)
-        await push(there, name, remote())
+        here, name, _, _ = await continued_on_another_device(make_engine, remote)
         with pytest.raises(ConflictError, match=f"{name}: .* holds generation"):
             await push(here, name, remote())
 
@@ -111,13 +118,7 @@ def test_a_push_onto_a_conversation_another_device_continued_is_a_conflict(make_
 
 def test_copies_that_went_apart_are_kept_beside_each_other_by_push_and_pull(make_engine, remote):
     async def body() -> None:
-        here, there = make_engine(store=MemoryStore()), make_engine(store=MemoryStore())
-        replies, messages = await converse(here, [FIRST], GREEDY)
-        name = replies[0].conversation
-        await push(here, name, remote())
-        await pull(there, name, remote())
-        _, history = await converse(there, ["and then?"], {**GREEDY, "conversation": name}, messages)
-        await push(there, name, remote())
+        here, name, messages, history = await continued_on_another_device(make_engine, remote)
         mine, _ = await converse(here, ["something else"], {**GREEDY, "conversation": name}, messages)
         theirs = (await load_manifest(remote(), name))[0]
 

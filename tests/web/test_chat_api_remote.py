@@ -7,6 +7,7 @@ another device continued) with nothing written."""
 from __future__ import annotations
 
 import json
+from typing import Any
 
 import pytest
 
@@ -86,8 +87,9 @@ def test_pulling_a_name_the_server_lacks_is_not_found(tab, served):
         run(tab().pull("chat-none", served[0], TOKEN))
 
 
-def test_a_push_onto_a_conversation_another_device_continued_is_a_conflict(tab, served):
-    url, _ = served
+def continued_on_another_device(tab: Any, url: str) -> tuple[Any, list[dict], str]:
+    """A conversation pushed from ``here``, pulled, continued and pushed by another device: (here, its first reply's
+    chunks, the name)."""
     here, there = tab(store_name="here"), tab(store_name="there")
     first = reply(here, FIRST)
     name = first[-1]["kvckpt"]["conversation"]
@@ -95,19 +97,19 @@ def test_a_push_onto_a_conversation_another_device_continued_is_a_conflict(tab, 
     run(there.pull(name, url, TOKEN))
     reply(there, FIRST, text_of(first), "and the wind?")
     run(there.push(name, url, TOKEN))
+    return here, first, name
+
+
+def test_a_push_onto_a_conversation_another_device_continued_is_a_conflict(tab, served):
+    url, _ = served
+    here, _, name = continued_on_another_device(tab, url)
     with pytest.raises(ConflictError, match=name):
         run(here.push(name, url, TOKEN))
 
 
 def test_a_push_and_a_pull_of_copies_that_went_apart_keep_both_and_say_under_which_name(tab, served):
     url, _ = served
-    here, there = tab(store_name="here"), tab(store_name="there")
-    first = reply(here, FIRST)
-    name = first[-1]["kvckpt"]["conversation"]
-    run(here.push(name, url, TOKEN))
-    run(there.pull(name, url, TOKEN))
-    reply(there, FIRST, text_of(first), "and the wind?")
-    run(there.push(name, url, TOKEN))
+    here, first, name = continued_on_another_device(tab, url)
     reply(here, FIRST, text_of(first), "and the boats?")
     pushed = json.loads(run(here.push(name, url, TOKEN)))
     assert pushed["apart_from"] == name and pushed["name"].startswith(f"{name}.apart-") and pushed["copied"]
