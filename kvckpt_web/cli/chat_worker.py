@@ -15,7 +15,7 @@ It says ``ready`` once the model is loaded, and ``saved`` (conversation, generat
 save. With ``lockstep`` it waits for a line on stdin after each ``chunk`` that brings tokens and after each
 ``saved``, so the parent chooses where a SIGKILL lands (after token j, after the save at n tokens) without
 racing the worker. An error is one ``error`` event and exit status 1; Ctrl-C exits 130; EOF on stdin ends it.
-:class:`ChatWorker` is the parent's side.
+:class:`ChatProcess` is the parent's side.
 """
 
 from __future__ import annotations
@@ -142,7 +142,7 @@ def worker_main(argv: list[str] | None = None) -> int:
 
 
 def after_tokens(count: int) -> Callable[[Event], bool]:
-    """A :meth:`ChatWorker.run` ``until`` that holds the worker at the chunk that brings its reply to ``count``
+    """A :meth:`ChatProcess.run` ``until`` that holds the worker at the chunk that brings its reply to ``count``
     tokens (the chunks of a resumed reply's earlier tokens included)."""
     seen = [0]
 
@@ -154,8 +154,8 @@ def after_tokens(count: int) -> Callable[[Event], bool]:
     return reached
 
 
-class ChatWorker:
-    """A worker process (the parent's side): ``with ChatWorker(config) as w: w.run("chat", messages=...)``.
+class ChatProcess:
+    """A worker process (the parent's side): ``with ChatProcess(config) as w: w.run("chat", messages=...)``.
 
     Leaving the ``with`` ends the worker: by closing its stdin, or with SIGKILL when an exception leaves it.
     """
@@ -166,7 +166,7 @@ class ChatWorker:
                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
         self.ready = self.event()
 
-    def __enter__(self) -> "ChatWorker":
+    def __enter__(self) -> "ChatProcess":
         return self
 
     def __exit__(self, kind: Any, *exc_info: Any) -> None:

@@ -20,7 +20,7 @@ from ..durable.catalog import load_manifest
 from ..errors import KVCkptError
 from ..model.app_state import parse_app_state
 from ..stores.file import FileStore
-from .chat_worker import DEFAULT_FACTORY, ChatWorker, WorkerConfig, after_tokens, done
+from .chat_worker import DEFAULT_FACTORY, ChatProcess, WorkerConfig, after_tokens, done
 
 DEMO_PROMPT = "Write a short story about a lighthouse keeper who finds a message in a bottle."
 NAME = "demo"
@@ -76,18 +76,18 @@ def run_generation_demo(config: DemoConfig = DemoConfig(), *, kill_after: int = 
     with tempfile.TemporaryDirectory(prefix="kvckpt-demo-") as tmp:
         store = directory or Path(tmp) / "store"
         echo(f"reference: generating up to {config.max_tokens} tokens uninterrupted in a worker ...")
-        with ChatWorker(config.worker()) as worker:
+        with ChatProcess(config.worker()) as worker:
             reference = done(worker.run("chat", **config.chat()))
         echo(f"worker: generating with autosave every {config.engine['autosave_every']} tokens into {store}; "
              f"SIGKILL after {kill_after} reply tokens ...")
-        with ChatWorker(config.worker(store, lockstep=True)) as worker:
+        with ChatProcess(config.worker(store, lockstep=True)) as worker:
             worker.run("chat", until=after_tokens(kill_after), **config.chat())
             worker.kill()
         killed = {"generated": kill_after, **asyncio.run(_newest(store))}
         echo(f"worker: killed with SIGKILL after {kill_after} generated tokens; its last checkpoint, generation "
              f"{killed['generation']}, holds {killed['kv_length']} tokens of K/V ({killed['saved_generated']} "
              "generated tokens)")
-        with ChatWorker(config.worker(store)) as worker:
+        with ChatProcess(config.worker(store)) as worker:
             events = worker.run("resume", name=NAME)
             cold = done(worker.run("chat", scratch=True, messages=config.chat()["messages"],
                                    settings={"max_tokens": 1, "temperature": 0.0, "cache_prompt": False}))

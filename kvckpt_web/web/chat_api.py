@@ -1,9 +1,9 @@
 """What the engine's Web Worker (``kvckpt_web/web/engine-worker.mjs``) calls: the chat engine on this worker's
 WebGPU device and an IndexedDB or OPFS store.
 
-A :class:`ChatWorker` holds one model and one :class:`~kvckpt_web.engine.Engine`. Requests and results cross as
+A :class:`BrowserEngine` holds one model and one :class:`~kvckpt_web.engine.Engine`. Requests and results cross as
 JSON text in the engine's shapes (OpenAI's chat completions, :class:`~kvckpt_web.engine.ConversationInfo`:
-snake_case keys); a streamed reply is a handle whose chunks :meth:`ChatWorker.next_chunk` gives one by one.
+snake_case keys); a streamed reply is a handle whose chunks :meth:`BrowserEngine.next_chunk` gives one by one.
 What happens meanwhile reaches JavaScript as events, JSON text given to ``emit``:
 
 * ``{"type": "upload", "done", "total"}`` -- weights uploaded to the GPU, in parts;
@@ -13,7 +13,7 @@ What happens meanwhile reaches JavaScript as events, JSON text given to ``emit``
   on; the last committed generation stays).
 
 A conversation moves to another device through the store ``kvckpt serve --store DIR --token T`` serves
-(:meth:`ChatWorker.push`, :meth:`ChatWorker.pull`, over :mod:`kvckpt_web.engine.remote` with an
+(:meth:`BrowserEngine.push`, :meth:`BrowserEngine.pull`, over :mod:`kvckpt_web.engine.remote` with an
 :class:`~kvckpt_web.stores.http.HTTPStore`).
 """
 
@@ -39,14 +39,14 @@ from ..model.protocol import LoadedModel
 from ..stores.http import HTTPStore
 from .runtime import device, error_fields, open_store, to_py
 
-__all__ = ["ChatWorker", "saved_conversations"]
+__all__ = ["BrowserEngine", "saved_conversations"]
 
 STORE_LABELS = {"indexeddb": "IndexedDB", "opfs": "OPFS"}
 
 OPEN_OPTIONS = {"store": "indexeddb", "store_name": "kvckpt", "model_name": "kvckpt"}
-"""What :meth:`ChatWorker.open` takes beside :data:`ENGINE_SETTINGS`, and its defaults."""
+"""What :meth:`BrowserEngine.open` takes beside :data:`ENGINE_SETTINGS`, and its defaults."""
 ENGINE_SETTINGS = ("context", "sequences", "autosave_every", "prefill_chunk")
-"""The fields of the engine's ``browser`` preset (:data:`~kvckpt_web.engine.PRESETS`) that :meth:`ChatWorker.open`
+"""The fields of the engine's ``browser`` preset (:data:`~kvckpt_web.engine.PRESETS`) that :meth:`BrowserEngine.open`
 may replace."""
 
 
@@ -101,7 +101,7 @@ def _moved(result: SyncResult) -> str:
                        "ms": result.seconds * 1e3})
 
 
-class ChatWorker:
+class BrowserEngine:
     """A worker's model, its engine, and the replies being streamed from it."""
 
     def __init__(self, emit: Callable[[str], None] | None = None) -> None:

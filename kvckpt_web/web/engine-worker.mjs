@@ -10,7 +10,7 @@ import { boot, guard } from "./kvckpt.mjs";
 import { loadWeights } from "./weights.mjs";
 
 let kv = null;
-let api = null;   // the guarded chat_api.ChatWorker
+let api = null;   // the guarded chat_api.BrowserEngine
 const live = new Set();        // streams being read
 const cancelling = new Map();  // stream -> resolve() once it stopped
 let holdAt = null;             // the test hook: hold a reply once it holds this many tokens
@@ -83,7 +83,7 @@ const ops = {
       return { took };
     }
     await webgpu();
-    api = guard(kv.pyodide, module.ChatWorker((text) => {
+    api = guard(kv.pyodide, module.BrowserEngine((text) => {
       const e = JSON.parse(text);
       if (e.type === "upload") progress({ stage: "upload", done: e.done, total: e.total });
       else event(e);

@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from kvckpt_web.cli.chat_worker import ChatWorker, WorkerConfig, after_tokens, done
+from kvckpt_web.cli.chat_worker import ChatProcess, WorkerConfig, after_tokens, done
 
 TURNS = ["hi, who are you?", "tell me about the sea.", "and the wind?", "why is the sky blue?", "count to five.",
          "what is a boat?", "say something nice.", "goodbye!", "one more thing."]
@@ -44,7 +44,7 @@ def answered(messages: list[dict[str, str]], reply: dict[str, Any]) -> list[dict
     return [*messages, {"role": "assistant", "content": reply["text"]}]
 
 
-def converse(worker: ChatWorker, settings: dict[str, Any], turns: range) -> list[dict[str, Any]]:
+def converse(worker: ChatProcess, settings: dict[str, Any], turns: range) -> list[dict[str, Any]]:
     """Chat ``turns`` turn by turn in ``worker``; the replies' ``done`` events."""
     messages, replies = [], []
     for turn in turns:
@@ -66,7 +66,7 @@ def uninterrupted(device, tmp_path_factory):
 
     def get(setting: str) -> list[dict[str, Any]]:
         if setting not in made:
-            with ChatWorker(tiny(tmp_path_factory.mktemp("uninterrupted"))) as worker:
+            with ChatProcess(tiny(tmp_path_factory.mktemp("uninterrupted"))) as worker:
                 made[setting] = converse(worker, SETTINGS[setting], range(len(TURNS)))
         return made[setting]
 
@@ -89,7 +89,7 @@ def test_a_worker_killed_after_every_turn_restores_the_history_and_gives_the_sam
     messages, got = [], []
     for turn in range(len(TURNS)):
         messages = asked(messages, turn)
-        with ChatWorker(tiny(tmp_path / "store")) as worker:  # a new process for every turn
+        with ChatProcess(tiny(tmp_path / "store")) as worker:  # a new process for every turn
             reply = done(worker.run("chat", messages=messages, settings=SETTINGS[setting]))
             worker.kill()
         if turn:  # the history came back whole from the store: only the turn's own tokens were prefilled
@@ -100,12 +100,12 @@ def test_a_worker_killed_after_every_turn_restores_the_history_and_gives_the_sam
     assert [r["token_ids"] for r in got] == [r["token_ids"] for r in want]
 
 
-def unfinished_names(worker: ChatWorker) -> list[str]:
+def unfinished_names(worker: ChatProcess) -> list[str]:
     """The names of the conversations whose last reply was cut."""
     return worker.run("unfinished")[-1]["names"]
 
 
-def resume_cut(worker: ChatWorker, cut_after: int) -> dict[str, Any]:
+def resume_cut(worker: ChatProcess, cut_after: int) -> dict[str, Any]:
     """Resume the one reply cut after ``cut_after`` tokens; its ``done`` event."""
     (name,) = unfinished_names(worker)
     events = worker.run("resume", name=name)
@@ -119,7 +119,7 @@ def test_a_worker_killed_mid_reply_in_every_turn_resumes_to_the_same_tokens(unin
     assert all(len(r["token_ids"]) >= 2 for r in want)  # every reply can be cut after a token
     messages, got, cut_after = [], [], 0
     for turn in range(9):  # a new process for every turn: it resumes the reply cut before, then cuts its own
-        with ChatWorker(tiny(tmp_path / "store", lockstep=True)) as worker:
+        with ChatProcess(tiny(tmp_path / "store", lockstep=True)) as worker:
             if turn:
                 got.append(resume_cut(worker, cut_after))
                 messages = answered(messages, got[-1])
@@ -133,16 +133,16 @@ def test_a_worker_killed_mid_reply_in_every_turn_resumes_to_the_same_tokens(unin
 
 def test_a_worker_killed_in_the_prefill_of_a_long_prompt_resumes_to_the_same_tokens(device, tmp_path):
     messages = [{"role": "user", "content": " ".join(TURNS)}]
-    with ChatWorker(tiny(tmp_path / "reference")) as worker:
+    with ChatProcess(tiny(tmp_path / "reference")) as worker:
         want = done(worker.run("chat", messages=messages, settings=SEEDED))
     assert want["usage"]["prompt_tokens"] > 48
     config = tiny(tmp_path / "store", lockstep=True, autosave_every=16)
-    with ChatWorker(config) as worker:
+    with ChatProcess(config) as worker:
         held = worker.run("chat", until=lambda e: e["event"] == "saved" and e["kv_length"] == 32,
                           messages=messages, settings=SEEDED)
         assert not [e for e in held if e["event"] == "chunk"]  # no token yet: killed inside the prefill
         worker.kill()
-    with ChatWorker(tiny(tmp_path / "store")) as worker:
+    with ChatProcess(tiny(tmp_path / "store")) as worker:
         (name,) = unfinished_names(worker)
         events = worker.run("resume", name=name)
     resumed = events[0]["resumed"]
@@ -161,19 +161,19 @@ SMOLLM_GREEDY = {"temperature": 0.0, "max_tokens": 4}
 
 @pytest.mark.real_model
 def test_smollm2_killed_after_turns_and_mid_reply_gives_the_uninterrupted_tokens(smollm_path, tmp_path):
-    with ChatWorker(SMOLLM) as worker:
+    with ChatProcess(SMOLLM) as worker:
         want = converse(worker, SMOLLM_GREEDY, range(9))
     for before, reply in zip(want, want[1:]):
         assert reply["usage"]["cached_tokens"] == history(before)  # each turn prefilled only its own tokens
     assert len(want[7]["token_ids"]) >= 3  # turn 8's reply can be cut after its second token
     store = WorkerConfig(SMOLLM.factory, str(tmp_path / "store"), SMOLLM.engine)
-    with ChatWorker(store) as worker:  # turns 1-4, then kill -9
+    with ChatProcess(store) as worker:  # turns 1-4, then kill -9
         got = converse(worker, SMOLLM_GREEDY, range(4))
         worker.kill()
     messages = []
     for turn, reply in enumerate(got):
         messages = answered(asked(messages, turn), reply)
-    with ChatWorker(WorkerConfig(SMOLLM.factory, store.store, SMOLLM.engine, lockstep=True)) as worker:
+    with ChatProcess(WorkerConfig(SMOLLM.factory, store.store, SMOLLM.engine, lockstep=True)) as worker:
         for turn in range(4, 7):  # turns 5-7 after a restart, then kill -9 in turn 8's reply after 2 tokens
             messages = asked(messages, turn)
             got.append(done(worker.run("chat", messages=messages, settings=SMOLLM_GREEDY)))
@@ -182,11 +182,11 @@ def test_smollm2_killed_after_turns_and_mid_reply_gives_the_uninterrupted_tokens
         messages = asked(messages, 7)
         worker.run("chat", until=after_tokens(2), messages=messages, settings=SMOLLM_GREEDY)
         worker.kill()
-    with ChatWorker(store) as worker:  # turn 8's reply resumed, then kill -9
+    with ChatProcess(store) as worker:  # turn 8's reply resumed, then kill -9
         got.append(resume_cut(worker, 2))
         worker.kill()
     messages = answered(messages, got[-1])
-    with ChatWorker(store) as worker:  # turn 9 after a restart: the history comes back from the store
+    with ChatProcess(store) as worker:  # turn 9 after a restart: the history comes back from the store
         ninth = done(worker.run("chat", messages=asked(messages, 8), settings=SMOLLM_GREEDY))
     assert ninth["usage"]["cached_tokens"] == history(got[-1]) and ninth["usage"]["timings"]["restore_s"] > 0
     assert [r["token_ids"] for r in got] + [ninth["token_ids"]] == [r["token_ids"] for r in want]

@@ -1,9 +1,9 @@
-"""The engine's worker side (kvckpt_web.web.chat_api.ChatWorker) on desktop: OpenAI-shaped chunks with usage,
+"""The engine's worker side (kvckpt_web.web.chat_api.BrowserEngine) on desktop: OpenAI-shaped chunks with usage,
 the next turn costing only its own tokens, resumes that say how their K/V came back, commits and failed autosaves
 reported with the store's name, a re-prefill measured only when asked, and a conversation handed to another tab.
 
 The browser's store and device are replaced by one MemoryStore per store name and the desktop device, the model by
-the test double; two ChatWorkers on one store are two tabs.
+the test double; two BrowserEngines on one store are two tabs.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from kvckpt_web.errors import ConflictError, FieldError, NotFoundError
 from kvckpt_web.model.protocol import LoadedModel
 from kvckpt_web.stores.memory import MemoryStore
 from kvckpt_web.web import chat_api
-from kvckpt_web.web.chat_api import ChatWorker
+from kvckpt_web.web.chat_api import BrowserEngine
 
 from kvmodel import run
 from stores_that_fail import FullAfter
@@ -50,13 +50,13 @@ def stores(monkeypatch, device):
 
 @pytest.fixture
 def tab(stores):
-    """``tab()``: a ChatWorker with the double loaded and its engine open (closed after the test); its events are
+    """``tab()``: a BrowserEngine with the double loaded and its engine open (closed after the test); its events are
     in ``.events``."""
     made = []
 
     def make(**options):
         events: list[dict] = []
-        worker = ChatWorker(lambda text: events.append(json.loads(text)))
+        worker = BrowserEngine(lambda text: events.append(json.loads(text)))
         worker.events = events
         worker.loaded = LoadedModel(DoubleLM(max_context=1024), DoubleText())
         run(worker.open({**OPEN, **options}))
@@ -290,7 +290,7 @@ def test_an_unknown_engine_option_is_refused_naming_it(tab):
 
 
 def test_the_engine_runs_the_browser_preset_unless_an_option_replaces_a_field(stores):
-    worker = ChatWorker()
+    worker = BrowserEngine()
     worker.loaded = LoadedModel(DoubleLM(max_context=1024), DoubleText())
     opened = json.loads(run(worker.open({"store": "indexeddb"})))
     assert opened["config"] == worker.engine.config.to_json() == PRESETS["browser"].fitted(1024).to_json()
@@ -344,7 +344,7 @@ def test_a_warm_up_runs_before_any_reply_and_changes_nothing_stored(tab, stores)
 
 @pytest.mark.parametrize("name", ["SmolLM2 135M Instruct", None], ids=["named", "unnamed"])
 def test_a_loaded_model_is_named_as_its_file_names_it(tmp_path, name):
-    worker = ChatWorker()
+    worker = BrowserEngine()
     try:
         got = json.loads(run(worker.load_model(write_tiny_llama(tmp_path / "model.gguf", name=name).read_bytes())))
     finally:

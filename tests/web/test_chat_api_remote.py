@@ -1,4 +1,4 @@
-"""Continue on another device, the worker side (ChatWorker.push / pull, behind engine.push / pull in JavaScript):
+"""Continue on another device, the worker side (BrowserEngine.push / pull, behind engine.push / pull in JavaScript):
 two workers of their own stores (two devices) and one store served over HTTP with a token. What moved is reported
 in counts, a pulled conversation's next turn costs only its own tokens and gives the tokens of a run that never
 moved, and what goes wrong is an error of the engine's (a refused token, a name the server lacks, a conversation
