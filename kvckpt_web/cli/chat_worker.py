@@ -119,7 +119,7 @@ async def _serve(config: WorkerConfig, read_line: Callable[[], str], emit: Calla
                 await made.close()
 
 
-def worker_main(argv: list[str] | None = None) -> int:
+def chat_worker_main(argv: list[str] | None = None) -> int:
     """Entry of a worker: ``python -m kvckpt_web.cli.chat_worker CONFIG_JSON``; errors as one JSON line."""
     parser = argparse.ArgumentParser(prog="kvckpt_web.cli.chat_worker")
     parser.add_argument("config")
@@ -240,4 +240,4 @@ def done(events: list[Event]) -> Event:
 
 
 if __name__ == "__main__":
-    sys.exit(worker_main())
+    sys.exit(chat_worker_main())

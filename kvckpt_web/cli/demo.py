@@ -160,7 +160,7 @@ def run_demo(tokens: int, seed: int, directory: Path | None, echo: Callable[[str
              f"{check['verify_s'] * 1e3:.0f} ms: identical")
 
 
-def worker_main(mode: str, path: str, tokens: int, seed: int) -> None:
+def demo_child_main(mode: str, path: str, tokens: int, seed: int) -> None:
     """Entry of the demo's child processes: report one JSON line, then (worker) wait to be killed."""
     if mode == "fill":
         print(json.dumps(asyncio.run(fill_and_export(Path(path), tokens, seed))), flush=True)

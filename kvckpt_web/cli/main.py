@@ -18,7 +18,7 @@ from ..model.loader import default_model_path
 from ..model.sampler import MAX_SEED
 from ..tvm.metadata import layout_from_metadata, limits_from_metadata, validate_import
 from . import bench, chat, generate, serve_api, store_commands, sync
-from .demo import run_demo, worker_main
+from .demo import demo_child_main, run_demo
 from .demo_generation import DemoConfig, run_generation_demo
 from .serving import serve_until_interrupted
 
@@ -157,7 +157,7 @@ def _store_routes(args: argparse.Namespace) -> list[Any]:
 
 
 def cmd_demo_worker(args: argparse.Namespace) -> None:
-    worker_main("fill" if args.command == "_demo-worker" else "verify", args.path, args.tokens, args.seed)
+    demo_child_main("fill" if args.command == "_demo-worker" else "verify", args.path, args.tokens, args.seed)
 
 
 def build_parser() -> argparse.ArgumentParser:

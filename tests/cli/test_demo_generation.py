@@ -58,13 +58,13 @@ def test_a_worker_interrupted_by_ctrl_c_exits_130_without_a_traceback(monkeypatc
         raise KeyboardInterrupt  # Ctrl-C in the demo's terminal reaches its workers too
     monkeypatch.setattr(chat_worker, "open_device", lambda: None)
     monkeypatch.setattr(chat_worker, "resolve_factory", lambda spec: interrupted)
-    assert chat_worker.worker_main([json.dumps(asdict(WorkerConfig()))]) == 130
+    assert chat_worker.chat_worker_main([json.dumps(asdict(WorkerConfig()))]) == 130
     assert capsys.readouterr() == ("", "")
 
 
 def test_a_worker_whose_factory_cannot_be_imported_fails_with_one_error_event(capsys):
     config = replace(WorkerConfig(), factory="no_such_module:load")
-    assert chat_worker.worker_main([json.dumps(asdict(config))]) == 1
+    assert chat_worker.chat_worker_main([json.dumps(asdict(config))]) == 1
     event = json.loads(capsys.readouterr().out)
     assert event["event"] == "error" and "no_such_module:load" in event["message"]
 
