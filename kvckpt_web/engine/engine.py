@@ -5,7 +5,7 @@ generated), reuses the longest prefix whose K/V it has (a slot of its cache, or 
 found through the prefix index), prefills only the rest and streams the reply, autosaving it under the
 conversation's name before the prefill (a crash during it keeps the messages) and every ``autosave_every``
 tokens. A reply cut by a crash or stopped by :meth:`Engine.interrupt` is listed by :meth:`Engine.unfinished`
-and continued by :meth:`Engine.resume` with the tokens an uninterrupted run gives. All work on the cache runs in turns of one :class:`Scheduler`.
+and continued by :meth:`Engine.resume` with the tokens an uninterrupted run gives. All work on the cache runs holding one :class:`CacheLock`.
 """
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ from .prompt import build_prompt
 from .record import ChatExtra
 from .request import ChatRequest
 from .responses import ChatChunk, ChatCompletion
-from .scheduler import Scheduler
+from .cache_lock import CacheLock
 from .slots import UNUSABLE_KV, PrefixSource, Slot, Slots
 from .sources import Sources
 from .turn import Turn, committed
@@ -88,7 +88,7 @@ class Engine:
         self.ledger = Ledger(store) if store is not None else None
         self.slots = Slots(self.cache, config.sequences, self.model.identity, store, self.ledger)
         self.scope = f"{self.model.identity}/{self.cache.get_layout_hash()}/{self.model.kernels}"
-        self.scheduler = Scheduler()
+        self.cache_lock = CacheLock()
         index = PrefixIndex(store, self.scope, config.page_size) if store is not None else None
         self.sources = Sources(self.slots, store, index, config.page_size, self._reply_text, self.model.identity)
         self._turns: list[Turn] = []
@@ -111,7 +111,7 @@ class Engine:
         """:meth:`chat` for a request built already (e.g. by :meth:`ChatRequest.from_openai`)."""
         if not isinstance(request, ChatRequest):
             raise FieldError("request", "a ChatRequest", type(request).__name__)
-        async with self.scheduler.turn():
+        async with self.cache_lock.hold():
             turn = await self._begin(request)
         return self._stream(turn) if stream else await self._collect(self._stream(turn))
 
@@ -255,7 +255,7 @@ class Engine:
                                 tuple(gen.generated_tokens), first=True, resumed=turn.resumed, warnings=turn.warnings)
                 first = False
             while gen.finish_reason is None and not turn.interrupted:
-                async with self.scheduler.turn():
+                async with self.cache_lock.hold():
                     event = await gen.step()
                 if event is None:
                     continue
@@ -281,7 +281,7 @@ class Engine:
     async def _save_stopped(self, gen: Generator) -> None:
         """Save a reply that stopped unfinished, unless the store holds its state already."""
         if gen.finish_reason is None and not committed(gen):
-            async with self.scheduler.turn():
+            async with self.cache_lock.hold():
                 await gen.save()
 
     async def _collect(self, chunks: AsyncIterator[ChatChunk]) -> ChatCompletion:
@@ -325,7 +325,7 @@ class Engine:
         such conversation (or generation)."""
         if generation is not None and not is_int(generation, 1):
             raise FieldError("generation", "an integer >= 1 or None", generation)
-        async with self.scheduler.turn():
+        async with self.cache_lock.hold():
             turn = await self._resume_turn(name, generation)
         return self._stream(turn) if stream else await self._collect(self._stream(turn))
 
@@ -386,7 +386,7 @@ class Engine:
 
     async def delete(self, name: str) -> None:
         """Delete conversation ``name``: its slot, every generation and the chunks only it used."""
-        async with self.scheduler.turn():
+        async with self.cache_lock.hold():
             own = self.slots.of_conversation(name)
             if own is not None and own.busy:
                 raise ConflictError(f"conversation {name!r}: a reply is being generated in it")
@@ -405,7 +405,7 @@ class Engine:
         prompt chunk (:attr:`prefill_chunk` tokens, or as many as the context allows) and a token after it
         (attention split over ranges of keys). The cache is as it was afterwards; nothing if every sequence is
         taken."""
-        async with self.scheduler.turn():
+        async with self.cache_lock.hold():
             seq_id = self.slots.free_seq_id()
             if seq_id is None:
                 return
@@ -423,7 +423,7 @@ class Engine:
         """Let go of conversation ``name`` in this engine: its slot leaves the cache and an unfinished reply of it
         releases the name's claim, so another engine (another tab or process) may continue it; the store keeps
         it as last committed. ConflictError while a reply is being generated in it; nothing if it is not here."""
-        async with self.scheduler.turn():
+        async with self.cache_lock.hold():
             own = self.slots.of_conversation(name)
             if own is not None and own.busy:
                 raise ConflictError(f"conversation {name!r}: a reply is being generated in it; interrupt it first")
@@ -434,7 +434,7 @@ class Engine:
         """Stop every reply (each stays resumable), let go of every conversation's name and release the cache's
         GPU memory; the engine cannot be used afterwards (the model stays loaded)."""
         self.interrupt()
-        async with self.scheduler.turn():
+        async with self.cache_lock.hold():
             for slot in list(self.slots):
                 if slot.gen is not None:
                     await slot.gen.close()

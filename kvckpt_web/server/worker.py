@@ -7,7 +7,7 @@ generated. Work reaches the engine's loop through :func:`asyncio.run_coroutine_t
 (a streamed reply's chunks, or a result) comes back through a queue on the server's loop.
 
 Requests run one at a time, whole, in the order they arrived (:class:`asyncio.Lock` is FIFO), although the
-engine's scheduler would let replies take turns token by token (as llama.cpp's slots do): on one GPU, or on
+engine's cache lock would let replies take turns token by token (as llama.cpp's slots do): on one GPU, or on
 two CPU cores, interleaved replies each run at a fraction of the speed and none finishes sooner; a request
 waits for the previous one instead of racing it for cache room it may evict (``cached_tokens`` then says
 what a lone request gets); and :meth:`Job.cancel` can stop exactly its own reply with

@@ -297,7 +297,7 @@ class BrowserEngine:
         if tokens is not None and not is_int(tokens, 1, held):
             raise FieldError("tokens", f"an integer in [1, {held}] (the conversation's K/V tokens)", tokens)
         tokens = record.tokens[:held if tokens is None else tokens]
-        async with engine.scheduler.turn():
+        async with engine.cache_lock.hold():
             ms = await _prefill_ms(engine, tokens)
         return json.dumps({"tokens": len(tokens), "ms": ms})
 
