@@ -54,7 +54,7 @@ async def build_prompt(codec: "ChatCodec", messages: Sequence[Message], known: K
                 replies.append((len(opening), len(opening) + len(ids)))
                 continue
         room = None if max_tokens is None else max(0, max_tokens - len(tokens) - closing)
-        tokens += codec.turn(message.role, message.content, max_tokens=room)
+        tokens += codec.encode_message(message.role, message.content, max_tokens=room)
     tokens += codec.reply_opening()
     if max_tokens is not None and len(tokens) > max_tokens:
         raise FieldError("prompt", f"at most {max_tokens} tokens", f"{len(tokens)} tokens")

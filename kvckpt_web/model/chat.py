@@ -83,7 +83,7 @@ class ChatTemplate:
             role, content = _role(message, i), _content(message, i)
             if i == 0:
                 pieces += self.preamble_pieces(role)
-            pieces += self.turn_pieces(role, content)
+            pieces += self.message_pieces(role, content)
         if add_generation_prompt:
             pieces += self.opening_pieces()
         return pieces
@@ -93,9 +93,9 @@ class ChatTemplate:
         has one and the message is not a system message."""
         if self.default_system is None or first_role == "system":
             return []
-        return self.turn_pieces("system", self.default_system)
+        return self.message_pieces("system", self.default_system)
 
-    def turn_pieces(self, role: str, content: str) -> list[tuple[str, bool]]:
+    def message_pieces(self, role: str, content: str) -> list[tuple[str, bool]]:
         """One message's turn as :meth:`render_pieces` pieces."""
         return [(TURN_START, True), (f"{role}\n{content}", False), *self.closing_pieces()]
 

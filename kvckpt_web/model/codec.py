@@ -45,10 +45,10 @@ class ChatCodec:
         bos = [self.tokenizer.bos_id] if self.tokenizer.add_bos else []
         return bos + self._encode(self.template.preamble_pieces(first_role), None)
 
-    def turn(self, role: str, content: str, *, max_tokens: int | None = None) -> list[int]:
+    def encode_message(self, role: str, content: str, *, max_tokens: int | None = None) -> list[int]:
         """The ids of one message's turn, its content encoded as text (FieldError naming ``prompt`` beyond
         ``max_tokens``, as :meth:`encode_chat`)."""
-        return self._encode(self.template.turn_pieces(role, content), max_tokens)
+        return self._encode(self.template.message_pieces(role, content), max_tokens)
 
     def reply_opening(self) -> list[int]:
         """The ids that open the assistant's turn: the model writes its reply after them."""

@@ -66,8 +66,8 @@ class TextCodec(Protocol):
 
     def encode_chat(self, messages: Sequence[dict[str, str]], *, max_tokens: int | None = None) -> list[int]:
         """The prompt token ids of a conversation (``{"role", "content"}`` messages), ready for the reply: the
-        :meth:`preamble`, each message's :meth:`turn`, then the :meth:`reply_opening`; the messages' text is
-        text (never the template's control tokens). FieldError naming ``prompt`` if it takes more than
+        :meth:`preamble`, each message's :meth:`encode_message`, then the :meth:`reply_opening`; the messages'
+        text is text (never the template's control tokens). FieldError naming ``prompt`` if it takes more than
         ``max_tokens`` tokens, found without encoding more than that."""
         ...
 
@@ -75,7 +75,7 @@ class TextCodec(Protocol):
         """The ids before the first message (of role ``first_role``): a BOS, a default system turn, or none."""
         ...
 
-    def turn(self, role: str, content: str, *, max_tokens: int | None = None) -> list[int]:
+    def encode_message(self, role: str, content: str, *, max_tokens: int | None = None) -> list[int]:
         """The ids of one message's turn, its content encoded as text (FieldError beyond ``max_tokens``)."""
         ...
 

@@ -105,7 +105,7 @@ class DoubleText:
     def encode_chat(self, messages: Sequence[dict[str, str]], *, max_tokens: int | None = None) -> list[int]:
         ids = []
         for m in messages:
-            ids += self.turn(m["role"], m["content"])
+            ids += self.encode_message(m["role"], m["content"])
         ids += self.reply_opening()
         if max_tokens is not None and len(ids) > max_tokens:
             raise FieldError("prompt", f"at most {max_tokens} tokens", f"{len(ids)} tokens")
@@ -114,7 +114,7 @@ class DoubleText:
     def preamble(self, first_role: str) -> list[int]:
         return []
 
-    def turn(self, role: str, content: str, *, max_tokens: int | None = None) -> list[int]:
+    def encode_message(self, role: str, content: str, *, max_tokens: int | None = None) -> list[int]:
         ids = [BOS] + self.encode(f"{role}\n{content}\n")
         if max_tokens is not None and len(ids) > max_tokens:
             raise FieldError("prompt", f"at most {max_tokens} tokens", f"{len(ids)} tokens")
