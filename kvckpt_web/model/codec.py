@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING
 
-from .chat import TURN_END, ChatTemplate
+from .chat_template import TURN_END, ChatTemplate
 from .tokenizer import Tokenizer
 
 if TYPE_CHECKING:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from kvckpt_web.errors import FieldError
-from kvckpt_web.model.chat import ChatTemplate
+from kvckpt_web.model.chat_template import ChatTemplate
 from kvckpt_web.model.codec import ChatCodec
 from kvckpt_web.model.tokenizer import Tokenizer
 

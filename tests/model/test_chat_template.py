@@ -9,7 +9,7 @@ import jinja2.sandbox
 import pytest
 
 from kvckpt_web.errors import FieldError, FormatError
-from kvckpt_web.model.chat import TEMPLATE_KEY, ChatTemplate
+from kvckpt_web.model.chat_template import TEMPLATE_KEY, ChatTemplate
 from kvckpt_web.model.gguf import GGUFFile
 
 SMOLLM_SYSTEM = "You are a helpful AI assistant named SmolLM, trained by Hugging Face"
