@@ -17,7 +17,7 @@ from ..errors import FieldError, KVCkptError, ModelUnavailableError
 from ..model.loader import default_model_path
 from ..model.sampler import MAX_SEED
 from ..tvm.metadata import layout_from_metadata, limits_from_metadata, validate_import
-from . import bench, chat, generate, serve_api, store_commands, sync
+from . import bench, chat, generate, serve_api, store_commands, sync_command
 from .demo import demo_child_main, run_demo
 from .demo_generation import DemoConfig, run_generation_demo
 from .serving import serve_until_interrupted
@@ -214,7 +214,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_bench)
 
     store_commands.add_parsers(sub)
-    sync.add_parsers(sub)
+    sync_command.add_parsers(sub)
     generate.add_parsers(sub)
     chat.add_parsers(sub)
 
