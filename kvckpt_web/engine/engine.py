@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import secrets
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncGenerator, Callable
 from typing import TYPE_CHECKING, Any
 
 from ..checks import check_callable, check_instance
@@ -35,7 +35,7 @@ from .conversations import ConversationInfo, describe
 from .prompt import build_prompt
 from .record import ChatExtra
 from .request import ChatRequest
-from .responses import ChatChunk, ChatCompletion
+from .responses import ChatChunk, ChatCompletion, ChatStream
 from .scheduler import Scheduler
 from .slots import UNUSABLE_KV, PrefixSource, Slot, Slots
 from .sources import Sources
@@ -96,9 +96,9 @@ class Engine:
     # ----- chat ---------------------------------------------------------------------------------
 
     async def chat(self, messages: Any, *, stream: bool = False, **settings: Any
-                   ) -> ChatCompletion | AsyncIterator[ChatChunk]:
+                   ) -> ChatCompletion | ChatStream:
         """The reply to ``messages`` (OpenAI's ``[{"role", "content"}, ...]``, the whole conversation each
-        call): a :class:`ChatCompletion`, or with ``stream`` an async iterator of :class:`ChatChunk`.
+        call): a :class:`ChatCompletion`, or with ``stream`` a :class:`ChatStream` of :class:`ChatChunk`.
 
         ``settings`` are :class:`ChatRequest`'s (``max_tokens``, ``temperature``, ``top_p``, ``top_k``,
         ``seed``, ``stop``, ``repetition_penalty``, ``cache_prompt``, ``conversation``). Bad input and a
@@ -107,13 +107,13 @@ class Engine:
         return await self.create(ChatRequest(messages, **settings), stream=stream)
 
     async def create(self, request: ChatRequest, *, stream: bool = False
-                     ) -> ChatCompletion | AsyncIterator[ChatChunk]:
+                     ) -> ChatCompletion | ChatStream:
         """:meth:`chat` for a request built already (e.g. by :meth:`ChatRequest.from_openai`)."""
         if not isinstance(request, ChatRequest):
             raise FieldError("request", "a ChatRequest", type(request).__name__)
         async with self.scheduler.turn():
             turn = await self._begin(request)
-        return self._stream(turn) if stream else await self._collect(self._stream(turn))
+        return await self._reply(turn, stream)
 
     async def _begin(self, request: ChatRequest) -> Turn:
         started = time.perf_counter()
@@ -156,7 +156,7 @@ class Engine:
                 stop=StopRules(max_tokens, self.codec.eos_ids, request.stop), seq_id=slot.seq_id,
                 prefill_chunk=self.prefill_chunk, autosave=self._autosave(name), decode=self.codec.decode,
                 progress=self.progress, kv_length=source.length, replies=prompt.replies, extra=extra.to_json(),
-                conversation=conversation, context=self.context, owner=owner)
+                conversation=conversation, context=self.context, owner=owner, **self._save_callbacks(name))
         except BaseException:
             await self.slots.drop(slot)
             raise
@@ -232,21 +232,26 @@ class Engine:
         turn.slot.busy = True
         turn.slot.gen = turn.gen
         self._turns.append(turn)
-        name = turn.slot.conversation
-
-        def saved(result: SaveResult) -> None:
-            if turn.first_token_at is not None:
-                turn.save_s += result.seconds
-            if result.prefix_record is not None:
-                self.sources.index.note(result.prefix_record)
-            if self.on_save is not None:
-                self.on_save(name, result)
-
-        turn.gen.on_save = saved
-        turn.gen.on_save_error = None if self.on_save_error is None else lambda exc: self.on_save_error(name, exc)
         return turn
 
-    async def _stream(self, turn: Turn) -> AsyncIterator[ChatChunk]:
+    def _save_callbacks(self, name: str) -> dict[str, Any]:
+        """The ``on_save`` and ``on_save_error`` of a generator of conversation ``name``, for every turn of it."""
+        on_save_error = self.on_save_error
+        return {"on_save": lambda result: self._saved(name, result),
+                "on_save_error": None if on_save_error is None else lambda exc: on_save_error(name, exc)}
+
+    def _saved(self, name: str, result: SaveResult) -> None:
+        """Conversation ``name`` committed ``result``: its reply's saves after the first token are timed apart, the
+        prefix index learns the checkpoint's tokens, and ``on_save`` hears of it."""
+        for turn in self._turns:
+            if turn.slot.conversation == name and turn.first_token_at is not None:
+                turn.save_s += result.seconds
+        if result.prefix_record is not None:
+            self.sources.index.note(result.prefix_record)
+        if self.on_save is not None:
+            self.on_save(name, result)
+
+    async def _stream(self, turn: Turn) -> AsyncGenerator[ChatChunk, None]:
         gen, first = turn.gen, True
         model_name, name = self.model_name, turn.slot.conversation
         try:
@@ -284,8 +289,10 @@ class Engine:
             async with self.scheduler.turn():
                 await gen.save()
 
-    async def _collect(self, chunks: AsyncIterator[ChatChunk]) -> ChatCompletion:
-        return ChatCompletion.from_chunks([chunk async for chunk in chunks])
+    async def _reply(self, turn: Turn, stream: bool) -> ChatCompletion | ChatStream:
+        """``turn``'s reply: streamed, or (without ``stream``) whole."""
+        chunks = ChatStream(self._stream(turn), turn.resumed)
+        return chunks if stream else ChatCompletion.from_chunks([chunk async for chunk in chunks])
 
     async def _end(self, turn: Turn) -> None:
         """The reply stopped (finished, interrupted, or its consumer went away): its slot keeps its state, and a
@@ -316,7 +323,7 @@ class Engine:
     # ----- conversations ------------------------------------------------------------------------
 
     async def resume(self, name: str, *, generation: int | None = None, stream: bool = False
-                     ) -> ChatCompletion | AsyncIterator[ChatChunk]:
+                     ) -> ChatCompletion | ChatStream:
         """Continue conversation ``name``'s unfinished reply (cut by a crash, or stopped) with the tokens an
         uninterrupted run gives; its first chunk holds what was written before and, when the reply came back
         from the store, ``resumed``: how its K/V did (imported, or their tokens run again when they could not
@@ -327,7 +334,7 @@ class Engine:
             raise FieldError("generation", "an integer >= 1 or None", generation)
         async with self.scheduler.turn():
             turn = await self._resume_turn(name, generation)
-        return self._stream(turn) if stream else await self._collect(self._stream(turn))
+        return await self._reply(turn, stream)
 
     async def _resume_turn(self, name: str, generation: int | None) -> Turn:
         started = time.perf_counter()
@@ -352,7 +359,7 @@ class Engine:
             await self.slots.reserve(self.context, keep=())
             gen = await resume(self.store, name, self.model, self.cache, seq_id=seq_id, generation=record.generation,
                                autosave=self._autosave(name), decode=self.codec.decode, context=self.context,
-                               progress=self.progress, ledger=self.ledger)
+                               progress=self.progress, ledger=self.ledger, **self._save_callbacks(name))
             restore_s = gen.resume_report.restore_s + gen.resume_report.replay_s
             slot = self.slots.add(Slot(seq_id, gen.tokens, gen.kv_length, conversation=name))
         extra = ChatExtra.from_json(gen.extra)
