@@ -32,7 +32,7 @@ from ..model.sampler import MAX_SEED, SamplingSettings
 from ..tvm.layout import CacheLimits
 from .config import PRESETS, EngineConfig
 from .conversations import ConversationInfo, describe
-from .prompt import build_prompt
+from .prompt import Prompt, build_prompt
 from .record import ChatExtra
 from .request import ChatRequest
 from .responses import ChatChunk, ChatCompletion, ChatStream
@@ -117,6 +117,28 @@ class Engine:
 
     async def _begin(self, request: ChatRequest) -> Turn:
         started = time.perf_counter()
+        prompt = await self._prompt(request)
+        name = request.conversation or await self.sources.continued(prompt.tokens) or _new_name()
+        warnings: list[str] = []
+        conversation, owner = await self._conversation_of(name, warnings)
+        max_tokens = min(request.max_tokens or self.context, self.context - len(prompt.tokens))
+        slot, source, restore_s = await self._kv_for(name, prompt.tokens, request.cache_prompt, max_tokens, warnings)
+        gen, extra = await self._start(request, prompt, name, slot, source.length, max_tokens, conversation, owner)
+        slot.tokens, slot.kv_length, slot.replies = list(prompt.tokens[:source.length]), source.length, prompt.replies
+        slot.named = request.conversation is not None
+        turn = self._track(Turn(gen, slot, extra.completion_id, extra.created, len(prompt.tokens), source.length,
+                                restore_s, started, warnings=tuple(warnings)))
+        if gen.autosave is not None:  # the messages are committed before the prefill: a crash during it keeps them
+            try:
+                await gen.save()
+            except (StoreError, OSError) as exc:
+                if gen.on_save_error is not None:
+                    gen.on_save_error(exc)
+        return turn
+
+    async def _prompt(self, request: ChatRequest) -> Prompt:
+        """The prompt of ``request``'s messages, this engine's replies in them put back as the ids it generated;
+        ContextFullError if it leaves no room for a reply."""
         self.sources.begin()
         try:
             prompt = await build_prompt(self.codec, request.messages, self.sources.known_reply, self.context - 1)
@@ -133,44 +155,42 @@ class Engine:
                 raise
             raise ContextFullError("messages", f"a prompt of at most {self.context - 1} tokens (the context is "
                                    f"{self.context} tokens, and the reply needs at least one)", exc.got) from None
-        n = len(prompt.tokens)
-        name = request.conversation or await self.sources.continued(prompt.tokens) or _new_name()
-        warnings: list[str] = []
-        conversation, owner = await self._conversation_of(name, warnings)
-        max_tokens = min(request.max_tokens or self.context, self.context - n)
+        return prompt
+
+    async def _kv_for(self, name: str, tokens: list[int], cache_prompt: bool, max_tokens: int, warnings: list[str]
+                      ) -> tuple[Slot, PrefixSource, float]:
+        """A slot for conversation ``name`` with room for ``tokens`` and ``max_tokens`` more, holding the longest
+        prefix of them (all but the last; none without ``cache_prompt``) whose K/V can be had: the slot, where
+        its K/V came from, and the seconds spent restoring them from the store."""
+        n = len(tokens)
         restore_begin = time.perf_counter()
-        slot, source = await self._place(name, prompt.tokens[:n - 1] if request.cache_prompt else [], n + max_tokens,
-                                         warnings)
+        slot, source = await self._place(name, tokens[:n - 1] if cache_prompt else [], n + max_tokens, warnings)
         restore_s = time.perf_counter() - restore_begin if source.record is not None else 0.0
         if slot.kv_length < source.length:  # the checkpoint holds other tokens now: what was read of it is stale
             self.sources.forget(source.record.name)
             source = PrefixSource(0)
+        return slot, source, restore_s
+
+    async def _start(self, request: ChatRequest, prompt: Prompt, name: str, slot: Slot, kv_length: int,
+                     max_tokens: int, conversation: Conversation | None, owner: "Manifest | None"
+                     ) -> tuple[Generator, ChatExtra]:
+        """The generator of ``request``'s reply in ``slot`` (whose first ``kv_length`` tokens of ``prompt`` hold
+        their K/V), and what its checkpoints record of the request; the slot is dropped if it cannot start."""
         seed = request.seed if request.seed is not None else secrets.randbelow(MAX_SEED + 1)
         settings = {**request.settings_json(), "seed": seed}  # its conversation: the one it named, or null
         sampling = SamplingSettings(request.temperature, request.top_k, request.top_p, request.repetition_penalty, seed)
-        completion_id, created = f"chatcmpl-{secrets.token_hex(12)}", int(time.time())
-        extra = ChatExtra(request.messages, settings, completion_id, created)
+        extra = ChatExtra(request.messages, settings, f"chatcmpl-{secrets.token_hex(12)}", int(time.time()))
         try:
             gen = await Generator.start(
                 self.model, self.cache, prompt.tokens, sampling,
                 stop=StopRules(max_tokens, self.codec.eos_ids, request.stop), seq_id=slot.seq_id,
                 prefill_chunk=self.prefill_chunk, autosave=self._autosave(name), decode=self.codec.decode,
-                progress=self.progress, kv_length=source.length, replies=prompt.replies, extra=extra.to_json(),
+                progress=self.progress, kv_length=kv_length, replies=prompt.replies, extra=extra.to_json(),
                 conversation=conversation, context=self.context, owner=owner, **self._save_callbacks(name))
         except BaseException:
             await self.slots.drop(slot)
             raise
-        slot.tokens, slot.kv_length, slot.replies = list(prompt.tokens[:source.length]), source.length, prompt.replies
-        slot.named = request.conversation is not None
-        turn = self._track(Turn(gen, slot, completion_id, created, n, source.length, restore_s, started,
-                                warnings=tuple(warnings)))
-        if gen.autosave is not None:  # the messages are committed before the prefill: a crash during it keeps them
-            try:
-                await gen.save()
-            except (StoreError, OSError) as exc:
-                if gen.on_save_error is not None:
-                    gen.on_save_error(exc)
-        return turn
+        return gen, extra
 
     async def _place(self, name: str, tokens: list[int], room: int, warnings: list[str]) -> tuple[Slot, PrefixSource]:
         """A slot for conversation ``name`` (room for ``room`` tokens) holding the longest prefix of ``tokens``
