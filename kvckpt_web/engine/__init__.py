@@ -6,7 +6,7 @@ from .conversations import ConversationInfo
 from .engine import Engine
 from .remote import pull, push
 from .request import ChatRequest, Message
-from .responses import ChatChunk, ChatCompletion, Timings, Usage
+from .responses import ChatChunk, ChatCompletion, ChatStream, Timings, Usage
 
-__all__ = ["PRESETS", "ChatChunk", "ChatCompletion", "ChatRequest", "ConversationInfo", "Engine", "EngineConfig",
+__all__ = ["PRESETS", "ChatChunk", "ChatCompletion", "ChatRequest", "ChatStream", "ConversationInfo", "Engine", "EngineConfig",
            "Message", "Timings", "Usage", "pull", "push"]

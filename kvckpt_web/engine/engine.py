@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import secrets
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncGenerator, Callable
 from typing import TYPE_CHECKING, Any
 
 from ..checks import check_callable, check_instance
@@ -30,13 +30,13 @@ from ..model.generator import Generator
 from ..model.resume import resume
 from ..model.sampler import MAX_SEED, SamplingSettings
 from ..tvm.layout import CacheLimits
+from .cache_lock import CacheLock
 from .config import PRESETS, EngineConfig
 from .conversations import ConversationInfo, describe
-from .prompt import build_prompt
+from .prompt import Prompt, build_prompt
 from .record import ChatExtra
 from .request import ChatRequest
-from .responses import ChatChunk, ChatCompletion
-from .cache_lock import CacheLock
+from .responses import ChatChunk, ChatCompletion, ChatStream
 from .slots import UNUSABLE_KV, PrefixSource, Slot, Slots
 from .sources import Sources
 from .turn import Turn, committed
@@ -96,9 +96,9 @@ class Engine:
     # ----- chat ---------------------------------------------------------------------------------
 
     async def chat(self, messages: Any, *, stream: bool = False, **settings: Any
-                   ) -> ChatCompletion | AsyncIterator[ChatChunk]:
+                   ) -> ChatCompletion | ChatStream:
         """The reply to ``messages`` (OpenAI's ``[{"role", "content"}, ...]``, the whole conversation each
-        call): a :class:`ChatCompletion`, or with ``stream`` an async iterator of :class:`ChatChunk`.
+        call): a :class:`ChatCompletion`, or with ``stream`` a :class:`ChatStream` of :class:`ChatChunk`.
 
         ``settings`` are :class:`ChatRequest`'s (``max_tokens``, ``temperature``, ``top_p``, ``top_k``,
         ``seed``, ``stop``, ``repetition_penalty``, ``cache_prompt``, ``conversation``). Bad input and a
@@ -107,16 +107,38 @@ class Engine:
         return await self.create(ChatRequest(messages, **settings), stream=stream)
 
     async def create(self, request: ChatRequest, *, stream: bool = False
-                     ) -> ChatCompletion | AsyncIterator[ChatChunk]:
+                     ) -> ChatCompletion | ChatStream:
         """:meth:`chat` for a request built already (e.g. by :meth:`ChatRequest.from_openai`)."""
         if not isinstance(request, ChatRequest):
             raise FieldError("request", "a ChatRequest", type(request).__name__)
         async with self.cache_lock.hold():
             turn = await self._begin(request)
-        return self._stream(turn) if stream else await self._collect(self._stream(turn))
+        return await self._reply(turn, stream)
 
     async def _begin(self, request: ChatRequest) -> Turn:
         started = time.perf_counter()
+        prompt = await self._prompt(request)
+        name = request.conversation or await self.sources.continued(prompt.tokens) or _new_name()
+        warnings: list[str] = []
+        conversation, owner = await self._conversation_of(name, warnings)
+        max_tokens = min(request.max_tokens or self.context, self.context - len(prompt.tokens))
+        slot, source, restore_s = await self._kv_for(name, prompt.tokens, request.cache_prompt, max_tokens, warnings)
+        gen, extra = await self._start(request, prompt, name, slot, source.length, max_tokens, conversation, owner)
+        slot.tokens, slot.kv_length, slot.replies = list(prompt.tokens[:source.length]), source.length, prompt.replies
+        slot.named = request.conversation is not None
+        turn = self._track(Turn(gen, slot, extra.completion_id, extra.created, len(prompt.tokens), source.length,
+                                restore_s, started, warnings=tuple(warnings)))
+        if gen.autosave is not None:  # the messages are committed before the prefill: a crash during it keeps them
+            try:
+                await gen.save()
+            except (StoreError, OSError) as exc:
+                if gen.on_save_error is not None:
+                    gen.on_save_error(exc)
+        return turn
+
+    async def _prompt(self, request: ChatRequest) -> Prompt:
+        """The prompt of ``request``'s messages, this engine's replies in them put back as the ids it generated;
+        ContextFullError if it leaves no room for a reply."""
         self.sources.begin()
         try:
             prompt = await build_prompt(self.codec, request.messages, self.sources.known_reply, self.context - 1)
@@ -133,44 +155,42 @@ class Engine:
                 raise
             raise ContextFullError("messages", f"a prompt of at most {self.context - 1} tokens (the context is "
                                    f"{self.context} tokens, and the reply needs at least one)", exc.got) from None
-        n = len(prompt.tokens)
-        name = request.conversation or await self.sources.continued(prompt.tokens) or _new_name()
-        warnings: list[str] = []
-        conversation, owner = await self._conversation_of(name, warnings)
-        max_tokens = min(request.max_tokens or self.context, self.context - n)
+        return prompt
+
+    async def _kv_for(self, name: str, tokens: list[int], cache_prompt: bool, max_tokens: int, warnings: list[str]
+                      ) -> tuple[Slot, PrefixSource, float]:
+        """A slot for conversation ``name`` with room for ``tokens`` and ``max_tokens`` more, holding the longest
+        prefix of them (all but the last; none without ``cache_prompt``) whose K/V can be had: the slot, where
+        its K/V came from, and the seconds spent restoring them from the store."""
+        n = len(tokens)
         restore_begin = time.perf_counter()
-        slot, source = await self._place(name, prompt.tokens[:n - 1] if request.cache_prompt else [], n + max_tokens,
-                                         warnings)
+        slot, source = await self._place(name, tokens[:n - 1] if cache_prompt else [], n + max_tokens, warnings)
         restore_s = time.perf_counter() - restore_begin if source.record is not None else 0.0
         if slot.kv_length < source.length:  # the checkpoint holds other tokens now: what was read of it is stale
             self.sources.forget(source.record.name)
             source = PrefixSource(0)
+        return slot, source, restore_s
+
+    async def _start(self, request: ChatRequest, prompt: Prompt, name: str, slot: Slot, kv_length: int,
+                     max_tokens: int, conversation: Conversation | None, owner: "Manifest | None"
+                     ) -> tuple[Generator, ChatExtra]:
+        """The generator of ``request``'s reply in ``slot`` (whose first ``kv_length`` tokens of ``prompt`` hold
+        their K/V), and what its checkpoints record of the request; the slot is dropped if it cannot start."""
         seed = request.seed if request.seed is not None else secrets.randbelow(MAX_SEED + 1)
         settings = {**request.settings_json(), "seed": seed}  # its conversation: the one it named, or null
         sampling = SamplingSettings(request.temperature, request.top_k, request.top_p, request.repetition_penalty, seed)
-        completion_id, created = f"chatcmpl-{secrets.token_hex(12)}", int(time.time())
-        extra = ChatExtra(request.messages, settings, completion_id, created)
+        extra = ChatExtra(request.messages, settings, f"chatcmpl-{secrets.token_hex(12)}", int(time.time()))
         try:
             gen = await Generator.start(
                 self.model, self.cache, prompt.tokens, sampling,
                 stop=StopRules(max_tokens, self.codec.eos_ids, request.stop), seq_id=slot.seq_id,
                 prefill_chunk=self.prefill_chunk, autosave=self._autosave(name), decode=self.codec.decode,
-                progress=self.progress, kv_length=source.length, replies=prompt.replies, extra=extra.to_json(),
-                conversation=conversation, context=self.context, owner=owner)
+                progress=self.progress, kv_length=kv_length, replies=prompt.replies, extra=extra.to_json(),
+                conversation=conversation, context=self.context, owner=owner, **self._save_callbacks(name))
         except BaseException:
             await self.slots.drop(slot)
             raise
-        slot.tokens, slot.kv_length, slot.replies = list(prompt.tokens[:source.length]), source.length, prompt.replies
-        slot.named = request.conversation is not None
-        turn = self._track(Turn(gen, slot, completion_id, created, n, source.length, restore_s, started,
-                                warnings=tuple(warnings)))
-        if gen.autosave is not None:  # the messages are committed before the prefill: a crash during it keeps them
-            try:
-                await gen.save()
-            except (StoreError, OSError) as exc:
-                if gen.on_save_error is not None:
-                    gen.on_save_error(exc)
-        return turn
+        return gen, extra
 
     async def _place(self, name: str, tokens: list[int], room: int, warnings: list[str]) -> tuple[Slot, PrefixSource]:
         """A slot for conversation ``name`` (room for ``room`` tokens) holding the longest prefix of ``tokens``
@@ -232,21 +252,26 @@ class Engine:
         turn.slot.busy = True
         turn.slot.gen = turn.gen
         self._turns.append(turn)
-        name = turn.slot.conversation
-
-        def saved(result: SaveResult) -> None:
-            if turn.first_token_at is not None:
-                turn.save_s += result.seconds
-            if result.prefix_record is not None:
-                self.sources.index.note(result.prefix_record)
-            if self.on_save is not None:
-                self.on_save(name, result)
-
-        turn.gen.on_save = saved
-        turn.gen.on_save_error = None if self.on_save_error is None else lambda exc: self.on_save_error(name, exc)
         return turn
 
-    async def _stream(self, turn: Turn) -> AsyncIterator[ChatChunk]:
+    def _save_callbacks(self, name: str) -> dict[str, Any]:
+        """The ``on_save`` and ``on_save_error`` of a generator of conversation ``name``, for every turn of it."""
+        on_save_error = self.on_save_error
+        return {"on_save": lambda result: self._saved(name, result),
+                "on_save_error": None if on_save_error is None else lambda exc: on_save_error(name, exc)}
+
+    def _saved(self, name: str, result: SaveResult) -> None:
+        """Conversation ``name`` committed ``result``: its reply's saves after the first token are timed apart, the
+        prefix index learns the checkpoint's tokens, and ``on_save`` hears of it."""
+        for turn in self._turns:
+            if turn.slot.conversation == name and turn.first_token_at is not None:
+                turn.save_s += result.seconds
+        if result.prefix_record is not None:
+            self.sources.index.note(result.prefix_record)
+        if self.on_save is not None:
+            self.on_save(name, result)
+
+    async def _stream(self, turn: Turn) -> AsyncGenerator[ChatChunk, None]:
         gen, first = turn.gen, True
         model_name, name = self.model_name, turn.slot.conversation
         try:
@@ -284,8 +309,10 @@ class Engine:
             async with self.cache_lock.hold():
                 await gen.save()
 
-    async def _collect(self, chunks: AsyncIterator[ChatChunk]) -> ChatCompletion:
-        return ChatCompletion.from_chunks([chunk async for chunk in chunks])
+    async def _reply(self, turn: Turn, stream: bool) -> ChatCompletion | ChatStream:
+        """``turn``'s reply: streamed, or (without ``stream``) whole."""
+        chunks = ChatStream(self._stream(turn), turn.resumed)
+        return chunks if stream else ChatCompletion.from_chunks([chunk async for chunk in chunks])
 
     async def _end(self, turn: Turn) -> None:
         """The reply stopped (finished, interrupted, or its consumer went away): its slot keeps its state, and a
@@ -316,7 +343,7 @@ class Engine:
     # ----- conversations ------------------------------------------------------------------------
 
     async def resume(self, name: str, *, generation: int | None = None, stream: bool = False
-                     ) -> ChatCompletion | AsyncIterator[ChatChunk]:
+                     ) -> ChatCompletion | ChatStream:
         """Continue conversation ``name``'s unfinished reply (cut by a crash, or stopped) with the tokens an
         uninterrupted run gives; its first chunk holds what was written before and, when the reply came back
         from the store, ``resumed``: how its K/V did (imported, or their tokens run again when they could not
@@ -327,7 +354,7 @@ class Engine:
             raise FieldError("generation", "an integer >= 1 or None", generation)
         async with self.cache_lock.hold():
             turn = await self._resume_turn(name, generation)
-        return self._stream(turn) if stream else await self._collect(self._stream(turn))
+        return await self._reply(turn, stream)
 
     async def _resume_turn(self, name: str, generation: int | None) -> Turn:
         started = time.perf_counter()
@@ -352,7 +379,7 @@ class Engine:
             await self.slots.reserve(self.context, keep=())
             gen = await resume(self.store, name, self.model, self.cache, seq_id=seq_id, generation=record.generation,
                                autosave=self._autosave(name), decode=self.codec.decode, context=self.context,
-                               progress=self.progress, ledger=self.ledger)
+                               progress=self.progress, ledger=self.ledger, **self._save_callbacks(name))
             restore_s = gen.resume_report.restore_s + gen.resume_report.replay_s
             slot = self.slots.add(Slot(seq_id, gen.tokens, gen.kv_length, conversation=name))
         extra = ChatExtra.from_json(gen.extra)

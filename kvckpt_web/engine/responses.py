@@ -10,14 +10,14 @@ Clients that do not know them ignore them.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import AsyncGenerator, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from ..model.generator import ResumeReport
 
-__all__ = ["FINISH_REASONS", "ChatChunk", "ChatCompletion", "Timings", "Usage"]
+__all__ = ["FINISH_REASONS", "ChatChunk", "ChatCompletion", "ChatStream", "Timings", "Usage"]
 
 FINISH_REASONS = ("stop", "length", "abort")
 """Why a reply ended, as OpenAI's ``finish_reason`` says it: an end-of-turn token or a stop string, the token
@@ -109,6 +109,9 @@ class ChatCompletion:
     usage: Usage
     warnings: tuple[str, ...] = ()
     """What the reply did without (see :attr:`ChatChunk.warnings`)."""
+    resumed: "ResumeReport | None" = None
+    """How the K/V of a reply :meth:`Engine.resume` brought back from the store came back (see
+    :attr:`ChatChunk.resumed`); None when they did not come from the store."""
 
     @classmethod
     def from_chunks(cls, chunks: Sequence[ChatChunk]) -> "ChatCompletion":
@@ -116,7 +119,7 @@ class ChatCompletion:
         last = chunks[-1]
         return cls(last.id, last.created, last.model, last.conversation, "".join(c.text for c in chunks),
                    tuple(t for c in chunks for t in c.token_ids), last.finish_reason, last.usage,
-                   tuple(w for c in chunks for w in c.warnings))
+                   tuple(w for c in chunks for w in c.warnings), chunks[0].resumed)
 
     def to_openai(self) -> dict[str, Any]:
         return {"id": self.id, "object": "chat.completion", "created": self.created, "model": self.model,
@@ -124,6 +127,27 @@ class ChatCompletion:
                              "logprobs": None, "finish_reason": self.finish_reason}],
                 "usage": self.usage.to_openai(),
                 "kvckpt": _kvckpt(self.conversation, self.token_ids, self.warnings)}
+
+
+class ChatStream:
+    """A reply streamed as it comes: an async iterator of :class:`ChatChunk` that says from the start how the K/V
+    of a reply :meth:`Engine.resume` brought back from the store came back (:attr:`resumed`, the same report its
+    first chunk carries)."""
+
+    def __init__(self, chunks: AsyncGenerator[ChatChunk, None], resumed: "ResumeReport | None" = None) -> None:
+        self._chunks = chunks
+        #: How the reply's K/V came back from the store; None when they did not come from there.
+        self.resumed = resumed
+
+    def __aiter__(self) -> "ChatStream":
+        return self
+
+    async def __anext__(self) -> ChatChunk:
+        return await anext(self._chunks)
+
+    async def aclose(self) -> None:
+        """Stop reading: the reply stops as an interrupt stops it (saved, resumable)."""
+        await self._chunks.aclose()
 
 
 def _kvckpt(conversation: str, token_ids: Sequence[int], warnings: Sequence[str]) -> dict[str, Any]:

@@ -21,13 +21,13 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 from typing import Any
 
 from ..durable.catalog import list_generations, list_names, load_manifest
 from ..durable.keys import parse_manifest_key
 from ..durable.results import GenerationInfo, SaveResult, SyncResult
-from ..engine import PRESETS, ChatChunk, ChatRequest, Engine, pull, push
+from ..engine import PRESETS, ChatRequest, ChatStream, Engine, pull, push
 from ..engine.conversations import describe
 from ..engine.record import ChatRecord
 from ..errors import FieldError, KVCkptError, NotFoundError, is_int
@@ -109,7 +109,7 @@ class BrowserEngine:
         self.loaded: LoadedModel | None = None
         self.engine: Engine | None = None
         self.store_label = ""
-        self._streams: dict[int, AsyncIterator[ChatChunk]] = {}
+        self._streams: dict[int, ChatStream] = {}
         self._issued = 0  # stream handles are 1, 2, ...: never reused
 
     def _event(self, kind: str, **fields: Any) -> None:
@@ -169,7 +169,7 @@ class BrowserEngine:
 
     # ----- replies ------------------------------------------------------------------------------
 
-    def _keep(self, stream: AsyncIterator[ChatChunk]) -> int:
+    def _keep(self, stream: ChatStream) -> int:
         self._issued += 1
         self._streams[self._issued] = stream
         return self._issued
@@ -191,13 +191,8 @@ class BrowserEngine:
         ``{stream, restored}`` (or without ``stream``, the whole reply: ``{completion, restored}``), ``restored``
         saying how its K/V came back from the store (null when its cache slot still held them):
         ``{kv_restored, reason, message, generation, tokens, restore_ms, replay_ms}``."""
-        engine = self._engine()
-        before = engine.slots.of_conversation(name)
-        old = before.gen.resume_report if before is not None and before.gen is not None else None
-        reply = await engine.resume(name, stream=stream, generation=generation)
-        slot = engine.slots.of_conversation(name)
-        report = slot.gen.resume_report if slot is not None and slot.gen is not None else None
-        restored = _report(report) if report is not None and report is not old else None
+        reply = await self._engine().resume(name, stream=stream, generation=generation)
+        restored = _report(reply.resumed) if reply.resumed is not None else None
         if stream:
             return json.dumps({"stream": self._keep(reply), "restored": restored})
         return json.dumps({"completion": reply.to_openai(), "restored": restored})

@@ -102,6 +102,22 @@ def test_a_reply_resumed_from_the_store_says_its_kv_were_imported(make_engine):
     assert whole(chunks) == list(want.token_ids)
 
 
+def test_a_resumed_reply_says_before_its_first_chunk_whether_its_kv_came_from_the_store(make_engine):
+    store = MemoryStore()
+    name = run(interrupted(make_engine(store=store)))
+    engine = make_engine(store=store)
+    stream = run(engine.resume(name, stream=True))
+    assert stream.resumed is not None and stream.resumed.kv_restored
+    run(chunks_of(stream))
+    assert run(engine.chat(HELLO, **GREEDY)).resumed is None
+
+
+def test_a_whole_resumed_reply_says_how_its_kv_came_back(make_engine):
+    store = MemoryStore()
+    name = run(interrupted(make_engine(store=store)))
+    assert run(make_engine(store=store).resume(name)).resumed.kv_restored
+
+
 def test_a_reply_whose_kv_are_damaged_is_resumed_by_running_its_tokens_again_to_the_same_tokens(make_engine):
     store = MemoryStore()
     want = run(make_engine(store=MemoryStore()).chat(HELLO, **GREEDY))

@@ -217,6 +217,25 @@ def test_a_reply_continued_from_the_cache_reports_no_restore(tab):
     assert json.loads(started)["restored"] is None
 
 
+def test_a_resume_says_its_kv_came_from_the_store_after_a_restart_and_from_the_cache_the_next_time(tab):
+    worker = tab()
+    name = cut(worker, "tell me about the sea.")
+    run(worker.close())
+    again = tab()
+
+    async def resume_and_cut():
+        started = await again.resume(name)
+        handle = json.loads(started)["stream"]
+        await again.next_chunk(handle)
+        again.interrupt()
+        while await again.next_chunk(handle):
+            pass
+        return json.loads(started)["restored"]
+
+    assert run(resume_and_cut())["kv_restored"] is True
+    assert run(resume_and_cut()) is None
+
+
 def test_every_commit_is_reported_naming_the_conversation_and_the_store(tab):
     worker = tab(store="opfs", store_name="kept")
     chunks = reply(worker, "tell me about the sea.")
