@@ -20,14 +20,21 @@ def count(calls: Counter[tuple[str, str]], method: str, prefix: str = "") -> int
 
 class CountingStore(MemoryStore):
     """A :class:`MemoryStore` recording each ``get``/``get_into``/``exists``/``list_prefix``/``set``/
-    ``set_if_absent``/``delete`` as ``(method, key or prefix)`` in :attr:`calls`."""
+    ``set_if_absent``/``delete`` as ``(method, key or prefix)`` in :attr:`calls`, and in :attr:`before_write` the
+    calls made before the first write since the last :meth:`reset` (None until one)."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.calls: Counter[tuple[str, str]] = Counter()
+        self.before_write: Counter[tuple[str, str]] | None = None
 
     def reset(self) -> None:
         self.calls.clear()
+        self.before_write = None
+
+    def _writing(self) -> None:
+        if self.before_write is None:
+            self.before_write = self.calls.copy()
 
     async def get(self, key: str, *, max_bytes: int | None = None) -> bytes | None:
         self.calls["get", key] += 1
@@ -51,13 +58,16 @@ class CountingStore(MemoryStore):
         return await super().list_prefix(prefix)
 
     async def set(self, key: str, data: bytes | bytearray | memoryview) -> None:
+        self._writing()
         self.calls["set", key] += 1
         await super().set(key, data)
 
     async def set_if_absent(self, key: str, data: bytes | bytearray | memoryview) -> bool:
+        self._writing()
         self.calls["set", key] += 1
         return await super().set_if_absent(key, data)
 
     async def delete(self, key: str) -> None:
+        self._writing()
         self.calls["delete", key] += 1
         await super().delete(key)

@@ -87,8 +87,8 @@ def test_a_restarted_engines_first_save_of_a_stored_conversations_next_turn_read
     again = run(engine.chat(FIRST + [{"role": "assistant", "content": reply.text},
                                      {"role": "user", "content": "and the sky?"}], **GREEDY))
     history = again.usage.cached_tokens  # restored from the store
-    chunk_tokens = engine.pages_per_chunk * engine.page_size
-    history_pages = history // chunk_tokens * engine.pages_per_chunk
-    assert saves and history_pages >= 2 * engine.pages_per_chunk
+    chunk_tokens = engine.config.pages_per_chunk * engine.config.page_size
+    history_pages = history // chunk_tokens * engine.config.pages_per_chunk
+    assert saves and history_pages >= 2 * engine.config.pages_per_chunk
     first = saves[0]
-    assert first.pages_read <= -(-first.seq_length // engine.page_size) - history_pages
+    assert first.pages_read <= -(-first.seq_length // engine.config.page_size) - history_pages

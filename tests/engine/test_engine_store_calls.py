@@ -1,8 +1,10 @@
 """How often a request asks the store (a :class:`CountingStore` counts): before the first token of a stored
-conversation's next turn in a restarted process (its K/V come from the store), the conversation's manifests are
-listed once for the request's view of it and once more for the ownership check under the name's claim, its
-newest manifest is read once (the view's, passed down to the ownership check and the restore), and no
-listing of every chunk or every manifest is made. The prefix index is listed again only at a miss."""
+conversation's next turn in a restarted process (its K/V come from the store), until the turn's first save (which
+commits its messages before the prefill; its commit and retention are not the request's questions), the
+conversation's manifests are listed once for the request's view of it, once for the ownership check under the
+name's claim and once for the save's own check that the newest generation is still its conversation's; each of
+the three reads the newest manifest once, and no listing of every chunk or every manifest is made. The prefix
+index is listed again only at a miss."""
 
 from __future__ import annotations
 
@@ -21,7 +23,7 @@ FIRST = [{"role": "user", "content": "hello there, who are you? tell me about th
 
 async def _next_turn(make_engine, named: bool) -> tuple[str, int, Counter]:
     """A stored conversation's name, newest generation, and the store calls a restarted engine makes for its next
-    turn until the first token (when the streamed reply is handed back)."""
+    turn before it writes anything (its first save, before the prefill and the first token)."""
     store = CountingStore()
     naming = {"conversation": "c"} if named else {}
     reply = await make_engine(store=store).chat(FIRST, **GREEDY, **naming)
@@ -32,19 +34,20 @@ async def _next_turn(make_engine, named: bool) -> tuple[str, int, Counter]:
     stream = await engine.chat(FIRST + [{"role": "assistant", "content": reply.text},
                                         {"role": "user", "content": "and the sky?"}],
                                stream=True, **GREEDY, **naming)
-    calls = store.calls.copy()
+    assert store.before_write is not None  # the turn's messages were committed before its first token
+    calls = store.before_write
     chunks = [chunk async for chunk in stream]
     assert chunks[0].conversation == reply.conversation and chunks[-1].usage.cached_tokens > 0  # from the store
     return reply.conversation, newest, calls
 
 
 @pytest.mark.parametrize("named", [True, False], ids=["named", "unnamed"])
-def test_a_stored_conversations_next_turn_lists_its_manifests_for_one_view_and_reads_the_newest_once(make_engine,
-                                                                                                     named):
+def test_a_stored_conversations_next_turn_lists_its_manifests_for_its_view_and_its_two_ownership_checks_only(
+        make_engine, named):
     name, newest, calls = run(_next_turn(make_engine, named))
-    assert count(calls, "list", f"manifests/{name}/") == 2  # the request's view, the check under the claim
-    assert calls["get", f"manifests/{name}/{newest:020d}"] == 1
-    assert count(calls, "list", "chunks/") == 0 and count(calls, "list", "manifests/") == 2
+    assert count(calls, "list", f"manifests/{name}/") == 3  # the view, the check under the claim, the save's check
+    assert calls["get", f"manifests/{name}/{newest:020d}"] == 3
+    assert count(calls, "list", "chunks/") == 0 and count(calls, "list", "manifests/") == 3
 
 
 @pytest.mark.parametrize("named", [True, False], ids=["named", "unnamed"])
