@@ -235,13 +235,17 @@ async def _copy(src: "Store", dst: "Store", manifest: Manifest, envelope: bytes,
             if progress is not None:
                 progress("sync", done[0], len(refs))
 
+        ordered = list(refs.values())
         try:
             async with dst.batch():  # every chunk durable before the manifest is written
-                await run_bounded((lambda r=r: copy(r) for r in refs.values()), IO_CONCURRENCY)
+                for at in range(0, len(ordered), IO_CONCURRENCY):
+                    await dst.renew_claim(target.name)  # a long copy keeps its lease: nobody takes the name over
+                    await run_bounded((lambda r=r: copy(r) for r in ordered[at:at + IO_CONCURRENCY]), IO_CONCURRENCY)
         except CorruptionError as exc:
             raise CorruptionError(f"{manifest.name}: generation {manifest.generation} in {src.location} is damaged and "
                                   f"was not copied ({exc})") from None
         data = envelope if target is manifest else encode_manifest(target, metadata_is_valid=True)
+        await dst.renew_claim(target.name)  # still this sync's name as it commits
         if not await dst.set_if_absent(target.key, data):
             if await dst.get(target.key, max_bytes=MAX_MANIFEST_BYTES) != data:
                 raise ConflictError(f"{manifest.name}: another writer committed generation {target.generation} of "

@@ -14,11 +14,12 @@ from kvckpt_web.durable.restore import restore
 from kvckpt_web.durable.retention import DEFAULT_KEEP
 from kvckpt_web.durable.save import save
 from kvckpt_web.durable.sync import apart_name, sync
-from kvckpt_web.errors import CorruptionError, FieldError, NotFoundError
+from kvckpt_web.errors import ConflictError, CorruptionError, FieldError, NotFoundError
 from kvckpt_web.stores.file import FileStore
 from kvckpt_web.stores.memory import MemoryStore
 
 from kvmodel import KVModel, run
+from store_suite import Clock
 
 SCOPE = "model-a|layout|kernels"
 
@@ -352,3 +353,33 @@ def test_a_checkpoint_that_saved_no_tokens_continues_only_its_own_history(model)
     run(save(model.cache, 0, src, "chat", pages_per_chunk=2, keep=1))
     run(save(model.cache, 0, src, "chat", pages_per_chunk=2, keep=1))
     assert run(sync(src, dst)).kept_apart == {"chat": kept_copy(src)}
+
+
+def test_a_sync_longer_than_its_lease_renews_it_so_no_other_writer_takes_the_name_over_before_its_commit(model):
+    obstore = pytest.importorskip("obstore")
+    from kvckpt_web.stores.leases import DEFAULT_LEASE_SECONDS
+    from kvckpt_web.stores.objects import ObjectStore
+
+    clock, backing, asked = Clock(), obstore.store.MemoryStore(), []
+
+    class SlowSource(MemoryStore):
+        async def get(self, key: str, *, max_bytes: int | None = None) -> bytes | None:
+            if key.startswith("chunks/"):
+                clock.offset += DEFAULT_LEASE_SECONDS  # each chunk takes a whole lease to read
+            return await super().get(key, max_bytes=max_bytes)
+
+    class Destination(ObjectStore):
+        async def set_if_absent(self, key: str, data: Any) -> bool:
+            if key.startswith("manifests/"):  # as the sync commits, another writer asks for the name
+                try:
+                    async with ObjectStore(backing, clock=clock).claim("chat"):
+                        asked.append("taken")
+                except ConflictError:
+                    asked.append("refused")
+            return await super().set_if_absent(key, data)
+
+    src = SlowSource()
+    model.add(0, 37)
+    saved(model, src)
+    result = run(sync(src, Destination(backing, clock=clock)))
+    assert result.copied == ("manifests/chat/00000000000000000001",) and asked == ["refused"]
