@@ -98,12 +98,13 @@ def devices(playwright_instance, browser_prereqs, tmp_path_factory, server, tiny
 
 def test_a_conversation_pushed_from_one_profile_continues_in_another_with_the_uninterrupted_tokens(devices, server):
     a, b = devices
+    held = set(run_desktop(server[1].list_prefix("chunks/")))  # none, unless a first try of this test pushed them
     first = a.run(f"""
         messages = [{{"role": "user", "content": {LONG!r}}}]
         reply = await engine.chat(messages, {SETTINGS})
         name = reply.conversation
         messages += [{{"role": "assistant", "content": reply.text}}, {{"role": "user", "content": "and then?"}}]
-        chunks, count, moved = await generation(name)
+        chunks, count, moved = await generation(name, {held!r})
         to_remote = remote()
         pushed = await push(engine, name, to_remote)
         result = {{"name": name, "messages": messages, "tokens": reply.usage.prompt_tokens + len(reply.token_ids),
