@@ -6,6 +6,7 @@
 // (commits, failed autosaves, a test hold), and for a streamed reply {stream: id, chunk}, then {stream: id, end: true}
 // or {stream: id, error}, after the answer to the call that opened it. Terminating this worker is a crash: nothing
 // runs on the way out, and the store keeps the last committed checkpoints.
+import { errorFields, errorOf, fieldError } from "./errors.mjs";
 import { boot, guard } from "./kvckpt.mjs";
 import { loadWeights } from "./weights.mjs";
 
@@ -20,22 +21,12 @@ const post = (message) => self.postMessage(message);
 const progress = (fields) => post({ progress: fields });
 const event = (fields) => post({ event: fields });
 
-function describe(e) {
-  const fields = { name: e?.name ?? "Error", message: String(e?.message ?? e) };
-  for (const key of ["field", "expected", "got", "reason"]) if (e && key in e) fields[key] = e[key];
-  return fields;
-}
-
-function failure(name, message, fields = {}) {
-  return Object.assign(new Error(message), { name, ...fields });
-}
-
 async function webgpu() {
   const adapter = "gpu" in navigator ? await navigator.gpu.requestAdapter() : null;
   if (adapter === null) {
-    throw failure("DeviceError", "navigator.gpu: expected a WebGPU adapter, got none (this browser has WebGPU off or " +
-      "unsupported; Chromium headless needs --enable-unsafe-webgpu)",
-      { field: "navigator.gpu", expected: "a WebGPU adapter", got: "none" });
+    throw errorOf({ name: "DeviceError", message: "navigator.gpu: expected a WebGPU adapter, got none (this browser " +
+      "has WebGPU off or unsupported; Chromium headless needs --enable-unsafe-webgpu)",
+      field: "navigator.gpu", expected: "a WebGPU adapter", got: "none" });
   }
 }
 
@@ -61,7 +52,7 @@ async function pump(id, handle) {
     }
     post({ stream: id, end: true });
   } catch (e) {
-    post({ stream: id, error: describe(e) });
+    post({ stream: id, error: errorFields(e) });
   } finally {
     live.delete(id);
     cancelling.get(id)?.();
@@ -138,7 +129,7 @@ const ops = {
 self.onmessage = async ({ data }) => {
   const { id, op, args = [] } = data;
   try {
-    if (!(op in ops)) throw failure("FieldError", `op: expected one of ${Object.keys(ops)}, got ${op}`);
+    if (!(op in ops)) throw fieldError("op", `one of ${Object.keys(ops)}`, op);
     const withId = op === "create" || op === "resume";
     const result = await ops[op](...(withId ? [id, ...args] : args));
     const start = result?.start;
@@ -146,6 +137,6 @@ self.onmessage = async ({ data }) => {
     post({ id, ok: true, result });
     start?.();
   } catch (e) {
-    post({ id, ok: false, error: describe(e) });
+    post({ id, ok: false, error: errorFields(e) });
   }
 };

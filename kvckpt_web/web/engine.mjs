@@ -2,18 +2,9 @@
 // (engine-worker.mjs: Pyodide, the model on WebGPU, an IndexedDB or OPFS store), so the page never blocks, and
 // answers OpenAI-shaped chat completions whose conversations survive a crash. Exported by kvckpt.mjs; see there.
 
+import { errorOf, fieldError } from "./errors.mjs";
+
 const here = new URL(".", import.meta.url);
-
-// An Error as kvckpt.mjs's toError makes them: `name` the kvckpt_web class, `field`, `expected`, `got` for a value.
-function errorOf(fields) {
-  const error = new Error(fields.message);
-  for (const key of ["name", "field", "expected", "got", "reason"]) if (key in fields) error[key] = fields[key];
-  return error;
-}
-
-function fieldError(field, expected, got) {
-  return errorOf({ name: "FieldError", message: `${field}: expected ${expected}, got ${got}`, field, expected, got });
-}
 
 const typeOf = (value) => (value === null ? "null" : Array.isArray(value) ? "array" : typeof value);
 
