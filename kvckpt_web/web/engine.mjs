@@ -111,12 +111,6 @@ export class Engine {
     //  kvckpt_web/engine/config.py), took: {boot, weights, upload, engine, kernels} (ms)}
     this.info = info;
     this.chat = { completions: { create: (body) => this.#create(body) } };
-    // Test hooks: hold every reply's stream once it holds `tokens` tokens (0: before its prefill), until released or
-    // the worker is terminated, so that a test crashes or stops it at the point it chose.
-    this.testing = {
-      holdAfter: (tokens) => this.worker.call("hold", tokens),
-      release: () => this.worker.call("unhold"),
-    };
   }
 
   async #create(body) {

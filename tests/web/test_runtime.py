@@ -4,11 +4,9 @@ and errors cross to JavaScript in one shape."""
 from __future__ import annotations
 
 import asyncio
-from pathlib import Path
 
 import pytest
 
-import kvckpt_web.web
 from kvckpt_web.errors import CheckpointStateError, FieldError
 from kvckpt_web.web.runtime import Runtime, error_fields
 
@@ -55,9 +53,3 @@ def test_an_unknown_store_kind_is_refused_naming_the_kinds():
 def test_an_exception_of_another_kind_crosses_to_javascript_with_its_class_and_message_only():
     exc = UnicodeDecodeError("utf-8", b"\xff", 0, 1, "invalid start byte")  # has a `reason` of its own
     assert error_fields(exc) == {"name": "UnicodeDecodeError", "message": str(exc)}
-
-
-def test_the_browser_modules_describe_an_errors_wire_fields_in_one_module_only():
-    web = Path(kvckpt_web.web.__file__).parent
-    listing = [p.name for p in sorted(web.glob("*.mjs")) if '"reason"' in p.read_text()]
-    assert listing == ["errors.mjs"]
