@@ -1,7 +1,7 @@
 """Harness of the chat page tests: the page of ``examples/chat`` served with a model file the test controls (the tiny
 random llama, another tiny one, the real SmolLM2, or none), and a driver that uses it as a person would.
 
-``window.demo`` (app.mjs) mirrors what the page shows; the driver waits on it and clicks what a person would. A reply
+``window.chatPage.state`` (app.mjs) mirrors what the page shows; the driver waits on it and clicks what a person would. A reply
 is cut where the test chooses: ``hold_after(k)`` holds the engine's worker once the reply holds k tokens (its
 autosaves up to there done: holding.py), and the test then crashes it, kills the browser or reloads -- never after a
 sleep.
@@ -97,7 +97,7 @@ def chat_browser(browser_prereqs, playwright_instance, tmp_path) -> Iterator[CDP
 
 
 class ChatPage:
-    """The chat page in a tab: open it, set its controls, send, stop, crash, read ``window.demo``."""
+    """The chat page in a tab: open it, set its controls, send, stop, crash, read ``window.chatPage.state``."""
 
     def __init__(self, page, url: str) -> None:
         self.page = page
@@ -120,15 +120,16 @@ class ChatPage:
         return self
 
     def wait(self, predicate: str, timeout_ms: int = PHASE_MS) -> None:
-        """Wait for ``predicate`` (a JS function of ``window.demo``) to hold."""
+        """Wait for ``predicate`` (a JS function of ``window.chatPage.state``) to hold."""
         try:
-            self.page.wait_for_function(f"() => ({predicate})(window.demo)", timeout=timeout_ms)
+            self.page.wait_for_function(f"() => window.chatPage && ({predicate})(window.chatPage.state)",
+                                        timeout=timeout_ms)
         except Exception as exc:
             raise AssertionError(f"{predicate} never held: {exc}\nstate: {self.state()}\nconsole:\n"
                                  + "\n".join(self.console[-20:])) from None
 
     def state(self) -> dict[str, Any]:
-        return self.page.evaluate("() => JSON.parse(JSON.stringify(window.demo))")
+        return self.page.evaluate("() => JSON.parse(JSON.stringify(window.chatPage?.state ?? null))")
 
     def open_settings(self) -> None:
         if not self.page.evaluate("document.getElementById('settings').open"):
