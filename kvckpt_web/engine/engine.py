@@ -166,9 +166,6 @@ class Engine:
         restore_begin = time.perf_counter()
         slot, source = await self._place(name, tokens[:n - 1] if cache_prompt else [], n + max_tokens, warnings)
         restore_s = time.perf_counter() - restore_begin if source.record is not None else 0.0
-        if slot.kv_length < source.length:  # the checkpoint holds other tokens now: what was read of it is stale
-            self.sources.forget(source.record.name)
-            source = PrefixSource(0)
         return slot, source, restore_s
 
     async def _start(self, request: ChatRequest, prompt: Prompt, name: str, slot: Slot, kv_length: int,
@@ -205,6 +202,7 @@ class Engine:
                 if source.record is None:
                     raise
                 unusable[(source.record.name, source.record.generation)] = exc
+                self.sources.forget(source.record.name)  # what was read of it may be stale
                 continue
             break
         if unusable:
