@@ -644,6 +644,20 @@ class StoreTests:
         with pytest.raises(ConflictError, match="'chat'"):
             run(second.claim("chat").__aenter__())
 
+    def test_renewals_of_one_claim_at_once_renew_it_once_and_each_succeeds(self, tmp_path: Path) -> None:
+        clock = Clock()
+        holder = self.open_leased(tmp_path, clock)
+
+        async def body() -> None:
+            async with holder.claim("chat"):
+                clock.offset = DEFAULT_LEASE_SECONDS * 0.6  # due: the concurrent writes of one save all ask
+                await asyncio.gather(*(holder.renew_claim("chat") for _ in range(8)))
+                clock.offset = DEFAULT_LEASE_SECONDS * 1.5  # within the lease renewed at 0.6
+                with pytest.raises(ConflictError, match="'chat'"):
+                    await self.open_leased(tmp_path, clock).claim("chat").__aenter__()
+
+        run(body())
+
     # -- model-based -------------------------------------------------------------
 
     # each backend subclass is its own executor of this one inherited test: that is intended
