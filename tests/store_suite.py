@@ -105,6 +105,16 @@ def run(coro: Awaitable[T]) -> T:
     return asyncio.run(coro)  # type: ignore[arg-type]
 
 
+async def try_claim(store: Store, name: str) -> str:
+    """"taken" if another writer could take (and at once release) ``store``'s claim of ``name`` now, else
+    "refused"."""
+    try:
+        async with store.claim(name):
+            return "taken"
+    except ConflictError:
+        return "refused"
+
+
 class Clock:
     """A clock the test moves (``offset`` seconds ahead of the real one): what ages of stored values and leases of
     claims are measured with."""
