@@ -34,7 +34,7 @@ from ..durable.verify import verify
 from ..errors import ConflictError, FieldError, FormatError, KVCkptError, NotFoundError
 from ..gpu.open import open_device
 from ..kv.cache import PagedKVCache
-from ..model.conversation import check_owner, conversation_of
+from ..generation.conversation import check_owner, conversation_of
 from ..stores.base import Store
 from ..stores.file import FileStore
 from ..tvm.metadata import layout_from_metadata, parse_metadata

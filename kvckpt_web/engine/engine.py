@@ -23,11 +23,11 @@ from ..durable.results import Progress, SaveResult
 from ..durable.retention import delete_name
 from ..errors import ConflictError, ContextFullError, FieldError, KVCkptError, NotFoundError, StoreError, is_int
 from ..kv.cache import PagedKVCache
-from ..model.app_state import StopRules
-from ..model.autosave import Autosave
-from ..model.conversation import Conversation
-from ..model.generator import Generator
-from ..model.resume import resume
+from ..generation.app_state import StopRules
+from ..generation.autosave import Autosave
+from ..generation.conversation import Conversation
+from ..generation.generator import Generator
+from ..generation.resume import resume
 from ..model.sampler import MAX_SEED, SamplingSettings
 from ..tvm.layout import CacheLimits
 from .cache_lock import CacheLock

@@ -16,13 +16,13 @@ from typing import TYPE_CHECKING
 from ..durable.restore import restore
 from ..errors import (CapacityError, ConflictError, CorruptionError, FieldError, FormatError, MetadataError,
                       NotFoundError, UnusableCheckpointError)
-from ..model.app_state import parse_app_state
+from ..generation.app_state import parse_app_state
 
 if TYPE_CHECKING:
     from ..durable.container import Manifest
     from ..durable.ledger import Ledger
     from ..kv.cache import PagedKVCache
-    from ..model.generator import Generator
+    from ..generation.generator import Generator
     from ..stores.base import Store
     from .record import ChatRecord
 

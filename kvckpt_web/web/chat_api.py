@@ -31,8 +31,8 @@ from ..engine import PRESETS, ChatRequest, ChatStream, Engine, pull, push
 from ..engine.conversations import describe
 from ..engine.record import ChatRecord
 from ..errors import FieldError, KVCkptError, NotFoundError, is_int
+from ..generation.generator import ResumeReport
 from ..model.caches import new_cache
-from ..model.generator import ResumeReport
 from ..model.gguf import parse_gguf
 from ..model.loader import load_gguf
 from ..model.protocol import LoadedModel
