@@ -163,9 +163,7 @@ class BrowserEngine:
                     bytes=result.bytes_written, ms=result.seconds * 1e3, store=self.store_label)
 
     def _save_failed(self, name: str, exc: Exception) -> None:
-        error = error_fields(exc) if isinstance(exc, KVCkptError) else {"name": type(exc).__name__,
-                                                                        "message": str(exc)}
-        self._event("save_failed", conversation=name, error=error, store=self.store_label)
+        self._event("save_failed", conversation=name, error=error_fields(exc), store=self.store_label)
 
     # ----- replies ------------------------------------------------------------------------------
 

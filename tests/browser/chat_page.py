@@ -3,7 +3,8 @@ random llama, another tiny one, the real SmolLM2, or none), and a driver that us
 
 ``window.demo`` (app.mjs) mirrors what the page shows; the driver waits on it and clicks what a person would. A reply
 is cut where the test chooses: ``hold_after(k)`` holds the engine's worker once the reply holds k tokens (its
-autosaves up to there done), and the test then crashes it, kills the browser or reloads -- never after a sleep.
+autosaves up to there done: holding.py), and the test then crashes it, kills the browser or reloads -- never after a
+sleep.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from typing import Any
 import pytest
 
 from .browser_harness import CDPChromium
+from .holding import HOLD_REPLIES
 
 REPO = Path(__file__).resolve().parents[2]
 CHAT_DIR = REPO / "examples" / "chat"
@@ -103,6 +105,7 @@ class ChatPage:
         self.console: list[str] = []
         page.on("console", lambda msg: self.console.append(f"{msg.type}: {msg.text}"))
         page.on("pageerror", lambda err: self.console.append(f"pageerror: {err}"))
+        page.add_init_script(HOLD_REPLIES)
 
     def open(self, *, store: str = "indexeddb", every: int = 8, fragment: str = "") -> "ChatPage":
         """Load the page with the engine's store and autosave interval (as its settings remember them), and a
@@ -164,14 +167,22 @@ class ChatPage:
         return self.state()
 
     def hold_after(self, tokens: int) -> None:
-        """The next reply holds once it holds ``tokens`` tokens (its autosaves until then done)."""
-        self.page.evaluate("(k) => window.demoHooks.holdAfter(k)", tokens)
+        """The next reply holds once it holds ``tokens`` tokens (its autosaves until then done: holding.py)."""
+        self.page.evaluate("(k) => window.kvckptHold.hold(k)", tokens)
+
+    def wait_held(self, tokens: int = 0) -> None:
+        """Wait until the reply holds and the page shows its ``tokens`` tokens."""
+        self.wait(f"d => window.kvckptHold.held !== null && d.replyIds.length >= {tokens}")
+
+    def release(self) -> None:
+        """Let the held reply go on."""
+        self.page.evaluate("() => window.kvckptHold.release()")
 
     def send_and_hold(self, text: str, tokens: int) -> dict[str, Any]:
         """Send ``text``, and hold the reply once it holds ``tokens`` tokens; the state then."""
         self.hold_after(tokens)
         self.send(text)
-        self.wait(f"d => d.held !== null && d.replyIds.length >= {tokens}")
+        self.wait_held(tokens)
         return self.state()
 
     def crash(self) -> None:
