@@ -103,11 +103,11 @@ const ops = {
     const { bytes, ...kept } = weights;
     return { model: { ...model, url: o.model, bytes: bytes.length }, weights: kept, ...opened, took };
   },
-  async create(id, body) {
-    const { stream } = JSON.parse(await api.create(body));
+  async create(id, body, kind) {
+    const { stream } = JSON.parse(await api.create(body, kind));
     return { stream, start: () => pump(id, stream) };
   },
-  async complete(body) { return JSON.parse(await api.complete(body)); },
+  async complete(body, kind) { return JSON.parse(await api.complete(body, kind)); },
   async resume(id, name, generation, stream) {
     const started = JSON.parse(await api.resume(name, generation ?? undefined, stream));
     return stream ? { restored: started.restored, start: () => pump(id, started.stream) } : started;
