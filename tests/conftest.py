@@ -71,6 +71,16 @@ def tiny_llama_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return write_tiny_llama(tmp_path_factory.mktemp("tiny-llama") / "tiny.gguf")
 
 
+@pytest.fixture(scope="session")
+def tiny_base_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The tiny random llama as a base model: without a chat template, written once per session."""
+    if str(MODEL_TESTS) not in sys.path:
+        sys.path.insert(0, str(MODEL_TESTS))
+    from tiny_llama import write_tiny_llama
+
+    return write_tiny_llama(tmp_path_factory.mktemp("tiny-base") / "tiny-base.gguf", chat_template=None)
+
+
 @pytest.fixture(scope="module")
 def test_model_workers(tiny_llama_path: Path) -> Iterator[None]:
     """Worker processes started by the module's tests import the test models' factories (``lm_double:load``,

@@ -332,7 +332,7 @@ def test_a_reply_is_recognised_by_its_text_and_its_generated_ids_are_reused(make
     class Drifting(DoubleText):
         """Encodes an assistant message's text otherwise than the model wrote it: only the generated ids match."""
 
-        def encode_message(self, role, content, *, max_tokens=None):
+        def encode_message(self, role, content, *, previous=None, max_tokens=None):
             return super().encode_message(role, content[::-1] if role == "assistant" else content, max_tokens=max_tokens)
 
     engine = make_engine(store=MemoryStore(), text=Drifting())
@@ -391,7 +391,7 @@ def test_a_huge_message_is_refused_as_too_long_without_encoding_past_the_context
     class Counting(DoubleText):
         budgets = []
 
-        def encode_message(self, role, content, *, max_tokens=None):
+        def encode_message(self, role, content, *, previous=None, max_tokens=None):
             self.budgets.append(max_tokens)
             return super().encode_message(role, content, max_tokens=max_tokens)
 

@@ -75,9 +75,10 @@ def tiny_tensors(seed: int = 0) -> dict[str, tuple[np.ndarray, Any]]:
 
 def write_tiny_llama(path: Path, seed: int = 0,
                      edit: Callable[[dict[str, tuple[np.ndarray, Any]]], None] | None = None,
-                     metadata: dict[str, Any] | None = None, name: str | None = None) -> Path:
+                     metadata: dict[str, Any] | None = None, name: str | None = None,
+                     chat_template: str | None = TEMPLATE) -> Path:
     """Write the tiny model to ``path``; ``edit`` may change its tensors and ``metadata`` its llama keys first;
-    ``name`` is its ``general.name`` (none by default)."""
+    ``name`` is its ``general.name`` (none by default); ``chat_template`` None writes a base model, without one."""
     tokens, merges = vocabulary()
     tensors = tiny_tensors(seed)
     if edit is not None:
@@ -106,7 +107,8 @@ def write_tiny_llama(path: Path, seed: int = 0,
     w.add_bos_token_id(0)
     w.add_eos_token_id(0)
     w.add_add_bos_token(False)
-    w.add_chat_template(TEMPLATE)
+    if chat_template is not None:
+        w.add_chat_template(chat_template)
     for name, (values, qtype) in tensors.items():
         values = np.asarray(values, np.float32)
         if qtype == F32:
