@@ -12,7 +12,8 @@ from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING
 
 from .chat_template import TURN_END, ChatTemplate
-from .tokenizer import Tokenizer
+from .tokenizer_base import BaseTokenizer
+from .tokenizer_kinds import tokenizer_from_gguf
 
 if TYPE_CHECKING:
     from .gguf import GGUFFile
@@ -21,7 +22,7 @@ if TYPE_CHECKING:
 class ChatCodec:
     """A GGUF model's tokenizer and chat template."""
 
-    def __init__(self, tokenizer: Tokenizer, template: ChatTemplate) -> None:
+    def __init__(self, tokenizer: BaseTokenizer, template: ChatTemplate) -> None:
         self.tokenizer = tokenizer
         self.template = template
         turn_end = tokenizer.encode(TURN_END, add_bos=False)  # a reply ends at the end of its turn
@@ -34,7 +35,7 @@ class ChatCodec:
     def from_gguf(cls, f: "GGUFFile") -> "ChatCodec":
         """The codec stored in GGUF file ``f``; FormatError naming the key if its tokenizer or template is not
         supported."""
-        return cls(Tokenizer.from_gguf(f), ChatTemplate.from_gguf(f))
+        return cls(tokenizer_from_gguf(f), ChatTemplate.from_gguf(f))
 
     def _encode(self, pieces: list[tuple[str, bool]], max_tokens: int | None) -> list[int]:
         return self.tokenizer.encode_pieces(pieces, add_bos=False, max_tokens=max_tokens, field="prompt")
@@ -62,7 +63,7 @@ class ChatCodec:
         """The prompt token ids of ``messages``, ready for the assistant's reply: the template's markers are
         special tokens, the messages' text is encoded as text (a ``<|im_end|>`` typed in a message is not the
         end of its turn). A prompt of more than ``max_tokens`` tokens is refused (FieldError naming ``prompt``)
-        as :meth:`Tokenizer.encode` does."""
+        as :meth:`BaseTokenizer.encode` does."""
         return self.tokenizer.encode_pieces(self.template.render_pieces(messages, add_generation_prompt=True),
                                             max_tokens=max_tokens, field="prompt")
 
