@@ -1,5 +1,5 @@
-// Quantized weight kernels: matrix-vector products (one token an invocation), tiled products (TILE tokens an
-// invocation) and row lookups over Q4_1 / Q8_0 weights in the device layout of layout.wgsl.
+// Quantized weight kernels: matrix-vector products (one token an invocation) and tiled products (TILE tokens an
+// invocation) over Q4_1 / Q8_0 weights in the device layout of layout.wgsl.
 //
 // Specialised by kvckpt_web.specialize with ROWS = 8 (rows an invocation: a tile of 64 rows is one workgroup
 // of 8 invocations, as the layout puts them), TILE (tokens an invocation of the tiled products), SAMPLED (1:
@@ -30,10 +30,7 @@
 // dq the dot products of the block's vec4s in a fixed order (Q4_1: the high nibbles taken as 16 q, their dot
 // products' sum times 1/16, which is exact): the same inputs give the same bits, one token an invocation or
 // TILE.
-// Row lookup (q8_0_rows, the token embedding): bindings 0-1 as above, then
-//   2  storage, read        ids     token ids
-//   3  storage, read_write  out     out[t * blocks * 32 + k] = row ids[t] of the matrix, dequantized
-// one invocation per (token, block, word of 4 weights), on a 2-D grid of 256-invocation workgroups.
+// The products of the other types, and the row lookup of every type, are in quant_types.wgsl, appended to this.
 
 struct Params {
   rows: u32,
@@ -279,23 +276,4 @@ fn q4_1_gated_matmul(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invoca
     u{j}_{k} += q4_1_dot(v{j}, a{k});  // each j < ROWS, k < TILE
   }
   if (wg.y * TILE + {k}u < params.tokens) { store_hidden(r0, t{k}, vec4<f32>(g0_{k}, g1_{k}, g2_{k}, g3_{k}), vec4<f32>(g4_{k}, g5_{k}, g6_{k}, g7_{k}), vec4<f32>(u0_{k}, u1_{k}, u2_{k}, u3_{k}), vec4<f32>(u4_{k}, u5_{k}, u6_{k}, u7_{k})); }  // each k < TILE
-}
-
-@compute @workgroup_size(256)
-fn q8_0_rows(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
-  let i = gid.x + gid.y * nwg.x * 256u;
-  let words = params.blocks * 8u;
-  if (i >= params.tokens * words) {
-    return;
-  }
-  let token = i / words;
-  let word = i % words;
-  let r = ids[token];
-  let tile = r / 64u;
-  let l = (r % 64u) / 8u;
-  let j = r % 8u;
-  let b = word / 8u;
-  let scale = texel(scale_texel(tile, l, b) + 8u * (j / 4u))[j % 4u];
-  let q = texel(first_texel(tile, l, b, (word % 8u) / 4u, 2u) + 8u * j);
-  out[i] = unpack2x16float(scale).x * int8s(q[word % 4u]);
 }
