@@ -7,7 +7,8 @@ new token over its sequence's pages: partial softmax sums over key ranges (``sha
 then their merge in a fixed order (``shaders/model/attention_merge.wgsl``), or where the keys form one range (a
 prefill chunk, a decode step at a short context) one dispatch that writes the finished rows. Prefill chunks and
 decode steps are the same call: a token attends to every earlier token of its sequence and to itself, through its
-page table. The dispatches bind the same buffers every time, so the device keeps their bind groups.
+page table (in a sliding-window layer to the last ``window`` of them: the pages keep every token's K/V, the older
+keys are masked). The dispatches bind the same buffers every time, so the device keeps their bind groups.
 
 How the work is cut (measured on lavapipe, see bench/notes/2026-12-05-model-attention.md): an invocation serves a
 tile of up to ``rows_per_tile`` consecutive tokens of one sequence and every query head of one KV head, so each K/V
@@ -31,8 +32,11 @@ from ..gpu.wgsl import source
 from ..kv.cache import ForwardPass, PagedKVCache
 
 #: Largest head_dim the attention kernel holds in registers (per invocation, ``rows_per_tile * group`` rows of Q
-#: and of the output).
-MAX_HEAD_DIM = 128
+#: and of the output): Gemma 3's 256.
+MAX_HEAD_DIM = 256
+#: Heads wider than this take proportionally fewer rows per invocation than :data:`ROW_HEADS` and
+#: :data:`MAX_ROW_HEADS` (the registers a row takes grow with head_dim, and the kernel's compile time with them).
+WIDE_HEAD_DIM = 128
 #: Bytes of one token's record in the ``tokens`` buffer (vec4<u32>: position, slot, page table offset, unused).
 TOKEN_RECORD_BYTES = 16
 #: Bytes of one tile's record in the ``tiles`` buffer (vec2<u32>: first token, rows).
@@ -93,11 +97,12 @@ class PagedAttention:
             raise FieldError("layout.rope_mode", "'normal' or 'none' (the K/V write applies RoPE itself)",
                              lay.rope_mode)
         group = lay.num_qo_heads // lay.num_kv_heads
-        most_rows = max(1, min(MAX_ROWS_PER_TILE, MAX_ROW_HEADS // group))
-        rows = max(1, min(MAX_ROWS_PER_TILE, ROW_HEADS // group)) if rows_per_tile is None else rows_per_tile
+        wide = max(1, lay.head_dim // WIDE_HEAD_DIM)
+        most_rows = max(1, min(MAX_ROWS_PER_TILE, MAX_ROW_HEADS // wide // group))
+        rows = max(1, min(MAX_ROWS_PER_TILE, ROW_HEADS // wide // group)) if rows_per_tile is None else rows_per_tile
         if isinstance(rows, bool) or not isinstance(rows, int) or not 1 <= rows <= most_rows:
             raise FieldError("rows_per_tile", f"1..{most_rows} (at most {MAX_ROWS_PER_TILE} tokens and "
-                                              f"{MAX_ROW_HEADS} rows of {group} query heads per KV head)",
+                                              f"{MAX_ROW_HEADS // wide} rows of {group} query heads per KV head)",
                              rows_per_tile)
         if keys_per_split is not None and (isinstance(keys_per_split, bool) or not isinstance(keys_per_split, int)
                                            or not 1 <= keys_per_split <= MAX_KEYS_PER_SPLIT):
