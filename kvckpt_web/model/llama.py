@@ -272,11 +272,16 @@ class LlamaModel:
             raise CheckpointStateError(f"{operation}: expected an open model, got a closed one (close() was called)")
 
     def kv_layout(self, page_size: int = 16) -> KVLayout:
-        """Float16 K/V of every layer, RoPE (rope_mode "normal", the file's theta) applied as K is written."""
+        """Float16 K/V of every layer, RoPE (rope_mode "normal", the file's theta) applied as K is written; the
+        sliding-window layers (Gemma 3) marked "mha_sliding" with their window and RoPE base (FORMAT.md section
+        11), every token's K/V kept in them too."""
         c = self.config
+        kinds = tuple("mha_sliding" if c.sliding(i) else "mha" for i in range(c.num_layers))
+        sliding = {"attn_kinds": kinds, "support_layer_sliding_window": True, "sliding_window": c.sliding_window,
+                   "sliding_rotary_theta": c.rope_theta_local} if "mha_sliding" in kinds else {}
         return KVLayout(page_size=page_size, num_layers=c.num_layers, num_qo_heads=c.num_qo_heads,
                         num_kv_heads=c.num_kv_heads, qk_head_dim=c.head_dim, dtype="float16", rope_mode="normal",
-                        rotary_theta=c.rope_theta)
+                        rotary_theta=c.rope_theta, **sliding)
 
     async def forward(self, cache: "PagedKVCache", seq_id: int, tokens: list[int]) -> "GPULogits":
         """Run ``tokens`` after what ``seq_id`` holds, in chunks of the cache's prefill_chunk_size, and return

@@ -11,6 +11,7 @@ bias, norm, window or RoPE factor moves (the last test shows that those this pro
 
 from __future__ import annotations
 
+import asyncio
 import sys
 from dataclasses import replace
 from pathlib import Path
@@ -61,3 +62,36 @@ def test_the_features_under_test_move_the_reference_far_beyond_the_tolerance(tmp
     with_feature = reference_forward(weights, config, PROMPT)[0][-1]
     without_feature = reference_forward(weights, replace(config, **without), PROMPT)[0][-1]
     assert np.abs(with_feature - without_feature).max() > 50 * LOGIT_ATOL
+
+
+def test_a_gemma3_cache_marks_its_sliding_layers_and_its_checkpoint_continues_as_the_uninterrupted_run(device,
+                                                                                                        tmp_path):
+    from kvckpt_web.durable.restore import restore
+    from kvckpt_web.durable.save import save
+    from kvckpt_web.model.caches import new_cache
+    from kvckpt_web.stores.memory import MemoryStore
+
+    path, config, _ = write_tiny_arch(tmp_path / "gemma3.gguf", "gemma3")
+    loaded = load_model(path, device)
+    try:
+        model = loaded.model
+        layout = model.kv_layout(8)
+        assert [kind == "mha_sliding" for kind in layout.attn_kinds] == [
+            config.sliding_window > 0 and i % 6 != 5 for i in range(config.num_layers)]
+        assert (layout.sliding_window, layout.sliding_rotary_theta) == (config.sliding_window, config.rope_theta_local)
+
+        async def body() -> tuple[list[tuple[int, float]], list[tuple[int, float]]]:
+            store, uninterrupted, restored = MemoryStore(), new_cache(model, device, page_size=8), None
+            uninterrupted.add_sequence(0)
+            await model.forward(uninterrupted, 0, PROMPT)  # more tokens than the window
+            await save(uninterrupted, 0, store, "chat")
+            want = await (await model.forward(uninterrupted, 0, [5])).top_k(4)
+            restored = new_cache(model, device, page_size=8)
+            await restore(store, "chat", restored, seq_id=0)
+            got = await (await model.forward(restored, 0, [5])).top_k(4)
+            return got, want
+
+        got, want = asyncio.run(body())
+        assert got == want
+    finally:
+        loaded.model.close()
