@@ -203,8 +203,8 @@ def per_token(device: Device, dispatches: list[Dispatch]) -> list[Dispatch]:
     out = []
     for d in dispatches:
         entry = d.kernel.name.split(".")[-1]
-        if entry.endswith("_matmul") and d.workgroups is not None:
-            single = "q4_1_matvec" if entry == "q4_1_matmul" else "q4_1_gated"
+        if entry.endswith("matmul") and d.workgroups is not None:
+            single = "matvec" if entry == "matmul" else "q4_1_gated"
             count = struct.unpack_from("<I", d.params, 8)[0]  # Params.tokens
             d = replace(d, kernel=kernels.quant_kernel(device, single), workgroups=(d.workgroups[0], count, 1))
         out.append(d)

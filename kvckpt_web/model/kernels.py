@@ -50,13 +50,8 @@ def matvec(device: Device, weight: QuantizedTensor, x: Texture, y: Buffer, token
            accumulate: bool = False) -> list[Dispatch]:
     """``y[t] = W x[t]`` (or ``y[t] += W x[t]`` with ``accumulate``: the residual add) for each of ``tokens``
     rows of ``x``, ``W`` a matrix of any :data:`~kvckpt_web.model.weights.DEVICE_FORMS` type (the tied embedding
-    as the output head). Q4_1 and Q8_0 have products of their own (quant.wgsl), the other types share one that
-    unpacks blocks by type (quant_types.wgsl)."""
+    as the output head)."""
     _check_size("y", y, 4 * tokens * weight.rows)
-    if weight.ggml_type == Q4_1:
-        return _products(device, "q4_1_matvec", (weight,), x, y, tokens, accumulate, "q4_1_matmul")
-    if weight.ggml_type == Q8_0:
-        return _products(device, "q8_0_matvec", (weight,), x, y, tokens, accumulate)
     return _products(device, "matvec", (weight,), x, y, tokens, accumulate, "matmul")
 
 
@@ -162,6 +157,7 @@ def quant_kernel(device: Device, entry: str, ggml_type: int = Q4_1) -> Kernel:
 def _quant_source(rows: int, tile: int, name: str, ggml_type: int) -> str:
     form = DEVICE_FORMS[ggml_type]
     types = {f"IS_{f.name}": int(t == ggml_type) for t, f in DEVICE_FORMS.items()}
+    types["BLOCKED"] = int(ggml_type not in (Q4_1, Q8_0))
     return specialize(source("model", "quant") + source("model", "quant_types"),
                       dict(ROWS=rows, TILE=tile, **FLAVOURS[name], UNIT=form.weights // BLOCK, TEXELS=form.texels,
                            WORDS=form.words, **types))

@@ -57,8 +57,14 @@ DEVICE_FORMS = {t: DeviceForm(name, *form) for t, name, form in (
     (Q6_K, "Q6_K", (256, 210, 13, 1)), (F16, "F16", (32, 64, 4, 0)), (BF16, "BF16", (32, 64, 4, 0)))}
 """The device form of each matrix type, by GGML type id."""
 
-SUPPORTED_TYPES = ", ".join(f"{f.name} ({t})" for t, f in sorted({F32: DeviceForm("F32", 1, 4, 0, 0),
-                                                                    **DEVICE_FORMS}.items()))
+
+
+def _supported_types() -> str:
+    names = {F32: "F32", **{t: f.name for t, f in DEVICE_FORMS.items()}}
+    return ", ".join(f"{names[t]} ({t})" for t in sorted(names))
+
+
+SUPPORTED_TYPES = _supported_types()
 """The ggml types a tensor may have, as refusals name them."""
 
 TILE_ROWS = 64

@@ -1,5 +1,6 @@
 """The quantized products of shaders/model/quant.wgsl (and quant_types.wgsl) against float64 products of the
-dequantized weights, for every weight type: one token (the decode products) and several (the prefill's tiled ones).
+dequantized weights, for every weight type: one token (the decode products) and several (the prefill's tiled ones),
+on random blocks and on matrices of the real Gemma 3 270M file.
 
 Tolerance: the kernels sum K = 32 * blocks terms in f32: per block (per half block) a * dot(q, x) + c * sum(x),
 q the stored integers, a the scale, c the part of a weight that does not scale with q (Q4_1's m, Q4_0's -8 d, a
@@ -14,11 +15,14 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from gguf import GGMLQuantizationType
+from gguf.quants import dequantize
 
 from kvckpt_web.gpu.device import Usage
 from kvckpt_web.model import kernels
 from kvckpt_web.errors import TensorError
-from kvckpt_web.model.weights import DEVICE_FORMS, Q4_1, upload_stacked
+from kvckpt_web.model.gguf import open_gguf
+from kvckpt_web.model.weights import DEVICE_FORMS, Q4_1, Q4_K, Q5_0, Q6_K, Q8_0, upload_stacked
 
 from kernel_io import (activations, floats, offsets, random_blocks, random_matrix, rows, run, run_texture,
                        upload_matrix)
@@ -149,3 +153,16 @@ def test_a_product_over_several_tokens_gives_each_token_the_bits_of_its_own_prod
 
     together = product(x)
     assert all(np.array_equal(together[t], product(x[t:t + 1])[0]) for t in range(tokens))
+
+
+@pytest.mark.parametrize("tokens", [1, 5], ids=["decode", "tiled"])
+@pytest.mark.parametrize("ggml_type", [Q8_0, Q5_0, Q4_K, Q6_K], ids=lambda t: DEVICE_FORMS[t].name)
+def test_a_product_of_a_real_gemma_matrix_matches_the_float64_product(device, gemma_path, ggml_type, tokens):
+    t = next(t for t in open_gguf(gemma_path).tensors.values() if t.type == ggml_type and t.name.startswith("blk."))
+    raw = np.frombuffer(t.data, np.uint8).reshape(t.shape[1], -1)
+    w = dequantize(raw, GGMLQuantizationType(ggml_type)).astype(np.float64)
+    x = np.random.default_rng(ggml_type).standard_normal((tokens, t.shape[0]))
+    y = device.create_buffer(4 * tokens * t.shape[1], Usage.STORAGE | Usage.COPY_SRC, "test.y")
+    weight = upload_matrix(device, raw, ggml_type, t.name)
+    got = floats(run(device, kernels.matvec(device, weight, activations(device, x), y, tokens), y, y.size))
+    assert np.all(np.abs(got.reshape(tokens, -1) - x @ w.T) <= _bound(w, x, offsets(raw, ggml_type))), t.name
