@@ -4,6 +4,7 @@ each way the quantized products are built (``flavour``)."""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -17,6 +18,15 @@ from kvckpt_web.model.caches import new_cache
 def smollm(smollm_path: Path) -> GGUFFile:
     """The SmolLM2 GGUF, mapped and parsed by kvckpt_web's reader."""
     return open_gguf(smollm_path)
+
+
+@pytest.fixture(scope="session")
+def gemma_path() -> Path:
+    """The Gemma 3 270M Q4_K_M GGUF that ``$KVCKPT_GEMMA_GGUF`` names (skip when it names none)."""
+    path = os.environ.get("KVCKPT_GEMMA_GGUF")
+    if not path:
+        pytest.skip("KVCKPT_GEMMA_GGUF does not name the Gemma 3 270M GGUF")
+    return Path(path)
 
 
 @pytest.fixture

@@ -74,11 +74,13 @@ class LayerWeights:
 
 @dataclass
 class Weights:
-    """A whole model: token embedding (also the output head), blocks, final norm."""
+    """A whole model: token embedding (also the output head unless ``head``), blocks, final norm."""
 
     embedding: np.ndarray
     layers: list[LayerWeights]
     output_norm: np.ndarray
+    head: np.ndarray | None = None
+    """The output head where it is not the embedding (``output.weight``)."""
 
 
 #: Per layer, K and V of every token so far: two float64 arrays ``(tokens, num_kv_heads, head_dim)`` holding
@@ -210,7 +212,7 @@ def reference_forward(weights: Weights, config: Config, tokens: list[int] | np.n
         out = ((gelu_tanh if c.activation == "gelu_tanh" else silu)(gate) * up) @ layer.down.T
         x = x + (out if layer.post_ffw_norm is None else rms_norm(out, layer.post_ffw_norm, c.rms_eps))
     x = rms_norm(x, weights.output_norm, c.rms_eps)
-    return x @ weights.embedding.T, kv
+    return x @ (weights.embedding if weights.head is None else weights.head).T, kv
 
 
 def greedy(weights: Weights, config: Config, prompt: list[int], steps: int) -> list[int]:
@@ -266,24 +268,47 @@ def _field(path: Path, key: str):  # type: ignore[no-untyped-def]
     return field.parts[field.data[0]][0]
 
 
+def _has(path: Path, name: str) -> bool:
+    return any(t.name == name for t in gguf_reader(path).tensors)
+
+
 def load_gguf(path: Path, num_layers: int | None = None, *, permuted: bool = False) -> tuple[Weights, Config]:
-    """The dequantized weights (float64) and config of a llama GGUF, its first ``num_layers`` blocks (None: all);
-    q/k rows un-permuted to Hugging Face order unless ``permuted`` (then use ``adjacent_rope``)."""
-    heads = int(_field(path, "llama.attention.head_count"))
-    kv_heads = int(_field(path, "llama.attention.head_count_kv"))
-    hidden = int(_field(path, "llama.embedding_length"))
+    """The dequantized weights (float64) and config of a GGUF of architecture llama, qwen2, qwen3 or gemma3 (as
+    llama.cpp reads them), its first ``num_layers`` blocks (None: all); a llama's q/k rows un-permuted to Hugging
+    Face order unless ``permuted`` (then use ``adjacent_rope``)."""
+    field = gguf_reader(path).fields["general.architecture"]
+    arch = bytes(field.parts[field.data[0]]).decode()
+
+    def key(name: str, default: float | None = None) -> float:
+        if default is not None and f"{arch}.{name}" not in gguf_reader(path).fields:
+            return default
+        return float(_field(path, f"{arch}.{name}"))
+
+    heads, hidden = int(key("attention.head_count")), int(key("embedding_length"))
+    kv_heads = int(key("attention.head_count_kv", heads))
     embedding = gguf_tensor(path, "token_embd.weight")
-    config = Config(num_layers=num_layers or int(_field(path, "llama.block_count")), hidden=hidden,
-                    ffn=int(_field(path, "llama.feed_forward_length")), num_qo_heads=heads, num_kv_heads=kv_heads,
-                    head_dim=hidden // heads, rope_theta=float(_field(path, "llama.rope.freq_base")),
-                    rms_eps=float(_field(path, "llama.attention.layer_norm_rms_epsilon")), vocab=embedding.shape[0])
-    order = (lambda w, n: w) if permuted else gguf_unpermute
+    gemma = arch == "gemma3"
+    factors = tuple(gguf_tensor(path, "rope_freqs.weight")) if _has(path, "rope_freqs.weight") else None
+    config = Config(num_layers=num_layers or int(key("block_count")), hidden=hidden,
+                    ffn=int(key("feed_forward_length")), num_qo_heads=heads, num_kv_heads=kv_heads,
+                    head_dim=int(key("attention.key_length", hidden // heads)),
+                    rope_theta=key("rope.freq_base", 10000.0), rms_eps=key("attention.layer_norm_rms_epsilon"),
+                    vocab=embedding.shape[0], activation="gelu_tanh" if gemma else "silu",
+                    embedding_scale=float(np.sqrt(hidden)) if gemma else 1.0,
+                    sliding_window=int(key("attention.sliding_window")) if gemma else 0,
+                    sliding_pattern=6 if gemma else 0, rope_factors=factors)
+    order = gguf_unpermute if arch == "llama" and not permuted else (lambda w, n: w)
     layers = []
     for i in range(config.num_layers):
-        def blk(name: str) -> np.ndarray:
-            return gguf_tensor(path, f"blk.{i}.{name}.weight")  # noqa: B023 (used at once)
+        def blk(name: str, suffix: str = "weight") -> np.ndarray | None:
+            name = f"blk.{i}.{name}.{suffix}"  # noqa: B023 (used at once)
+            return gguf_tensor(path, name) if _has(path, name) else None
 
-        layers.append(LayerWeights(blk("attn_norm"), order(blk("attn_q"), heads), order(blk("attn_k"), kv_heads),
-                                   blk("attn_v"), blk("attn_output"), blk("ffn_norm"), blk("ffn_gate"), blk("ffn_up"),
-                                   blk("ffn_down")))
-    return Weights(embedding, layers, gguf_tensor(path, "output_norm.weight")), config
+        layers.append(LayerWeights(
+            blk("attn_norm"), order(blk("attn_q"), heads), order(blk("attn_k"), kv_heads), blk("attn_v"),
+            blk("attn_output"), blk("ffn_norm"), blk("ffn_gate"), blk("ffn_up"), blk("ffn_down"),
+            q_bias=blk("attn_q", "bias"), k_bias=blk("attn_k", "bias"), v_bias=blk("attn_v", "bias"),
+            q_norm=blk("attn_q_norm"), k_norm=blk("attn_k_norm"), post_attention_norm=blk("post_attention_norm"),
+            post_ffw_norm=blk("post_ffw_norm")))
+    head = gguf_tensor(path, "output.weight") if _has(path, "output.weight") else None
+    return Weights(embedding, layers, gguf_tensor(path, "output_norm.weight"), head), config

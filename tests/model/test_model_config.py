@@ -5,7 +5,6 @@ naming the GGUF key, the expected and the got value."""
 from __future__ import annotations
 
 import math
-import os
 import sys
 from pathlib import Path
 
@@ -85,15 +84,6 @@ def test_what_the_runner_does_not_implement_is_refused_naming_the_key(tmp_path, 
     path, _, _ = write_tiny_arch(tmp_path / "m.gguf", kind, metadata=metadata)
     with pytest.raises(FormatError, match=message):
         config_of(path)
-
-
-@pytest.fixture(scope="session")
-def gemma_path() -> Path:
-    """The Gemma 3 270M Q4_K_M GGUF named by ``$KVCKPT_GEMMA_GGUF`` (skip when unset)."""
-    path = os.environ.get("KVCKPT_GEMMA_GGUF")
-    if not path:
-        pytest.skip("KVCKPT_GEMMA_GGUF does not name the Gemma 3 270M GGUF")
-    return Path(path)
 
 
 def test_the_real_gemma3_files_configuration(gemma_path):
