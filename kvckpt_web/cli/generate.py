@@ -33,7 +33,7 @@ from ..engine.record import ChatRecord
 from ..errors import ConflictError, FieldError, StoreError
 from ..gpu.open import open_device
 from ..generation.conversation import check_owner
-from ..generation.generator import ResumeReport
+from ..generation.results import ResumeReport
 from ..model.loader import default_model_path, load_model
 from ..model.tokenizer_base import utf8
 from ..durable.locations import is_url, open_location

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from ..generation.generator import ResumeReport
+    from ..generation.results import ResumeReport
 
 __all__ = ["FINISH_REASONS", "ChatChunk", "ChatCompletion", "ChatStream", "Timings", "Usage"]
 

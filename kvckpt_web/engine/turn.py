@@ -5,7 +5,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..generation.generator import Generator, ResumeReport
+from ..generation.generator import Generator
+from ..generation.results import ResumeReport
 from .responses import Timings, Usage
 from .slots import Slot
 

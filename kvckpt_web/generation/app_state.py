@@ -1,5 +1,6 @@
-"""What a generation saves with its K/V: the ``app_state`` of its checkpoints, written by
-:func:`app_state_of` and read back, checked field by field, by :func:`parse_app_state`.
+"""What a generation saves with its K/V: the ``app_state`` of its checkpoints, a :class:`SavedGeneration`
+written by its :meth:`~SavedGeneration.to_json` and read back, checked field by field, by
+:func:`parse_app_state`.
 
 The K/V of a checkpoint never include the last token picked: that token is *pending*. ``kv_length`` says
 how many of the tokens the K/V hold; with the sampler's state after the last pick and the stop rules, that is
@@ -21,8 +22,8 @@ from ..errors import FieldError, FormatError, is_int
 from ..model.sampler import Sampler
 from .conversation import Conversation
 
-__all__ = ["APP_FORMAT", "APP_VERSION", "FINISH_REASONS", "SavedGeneration", "StopRules", "app_state_of",
-           "check_replies", "check_token_ids", "parse_app_state", "resume_limits"]
+__all__ = ["APP_FORMAT", "APP_VERSION", "FINISH_REASONS", "SavedGeneration", "StopRules", "check_replies",
+           "check_token_ids", "parse_app_state", "resume_limits"]
 
 APP_FORMAT = "kvckpt.generation"
 """The ``format`` tag of a generation's ``app_state``."""
@@ -75,44 +76,10 @@ class StopRules:
             raise FormatError(f"{field_name}.{exc.field}", exc.expected, exc.got) from None
 
 
-def app_state_of(model_identity: str, prompt: Sequence[int], generated: Sequence[int], kv_length: int,
-                 prefill_chunk: int, sampler_state: dict[str, Any], stop: StopRules,
-                 finish_reason: str | None, conversation: Conversation | None = None, *, context: int | None = None,
-                 autosave_every: int | None = None, autosave_keep: int | None = None,
-                 replies: Sequence[tuple[int, int]] = (), extra: dict[str, Any] | None = None) -> dict[str, Any]:
-    """The ``app_state`` a generation saves with its K/V.
-
-    ``prompt_tokens + generated_tokens`` are every token so far; the checkpoint's K/V are those of the
-    first ``kv_length`` of them (always fewer than all: the rest are pending); ``sampler`` is the sampler's
-    state after the last pick; ``prefill_chunk`` fixes how the prompt was split into forward calls;
-    ``conversation`` (``{"id", "created_ms"}``, left out if None) is the conversation the reply belongs to.
-    What a resumed run continues with unless told otherwise: ``context`` (the most tokens of prompt and
-    reply), ``autosave_every`` and ``autosave_keep`` (its autosave's interval and generations kept). Each
-    optional key is left out when None; version 1 readers that predate them ignore them, and a checkpoint
-    without them still resumes (a conversation of unknown id, the caller's or default settings).
-    ``replies`` (``[start, end)`` of each earlier reply's generated ids in the prompt: those tokens ran one per
-    forward call) say how earlier turns ran, for a replay; ``extra`` is the caller's own JSON object, kept as it
-    is (both left out when empty).
-    """
-    state = {"format": APP_FORMAT, "version": APP_VERSION, "model": model_identity,
-             "prompt_tokens": list(prompt), "generated_tokens": list(generated), "kv_length": kv_length,
-             "prefill_chunk": prefill_chunk, "sampler": sampler_state, "stop": stop.to_json(),
-             "finish_reason": finish_reason}
-    if conversation is not None:
-        state["conversation"] = conversation.to_json()
-    for key, value in (("context", context), ("autosave_every", autosave_every), ("autosave_keep", autosave_keep)):
-        if value is not None:
-            state[key] = value
-    if replies:
-        state["replies"] = [list(r) for r in replies]
-    if extra:
-        state["extra"] = extra
-    return state
-
-
 @dataclass
 class SavedGeneration:
-    """A generation's ``app_state``, checked (what :func:`parse_app_state` returns)."""
+    """A generation's ``app_state``: what a save of it records (:meth:`to_json`) and what
+    :func:`parse_app_state` reads back, checked."""
 
     model: str
     prompt: list[int]
@@ -129,6 +96,50 @@ class SavedGeneration:
     autosave_keep: int | None = None
     replies: list[tuple[int, int]] = dataclasses.field(default_factory=list)
     extra: dict[str, Any] = dataclasses.field(default_factory=dict)
+
+    def to_json(self) -> dict[str, Any]:
+        """The ``app_state`` a generation saves with its K/V.
+
+        ``prompt_tokens + generated_tokens`` are every token so far; the checkpoint's K/V are those of the
+        first ``kv_length`` of them (always fewer than all: the rest are pending); ``sampler`` is the sampler's
+        state after the last pick; ``prefill_chunk`` fixes how the prompt was split into forward calls;
+        ``conversation`` (``{"id", "created_ms"}``, left out if None) is the conversation the reply belongs to.
+        What a resumed run continues with unless told otherwise: ``context`` (the most tokens of prompt and
+        reply), ``autosave_every`` and ``autosave_keep`` (its autosave's interval and generations kept). Each
+        optional key is left out when None; version 1 readers that predate them ignore them, and a checkpoint
+        without them still resumes (a conversation of unknown id, the caller's or default settings).
+        ``replies`` (``[start, end)`` of each earlier reply's generated ids in the prompt: those tokens ran one per
+        forward call) say how earlier turns ran, for a replay; ``extra`` is the caller's own JSON object, kept as it
+        is (both left out when empty).
+        """
+        state = {"format": APP_FORMAT, "version": APP_VERSION, "model": self.model,
+                 "prompt_tokens": list(self.prompt), "generated_tokens": list(self.generated),
+                 "kv_length": self.kv_length, "prefill_chunk": self.prefill_chunk, "sampler": self.sampler.to_json(),
+                 "stop": self.stop.to_json(), "finish_reason": self.finish_reason}
+        if self.conversation is not None:
+            state["conversation"] = self.conversation.to_json()
+        for key in ("context", "autosave_every", "autosave_keep"):
+            if getattr(self, key) is not None:
+                state[key] = getattr(self, key)
+        if self.replies:
+            state["replies"] = [list(r) for r in self.replies]
+        if self.extra:
+            state["extra"] = self.extra
+        return state
+
+    def call_end(self, position: int, target: int) -> int:
+        """Where the forward call that ran token ``position`` ended, in the run that made these tokens (stopping
+        at ``target``; APP_STATE.md section 2): a reply's generated tokens ran one per call (but its last, which
+        the next turn's prefill ran), every other stretch in prefill chunks aligned to multiples of
+        ``prefill_chunk``."""
+        aligned = (position // self.prefill_chunk + 1) * self.prefill_chunk
+        current = (len(self.prompt), len(self.prompt) + len(self.generated))
+        for start, end in (*self.replies, current):
+            if start <= position < end - 1:
+                return position + 1
+            if position < start:
+                return min(target, start, aligned)
+        return min(target, aligned)
 
 
 def parse_app_state(app_state: Any) -> SavedGeneration:

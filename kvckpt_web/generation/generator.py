@@ -25,7 +25,6 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import AsyncExitStack
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from ..checks import check_callable, check_instance, check_int
@@ -40,15 +39,17 @@ from ..kv.pool import check_seq_id
 from ..model.caches import check_chunk, context_of
 from ..model.protocol import CausalLM, Logits
 from ..model.sampler import Sampler, SamplingSettings, candidate_count
-from .app_state import SavedGeneration, StopRules, app_state_of, check_replies, check_token_ids
+from .app_state import SavedGeneration, StopRules, check_replies, check_token_ids
 from .autosave import DEFAULT_AUTOSAVE_EVERY, Autosave
 from .conversation import Conversation, check_owner
 from .reply_text import ReplyText
+from .results import GenerationResult, ResumeReport, TokenEvent
 
 if TYPE_CHECKING:
     from ..kv.cache import PagedKVCache
 
-__all__ = ["GenerationResult", "Generator", "ResumeReport", "TokenEvent", "check_callbacks", "check_run_options"]
+__all__ = ["Generator", "check_callbacks", "check_run_options"]
+
 
 def check_callbacks(**callbacks: Any) -> None:
     """FieldError naming the first of ``callbacks`` (name=value) that is neither None nor callable."""
@@ -63,48 +64,6 @@ def check_run_options(model: Any, cache: Any, seq_id: Any, autosave: Any) -> Non
     check_seq_id("seq_id", seq_id)
     if autosave is not None:
         check_instance("autosave", autosave, Autosave, "an Autosave or None")
-
-
-@dataclass(frozen=True)
-class TokenEvent:
-    """One generated token as it is produced."""
-
-    token: int
-    index: int
-    """Its index among the generated tokens (0: the first token of the reply)."""
-    text: str
-    """The reply text that became final with this token (text that may still turn into a stop string or an
-    incomplete UTF-8 character waits for later tokens)."""
-
-
-@dataclass(frozen=True)
-class ResumeReport:
-    """How :func:`resume` got its K/V back."""
-
-    name: str
-    generation: int
-    kv_restored: bool
-    """True: the checkpoint's K/V were imported; False: the saved tokens were run through the model again."""
-    reason: str | None
-    """Why the K/V were not used: "model" (another model identity), "layout" (another cache layout),
-    "corrupt" (a chunk damaged or missing), "length" (K/V of another length than app_state says); None if used."""
-    message: str
-    kv_length: int
-    """Tokens whose K/V the cache holds after the resume."""
-    restore_s: float
-    """Seconds spent restoring the K/V (store read, verify, import), failed attempts included."""
-    replay_s: float
-    """Seconds spent running the saved tokens through the model (0 if the K/V were restored)."""
-
-
-@dataclass(frozen=True)
-class GenerationResult:
-    """A finished generation."""
-
-    prompt_tokens: tuple[int, ...]
-    generated_tokens: tuple[int, ...]
-    text: str
-    finish_reason: str
 
 
 class Generator:
@@ -122,24 +81,20 @@ class Generator:
         self.model = model
         self.cache = cache
         self.seq_id = seq_id
-        self.sampler = saved.sampler
         self.autosave = None if autosave is None else dataclasses.replace(
             autosave, every=_first(autosave.every, saved.autosave_every, DEFAULT_AUTOSAVE_EVERY),
             keep=_first(autosave.keep, saved.autosave_keep, DEFAULT_KEEP))
+        self.saved = dataclasses.replace(
+            saved, model=model.identity, prompt=list(saved.prompt), generated=list(saved.generated),
+            context=context_of(model, cache, saved.context), replies=list(saved.replies),
+            autosave_every=None if self.autosave is None else self.autosave.every,
+            autosave_keep=None if self.autosave is None else self.autosave.keep)
+        """The generation as its next save records it (its ``app_state``): the one source of its tokens, K/V
+        length, sampler, stop rules, conversation and settings (the caller's ``saved`` is left as it was)."""
         self.on_token = on_token
         self.on_save = on_save
         self.on_save_error = on_save_error
         self.progress = progress
-        self.stop = saved.stop
-        self.prompt_tokens = list(saved.prompt)
-        self.generated_tokens = list(saved.generated)
-        self.kv_length = saved.kv_length
-        self.prefill_chunk = saved.prefill_chunk
-        self.finish_reason = saved.finish_reason
-        self.conversation = saved.conversation  # None: resumed from a checkpoint that recorded none
-        self.replies = list(saved.replies)
-        self.extra = saved.extra
-        self.context = context_of(model, cache, saved.context)
         self.last_save: SaveResult | None = None
         self.save_error: Exception | None = None
         """Why the last save failed (a StoreError or OSError); None once a save succeeds."""
@@ -148,11 +103,11 @@ class Generator:
         self._failed: BaseException | None = None
         self._held = AsyncExitStack()  # the autosave name's claim
         self._closed = False
-        if self.stop.stop_strings and decode is None:
+        if saved.stop.stop_strings and decode is None:
             raise FieldError("stop_strings", "a decode function to match them against", "none")
-        self._text = ReplyText(decode, self.stop)
-        if self.generated_tokens:
-            self._text.push(self.generated_tokens, self.finish_reason is not None)
+        self._text = ReplyText(decode, saved.stop)
+        if saved.generated:
+            self._text.push(saved.generated, saved.finish_reason is not None)
 
     @classmethod
     async def start(cls, model: CausalLM, cache: "PagedKVCache", prompt: Sequence[int],
@@ -254,9 +209,44 @@ class Generator:
     # ----- state --------------------------------------------------------------------------------
 
     @property
+    def prompt_tokens(self) -> list[int]:
+        """Every token before this reply, earlier turns' included."""
+        return self.saved.prompt
+
+    @property
+    def generated_tokens(self) -> list[int]:
+        """This reply's tokens so far (the last one pending: the K/V do not hold it yet)."""
+        return self.saved.generated
+
+    @property
     def tokens(self) -> list[int]:
         """The prompt and the generated tokens."""
-        return self.prompt_tokens + self.generated_tokens
+        return self.saved.prompt + self.saved.generated
+
+    @property
+    def kv_length(self) -> int:
+        """How many of :attr:`tokens` the sequence's K/V hold."""
+        return self.saved.kv_length
+
+    @property
+    def finish_reason(self) -> str | None:
+        """Why the generation ended ("eos", "stop", "length", "context"); None while it goes on."""
+        return self.saved.finish_reason
+
+    @property
+    def conversation(self) -> Conversation | None:
+        """The conversation the reply belongs to (None: resumed from a checkpoint that recorded none)."""
+        return self.saved.conversation
+
+    @property
+    def replies(self) -> list[tuple[int, int]]:
+        """The ``[start, end)`` spans of earlier replies' generated ids in the prompt."""
+        return self.saved.replies
+
+    @property
+    def extra(self) -> dict[str, Any]:
+        """The caller's JSON object, saved with every checkpoint."""
+        return self.saved.extra
 
     @property
     def text(self) -> str:
@@ -277,12 +267,8 @@ class Generator:
         return None if self.resume_report is None else self.resume_report.generation
 
     def app_state(self) -> dict[str, Any]:
-        """What a save of this generation records now (see :func:`app_state_of`)."""
-        auto = self.autosave
-        return app_state_of(self.model.identity, self.prompt_tokens, self.generated_tokens, self.kv_length,
-                            self.prefill_chunk, self.sampler.to_json(), self.stop, self.finish_reason,
-                            self.conversation, context=self.context, autosave_every=auto.every if auto else None,
-                            autosave_keep=auto.keep if auto else None, replies=self.replies, extra=self.extra)
+        """What a save of this generation records now (see :meth:`SavedGeneration.to_json`)."""
+        return self.saved.to_json()
 
     def result(self) -> GenerationResult:
         """The finished generation; FieldError while it is still running."""
@@ -347,15 +333,15 @@ class Generator:
             if self.cache.closed or self.cache.sequence_state(self.seq_id) != before:
                 self._failed = exc
             raise
-        self.kv_length += len(tokens)
+        self.saved.kv_length += len(tokens)
         return logits
 
     async def _pick(self, logits: Logits) -> int:
         tokens = self.tokens
-        k = candidate_count(self.sampler.settings, tokens, self.model.vocab_size)
+        k = candidate_count(self.saved.sampler.settings, tokens, self.model.vocab_size)
         if k == 0:
             return await logits.argmax()
-        return self.sampler.pick(await logits.top_k(k), tokens)
+        return self.saved.sampler.pick(await logits.top_k(k), tokens)
 
     async def step(self) -> TokenEvent | None:
         """Run the next forward (a prefill chunk or the pending token); the token it produced, if any.
@@ -369,7 +355,7 @@ class Generator:
             return None
         prompt_len = len(self.prompt_tokens)
         if self.kv_length < prompt_len:
-            end = min(prompt_len, (self.kv_length // self.prefill_chunk + 1) * self.prefill_chunk)
+            end = min(prompt_len, (self.kv_length // self.saved.prefill_chunk + 1) * self.saved.prefill_chunk)
             logits = await self._forward(self.prompt_tokens[self.kv_length:end])
             if self.progress is not None:
                 self.progress("prefill", self.kv_length, prompt_len)
@@ -386,7 +372,7 @@ class Generator:
             # every known token and no token follows them, a state no checkpoint may record
             self._failed = exc
             raise
-        self.generated_tokens.append(token)
+        self.saved.generated.append(token)
         event = self._finish_check(token)
         if self.on_token is not None:
             self.on_token(event)
@@ -397,19 +383,12 @@ class Generator:
 
     def _finish_check(self, token: int) -> TokenEvent:
         """Record why the generation ends after ``token``, if it does; the token's event."""
-        index = len(self.generated_tokens) - 1
-        ends = (token in self.stop.eos_ids or len(self.generated_tokens) >= self.stop.max_tokens
-                or self.kv_length >= self.context)
-        text, stopped = self._text.push(self.generated_tokens, ends)
-        if stopped:
-            self.finish_reason = "stop"
-        elif token in self.stop.eos_ids:
-            self.finish_reason = "eos"
-        elif len(self.generated_tokens) >= self.stop.max_tokens:
-            self.finish_reason = "length"
-        elif self.kv_length >= self.context:
-            self.finish_reason = "context"
-        return TokenEvent(token, index, text)
+        saved = self.saved
+        reason = ("eos" if token in saved.stop.eos_ids else "length" if len(saved.generated) >= saved.stop.max_tokens
+                  else "context" if saved.kv_length >= saved.context else None)
+        text, stopped = self._text.push(saved.generated, reason is not None)
+        saved.finish_reason = "stop" if stopped else reason
+        return TokenEvent(token, len(saved.generated) - 1, text)
 
     async def __aiter__(self) -> AsyncIterator[TokenEvent]:
         while self.finish_reason is None:
@@ -423,29 +402,17 @@ class Generator:
             pass
         return self.result()
 
-    def _call_end(self, position: int, target: int) -> int:
-        """Where the forward call that ran token ``position`` ended, in the run that made this sequence (stopping
-        at ``target``): a reply's generated tokens ran one per call (but its last, which the next turn's
-        prefill ran), every other stretch in prefill chunks aligned to multiples of ``prefill_chunk``."""
-        aligned = (position // self.prefill_chunk + 1) * self.prefill_chunk
-        current = (len(self.prompt_tokens), len(self.prompt_tokens) + len(self.generated_tokens))
-        for start, end in (*self.replies, current):
-            if start <= position < end - 1:
-                return position + 1
-            if position < start:
-                return min(target, start, aligned)
-        return min(target, aligned)
-
     async def _replay(self) -> None:
         """Run the first ``kv_length`` tokens into the (empty) sequence in the forward calls the original run
-        made (see :meth:`_call_end`). K/V an earlier turn took from another conversation's prefix were made
-        by that conversation's calls: replayed as a prefill, they may differ in the last bits. Returns once the
-        device has run them (the last forward's logits are read), so the time it took is the replay's own."""
+        made (see :meth:`SavedGeneration.call_end`). K/V an earlier turn took from another conversation's prefix
+        were made by that conversation's calls: replayed as a prefill, they may differ in the last bits. Returns
+        once the device has run them (the last forward's logits are read), so the time it took is the replay's
+        own."""
         target, tokens = self.kv_length, self.tokens
-        self.kv_length = 0
+        self.saved.kv_length = 0
         logits = None
         while self.kv_length < target:
-            logits = await self._forward(tokens[self.kv_length:self._call_end(self.kv_length, target)])
+            logits = await self._forward(tokens[self.kv_length:self.saved.call_end(self.kv_length, target)])
             if self.progress is not None:
                 self.progress("replay", self.kv_length, target)
         if logits is not None:

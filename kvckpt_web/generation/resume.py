@@ -26,7 +26,8 @@ from ..model.protocol import CausalLM
 from ..stores.base import check_store
 from .app_state import SavedGeneration, StopRules, parse_app_state
 from .autosave import Autosave
-from .generator import Generator, ResumeReport, TokenEvent, check_callbacks, check_run_options
+from .generator import Generator, check_callbacks, check_run_options
+from .results import ResumeReport, TokenEvent
 
 if TYPE_CHECKING:
     from ..kv.cache import PagedKVCache

@@ -31,7 +31,7 @@ from ..engine import PRESETS, ChatRequest, ChatStream, CompletionRequest, Engine
 from ..engine.conversations import describe
 from ..engine.record import ChatRecord
 from ..errors import FieldError, KVCkptError, NotFoundError, is_int
-from ..generation.generator import ResumeReport
+from ..generation.results import ResumeReport
 from ..model.caches import new_cache
 from ..model.gguf import parse_gguf
 from ..model.loader import load_gguf

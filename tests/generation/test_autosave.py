@@ -15,7 +15,7 @@ from kvckpt_web.durable.catalog import list_generations
 from kvckpt_web.durable.restore import restore
 from kvckpt_web.durable.retention import gc
 from kvckpt_web.durable.verify import verify
-from kvckpt_web.errors import StoreError
+from kvckpt_web.errors import KVCkptError, StoreError
 from kvckpt_web.generation.app_state import StopRules
 from kvckpt_web.generation.autosave import Autosave
 from kvckpt_web.generation.resume import resume
@@ -23,7 +23,7 @@ from kvckpt_web.stores.memory import MemoryStore
 
 from kvmodel import run
 from lm_double import DoubleLM
-from test_session import PROMPT, TEXT, TOP_P, interrupted, start, uninterrupted
+from runs import PROMPT, TEXT, TOP_P, interrupted, start, uninterrupted
 
 
 class FailingStore(MemoryStore):
@@ -174,3 +174,9 @@ def test_a_context_given_to_resume_lets_a_generation_that_filled_its_context_go_
     model = DoubleLM()
     gen = run(resume(store, "chat", model, make_cache(model), context=model.max_context, decode=TEXT.decode))
     assert run(gen.run()).generated_tokens == want.generated_tokens
+
+
+@pytest.mark.parametrize("kwargs", [dict(name="no/slash"), dict(every=0), dict(keep=0)])
+def test_bad_autosave_options_are_a_kvckpt_error(kwargs):
+    with pytest.raises(KVCkptError):
+        Autosave(MemoryStore(), **{"name": "chat", **kwargs})

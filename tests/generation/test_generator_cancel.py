@@ -18,7 +18,7 @@ from kvckpt_web.stores.memory import MemoryStore
 
 from kvmodel import run
 from lm_double import DoubleLM, DoubleLogits
-from test_session import TEXT, TOP_P, start, uninterrupted
+from runs import TEXT, TOP_P, start, uninterrupted
 
 
 @pytest.fixture

@@ -14,19 +14,19 @@ import pytest
 from kvckpt_web import MemoryStore, list_generations, save
 from kvckpt_web.durable.catalog import load_manifest
 from kvckpt_web.errors import CheckpointStateError, ConflictError, FormatError
-from kvckpt_web.model.sampler import SamplingSettings
 from kvckpt_web.generation.app_state import StopRules
 from kvckpt_web.generation.autosave import Autosave
 from kvckpt_web.generation.conversation import Conversation, conversation_of
 from kvckpt_web.generation.generator import Generator
 from kvckpt_web.generation.resume import resume
+from kvckpt_web.model.sampler import SamplingSettings
 from kvckpt_web.stores.file import FileStore
 from kvckpt_web.stores.http import HTTPStore
 
 from counting_store import CountingStore, count
 from kvmodel import run
-from store_suite import LEASE_RUN_OUT, Clock
 from lm_double import DoubleLM, DoubleText
+from store_suite import LEASE_RUN_OUT, Clock
 
 TEXT = DoubleText()
 PROMPT = TEXT.encode_chat([{"role": "user", "content": "tell me about the sea, please."}])

@@ -9,27 +9,30 @@ from __future__ import annotations
 
 import asyncio
 import os
+import sys
 import tempfile
 from pathlib import Path
 
 import pytest
 
-from kvckpt_web.cli.main import main
 from kvckpt_web.cli import generate
+from kvckpt_web.cli.main import main
 from kvckpt_web.durable import locations
 from kvckpt_web.durable.catalog import list_generations
 from kvckpt_web.engine import PRESETS, Engine
 from kvckpt_web.errors import StoreError
+from kvckpt_web.generation.app_state import StopRules
+from kvckpt_web.generation.generator import Generator
 from kvckpt_web.model import loader
+from kvckpt_web.model.caches import new_cache
 from kvckpt_web.model.protocol import LoadedModel
 from kvckpt_web.model.sampler import SamplingSettings
-from kvckpt_web.generation.app_state import StopRules
-from kvckpt_web.model.caches import new_cache
-from kvckpt_web.generation.generator import Generator
 from kvckpt_web.stores.file import FileStore
 
 from kvmodel import run
-from lm_double import DoubleLM, DoubleLogits, DoubleText
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "model"))
+from lm_double import DoubleLM, DoubleLogits, DoubleText  # noqa: E402
 
 PROMPT = "tell me about the sea."
 
