@@ -16,11 +16,11 @@
   restore and the first token add less than 20% to the start before them;
 * the floor of a decode step (``--only floor``, the real model, not in the default run): the Q4_1 products of a
   decode step and the Q8_0 head against every texel of the same weights fetched with nothing computed, as
-  ``bench/model_kernels.py`` measures it on desktop, alternating.
+  :mod:`.model_kernels` measures it on desktop, alternating.
 
 Run from the repository root:
-``.venv/bin/python -m bench.browser [--only kv|model|reload|floor] [--repeats N] [--context N]``
-(it shares the page harness of the browser tests, ``tests/browser/browser_harness.py``).
+``.venv/bin/python -m kvckpt_web.bench.browser [--only kv|model|reload|floor] [--repeats N] [--context N]``
+(its Chromium and pages, :mod:`.chromium` and :mod:`.pages`, are the browser tests' too).
 """
 
 from __future__ import annotations
@@ -33,14 +33,14 @@ import sys
 import tempfile
 from pathlib import Path
 
-from kvckpt_web.cli.bench_generate import TEXT
-from kvckpt_web.errors import ModelUnavailableError
-from kvckpt_web.model.loader import default_model_path
+from ..errors import ModelUnavailableError
+from ..model.loader import default_model_path
+from .chromium import REPO, CDPChromium, build_wheel, find_chromium, headless_context, pyodide_dir, wheels_dir
+from .generate import TEXT
+from .model_kernels import fetch_only_source
+from .pages import ChatPage, PyPage
 
-from bench.model_kernels import fetch_only_source
-from tests.browser import browser_harness as harness
-
-CHAT_PAGE = Path(__file__).resolve().parents[1] / "examples" / "chat"
+CHAT_PAGE = REPO / "examples" / "chat"
 
 BENCH = """
 import random, js, statistics
@@ -331,11 +331,9 @@ def reload_rows(chromium: str, url: str, profile: Path, repeats: int) -> list[di
     then the page reloaded); the first load, which downloads the weights, is not one of them."""
     from playwright.sync_api import sync_playwright
 
-    from tests.browser.chat_page import ChatPage
-
     rows = []
     with sync_playwright() as pw:
-        browser = harness.CDPChromium(chromium, profile, pw)
+        browser = CDPChromium(chromium, profile, pw)
         try:
             page = ChatPage(browser.context.new_page(), url).open(every=HELD_AT)
             page.configure(max_tokens=64)
@@ -365,9 +363,9 @@ def main() -> int:
         if value < least:
             parser.error(f"{flag}: expected an integer >= {least}, got {value}")
     parts = [args.only] if args.only else ["kv", "model", "reload"]
-    from kvckpt_web.server.run import serve_in_thread
+    from ..server.run import serve_in_thread
 
-    chromium = harness.find_chromium()
+    chromium = find_chromium()
     if chromium is None:
         print("no chromium", file=sys.stderr)
         return 1
@@ -384,10 +382,10 @@ def main() -> int:
     reload_out = None
     loads = [os.getloadavg()[0]]
     with tempfile.TemporaryDirectory() as tmp:
-        harness.build_wheel(Path(tmp) / "wheel")
-        wheels = [Path(tmp) / "wheel", harness.wheels_dir()]
+        build_wheel(Path(tmp) / "wheel")
+        wheels = [Path(tmp) / "wheel", wheels_dir()]
         if "reload" in parts:
-            server, url = serve_in_thread(harness.pyodide_dir(), wheels, port=0, model=model, page_dir=CHAT_PAGE)
+            server, url = serve_in_thread(pyodide_dir(), wheels, port=0, model=model, page_dir=CHAT_PAGE)
             try:
                 reload_out = reload_rows(chromium, url, Path(tmp) / "reload-profile", args.repeats)
             finally:
@@ -413,19 +411,18 @@ def page_rows(chromium: str, wheels: list[Path], model: Path | None, parts: list
     """The kv, model and floor rows of ``parts``, run in one page that boots Pyodide and kvckpt_web."""
     from playwright.sync_api import sync_playwright
 
-    from kvckpt_web.server.run import serve_in_thread
+    from ..server.run import serve_in_thread
 
     placeholders = {"REPEATS": str(args.repeats), "CONTEXT_TOKENS": str(args.context),
                     "DECODE_TOKENS": str(args.decode), "BENCH_TEXT": repr(TEXT),
                     "FETCH_SOURCE": repr(fetch_only_source(sampled=True))}
     codes = {"kv": BENCH, "model": MODEL_BENCH, "floor": FLOOR_BENCH}
     rows = {}
-    server, url = serve_in_thread(harness.pyodide_dir(), wheels, port=0, model=model)
+    server, url = serve_in_thread(pyodide_dir(), wheels, port=0, model=model)
     try:
         with sync_playwright() as pw:
-            ctx = pw.chromium.launch_persistent_context(str(profile), executable_path=chromium, headless=True,
-                                                        args=harness.CHROMIUM_FLAGS)
-            page = harness.PyPage(ctx.new_page(), url).boot()
+            ctx = headless_context(pw, chromium, profile)
+            page = PyPage(ctx.new_page(), url).boot()
             for part in parts:
                 code = codes[part]
                 for name, value in placeholders.items():
