@@ -174,13 +174,13 @@ from kvckpt_web.gpu.browser import BrowserDevice
 from kvckpt_web.gpu.device import Copy, Usage
 from kvckpt_web.durable.ledger import Ledger
 from kvckpt_web.durable.save import save
+from kvckpt_web.generation.app_state import StopRules
+from kvckpt_web.generation.generator import Generator
+from kvckpt_web.generation.resume import resume
+from kvckpt_web.model.caches import new_cache
 from kvckpt_web.model.gguf import parse_gguf
 from kvckpt_web.model.loader import load_gguf
 from kvckpt_web.model.sampler import SamplingSettings
-from kvckpt_web.model.app_state import StopRules
-from kvckpt_web.model.caches import new_cache
-from kvckpt_web.model.generator import Generator
-from kvckpt_web.model.resume import resume
 from kvckpt_web.stores.indexeddb import IndexedDBStore
 from kvckpt_web.stores.opfs import OPFSStore
 

@@ -4,7 +4,7 @@ kvckpt_web in Pyodide (:class:`PyPage`), and the chat page of ``examples/chat`` 
 
 ``window.demo`` (the chat page's app.mjs) mirrors what the chat page shows; the driver waits on it and clicks what a
 person would. A reply is cut where the caller chooses: ``hold_after(k)`` holds the engine's worker once the reply
-holds k tokens (its autosaves up to there done) -- never after a sleep.
+holds k tokens (its autosaves up to there done; :mod:`.holding`) -- never after a sleep.
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ import textwrap
 from typing import Any
 
 from .chromium import BOOT_TIMEOUT_MS
+from .holding import HOLD_REPLIES
 
 PHASE_MS = int(os.environ.get("KVCKPT_PHASE_MS", 240_000))
 """How long the chat page may take to reach a state it is waited for (``KVCKPT_PHASE_MS``)."""
@@ -66,12 +67,14 @@ class PyPage:
 
 
 class ChatPage:
-    """The chat page in a tab: open it, set its reply's settings, send, hold a reply, read ``window.demo``."""
+    """The chat page in a tab: open it, set its reply's settings, send, hold a reply and release it, read
+    ``window.demo``."""
 
     def __init__(self, page: Any, url: str) -> None:
         self.page = page
         self.url = url
         self.console = console_of(page)
+        page.add_init_script(HOLD_REPLIES)
 
     def open(self, *, store: str = "indexeddb", every: int = 8, fragment: str = "") -> "ChatPage":
         """Load the page with the engine's store and autosave interval (as its settings remember them), and a
@@ -119,12 +122,20 @@ class ChatPage:
         self.page.press("#prompt", "Enter")
 
     def hold_after(self, tokens: int) -> None:
-        """The next reply holds once it holds ``tokens`` tokens (its autosaves until then done)."""
-        self.page.evaluate("(k) => window.demoHooks.holdAfter(k)", tokens)
+        """The next reply holds once it holds ``tokens`` tokens (its autosaves until then done: holding.py)."""
+        self.page.evaluate("(k) => window.kvckptHold.hold(k)", tokens)
+
+    def wait_held(self, tokens: int = 0) -> None:
+        """Wait until the reply holds and the page shows its ``tokens`` tokens."""
+        self.wait(f"d => window.kvckptHold.held !== null && d.replyIds.length >= {tokens}")
+
+    def release(self) -> None:
+        """Let the held reply go on."""
+        self.page.evaluate("() => window.kvckptHold.release()")
 
     def send_and_hold(self, text: str, tokens: int) -> dict[str, Any]:
         """Send ``text``, and hold the reply once it holds ``tokens`` tokens; the state then."""
         self.hold_after(tokens)
         self.send(text)
-        self.wait(f"d => d.held !== null && d.replyIds.length >= {tokens}")
+        self.wait_held(tokens)
         return self.state()

@@ -30,8 +30,8 @@ from ..engine import ChatChunk, ChatRequest, Engine
 from ..engine.record import ChatRecord
 from ..errors import ConflictError, FieldError, StoreError
 from ..gpu.open import open_device
-from ..model.conversation import check_owner
-from ..model.generator import ResumeReport
+from ..generation.conversation import check_owner
+from ..generation.generator import ResumeReport
 from ..model.loader import default_model_path, load_model
 from ..model.tokenizer import utf8
 from ..durable.locations import is_url, open_location

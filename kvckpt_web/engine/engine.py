@@ -23,11 +23,11 @@ from ..durable.results import Progress, SaveResult
 from ..durable.retention import delete_name
 from ..errors import ConflictError, ContextFullError, FieldError, KVCkptError, NotFoundError, StoreError, is_int
 from ..kv.cache import PagedKVCache
-from ..model.app_state import StopRules
-from ..model.autosave import Autosave
-from ..model.conversation import Conversation
-from ..model.generator import Generator
-from ..model.resume import resume
+from ..generation.app_state import StopRules
+from ..generation.autosave import Autosave
+from ..generation.conversation import Conversation
+from ..generation.generator import Generator
+from ..generation.resume import resume
 from ..model.sampler import MAX_SEED, SamplingSettings
 from ..tvm.layout import CacheLimits
 from .cache_lock import CacheLock
@@ -166,9 +166,6 @@ class Engine:
         restore_begin = time.perf_counter()
         slot, source = await self._place(name, tokens[:n - 1] if cache_prompt else [], n + max_tokens, warnings)
         restore_s = time.perf_counter() - restore_begin if source.record is not None else 0.0
-        if slot.kv_length < source.length:  # the checkpoint holds other tokens now: what was read of it is stale
-            self.sources.forget(source.record.name)
-            source = PrefixSource(0)
         return slot, source, restore_s
 
     async def _start(self, request: ChatRequest, prompt: Prompt, name: str, slot: Slot, kv_length: int,
@@ -205,6 +202,7 @@ class Engine:
                 if source.record is None:
                     raise
                 unusable[(source.record.name, source.record.generation)] = exc
+                self.sources.forget(source.record.name)  # what was read of it may be stale
                 continue
             break
         if unusable:

@@ -1,7 +1,7 @@
 """What a conversation's checkpoint says about it: the engine's part of a generation's ``app_state``.
 
 A conversation is a checkpoint name. Each of its generations is a generation's ``app_state``
-(:mod:`kvckpt_web.model.app_state`: every token id, the K/V length, the reply being written, its sampler state
+(:mod:`kvckpt_web.generation.app_state`: every token id, the K/V length, the reply being written, its sampler state
 and stop rules, the ``replies`` spans of the earlier ones) whose ``extra`` object the engine fills with
 :class:`ChatExtra`: the request's messages and settings and the completion's id. :class:`ChatRecord` is one
 generation read back, with everything the engine needs to continue it, list it or show its history.
@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..errors import FieldError, FormatError
-from ..model.app_state import SavedGeneration, parse_app_state
+from ..generation.app_state import SavedGeneration, parse_app_state
 from .request import ChatRequest, Message, check_messages
 
 __all__ = ["EXTRA_FORMAT", "ChatExtra", "ChatRecord", "title_of"]

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from ..model.generator import ResumeReport
+    from ..generation.generator import ResumeReport
 
 __all__ = ["FINISH_REASONS", "ChatChunk", "ChatCompletion", "ChatStream", "Timings", "Usage"]
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..model.generator import Generator, ResumeReport
+from ..generation.generator import Generator, ResumeReport
 from .responses import Timings, Usage
 from .slots import Slot
 

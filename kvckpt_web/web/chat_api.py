@@ -31,8 +31,8 @@ from ..engine import PRESETS, ChatRequest, ChatStream, Engine, pull, push
 from ..engine.conversations import describe
 from ..engine.record import ChatRecord
 from ..errors import FieldError, KVCkptError, NotFoundError, is_int
+from ..generation.generator import ResumeReport
 from ..model.caches import new_cache
-from ..model.generator import ResumeReport
 from ..model.gguf import parse_gguf
 from ..model.loader import load_gguf
 from ..model.protocol import LoadedModel
@@ -163,9 +163,7 @@ class BrowserEngine:
                     bytes=result.bytes_written, ms=result.seconds * 1e3, store=self.store_label)
 
     def _save_failed(self, name: str, exc: Exception) -> None:
-        error = error_fields(exc) if isinstance(exc, KVCkptError) else {"name": type(exc).__name__,
-                                                                        "message": str(exc)}
-        self._event("save_failed", conversation=name, error=error, store=self.store_label)
+        self._event("save_failed", conversation=name, error=error_fields(exc), store=self.store_label)
 
     # ----- replies ------------------------------------------------------------------------------
 

@@ -2,18 +2,9 @@
 // (engine-worker.mjs: Pyodide, the model on WebGPU, an IndexedDB or OPFS store), so the page never blocks, and
 // answers OpenAI-shaped chat completions whose conversations survive a crash. Exported by kvckpt.mjs; see there.
 
+import { errorOf, fieldError } from "./errors.mjs";
+
 const here = new URL(".", import.meta.url);
-
-// An Error as kvckpt.mjs's toError makes them: `name` the kvckpt_web class, `field`, `expected`, `got` for a value.
-function errorOf(fields) {
-  const error = new Error(fields.message);
-  for (const key of ["name", "field", "expected", "got", "reason"]) if (key in fields) error[key] = fields[key];
-  return error;
-}
-
-function fieldError(field, expected, got) {
-  return errorOf({ name: "FieldError", message: `${field}: expected ${expected}, got ${got}`, field, expected, got });
-}
 
 const typeOf = (value) => (value === null ? "null" : Array.isArray(value) ? "array" : typeof value);
 
@@ -120,12 +111,6 @@ export class Engine {
     //  kvckpt_web/engine/config.py), took: {boot, weights, upload, engine, kernels} (ms)}
     this.info = info;
     this.chat = { completions: { create: (body) => this.#create(body) } };
-    // Test hooks: hold every reply's stream once it holds `tokens` tokens (0: before its prefill), until released or
-    // the worker is terminated, so that a test crashes or stops it at the point it chose.
-    this.testing = {
-      holdAfter: (tokens) => this.worker.call("hold", tokens),
-      release: () => this.worker.call("unhold"),
-    };
   }
 
   async #create(body) {

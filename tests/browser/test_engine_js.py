@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import pytest
 
+from kvckpt_web.bench.holding import HOLD_REPLIES
+
 from .browser_harness import BOOT_TIMEOUT_MS, CDPChromium
 
 BLANK = "<!doctype html><meta charset='utf-8'><title>engine</title>"
@@ -47,6 +49,7 @@ class JsPage:
         self.requests: list[tuple[str, str]] = []
         chromium.context.on("request", lambda r: self.requests.append((r.method, r.url.split("/")[-1])))
         self.page = chromium.context.new_page()
+        self.page.add_init_script(HOLD_REPLIES)
         self.page.route(url + "blank.html", lambda route: route.fulfill(content_type="text/html", body=BLANK))
         self.load()
 
@@ -128,7 +131,7 @@ def test_a_reply_cut_by_the_workers_end_is_resumed_by_a_new_engine_to_the_uninte
     got = js_page.run("""
         await start();
         const want = ids(await ask("tell me about the sea."));
-        await engine.testing.holdAfter(9);
+        kvckptHold.hold(9);
         const stream = await engine.chat.completions.create({ stream: true, temperature: 0, max_tokens: 16,
           messages: [{ role: "user", content: "tell me about the sea!" }] });
         const seen = await chunksOf(stream, 9);

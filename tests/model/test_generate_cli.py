@@ -23,9 +23,9 @@ from kvckpt_web.errors import StoreError
 from kvckpt_web.model import loader
 from kvckpt_web.model.protocol import LoadedModel
 from kvckpt_web.model.sampler import SamplingSettings
-from kvckpt_web.model.app_state import StopRules
+from kvckpt_web.generation.app_state import StopRules
 from kvckpt_web.model.caches import new_cache
-from kvckpt_web.model.generator import Generator
+from kvckpt_web.generation.generator import Generator
 from kvckpt_web.stores.file import FileStore
 
 from kvmodel import run

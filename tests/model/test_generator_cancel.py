@@ -12,8 +12,8 @@ import asyncio
 import pytest
 
 from kvckpt_web.errors import CheckpointStateError
-from kvckpt_web.model.autosave import Autosave
-from kvckpt_web.model.resume import resume
+from kvckpt_web.generation.autosave import Autosave
+from kvckpt_web.generation.resume import resume
 from kvckpt_web.stores.memory import MemoryStore
 
 from kvmodel import run

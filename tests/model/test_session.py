@@ -15,12 +15,12 @@ import pytest
 from kvckpt_web.errors import (CheckpointStateError, FieldError, FormatError, KVCkptError, NotFoundError, SequenceError,
                                UnusableCheckpointError)
 from kvckpt_web.model.sampler import Sampler, SamplingSettings
-from kvckpt_web.model.app_state import APP_FORMAT, APP_VERSION, StopRules
-from kvckpt_web.model.autosave import Autosave
+from kvckpt_web.generation.app_state import APP_FORMAT, APP_VERSION, StopRules
+from kvckpt_web.generation.autosave import Autosave
 from kvckpt_web.model.caches import new_cache
-from kvckpt_web.model.generator import Generator
+from kvckpt_web.generation.generator import Generator
 from kvckpt_web.model.sampler import candidate_count
-from kvckpt_web.model.resume import resume
+from kvckpt_web.generation.resume import resume
 from kvckpt_web import Ledger, MemoryStore, list_generations, save
 from kvckpt_web.durable.catalog import load_manifest
 

@@ -16,9 +16,9 @@ from kvckpt_web.durable.restore import restore
 from kvckpt_web.durable.retention import gc
 from kvckpt_web.durable.verify import verify
 from kvckpt_web.errors import StoreError
-from kvckpt_web.model.app_state import StopRules
-from kvckpt_web.model.autosave import Autosave
-from kvckpt_web.model.resume import resume
+from kvckpt_web.generation.app_state import StopRules
+from kvckpt_web.generation.autosave import Autosave
+from kvckpt_web.generation.resume import resume
 from kvckpt_web.stores.memory import MemoryStore
 
 from kvmodel import run

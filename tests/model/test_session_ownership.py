@@ -15,11 +15,11 @@ from kvckpt_web import MemoryStore, list_generations, save
 from kvckpt_web.durable.catalog import load_manifest
 from kvckpt_web.errors import CheckpointStateError, ConflictError, FormatError
 from kvckpt_web.model.sampler import SamplingSettings
-from kvckpt_web.model.app_state import StopRules
-from kvckpt_web.model.autosave import Autosave
-from kvckpt_web.model.conversation import Conversation, conversation_of
-from kvckpt_web.model.generator import Generator
-from kvckpt_web.model.resume import resume
+from kvckpt_web.generation.app_state import StopRules
+from kvckpt_web.generation.autosave import Autosave
+from kvckpt_web.generation.conversation import Conversation, conversation_of
+from kvckpt_web.generation.generator import Generator
+from kvckpt_web.generation.resume import resume
 from kvckpt_web.stores.file import FileStore
 from kvckpt_web.stores.http import HTTPStore
 

@@ -4,13 +4,13 @@ A :class:`Generator` runs a :class:`~kvckpt_web.model.protocol.CausalLM` over a 
 a time, picking each next token with a :class:`~kvckpt_web.model.sampler.Sampler`, until an end-of-sequence
 id, a stop string, the token limit or the context ends it. Every ``Autosave.every`` tokens, at the end of the
 prefill and when it finishes, it saves the sequence with :func:`kvckpt_web.durable.save.save`; the
-checkpoint's ``app_state`` (:mod:`~kvckpt_web.model.app_state`) holds what a resumed run needs
-(:mod:`~kvckpt_web.model.resume`). A save that fails in the store (a full disk, the store's lock not had in
+checkpoint's ``app_state`` (:mod:`~kvckpt_web.generation.app_state`) holds what a resumed run needs
+(:mod:`~kvckpt_web.generation.resume`). A save that fails in the store (a full disk, the store's lock not had in
 time) does not end the generation: it is reported, the last committed checkpoint stays, and the next save
 tries again.
 
 A generator that autosaves holds its name's :meth:`~kvckpt_web.stores.base.Store.claim` from
-:meth:`Generator.start` or :func:`~kvckpt_web.model.resume.resume` until :meth:`Generator.close`: a second
+:meth:`Generator.start` or :func:`~kvckpt_web.generation.resume.resume` until :meth:`Generator.close`: a second
 writer of the name is refused while it runs, and :meth:`Generator.start` refuses a name that holds another
 conversation, so no reply's retention drops another's generations.
 
@@ -37,13 +37,13 @@ from ..durable.save import save
 from ..errors import CheckpointStateError, FieldError, StoreError
 from ..kv.cache import check_cache
 from ..kv.pool import check_seq_id
+from ..model.caches import check_chunk, context_of
+from ..model.protocol import CausalLM, Logits
+from ..model.sampler import Sampler, SamplingSettings, candidate_count
 from .app_state import SavedGeneration, StopRules, app_state_of, check_replies, check_token_ids
 from .autosave import DEFAULT_AUTOSAVE_EVERY, Autosave
-from .caches import check_chunk, context_of
 from .conversation import Conversation, check_owner
-from .protocol import CausalLM, Logits
 from .reply_text import ReplyText
-from .sampler import Sampler, SamplingSettings, candidate_count
 
 if TYPE_CHECKING:
     from ..kv.cache import PagedKVCache
@@ -111,7 +111,7 @@ class Generator:
     """One sequence being generated; iterate it (``async for``) for :class:`TokenEvent` as tokens come.
 
     Build one with :meth:`start` (a new prompt, or the next turn of a sequence) or
-    :func:`~kvckpt_web.model.resume.resume` (a checkpoint), and :meth:`close` it (or use it as ``async with``)
+    :func:`~kvckpt_web.generation.resume.resume` (a checkpoint), and :meth:`close` it (or use it as ``async with``)
     to release its autosave name.
     """
 

@@ -6,7 +6,7 @@ how many of the tokens the K/V hold; with the sampler's state after the last pic
 everything a resumed run needs to take exactly the step an uninterrupted run takes next. ``prefill_chunk``
 and ``replies`` say how the tokens were split into forward calls, so a replay of them (when the K/V cannot
 be used) runs the same calls; ``conversation`` names the conversation the reply belongs to
-(:mod:`~kvckpt_web.model.conversation`); ``extra`` is the caller's own JSON object.
+(:mod:`~kvckpt_web.generation.conversation`); ``extra`` is the caller's own JSON object.
 """
 
 from __future__ import annotations
@@ -18,8 +18,8 @@ from typing import Any
 
 from ..checks import check_each, check_int, type_name
 from ..errors import FieldError, FormatError, is_int
+from ..model.sampler import Sampler
 from .conversation import Conversation
-from .sampler import Sampler
 
 __all__ = ["APP_FORMAT", "APP_VERSION", "FINISH_REASONS", "SavedGeneration", "StopRules", "app_state_of",
            "check_replies", "check_token_ids", "parse_app_state", "resume_limits"]

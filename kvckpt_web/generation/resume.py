@@ -1,7 +1,7 @@
 """Resuming a generation from its checkpoint with the tokens an uninterrupted run gives.
 
 :func:`resume` reads the newest checkpoint of a name (or a given generation), imports its K/V if they fit the
-model and the cache, and returns a :class:`~kvckpt_web.model.generator.Generator` that takes exactly the step
+model and the cache, and returns a :class:`~kvckpt_web.generation.generator.Generator` that takes exactly the step
 an uninterrupted run takes next. If the K/V cannot be used (another model, another layout, damaged or missing
 chunks), it says why and runs the saved tokens through the model again, in the same forward calls as the
 original run, so the K/V and the continuation are the same either way.
@@ -21,12 +21,12 @@ from ..durable.restore import restore
 from ..durable.results import Progress, SaveResult
 from ..errors import (CorruptionError, FieldError, FormatError, MetadataError, SequenceError,
                       UnusableCheckpointError)
+from ..model.caches import check_chunk, context_of
+from ..model.protocol import CausalLM
 from ..stores.base import check_store
 from .app_state import SavedGeneration, StopRules, parse_app_state
 from .autosave import Autosave
-from .caches import check_chunk, context_of
 from .generator import Generator, ResumeReport, TokenEvent, check_callbacks, check_run_options
-from .protocol import CausalLM
 
 if TYPE_CHECKING:
     from ..kv.cache import PagedKVCache
@@ -50,7 +50,7 @@ async def resume(store: "Store", name: str, model: CausalLM, cache: "PagedKVCach
                  on_save_error: Callable[[Exception], None] | None = None,
                  progress: Progress | None = None, replay: bool = True, ledger: Ledger | None = None) -> Generator:
     """The generation saved as ``name`` in ``store`` (its newest generation, or ``generation``), ready to
-    continue in sequence ``seq_id`` of ``cache`` (a :class:`~kvckpt_web.model.generator.Generator`).
+    continue in sequence ``seq_id`` of ``cache`` (a :class:`~kvckpt_web.generation.generator.Generator`).
 
     Imports the checkpoint's K/V if they fit ``model`` and ``cache``; otherwise (another model identity,
     another layout, a damaged or missing chunk, another length) runs the saved tokens through ``model``
