@@ -6,8 +6,9 @@ from __future__ import annotations
 
 import pytest
 
+from kvckpt_web.bench.holding import HOLD_REPLIES
+
 from .browser_harness import BOOT_TIMEOUT_MS, CDPChromium
-from .holding import HOLD_REPLIES
 
 BLANK = "<!doctype html><meta charset='utf-8'><title>engine</title>"
 GREEDY = "{temperature: 0, max_tokens: 16}"

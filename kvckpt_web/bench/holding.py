@@ -1,9 +1,10 @@
-"""Cutting a reply where a test chooses, never after a sleep: a page script that runs the engine's worker as
-``held_worker.mjs`` (the shipped ``engine-worker.mjs`` with a hold the test sets), and gives the page
-``window.kvckptHold``: ``hold(tokens)`` holds the next reply once it holds ``tokens`` tokens (0: before its
-prefill; its autosaves until then done), ``release()`` lets it go on, ``held`` is ``{conversation, tokens}`` once it
-holds (null from ``hold`` until then). A held reply stays held until released or its worker is terminated (a crash, a
-killed browser, a reload); a cancelled stream stops without waiting for it."""
+"""Cutting a reply where the browser tests and the browser benchmark choose, never after a sleep: a page script that
+runs the engine's worker as ``held_worker.mjs`` (the shipped ``engine-worker.mjs`` with a hold its driver sets; no
+page of the package loads it), and gives the page ``window.kvckptHold``: ``hold(tokens)`` holds the next reply once
+it holds ``tokens`` tokens (0: before its prefill; its autosaves until then done), ``release()`` lets it go on,
+``held`` is ``{conversation, tokens}`` once it holds (null from ``hold`` until then). A held reply stays held until
+released or its worker is terminated (a crash, a killed browser, a reload); a cancelled stream stops without waiting
+for it."""
 
 from __future__ import annotations
 
@@ -12,7 +13,10 @@ from pathlib import Path
 
 HELD_WORKER = (Path(__file__).resolve().parent / "held_worker.mjs").read_text()
 
-HOLD_REPLIES = """(() => {
+
+def _hold_replies() -> str:
+    """The page script of :data:`HOLD_REPLIES`, with :data:`HELD_WORKER` in it."""
+    return """(() => {
   const source = WORKER_SOURCE;
   const workers = [];
   window.kvckptHold = {
@@ -41,4 +45,7 @@ HOLD_REPLIES = """(() => {
     }
   };
 })();""".replace("WORKER_SOURCE", json.dumps(HELD_WORKER))
+
+
+HOLD_REPLIES = _hold_replies()
 """Page script (``page.add_init_script``): the page's engine workers hold replies where ``window.kvckptHold`` says."""
