@@ -30,6 +30,7 @@ _Matcher = tuple[re.Pattern[str], frozenset[str], dict[str, int]]
 
 _SPECIAL_TYPES = (TOKEN_UNKNOWN, TOKEN_CONTROL)  # left out of decoded text on request, as llama.cpp does
 _ALWAYS_MATCHED = (TOKEN_USER_DEFINED,)  # found in the text even where special tokens are not parsed
+_CACHE_LIMIT = 65536  # words whose ids are kept; the cache is emptied when it holds more
 
 
 def utf8(field: str, text: str) -> bytes:
@@ -89,6 +90,7 @@ class BaseTokenizer(ABC):
                                                              if parse else always))
                          for parse in (False, True)}
         self._token_bytes = list(token_bytes)
+        self._cache: dict[str, tuple[int, ...]] = {}
         self.longest_token_bytes = max(1, max(map(len, self._token_bytes), default=0))
         """The most bytes of text one token stands for: a text of n bytes is at least n / this many tokens."""
 
@@ -133,9 +135,28 @@ class BaseTokenizer(ABC):
         return fragments
 
     @abstractmethod
+    def _words(self, text: str, after_special: bool) -> Iterable[str]:
+        """Plain ``text`` (no special token in it) cut where no token can span the cut, each part encoded alone;
+        ``after_special``: the text starts the input or follows a special token."""
+
+    @abstractmethod
+    def _encode_word(self, word: str) -> tuple[int, ...]:
+        """The ids of one of :meth:`_words`' parts."""
+
     def _encode_text(self, text: str, after_special: bool, out: list[int], limit: tuple[int, str] | None) -> None:
-        """Append the ids of plain ``text`` (no special token in it) to ``out``; ``after_special``: it starts the
-        input or follows a special token. Refuses (:meth:`_check_limit`) once ``out`` exceeds ``limit``."""
+        """Append the ids of plain ``text`` to ``out``, a word at a time (each word's ids kept in a cache);
+        refuses as soon as ``out`` holds more than ``limit`` allows."""
+        cache = self._cache
+        for word in self._words(text, after_special):
+            word_ids = cache.get(word)
+            if word_ids is None:
+                word_ids = self._encode_word(word)
+                if len(cache) >= _CACHE_LIMIT:
+                    cache.clear()
+                cache[word] = word_ids
+            out.extend(word_ids)
+            if limit is not None:
+                self._check_limit(out, limit)
 
     def _min_text_bytes(self, raw: bytes) -> int:
         """How many bytes of ``raw`` need tokens at the least (all of them, unless a kind drops some)."""
