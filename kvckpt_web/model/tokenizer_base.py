@@ -52,7 +52,8 @@ def gguf_options(f: GGUFFile, *, add_bos: bool) -> dict[str, Any]:
     def optional_id(key: str) -> int | None:
         return f.field(key, int) if key in f.metadata else None
 
-    return {"bos_id": f.field("tokenizer.ggml.bos_token_id", int), "eos_id": f.field("tokenizer.ggml.eos_token_id", int),
+    return {"bos_id": f.field("tokenizer.ggml.bos_token_id", int),
+            "eos_id": f.field("tokenizer.ggml.eos_token_id", int),
             "unk_id": optional_id("tokenizer.ggml.unknown_token_id"),
             "pad_id": optional_id("tokenizer.ggml.padding_token_id"),
             "add_bos": f.field("tokenizer.ggml.add_bos_token", bool)
@@ -120,7 +121,7 @@ class BaseTokenizer(ABC):
                 if piece in texts:
                     present.add(piece)
         fragments: list[str | int] = [text]
-        for token in sorted(present, key=lambda t: (-len(t), texts[t])):
+        for token in sorted(present, key=lambda t: (-len(t.encode()), texts[t])):  # by bytes, as llama.cpp
             split: list[str | int] = []
             for fragment in fragments:
                 if isinstance(fragment, int) or token not in fragment:
