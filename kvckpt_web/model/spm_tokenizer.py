@@ -4,7 +4,8 @@ The plain text between special tokens (:mod:`.tokenizer_base`) gets a space put 
 ``add_space_prefix`` says so (at the start and after each special token, as llama.cpp does), has its spaces
 written as "▁" (U+2581), and is merged as llama.cpp's llm_tokenizer_spm merges it: from its characters, the
 adjacent pair whose joined text is the token of the highest score merges first, the leftmost among equal scores,
-until no adjacent pair joins into a token (a heap of candidate pairs over a linked list of symbols, O(n log n)).
+until no adjacent pair joins into a token (a heap of candidate pairs over a linked list of symbols, O(n log n)),
+in words cut where no token can join across.
 A character without a token of its own becomes the tokens ``<0xNN>`` of its UTF-8 bytes (byte fallback).
 Decoding writes "▁" back as a space and a byte token as its byte.
 """
@@ -13,6 +14,7 @@ from __future__ import annotations
 
 import heapq
 import math
+import re
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
@@ -81,6 +83,10 @@ class SentencePieceTokenizer(BaseTokenizer):
             raise FormatError("tokenizer.ggml.tokens", "a byte token <0xNN> for every byte, or an unknown token",
                               f"none for {len(missing)} bytes, first <0x{missing[0]:02X}>")
         self._byte_ids = [unk_id if i is None else i for i in byte_ids]
+        # Merging never joins across a "▁" whose left neighbour no token has before a "▁": the text is cut
+        # there into words merged one by one (the same ids; a limit is checked, and words are cached, per word).
+        bridges = sorted({t[k - 1] for t in tokens if SPACE in t[1:] for k in range(1, len(t)) if t[k] == SPACE})
+        self._cuts = re.compile(f"(?<![{''.join(map(re.escape, bridges))}])(?={SPACE})" if bridges else f"(?={SPACE})")
 
     @classmethod
     def from_gguf(cls, f: GGUFFile) -> SentencePieceTokenizer:
@@ -95,16 +101,13 @@ class SentencePieceTokenizer(BaseTokenizer):
                    add_space_prefix=f.field(prefix, bool) if prefix in f.metadata else True,
                    **gguf_options(f, add_bos=True))
 
-    def _encode_text(self, text: str, after_special: bool, out: list[int], limit: tuple[int, str] | None) -> None:
+    def _words(self, text: str, after_special: bool) -> list[str]:
         if self.add_space_prefix and after_special:
             text = " " + text
-        text = text.replace(" ", SPACE)
-        out.extend(self._merge(text))
-        if limit is not None:
-            self._check_limit(out, limit)
+        return [word for word in self._cuts.split(text.replace(" ", SPACE)) if word]
 
-    def _merge(self, text: str) -> list[int]:
-        """The ids of ``text`` (spaces already "▁"): its characters merged pair by pair, the highest score first.
+    def _encode_word(self, text: str) -> tuple[int, ...]:
+        """The ids of a word (spaces already "▁"): its characters merged pair by pair, the highest score first.
 
         Symbol ``i`` is ``text[i:i + size[i]]`` (size 0: merged into its left neighbour); the heap holds
         (-score, left, right, joined size) of candidate pairs, and a popped pair whose symbols changed since it
@@ -146,4 +149,4 @@ class SentencePieceTokenizer(BaseTokenizer):
             else:
                 ids.extend(self._byte_ids[b] for b in piece.encode())
             i = nxt[i]
-        return ids
+        return tuple(ids)

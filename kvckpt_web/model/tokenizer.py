@@ -29,7 +29,6 @@ PRE_TOKENIZERS = ("smollm",)
 """``tokenizer.ggml.pre`` values whose pre-tokenizer is implemented here."""
 
 _VERBATIM_TYPES = (TOKEN_UNKNOWN, TOKEN_CONTROL, TOKEN_USER_DEFINED)  # their text is UTF-8, not the byte alphabet
-_CACHE_LIMIT = 65536  # words whose BPE result is kept; the cache is emptied when it holds more
 
 # Unicode White_Space: what \s matches in the Oniguruma regex HF tokenizers uses (str.isspace differs at U+001C-1F).
 _WHITESPACE = frozenset(chr(c) for c in (*range(0x09, 0x0E), 0x20, 0x85, 0xA0, 0x1680, *range(0x2000, 0x200B),
@@ -145,7 +144,6 @@ class Tokenizer(BaseTokenizer):
                     or pair[0] + pair[1] not in self._vocab:
                 raise FormatError(f"tokenizer.ggml.merges[{rank}]", "'a b' where a, b and ab are tokens", merge)
             self._ranks.setdefault((self._vocab[pair[0]], self._vocab[pair[1]]), (rank, self._vocab[pair[0] + pair[1]]))
-        self._cache: dict[str, tuple[int, ...]] = {}
 
     @classmethod
     def from_gguf(cls, f: GGUFFile) -> Tokenizer:
@@ -162,20 +160,10 @@ class Tokenizer(BaseTokenizer):
     def _min_text_bytes(self, raw: bytes) -> int:
         return len(raw.translate(None, self._dropped_bytes))
 
-    def _encode_text(self, text: str, after_special: bool, out: list[int], limit: tuple[int, str] | None) -> None:
-        cache = self._cache
-        for word in pre_tokenize(text):
-            word_ids = cache.get(word)
-            if word_ids is None:
-                word_ids = self._bpe(word)
-                if len(cache) >= _CACHE_LIMIT:
-                    cache.clear()
-                cache[word] = word_ids
-            out.extend(word_ids)
-            if limit is not None:
-                self._check_limit(out, limit)
+    def _words(self, text: str, after_special: bool) -> list[str]:
+        return pre_tokenize(text)
 
-    def _bpe(self, word: str) -> tuple[int, ...]:
+    def _encode_word(self, word: str) -> tuple[int, ...]:
         """Merge the word's byte symbols: the pair of lowest rank first, the leftmost among pairs of one rank.
 
         The symbols are a linked list; the heap holds (rank, left position, merged id) of candidate pairs, and a

@@ -30,6 +30,7 @@ _Matcher = tuple[re.Pattern[str], frozenset[str], dict[str, int]]
 
 _SPECIAL_TYPES = (TOKEN_UNKNOWN, TOKEN_CONTROL)  # left out of decoded text on request, as llama.cpp does
 _ALWAYS_MATCHED = (TOKEN_USER_DEFINED,)  # found in the text even where special tokens are not parsed
+_CACHE_LIMIT = 65536  # words whose ids are kept; the cache is emptied when it holds more
 
 
 def utf8(field: str, text: str) -> bytes:
@@ -51,7 +52,8 @@ def gguf_options(f: GGUFFile, *, add_bos: bool) -> dict[str, Any]:
     def optional_id(key: str) -> int | None:
         return f.field(key, int) if key in f.metadata else None
 
-    return {"bos_id": f.field("tokenizer.ggml.bos_token_id", int), "eos_id": f.field("tokenizer.ggml.eos_token_id", int),
+    return {"bos_id": f.field("tokenizer.ggml.bos_token_id", int),
+            "eos_id": f.field("tokenizer.ggml.eos_token_id", int),
             "unk_id": optional_id("tokenizer.ggml.unknown_token_id"),
             "pad_id": optional_id("tokenizer.ggml.padding_token_id"),
             "add_bos": f.field("tokenizer.ggml.add_bos_token", bool)
@@ -89,6 +91,7 @@ class BaseTokenizer(ABC):
                                                              if parse else always))
                          for parse in (False, True)}
         self._token_bytes = list(token_bytes)
+        self._cache: dict[str, tuple[int, ...]] = {}
         self.longest_token_bytes = max(1, max(map(len, self._token_bytes), default=0))
         """The most bytes of text one token stands for: a text of n bytes is at least n / this many tokens."""
 
@@ -118,7 +121,7 @@ class BaseTokenizer(ABC):
                 if piece in texts:
                     present.add(piece)
         fragments: list[str | int] = [text]
-        for token in sorted(present, key=lambda t: (-len(t), texts[t])):
+        for token in sorted(present, key=lambda t: (-len(t.encode()), texts[t])):  # by bytes, as llama.cpp
             split: list[str | int] = []
             for fragment in fragments:
                 if isinstance(fragment, int) or token not in fragment:
@@ -133,9 +136,28 @@ class BaseTokenizer(ABC):
         return fragments
 
     @abstractmethod
+    def _words(self, text: str, after_special: bool) -> Iterable[str]:
+        """Plain ``text`` (no special token in it) cut where no token can span the cut, each part encoded alone;
+        ``after_special``: the text starts the input or follows a special token."""
+
+    @abstractmethod
+    def _encode_word(self, word: str) -> tuple[int, ...]:
+        """The ids of one of :meth:`_words`' parts."""
+
     def _encode_text(self, text: str, after_special: bool, out: list[int], limit: tuple[int, str] | None) -> None:
-        """Append the ids of plain ``text`` (no special token in it) to ``out``; ``after_special``: it starts the
-        input or follows a special token. Refuses (:meth:`_check_limit`) once ``out`` exceeds ``limit``."""
+        """Append the ids of plain ``text`` to ``out``, a word at a time (each word's ids kept in a cache);
+        refuses as soon as ``out`` holds more than ``limit`` allows."""
+        cache = self._cache
+        for word in self._words(text, after_special):
+            word_ids = cache.get(word)
+            if word_ids is None:
+                word_ids = self._encode_word(word)
+                if len(cache) >= _CACHE_LIMIT:
+                    cache.clear()
+                cache[word] = word_ids
+            out.extend(word_ids)
+            if limit is not None:
+                self._check_limit(out, limit)
 
     def _min_text_bytes(self, raw: bytes) -> int:
         """How many bytes of ``raw`` need tokens at the least (all of them, unless a kind drops some)."""

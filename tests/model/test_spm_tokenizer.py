@@ -179,6 +179,22 @@ def test_merging_goes_on_through_merged_symbols() -> None:
     assert pieces(tok, "abcab") == ["abc", "ab"]
 
 
+def test_a_token_joining_across_a_space_still_forms() -> None:
+    tok = tiny({"a": -1, ">": -1, "<": -1, "\u2581": -1, "\u2581a": -2, ">\u2581": -4, ">\u2581<": -3})
+    assert pieces(tok, "a> <a a") == ["a", "> <", "a", " a"]  # merging is cut before a space, but not after ">"
+
+
+def test_encoding_stops_once_the_tokens_exceed_the_limit(monkeypatch: pytest.MonkeyPatch) -> None:
+    tok = tiny({"a": -1, "\u2581": -1, "\u2581a": -2, "a" * 20: -3})  # 20 bytes a token: the size cannot tell
+    encoded = []
+    merge = tok._encode_word
+    monkeypatch.setattr(tok, "_encode_word", lambda word: encoded.append(word) or merge(word))
+    words = [f"a{chr(0x100 + i)}" for i in range(1000)]  # 3 tokens each: "▁a" and the 2 bytes of a character
+    with pytest.raises(FieldError, match="text: expected at most 300 tokens, got 'more than 300 tokens'"):
+        tok.encode(" ".join(words), max_tokens=300)
+    assert len(encoded) <= 101  # a word at a time: the rest of the text is never merged
+
+
 def test_spaces_are_written_as_the_sentencepiece_space() -> None:
     tok = tiny({"a": -1, "\u2581": -1, "\u2581a": -2})
     assert pieces(tok, "a a") == ["a", " a"]

@@ -215,7 +215,7 @@ def test_merging_a_word_looks_up_a_few_pairs_per_byte_not_a_pass_per_merge(token
     word = random_word(4000)
     ranks = CountingRanks(tokenizer._ranks)
     monkeypatch.setattr(tokenizer, "_ranks", ranks)
-    merges = len(word) - len(tokenizer._bpe(word))
+    merges = len(word) - len(tokenizer._encode_word(word))
     lookups = ranks.lookups
     assert merges > 1000
     assert lookups <= 6 * len(word)  # the first pairs, then per merge 2 new pairs, and one per candidate popped
@@ -227,7 +227,7 @@ def test_a_long_word_encodes_as_hf_does(tokenizer: Tokenizer, hf: HFTokenizer) -
 
 
 def test_a_text_too_large_for_the_limit_is_refused_before_any_encoding(tokenizer: Tokenizer, monkeypatch) -> None:
-    monkeypatch.setattr(tokenizer, "_bpe", lambda word: pytest.fail("encoded a word"))
+    monkeypatch.setattr(tokenizer, "_encode_word", lambda word: pytest.fail("encoded a word"))
     size = 10 * tokenizer.longest_token_bytes + 1  # 11 tokens at the very least
     with pytest.raises(FieldError, match=f"text: expected at most 10 tokens, got '{size} bytes of text, at least 11 "
                                          "tokens"):
@@ -237,8 +237,8 @@ def test_a_text_too_large_for_the_limit_is_refused_before_any_encoding(tokenizer
 def test_encoding_stops_once_the_tokens_exceed_the_limit(tokenizer: Tokenizer, monkeypatch) -> None:
     words = [random_word(8, seed=i) for i in range(2000)]  # few bytes per token: the size alone cannot tell
     encoded = []
-    bpe = tokenizer._bpe
-    monkeypatch.setattr(tokenizer, "_bpe", lambda word: encoded.append(word) or bpe(word))
+    bpe = tokenizer._encode_word
+    monkeypatch.setattr(tokenizer, "_encode_word", lambda word: encoded.append(word) or bpe(word))
     with pytest.raises(FieldError, match="text: expected at most 300 tokens, got 'more than 300 tokens'"):
         tokenizer.encode(" ".join(words), max_tokens=300)
     assert len(encoded) <= 301
