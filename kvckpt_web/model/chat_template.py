@@ -7,8 +7,10 @@ Qwen2.5: ``<|im_start|>role ... <|im_end|>``, with the default system turn the t
 system message put at the start of the first user turn) and Llama 3 (``<|start_header_id|>role<|end_header_id|>``,
 from 3.1 on with its dated system header). Any other template is refused, naming it. Every family renders through
 one interface (:class:`ChatTemplate`): the pieces before the first message, each message's turn, the opening of
-the assistant's turn and what closes it. A BOS the template writes (``{{ bos_token }}``) is left to the tokenizer,
-which adds it where the GGUF says (``tokenizer.ggml.add_bos_token``).
+the assistant's turn and what closes it. A template is of a family when it writes the family's markers and opens the
+assistant's turn as the family does; Qwen3 is told from ChatML by its rule for earlier replies' thinking. A BOS the
+template writes (``{{ bos_token }}``) is left to the tokenizer, which adds it where the GGUF says
+(``tokenizer.ggml.add_bos_token``).
 """
 
 from __future__ import annotations
@@ -34,6 +36,11 @@ encoded as plain text even where it spells a marker."""
 
 _NL = r"(?:\n|\\n)"  # a newline written as itself or as an escape inside a Jinja string literal
 _DEFAULT_SYSTEM = re.compile(r"<\|im_start\|>system" + _NL + r"((?:[^'\"\\<]|\\n)+)<\|im_end\|>")
+# The opening of the assistant's turn each family writes, as a whole string literal of the template: a template
+# that opens it otherwise (e.g. with a "<think>" the model is to continue) is of no family here.
+_GEMMA_OPENING = re.compile(r"['\"]<start_of_turn>model" + _NL + r"['\"]")
+_LLAMA3_OPENING = re.compile(r"['\"]<\|start_header_id\|>assistant<\|end_header_id\|>" + _NL * 2 + r"['\"]")
+_CHATML_OPENING = re.compile(r"['\"]<\|im_start\|>assistant" + _NL + r"['\"]")
 
 
 class ChatTemplate:
@@ -50,15 +57,16 @@ class ChatTemplate:
     def from_text(cls, template: str) -> ChatTemplate:
         """The renderer of the Jinja ``template``'s family, recognised by the markers it writes; FormatError naming
         the template (a short excerpt) if it is of no family here."""
-        if "<start_of_turn>" in template and "<end_of_turn>" in template:
+        if "<start_of_turn>" in template and "<end_of_turn>" in template and _GEMMA_OPENING.search(template):
             return Gemma(system_turn="System role not supported" not in template)
-        if "<|start_header_id|>" in template and "<|eot_id|>" in template:
+        if "<|start_header_id|>" in template and "<|eot_id|>" in template and _LLAMA3_OPENING.search(template):
             return Llama3(dated="Cutting Knowledge Date" in template)
-        if "<|im_start|>" in template and "<|im_end|>" in template:
-            if "<think>" in template:
+        if "<|im_start|>" in template and "<|im_end|>" in template and _CHATML_OPENING.search(template):
+            if "<think>" not in template:
+                match = _DEFAULT_SYSTEM.search(template)
+                return ChatML(match.group(1).replace("\\n", "\n") if match else None)
+            if "last_query_index" in template:  # Qwen3's handling of earlier replies' thinking
                 return Qwen3()
-            match = _DEFAULT_SYSTEM.search(template)
-            return ChatML(match.group(1).replace("\\n", "\n") if match else None)
         got = " ".join(template.split())
         raise FormatError(TEMPLATE_KEY, f"a chat template of a known family ({', '.join(FAMILIES)})",
                           got if len(got) <= 80 else got[:77] + "...",

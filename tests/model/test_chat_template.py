@@ -153,6 +153,20 @@ def test_refuses_a_template_of_no_known_family_naming_it(template: str) -> None:
     assert template[:40] in message and len(message.splitlines()) == 1 and len(message) < 300
 
 
+@pytest.mark.parametrize(("name", "old", "new"), [
+    ("qwen2.5", "'<|im_start|>assistant\\n' }}", "'<|im_start|>assistant\\n<think>\\n' }}"),  # QwQ's opening
+    ("qwen3", "last_query_index", "last_user_index"),  # <think> without Qwen3's rule for earlier replies
+    ("gemma-3", "'<start_of_turn>model\\n'", "'<start_of_turn>model\\n<thought>'"),
+    ("llama-3", "'<|start_header_id|>assistant<|end_header_id|>\\n\\n' }}",
+     "'<|start_header_id|>assistant<|end_header_id|>\\n\\n<|python_tag|>' }}"),
+], ids=["chatml-opening-otherwise", "think-without-qwen3s-rule", "gemma-opening-otherwise", "llama-3-opening-otherwise"])
+def test_a_template_with_a_familys_markers_used_otherwise_is_refused(name: str, old: str, new: str) -> None:
+    template = published(name)
+    assert old in template
+    with pytest.raises(FormatError, match=f"^{TEMPLATE_KEY}: expected a chat template of a known family"):
+        ChatTemplate.from_text(template.replace(old, new))
+
+
 def test_a_gguf_without_a_template_has_none(smollm: GGUFFile) -> None:
     f = dataclasses.replace(smollm, metadata={k: v for k, v in smollm.metadata.items() if k != TEMPLATE_KEY})
     assert ChatTemplate.from_gguf(f) is None
