@@ -141,12 +141,12 @@ export class EngineWorker {
     return { model: { ...model, url: o.model, bytes: bytes.length }, weights: kept, ...opened, took };
   }
 
-  async create(id, body) {
-    const { stream } = JSON.parse(await this.api.create(body));
+  async create(id, body, kind) {
+    const { stream } = JSON.parse(await this.api.create(body, kind));
     return { stream, start: () => this.pump(id, stream) };
   }
 
-  async complete(body) { return JSON.parse(await this.api.complete(body)); }
+  async complete(body, kind) { return JSON.parse(await this.api.complete(body, kind)); }
 
   async resume(id, name, generation, stream) {
     const started = JSON.parse(await this.api.resume(name, generation ?? undefined, stream));

@@ -121,8 +121,8 @@ def test_a_generation_checkpointed_to_indexeddb_resumes_in_a_fresh_cache_to_the_
     """Seeded sampling: the tiny model's greedy reply settles on one repeated token before the resume point, so
     it could not tell a wrong continuation from the right one."""
     out = tiny_page.run(f"""
-        from kvckpt_web.model.autosave import Autosave
-        from kvckpt_web.model.resume import resume
+        from kvckpt_web.generation.autosave import Autosave
+        from kvckpt_web.generation.resume import resume
         from kvckpt_web.stores.indexeddb import IndexedDBStore
         want = await kvtest.generate(tiny, dev, {PROMPT!r}, {SEEDED!r}, {TOKENS})
         prompt = kvtest.chat_prompt(tiny, {PROMPT!r})

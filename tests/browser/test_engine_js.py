@@ -6,8 +6,9 @@ from __future__ import annotations
 
 import pytest
 
+from kvckpt_web.bench.holding import HOLD_REPLIES
+
 from .browser_harness import BOOT_TIMEOUT_MS, CDPChromium
-from .holding import HOLD_REPLIES
 
 BLANK = "<!doctype html><meta charset='utf-8'><title>engine</title>"
 GREEDY = "{temperature: 0, max_tokens: 16}"
@@ -100,6 +101,22 @@ def test_a_reply_without_stream_is_a_chat_completion(js_page):
     """)
     assert got["object"] == "chat.completion" and got["choices"][0]["message"]["role"] == "assistant"
     assert got["usage"]["completion_tokens"] == 4 and len(got["kvckpt"]["token_ids"]) == 4
+
+
+def test_a_plain_completion_streams_text_completion_chunks_mirroring_the_chat_call(js_page):
+    got = js_page.run("""
+        const info = await start();
+        const body = { prompt: "the sea is", temperature: 0, max_tokens: 8 };
+        const chunks = await chunksOf(await engine.completions.create({ ...body, stream: true }));
+        return { info, chunks, whole: await engine.completions.create(body),
+                 refused: await caught(engine.completions.create({ prompt: 7 })) };
+    """)
+    chunks, whole = got["chunks"], got["whole"]
+    assert got["info"]["model"]["chat_template"] == "ChatML"
+    assert all(c["object"] == "text_completion" for c in chunks) and whole["object"] == "text_completion"
+    assert "".join(c["choices"][0]["text"] for c in chunks) == whole["choices"][0]["text"]
+    assert chunks[-1]["usage"]["completion_tokens"] == whole["usage"]["completion_tokens"] >= 1
+    assert got["refused"]["name"] == "FieldError" and got["refused"]["field"] == "prompt"
 
 
 def test_errors_are_errors_with_the_kvckpt_class_and_the_field_expected_and_got(js_page):

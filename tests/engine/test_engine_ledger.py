@@ -9,7 +9,7 @@ import pytest
 
 from kvckpt_web import MemoryStore
 from kvckpt_web.durable.ledger import Ledger
-from kvckpt_web.model import generator
+from kvckpt_web.generation import generator
 
 from kvmodel import run
 

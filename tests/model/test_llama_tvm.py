@@ -21,14 +21,14 @@ import tvm_reference as ref  # noqa: E402
 from reference import load_gguf, reference_forward  # noqa: E402
 from tiny_llama import CONFIG  # noqa: E402
 
-from kvckpt_web.model.loader import load_model  # noqa: E402
-from kvckpt_web.model.sampler import SamplingSettings  # noqa: E402
-from kvckpt_web.model.app_state import StopRules# noqa: E402
-from kvckpt_web.model.autosave import Autosave# noqa: E402
-from kvckpt_web.model.caches import new_cache# noqa: E402
-from kvckpt_web.model.generator import Generator  # noqa: E402
 from kvckpt_web import MemoryStore, list_generations, restore  # noqa: E402
 from kvckpt_web.durable.catalog import load_manifest  # noqa: E402
+from kvckpt_web.generation.app_state import StopRules  # noqa: E402
+from kvckpt_web.generation.autosave import Autosave  # noqa: E402
+from kvckpt_web.generation.generator import Generator  # noqa: E402
+from kvckpt_web.model.caches import new_cache  # noqa: E402
+from kvckpt_web.model.loader import load_model  # noqa: E402
+from kvckpt_web.model.sampler import SamplingSettings  # noqa: E402
 
 NAME = "chat"
 

@@ -1,6 +1,6 @@
 """The browser modules kvckpt_web ships (``kvckpt_web/web/*.mjs``), read as text: errors cross every boundary in the
 shape one module describes, and no module carries a hook that only tests use (they bring their own worker:
-``tests/browser/held_worker.mjs``)."""
+``kvckpt_web/bench/held_worker.mjs``)."""
 
 from __future__ import annotations
 
