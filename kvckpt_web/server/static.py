@@ -8,9 +8,11 @@
   directories, and ``/wheels/index.json`` listing them, which the page uses to find them. A project's wheels
   come from the first directory that holds one, so a freshly built kvckpt_web wheel put first hides a stale
   one further on;
-* ``/model.gguf`` -- the model file, if one was given and exists now, and ``/model.json`` describing it:
-  ``{"available": true, "file": name, "bytes": size}``, or ``{"available": false, "expected": path or
-  default name, "hint": how to install it}``.
+* ``/model.gguf`` -- the model file (the first, if several were given), if one was given and exists now, and
+  ``/model.json`` describing it: ``{"available": true, "file": name, "bytes": size}``, or ``{"available": false,
+  "expected": path or default name, "hint": how to install it}``;
+* ``/models/<file name>`` -- each model file given, and ``/models.json`` listing them for a page to pick one
+  (``models.py``).
 
 A file of a served directory is served only if it is a regular file whose path, after every symbolic link
 is followed, is still inside that directory and names no dotfile or dot-directory on the way: a link within
@@ -25,15 +27,18 @@ from __future__ import annotations
 import mimetypes
 import os
 import stat
-from dataclasses import dataclass
+from collections.abc import Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 
+from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response
 from starlette.routing import Route
 
 from ..errors import FieldError, KVCkptError
 from ..model.loader import DEFAULT_MODEL_FILE, INSTALL_HINT
+from .models import ServedModels, model_paths
 from .ranges import RangedFileResponse
 
 RUNTIME_DIR = Path(__file__).resolve().parents[1] / "web"
@@ -129,16 +134,26 @@ class Site:
     pyodide_dir: Path
     wheel_dirs: tuple[Path, ...]
     page_dir: Path | None = None
-    model: Path | None = None
+    models: tuple[Path, ...] = ()
+    served: ServedModels = field(init=False, compare=False, repr=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "served", ServedModels(self.models))
+
+    @property
+    def model(self) -> Path | None:
+        """The first model file, served at ``/model.gguf`` too; None if none was given."""
+        return self.models[0] if self.models else None
 
     @classmethod
     def of(cls, pyodide_dir: str | os.PathLike[str], wheel_dirs: list[str | os.PathLike[str]], *,
-           page_dir: str | os.PathLike[str] | None = None, model: str | os.PathLike[str] | None = None) -> "Site":
-        """A site from paths as given: KVCkptError if ``pyodide_dir`` is not the npm package pyodide, FieldError
-        for a page directory without ``index.html``; a model file may be missing (``/model.json`` says so)."""
+           page_dir: str | os.PathLike[str] | None = None,
+           model: str | os.PathLike[str] | Sequence[str | os.PathLike[str]] | None = None) -> "Site":
+        """A site from paths as given (``model``: one model file, or several): KVCkptError if ``pyodide_dir`` is not
+        the npm package pyodide, FieldError for a page directory without ``index.html`` or two model files of one
+        file name; a model file may be missing (``/model.json`` and ``/models.json`` say so)."""
         return cls(check_pyodide_dir(pyodide_dir), tuple(Path(d).resolve() for d in wheel_dirs),
-                   check_page_dir(page_dir) if page_dir is not None else None,
-                   Path(model).resolve() if model is not None else None)
+                   check_page_dir(page_dir) if page_dir is not None else None, model_paths(model))
 
     def wheels(self) -> dict[str, tuple[Path, os.stat_result]]:
         """File name -> served file of the wheels served: each project's from the first directory holding one."""
@@ -157,19 +172,20 @@ class Site:
         found = served_file(self.page_dir, path) if self.page_dir is not None else None
         return found or (served_file(RUNTIME_DIR, path) if path in RUNTIME_FILES else None)
 
-    def model_file(self) -> tuple[Path, os.stat_result] | None:
-        """The model file, if one was given and is a file now (a link to it is followed: it was named)."""
+    def model_file(self, path: Path | None) -> tuple[Path, os.stat_result] | None:
+        """The model file ``path``, if one was given and is a file now (a link to it is followed: it was named)."""
         try:
-            info = self.model.stat() if self.model is not None else None
+            info = path.stat() if path is not None else None
         except OSError:
             return None
-        return (self.model, info) if info is not None and stat.S_ISREG(info.st_mode) else None
+        return (path, info) if info is not None and stat.S_ISREG(info.st_mode) else None
 
     def routes(self) -> list[Route]:
         """The routes of everything served (GET and HEAD); the last one catches every other path."""
         return [Route("/wheels/index.json", self._wheel_index), Route("/wheels/{path:path}", self._wheel),
                 Route("/pyodide/{path:path}", self._pyodide), Route("/model.json", self._model_json),
-                Route("/model.gguf", self._model), Route("/{path:path}", self._page)]
+                Route("/model.gguf", self._model), Route("/models.json", self._models_json),
+                Route("/models/{name}", self._named_model), Route("/{path:path}", self._page)]
 
     def _wheel_index(self, request: Request) -> Response:
         return JSONResponse({"wheels": sorted(self.wheels())})
@@ -186,7 +202,14 @@ class Site:
         return JSONResponse(model_description(self.model))
 
     def _model(self, request: Request) -> Response:
-        return _file(self.model_file(), "model.gguf")
+        return _file(self.model_file(self.model), "model.gguf")
+
+    async def _models_json(self, request: Request) -> Response:
+        return JSONResponse({"models": await run_in_threadpool(self.served.describe)})
+
+    def _named_model(self, request: Request) -> Response:
+        name = request.path_params["name"]
+        return _file(self.model_file(self.served.by_name.get(name)), name)
 
     def _page(self, request: Request) -> Response:
         path = request.path_params["path"] or "index.html"

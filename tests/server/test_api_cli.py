@@ -67,7 +67,8 @@ def no_model_load(monkeypatch):
     (["--host", "0.0.0.0"], "--host: expected a loopback address"),
 ], ids=["context", "model name", "model", "host"])
 def test_bad_flags_are_one_line_errors_before_the_model_loads(tiny_llama_path, capsys, no_model_load, flags, error):
-    status = main(["serve", "--api", "--port", "0", "--model", str(tiny_llama_path), *flags])
+    model = [] if "--model" in flags else ["--model", str(tiny_llama_path)]  # --api runs one --model
+    status = main(["serve", "--api", "--port", "0", *model, *flags])
     assert status == 1 and error in one_line_error(capsys)
 
 

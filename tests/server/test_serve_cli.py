@@ -102,7 +102,7 @@ def test_without_model_the_installed_default_model_is_served(monkeypatch, tmp_pa
     default = tmp_path / "SmolLM2-135M-Instruct.Q4_1.gguf"
     default.write_bytes(b"GGUF")
     monkeypatch.setattr(cli, "default_model_path", lambda: default)
-    assert served_model(monkeypatch, []) == default
+    assert served_model(monkeypatch, []) == [default]
 
 
 def test_without_model_and_no_default_installed_no_model_is_served(monkeypatch):
