@@ -6,6 +6,7 @@ import { createEngine, savedConversations } from "/kvckpt.mjs";
 import { conversationsOf } from "./conversations.mjs";
 import { setUpDevices } from "./devices.mjs";
 import { kib, ms } from "./figures.mjs";
+import { modelsOf } from "./models.mjs";
 import { STORE_NAME, Page } from "./page.mjs";
 import { repliesOf } from "./replies.mjs";
 import { Tabs } from "./tabs.mjs";
@@ -18,6 +19,7 @@ const page = new Page({ sendEdited: (index, text) => replies.sendEdited(index, t
 const { state } = page;
 const conversations = conversationsOf(page, { continueReply: (info, options) => replies.continueReply(info, options) });
 const replies = repliesOf(page, conversations);
+page.models = modelsOf(page, query.get("model"));
 window.chatPage = page;
 
 // ----- the engine ---------------------------------------------------------------------------------------------------
@@ -67,7 +69,8 @@ async function start() {
   page.started.origin = page.started.runs++ ? page.started.at : 0;   // a restart is timed from itself
   try {
     state.stages = [];
-    page.engine = await createEngine({ model: "/model.gguf", store, storeName: STORE_NAME, onEvent,
+    await page.models.list();
+    page.engine = await createEngine({ model: page.models.url(), store, storeName: STORE_NAME, onEvent,
                                   autosaveEvery: Number($("every").value) || undefined, onProgress: (p) => {
                                     if (state.stages[state.stages.length - 1] !== p.stage) state.stages.push(p.stage);
                                     showProgress(p);
@@ -79,9 +82,12 @@ async function start() {
   $("every").value ||= page.engine.info.config.autosave_every;   // none given: the engine's preset's
   state.store = page.engine.info.store;
   page.started.took = page.engine.info.took;
+  const picked = state.models.find((m) => m.file === state.picked);
   $("model-name").textContent = `${state.model.name ?? state.model.url.split("/").pop()} · ` +
-    `${state.model.num_layers} layers · ` +
+    (picked?.quant ? `${picked.quant} · ` : "") + `${state.model.num_layers} layers · ` +
     `${page.engine.info.store}`;
+  await page.models.list();   // its weights are kept in this browser now
+  showKind(state.model.chat_template === null);
   $("load-bar").value = 1;
   $("load-text").textContent = `ready in ${ms(performance.now() - page.started.origin)} since ` +
     `${page.started.origin ? "the engine was started again" : "the page opened"} (weights ` +
@@ -101,6 +107,14 @@ async function start() {
   if (state.conversation) await conversations.openConversation(state.conversation);   // restarted: where it was
 }
 
+// A base model's composer sends plain completions (replies.mjs), said so beside it; a chat model's sends messages.
+function showKind(base) {
+  $("base-note").hidden = !base;
+  $("prompt").placeholder = base ? "Text to continue (Enter sends, Shift+Enter breaks the line)"
+    : "Message (Enter sends, Shift+Enter breaks the line)";
+  $("system").disabled = base;
+}
+
 async function failedStart(error) {
   state.errors.push(error);
   page.setPhase("stopped", "not running");
@@ -110,8 +124,11 @@ async function failedStart(error) {
     page.problem("webgpu", "No WebGPU in this browser", { ...error, message: `${error.message}. Saved conversations ` +
       "are kept." });
   } else if (error.name === "ModelUnavailableError") {
-    const info = await fetch("/model.json").then((r) => r.json()).catch(() => null);
-    const hint = info && !info.available ? ` (the server expects ${info.expected}: ${info.hint})` : "";
+    const picked = state.models.length > 1 ? state.models.find((m) => m.file === state.picked) : null;   // one of
+    // several (another may be picked), else the server's only model, which /model.json says how to install
+    const info = picked ?? await fetch("/model.json").then((r) => r.json()).catch(() => null);
+    const hint = info && !info.available ? ` (the server expects ${info.expected}` +
+      (picked ? ")" : `: ${info.hint})`) : "";
     page.problem("model-missing", "The model cannot be loaded", { ...error, message: error.message + hint }, [retry]);
   } else {
     page.problem("start", "The engine did not start", error, [retry]);
@@ -182,9 +199,22 @@ $("every").value = setting("every", "");
 $("apply-engine").onclick = () => {
   localStorage.setItem("kvckpt-chat:store", $("store").value);
   localStorage.setItem("kvckpt-chat:every", $("every").value);
-  state.conversation = null;
-  conversations.newConversation();
-  open();
+  restart(null);
 };
+$("model").onchange = () => {
+  page.models.pick($("model").value);
+  restart(null);
+};
+page.switchModel = (file, conversation) => {
+  page.models.pick(file);
+  restart(conversation);
+};
+
+// Start the engine again (its model, its store, its settings changed) and open `conversation` (null: a new one).
+function restart(conversation) {
+  state.conversation = conversation;
+  if (conversation === null) conversations.newConversation();
+  open();
+}
 setUpDevices(page, conversations);
 open();

@@ -79,8 +79,10 @@ export function conversationsOf(page, { continueReply }) {
 
   // ----- a conversation -----------------------------------------------------------------------------------------
 
+  // A completion's prompt is shown as what the user wrote, its completion as the model's reply.
   function show(info) {
-    state.messages = info.messages.slice(info.messages[0]?.role === "system" ? 1 : 0);
+    state.messages = info.prompt !== null ? [{ role: "user", content: info.prompt }, ...info.messages]
+      : info.messages.slice(info.messages[0]?.role === "system" ? 1 : 0);
     $("system").value = info.messages[0]?.role === "system" ? info.messages[0].content : "";
     const s = info.settings ?? {};
     document.querySelector(`input[name=mode][value=${s.temperature === 0 ? "greedy" : "sample"}]`).checked = true;
@@ -111,15 +113,28 @@ export function conversationsOf(page, { continueReply }) {
     if (!info.same_model) {
       state.readOnly = true;
       $("owner-text").textContent = "Written by another model: its replies cannot be continued with this one.";
-      if (!info.finished) page.problem("model", "This conversation was written by another model", { message: "Its " +
-        "K/V cannot be used with this model; Continue runs its saved tokens through this model again, then goes on." },
-        [{ id: "replay", label: "Continue with this model",
-           run: () => { state.readOnly = false; continueReply(info); } }]);
+      anotherModel(info);
     } else {
       $("owner-text").textContent = "This conversation is open in another tab: here it is read-only.";
     }
     page.setPhase("ready", state.readOnly ? "read-only" : "ready");
     drawList();
+  }
+
+  // A conversation another model wrote: say which (if this browser noted it), offer to switch to it where the server
+  // serves it, and to run an unfinished reply's saved tokens through this model instead.
+  function anotherModel(info) {
+    const writer = page.models.writerOf(info.name);
+    const actions = writer?.available ? [{ id: "switch-model", label: `Switch to ${writer.name ?? writer.file}`,
+                                           run: () => page.switchModel(writer.file, info.name) }] : [];
+    if (!info.finished) actions.push({ id: "replay", label: "Continue with this model",
+                                       run: () => { state.readOnly = false; continueReply(info); } });
+    const which = writer?.available ? `${writer.name ?? writer.file} (${writer.file})` : "another model";
+    const where = writer === null ? "" : writer.available ? "Switch to it to continue it. "
+      : `It was ${writer.file} as that file was then, which this server does not serve now. `;
+    page.problem("model", `This conversation was written by ${which}`, { message: where + "Its K/V cannot be used " +
+      "with this model" + (info.finished ? "." : "; Continue runs its saved tokens through this model again, then " +
+      "goes on.") }, actions);
   }
 
   // A conversation whose newest checkpoint cannot be read: say so, and offer the newest generation that can.

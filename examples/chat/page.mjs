@@ -12,10 +12,13 @@ export class Page {
       opened: false, phase: "starting", model: null, store: null, conversation: null, messages: [], reply: "",
       replyIds: [], finishReason: null, usage: null, readOnly: false, restored: null, measured: null, committed: null,
       problem: null, conversations: [], timeline: null, stages: [], errors: [],
+      models: [], picked: null,   // the served models (models.mjs), the picked one's file
       device: { busy: null, pushed: null, pulled: null },   // another device: "push" | "pull" under way; what moved
     };
     this.engine = null;        // createEngine's, while it runs
     this.tabs = null;          // one writer per conversation (tabs.mjs)
+    this.models = null;        // the served models, the picked one, who wrote what (models.mjs)
+    this.switchModel = null;   // (file, conversation): restart the engine with model `file`, open `conversation`
     this.streaming = null;     // the reply being read: {done}, a promise of its end
     this.editing = null;       // the index of the message being edited
     this.stopping = false;     // Stop was pressed during the reply being read
@@ -54,6 +57,7 @@ export class Page {
     for (const [id, off, next] of controls) if (off) disable($(id), true, $(next));
     $("measure").disabled = !writable;
     $("apply-engine").disabled = busy || phase === "starting";   // one engine at a time
+    $("model").disabled = busy || phase === "starting";
     $("owner").hidden = !state.readOnly;
     this.render();
   }

@@ -28,6 +28,14 @@ function request(messages, extra = {}) {
            ...settings(), ...extra };
 }
 
+// The reply stream to `messages` from `engine`: a chat completion, or for a base model (no chat template) a plain
+// completion of the text so far, every message's text one after the other (what was written, what the model wrote).
+function ask(engine, messages, extra = {}) {
+  if (engine.info.model.chat_template !== null) return engine.chat.completions.create(request(messages, extra));
+  const prompt = messages.map((m) => m.content).join("");
+  return engine.completions.create({ prompt, stream: true, ...settings(), ...extra });
+}
+
 // What the page (page.mjs's Page) does with replies; `conversations` (conversations.mjs) shows and lists what they
 // change.
 export function repliesOf(page, conversations) {
@@ -54,13 +62,17 @@ export function repliesOf(page, conversations) {
       return failedReply(error);
     }
     const openedAt = performance.now();   // a resume's K/V are back (or a new prompt's prefix is)
-    let finish, firstAt = null, old = resumed;
+    let finish, firstAt = null, old = resumed, first = true;
     page.streaming = { done: new Promise((resolve) => { finish = resolve; }) };
     try {
       for await (const chunk of stream) {
         const now = performance.now();
         const [choice] = chunk.choices;
-        if (choice.delta.role) showWarnings(chunk.kvckpt.warnings ?? []);   // on its first chunk
+        if (first) {
+          showWarnings(chunk.kvckpt.warnings ?? []);
+          page.models.wrote(chunk.kvckpt.conversation);   // this model writes it now
+        }
+        first = false;
         if (!old && chunk.kvckpt.token_ids.length && firstAt === null) {
           firstAt = now;
           $("phase").textContent = "generating";
@@ -68,7 +80,7 @@ export function repliesOf(page, conversations) {
         old = false;
         if (state.conversation !== chunk.kvckpt.conversation) await adopt(chunk.kvckpt.conversation);
         state.replyIds.push(...chunk.kvckpt.token_ids);
-        state.reply += choice.delta.content ?? "";
+        state.reply += (choice.delta ? choice.delta.content : choice.text) ?? "";   // a chat's, a completion's
         state.messages[state.messages.length - 1].content = state.reply;
         showReplyText(state.reply);
         if (firstAt !== null) $("figures").textContent = liveLine(state.replyIds.length, firstAt, now);
@@ -130,7 +142,7 @@ export function repliesOf(page, conversations) {
     const messages = state.messages.map(({ role, content }) => ({ role, content }));
     // the open conversation's next turn is saved into it (a new one: the page.engine names it)
     const open = state.conversation ? { conversation: state.conversation } : {};
-    await run(() => page.engine.chat.completions.create(request(messages, open)),
+    await run(() => ask(page.engine, messages, open),
               { refused: () => { state.messages = before; $("prompt").value = text; } });
   }
 
@@ -139,7 +151,7 @@ export function repliesOf(page, conversations) {
     page.editing = null;
     state.messages = [...state.messages.slice(0, index), { role: "user", content: text }];
     const messages = state.messages.map(({ role, content }) => ({ role, content }));
-    await run(() => page.engine.chat.completions.create(request(messages)),   // a fork: the page.engine names it anew
+    await run(() => ask(page.engine, messages),   // a fork: the page.engine names it anew
               { refused: () => { state.messages = before; } });
   }
 
@@ -154,7 +166,7 @@ export function repliesOf(page, conversations) {
     localStorage.removeItem(page.stopKey(name));
     if (sampling()) $("seed").value = String(crypto.getRandomValues(new Uint32Array(1))[0]);
     const messages = state.messages.map(({ role, content }) => ({ role, content }));
-    await run(() => page.engine.chat.completions.create(request(messages, { conversation: name })),
+    await run(() => ask(page.engine, messages, { conversation: name }),
               { refused: () => { state.messages = before; } });
   }
 

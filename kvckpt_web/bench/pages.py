@@ -108,7 +108,8 @@ class ChatPage:
         """Set the reply's settings: greedy, or seeded temperature sampling when ``seed`` is given."""
         self.open_settings()
         self.page.fill("#max-tokens", str(max_tokens))
-        self.page.fill("#system", system)
+        if system or self.page.is_enabled("#system"):  # a base model's page has no system prompt
+            self.page.fill("#system", system)
         if seed is not None:
             self.page.check("input[name=mode][value=sample]")
             self.page.fill("#seed", str(seed))

@@ -53,6 +53,7 @@
 import { errorOf } from "./errors.mjs";
 
 export { createEngine, Engine, savedConversations } from "./engine.mjs";
+export { keptWeights } from "./weights.mjs";
 
 const here = new URL(".", import.meta.url);
 

@@ -46,6 +46,13 @@ async function openCache(name) {
   try { return globalThis.caches ? await caches.open(name) : null; } catch { return null; }
 }
 
+// Whether a copy of the model file at `url` (resolved against this module's location) is kept in this browser, to be
+// read instead of downloaded if the server still gives the same validators for it (checked when it is loaded).
+export async function keptWeights(url, { cacheName = WEIGHTS_CACHE } = {}) {
+  const cache = await openCache(cacheName);
+  return cache !== null && (await cache.match(new URL(url, import.meta.url).href)) !== undefined;
+}
+
 // The bytes of the model file at `url` (resolved against this module's location): {bytes, source: "cache" |
 // "network", kept (whether a copy is kept for next time), note (why not, or why a kept copy was used unchecked)}.
 // progress({source, done, total}) hears of the bytes read. Rejects with an Error named "ModelUnavailableError"
