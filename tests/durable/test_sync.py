@@ -18,8 +18,8 @@ from kvckpt_web.errors import ConflictError, CorruptionError, FieldError, NotFou
 from kvckpt_web.stores.file import FileStore
 from kvckpt_web.stores.memory import MemoryStore
 
-from kvmodel import KVModel, run
-from store_suite import Clock
+from support.kvmodel import KVModel, run
+from support.store_suite import Clock
 
 SCOPE = "model-a|layout|kernels"
 
