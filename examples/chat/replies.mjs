@@ -39,7 +39,7 @@ export async function run(opened, { resumed = false, timeline = false, refused =
   clearProblem();
   page.stopping = false;
   const ended = state.finishReason;   // how the last reply ended, while a refused one changes nothing
-  Object.assign(state, { reply: "", replyIds: [], held: null, finishReason: null });
+  Object.assign(state, { reply: "", replyIds: [], finishReason: null });
   state.messages.push({ role: "assistant", content: "" });
   setPhase("generating", "waiting for the first token");
   const asked = performance.now();

@@ -111,8 +111,8 @@ async def save(cache: "PagedKVCache", seq_id: int, store: "Store", name: str, *,
                  if plan and last >= reuse.chunks and full_pages > last * ppc else {})
         table: list[list[ChunkRef | None]] = [
             list(reuse.refs[g][:reuse.chunks]) + [None] * (len(plan) - reuse.chunks) for g in range(num_groups)]
-        stored, repaired, tails = await _write_chunks(store, ledger, cache, seq_id, plan, ppc, reuse, keeps, table,
-                                                      progress)
+        stored, repaired, tails = await _write_chunks(store, name, ledger, cache, seq_id, plan, ppc, reuse, keeps,
+                                                      table, progress)
         if cache.sequence_state(seq_id) != state:
             raise CheckpointStateError(f"save {name!r}: sequence {seq_id} changed while it was being saved; "
                                        "nothing was committed")
@@ -245,12 +245,12 @@ def _conversation_id(value: Any) -> str:
     return repr(cid) if isinstance(cid, str) else "(none)"
 
 
-async def _write_chunks(store: "Store", ledger: Ledger, cache: "PagedKVCache", seq_id: int,
+async def _write_chunks(store: "Store", name: str, ledger: Ledger, cache: "PagedKVCache", seq_id: int,
                         plan: list[tuple[int, int]], ppc: int, reuse: _Reuse, keeps: dict[tuple[int, int], int],
                         table: list[list[ChunkRef | None]], progress: Progress | None
                         ) -> tuple[int, list[str], dict[int, tuple[int, HashState]]]:
     """Read back, hash and store every chunk past the reused ones, all in one ``store.batch()``, filling ``table``
-    with their refs; the chunks it stored, those it found damaged and rewrote, and the hash states over the
+    with their refs, renewing the claim of ``name`` before each write (a save may outlast a lease); the chunks it stored, those it found damaged and rewrote, and the hash states over the
     last chunks' full pages that ``keeps`` asked for."""
     lay = cache.layout
     num_groups = lay.num_layers
@@ -272,6 +272,7 @@ async def _write_chunks(store: "Store", ledger: Ledger, cache: "PagedKVCache", s
             table[g][i] = ChunkRef(g, plan[i][0], plan[i][1], len(data), digest)
             if key not in reuse.known and key not in claimed:
                 claimed.add(key)
+                await store.renew_claim(name)
                 if present is None:
                     stored = await store.set_if_absent(key, data)
                 elif key not in present:

@@ -33,9 +33,9 @@ from ..tvm.layout import CacheLimits
 from .cache_lock import CacheLock
 from .config import PRESETS, EngineConfig
 from .conversations import ConversationInfo, describe
-from .prompt import Prompt, build_prompt
+from .prompt import Prompt, build_prompt, raw_prompt
 from .record import ChatExtra
-from .request import ChatRequest
+from .request import ChatRequest, CompletionRequest
 from .responses import ChatChunk, ChatCompletion, ChatStream
 from .slots import UNUSABLE_KV, PrefixSource, Slot, Slots
 from .sources import Sources
@@ -106,19 +106,30 @@ class Engine:
         """
         return await self.create(ChatRequest(messages, **settings), stream=stream)
 
-    async def create(self, request: ChatRequest, *, stream: bool = False
+    async def complete(self, prompt: Any, *, stream: bool = False, **settings: Any) -> ChatCompletion | ChatStream:
+        """The plain completion of the raw text ``prompt`` (encoded as is, the model's BOS first if it adds one):
+        what a base model, without a chat template, answers. ``settings`` and the answer as :meth:`chat`'s (its
+        ``to_openai()`` a ``text_completion``). A completion is a turn as a chat's reply is: saved under a
+        conversation (``completion-...`` unless ``settings`` name one, or it continues one's tokens), reusing
+        the K/V of the longest prefix held, resumable."""
+        return await self.create(CompletionRequest(prompt=prompt, **settings), stream=stream)
+
+    async def create(self, request: ChatRequest | CompletionRequest, *, stream: bool = False
                      ) -> ChatCompletion | ChatStream:
-        """:meth:`chat` for a request built already (e.g. by :meth:`ChatRequest.from_openai`)."""
-        if not isinstance(request, ChatRequest):
-            raise FieldError("request", "a ChatRequest", type(request).__name__)
+        """:meth:`chat` or :meth:`complete` for a request built already (e.g. by :meth:`ChatRequest.from_openai`
+        or :meth:`CompletionRequest.from_openai`)."""
+        if not isinstance(request, (ChatRequest, CompletionRequest)):
+            raise FieldError("request", "a ChatRequest or a CompletionRequest", type(request).__name__)
         async with self.cache_lock.hold():
             turn = await self._begin(request)
         return await self._reply(turn, stream)
 
-    async def _begin(self, request: ChatRequest) -> Turn:
+    async def _begin(self, request: ChatRequest | CompletionRequest) -> Turn:
         started = time.perf_counter()
+        completion = isinstance(request, CompletionRequest)
         prompt = await self._prompt(request)
-        name = request.conversation or await self.sources.continued(prompt.tokens) or _new_name()
+        name = (request.conversation or await self.sources.continued(prompt.tokens)
+                or _new_name("completion" if completion else "chat"))
         warnings: list[str] = []
         conversation, owner = await self._conversation_of(name, warnings)
         max_tokens = min(request.max_tokens or self.context, self.context - len(prompt.tokens))
@@ -127,7 +138,7 @@ class Engine:
         slot.tokens, slot.kv_length, slot.replies = list(prompt.tokens[:source.length]), source.length, prompt.replies
         slot.named = request.conversation is not None
         turn = self._track(Turn(gen, slot, extra.completion_id, extra.created, len(prompt.tokens), source.length,
-                                restore_s, started, warnings=tuple(warnings)))
+                                restore_s, started, warnings=tuple(warnings), text_completion=completion))
         if gen.autosave is not None:  # the messages are committed before the prefill: a crash during it keeps them
             try:
                 await gen.save()
@@ -136,10 +147,12 @@ class Engine:
                     gen.on_save_error(exc)
         return turn
 
-    async def _prompt(self, request: ChatRequest) -> Prompt:
-        """The prompt of ``request``'s messages, this engine's replies in them put back as the ids it generated;
-        ContextFullError if it leaves no room for a reply."""
+    async def _prompt(self, request: ChatRequest | CompletionRequest) -> Prompt:
+        """The prompt of ``request``'s messages, this engine's replies in them put back as the ids it generated (or
+        of its raw text); ContextFullError if it leaves no room for a reply."""
         self.sources.begin()
+        if isinstance(request, CompletionRequest):
+            return raw_prompt(self.codec, request.prompt, self.context)
         try:
             prompt = await build_prompt(self.codec, request.messages, self.sources.known_reply, self.context - 1)
             replies = sum(m.role == "assistant" for m in request.messages)
@@ -166,12 +179,9 @@ class Engine:
         restore_begin = time.perf_counter()
         slot, source = await self._place(name, tokens[:n - 1] if cache_prompt else [], n + max_tokens, warnings)
         restore_s = time.perf_counter() - restore_begin if source.record is not None else 0.0
-        if slot.kv_length < source.length:  # the checkpoint holds other tokens now: what was read of it is stale
-            self.sources.forget(source.record.name)
-            source = PrefixSource(0)
         return slot, source, restore_s
 
-    async def _start(self, request: ChatRequest, prompt: Prompt, name: str, slot: Slot, kv_length: int,
+    async def _start(self, request: ChatRequest | CompletionRequest, prompt: Prompt, name: str, slot: Slot, kv_length: int,
                      max_tokens: int, conversation: Conversation | None, owner: "Manifest | None"
                      ) -> tuple[Generator, ChatExtra]:
         """The generator of ``request``'s reply in ``slot`` (whose first ``kv_length`` tokens of ``prompt`` hold
@@ -179,7 +189,7 @@ class Engine:
         seed = request.seed if request.seed is not None else secrets.randbelow(MAX_SEED + 1)
         settings = {**request.settings_json(), "seed": seed}  # its conversation: the one it named, or null
         sampling = SamplingSettings(request.temperature, request.top_k, request.top_p, request.repetition_penalty, seed)
-        extra = ChatExtra(request.messages, settings, f"chatcmpl-{secrets.token_hex(12)}", int(time.time()))
+        extra = ChatExtra.of(request, settings)
         try:
             gen = await Generator.start(
                 self.model, self.cache, prompt.tokens, sampling,
@@ -205,6 +215,7 @@ class Engine:
                 if source.record is None:
                     raise
                 unusable[(source.record.name, source.record.generation)] = exc
+                self.sources.forget(source.record.name)  # what was read of it may be stale
                 continue
             break
         if unusable:
@@ -272,12 +283,13 @@ class Engine:
             self.on_save(name, result)
 
     async def _stream(self, turn: Turn) -> AsyncGenerator[ChatChunk, None]:
-        gen, first = turn.gen, True
+        gen, first, kind = turn.gen, True, turn.text_completion
         model_name, name = self.model_name, turn.slot.conversation
         try:
             if gen.generated_tokens or turn.resumed is not None:  # a resumed reply: what it had written first
                 yield ChatChunk(turn.completion_id, turn.created, model_name, name, gen.text,
-                                tuple(gen.generated_tokens), first=True, resumed=turn.resumed, warnings=turn.warnings)
+                                tuple(gen.generated_tokens), first=True, resumed=turn.resumed, warnings=turn.warnings,
+                                text_completion=kind)
                 first = False
             while gen.finish_reason is None and not turn.interrupted:
                 async with self.cache_lock.hold():
@@ -289,12 +301,12 @@ class Engine:
                 turn.last_token_at = now
                 turn.made += 1
                 yield ChatChunk(turn.completion_id, turn.created, model_name, name, event.text, (event.token,),
-                                first=first, warnings=turn.warnings if first else ())
+                                first=first, warnings=turn.warnings if first else (), text_completion=kind)
                 first = False
             await self._save_stopped(gen)
             yield ChatChunk(turn.completion_id, turn.created, model_name, name,
                             finish_reason=_FINISH.get(gen.finish_reason, "abort"), usage=turn.usage(),
-                            first=first, warnings=turn.warnings if first else ())
+                            first=first, warnings=turn.warnings if first else (), text_completion=kind)
         finally:
             if not gen.failed:  # a consumer that went away stops the reply as an interrupt does
                 try:
@@ -386,7 +398,8 @@ class Engine:
         slot.named = extra.named
         return self._track(Turn(gen, slot, extra.completion_id, extra.created, len(gen.prompt_tokens),
                                  len(gen.prompt_tokens), restore_s, started,
-                                 resumed=gen.resume_report if slot is not own else None))
+                                 resumed=gen.resume_report if slot is not own else None,
+                                 text_completion=extra.prompt is not None))
 
     async def conversations(self) -> list[ConversationInfo]:
         """Every conversation in the store (or, without one, in the cache), the most recent first."""
@@ -468,5 +481,5 @@ class Engine:
         self.cache.close()
 
 
-def _new_name() -> str:
-    return time.strftime("chat-%Y%m%d-%H%M%S-", time.gmtime()) + secrets.token_hex(3)
+def _new_name(kind: str) -> str:
+    return time.strftime(f"{kind}-%Y%m%d-%H%M%S-", time.gmtime()) + secrets.token_hex(3)

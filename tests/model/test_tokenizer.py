@@ -13,36 +13,21 @@ from tokenizers import Tokenizer as HFTokenizer
 
 from kvckpt_web.errors import FieldError, FormatError
 from kvckpt_web.model.gguf import GGUFFile
-from kvckpt_web.model.tokenizer import TOKEN_CONTROL, TOKEN_NORMAL, Tokenizer, pre_tokenize
+from kvckpt_web.model.tokenizer import Tokenizer, pre_tokenize
+from kvckpt_web.model.tokenizer_base import TOKEN_CONTROL, TOKEN_NORMAL
+
+from tokenizer_texts import TEXTS
 
 SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<repo_name>", "<reponame>", "<file_sep>", "<filename>",
             "<gh_stars>", "<issue_start>", "<issue_comment>", "<issue_closed>", "<jupyter_start>", "<jupyter_text>",
             "<jupyter_code>", "<jupyter_output>", "<jupyter_script>", "<empty_output>"]
 
 CORPUS = [
-    "",
-    "Hello world!",
-    "def fib(n: int) -> int:\n    if n < 2:\n        return n\n    return fib(n - 1) + fib(n - 2)\n",
-    "for (int i = 0; i < 10; ++i) { x[i] = y[i] * 2.5f; }  // C\n\tint *p = &x;",
-    "1234567890 3.14159 -42 1e-9 0x1F 1,000,000 ½ ² ٣٤٥ 一二三 Ⅻ",
-    "   leading spaces, trailing spaces   ",
-    "tabs\t\tand\n\nnewlines\r\n\r\nand   \n   mixed \t \n",
-    "\n", " ", "  ", "\t", "a\u00a0b\u2003c\u3000d",
-    "Café, naïve, façade, Ångström, São Paulo, Dvořák, Łódź",
-    "e\u0301 combining, n\u0303, Z\u0335\u0308",
-    "日本語のテキスト、中文文本，한국어 텍스트",
-    "emoji 😀🎉👍🏽 👨‍👩‍👧‍👦 🇫🇷 ❤️",
-    "I'm, you're, he's, we've, they'll, I'd, can't, DON'T, it'S, 'twas, rock'n'roll, ''quoted''",
-    "Ünïcödé 'Ünïcödé' ß ẞ ﬁ ﬀ",
-    "math: ∀x ∈ ℝ, x² ≥ 0 → √x ∈ ℝ⁺; ∑_{i=1}^{n} i = n(n+1)/2",
+    *TEXTS,
     "<|im_start|>user\nWhat is 2+2?<|im_end|>\n<|im_start|>assistant\n",
     "".join(SPECIALS),
     "<reponame>x<repo_name>y<|im_start|><|im_start|> <|im_end|>\n",
     "not special: <|im_star|> <im_start> < |im_end| >",
-    "control \x00\x01\x04\x06\x13\x14\x16\x1d\x1c\x1f\x7f chars",
-    "!!!??? ... --- *** ### @@@ $$$ %%% ^^^ &&& ((())) [[]] {{}}",
-    "https://example.com/path?query=1&b=2#frag user@example.org",
-    "<div class=\"x\">\n  <p>Text &amp; more</p>\n</div>",
 ]
 
 
@@ -230,7 +215,7 @@ def test_merging_a_word_looks_up_a_few_pairs_per_byte_not_a_pass_per_merge(token
     word = random_word(4000)
     ranks = CountingRanks(tokenizer._ranks)
     monkeypatch.setattr(tokenizer, "_ranks", ranks)
-    merges = len(word) - len(tokenizer._bpe(word))
+    merges = len(word) - len(tokenizer._encode_word(word))
     lookups = ranks.lookups
     assert merges > 1000
     assert lookups <= 6 * len(word)  # the first pairs, then per merge 2 new pairs, and one per candidate popped
@@ -242,7 +227,7 @@ def test_a_long_word_encodes_as_hf_does(tokenizer: Tokenizer, hf: HFTokenizer) -
 
 
 def test_a_text_too_large_for_the_limit_is_refused_before_any_encoding(tokenizer: Tokenizer, monkeypatch) -> None:
-    monkeypatch.setattr(tokenizer, "_bpe", lambda word: pytest.fail("encoded a word"))
+    monkeypatch.setattr(tokenizer, "_encode_word", lambda word: pytest.fail("encoded a word"))
     size = 10 * tokenizer.longest_token_bytes + 1  # 11 tokens at the very least
     with pytest.raises(FieldError, match=f"text: expected at most 10 tokens, got '{size} bytes of text, at least 11 "
                                          "tokens"):
@@ -252,8 +237,8 @@ def test_a_text_too_large_for_the_limit_is_refused_before_any_encoding(tokenizer
 def test_encoding_stops_once_the_tokens_exceed_the_limit(tokenizer: Tokenizer, monkeypatch) -> None:
     words = [random_word(8, seed=i) for i in range(2000)]  # few bytes per token: the size alone cannot tell
     encoded = []
-    bpe = tokenizer._bpe
-    monkeypatch.setattr(tokenizer, "_bpe", lambda word: encoded.append(word) or bpe(word))
+    bpe = tokenizer._encode_word
+    monkeypatch.setattr(tokenizer, "_encode_word", lambda word: encoded.append(word) or bpe(word))
     with pytest.raises(FieldError, match="text: expected at most 300 tokens, got 'more than 300 tokens'"):
         tokenizer.encode(" ".join(words), max_tokens=300)
     assert len(encoded) <= 301

@@ -105,6 +105,16 @@ def run(coro: Awaitable[T]) -> T:
     return asyncio.run(coro)  # type: ignore[arg-type]
 
 
+async def try_claim(store: Store, name: str) -> str:
+    """"taken" if another writer could take (and at once release) ``store``'s claim of ``name`` now, else
+    "refused"."""
+    try:
+        async with store.claim(name):
+            return "taken"
+    except ConflictError:
+        return "refused"
+
+
 class Clock:
     """A clock the test moves (``offset`` seconds ahead of the real one): what ages of stored values and leases of
     claims are measured with."""
@@ -643,6 +653,20 @@ class StoreTests:
         clock.offset += DEFAULT_LEASE_SECONDS * 0.9
         with pytest.raises(ConflictError, match="'chat'"):
             run(second.claim("chat").__aenter__())
+
+    def test_renewals_of_one_claim_at_once_renew_it_once_and_each_succeeds(self, tmp_path: Path) -> None:
+        clock = Clock()
+        holder = self.open_leased(tmp_path, clock)
+
+        async def body() -> None:
+            async with holder.claim("chat"):
+                clock.offset = DEFAULT_LEASE_SECONDS * 0.6  # due: the concurrent writes of one save all ask
+                await asyncio.gather(*(holder.renew_claim("chat") for _ in range(8)))
+                clock.offset = DEFAULT_LEASE_SECONDS * 1.5  # within the lease renewed at 0.6
+                with pytest.raises(ConflictError, match="'chat'"):
+                    await self.open_leased(tmp_path, clock).claim("chat").__aenter__()
+
+        run(body())
 
     # -- model-based -------------------------------------------------------------
 

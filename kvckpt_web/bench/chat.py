@@ -33,7 +33,7 @@ from ..gpu.open import open_device
 from ..model.loader import default_model_path, load_model
 from ..model.protocol import LoadedModel
 from ..stores.file import FileStore
-from .bench_rows import load_average
+from .rows import load_average
 
 HISTORY_TOKENS = 2000
 STORE_TARGET = 20.0

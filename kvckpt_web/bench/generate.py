@@ -30,7 +30,7 @@ from ..model.loader import default_model_path, load_model
 from ..model.caches import new_cache
 from ..model.protocol import LoadedModel
 from ..stores.file import FileStore
-from .bench_rows import Probe, load_average
+from .rows import Probe, load_average
 
 CONTEXT = 1024
 DECODE_TOKENS = 32

@@ -16,7 +16,7 @@ refresh that finds nothing new (only lists), and lookups: one conversation's tok
 matches on 18 pages, that one on 125), the shared tokens and others (every record matches on 18 pages), and
 tokens that match nothing.
 
-Run from the repository root: ``.venv/bin/python bench/prefix_cache.py [chunks] [index] [--rounds N]``.
+Run from the repository root: ``.venv/bin/python -m kvckpt_web.bench.prefix_cache [chunks] [index] [--rounds N]``.
 """
 
 from __future__ import annotations
@@ -31,9 +31,14 @@ from pathlib import Path
 
 import numpy as np
 
-from kvckpt_web import CacheLimits, FileStore, KVLayout, PagedKVCache, open_device, restore, save
-from kvckpt_web.durable.prefix_index import PrefixIndex
-from kvckpt_web.durable.prefix_records import PrefixKey, encode_record, prefix_record
+from ..durable.prefix_index import PrefixIndex
+from ..durable.prefix_records import PrefixKey, encode_record, prefix_record
+from ..durable.restore import restore
+from ..durable.save import save
+from ..gpu.open import open_device
+from ..kv.cache import PagedKVCache
+from ..stores.file import FileStore
+from ..tvm.layout import CacheLimits, KVLayout
 
 LAYOUT = KVLayout(page_size=16, num_layers=30, num_qo_heads=9, num_kv_heads=3, qk_head_dim=64, dtype="float16",
                   rope_mode="normal", rotary_theta=100000.0)

@@ -38,7 +38,7 @@ from ..gpu.open import open_device
 from ..kv.cache import PagedKVCache
 from ..stores.file import FileStore
 from ..tvm.layout import CacheLimits, KVLayout
-from .bench_rows import load_average
+from .rows import load_average
 
 LAYOUT = KVLayout(page_size=4, num_layers=2, num_qo_heads=4, num_kv_heads=2, qk_head_dim=8, dtype="float16",
                   rope_mode="none")
@@ -158,7 +158,7 @@ async def _run_worker(directory: str, seed: int, mode: str, kill_step: int, dela
                       ) -> tuple[str, str]:
     """Run one worker to its end; (how it ended, its output)."""
     proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "kvckpt_web.cli.soak", "worker", directory, str(seed), mode, str(kill_step), naming,
+        sys.executable, "-m", "kvckpt_web.bench.soak", "worker", directory, str(seed), mode, str(kill_step), naming,
         stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
     lines = []
     if mode == "timer":
@@ -263,5 +263,5 @@ async def run_soak(trials: int = 200, *, seed: int = 0, jobs: int = 2, device: D
 
 if __name__ == "__main__":
     if len(sys.argv) != 7 or sys.argv[1] != "worker":
-        sys.exit("usage: python -m kvckpt_web.cli.soak worker DIR SEED step|timer KILL_STEP unnamed|named")
+        sys.exit("usage: python -m kvckpt_web.bench.soak worker DIR SEED step|timer KILL_STEP unnamed|named")
     asyncio.run(_worker(sys.argv[2], int(sys.argv[3]), sys.argv[4], int(sys.argv[5]), sys.argv[6]))

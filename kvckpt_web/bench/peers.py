@@ -1,8 +1,8 @@
 """``make bench-peers``: kvckpt_web (lavapipe) and llama.cpp (llama-cpp-python, CPU) side by side on the same
 machine, the same GGUF and the same token ids, in one run.
 
-llama.cpp runs in a worker process of its own venv (``bench/peer_llama.py``; ``make bench-peers`` builds
-llama-cpp-python 0.3.36 into ``build/peers-venv``), this project in this process. Every round runs each case on
+llama.cpp runs in a worker process of its own venv (``peer_llama.py``, run by its path; ``make bench-peers``
+builds llama-cpp-python 0.3.36 into ``build/peers-venv``), this project in this process. Every round runs each case on
 both, one after the other, in an order that alternates from round to round, after a warm-up round; nothing of
 the peer is quoted that was not measured in this run. Decode and prefill rows also give each process's CPU time a
 token (all its threads), which moves less than wall time while other work shares the cores. Cases: greedy decode after a 9-token and after a 1024-token
@@ -12,7 +12,8 @@ checks nothing), ``llama_state_set_data`` and ``Llama.load_state``; and what the
 without it, the SHA-256 alone). Each row prints both medians, the ratio of the rounds (llama.cpp's time over
 this project's: 1.00 is parity, above is faster) with its range, and the 1-minute load average over the rounds.
 
-Run from the repository root: ``.venv/bin/python -m bench.peers --peer-python build/peers-venv/bin/python``.
+Run from the repository root:
+``.venv/bin/python -m kvckpt_web.bench.peers --peer-python build/peers-venv/bin/python``.
 """
 
 from __future__ import annotations
@@ -29,9 +30,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from kvckpt_web.cli.bench_generate import GenerationRunner, Timing
-from kvckpt_web.cli.bench_rows import load_average, load_range
-from kvckpt_web.model.loader import default_model_path
+from ..model.loader import default_model_path
+from .generate import GenerationRunner, Timing
+from .rows import load_average, load_range
 
 SHORT = 8
 """Tokens of the short context (the decode after it starts from its 9th)."""

@@ -6,9 +6,9 @@ import asyncio
 
 import pytest
 
-from kvckpt_web.cli.bench_export import bench_export
-from kvckpt_web.cli.bench_rows import expand_paths
-from kvckpt_web.cli.bench_save import bench_save
+from kvckpt_web.bench.export import bench_export
+from kvckpt_web.bench.rows import expand_paths
+from kvckpt_web.bench.save import bench_save
 
 
 TOKENS = 64  # 4 pages of each of 16 layers: 4 MiB

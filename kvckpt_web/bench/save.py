@@ -21,7 +21,7 @@ from ..gpu.tensors import zeroed
 from ..kv.cache import PagedKVCache
 from ..stores.file import FileStore
 from ..tvm.layout import CacheLimits
-from .bench_rows import EXPORT_LAYOUT, EXPORT_TOKENS, HEADER, Probe, Row, emit, expand_paths, load_average
+from .rows import EXPORT_LAYOUT, EXPORT_TOKENS, HEADER, Probe, Row, emit, expand_paths, load_average
 
 SAVE_APPEND = 64
 """Tokens appended between the full and the incremental save of ``kvckpt bench save``."""

@@ -4,8 +4,8 @@ import asyncio
 
 import pytest
 
-from kvckpt_web.cli import bench_rows
-from kvckpt_web.cli.bench_rows import HEADER, Row, paired_rounds
+from kvckpt_web.bench import rows
+from kvckpt_web.bench.rows import HEADER, Row, paired_rounds
 from kvckpt_web.errors import FieldError
 
 
@@ -71,7 +71,7 @@ def test_paired_rounds_warm_up_once_then_alternate_which_runs_first():
 
 def test_paired_rounds_take_the_load_average_after_each_round(monkeypatch):
     seen = iter([1.25, 0.5, 3.0])
-    monkeypatch.setattr(bench_rows, "load_average", lambda: next(seen))
+    monkeypatch.setattr(rows, "load_average", lambda: next(seen))
 
     async def nothing() -> None:
         pass

@@ -1,14 +1,14 @@
-"""llama.cpp (llama-cpp-python 0.3.36) as the peer of bench/peers.py: a worker that runs in its own venv and times
-what the driver asks, one JSON line in, one JSON line out (each answer's ``seconds`` timed here, in-process; a
-prefill's or decode's ``cpu`` is the CPU time the process used meanwhile, all its threads).
+"""llama.cpp (llama-cpp-python 0.3.36) as the peer of :mod:`kvckpt_web.bench.peers`: a worker that runs in its own venv
+and times what the driver asks, one JSON line in, one JSON line out (each answer's ``seconds`` timed here,
+in-process; a prefill's or decode's ``cpu`` is the CPU time the process used meanwhile, all its threads).
 
-Run as ``python bench/peer_llama.py MODEL.gguf --threads 2 --ctx 2048`` with ``OMP_WAIT_POLICY=passive`` (the
-driver sets it: llama.cpp's busy-waiting threads collapse on a shared 2-core machine). It imports nothing of
-kvckpt_web. Requests (``op``): ``prefill`` (tokens: a fresh context evaluated, then the greedy next token),
-``decode`` (token, steps: greedy steps after the current context), ``save`` (path: the current context's state
-to a file with ``llama_state_save_file`` and kept in memory with ``Llama.save_state``), ``load_file`` (path:
-``llama_state_load_file``), ``load_state`` (``Llama.load_state`` of the kept state), ``set_data``
-(``llama_state_set_data`` of the kept state's bytes), ``quit``.
+Run by its path as ``python kvckpt_web/bench/peer_llama.py MODEL.gguf --threads 2 --ctx 2048`` with
+``OMP_WAIT_POLICY=passive`` (the driver sets it: llama.cpp's busy-waiting threads collapse on a shared 2-core
+machine). It imports nothing of kvckpt_web. Requests (``op``): ``prefill`` (tokens: a fresh context evaluated, then
+the greedy next token), ``decode`` (token, steps: greedy steps after the current context), ``save`` (path: the
+current context's state to a file with ``llama_state_save_file`` and kept in memory with ``Llama.save_state``),
+``load_file`` (path: ``llama_state_load_file``), ``load_state`` (``Llama.load_state`` of the kept state),
+``set_data`` (``llama_state_set_data`` of the kept state's bytes), ``quit``.
 """
 
 from __future__ import annotations

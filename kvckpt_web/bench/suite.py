@@ -1,7 +1,7 @@
 """``kvckpt bench``: checkpoint throughput measured side by side with raw transfers of the same bytes.
 
 Every number is a ratio against a baseline measured in the same run on the same
-adapter, interleaved with it, so machine noise hits both alike (see :mod:`.bench_rows`).
+adapter, interleaved with it, so machine noise hits both alike (see :mod:`.rows`).
 """
 
 from __future__ import annotations
@@ -12,17 +12,17 @@ import time
 from typing import Callable
 
 from ..gpu.device import Device
-from .bench_chat import bench_chat
-from .bench_export import bench_export
-from .bench_rows import Row, load_range
-from .bench_save import bench_save
+from .chat import bench_chat
+from .export import bench_export
+from .rows import Row, load_range
+from .save import bench_save
 from .soak import run_soak
-from .bench_generate import bench_generate
+from .generate import bench_generate
 
 
 async def bench_soak(device: Device | None = None, repeats: int = 0, paths: tuple[str, ...] = (),
                      echo: Callable[[str], None] = print, trials: int = 200) -> list[Row]:
-    """kill -9 trials of processes that are saving (see :mod:`kvckpt_web.cli.soak`); raises if any trial failed."""
+    """kill -9 trials of processes that are saving (see :mod:`kvckpt_web.bench.soak`); raises if any trial failed."""
     started = time.perf_counter()
     result = await run_soak(trials, device=device, echo=lambda line: print(line, file=sys.stderr, flush=True))
     echo(f"{result.trials} trials in {time.perf_counter() - started:.0f} s: worker killed while saving "

@@ -9,7 +9,7 @@ with no arithmetic (what fetching the weights alone costs), and as many empty di
 dispatching alone costs); and the Q4_1 products of a 20-token prefill in token tiles and one token an invocation.
 Each row: median wall ms and its range, median CPU ms of the process (lavapipe's threads included: on a machine
 whose cores other work shares, steadier than wall time), and the 1-minute load average over the rounds. Run from
-the repository root: ``.venv/bin/python bench/model_kernels.py [path/to/model.gguf] [--rounds N]``.
+the repository root: ``.venv/bin/python -m kvckpt_web.bench.model_kernels [path/to/model.gguf] [--rounds N]``.
 """
 
 from __future__ import annotations
@@ -26,10 +26,10 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Callable
 
-from kvckpt_web import open_device
-from kvckpt_web.gpu.device import Buffer, Copy, Device, Dispatch, Usage
-from kvckpt_web.model import kernels
-from kvckpt_web.model.weights import TILE_ROWS, DenseTensor, QuantizedTensor, upload_stacked, upload_tensor
+from ..gpu.device import Buffer, Copy, Device, Dispatch, Usage
+from ..gpu.open import open_device
+from ..model import kernels
+from ..model.weights import TILE_ROWS, DenseTensor, QuantizedTensor, upload_stacked, upload_tensor
 
 LAYERS = 30
 PREFILL_TOKENS = 20
@@ -203,8 +203,8 @@ def per_token(device: Device, dispatches: list[Dispatch]) -> list[Dispatch]:
     out = []
     for d in dispatches:
         entry = d.kernel.name.split(".")[-1]
-        if entry.endswith("_matmul") and d.workgroups is not None:
-            single = "q4_1_matvec" if entry == "q4_1_matmul" else "q4_1_gated"
+        if entry.endswith("matmul") and d.workgroups is not None:
+            single = "matvec" if entry == "matmul" else "q4_1_gated"
             count = struct.unpack_from("<I", d.params, 8)[0]  # Params.tokens
             d = replace(d, kernel=kernels.quant_kernel(device, single), workgroups=(d.workgroups[0], count, 1))
         out.append(d)

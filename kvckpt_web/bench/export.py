@@ -10,7 +10,7 @@ from ..gpu.tensors import zeroed
 from ..kv.cache import PagedKVCache
 from ..kv.scatter import scatter_free_pages
 from ..tvm.layout import CacheLimits
-from .bench_rows import EXPORT_LAYOUT, EXPORT_TOKENS, HEADER, Probe, Row, emit, expand_paths, paired_rounds
+from .rows import EXPORT_LAYOUT, EXPORT_TOKENS, HEADER, Probe, Row, emit, expand_paths, paired_rounds
 
 TABLES = {
     "contiguous": "one sequence in an empty cache: one run of pages",

@@ -6,7 +6,7 @@ Each case times the attention dispatches (partial sums and merge, not RoPE) of s
 K/V: every round runs each variant once, in an order that alternates from round to round, after a warm-up
 round; a decode round submits ``--decode-reps`` steps at once. Printed: the median and range of the rounds,
 in ms per layer, and each variant's maximum difference from the first (all agree within float32 rounding).
-Run from the repository root: ``.venv/bin/python bench/model_attention.py [--rounds N]``.
+Run from the repository root: ``.venv/bin/python -m kvckpt_web.bench.model_attention [--rounds N]``.
 """
 
 from __future__ import annotations
@@ -18,19 +18,21 @@ import time
 
 import numpy as np
 
-from kvckpt_web import CacheLimits, KVLayout, PagedKVCache, open_device
-from kvckpt_web.gpu.device import Device, TextureCopy, Usage
-from kvckpt_web.model import kernels
-from kvckpt_web.model.attention import PagedAttention
+from ..gpu.device import Device, TextureCopy, Usage
+from ..gpu.open import open_device
+from ..kv.cache import PagedKVCache
+from ..model import kernels
+from ..model.attention import PagedAttention
+from ..tvm.layout import CacheLimits, KVLayout
 
 CONTEXT = 1024
 LAYOUT = KVLayout(page_size=16, num_layers=1, num_qo_heads=9, num_kv_heads=3, qk_head_dim=64, rope_mode="normal",
                   rotary_theta=100000.0)
 #: (label, PagedAttention options) per case; the first of each is the default.
-DECODE = [("default", {}), ("keys 16", dict(keys_per_split=16)), ("keys 64", dict(keys_per_split=64)),
-          ("keys 128", dict(keys_per_split=128)), ("keys 1025", dict(keys_per_split=1025))]
-PREFILL = [("default", {}), ("rows 1", dict(rows_per_tile=1)), ("rows 2", dict(rows_per_tile=2)),
-           ("rows 8", dict(rows_per_tile=8)), ("rows 4 keys 256", dict(rows_per_tile=4, keys_per_split=256))]
+DECODE = [("default", {}), ("keys 16", {"keys_per_split": 16}), ("keys 64", {"keys_per_split": 64}),
+          ("keys 128", {"keys_per_split": 128}), ("keys 1025", {"keys_per_split": 1025})]
+PREFILL = [("default", {}), ("rows 1", {"rows_per_tile": 1}), ("rows 2", {"rows_per_tile": 2}),
+           ("rows 8", {"rows_per_tile": 8}), ("rows 4 keys 256", {"rows_per_tile": 4, "keys_per_split": 256})]
 
 
 class Bench:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 
-from kvckpt_web.cli.bench_chat import TITLES, bench_chat
+from kvckpt_web.bench.chat import TITLES, bench_chat
 
 
 def test_bench_chat_times_the_next_turn_from_the_cache_the_store_and_a_re_prefill(device, tiny_llama_path):
