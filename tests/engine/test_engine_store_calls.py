@@ -12,10 +12,10 @@ from collections import Counter
 
 import pytest
 
-from counting_store import CountingStore, count
+from support.counting_store import CountingStore, count
 from kvckpt_web.durable.catalog import manifest_keys
 
-from kvmodel import run
+from support.kvmodel import run
 
 GREEDY = {"temperature": 0.0, "max_tokens": 6}
 FIRST = [{"role": "user", "content": "hello there, who are you? tell me about the sea and the wind."}]

@@ -23,10 +23,10 @@ from kvckpt_web.model.sampler import SamplingSettings
 from kvckpt_web.stores.file import FileStore
 from kvckpt_web.stores.http import HTTPStore
 
-from counting_store import CountingStore, count
-from kvmodel import run
 from lm_double import DoubleLM, DoubleText
-from store_suite import LEASE_RUN_OUT, Clock
+from support.counting_store import CountingStore, count
+from support.kvmodel import run
+from support.store_suite import LEASE_RUN_OUT, Clock
 
 TEXT = DoubleText()
 PROMPT = TEXT.encode_chat([{"role": "user", "content": "tell me about the sea, please."}])

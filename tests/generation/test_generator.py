@@ -19,9 +19,9 @@ from kvckpt_web.generation.resume import resume
 from kvckpt_web.model.caches import new_cache
 from kvckpt_web.model.sampler import Sampler, SamplingSettings
 
-from kvmodel import names_field, run
 from lm_double import DoubleLM
 from runs import GREEDY, PROMPT, TEXT, TOP_P, resumed, start, uninterrupted
+from support.kvmodel import names_field, run
 
 
 def test_after_a_failed_forward_the_generator_refuses_to_go_on_and_its_last_checkpoint_resumes(make_cache):
