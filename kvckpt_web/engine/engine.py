@@ -21,7 +21,7 @@ from ..durable.ledger import Ledger
 from ..durable.prefix_index import PrefixIndex
 from ..durable.results import Progress, SaveResult
 from ..durable.retention import delete_name
-from ..errors import ConflictError, ContextFullError, FieldError, KVCkptError, NotFoundError, StoreError, is_int
+from ..errors import ConflictError, ContextFullError, FieldError, KVCkptError, NotFoundError, is_int
 from ..kv.cache import PagedKVCache
 from ..generation.app_state import StopRules
 from ..generation.autosave import Autosave
@@ -42,7 +42,6 @@ from .sources import Sources
 from .turn import Turn, committed
 
 if TYPE_CHECKING:
-    from ..durable.container import Manifest
     from ..gpu.device import Device
     from ..model.protocol import LoadedModel
     from ..stores.base import Store
@@ -131,20 +130,14 @@ class Engine:
         name = (request.conversation or await self.sources.continued(prompt.tokens)
                 or _new_name("completion" if completion else "chat"))
         warnings: list[str] = []
-        conversation, owner = await self._conversation_of(name, warnings)
+        conversation = await self._conversation_of(name, warnings)
         max_tokens = min(request.max_tokens or self.context, self.context - len(prompt.tokens))
         slot, source, restore_s = await self._kv_for(name, prompt.tokens, request.cache_prompt, max_tokens, warnings)
-        gen, extra = await self._start(request, prompt, name, slot, source.length, max_tokens, conversation, owner)
+        gen, extra = await self._start(request, prompt, name, slot, source.length, max_tokens, conversation)
         slot.tokens, slot.kv_length, slot.replies = list(prompt.tokens[:source.length]), source.length, prompt.replies
         slot.named = request.conversation is not None
         turn = self._track(Turn(gen, slot, extra.completion_id, extra.created, len(prompt.tokens), source.length,
                                 restore_s, started, warnings=tuple(warnings), text_completion=completion))
-        if gen.autosave is not None:  # the messages are committed before the prefill: a crash during it keeps them
-            try:
-                await gen.save()
-            except (StoreError, OSError) as exc:
-                if gen.on_save_error is not None:
-                    gen.on_save_error(exc)
         return turn
 
     async def _prompt(self, request: ChatRequest | CompletionRequest) -> Prompt:
@@ -182,10 +175,11 @@ class Engine:
         return slot, source, restore_s
 
     async def _start(self, request: ChatRequest | CompletionRequest, prompt: Prompt, name: str, slot: Slot, kv_length: int,
-                     max_tokens: int, conversation: Conversation | None, owner: "Manifest | None"
-                     ) -> tuple[Generator, ChatExtra]:
+                     max_tokens: int, conversation: Conversation | None) -> tuple[Generator, ChatExtra]:
         """The generator of ``request``'s reply in ``slot`` (whose first ``kv_length`` tokens of ``prompt`` hold
-        their K/V), and what its checkpoints record of the request; the slot is dropped if it cannot start."""
+        their K/V), and what its checkpoints record of the request, saved once before the prefill (with a store:
+        the messages are committed, so a crash during the prefill keeps them); the slot is dropped if it cannot
+        start."""
         seed = request.seed if request.seed is not None else secrets.randbelow(MAX_SEED + 1)
         settings = {**request.settings_json(), "seed": seed}  # its conversation: the one it named, or null
         sampling = SamplingSettings(request.temperature, request.top_k, request.top_p, request.repetition_penalty, seed)
@@ -196,7 +190,7 @@ class Engine:
                 stop=StopRules(max_tokens, self.codec.eos_ids, request.stop), seq_id=slot.seq_id,
                 prefill_chunk=self.prefill_chunk, autosave=self._autosave(name), decode=self.codec.decode,
                 progress=self.progress, kv_length=kv_length, replies=prompt.replies, extra=extra.to_json(),
-                conversation=conversation, context=self.context, owner=owner, **self._save_callbacks(name))
+                conversation=conversation, context=self.context, save_first=True, **self._save_callbacks(name))
         except BaseException:
             await self.slots.drop(slot)
             raise
@@ -227,19 +221,18 @@ class Engine:
                          for (other, generation), exc in unusable.items()]
         return slot, source
 
-    async def _conversation_of(self, name: str, warnings: list[str]) -> tuple[Conversation | None, Manifest | None]:
+    async def _conversation_of(self, name: str, warnings: list[str]) -> Conversation | None:
         """The identity of conversation ``name`` if it exists (None: a new one), from its newest generation that
-        can be read (``warnings`` says when newer ones cannot), and that generation's manifest if it was read (its
-        writer's ownership check reads it no more); refuses a name another model's conversation, or checkpoints
-        none of which is a chat's that can be read, hold."""
+        can be read (``warnings`` says when newer ones cannot); refuses a name another model's conversation, or
+        checkpoints none of which is a chat's that can be read, hold."""
         own = self.slots.of_conversation(name)
         if own is not None and own.gen is not None:
-            return own.gen.conversation, None
+            return own.gen.conversation
         if self.store is None:
-            return None, None
+            return None
         view = await self.sources.view(name)
         if not view.generations:
-            return None, None
+            return None
         record = view.record
         if record is None:
             raise ConflictError(f"conversation: expected a chat conversation named {name!r} or a new name, got "
@@ -251,7 +244,7 @@ class Engine:
         if record.saved.model != self.model.identity:
             raise FieldError("conversation", f"a conversation of this model ({self.model.identity[:16]}...)",
                              name, f"it was written by model {record.saved.model[:16]}...")
-        return record.saved.conversation, view.manifest
+        return record.saved.conversation
 
     def _autosave(self, name: str) -> Autosave | None:
         if self.store is None:
