@@ -15,7 +15,7 @@ from kvckpt_web.engine import ChatChunk, ChatCompletion, Engine
 from kvckpt_web.errors import ContextFullError, FieldError
 from kvckpt_web.model.loader import load_model
 
-from kvmodel import run
+from support.kvmodel import run
 from lm_double import DoubleText
 
 PROMPT = "once upon a time"
