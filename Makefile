@@ -92,7 +92,7 @@ demo-page: setup web-deps
 	$(BIN)/kvckpt serve --page examples/chat --open
 
 bench-browser: setup web-deps
-	$(BIN)/python -m bench.browser
+	$(BIN)/python -m kvckpt_web.bench.browser
 
 demo: setup
 	$(BIN)/kvckpt demo
@@ -106,7 +106,7 @@ bench: setup
 	$(BIN)/kvckpt bench chat --repeats 3
 
 # The peer: llama.cpp through llama-cpp-python, built from source for this CPU (~10 minutes) into a venv of its
-# own; `make bench-peers` prints this project and llama.cpp side by side, measured in one run (bench/peers.py).
+# own; `make bench-peers` prints this project and llama.cpp side by side, measured in one run (kvckpt_web/bench/peers.py).
 PEERS_VENV := build/peers-venv
 LLAMA_CPP  := llama-cpp-python==0.3.36
 PEERS_STAMP := $(PEERS_VENV)/.installed-0.3.36
@@ -118,7 +118,7 @@ $(PEERS_STAMP):
 	touch $(PEERS_STAMP)
 
 bench-peers: setup $(PEERS_STAMP)
-	$(BIN)/python -m bench.peers --peer-python $(PEERS_VENV)/bin/python
+	$(BIN)/python -m kvckpt_web.bench.peers --peer-python $(PEERS_VENV)/bin/python
 
 soak: setup
 	$(BIN)/kvckpt bench soak --trials 200

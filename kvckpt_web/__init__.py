@@ -7,7 +7,7 @@ from .durable.retention import gc
 from .durable.save import save
 from .durable.tvm_export import read_tvm_export, write_tvm_export
 from .durable.verify import verify
-from .engine import ChatChunk, ChatCompletion, ChatRequest, Engine, EngineConfig
+from .engine import ChatChunk, ChatCompletion, ChatRequest, CompletionRequest, Engine, EngineConfig
 from .errors import (BadValueError, CapacityError, CheckpointStateError, ConflictError, ContextFullError,
                      CorruptionError, DataError, DeviceError, FieldError, FormatError, KVCkptError, LayoutHashMismatch,
                      MetadataError, ModelUnavailableError, NotFoundError, SequenceError, StoreError, TensorError,
@@ -27,7 +27,7 @@ from .tvm.layout import CacheLimits, KVLayout
 
 __all__ = [
     "BadValueError", "CacheLimits", "CapacityError", "ChatChunk", "ChatCompletion", "ChatRequest",
-    "CheckpointStateError", "ConflictError", "ContextFullError", "CorruptionError", "DataError", "Device",
+    "CheckpointStateError", "CompletionRequest", "ConflictError", "ContextFullError", "CorruptionError", "DataError", "Device",
     "DeviceArray", "DeviceError", "Engine", "EngineConfig", "FieldError", "FileStore", "FormatError", "HTTPStore",
     "HostTensor", "IndexedDBStore", "KVCkptError", "KVLayout", "LayoutHashMismatch", "Ledger", "MemoryStore",
     "MetadataError", "ModelUnavailableError", "NotFoundError", "OPFSStore", "ObjectStore", "PageGroups",

@@ -3,7 +3,7 @@ before it changes anything: no cache, store or file is touched.
 
 One row per call: what it is called with, and the field its error must name (a FieldError's ``field``; the
 start of the message for the errors that carry none, such as SequenceError). The generation API's arguments
-are specified beside its other tests, in ``tests/model/test_session.py``; KVLayout's and CacheLimits' in
+are specified beside its other tests, in ``tests/generation/test_generator.py``; KVLayout's and CacheLimits' in
 ``tests/tvm/test_layout.py``.
 """
 
@@ -25,7 +25,7 @@ from kvckpt_web.durable.catalog import load_manifest
 from kvckpt_web.durable.retention import delete_name
 from kvckpt_web.gpu.device import Buffer, Usage
 
-from kvmodel import KVModel, names_field, run
+from support.kvmodel import KVModel, names_field, run
 
 
 @dataclass

@@ -16,7 +16,8 @@ PACKAGE = Path(__file__).resolve().parents[1] / "kvckpt_web"
 ROOT = "kvckpt_web"
 
 #: Each layer and its rank: a module may import its own layer and any layer of a lower rank. Layers of
-#: one rank are siblings and do not import each other (gpu, tvm and stores know only the foundation).
+#: one rank are siblings and do not import each other (gpu, tvm and stores know only the foundation; a model
+#: runs without knowing of checkpoints, and durable/ knows no model).
 LAYERS = {
     "foundation": 0,  # kvckpt_web/errors.py, checks.py, jsontext.py, threads.py
     "gpu": 1,  # WebGPU: device interface, backends, WGSL loader, device tensors
@@ -24,11 +25,13 @@ LAYERS = {
     "stores": 1,  # key-value stores
     "kv": 2,  # the paged KV cache (needs gpu and tvm)
     "durable": 3,  # checkpoints in a store (needs kv, stores, tvm, gpu)
-    "model": 4,  # models on the cache
+    "model": 3,  # a model's runner on the cache (needs kv, tvm, gpu; never the store)
+    "generation": 4,  # one reply's durable life: a model's run saved in a store and resumed (needs durable, model)
     "engine": 5,  # the chat engine: conversations over a model, its cache and a store
     "web": 6,  # the browser runtime (Pyodide)
     "server": 6,  # the desktop HTTP server (``kvckpt serve``); serves web's files by path, never imports it
-    "cli": 7,  # the command line (its ``serve`` command runs the server)
+    "bench": 7,  # the benchmarks (``kvckpt bench``, ``make bench-peers``, ``make bench-browser``)
+    "cli": 8,  # the command line: parses arguments, runs the server, the benchmarks and the rest
 }
 #: Per optional extra (desktop-only), its modules and the layers that alone may import them.
 EXTRAS = {"serve": {"starlette": {"server"}, "uvicorn": {"server"}}, "remote": {"obstore": {"stores"}}}
@@ -208,3 +211,15 @@ def test_a_cycle_within_a_layer_is_reported():
     graph = import_graph()
     graph["kvckpt_web.kv.kernels"] = graph["kvckpt_web.kv.kernels"] | {"kvckpt_web.kv.transfer"}
     assert cycles(graph) == [["kvckpt_web.kv.kernels", "kvckpt_web.kv.transfer"]]
+
+
+def test_a_model_module_importing_the_checkpoints_is_reported():
+    graph = import_graph()
+    graph["kvckpt_web.model.llama"] = graph["kvckpt_web.model.llama"] | {"kvckpt_web.durable.save"}
+    assert layer_violations(graph) == ["kvckpt_web.model.llama (model) -> kvckpt_web.durable.save (durable)"]
+
+
+def test_a_benchmark_importing_the_command_line_is_reported():
+    graph = import_graph()
+    graph["kvckpt_web.bench.rows"] = graph["kvckpt_web.bench.rows"] | {"kvckpt_web.cli.main"}
+    assert layer_violations(graph) == ["kvckpt_web.bench.rows (bench) -> kvckpt_web.cli.main (cli)"]

@@ -12,7 +12,7 @@ from kvckpt_web import errors
 PUBLIC = ["PagedKVCache", "KVLayout", "CacheLimits", "open_device", "open_device_async", "Device", "DeviceArray",
           "HostTensor", "PageGroups", "save", "restore", "verify", "gc", "list_names", "list_generations",
           "MemoryStore", "FileStore", "ObjectStore", "HTTPStore", "IndexedDBStore", "OPFSStore", "read_tvm_export",
-          "write_tvm_export", "Engine", "EngineConfig", "ChatRequest", "ChatCompletion", "ChatChunk", "Ledger"]
+          "write_tvm_export", "Engine", "EngineConfig", "ChatRequest", "CompletionRequest", "ChatCompletion", "ChatChunk", "Ledger"]
 ERRORS = sorted(name for name, value in vars(errors).items()
                 if isinstance(value, type) and issubclass(value, errors.KVCkptError))
 

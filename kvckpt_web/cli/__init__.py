@@ -1,1 +1,1 @@
-"""The ``kvckpt`` command line and the programs it runs: demo, benchmarks, soak."""
+"""The ``kvckpt`` command line: its arguments, and the demo and chat it runs (the benchmarks: ``kvckpt_web.bench``)."""

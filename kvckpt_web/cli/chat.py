@@ -90,6 +90,7 @@ def cmd_chat(args: argparse.Namespace) -> None:
     started = time.perf_counter()
     device = open_device()
     loaded = load_model(path, device)
+    loaded.text.preamble("user")  # a model that cannot chat (a base model) is refused here, in one line
     if args.context is not None:
         check_context(args.context, loaded.model.max_context)
     engine = Engine(loaded, device, store=store, model_name=path.stem, config=config)

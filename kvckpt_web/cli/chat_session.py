@@ -71,7 +71,8 @@ class ChatSession:
             if self.name is not None and self.system is not None:
                 self.term.note(f"--system applies to new conversations: {self.name} keeps its own")
         else:
-            cut, latest = await self.engine.unfinished(), await self.engine.conversations()
+            cut = [info for info in await self.engine.unfinished() if info.prompt is None]  # chats only
+            latest = await self.engine.conversations()
             if cut and latest[0].name == cut[0].name and not await self._guarded(self._open(cut[0].name, "/open")):
                 self.name = None  # e.g. another process is writing it still: not the one to go on with here
         if self.name is None:
@@ -120,6 +121,8 @@ class ChatSession:
         if info.error is not None or not info.same_model:
             raise FieldError(field, "a conversation of this model that can be read", name,
                              info.error or "written by another model")
+        if info.prompt is not None:
+            raise FieldError(field, "a chat conversation", name, "a plain completion's, of a raw prompt")
         self.name, self.messages = name, list(info.messages)
         self.term.note(f"{name}: {len(info.messages)} messages, {info.tokens} tokens")
         cut = not info.finished

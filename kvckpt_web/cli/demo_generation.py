@@ -18,7 +18,7 @@ from typing import Any
 
 from ..durable.catalog import load_manifest
 from ..errors import KVCkptError
-from ..model.app_state import parse_app_state
+from ..generation.app_state import parse_app_state
 from ..stores.file import FileStore
 from .chat_worker import DEFAULT_FACTORY, ChatProcess, WorkerConfig, after_tokens, done
 

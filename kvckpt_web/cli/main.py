@@ -17,7 +17,8 @@ from ..errors import FieldError, KVCkptError, ModelUnavailableError
 from ..model.loader import default_model_path
 from ..model.sampler import MAX_SEED
 from ..tvm.metadata import layout_from_metadata, limits_from_metadata, validate_import
-from . import bench, chat, generate, serve_api, store_commands, sync_command
+from ..bench import suite
+from . import chat, generate, serve_api, store_commands, sync_command
 from .demo import demo_child_main, run_demo
 from .demo_generation import DemoConfig, run_generation_demo
 from .serving import serve_until_interrupted
@@ -84,7 +85,7 @@ def cmd_demo(args: argparse.Namespace) -> None:
 def cmd_bench(args: argparse.Namespace) -> None:
     store_commands.check_at_least("--repeats", args.repeats, 1)
     store_commands.check_at_least("--trials", args.trials, 1)
-    bench.run(args.names, args.repeats, (args.path,), trials=args.trials)
+    suite.run(args.names, args.repeats, (args.path,), trials=args.trials)
 
 
 SERVE_EXTRA = ("starlette", "uvicorn")

@@ -34,9 +34,10 @@ from ..durable.verify import verify
 from ..errors import ConflictError, FieldError, FormatError, KVCkptError, NotFoundError
 from ..gpu.open import open_device
 from ..kv.cache import PagedKVCache
-from ..model.conversation import check_owner, conversation_of
+from ..generation.conversation import check_owner, conversation_of
 from ..stores.base import Store
 from ..stores.file import FileStore
+from ..tvm.metadata import layout_from_metadata, parse_metadata
 
 
 def check_at_least(field: str, value: int, minimum: int) -> int:
@@ -341,6 +342,8 @@ async def convert(src: str, dst: str, to: str, *, name: str | None = None, gener
     check_convert(src, dst, to, name=name, generation=generation, force=force, keep=keep)
     source = await _source_manifest(src, name, generation)
     if to == "tvm":
+        if source is not None:  # before the GPU is touched
+            layout_from_metadata(parse_metadata(source[1].tvm_metadata)).check_tvm_checkpointable()
         cache, seq_id = await _load_source(src, source, open_device())
         try:
             groups = await cache.export_groups(seq_id)

@@ -105,7 +105,7 @@ async def _claim(held: AsyncExitStack, dst: "Store", name: str) -> None:
 
 
 def _history(app_state: Mapping[str, Any]) -> tuple[list[Any], int] | None:
-    """Every token id a generation saved (``prompt_tokens`` then ``generated_tokens``, model/APP_STATE.md) and how
+    """Every token id a generation saved (``prompt_tokens`` then ``generated_tokens``, generation/APP_STATE.md) and how
     many of them a continuation starts with: all, or all but the pending end-of-sequence id of a reply that ended
     at one (``finish_reason`` "eos": the template's end of turn stands in its place). None if it saved none."""
     prompt, generated = app_state.get("prompt_tokens"), app_state.get("generated_tokens")

@@ -24,7 +24,7 @@ from typing import Any, Sequence
 from ..checks import check_bool, check_buffer, check_each, check_path
 from ..errors import FieldError, FormatError, MetadataError, is_int
 from ..stores.file import file_kind, fsync_dir
-from ..tvm.metadata import parse_metadata
+from ..tvm.metadata import layout_from_metadata, parse_metadata
 
 METADATA_FILE = "metadata.json"
 MAX_METADATA_BYTES = 1 << 20
@@ -161,7 +161,8 @@ def _replace(tmp: Path, path: Path) -> None:
 
 def write_tvm_export(path: str | os.PathLike, metadata_json: str, groups: Sequence[Any], *,
                      overwrite: bool = False) -> Path:
-    """Write a TVM export directory at ``path`` atomically; FieldError if a group's size disagrees with the metadata.
+    """Write a TVM export directory at ``path`` atomically; FieldError if a group's size disagrees with the metadata,
+    UnsupportedLayoutError (nothing written) if TVM cannot take the metadata's layout (sliding-window layers).
 
     ``overwrite`` replaces only what :func:`check_replaceable` allows (an empty directory or another TVM export
     directory). A crash leaves the old export or the new one at ``path``, or (crashed between two renames
@@ -172,7 +173,9 @@ def write_tvm_export(path: str | os.PathLike, metadata_json: str, groups: Sequen
     path = Path(check_path("path", path))
     views = check_each("groups", groups, "a list of page groups (bytes-like), one per layer", check_buffer)
     check_bool("overwrite", overwrite)
-    sizes = _group_sizes(parse_metadata(metadata_json))
+    metadata = parse_metadata(metadata_json)
+    layout_from_metadata(metadata).check_tvm_checkpointable()
+    sizes = _group_sizes(metadata)
     if len(views) != len(sizes):
         raise FieldError("groups", f"{len(sizes)} page groups (metadata.groups)", len(views))
     for i, (view, size) in enumerate(zip(views, sizes)):

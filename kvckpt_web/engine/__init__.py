@@ -5,8 +5,8 @@ from .config import PRESETS, EngineConfig
 from .conversations import ConversationInfo
 from .engine import Engine
 from .remote import pull, push
-from .request import ChatRequest, Message
+from .request import ChatRequest, CompletionRequest, Message
 from .responses import ChatChunk, ChatCompletion, ChatStream, Timings, Usage
 
-__all__ = ["PRESETS", "ChatChunk", "ChatCompletion", "ChatRequest", "ChatStream", "ConversationInfo", "Engine", "EngineConfig",
+__all__ = ["PRESETS", "ChatChunk", "ChatCompletion", "ChatRequest", "ChatStream", "CompletionRequest", "ConversationInfo", "Engine", "EngineConfig",
            "Message", "Timings", "Usage", "pull", "push"]

@@ -32,12 +32,15 @@ class ConversationInfo:
     """The last request's settings (temperature, seed, max_tokens, ...)."""
     error: str | None = None
     """Why its newest checkpoint cannot be read, if it cannot."""
+    prompt: str | None = None
+    """A plain completion's raw prompt (its :attr:`messages` are then only the completion so far, as the
+    assistant's); None for a chat."""
 
     def to_json(self) -> dict[str, Any]:
         return {"name": self.name, "title": self.title, "messages": [m.to_json() for m in self.messages],
                 "tokens": self.tokens, "updated_ms": self.updated_ms, "finished": self.finished,
                 "finish_reason": self.finish_reason, "same_model": self.same_model, "settings": self.settings,
-                "error": self.error}
+                "error": self.error, "prompt": self.prompt}
 
 
 def describe(name: str, record: ChatRecord | None, identity: str, reply_text: Callable[[list[int]], str],
@@ -51,8 +54,9 @@ def describe(name: str, record: ChatRecord | None, identity: str, reply_text: Ca
         except KVCkptError as exc:
             return ConversationInfo(name, error=str(exc))
         reply = (Message("assistant", reply_text(gen.generated_tokens)),) if gen.generated_tokens else ()
-        return ConversationInfo(name, title_of(chat.messages), (*chat.messages, *reply), len(gen.tokens), None,
-                                gen.finish_reason is not None, gen.finish_reason, True, chat.settings)
+        return ConversationInfo(name, title_of(chat), (*chat.messages, *reply), len(gen.tokens), None,
+                                gen.finish_reason is not None, gen.finish_reason, True, chat.settings,
+                                prompt=chat.prompt)
     if record is None:
         return ConversationInfo(name, error="its newest checkpoint cannot be read as a chat conversation")
     same = record.saved.model == identity
@@ -60,4 +64,4 @@ def describe(name: str, record: ChatRecord | None, identity: str, reply_text: Ca
     if same and record.saved.generated:
         messages = (*messages, Message("assistant", reply_text(record.saved.generated)))
     return ConversationInfo(name, record.title, messages, len(record.tokens), record.created_ms, record.finished,
-                            record.saved.finish_reason, same, record.chat.settings)
+                            record.saved.finish_reason, same, record.chat.settings, prompt=record.chat.prompt)

@@ -21,28 +21,28 @@ from ..durable.ledger import Ledger
 from ..durable.prefix_index import PrefixIndex
 from ..durable.results import Progress, SaveResult
 from ..durable.retention import delete_name
-from ..errors import ConflictError, ContextFullError, FieldError, KVCkptError, NotFoundError, StoreError, is_int
+from ..errors import ConflictError, ContextFullError, FieldError, KVCkptError, NotFoundError, is_int
 from ..kv.cache import PagedKVCache
-from ..model.app_state import StopRules
-from ..model.autosave import Autosave
-from ..model.conversation import Conversation
-from ..model.generator import Generator
-from ..model.resume import resume
+from ..generation.app_state import StopRules
+from ..generation.autosave import Autosave
+from ..generation.conversation import Conversation
+from ..generation.generator import Generator
+from ..generation.resume import resume
 from ..model.sampler import MAX_SEED, SamplingSettings
 from ..tvm.layout import CacheLimits
 from .cache_lock import CacheLock
 from .config import PRESETS, EngineConfig
 from .conversations import ConversationInfo, describe
-from .prompt import Prompt, build_prompt
+from .prompt import Prompt, build_prompt, raw_prompt
 from .record import ChatExtra
-from .request import ChatRequest
+from .request import ChatRequest, CompletionRequest
 from .responses import ChatChunk, ChatCompletion, ChatStream
-from .slots import UNUSABLE_KV, PrefixSource, Slot, Slots
+from .placement import Placement
+from .slots import Slot, Slots
 from .sources import Sources
 from .turn import Turn, committed
 
 if TYPE_CHECKING:
-    from ..durable.container import Manifest
     from ..gpu.device import Device
     from ..model.protocol import LoadedModel
     from ..stores.base import Store
@@ -91,6 +91,7 @@ class Engine:
         self.cache_lock = CacheLock()
         index = PrefixIndex(store, self.scope, config.page_size) if store is not None else None
         self.sources = Sources(self.slots, store, index, config.page_size, self._reply_text, self.model.identity)
+        self.placement = Placement(self.slots, self.sources, store, self.model.identity)
         self._turns: list[Turn] = []
 
     # ----- chat ---------------------------------------------------------------------------------
@@ -106,40 +107,48 @@ class Engine:
         """
         return await self.create(ChatRequest(messages, **settings), stream=stream)
 
-    async def create(self, request: ChatRequest, *, stream: bool = False
+    async def complete(self, prompt: Any, *, stream: bool = False, **settings: Any) -> ChatCompletion | ChatStream:
+        """The plain completion of the raw text ``prompt`` (encoded as is, the model's BOS first if it adds one):
+        what a base model, without a chat template, answers. ``settings`` and the answer as :meth:`chat`'s (its
+        ``to_openai()`` a ``text_completion``). A completion is a turn as a chat's reply is: saved under a
+        conversation (``completion-...`` unless ``settings`` name one, or it continues one's tokens), reusing
+        the K/V of the longest prefix held, resumable."""
+        return await self.create(CompletionRequest(prompt=prompt, **settings), stream=stream)
+
+    async def create(self, request: ChatRequest | CompletionRequest, *, stream: bool = False
                      ) -> ChatCompletion | ChatStream:
-        """:meth:`chat` for a request built already (e.g. by :meth:`ChatRequest.from_openai`)."""
-        if not isinstance(request, ChatRequest):
-            raise FieldError("request", "a ChatRequest", type(request).__name__)
+        """:meth:`chat` or :meth:`complete` for a request built already (e.g. by :meth:`ChatRequest.from_openai`
+        or :meth:`CompletionRequest.from_openai`)."""
+        if not isinstance(request, (ChatRequest, CompletionRequest)):
+            raise FieldError("request", "a ChatRequest or a CompletionRequest", type(request).__name__)
         async with self.cache_lock.hold():
             turn = await self._begin(request)
         return await self._reply(turn, stream)
 
-    async def _begin(self, request: ChatRequest) -> Turn:
+    async def _begin(self, request: ChatRequest | CompletionRequest) -> Turn:
         started = time.perf_counter()
+        completion = isinstance(request, CompletionRequest)
         prompt = await self._prompt(request)
-        name = request.conversation or await self.sources.continued(prompt.tokens) or _new_name()
+        name = (request.conversation or await self.sources.continued(prompt.tokens)
+                or _new_name("completion" if completion else "chat"))
         warnings: list[str] = []
-        conversation, owner = await self._conversation_of(name, warnings)
+        conversation = await self.placement.conversation_of(name, warnings)
         max_tokens = min(request.max_tokens or self.context, self.context - len(prompt.tokens))
-        slot, source, restore_s = await self._kv_for(name, prompt.tokens, request.cache_prompt, max_tokens, warnings)
-        gen, extra = await self._start(request, prompt, name, slot, source.length, max_tokens, conversation, owner)
+        slot, source, restore_s = await self.placement.kv_for(name, prompt.tokens, request.cache_prompt, max_tokens,
+                                                              warnings)
+        gen, extra = await self._start(request, prompt, name, slot, source.length, max_tokens, conversation)
         slot.tokens, slot.kv_length, slot.replies = list(prompt.tokens[:source.length]), source.length, prompt.replies
         slot.named = request.conversation is not None
         turn = self._track(Turn(gen, slot, extra.completion_id, extra.created, len(prompt.tokens), source.length,
-                                restore_s, started, warnings=tuple(warnings)))
-        if gen.autosave is not None:  # the messages are committed before the prefill: a crash during it keeps them
-            try:
-                await gen.save()
-            except (StoreError, OSError) as exc:
-                if gen.on_save_error is not None:
-                    gen.on_save_error(exc)
+                                restore_s, started, warnings=tuple(warnings), text_completion=completion))
         return turn
 
-    async def _prompt(self, request: ChatRequest) -> Prompt:
-        """The prompt of ``request``'s messages, this engine's replies in them put back as the ids it generated;
-        ContextFullError if it leaves no room for a reply."""
+    async def _prompt(self, request: ChatRequest | CompletionRequest) -> Prompt:
+        """The prompt of ``request``'s messages, this engine's replies in them put back as the ids it generated (or
+        of its raw text); ContextFullError if it leaves no room for a reply."""
         self.sources.begin()
+        if isinstance(request, CompletionRequest):
+            return raw_prompt(self.codec, request.prompt, self.context)
         try:
             prompt = await build_prompt(self.codec, request.messages, self.sources.known_reply, self.context - 1)
             replies = sum(m.role == "assistant" for m in request.messages)
@@ -157,90 +166,27 @@ class Engine:
                                    f"{self.context} tokens, and the reply needs at least one)", exc.got) from None
         return prompt
 
-    async def _kv_for(self, name: str, tokens: list[int], cache_prompt: bool, max_tokens: int, warnings: list[str]
-                      ) -> tuple[Slot, PrefixSource, float]:
-        """A slot for conversation ``name`` with room for ``tokens`` and ``max_tokens`` more, holding the longest
-        prefix of them (all but the last; none without ``cache_prompt``) whose K/V can be had: the slot, where
-        its K/V came from, and the seconds spent restoring them from the store."""
-        n = len(tokens)
-        restore_begin = time.perf_counter()
-        slot, source = await self._place(name, tokens[:n - 1] if cache_prompt else [], n + max_tokens, warnings)
-        restore_s = time.perf_counter() - restore_begin if source.record is not None else 0.0
-        if slot.kv_length < source.length:  # the checkpoint holds other tokens now: what was read of it is stale
-            self.sources.forget(source.record.name)
-            source = PrefixSource(0)
-        return slot, source, restore_s
-
-    async def _start(self, request: ChatRequest, prompt: Prompt, name: str, slot: Slot, kv_length: int,
-                     max_tokens: int, conversation: Conversation | None, owner: "Manifest | None"
-                     ) -> tuple[Generator, ChatExtra]:
+    async def _start(self, request: ChatRequest | CompletionRequest, prompt: Prompt, name: str, slot: Slot, kv_length: int,
+                     max_tokens: int, conversation: Conversation | None) -> tuple[Generator, ChatExtra]:
         """The generator of ``request``'s reply in ``slot`` (whose first ``kv_length`` tokens of ``prompt`` hold
-        their K/V), and what its checkpoints record of the request; the slot is dropped if it cannot start."""
+        their K/V), and what its checkpoints record of the request, saved once before the prefill (with a store:
+        the messages are committed, so a crash during the prefill keeps them); the slot is dropped if it cannot
+        start."""
         seed = request.seed if request.seed is not None else secrets.randbelow(MAX_SEED + 1)
         settings = {**request.settings_json(), "seed": seed}  # its conversation: the one it named, or null
         sampling = SamplingSettings(request.temperature, request.top_k, request.top_p, request.repetition_penalty, seed)
-        extra = ChatExtra(request.messages, settings, f"chatcmpl-{secrets.token_hex(12)}", int(time.time()))
+        extra = ChatExtra.of(request, settings)
         try:
             gen = await Generator.start(
                 self.model, self.cache, prompt.tokens, sampling,
                 stop=StopRules(max_tokens, self.codec.eos_ids, request.stop), seq_id=slot.seq_id,
                 prefill_chunk=self.prefill_chunk, autosave=self._autosave(name), decode=self.codec.decode,
                 progress=self.progress, kv_length=kv_length, replies=prompt.replies, extra=extra.to_json(),
-                conversation=conversation, context=self.context, owner=owner, **self._save_callbacks(name))
+                conversation=conversation, context=self.context, save_first=True, **self._save_callbacks(name))
         except BaseException:
             await self.slots.drop(slot)
             raise
         return gen, extra
-
-    async def _place(self, name: str, tokens: list[int], room: int, warnings: list[str]) -> tuple[Slot, PrefixSource]:
-        """A slot for conversation ``name`` (room for ``room`` tokens) holding the longest prefix of ``tokens``
-        whose K/V can be had. A checkpoint whose K/V cannot be used (a damaged or missing chunk or manifest) is
-        passed over for the next longest prefix, or none (the prompt is prefilled): ``warnings`` says so."""
-        unusable: dict[tuple[str, int], KVCkptError] = {}
-        while True:
-            source = await self.sources.longest_prefix(tokens, skip=unusable) if tokens else PrefixSource(0)
-            try:
-                slot = await self.slots.place(name, source, room)
-            except UNUSABLE_KV as exc:
-                if source.record is None:
-                    raise
-                unusable[(source.record.name, source.record.generation)] = exc
-                continue
-            break
-        if unusable:
-            instead = (f"restored {source.length} tokens of {source.record.name!r} generation "
-                       f"{source.record.generation} instead" if source.record is not None
-                       else f"reused {source.length} tokens held in the cache instead" if source.slot is not None
-                       else "prefilled the prompt instead")
-            warnings += [f"the K/V of {other!r} generation {generation} cannot be used ({exc}); {instead}"
-                         for (other, generation), exc in unusable.items()]
-        return slot, source
-
-    async def _conversation_of(self, name: str, warnings: list[str]) -> tuple[Conversation | None, Manifest | None]:
-        """The identity of conversation ``name`` if it exists (None: a new one), from its newest generation that
-        can be read (``warnings`` says when newer ones cannot), and that generation's manifest if it was read (its
-        writer's ownership check reads it no more); refuses a name another model's conversation, or checkpoints
-        none of which is a chat's that can be read, hold."""
-        own = self.slots.of_conversation(name)
-        if own is not None and own.gen is not None:
-            return own.gen.conversation, None
-        if self.store is None:
-            return None, None
-        view = await self.sources.view(name)
-        if not view.generations:
-            return None, None
-        record = view.record
-        if record is None:
-            raise ConflictError(f"conversation: expected a chat conversation named {name!r} or a new name, got "
-                                "checkpoints none of which is a chat's that can be read: pass another name")
-        newest = view.generations[-1]
-        if newest != record.generation:
-            warnings.append(f"conversation {name!r}: generation {newest} cannot be read (damaged, or not a chat's); "
-                            f"continued from generation {record.generation}, the newest that can")
-        if record.saved.model != self.model.identity:
-            raise FieldError("conversation", f"a conversation of this model ({self.model.identity[:16]}...)",
-                             name, f"it was written by model {record.saved.model[:16]}...")
-        return record.saved.conversation, view.manifest
 
     def _autosave(self, name: str) -> Autosave | None:
         if self.store is None:
@@ -272,12 +218,13 @@ class Engine:
             self.on_save(name, result)
 
     async def _stream(self, turn: Turn) -> AsyncGenerator[ChatChunk, None]:
-        gen, first = turn.gen, True
+        gen, first, kind = turn.gen, True, turn.text_completion
         model_name, name = self.model_name, turn.slot.conversation
         try:
             if gen.generated_tokens or turn.resumed is not None:  # a resumed reply: what it had written first
                 yield ChatChunk(turn.completion_id, turn.created, model_name, name, gen.text,
-                                tuple(gen.generated_tokens), first=True, resumed=turn.resumed, warnings=turn.warnings)
+                                tuple(gen.generated_tokens), first=True, resumed=turn.resumed, warnings=turn.warnings,
+                                text_completion=kind)
                 first = False
             while gen.finish_reason is None and not turn.interrupted:
                 async with self.cache_lock.hold():
@@ -289,12 +236,12 @@ class Engine:
                 turn.last_token_at = now
                 turn.made += 1
                 yield ChatChunk(turn.completion_id, turn.created, model_name, name, event.text, (event.token,),
-                                first=first, warnings=turn.warnings if first else ())
+                                first=first, warnings=turn.warnings if first else (), text_completion=kind)
                 first = False
             await self._save_stopped(gen)
             yield ChatChunk(turn.completion_id, turn.created, model_name, name,
                             finish_reason=_FINISH.get(gen.finish_reason, "abort"), usage=turn.usage(),
-                            first=first, warnings=turn.warnings if first else ())
+                            first=first, warnings=turn.warnings if first else (), text_completion=kind)
         finally:
             if not gen.failed:  # a consumer that went away stops the reply as an interrupt does
                 try:
@@ -386,7 +333,8 @@ class Engine:
         slot.named = extra.named
         return self._track(Turn(gen, slot, extra.completion_id, extra.created, len(gen.prompt_tokens),
                                  len(gen.prompt_tokens), restore_s, started,
-                                 resumed=gen.resume_report if slot is not own else None))
+                                 resumed=gen.resume_report if slot is not own else None,
+                                 text_completion=extra.prompt is not None))
 
     async def conversations(self) -> list[ConversationInfo]:
         """Every conversation in the store (or, without one, in the cache), the most recent first."""
@@ -468,5 +416,5 @@ class Engine:
         self.cache.close()
 
 
-def _new_name() -> str:
-    return time.strftime("chat-%Y%m%d-%H%M%S-", time.gmtime()) + secrets.token_hex(3)
+def _new_name(kind: str) -> str:
+    return time.strftime(f"{kind}-%Y%m%d-%H%M%S-", time.gmtime()) + secrets.token_hex(3)

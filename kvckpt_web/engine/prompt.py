@@ -1,4 +1,5 @@
-"""A request's messages as prompt token ids, with the engine's own replies put back as the ids it generated.
+"""A request's messages as prompt token ids, with the engine's own replies put back as the ids it generated (or a
+plain completion's raw text as its ids).
 
 Re-tokenizing a reply's text need not give the ids the model generated (a word split otherwise, a space
 merged), and then the K/V cached for the conversation no longer match its prompt. So where an assistant
@@ -12,13 +13,14 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from ..errors import FieldError
+from ..errors import ContextFullError, FieldError
 from .request import Message
 
 if TYPE_CHECKING:
     from ..model.codec import ChatCodec
+    from ..model.protocol import TextCodec
 
-__all__ = ["KnownReply", "Prompt", "build_prompt"]
+__all__ = ["KnownReply", "Prompt", "build_prompt", "raw_prompt"]
 
 KnownReply = Callable[[list[int], str], Awaitable["list[int] | None"]]
 """``known(prefix, text)``: the ids of a reply the engine generated right after the token ids ``prefix`` whose
@@ -44,6 +46,7 @@ async def build_prompt(codec: "ChatCodec", messages: Sequence[Message], known: K
     tokens = codec.preamble(messages[0].role)
     replies: list[tuple[int, int]] = []
     closing = len(codec.reply_opening())
+    previous = None
     for message in messages:
         if message.role == "assistant":
             opening = tokens + codec.reply_opening()
@@ -52,10 +55,26 @@ async def build_prompt(codec: "ChatCodec", messages: Sequence[Message], known: K
                 ended = bool(ids) and ids[-1] in codec.eos_ids
                 tokens = opening + ids[:len(ids) - ended] + codec.reply_closing()
                 replies.append((len(opening), len(opening) + len(ids)))
+                previous = message.role
                 continue
         room = None if max_tokens is None else max(0, max_tokens - len(tokens) - closing)
-        tokens += codec.encode_message(message.role, message.content, max_tokens=room)
+        tokens += codec.encode_message(message.role, message.content, previous=previous, max_tokens=room)
+        previous = message.role
     tokens += codec.reply_opening()
     if max_tokens is not None and len(tokens) > max_tokens:
         raise FieldError("prompt", f"at most {max_tokens} tokens", f"{len(tokens)} tokens")
     return Prompt(tokens, replies)
+
+
+def raw_prompt(codec: "TextCodec", text: str, context: int) -> Prompt:
+    """The prompt of a plain completion: its raw ``text`` encoded as is (the model's BOS first if it adds one).
+    ContextFullError naming ``prompt`` if it leaves no room in ``context`` for a token of reply; FieldError if it
+    comes to no token at all."""
+    try:
+        tokens = codec.encode_text(text, max_tokens=context - 1)
+    except FieldError as exc:
+        raise ContextFullError("prompt", f"a prompt of at most {context - 1} tokens (the context is {context} "
+                               "tokens, and the completion needs at least one)", exc.got) from None
+    if not tokens:
+        raise FieldError("prompt", "a text of at least one token (this model adds no BOS)", text)
+    return Prompt(tokens, [])

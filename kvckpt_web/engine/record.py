@@ -1,7 +1,7 @@
 """What a conversation's checkpoint says about it: the engine's part of a generation's ``app_state``.
 
 A conversation is a checkpoint name. Each of its generations is a generation's ``app_state``
-(:mod:`kvckpt_web.model.app_state`: every token id, the K/V length, the reply being written, its sampler state
+(:mod:`kvckpt_web.generation.app_state`: every token id, the K/V length, the reply being written, its sampler state
 and stop rules, the ``replies`` spans of the earlier ones) whose ``extra`` object the engine fills with
 :class:`ChatExtra`: the request's messages and settings and the completion's id. :class:`ChatRecord` is one
 generation read back, with everything the engine needs to continue it, list it or show its history.
@@ -9,12 +9,14 @@ generation read back, with everything the engine needs to continue it, list it o
 
 from __future__ import annotations
 
+import secrets
+import time
 from dataclasses import dataclass
 from typing import Any
 
 from ..errors import FieldError, FormatError
-from ..model.app_state import SavedGeneration, parse_app_state
-from .request import ChatRequest, Message, check_messages
+from ..generation.app_state import SavedGeneration, parse_app_state
+from .request import ChatRequest, CompletionRequest, Message, check_messages
 
 __all__ = ["EXTRA_FORMAT", "ChatExtra", "ChatRecord", "title_of"]
 
@@ -24,16 +26,28 @@ EXTRA_FORMAT = "kvckpt.chat"
 
 @dataclass(frozen=True)
 class ChatExtra:
-    """The engine's ``extra``: the messages the reply answers, the request's settings, the completion id."""
+    """The engine's ``extra``: the messages the reply answers (a plain completion's: none, and its raw ``prompt``),
+    the request's settings, the completion id."""
 
     messages: tuple[Message, ...]
     settings: dict[str, Any]
     completion_id: str
     created: int
+    prompt: str | None = None
+    """A plain completion's raw prompt (None: a chat's reply)."""
+
+    @classmethod
+    def of(cls, request: ChatRequest | CompletionRequest, settings: dict[str, Any]) -> "ChatExtra":
+        """What a turn's checkpoints record of ``request`` (its ``settings`` as the reply runs them), with a new
+        completion id (``chatcmpl-...``, a plain completion's ``cmpl-...``) made now."""
+        if isinstance(request, CompletionRequest):
+            return cls((), settings, f"cmpl-{secrets.token_hex(12)}", int(time.time()), request.prompt)
+        return cls(request.messages, settings, f"chatcmpl-{secrets.token_hex(12)}", int(time.time()))
 
     def to_json(self) -> dict[str, Any]:
-        return {"kind": EXTRA_FORMAT, "version": 1, "messages": [m.to_json() for m in self.messages],
-                "settings": self.settings, "completion_id": self.completion_id, "created": self.created}
+        out = {"kind": EXTRA_FORMAT, "version": 1, "messages": [m.to_json() for m in self.messages],
+               "settings": self.settings, "completion_id": self.completion_id, "created": self.created}
+        return out if self.prompt is None else {**out, "prompt": self.prompt}
 
     @property
     def named(self) -> bool:
@@ -50,18 +64,25 @@ class ChatExtra:
                               "the checkpoint was not written by the chat engine")
         if value.get("version") != 1:
             raise FormatError("app_state.extra.version", 1, value.get("version"))
+        prompt = value.get("prompt")
         try:
-            messages = check_messages(value.get("messages"))
             settings = value.get("settings")
             if not isinstance(settings, dict):
                 raise FieldError("settings", "a JSON object", type(settings).__name__)
-            ChatRequest(messages, **settings)  # the settings a request may have
+            if prompt is None:
+                messages = check_messages(value.get("messages"))
+                ChatRequest(messages, **settings)  # the settings a request may have
+            else:
+                if value.get("messages") != []:
+                    raise FieldError("messages", "[] (a plain completion's)", value.get("messages"))
+                messages = ()
+                CompletionRequest(prompt=prompt, **settings)
         except FieldError as exc:
             raise FormatError(f"app_state.extra.{exc.field}", exc.expected, exc.got) from None
         for key, kind in (("completion_id", str), ("created", int)):
             if not isinstance(value.get(key), kind) or isinstance(value.get(key), bool):
                 raise FormatError(f"app_state.extra.{key}", f"a {kind.__name__}", type(value.get(key)).__name__)
-        return cls(messages, settings, value["completion_id"], value["created"])
+        return cls(messages, settings, value["completion_id"], value["created"], prompt)
 
 
 @dataclass(frozen=True)
@@ -100,11 +121,11 @@ class ChatRecord:
     @property
     def title(self) -> str:
         """How lists name the conversation (see :func:`title_of`)."""
-        return title_of(self.chat.messages)
+        return title_of(self.chat)
 
 
-def title_of(messages: tuple[Message, ...]) -> str:
-    """The first user message on one line, shortened to 60 characters."""
-    first = next((m.content for m in messages if m.role == "user"), "")
+def title_of(chat: ChatExtra) -> str:
+    """The first user message (a plain completion's prompt) on one line, shortened to 60 characters."""
+    first = chat.prompt if chat.prompt is not None else next((m.content for m in chat.messages if m.role == "user"), "")
     line = " ".join(first.split())
     return line if len(line) <= 60 else line[:57] + "..."

@@ -1,8 +1,10 @@
-"""A chat request: the whole message list and how to answer it, checked field by field.
+"""A request: a chat's whole message list, or a plain completion's raw prompt, and how to answer it, checked field
+by field.
 
-:meth:`ChatRequest.from_openai` reads the body of an OpenAI ``POST /v1/chat/completions`` (what the HTTP API
-and the browser's ``engine.chat.completions.create`` are given); Python callers build a :class:`ChatRequest`
-directly. Either way every field is checked before anything runs, and a bad one is a :class:`FieldError`
+:meth:`ChatRequest.from_openai` reads the body of an OpenAI ``POST /v1/chat/completions`` and
+:meth:`CompletionRequest.from_openai` that of a ``POST /v1/completions`` (what the HTTP API and the browser's
+``engine.chat.completions.create`` / ``engine.completions.create`` are given); Python callers build a
+:class:`ChatRequest` or :class:`CompletionRequest` directly. Either way every field is checked before anything runs, and a bad one is a :class:`FieldError`
 naming it (``messages[2].role``, ``max_tokens``, ...).
 """
 
@@ -17,7 +19,7 @@ from ..durable.keys import validate_name
 from ..errors import FieldError, is_int
 from ..model.sampler import MAX_SEED
 
-__all__ = ["ROLES", "ChatRequest", "Message", "check_messages"]
+__all__ = ["ROLES", "ChatRequest", "CompletionRequest", "Message", "RequestSettings", "check_messages"]
 
 ROLES = ("system", "user", "assistant")
 """The roles a message may have."""
@@ -119,19 +121,19 @@ def _stops(value: Any) -> tuple[str, ...]:
     return tuple(value)
 
 
-@dataclass(frozen=True)
-class ChatRequest:
-    """What to answer and how.
+@dataclass(frozen=True, kw_only=True)
+class RequestSettings:
+    """How to answer a request, whatever it asks (the settings :class:`ChatRequest` and :class:`CompletionRequest`
+    share).
 
     ``max_tokens`` None lets the reply run to the end of the context. ``seed`` None draws a seed for the
     reply and records it, so a resumed reply continues the same draws. ``cache_prompt`` False prefills the
     whole prompt from nothing (the K/V of a prefix reused from another conversation may differ from a cold
     prefill in the last bits). ``conversation`` names the conversation the reply is saved under (default:
-    the conversation the messages continue that no request named, the one used last of several, else a new
+    the conversation the prompt continues that no request named, the one used last of several, else a new
     one: a request that names none is never saved into a conversation another request named).
     """
 
-    messages: tuple[Message, ...]
     max_tokens: int | None = None
     temperature: float = 1.0
     top_p: float = 1.0
@@ -143,7 +145,6 @@ class ChatRequest:
     conversation: str | None = None
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "messages", check_messages(self.messages))
         if self.max_tokens is not None and not is_int(self.max_tokens, 1):
             raise FieldError("max_tokens", "an integer >= 1 or null", self.max_tokens)
         object.__setattr__(self, "temperature", _number("temperature", self.temperature, 0, 2))
@@ -163,33 +164,93 @@ class ChatRequest:
                                  type(self.conversation).__name__)
             validate_name(self.conversation)
 
+    def settings_json(self) -> dict[str, Any]:
+        """The request's settings (everything but the messages or prompt) as JSON."""
+        return {"max_tokens": self.max_tokens, "temperature": self.temperature, "top_p": self.top_p,
+                "top_k": self.top_k, "seed": self.seed, "stop": list(self.stop),
+                "repetition_penalty": self.repetition_penalty, "cache_prompt": self.cache_prompt,
+                "conversation": self.conversation}
+
+
+def _openai_settings(body: Any, what: str, own: tuple[str, ...]) -> dict[str, Any]:
+    """The settings of the OpenAI ``what`` body ``body`` whose own keys (beside the settings) are ``own``: unknown
+    keys and values the engine cannot honour (``n`` other than 1, non-zero frequency or presence penalties) are
+    refused, naming the key."""
+    if not isinstance(body, Mapping):
+        raise FieldError("body", "a JSON object", type(body).__name__)
+    for key in body:
+        if key not in _IGNORED and key not in _SETTINGS and key not in own:
+            raise FieldError(key, f"a supported {what} parameter", "an unknown or unsupported key")
+    if not is_int(body.get("n", 1), 1, 1):  # a bool is not an int here: true is refused, not taken for 1
+        raise FieldError("n", "1 (one choice per request)", body.get("n"))
+    for key in ("frequency_penalty", "presence_penalty"):
+        if body.get(key, 0) not in (0, 0.0, None):
+            raise FieldError(key, "0 (use repetition_penalty)", body.get(key))
+    return {k: body[k] for k in _SETTINGS if k in body and body[k] is not None}
+
+
+@dataclass(frozen=True)
+class ChatRequest(RequestSettings):
+    """What to answer (the whole conversation's ``messages``) and how (:class:`RequestSettings`)."""
+
+    messages: tuple[Message, ...]
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "messages", check_messages(self.messages))
+        super().__post_init__()
+
     @classmethod
     def from_openai(cls, body: Any) -> "ChatRequest":
         """The request in an OpenAI chat-completions body (plus ``top_k``, ``repetition_penalty``,
         ``cache_prompt`` and ``conversation``); unknown keys and values the engine cannot honour (``n`` other
         than 1, non-zero frequency or presence penalties, tools) are refused, naming the key."""
-        if not isinstance(body, Mapping):
-            raise FieldError("body", "a JSON object", type(body).__name__)
-        for key in body:
-            if key not in _IGNORED and key not in _SETTINGS and key not in ("messages", "max_completion_tokens"):
-                raise FieldError(key, "a supported chat-completions parameter", "an unknown or unsupported key")
-        if not is_int(body.get("n", 1), 1, 1):  # a bool is not an int here: true is refused, not taken for 1
-            raise FieldError("n", "1 (one choice per request)", body.get("n"))
-        for key in ("frequency_penalty", "presence_penalty"):
-            if body.get(key, 0) not in (0, 0.0, None):
-                raise FieldError(key, "0 (use repetition_penalty)", body.get(key))
+        given = _openai_settings(body, "chat-completions", ("messages", "max_completion_tokens"))
         if "max_tokens" in body and "max_completion_tokens" in body:
             raise FieldError("max_completion_tokens", "not together with max_tokens", body["max_completion_tokens"])
-        given = {k: body[k] for k in _SETTINGS if k in body and body[k] is not None}
         if body.get("max_completion_tokens") is not None:
             given["max_tokens"] = body["max_completion_tokens"]
         if "messages" not in body:
             raise FieldError("messages", "a list of {'role', 'content'} messages", "none")
         return cls(body["messages"], **given)
 
-    def settings_json(self) -> dict[str, Any]:
-        """The request's settings (everything but the messages) as JSON."""
-        return {"max_tokens": self.max_tokens, "temperature": self.temperature, "top_p": self.top_p,
-                "top_k": self.top_k, "seed": self.seed, "stop": list(self.stop),
-                "repetition_penalty": self.repetition_penalty, "cache_prompt": self.cache_prompt,
-                "conversation": self.conversation}
+
+OPENAI_COMPLETION_MAX_TOKENS = 16
+"""The ``max_tokens`` of an OpenAI completions body that gives none (OpenAI's default)."""
+
+_NEUTRAL: dict[str, Any] = {"echo": False, "logprobs": None, "suffix": None, "best_of": 1}
+"""Keys of OpenAI's completions body accepted only with the value that changes nothing (or null)."""
+
+
+@dataclass(frozen=True)
+class CompletionRequest(RequestSettings):
+    """A plain completion: the raw ``prompt`` text, encoded as is (the model's BOS first if it adds one), and how
+    to continue it (:class:`RequestSettings`). What a base model, without a chat template, answers."""
+
+    prompt: str
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.prompt, str):
+            raise FieldError("prompt", "a string", type(self.prompt).__name__)
+        if any(0xD800 <= ord(c) <= 0xDFFF for c in self.prompt):
+            raise FieldError("prompt", "Unicode text (no lone surrogates)", "invalid text")
+        super().__post_init__()
+
+    @classmethod
+    def from_openai(cls, body: Any) -> "CompletionRequest":
+        """The request in an OpenAI (legacy) completions body: ``prompt`` a string (or a list of one), ``max_tokens``
+        (default 16, as OpenAI's), the sampling settings, plus ``top_k``, ``repetition_penalty``, ``cache_prompt``
+        and ``conversation``; ``echo``, ``logprobs``, ``suffix`` and ``best_of`` only with their neutral values,
+        unknown keys refused, naming the key."""
+        given = _openai_settings(body, "completions", ("prompt", *_NEUTRAL))
+        for key, neutral in _NEUTRAL.items():
+            value = body.get(key)
+            if value is not None and not (type(value) is type(neutral) and value == neutral):
+                raise FieldError(key, f"{'null' if neutral is None else neutral} (not supported)", value)
+        given.setdefault("max_tokens", OPENAI_COMPLETION_MAX_TOKENS)
+        prompt = body.get("prompt")
+        if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
+            prompt = prompt[0]
+        if not isinstance(prompt, str):
+            raise FieldError("prompt", "a string (or a list of one string)",
+                             "none" if prompt is None else type(prompt).__name__)
+        return cls(prompt=prompt, **given)

@@ -1,5 +1,6 @@
 """What the engine answers: a whole reply (:class:`ChatCompletion`) or its pieces as they come
-(:class:`ChatChunk`), with the :class:`Usage` of the call; ``to_openai()`` gives OpenAI's wire format.
+(:class:`ChatChunk`), with the :class:`Usage` of the call; ``to_openai()`` gives OpenAI's wire format: a chat's
+``chat.completion`` (``chat.completion.chunk``), or a plain completion's ``text_completion``.
 
 Beyond OpenAI's fields, ``usage`` carries ``timings`` (seconds of restoring K/V, of prefill and of decode,
 measured once the GPU work has finished, and the rates they give), and a top-level ``kvckpt`` object names
@@ -15,7 +16,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from ..model.generator import ResumeReport
+    from ..generation.results import ResumeReport
 
 __all__ = ["FINISH_REASONS", "ChatChunk", "ChatCompletion", "ChatStream", "Timings", "Usage"]
 
@@ -82,8 +83,16 @@ class ChatChunk:
     warnings: tuple[str, ...] = ()
     """On the first chunk: what the reply did without (K/V of the store that could not be used: a damaged chunk or
     manifest), and what was done instead (an older generation restored, the prompt prefilled)."""
+    text_completion: bool = False
+    """A plain completion's chunk (OpenAI's ``text_completion`` on the wire), not a chat's."""
 
     def to_openai(self) -> dict[str, Any]:
+        if self.text_completion:
+            out = _text_completion(self.id, self.created, self.model, self.text, self.finish_reason)
+            out["kvckpt"] = _kvckpt(self.conversation, self.token_ids, self.warnings)
+            if self.usage is not None:
+                out["usage"] = self.usage.to_openai()
+            return out
         delta: dict[str, Any] = {"role": "assistant"} if self.first else {}
         if self.text or self.first:
             delta["content"] = self.text
@@ -112,6 +121,8 @@ class ChatCompletion:
     resumed: "ResumeReport | None" = None
     """How the K/V of a reply :meth:`Engine.resume` brought back from the store came back (see
     :attr:`ChatChunk.resumed`); None when they did not come from the store."""
+    text_completion: bool = False
+    """A plain completion (OpenAI's ``text_completion`` on the wire), not a chat's reply."""
 
     @classmethod
     def from_chunks(cls, chunks: Sequence[ChatChunk]) -> "ChatCompletion":
@@ -119,9 +130,12 @@ class ChatCompletion:
         last = chunks[-1]
         return cls(last.id, last.created, last.model, last.conversation, "".join(c.text for c in chunks),
                    tuple(t for c in chunks for t in c.token_ids), last.finish_reason, last.usage,
-                   tuple(w for c in chunks for w in c.warnings), chunks[0].resumed)
+                   tuple(w for c in chunks for w in c.warnings), chunks[0].resumed, last.text_completion)
 
     def to_openai(self) -> dict[str, Any]:
+        if self.text_completion:
+            return {**_text_completion(self.id, self.created, self.model, self.text, self.finish_reason),
+                    "usage": self.usage.to_openai(), "kvckpt": _kvckpt(self.conversation, self.token_ids, self.warnings)}
         return {"id": self.id, "object": "chat.completion", "created": self.created, "model": self.model,
                 "choices": [{"index": 0, "message": {"role": "assistant", "content": self.text},
                              "logprobs": None, "finish_reason": self.finish_reason}],
@@ -148,6 +162,12 @@ class ChatStream:
     async def aclose(self) -> None:
         """Stop reading: the reply stops as an interrupt stops it (saved, resumable)."""
         await self._chunks.aclose()
+
+
+def _text_completion(id: str, created: int, model: str, text: str, finish_reason: str | None) -> dict[str, Any]:
+    """OpenAI's ``text_completion`` object (a whole completion, or a chunk of a streamed one), without usage."""
+    return {"id": id, "object": "text_completion", "created": created, "model": model,
+            "choices": [{"text": text, "index": 0, "logprobs": None, "finish_reason": finish_reason}]}
 
 
 def _kvckpt(conversation: str, token_ids: Sequence[int], warnings: Sequence[str]) -> dict[str, Any]:

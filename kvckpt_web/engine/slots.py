@@ -15,22 +15,23 @@ from typing import TYPE_CHECKING
 
 from ..durable.restore import restore
 from ..errors import (CapacityError, ConflictError, CorruptionError, FieldError, FormatError, MetadataError,
-                      NotFoundError)
-from ..model.app_state import parse_app_state
+                      NotFoundError, UnusableCheckpointError)
+from ..generation.app_state import parse_app_state
 
 if TYPE_CHECKING:
     from ..durable.container import Manifest
     from ..durable.ledger import Ledger
     from ..kv.cache import PagedKVCache
-    from ..model.generator import Generator
+    from ..generation.generator import Generator
     from ..stores.base import Store
     from .record import ChatRecord
 
 __all__ = ["UNUSABLE_KV", "PrefixSource", "Slot", "Slots", "common_prefix"]
 
-UNUSABLE_KV = (CorruptionError, FormatError, MetadataError, NotFoundError)
+UNUSABLE_KV = (CorruptionError, FormatError, MetadataError, NotFoundError, UnusableCheckpointError)
 """What a restore from the store raises when a checkpoint's K/V cannot be used: a chunk or manifest damaged or
-missing, another layout, a generation collected since it was found. The cache is left as it was."""
+missing, another layout, a generation collected since it was found, or one holding other tokens now. The cache
+is left as it was."""
 
 
 def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
@@ -132,9 +133,9 @@ class Slots:
 
     async def place(self, name: str, source: PrefixSource, tokens: int) -> Slot:
         """A slot for conversation ``name`` whose sequence holds the ``source.length`` tokens to reuse, with
-        room for ``tokens`` in all; the K/V come from the slot itself, a fork of another, or the store (none,
-        its ``kv_length`` 0, if the checkpoint holds other tokens now: see :meth:`_restore_prefix`). Raises one
-        of :data:`UNUSABLE_KV` if the store's cannot be used: no slot is added (``name``'s own is gone)."""
+        room for ``tokens`` in all; the K/V come from the slot itself, a fork of another, or the store. Raises one
+        of :data:`UNUSABLE_KV` if the store's cannot be used (see :meth:`_restore_prefix`): no slot is added
+        (``name``'s own is gone)."""
         own = self.of_conversation(name)
         if own is not None and own.busy:
             raise ConflictError(f"conversation {name!r}: a reply is being generated in it; wait for it or interrupt it")
@@ -156,36 +157,41 @@ class Slots:
         if source.slot is not None:
             self.cache.fork_sequence(source.slot.seq_id, seq_id, n)
         elif source.record is not None:
-            n = await self._restore_prefix(source.record, source.manifest, seq_id, n)
-            if n == 0:
-                await self.reserve(tokens, keep=keep)  # the whole prompt to prefill
+            await self._restore_prefix(source.record, source.manifest, seq_id, n)
         return self.add(Slot(seq_id, [], n, conversation=name))
 
     async def _restore_prefix(self, record: "ChatRecord", manifest: "tuple[Manifest, bytes] | None", seq_id: int,
-                              n: int) -> int:
+                              n: int) -> None:
         """Restore the first ``n`` tokens of ``record``'s checkpoint (from ``manifest``, its manifest as read, if
-        given) as ``seq_id``: ``n``, or 0 with nothing restored when the checkpoint under its name and generation
-        is gone, or holds no K/V of this model for ``record``'s first ``n`` tokens (as read from the manifest
-        restored: another process may have deleted the conversation and written another under the same name and
-        generation since ``record`` was read; chunks are read by their SHA-256, so the K/V are ``manifest``'s)."""
+        given) as ``seq_id``, or raise one of :data:`UNUSABLE_KV` with nothing restored: NotFoundError when the
+        checkpoint under its name and generation is gone, UnusableCheckpointError when it holds no K/V of this
+        model for ``record``'s first ``n`` tokens (as read from the manifest restored: another process may have
+        deleted the conversation and written another under the same name and generation since ``record`` was
+        read; chunks are read by their SHA-256, so the K/V are ``manifest``'s)."""
+        where = f"checkpoint {record.name!r} generation {record.generation}"
         try:
             result = await restore(self.store, record.name, self.cache, seq_id=seq_id, generation=record.generation,
                                    length=n, ledger=self.ledger, manifest=manifest)
-        except NotFoundError:
-            return 0
         except FieldError as exc:
             if exc.field != "length":
                 raise
-            return 0  # it holds fewer tokens
+            raise UnusableCheckpointError("length", f"{where}: expected at least {n} tokens, got fewer (it was "
+                                          "written anew since it was indexed)") from None
         try:
             saved = parse_app_state(result.app_state)
         except FormatError:
             saved = None
-        if (saved is None or saved.model != self.model or saved.kv_length < n
-                or (saved.prompt + saved.generated)[:n] != record.tokens[:n]):
-            self.cache.remove_sequence(seq_id)
-            return 0
-        return n
+        if saved is None:
+            reason, got = "corrupt", "no app_state that can be read"
+        elif saved.model != self.model:
+            reason, got = "model", f"model {saved.model[:16]}..."
+        elif saved.kv_length < n or (saved.prompt + saved.generated)[:n] != record.tokens[:n]:
+            reason, got = "length", "other tokens (it was written anew since it was indexed)"
+        else:
+            return
+        self.cache.remove_sequence(seq_id)
+        raise UnusableCheckpointError(reason, f"{where}: expected the K/V of this model for the prompt's first {n} "
+                                      f"tokens, got {got}")
 
     async def free_sequence(self, keep: tuple[Slot, ...]) -> int:
         """A sequence id no slot uses, evicting the least recently used idle slot (not one in ``keep``) if none is."""

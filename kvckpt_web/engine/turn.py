@@ -5,7 +5,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..model.generator import Generator, ResumeReport
+from ..generation.generator import Generator
+from ..generation.results import ResumeReport
 from .responses import Timings, Usage
 from .slots import Slot
 
@@ -36,6 +37,8 @@ class Turn:
     warnings: tuple[str, ...] = ()
     """What went wrong on the way that the reply did without (K/V of the store that could not be used, and what
     was done instead); the first chunk carries them."""
+    text_completion: bool = False
+    """A plain completion's turn (its prompt a raw text), not a chat's reply."""
 
     def usage(self) -> Usage:
         """The call's usage: its token counts, and where its time went. The prefill is the wait for the first token

@@ -7,7 +7,8 @@ new token over its sequence's pages: partial softmax sums over key ranges (``sha
 then their merge in a fixed order (``shaders/model/attention_merge.wgsl``), or where the keys form one range (a
 prefill chunk, a decode step at a short context) one dispatch that writes the finished rows. Prefill chunks and
 decode steps are the same call: a token attends to every earlier token of its sequence and to itself, through its
-page table. The dispatches bind the same buffers every time, so the device keeps their bind groups.
+page table (in a sliding-window layer to the last ``window`` of them: the pages keep every token's K/V, the older
+keys are masked). The dispatches bind the same buffers every time, so the device keeps their bind groups.
 
 How the work is cut (measured on lavapipe, see bench/notes/2026-12-05-model-attention.md): an invocation serves a
 tile of up to ``rows_per_tile`` consecutive tokens of one sequence and every query head of one KV head, so each K/V
@@ -22,6 +23,7 @@ from __future__ import annotations
 
 import math
 import struct
+from collections.abc import Sequence
 
 from ..errors import FieldError, TensorError
 from ..gpu.device import Buffer, Dispatch, Kernel, Region, Texture, Usage
@@ -30,8 +32,11 @@ from ..gpu.wgsl import source
 from ..kv.cache import ForwardPass, PagedKVCache
 
 #: Largest head_dim the attention kernel holds in registers (per invocation, ``rows_per_tile * group`` rows of Q
-#: and of the output).
-MAX_HEAD_DIM = 128
+#: and of the output): Gemma 3's 256.
+MAX_HEAD_DIM = 256
+#: Heads wider than this take proportionally fewer rows per invocation than :data:`ROW_HEADS` and
+#: :data:`MAX_ROW_HEADS` (the registers a row takes grow with head_dim, and the kernel's compile time with them).
+WIDE_HEAD_DIM = 128
 #: Bytes of one token's record in the ``tokens`` buffer (vec4<u32>: position, slot, page table offset, unused).
 TOKEN_RECORD_BYTES = 16
 #: Bytes of one tile's record in the ``tiles`` buffer (vec2<u32>: first token, rows).
@@ -72,10 +77,16 @@ class PagedAttention:
     the defaults derived from :data:`ROW_HEADS` (up to :data:`MAX_ROW_HEADS`) and :data:`MIN_INVOCATIONS`;
     results agree within float32 rounding whatever they are. A forward of one token per sequence (a decode
     step) uses one-row tiles; each tile size is a kernel of its own, compiled at its first use.
+
+    A model whose layers differ gives, per layer, ``rope_rates`` (RoPE's ``head_dim / 2`` angle rates; default:
+    the layout's :func:`rope_inv_freq` for every layer) and ``windows`` (the keys a query of a sliding-window layer
+    sees, itself included; 0: all earlier keys, the default), and ``scale`` the factor of Q.K (default
+    1/sqrt(head_dim)).
     """
 
     def __init__(self, cache: PagedKVCache, *, rows_per_tile: int | None = None,
-                 keys_per_split: int | None = None) -> None:
+                 keys_per_split: int | None = None, rope_rates: Sequence[Sequence[float]] | None = None,
+                 windows: Sequence[int] | None = None, scale: float | None = None) -> None:
         lay = cache.layout
         if lay.dtype != "float16":
             raise FieldError("layout.dtype", "'float16' (the attention kernels read and write float16 pages)",
@@ -86,23 +97,37 @@ class PagedAttention:
             raise FieldError("layout.rope_mode", "'normal' or 'none' (the K/V write applies RoPE itself)",
                              lay.rope_mode)
         group = lay.num_qo_heads // lay.num_kv_heads
-        most_rows = max(1, min(MAX_ROWS_PER_TILE, MAX_ROW_HEADS // group))
-        rows = max(1, min(MAX_ROWS_PER_TILE, ROW_HEADS // group)) if rows_per_tile is None else rows_per_tile
+        wide = max(1, lay.head_dim // WIDE_HEAD_DIM)
+        most_rows = max(1, min(MAX_ROWS_PER_TILE, MAX_ROW_HEADS // wide // group))
+        rows = max(1, min(MAX_ROWS_PER_TILE, ROW_HEADS // wide // group)) if rows_per_tile is None else rows_per_tile
         if isinstance(rows, bool) or not isinstance(rows, int) or not 1 <= rows <= most_rows:
             raise FieldError("rows_per_tile", f"1..{most_rows} (at most {MAX_ROWS_PER_TILE} tokens and "
-                                              f"{MAX_ROW_HEADS} rows of {group} query heads per KV head)",
+                                              f"{MAX_ROW_HEADS // wide} rows of {group} query heads per KV head)",
                              rows_per_tile)
         if keys_per_split is not None and (isinstance(keys_per_split, bool) or not isinstance(keys_per_split, int)
                                            or not 1 <= keys_per_split <= MAX_KEYS_PER_SPLIT):
             raise FieldError("keys_per_split", f"1..{MAX_KEYS_PER_SPLIT}", keys_per_split)
+        half = lay.head_dim // 2
+        if rope_rates is None:
+            default = rope_inv_freq(lay.head_dim, lay.rotary_theta, lay.rotary_scale) if lay.rope_mode == "normal" \
+                else [0.0] * half
+            rope_rates = [default] * lay.num_layers
+        if len(rope_rates) != lay.num_layers or any(len(rates) != half for rates in rope_rates):
+            raise FieldError("rope_rates", f"{lay.num_layers} lists (one per layer) of {half} rates",
+                             [len(rates) for rates in rope_rates])
+        windows = [0] * lay.num_layers if windows is None else list(windows)
+        if len(windows) != lay.num_layers or any(isinstance(w, bool) or not isinstance(w, int) or w < 0
+                                                 for w in windows):
+            raise FieldError("windows", f"{lay.num_layers} integers >= 0 (one per layer)", windows)
+        self.windows = windows
+        self.scale = 1 / math.sqrt(lay.head_dim) if scale is None else float(scale)
         self.cache = cache
         self.layout = lay
         self.rows_per_tile = rows
         self._max_keys_per_split = MAX_KEYS_PER_SPLIT if keys_per_split is None else keys_per_split
         self._min_keys_per_split = MIN_KEYS_PER_SPLIT if keys_per_split is None else keys_per_split
         device = cache.device
-        rates = rope_inv_freq(lay.head_dim, lay.rotary_theta, lay.rotary_scale) if lay.rope_mode == "normal" \
-            else [0.0] * (lay.head_dim // 2)
+        rates = [rate for layer in rope_rates for rate in layer]
         self._inv_freq = device.create_buffer(4 * len(rates), Usage.STORAGE | Usage.COPY_DST, "attention.inv_freq")
         device.write(self._inv_freq, 0, struct.pack(f"<{len(rates)}f", *rates))
         limits = cache.limits
@@ -193,7 +218,8 @@ class PagedAttention:
         lay = self.layout
         device = self.cache.device
         kernel = device.kernel("rope", source("model", "rope"), "rope_append")
-        params = struct.pack("<5I", fwd.num_tokens, lay.num_qo_heads, lay.num_kv_heads, lay.head_dim, lay.page_size)
+        params = struct.pack("<6I", fwd.num_tokens, lay.num_qo_heads, lay.num_kv_heads, lay.head_dim, lay.page_size,
+                             layer * (lay.head_dim // 2))
         heads = lay.num_qo_heads + 2 * lay.num_kv_heads
         return Dispatch(kernel, params, (qkv, pages, self._tokens, self._inv_freq),
                         fwd.num_tokens * heads * (lay.head_dim // 2), keep_bindings=True)
@@ -212,8 +238,8 @@ class PagedAttention:
             raise TensorError("out: texture", f"{fwd.num_tokens} rows of {lay.num_qo_heads * lay.head_dim} "
                                               "activations", f"{out.width} x {out.height} of {out.channels}")
         splits = self._num_splits
-        params = struct.pack("<6If", self._num_tiles, lay.num_qo_heads, lay.num_kv_heads, lay.page_size,
-                             self._keys_per_split, splits, 1 / math.sqrt(lay.head_dim))
+        params = struct.pack("<6IfI", self._num_tiles, lay.num_qo_heads, lay.num_kv_heads, lay.page_size,
+                             self._keys_per_split, splits, self.scale, self.windows[layer] or 0xFFFFFFFF)
         invocations = self._num_tiles * lay.num_kv_heads * splits
         tables = (qkv, pages, self._tokens, self._page_table, self._tiles)
         if splits == 1:

@@ -19,7 +19,7 @@ from ..errors import TensorError
 from ..gpu.device import Buffer, Device, Dispatch, Kernel, Texture
 from ..gpu.specialize import specialize
 from ..gpu.wgsl import pack_params, source
-from .weights import Q4_1, Q8_0, TILE_ROWS, DenseTensor, QuantizedTensor
+from .weights import BLOCK, DEVICE_FORMS, Q4_1, Q4_K, Q5_K, Q8_0, TILE_ROWS, DenseTensor, QuantizedTensor
 
 ROWS = 8
 """Rows per invocation of the products (``ROWS`` in quant.wgsl); 8 invocations make a workgroup, a tile of
@@ -49,12 +49,10 @@ def activation_texture(device: Device, features: int, tokens: int, label: str) -
 def matvec(device: Device, weight: QuantizedTensor, x: Texture, y: Buffer, tokens: int = 1,
            accumulate: bool = False) -> list[Dispatch]:
     """``y[t] = W x[t]`` (or ``y[t] += W x[t]`` with ``accumulate``: the residual add) for each of ``tokens``
-    rows of ``x``, ``W`` a Q4_1 or Q8_0 matrix (the tied embedding as the output head)."""
-    _check_type(weight, Q4_1, Q8_0)
+    rows of ``x``, ``W`` a matrix of any :data:`~kvckpt_web.model.weights.DEVICE_FORMS` type (the tied embedding
+    as the output head)."""
     _check_size("y", y, 4 * tokens * weight.rows)
-    if weight.ggml_type == Q4_1:
-        return _products(device, "q4_1_matvec", (weight,), x, y, tokens, accumulate, "q4_1_matmul")
-    return _products(device, "q8_0_matvec", (weight,), x, y, tokens, accumulate)
+    return _products(device, "matvec", (weight,), x, y, tokens, accumulate, "matmul")
 
 
 def gated(device: Device, gate: QuantizedTensor, up: QuantizedTensor, x: Texture, hidden: Texture,
@@ -69,12 +67,12 @@ def gated(device: Device, gate: QuantizedTensor, up: QuantizedTensor, x: Texture
 
 
 def embed(device: Device, table: QuantizedTensor, ids: Buffer, out: Buffer, tokens: int) -> Dispatch:
-    """``out[t] = table[ids[t]]`` dequantized, for ``tokens`` u32 token ids (a Q8_0 ``table``)."""
-    _check_type(table, Q8_0)
+    """``out[t] = table[ids[t]]`` dequantized (the bits of ``gguf.quants.dequantize``), for ``tokens`` u32 token
+    ids, ``table`` of any type."""
     _check_size("out", out, 4 * tokens * table.cols)
     _check_size("ids", ids, 4 * tokens)
     params = struct.pack("<6I8x", table.rows, table.blocks, tokens, 0, table.shift, table.scale_base)
-    return Dispatch(quant_kernel(device, "q8_0_rows"), params, (table.texels, ids, out), tokens * table.blocks * 8,
+    return Dispatch(quant_kernel(device, "rows", table.ggml_type), params, (table.texels, ids, out), tokens * table.blocks * 8,
                     keep_bindings=True)
 
 
@@ -123,9 +121,10 @@ def _products(device: Device, entry: str, weights: tuple[QuantizedTensor, ...], 
     first = weights[0]
     _check_texture("x", x, first.cols, tokens)
     if tiled is not None and tokens > 1:
-        kernel, groups = quant_kernel(device, tiled), (-(-first.rows // TILE_ROWS), -(-tokens // TILE), 1)
+        kernel, groups = quant_kernel(device, tiled, first.ggml_type), (-(-first.rows // TILE_ROWS),
+                                                                         -(-tokens // TILE), 1)
     else:
-        kernel, groups = quant_kernel(device, entry), (-(-first.rows // TILE_ROWS), tokens, 1)
+        kernel, groups = quant_kernel(device, entry, first.ggml_type), (-(-first.rows // TILE_ROWS), tokens, 1)
     params = struct.pack("<6I8x", first.rows, first.blocks, tokens, int(accumulate), first.shift, first.scale_base)
     return [Dispatch(kernel, params, (first.texels, x, y) + tuple(w.texels for w in weights[1:]), workgroups=groups,
                      keep_bindings=True)]
@@ -148,14 +147,21 @@ def flavour(device: Device) -> str:
     return str(device.choices.setdefault(FLAVOUR, "browser" if device.info.backend.startswith("browser") else "desktop"))
 
 
-def quant_kernel(device: Device, entry: str) -> Kernel:
-    """Entry ``entry`` of quant.wgsl, specialised to :data:`ROWS`, :data:`TILE` and the device's :func:`flavour`."""
-    return device.kernel("model.quant", _quant_source(ROWS, TILE, flavour(device)), entry)
+def quant_kernel(device: Device, entry: str, ggml_type: int = Q4_1) -> Kernel:
+    """Entry ``entry`` of quant.wgsl with quant_types.wgsl, specialised to :data:`ROWS`, :data:`TILE`, the device's
+    :func:`flavour` and weights of ``ggml_type``."""
+    return device.kernel("model.quant", _quant_source(ROWS, TILE, flavour(device), ggml_type), entry)
 
 
 @functools.cache
-def _quant_source(rows: int, tile: int, name: str) -> str:
-    return specialize(source("model", "quant"), dict(ROWS=rows, TILE=tile, **FLAVOURS[name]))
+def _quant_source(rows: int, tile: int, name: str, ggml_type: int) -> str:
+    form = DEVICE_FORMS[ggml_type]
+    types = {f"IS_{f.name}": int(t == ggml_type) for t, f in DEVICE_FORMS.items()}
+    types["BLOCKED"] = int(ggml_type not in (Q4_1, Q8_0))
+    types["HAS_MIN"] = int(ggml_type in (Q4_1, Q4_K, Q5_K))
+    return specialize(source("model", "quant") + source("model", "quant_types"),
+                      dict(ROWS=rows, TILE=tile, **FLAVOURS[name], UNIT=form.weights // BLOCK, TEXELS=form.texels,
+                           WORDS=form.words, **types))
 
 
 def _check_type(weight: QuantizedTensor, *types: int) -> None:

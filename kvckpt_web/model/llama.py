@@ -1,12 +1,16 @@
-"""A llama-architecture model (SmolLM2-135M and its kin) running on the WGSL kernels over a paged cache.
+"""A llama-style model (SmolLM2-135M and its kin, Llama 3, Qwen2, Qwen 3, Gemma 3) running on the WGSL kernels
+over a paged cache.
 
 :class:`LlamaModel` implements :class:`~kvckpt_web.model.protocol.CausalLM`. Loading checks every tensor of
 the GGUF file (presence, GGUF shape, ggml type) before anything is uploaded, and puts the weights on the
-device still quantized. GGUF stores the rows of ``attn_q``/``attn_k`` permuted for ggml's adjacent-pair
-RoPE; they are put back in Hugging Face order while the projections are fused into one Q/K/V matrix, so
-the kernels apply rotate-half RoPE (rope_mode "normal") and the K in the cache is the K a TVM/WebLLM build
-of the model keeps. A forward encodes every layer of a prefill chunk (or a decode step) into one submit and
-leaves the logits on the GPU: :class:`GPULogits` reads back only the argmax or the top k.
+device still quantized. A ``llama`` GGUF stores the rows of ``attn_q``/``attn_k`` permuted for ggml's adjacent-pair
+RoPE; they are put back in Hugging Face order while the projections are fused into one Q/K/V matrix (the other
+architectures store them in that order), so the kernels apply rotate-half RoPE (rope_mode "normal") and the K in
+the cache is the K a TVM/WebLLM build of the model keeps. What each architecture adds to the block
+(:mod:`~kvckpt_web.model.config`) runs as small kernels of its own (:mod:`~kvckpt_web.model.row_kernels`); the
+RoPE rates and sliding windows of each layer are the attention's (:class:`PagedAttention`). A forward encodes every
+layer of a prefill chunk (or a decode step) into one submit and leaves the logits on the GPU: :class:`GPULogits`
+reads back only the argmax or the top k.
 
 Pure Python over the device layer (struct, memoryview): it runs in Pyodide as on the desktop.
 """
@@ -21,19 +25,21 @@ from typing import TYPE_CHECKING
 
 from ..errors import CheckpointStateError, FieldError, FormatError, SequenceError
 from ..gpu import wgsl
-from ..gpu.device import Buffer, Command, Copy, Device, Usage
+from ..gpu.device import Buffer, Command, Copy, Device, Texture, Usage
 from ..tvm.layout import KVLayout
-from . import kernels
-from .attention import PagedAttention
+from . import kernels, row_kernels
+from .attention import PagedAttention, rope_inv_freq
 from .config import LlamaConfig
 from .gguf import GGML_TYPES, GGUFFile, GGUFTensor
-from .weights import (F32, Q4_1, Q8_0, DenseTensor, DeviceTensor, QuantizedTensor, check_finite, destroy_tensor,
-                      upload_stacked, upload_tensor)
+from .weights import (DEVICE_FORMS, F32, Q4_1, DenseTensor, DeviceTensor, QuantizedTensor, check_finite,
+                      destroy_tensor, upload_stacked, upload_tensor)
 
 if TYPE_CHECKING:
     from ..kv.cache import PagedKVCache
 
 BLOCK_NORMS = ("attn_norm", "ffn_norm")
+POST_NORMS = ("post_attention_norm", "post_ffw_norm")
+"""Gemma 3's norms of the attention's and the FFN's outputs (llama.cpp's attn_post_norm and ffn_post_norm)."""
 
 
 @dataclass(frozen=True)
@@ -44,27 +50,39 @@ class TensorSpec:
     types: tuple[int, ...]
 
 
-def tensor_specs(c: LlamaConfig, has_output: bool) -> dict[str, TensorSpec]:
-    """Every tensor a llama GGUF of configuration ``c`` holds (``output.weight`` if ``has_output``)."""
-    specs = {"token_embd.weight": TensorSpec((c.hidden, c.vocab), (Q8_0,)),
+def tensor_specs(c: LlamaConfig, has_output: bool, has_rope_freqs: bool = False) -> dict[str, TensorSpec]:
+    """Every tensor a GGUF of configuration ``c`` holds (``output.weight`` if ``has_output``, Llama 3's
+    ``rope_freqs.weight`` if ``has_rope_freqs``)."""
+    matrix = tuple(DEVICE_FORMS)
+    specs = {"token_embd.weight": TensorSpec((c.hidden, c.vocab), matrix),
              "output_norm.weight": TensorSpec((c.hidden,), (F32,))}
     if has_output:
-        specs["output.weight"] = TensorSpec((c.hidden, c.vocab), (Q8_0, Q4_1))
+        specs["output.weight"] = TensorSpec((c.hidden, c.vocab), matrix)
+    if has_rope_freqs:
+        specs["rope_freqs.weight"] = TensorSpec((c.head_dim // 2,), (F32,))
     shapes = {"attn_q": (c.hidden, c.q_rows), "attn_k": (c.hidden, c.kv_rows), "attn_v": (c.hidden, c.kv_rows),
               "attn_output": (c.q_rows, c.hidden), "ffn_gate": (c.hidden, c.ffn), "ffn_up": (c.hidden, c.ffn),
               "ffn_down": (c.ffn, c.hidden)}
+    vectors = {f"{name}.weight": (c.hidden,) for name in BLOCK_NORMS}
+    if c.qkv_bias:
+        vectors.update({"attn_q.bias": (c.q_rows,), "attn_k.bias": (c.kv_rows,), "attn_v.bias": (c.kv_rows,)})
+    if c.qk_norm:
+        vectors.update({"attn_q_norm.weight": (c.head_dim,), "attn_k_norm.weight": (c.head_dim,)})
+    if c.post_norms:
+        vectors.update({f"{name}.weight": (c.hidden,) for name in POST_NORMS})
     for i in range(c.num_layers):
-        for name in BLOCK_NORMS:
-            specs[f"blk.{i}.{name}.weight"] = TensorSpec((c.hidden,), (F32,))
+        for name, shape in vectors.items():
+            specs[f"blk.{i}.{name}"] = TensorSpec(shape, (F32,))
         for name, shape in shapes.items():
-            specs[f"blk.{i}.{name}.weight"] = TensorSpec(shape, (Q4_1,))
+            specs[f"blk.{i}.{name}.weight"] = TensorSpec(shape, matrix)
     return specs
 
 
 def check_tensors(f: GGUFFile, c: LlamaConfig) -> None:
     """FormatError naming the first tensor of ``f`` that is missing, unexpected, of another shape or type, or that
     holds an infinity or a NaN."""
-    specs = tensor_specs(c, "output.weight" in f.tensors)
+    rope_freqs = c.architecture == "llama" and "rope_freqs.weight" in f.tensors
+    specs = tensor_specs(c, "output.weight" in f.tensors, rope_freqs)
     for name, spec in specs.items():
         t = f.tensors.get(name)
         if t is None:
@@ -77,8 +95,19 @@ def check_tensors(f: GGUFFile, c: LlamaConfig) -> None:
         check_finite(name, t.type, t.data)
     extra = sorted(set(f.tensors) - set(specs))
     if extra:
-        raise FormatError("tensors", f"only the {len(specs)} tensors of a llama model", f"also {extra[0]!r}",
-                          "unsupported tensor")
+        raise FormatError("tensors", f"only the {len(specs)} tensors of a {c.architecture} model",
+                          f"also {extra[0]!r}", "unsupported tensor")
+
+
+def rope_rates(c: LlamaConfig, factors: list[float] | None = None) -> list[list[float]]:
+    """Per layer, RoPE's angle rate of each pair: the layer's scale / base^(2i / head_dim), divided by
+    ``factors[i]`` (Llama 3's frequency factors, as llama.cpp's ``rope_freqs`` divides them) where given."""
+    rates = []
+    for layer in range(c.num_layers):
+        theta, scale = c.layer_rope(layer)
+        layer_rates = rope_inv_freq(c.head_dim, theta, scale)
+        rates.append(layer_rates if factors is None else [r / f for r, f in zip(layer_rates, factors)])
+    return rates
 
 
 def hf_row_order(rows: int, head_dim: int) -> list[int]:
@@ -101,19 +130,39 @@ def _rows(t: GGUFTensor, order: list[int]) -> bytes:
 @dataclass(frozen=True)
 class _Layer:
     attn_norm: DenseTensor
-    qkv: QuantizedTensor
+    qkv: tuple[QuantizedTensor, ...]
+    """Q, K and V rows: one stacked matrix where they share a type, else each its own (see :func:`_fused`)."""
     attn_output: QuantizedTensor
     ffn_norm: DenseTensor
-    ffn_gate: QuantizedTensor
-    ffn_up: QuantizedTensor
+    gate_up: tuple[QuantizedTensor, ...]
+    """The gate rows, then the up rows, as ``qkv``; with ``gated`` the two Q4_1 matrices of the SwiGLU product."""
+    gated: bool
     ffn_down: QuantizedTensor
+    qkv_bias: DenseTensor | None = None
+    qk_norm: DenseTensor | None = None
+    """Q's norm weights, then K's."""
+    post_attention_norm: DenseTensor | None = None
+    post_ffw_norm: DenseTensor | None = None
+
+    def tensors(self) -> list[DeviceTensor]:
+        return [t for t in (self.attn_norm, *self.qkv, self.attn_output, self.ffn_norm, *self.gate_up, self.ffn_down,
+                            self.qkv_bias, self.qk_norm, self.post_attention_norm, self.post_ffw_norm)
+                if t is not None]
+
+
+def _fused(device: Device, name: str, parts: list[tuple[GGUFTensor, bytes]]) -> tuple[QuantizedTensor, ...]:
+    """Matrices (a tensor of the file and its rows' bytes) whose rows one product writes one after another: one
+    stacked matrix where they share a type, else each its own, their products placed side by side."""
+    if len({t.type for t, _ in parts}) == 1:
+        return (upload_stacked(device, name, [(t.type, t.shape, data) for t, data in parts]),)
+    return tuple(upload_tensor(device, t.name, t.type, t.shape, data) for t, data in parts)  # type: ignore[misc]
 
 
 class _Scratch:
     """The activations of forwards of up to ``tokens`` tokens: buffers where the products write, textures where
     they read (``kernels.activation_texture``)."""
 
-    def __init__(self, device: Device, c: LlamaConfig, tokens: int) -> None:
+    def __init__(self, device: Device, c: LlamaConfig, tokens: int, gate_up: bool, parts: bool) -> None:
         self.tokens = tokens
         self.ids = device.create_buffer(4 * tokens, Usage.STORAGE | Usage.COPY_DST, "llama.ids")
         self.residual = device.create_buffer(4 * tokens * c.hidden, Usage.STORAGE, "llama.residual")
@@ -121,10 +170,19 @@ class _Scratch:
         self.normed = kernels.activation_texture(device, c.hidden, tokens, "llama.normed")
         self.attn = kernels.activation_texture(device, c.q_rows, tokens, "llama.attn")
         self.ffn = kernels.activation_texture(device, c.ffn, tokens, "llama.ffn")
+        # a block's output before its norm (post norms), the gate/up rows (unless the SwiGLU product makes ffn), one
+        # matrix's product before it is placed beside the others' (matrices of several types)
+        self.block_out = device.create_buffer(4 * tokens * c.hidden, Usage.STORAGE, "llama.block_out") \
+            if c.post_norms else None
+        self.gate_up = device.create_buffer(8 * tokens * c.ffn, Usage.STORAGE, "llama.gate_up") if gate_up else None
+        self.part = device.create_buffer(4 * tokens * max(c.q_rows, c.ffn), Usage.STORAGE, "llama.part") \
+            if parts else None
 
     def destroy(self, device: Device) -> None:
-        for resource in (self.ids, self.residual, self.qkv, self.normed, self.attn, self.ffn):
-            device.destroy(resource)
+        for resource in (self.ids, self.residual, self.qkv, self.normed, self.attn, self.ffn, self.block_out,
+                         self.gate_up, self.part):
+            if resource is not None:
+                device.destroy(resource)
 
 
 class LlamaModel:
@@ -146,18 +204,36 @@ class LlamaModel:
             t = f.tensors[name]
             return upload_tensor(device, name, t.type, t.shape, t.data)
 
-        q_order, k_order = hf_row_order(c.q_rows, c.head_dim), hf_row_order(c.kv_rows, c.head_dim)
+        def dense(name: str, parts: tuple[str, ...]) -> DenseTensor:
+            """F32 vectors ``parts`` of the file in one device tensor ``name``."""
+            data = b"".join(bytes(f.tensors[p].data) for p in parts)
+            return upload_tensor(device, name, F32, (len(data) // 4,), data)  # type: ignore[return-value]
+
+        rows = c.q_rows, c.kv_rows
+        q_order, k_order = (hf_row_order(n, c.head_dim) if c.permuted_qk else list(range(n)) for n in rows)
         self.layers: list[_Layer] = []
         for i in range(c.num_layers):
-            q, k, v = (f.tensors[f"blk.{i}.{n}.weight"] for n in ("attn_q", "attn_k", "attn_v"))
-            parts = [(Q4_1, q.shape, _rows(q, q_order)), (Q4_1, k.shape, _rows(k, k_order)), (Q4_1, v.shape, v.data)]
+            blk = f"blk.{i}"
+            q, k, v = (f.tensors[f"{blk}.{n}.weight"] for n in ("attn_q", "attn_k", "attn_v"))
+            qkv = _fused(device, f"{blk}.attn_qkv", [(q, _rows(q, q_order)), (k, _rows(k, k_order)), (v, v.data)])
+            gate, up = (f.tensors[f"{blk}.{n}.weight"] for n in ("ffn_gate", "ffn_up"))
+            gated = c.activation == "silu" and gate.type == up.type == Q4_1  # the fused SwiGLU product
+            gate_up = tuple(upload(t.name) for t in (gate, up)) if gated \
+                else _fused(device, f"{blk}.ffn_gate_up", [(gate, gate.data), (up, up.data)])
             self.layers.append(_Layer(
-                upload(f"blk.{i}.attn_norm.weight"),  # type: ignore[arg-type]
-                upload_stacked(device, f"blk.{i}.attn_qkv", parts),
-                *(upload(f"blk.{i}.{n}.weight") for n in ("attn_output", "ffn_norm", "ffn_gate", "ffn_up",
-                                                          "ffn_down"))))
+                upload(f"{blk}.attn_norm.weight"), qkv, upload(f"{blk}.attn_output.weight"),  # type: ignore[arg-type]
+                upload(f"{blk}.ffn_norm.weight"), gate_up, gated,  # type: ignore[arg-type]
+                upload(f"{blk}.ffn_down.weight"),  # type: ignore[arg-type]
+                qkv_bias=dense(f"{blk}.attn_qkv.bias", tuple(f"{blk}.attn_{n}.bias" for n in "qkv"))
+                if c.qkv_bias else None,
+                qk_norm=dense(f"{blk}.attn_qk_norm", (f"{blk}.attn_q_norm.weight", f"{blk}.attn_k_norm.weight"))
+                if c.qk_norm else None,
+                **({n: upload(f"{blk}.{n}.weight") for n in POST_NORMS} if c.post_norms else {})))
             if progress is not None:
                 progress(i + 1, c.num_layers + 1)
+        factors = list(f.tensors["rope_freqs.weight"].data.cast("f")) if "rope_freqs.weight" in f.tensors else None
+        self.rope_rates = rope_rates(c, factors)
+        """Per layer, RoPE's angle rate of each pair (the base of the layer's kind, the scaling, the factors)."""
         self.embedding = upload("token_embd.weight")
         self.head = upload("output.weight") if "output.weight" in f.tensors else self.embedding
         self.output_norm = upload("output_norm.weight")
@@ -186,8 +262,7 @@ class LlamaModel:
         self.closed = True
         weights: list[DeviceTensor] = [self.embedding, self.head, self.output_norm]
         for layer in self.layers:
-            weights += [layer.attn_norm, layer.qkv, layer.attn_output, layer.ffn_norm, layer.ffn_gate, layer.ffn_up,
-                        layer.ffn_down]
+            weights += layer.tensors()
         for tensor in {id(t): t for t in weights}.values():  # the head may be the embedding
             destroy_tensor(self.device, tensor)
         for buffer in (self.logits, self._candidates, self._best, self._readback):
@@ -203,11 +278,16 @@ class LlamaModel:
             raise CheckpointStateError(f"{operation}: expected an open model, got a closed one (close() was called)")
 
     def kv_layout(self, page_size: int = 16) -> KVLayout:
-        """Float16 K/V of every layer, RoPE (rope_mode "normal", the file's theta) applied as K is written."""
+        """Float16 K/V of every layer, RoPE (rope_mode "normal", the file's theta) applied as K is written; the
+        sliding-window layers (Gemma 3) marked "mha_sliding" with their window and RoPE base (FORMAT.md section
+        11), every token's K/V kept in them too."""
         c = self.config
+        kinds = tuple("mha_sliding" if c.sliding(i) else "mha" for i in range(c.num_layers))
+        sliding = {"attn_kinds": kinds, "support_layer_sliding_window": True, "sliding_window": c.sliding_window,
+                   "sliding_rotary_theta": c.rope_theta_local} if "mha_sliding" in kinds else {}
         return KVLayout(page_size=page_size, num_layers=c.num_layers, num_qo_heads=c.num_qo_heads,
                         num_kv_heads=c.num_kv_heads, qk_head_dim=c.head_dim, dtype="float16", rope_mode="normal",
-                        rotary_theta=c.rope_theta)
+                        rotary_theta=c.rope_theta, **sliding)
 
     async def forward(self, cache: "PagedKVCache", seq_id: int, tokens: list[int]) -> "GPULogits":
         """Run ``tokens`` after what ``seq_id`` holds, in chunks of the cache's prefill_chunk_size, and return
@@ -239,14 +319,19 @@ class LlamaModel:
         if self._attention is None or self._attention.cache is not cache:
             if self._attention is not None:
                 self._attention.close()
-            self._attention = PagedAttention(cache)
+            c = self.config
+            self._attention = PagedAttention(cache, rope_rates=self.rope_rates, scale=c.attention_scale,
+                                             windows=[c.sliding_window if c.sliding(i) else 0
+                                                      for i in range(c.num_layers)])
         return self._attention
 
     def _scratch_for(self, tokens: int) -> _Scratch:
         if self._scratch is None or self._scratch.tokens < tokens:
             if self._scratch is not None:
                 self._scratch.destroy(self.device)
-            self._scratch = _Scratch(self.device, self.config, tokens)
+            layers = self.layers
+            self._scratch = _Scratch(self.device, self.config, tokens, any(not layer.gated for layer in layers),
+                                     any(len(layer.qkv) > 1 or len(layer.gate_up) > 1 for layer in layers))
         return self._scratch
 
     def _encode(self, attention: PagedAttention, s: _Scratch, n: int, last: bool) -> list[Command]:
@@ -254,20 +339,55 @@ class LlamaModel:
         c, d = self.config, self.device
         eps = c.rms_eps
         commands: list[Command] = [kernels.embed(d, self.embedding, s.ids, s.residual, n)]  # type: ignore[arg-type]
+        if c.embedding_scale != 1.0:
+            commands.append(row_kernels.scale(d, s.residual, n, c.hidden, c.embedding_scale))
         for i, layer in enumerate(self.layers):
             commands.append(kernels.rms_norm(d, s.residual, layer.attn_norm, s.normed, n, eps))
-            commands += kernels.matvec(d, layer.qkv, s.normed, s.qkv, n)
+            commands += self._rows_product(layer.qkv, s.qkv, s, n)
+            if layer.qkv_bias is not None:
+                commands.append(row_kernels.add_bias(d, s.qkv, layer.qkv_bias, n))
+            if layer.qk_norm is not None:
+                commands.append(row_kernels.head_norm(d, s.qkv, layer.qk_norm, n, c.num_qo_heads, c.num_kv_heads,
+                                                      c.head_dim, eps))
             commands.append(attention.rope_append(i, s.qkv))
             commands += attention.attend(i, s.qkv, s.attn)
-            commands += kernels.matvec(d, layer.attn_output, s.attn, s.residual, n, accumulate=True)
+            commands += self._into_residual(layer.attn_output, s.attn, layer.post_attention_norm, s, n)
             commands.append(kernels.rms_norm(d, s.residual, layer.ffn_norm, s.normed, n, eps))
-            commands += kernels.gated(d, layer.ffn_gate, layer.ffn_up, s.normed, s.ffn, n)
-            commands += kernels.matvec(d, layer.ffn_down, s.ffn, s.residual, n, accumulate=True)
+            if layer.gated:
+                commands += kernels.gated(d, *layer.gate_up, s.normed, s.ffn, n)
+            else:  # the gate/up rows, then the activation
+                assert s.gate_up is not None
+                commands += self._rows_product(layer.gate_up, s.gate_up, s, n)
+                commands.append(row_kernels.glu(d, s.gate_up, s.ffn, n, c.ffn, c.activation))
+            commands += self._into_residual(layer.ffn_down, s.ffn, layer.post_ffw_norm, s, n)
         if last:  # the last token's row only
             commands.append(kernels.rms_norm(d, s.residual, self.output_norm, s.normed, 1, eps,  # type: ignore[arg-type]
                                              first=n - 1))
             commands += kernels.matvec(d, self.head, s.normed, self.logits)  # type: ignore[arg-type]
         return commands
+
+    def _rows_product(self, parts: tuple[QuantizedTensor, ...], out: Buffer, s: _Scratch, n: int) -> list[Command]:
+        """The product of ``parts`` (:func:`_fused`) and the normalized rows, into ``out``: each token's rows of the
+        parts side by side."""
+        if len(parts) == 1:
+            return kernels.matvec(self.device, parts[0], s.normed, out, n)
+        assert s.part is not None
+        commands: list[Command] = []
+        width, offset = sum(part.rows for part in parts), 0
+        for part in parts:
+            commands += kernels.matvec(self.device, part, s.normed, s.part, n)
+            commands.append(row_kernels.place(self.device, out, s.part, n, width, offset, part.rows))
+            offset += part.rows
+        return commands
+
+    def _into_residual(self, weight: QuantizedTensor, x: Texture, post_norm: DenseTensor | None, s: _Scratch,
+                       n: int) -> list[Command]:
+        """The product of ``weight`` and ``x`` added into the residual, normalized by ``post_norm`` first if any."""
+        if post_norm is None:
+            return kernels.matvec(self.device, weight, x, s.residual, n, accumulate=True)
+        assert s.block_out is not None
+        return kernels.matvec(self.device, weight, x, s.block_out, n) + \
+            [row_kernels.norm_add(self.device, s.residual, post_norm, s.block_out, n, self.config.rms_eps)]
 
     async def top_k(self, k: int) -> list[tuple[int, float]]:
         """The ``k`` largest logits of the last forward as (token id, logit), largest first, ties lower id first:

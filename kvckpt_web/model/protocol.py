@@ -3,7 +3,7 @@
 A :class:`CausalLM` runs tokens through a causal language model whose K/V live in a
 :class:`~kvckpt_web.kv.cache.PagedKVCache`; :class:`Logits` are its output for the last token,
 kept where the model computed them (on the GPU for the WGSL runner) until asked for.
-A :class:`TextCodec` turns chat messages into token ids and ids back into text.
+A :class:`TextCodec` turns chat messages or a raw prompt into token ids and ids back into text.
 """
 
 from __future__ import annotations
@@ -59,7 +59,8 @@ class CausalLM(Protocol):
 
 
 class TextCodec(Protocol):
-    """A model's tokenizer and chat template."""
+    """A model's tokenizer and chat template (the chat methods raise FieldError naming ``messages`` for a model that
+    cannot chat: a base model answers plain completions only)."""
 
     eos_ids: tuple[int, ...]
     """Token ids that end a reply."""
@@ -75,8 +76,10 @@ class TextCodec(Protocol):
         """The ids before the first message (of role ``first_role``): a BOS, a default system turn, or none."""
         ...
 
-    def encode_message(self, role: str, content: str, *, max_tokens: int | None = None) -> list[int]:
-        """The ids of one message's turn, its content encoded as text (FieldError beyond ``max_tokens``)."""
+    def encode_message(self, role: str, content: str, *, previous: str | None = None,
+                       max_tokens: int | None = None) -> list[int]:
+        """The ids of one message's turn after a message of role ``previous`` (None: the first), its content
+        encoded as text (FieldError beyond ``max_tokens``)."""
         ...
 
     def reply_opening(self) -> list[int]:
@@ -85,6 +88,11 @@ class TextCodec(Protocol):
 
     def reply_closing(self) -> list[int]:
         """The ids that close an assistant turn after the reply's ids (an end-of-turn id left out)."""
+        ...
+
+    def encode_text(self, text: str, *, max_tokens: int | None = None) -> list[int]:
+        """The prompt token ids of a plain completion's raw ``text``: the model's BOS if it adds one, then the text
+        as is (FieldError naming ``prompt`` beyond ``max_tokens``)."""
         ...
 
     def decode(self, tokens: Sequence[int]) -> str:

@@ -1,11 +1,15 @@
 """Model weights on the device, in the layout the kernels of ``shaders/model/quant.wgsl`` read.
 
-A quantized matrix (GGUF Q4_1 or Q8_0) stays quantized: its GGUF bytes go up into a storage buffer, and a kernel
-(``shaders/model/layout.wgsl``) lays them out in one read-only storage texture, in tiles of 64 rows whose
-neighbouring rows sit in neighbouring texels, with the per-block scales of four rows in one texel (see the
-header of ``layout.wgsl``): on a CPU adapter a step of a product then reads one stretch of memory instead of 64,
-and nothing is rearranged on the host. F32 tensors (the norms) go into storage buffers. :func:`check_finite`
-refuses a tensor holding a NaN or an infinity before any upload. Pure Python: it runs in Pyodide too.
+A matrix (GGUF Q4_0, Q4_1, Q5_0, Q8_0, Q4_K, Q5_K, Q6_K, F16 or BF16) stays quantized: its GGUF bytes go up into a
+storage buffer, and a kernel (``shaders/model/layout.wgsl``) lays them out in one read-only storage texture, in
+tiles of 64 rows whose neighbouring rows sit in neighbouring texels, with per-block scale words of four rows in one
+texel (see the header of ``layout.wgsl``): on a CPU adapter a step of a product then reads one stretch of memory
+instead of 64, and nothing is rearranged on the host. Each type keeps its GGUF bits, some regrouped
+(:data:`DEVICE_FORMS`); bits per weight on the device (GGUF's in brackets): Q4_0 5 (4.5), Q4_1 5 (5), Q5_0 6
+(5.5), Q8_0 9 (8.5), Q4_K 4.5 (4.5), Q5_K 5.5 (5.5), Q6_K 6.625 (6.5625), F16 and BF16 16 (16); the kernels
+dequantize as they read, and no matrix is expanded to f32. F32 tensors (the norms) go into storage buffers.
+:func:`check_finite` refuses a tensor holding a NaN or an infinity before any upload. Pure Python: it runs in
+Pyodide too.
 """
 
 from __future__ import annotations
@@ -20,24 +24,62 @@ from ..gpu.wgsl import source
 
 #: GGML type ids (the GGUF tensor info's type field).
 F32 = 0
+F16 = 1
+Q4_0 = 2
 Q4_1 = 3
+Q5_0 = 6
 Q8_0 = 8
+Q4_K = 12
+Q5_K = 13
+Q6_K = 14
+BF16 = 30
 
 BLOCK = 32
-"""Weights per quantized block."""
+"""Weights per block of the products (a K-quant's 256-weight block is 8 of them)."""
 
-#: Bytes per GGUF block, and weight texels (16 bytes each) per block in the device layout.
-BLOCK_BYTES = {Q4_1: 20, Q8_0: 34}
-WEIGHT_TEXELS = {Q4_1: 1, Q8_0: 2}
+
+@dataclass(frozen=True)
+class DeviceForm:
+    """How a type's matrix lies on the device: per unit of ``weights`` weights of a row (a GGUF block, or 32 values
+    of F16 / BF16) of ``gguf_bytes`` bytes in the file, ``texels`` data texels and ``words`` scale words
+    (``layout.wgsl``)."""
+
+    name: str
+    weights: int
+    gguf_bytes: int
+    texels: int
+    words: int
+
+
+DEVICE_FORMS = {t: DeviceForm(name, *form) for t, name, form in (
+    (Q4_0, "Q4_0", (32, 18, 1, 1)), (Q4_1, "Q4_1", (32, 20, 1, 1)), (Q5_0, "Q5_0", (32, 22, 1, 2)),
+    (Q8_0, "Q8_0", (32, 34, 2, 1)), (Q4_K, "Q4_K", (256, 144, 9, 0)), (Q5_K, "Q5_K", (256, 176, 11, 0)),
+    (Q6_K, "Q6_K", (256, 210, 13, 1)), (F16, "F16", (32, 64, 4, 0)), (BF16, "BF16", (32, 64, 4, 0)))}
+"""The device form of each matrix type, by GGML type id."""
+
+
+
+def _supported_types() -> str:
+    names = {F32: "F32", **{t: f.name for t, f in DEVICE_FORMS.items()}}
+    return ", ".join(f"{names[t]} ({t})" for t in sorted(names))
+
+
+SUPPORTED_TYPES = _supported_types()
+"""The ggml types a tensor may have, as refusals name them."""
 
 TILE_ROWS = 64
 """Rows of a tile of the device layout (8 invocations of 8 rows: ``layout.wgsl``)."""
 
-F16_HIGH_BYTES = {Q4_1: {"scale": 1, "min": 3}, Q8_0: {"scale": 1}}
-"""Offset in a GGUF block of the high byte of each of its float16 fields."""
+F16_HIGH_BYTES = {Q4_0: {"scale": 1}, Q4_1: {"scale": 1, "min": 3}, Q5_0: {"scale": 1}, Q8_0: {"scale": 1},
+                  Q4_K: {"scale": 1, "min": 3}, Q5_K: {"scale": 1, "min": 3}, Q6_K: {"scale": 209},
+                  F16: {"value": 1}}
+"""Offset in a GGUF block (an F16 value: 2 bytes) of the high byte of each of its float16 fields."""
 
 _F16_NONFINITE = bytes(int(b & 0x7C == 0x7C) for b in range(256))
 """Per high byte of a little-endian float16: 1 where its exponent bits are all ones (an infinity or a NaN)."""
+
+_BF16_HIGH_ONES = bytes(int(b & 0x7F == 0x7F) for b in range(256))
+"""Per high byte of a little-endian bfloat16: 1 where its 7 high exponent bits are all ones."""
 
 DENSE_MIN_BYTES = 65536
 """Smallest buffer of an F32 tensor: a 64 KiB uniform window of it can be bound."""
@@ -48,8 +90,8 @@ MAX_TEXTURE_WIDTH = 4096
 
 @dataclass(frozen=True)
 class QuantizedTensor:
-    """A Q4_1 or Q8_0 matrix of ``rows`` x ``blocks * 32`` on the device, in ``texels`` as ``layout.wgsl`` lays it
-    out."""
+    """A matrix of ``rows`` x ``blocks * 32`` of one of the :data:`DEVICE_FORMS` types on the device, in ``texels``
+    as ``layout.wgsl`` lays it out."""
 
     name: str
     ggml_type: int
@@ -71,12 +113,20 @@ class QuantizedTensor:
         """The texel where the scales start, after the weights of every tile."""
         return layout_texels(self.ggml_type, self.rows, self.blocks)[0]
 
+    @property
+    def units(self) -> int:
+        """Units (``DeviceForm``) per row."""
+        return self.cols // DEVICE_FORMS[self.ggml_type].weights
+
 
 def layout_texels(ggml_type: int, rows: int, blocks: int) -> tuple[int, int]:
-    """(texel where the scales start, texels in all) of a matrix in the device layout."""
+    """(texel where the scales start, texels in all) of a matrix of ``blocks`` 32-weight blocks a row in the device
+    layout."""
+    form = DEVICE_FORMS[ggml_type]
     padded = -(-rows // TILE_ROWS) * TILE_ROWS
-    scale_base = padded * blocks * WEIGHT_TEXELS[ggml_type]
-    return scale_base, scale_base + padded // 4 * blocks
+    units = blocks * BLOCK // form.weights
+    scale_base = padded * units * form.texels
+    return scale_base, scale_base + padded // 4 * units * form.words
 
 
 @dataclass(frozen=True)
@@ -93,8 +143,9 @@ DeviceTensor = QuantizedTensor | DenseTensor
 
 
 def check_finite(name: str, ggml_type: int, data: memoryview | bytes) -> None:
-    """FormatError naming tensor ``name`` (GGML type F32, Q4_1 or Q8_0, raw GGUF bytes ``data``) if it holds an
-    infinity or a NaN: an F32 value, or a float16 scale or min of a block (the weights in a block are integers).
+    """FormatError naming tensor ``name`` (GGML type F32 or one of :data:`DEVICE_FORMS`, raw GGUF bytes ``data``)
+    if it holds an infinity or a NaN: an F32, F16 or BF16 value, or a float16 scale or min of a block (the weights
+    in a block are integers).
 
     Pure Python at C speed, for Pyodide too: the float16 fields are found by the high bytes of their exponents
     (a strided slice of the blocks mapped by ``bytes.translate``, then searched); an F32 tensor's values are
@@ -107,7 +158,10 @@ def check_finite(name: str, ggml_type: int, data: memoryview | bytes) -> None:
             i = next(i for i, value in enumerate(values) if not isfinite(value))
             raise FormatError(f"tensors[{name!r}]", "finite values", f"{values[i]} at element {i}")
         return
-    size = BLOCK_BYTES[ggml_type]
+    if ggml_type == BF16:
+        _check_bf16(name, view)
+        return
+    size = 2 if ggml_type == F16 else DEVICE_FORMS[ggml_type].gguf_bytes
     for field, offset in F16_HIGH_BYTES[ggml_type].items():
         block = view[offset::size].tobytes().translate(_F16_NONFINITE).find(1)
         if block >= 0:
@@ -115,10 +169,22 @@ def check_finite(name: str, ggml_type: int, data: memoryview | bytes) -> None:
                               f"an infinity or NaN in block {block}")
 
 
+def _check_bf16(name: str, view: memoryview) -> None:
+    """check_finite of BF16 values: a high byte whose 7 exponent bits are all ones starts a candidate, an infinity
+    or a NaN where the top bit of its low byte is set too."""
+    high = view[1::2].tobytes().translate(_BF16_HIGH_ONES)
+    i = high.find(1)
+    while i >= 0:
+        if view[2 * i] & 0x80:
+            raise FormatError(f"tensors[{name!r}]", "finite values", f"an infinity or NaN at element {i}")
+        i = high.find(1, i + 1)
+
+
 def upload_tensor(device: Device, name: str, ggml_type: int, shape: tuple[int, ...] | list[int],
                   data: memoryview | bytes) -> DeviceTensor:
     """Put tensor ``name`` (GGML type ``ggml_type``, GGUF ``shape`` ne0 first, raw GGUF bytes ``data``) on
-    ``device``: a :class:`QuantizedTensor` for Q4_1 / Q8_0 matrices, a :class:`DenseTensor` for F32.
+    ``device``: a :class:`QuantizedTensor` for a matrix of a :data:`DEVICE_FORMS` type, a :class:`DenseTensor` for
+    F32.
 
     TensorError for another type, a shape whose rows are not whole blocks, or data of the wrong size.
     """
@@ -156,13 +222,14 @@ def upload_stacked(device: Device, name: str,
 
 def _matrix(name: str, ggml_type: int, shape: tuple[int, ...], size: int) -> tuple[int, int]:
     """(blocks per row, rows) of a quantized matrix; TensorError for another type, shape or size."""
-    if ggml_type not in BLOCK_BYTES:
-        raise TensorError(f"{name}: ggml type", f"one of F32 ({F32}), Q4_1 ({Q4_1}), Q8_0 ({Q8_0})", ggml_type)
-    if len(shape) != 2 or shape[0] % BLOCK:
-        raise TensorError(f"{name}: shape", "(ne0, ne1) with ne0 a multiple of 32", shape)
-    blocks, rows = shape[0] // BLOCK, shape[1]
-    _check_size(name, size, rows * blocks * BLOCK_BYTES[ggml_type])
-    return blocks, rows
+    form = DEVICE_FORMS.get(ggml_type)
+    if form is None:
+        raise TensorError(f"{name}: ggml type", f"one of {SUPPORTED_TYPES}", ggml_type)
+    if len(shape) != 2 or shape[0] % form.weights:
+        raise TensorError(f"{name}: shape", f"(ne0, ne1) with ne0 a multiple of {form.weights} ({form.name})", shape)
+    rows = shape[1]
+    _check_size(name, size, rows * shape[0] // form.weights * form.gguf_bytes)
+    return shape[0] // BLOCK, rows
 
 
 def _quantized(device: Device, name: str, ggml_type: int, blocks: int, rows: int,
@@ -172,7 +239,9 @@ def _quantized(device: Device, name: str, ggml_type: int, blocks: int, rows: int
     scale_base, texels = layout_texels(ggml_type, rows, blocks)
     width = min(MAX_TEXTURE_WIDTH, 1 << max(0, texels - 1).bit_length())
     tensor = QuantizedTensor(name, ggml_type, rows, blocks, device.create_texture(width, -(-texels // width), 4, name))
-    row_bytes = blocks * BLOCK_BYTES[ggml_type]
+    form = DEVICE_FORMS[ggml_type]
+    units = blocks * BLOCK // form.weights
+    row_bytes = units * form.gguf_bytes
     piece_rows = max(1, device.info.max_storage_binding // (row_bytes * TILE_ROWS)) * TILE_ROWS
     kernel = device.kernel("model.layout", source("model", "layout"), "tile")
     for first in range(0, rows, piece_rows):
@@ -180,8 +249,7 @@ def _quantized(device: Device, name: str, ggml_type: int, blocks: int, rows: int
         piece = memoryview(raw)[first * row_bytes:(first + count) * row_bytes]
         staging = device.create_buffer(len(piece), Usage.STORAGE | Usage.COPY_DST, f"{name}.gguf")
         device.write(staging, 0, piece if len(piece) % 4 == 0 else bytes(piece) + bytes(-len(piece) % 4))
-        params = struct.pack("<8I", rows, blocks, tensor.shift, scale_base, texels, int(ggml_type == Q8_0), first,
-                             count)
+        params = struct.pack("<8I", rows, units, tensor.shift, scale_base, texels, ggml_type, first, count)
         device.submit([Dispatch(kernel, params, (staging, tensor.texels), texels)])
         device.destroy(staging)
     return tensor

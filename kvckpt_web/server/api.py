@@ -8,6 +8,11 @@
   ``"usage": null`` and a last chunk with ``"choices": []`` has the usage. Beyond OpenAI's fields, ``usage``
   has ``prompt_tokens_details.cached_tokens`` (prompt tokens whose K/V came from the cache or the store) and
   ``timings``, and each answer a ``kvckpt`` object: the conversation the reply is saved under and its token ids.
+  A model without a chat template (a base model) refuses it: 400, ``param`` ``messages``.
+* ``POST /v1/completions``: OpenAI's (legacy) completions body (``CompletionRequest.from_openai``: ``prompt`` a
+  string, ``max_tokens`` default 16, the sampling settings and the same extras), answered as ``text_completion``
+  JSON or its chunks, streamed and with usage as above. A completion is a turn of a conversation as a chat's
+  reply is (``completion-...`` unless ``conversation`` names one): saved, listed, resumed the same way.
 * ``GET /v1/models``, ``GET /v1/models/{id}``: the one served model.
 * ``GET /v1/kvckpt/conversations``: the conversations (of the store, or of the cache without one), newest
   first, each with its messages and whether its last reply ``finished``;
@@ -37,7 +42,7 @@ from starlette.routing import BaseRoute, Mount, Route
 from starlette.types import Receive, Scope, Send
 
 from ..durable.keys import validate_name
-from ..engine import ChatChunk, ChatCompletion, ChatRequest
+from ..engine import ChatChunk, ChatCompletion, ChatRequest, CompletionRequest
 from ..errors import FieldError, is_int
 from .api_body import DEFAULT_BODY_TIMEOUT, DEFAULT_MAX_BODY, read_json
 from .api_errors import ApiError, error_body, error_response
@@ -161,6 +166,7 @@ class Api:
     def routes(self) -> list[BaseRoute]:
         """One mount, ``/v1``, whose unknown paths and methods are answered in OpenAI's shape."""
         routes = [Route("/chat/completions", _answering(self._completions), methods=["POST"]),
+                  Route("/completions", _answering(self._text_completions), methods=["POST"]),
                   Route("/models", _answering(self._models), methods=["GET"]),
                   Route("/models/{model:path}", _answering(self._model), methods=["GET"]),
                   Route("/kvckpt/conversations", _answering(self._conversations), methods=["GET"]),
@@ -220,6 +226,12 @@ class Api:
         stream, usage = self._how(body) if isinstance(body, Mapping) else (False, False)
         chat = ChatRequest.from_openai(body)
         return Answer(self.worker.submit(lambda engine: engine.create(chat, stream=True)), stream, usage)
+
+    async def _text_completions(self, request: Request) -> Answer:
+        body = await read_json(request, self.max_body, self.body_timeout)
+        stream, usage = self._how(body) if isinstance(body, Mapping) else (False, False)
+        completion = CompletionRequest.from_openai(body)
+        return Answer(self.worker.submit(lambda engine: engine.create(completion, stream=True)), stream, usage)
 
     async def _resume(self, request: Request) -> Answer:
         name = validate_name(request.path_params["name"])

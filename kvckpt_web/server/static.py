@@ -2,7 +2,7 @@
 
 * ``/`` and ``/<path>`` -- a file of the page directory (``--page``; ``/`` is its ``index.html``), else one of
   the runtime's browser files in ``kvckpt_web/web`` (``index.html``, ``kvckpt.mjs`` and the modules it loads:
-  ``engine.mjs``, ``engine-worker.mjs``, ``weights.mjs``), never its Python;
+  ``engine.mjs``, ``engine-worker.mjs``, ``errors.mjs``, ``weights.mjs``), never its Python;
 * ``/pyodide/<path>`` -- a file of the pinned npm package ``pyodide`` (no CDN);
 * ``/wheels/<name>.whl`` -- pure-Python wheels (micropip, packaging, kvckpt_web, ...) from one or more
   directories, and ``/wheels/index.json`` listing them, which the page uses to find them. A project's wheels
@@ -38,7 +38,7 @@ from .ranges import RangedFileResponse
 
 RUNTIME_DIR = Path(__file__).resolve().parents[1] / "web"
 """The browser runtime's files (the ``kvckpt_web.web`` package, served as data, never imported here)."""
-RUNTIME_FILES = ("index.html", "kvckpt.mjs", "engine.mjs", "engine-worker.mjs", "weights.mjs")
+RUNTIME_FILES = ("index.html", "kvckpt.mjs", "engine.mjs", "engine-worker.mjs", "errors.mjs", "weights.mjs")
 DEFAULT_PYODIDE = Path("build/web/node_modules/pyodide")
 DEFAULT_WHEELS = Path("build/web/wheels")
 

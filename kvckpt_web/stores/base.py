@@ -304,8 +304,8 @@ class Store(ABC):
         """Make sure the claim of ``name`` this store object holds is still its own: a claim held as a lease that is
         past half its time is renewed, and :class:`ConflictError` (naming the name and the store) says that it ran
         out and another writer took the name over. Nothing if this object holds no claim of ``name``, or holds it
-        until released (a lock every writer sees). A save calls it before it writes anything and again just before
-        it commits."""
+        until released (a lock every writer sees). A save calls it before it writes anything, before each chunk it
+        writes and just before it commits."""
         _check_name(name)
         await self._renew_claim(name)
 

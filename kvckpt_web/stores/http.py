@@ -207,15 +207,15 @@ class HTTPStore(Store):
         return release
 
     async def _renew_claim(self, name: str) -> None:
-        lease = self._leases.due(name)
-        if lease is None:
-            return
-        started = self._leases.clock()
-        seconds = await self._claim_request("PUT", name, lease.holder)
-        if seconds is None:
-            self._leases.drop(name, lease)
+        async def put(lease: Lease) -> bool:
+            started = self._leases.clock()
+            seconds = await self._claim_request("PUT", name, lease.holder)
+            if seconds is not None:
+                lease.started, lease.seconds = started, seconds
+            return seconds is not None
+
+        if not await self._leases.renew(name, put):
             raise self._lost(name)
-        lease.started, lease.seconds = started, seconds
 
     async def _claim_request(self, method: str, name: str, holder: str) -> float | None:
         """Take (POST), renew (PUT) or release (DELETE) ``holder``'s claim of ``name`` at the server: the seconds

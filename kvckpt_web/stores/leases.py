@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 import re
 import secrets
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -111,6 +111,8 @@ class Lease:
     started: float
     seconds: float
     tag: str | None
+    renewing: bool = False
+    """A renewal of it is under way."""
 
     @property
     def expires_at(self) -> float:
@@ -131,13 +133,22 @@ class Leases:
         """Record ``lease`` as this object's claim of ``name``."""
         self._held[name] = lease
 
-    def due(self, name: str) -> Lease | None:
-        """This object's lease of ``name`` if half of it has passed (renew it now); None if there is none or it
-        has more than half to run."""
+    async def renew(self, name: str, put: Callable[[Lease], Awaitable[bool]]) -> bool:
+        """Renew this object's lease of ``name`` with ``put`` (which writes it anew and updates the lease, or says
+        False: another writer took the name over) if half of it has passed and no renewal of it is under way (the
+        writes of one save run at once: one renews, the others go on in the half that remains). False, with the
+        lease dropped, if the name was taken over; True otherwise (nothing held, nothing due, or renewed)."""
         lease = self._held.get(name)
-        if lease is None or self.clock() < lease.started + lease.seconds / 2:
-            return None
-        return lease
+        if lease is None or lease.renewing or self.clock() < lease.started + lease.seconds / 2:
+            return True
+        lease.renewing = True
+        try:
+            if await put(lease):
+                return True
+        finally:
+            lease.renewing = False
+        self.drop(name, lease)
+        return False
 
     def drop(self, name: str, lease: Lease) -> bool:
         """Forget ``lease`` (released, or lost to another writer); whether it was still running, so that no other

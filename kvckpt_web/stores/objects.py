@@ -331,16 +331,16 @@ class ObjectStore(Store):
         return tag
 
     async def _renew_claim(self, name: str) -> None:
-        lease = self._leases.due(name)
-        if lease is None:
-            return
-        started = self._clock()
-        value = encode_claim(ClaimValue(name, lease.holder, int((started + lease.seconds) * 1000)))
-        tag = await self._put_claim(CLAIM_PREFIX + name, value, {"e_tag": lease.tag})
-        if tag is None:
-            self._leases.drop(name, lease)
+        async def put(lease: Lease) -> bool:
+            started = self._clock()
+            value = encode_claim(ClaimValue(name, lease.holder, int((started + lease.seconds) * 1000)))
+            tag = await self._put_claim(CLAIM_PREFIX + name, value, {"e_tag": lease.tag})
+            if tag is not None:
+                lease.started, lease.tag = started, tag
+            return tag is not None
+
+        if not await self._leases.renew(name, put):
             raise self._lost(name)
-        lease.started, lease.tag = started, tag
 
     async def _put_claim(self, key: str, value: bytes, mode: Any) -> str | None:
         """PUT claim object ``value`` under ``key`` if its condition ``mode`` holds ("create", or unchanged since

@@ -70,6 +70,11 @@ class KVLayout:
     has_rope_ext_factors: bool = False
     support_sliding_window: bool = False
     support_layer_sliding_window: bool = False
+    #: kvckpt's extension (not TVM's): tokens a layer of kind "mha_sliding" attends to (the newest ones), 0 where no
+    #: layer slides. The cache keeps every token's K/V in every layer; such a layer masks the older ones.
+    sliding_window: int = 0
+    #: kvckpt's extension: the RoPE base of the "mha_sliding" layers (None: ``rotary_theta``, as every layer's).
+    sliding_rotary_theta: float | None = None
     #: TVM's enable_kv_transfer; not in the metadata, but it forbids checkpointing.
     kv_transfer: bool = field(default=False, compare=False)
 
@@ -107,6 +112,37 @@ class KVLayout:
             object.__setattr__(self, name, float(value))
         for name in ("has_rope_ext_factors", "support_sliding_window", "support_layer_sliding_window", "kv_transfer"):
             check_bool(f"layout.{name}", getattr(self, name))
+        self._check_sliding()
+
+    def _check_sliding(self) -> None:
+        """The window fields agree with the layers that slide: a window (and TVM's per-layer flag) exactly where a
+        layer is of kind "mha_sliding"."""
+        check_int("layout.sliding_window", self.sliding_window, 0)
+        sliding = "mha_sliding" in self.attn_kinds
+        if self.sliding_rotary_theta is not None:
+            value = self.sliding_rotary_theta
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+                raise FieldError("layout.sliding_rotary_theta", "a finite number or None",
+                                 value if isinstance(value, (int, float)) else type_name(value))
+            object.__setattr__(self, "sliding_rotary_theta", float(value))
+            if not self.sliding_window:
+                raise FieldError("layout.sliding_rotary_theta", "None where no layer slides (sliding_window 0)",
+                                 self.sliding_rotary_theta)
+        if self.sliding_window and not sliding:
+            raise FieldError("layout.sliding_window", "0 where no layer is of kind 'mha_sliding'", self.sliding_window)
+        if self.sliding_window and not self.support_layer_sliding_window:
+            raise FieldError("layout.support_layer_sliding_window", "True where layers slide (sliding_window "
+                             f"{self.sliding_window})", False)
+
+    @property
+    def sliding(self) -> bool:
+        """Some layers attend to a window of the newest tokens (kvckpt's extension of TVM's layout)."""
+        return self.sliding_window > 0
+
+    @property
+    def sliding_theta(self) -> float:
+        """The RoPE base of the "mha_sliding" layers."""
+        return self.rotary_theta if self.sliding_rotary_theta is None else self.sliding_rotary_theta
 
     @property
     def head_dim(self) -> int:
@@ -137,22 +173,36 @@ class KVLayout:
         return (1, num_logical_pages, 2, self.num_kv_heads, self.page_size, self.qk_head_dim)
 
     def check_checkpointable(self) -> None:
-        """Raise :class:`UnsupportedLayoutError` with TVM's reason if this layout cannot be checkpointed."""
-        if any(kind != "mha" for kind in self.attn_kinds):
+        """Raise :class:`UnsupportedLayoutError` with TVM's reason if this layout cannot be checkpointed here: TVM's
+        rules, except that layers of kind "mha_sliding" with a window (:attr:`sliding_window`, kvckpt's extension,
+        FORMAT.md section 11) are checkpointed, every page of every layer kept."""
+        kinds = ("mha", "mha_sliding") if self.sliding else ("mha",)
+        if any(kind not in kinds for kind in self.attn_kinds):
             raise UnsupportedLayoutError("checkpointing only supports full-context MHA/GQA layers "
                                          f"(attn_kinds: expected all 'mha', got {list(self.attn_kinds)})")
         if self.qk_head_dim != self.v_head_dim:
             raise UnsupportedLayoutError("checkpointing requires qk_head_dim to equal v_head_dim "
                                          f"(qk_head_dim {self.qk_head_dim}, v_head_dim {self.v_head_dim})")
-        if self.support_sliding_window or self.support_layer_sliding_window:
+        if self.support_sliding_window or (self.support_layer_sliding_window and not self.sliding):
             raise UnsupportedLayoutError("checkpointing does not support sliding-window cache layouts")
         if self.has_rope_ext_factors:
             raise UnsupportedLayoutError("checkpointing does not support RoPE extension factors")
         if self.kv_transfer:
             raise UnsupportedLayoutError("checkpointing does not support KV transfer/disaggregation")
 
+    def check_tvm_checkpointable(self) -> None:
+        """Raise :class:`UnsupportedLayoutError` if TVM (format_version 1) cannot take this layout's checkpoints:
+        :meth:`check_checkpointable`'s reasons, and any sliding-window layer (TVM's ``PrepareImport`` refuses a
+        cache that supports sliding windows)."""
+        self.check_checkpointable()
+        if self.sliding:
+            raise UnsupportedLayoutError(
+                "TVM's checkpoints (format_version 1) do not support sliding-window cache layouts: TVM refuses a cache "
+                f"with sliding-window layers (attn_kinds {list(self.attn_kinds)}, window {self.sliding_window} tokens)")
+
     def descriptor(self) -> str:
-        """TVM's layout descriptor string, the input of the layout hash."""
+        """TVM's layout descriptor string, the input of the layout hash (where layers slide, kvckpt's window and
+        its RoPE base follow TVM's parts: FORMAT.md section 11)."""
         b = lambda flag: "1" if flag else "0"  # noqa: E731 - C++ prints bools as 0/1
         parts = [
             f"format_version={FORMAT_VERSION}",
@@ -175,6 +225,9 @@ class KVLayout:
             f"page_group_layout={PAGE_GROUP_LAYOUT}",
             "attn_kinds=" + ",".join(self.attn_kinds),
         ]
+        if self.sliding:  # kvckpt's extension: only a layout TVM cannot take has these parts
+            parts += [f"sliding_window={self.sliding_window}",
+                      f"sliding_rotary_theta={cpp_double(self.sliding_theta)}"]
         return ";".join(parts)
 
     def layout_hash(self) -> str:

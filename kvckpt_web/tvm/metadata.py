@@ -77,6 +77,8 @@ def layout_fields(layout: KVLayout, limits: CacheLimits) -> dict[str, Any]:
         "support_sliding_window": layout.support_sliding_window,
         "support_layer_sliding_window": layout.support_layer_sliding_window,
         "page_group_layout": PAGE_GROUP_LAYOUT,
+        **({"sliding_window": layout.sliding_window, "sliding_rotary_theta": layout.sliding_theta}
+           if layout.sliding else {}),  # kvckpt's extension (FORMAT.md section 11): never in TVM's metadata
     }
 
 
@@ -253,6 +255,8 @@ def layout_from_metadata(metadata: dict[str, Any]) -> KVLayout:
             rotary_theta=r.number("rotary_theta"), has_rope_ext_factors=r.bool("has_rope_ext_factors"),
             support_sliding_window=r.bool("support_sliding_window"),
             support_layer_sliding_window=r.bool("support_layer_sliding_window"),
+            **({"sliding_window": r.int("sliding_window"), "sliding_rotary_theta": r.number("sliding_rotary_theta")}
+               if "sliding_window" in metadata else {}),  # kvckpt's extension (FORMAT.md section 11)
         )
     except FieldError as exc:  # KVLayout's own checks: report them under "metadata."
         raise MetadataError(exc.field.replace("layout.", "metadata.", 1), exc.expected, exc.got) from None
@@ -305,6 +309,9 @@ def _check_layout(m: _Reader, layout: KVLayout) -> None:
     for name in ("has_rope_ext_factors", "support_sliding_window", "support_layer_sliding_window"):
         m.expect("bool", name, getattr(layout, name))
     m.expect("str", "page_group_layout", PAGE_GROUP_LAYOUT)
+    if layout.sliding:
+        m.expect("int", "sliding_window", layout.sliding_window)
+        m.expect("number", "sliding_rotary_theta", layout.sliding_theta)
     for name in ("reserved_num_seqs", "num_total_pages", "prefill_chunk_size"):
         if m.int(name) <= 0:
             raise MetadataError(f"metadata.{name}", "a positive integer", m.int(name))

@@ -2,8 +2,8 @@
 WebGPU device and an IndexedDB or OPFS store.
 
 A :class:`BrowserEngine` holds one model and one :class:`~kvckpt_web.engine.Engine`. Requests and results cross as
-JSON text in the engine's shapes (OpenAI's chat completions, :class:`~kvckpt_web.engine.ConversationInfo`:
-snake_case keys); a streamed reply is a handle whose chunks :meth:`BrowserEngine.next_chunk` gives one by one.
+JSON text in the engine's shapes (OpenAI's chat completions, or with ``kind`` "completion" its plain completions,
+:class:`~kvckpt_web.engine.ConversationInfo`: snake_case keys); a streamed reply is a handle whose chunks :meth:`BrowserEngine.next_chunk` gives one by one.
 What happens meanwhile reaches JavaScript as events, JSON text given to ``emit``:
 
 * ``{"type": "upload", "done", "total"}`` -- weights uploaded to the GPU, in parts;
@@ -27,12 +27,12 @@ from typing import Any
 from ..durable.catalog import list_generations, list_names, load_manifest
 from ..durable.keys import parse_manifest_key
 from ..durable.results import GenerationInfo, SaveResult, SyncResult
-from ..engine import PRESETS, ChatRequest, ChatStream, Engine, pull, push
+from ..engine import PRESETS, ChatRequest, ChatStream, CompletionRequest, Engine, pull, push
 from ..engine.conversations import describe
 from ..engine.record import ChatRecord
 from ..errors import FieldError, KVCkptError, NotFoundError, is_int
+from ..generation.results import ResumeReport
 from ..model.caches import new_cache
-from ..model.generator import ResumeReport
 from ..model.gguf import parse_gguf
 from ..model.loader import load_gguf
 from ..model.protocol import LoadedModel
@@ -63,6 +63,16 @@ def _object(what: str, value: Any) -> dict[str, Any]:
     if not isinstance(value, dict):
         raise FieldError(what, "an object", type(value).__name__)
     return value
+
+
+def _request(body: Any, kind: str) -> ChatRequest | CompletionRequest:
+    """The request of an OpenAI ``body`` of ``kind`` "chat" (chat completions) or "completion" (plain
+    completions: a raw prompt, what a base model answers)."""
+    if kind == "completion":
+        return CompletionRequest.from_openai(_object("body", body))
+    if kind != "chat":
+        raise FieldError("kind", "'chat' or 'completion'", kind)
+    return ChatRequest.from_openai(_object("body", body))
 
 
 def _options(value: Any, known: dict[str, Any]) -> dict[str, Any]:
@@ -122,17 +132,19 @@ class BrowserEngine:
 
     async def load_model(self, data: Any) -> str:
         """Load the GGUF file's bytes ``data`` (a Uint8Array) as the model, closing any engine and model before;
-        JSON ``{identity, name, num_layers, vocab_size, max_context, load_ms}`` (``name``: the file's
-        ``general.name``, null if it has none)."""
+        JSON ``{identity, name, num_layers, vocab_size, max_context, chat_template, load_ms}`` (``name``: the file's
+        ``general.name``, null if it has none; ``chat_template``: the family of its chat template, "ChatML", "Qwen3",
+        "Gemma" or "Llama 3", null for a model that answers plain completions only)."""
         await self.close()
         started = time.perf_counter()
         f = parse_gguf(bytes(to_py(data)))  # a memoryview of the Uint8Array's bytes, copied once
         self.loaded = load_gguf(f, await device(), lambda done, total: self._event("upload", done=done, total=total))
-        model = self.loaded.model
+        model, template = self.loaded.model, self.loaded.text.template
         name = f.metadata.get("general.name")
         return json.dumps({"identity": model.identity, "name": name if isinstance(name, str) and name.strip() else None,
                            "num_layers": model.kv_layout().num_layers,
                            "vocab_size": model.vocab_size, "max_context": model.max_context,
+                           "chat_template": None if template is None else template.family,
                            "load_ms": (time.perf_counter() - started) * 1e3})
 
     async def open(self, options: Any = None) -> str:
@@ -163,9 +175,7 @@ class BrowserEngine:
                     bytes=result.bytes_written, ms=result.seconds * 1e3, store=self.store_label)
 
     def _save_failed(self, name: str, exc: Exception) -> None:
-        error = error_fields(exc) if isinstance(exc, KVCkptError) else {"name": type(exc).__name__,
-                                                                        "message": str(exc)}
-        self._event("save_failed", conversation=name, error=error, store=self.store_label)
+        self._event("save_failed", conversation=name, error=error_fields(exc), store=self.store_label)
 
     # ----- replies ------------------------------------------------------------------------------
 
@@ -174,17 +184,17 @@ class BrowserEngine:
         self._streams[self._issued] = stream
         return self._issued
 
-    async def create(self, body: Any) -> str:
-        """Start the reply to an OpenAI chat-completions ``body`` (JSON text or object; ``stream`` is ignored, the
-        reply always streams): JSON ``{stream}``, the handle :meth:`next_chunk` reads. Bad input raises here,
-        before anything changes."""
-        request = ChatRequest.from_openai(_object("body", body))
+    async def create(self, body: Any, kind: str = "chat") -> str:
+        """Start the reply to an OpenAI chat-completions ``body`` (with ``kind`` "completion", a plain completions
+        body; JSON text or object; ``stream`` is ignored, the reply always streams): JSON ``{stream}``, the handle
+        :meth:`next_chunk` reads. Bad input raises here, before anything changes."""
+        request = _request(body, kind)
         return json.dumps({"stream": self._keep(await self._engine().create(request, stream=True))})
 
-    async def complete(self, body: Any) -> str:
-        """The whole reply to ``body``: OpenAI's ``chat.completion`` JSON."""
-        request = ChatRequest.from_openai(_object("body", body))
-        return json.dumps((await self._engine().create(request)).to_openai())
+    async def complete(self, body: Any, kind: str = "chat") -> str:
+        """The whole reply to ``body``: OpenAI's ``chat.completion`` JSON (``text_completion`` for ``kind``
+        "completion")."""
+        return json.dumps((await self._engine().create(_request(body, kind))).to_openai())
 
     async def resume(self, name: str, generation: int | None = None, stream: bool = True) -> str:
         """Continue conversation ``name``'s unfinished reply (from ``generation``, default its newest): JSON
@@ -198,7 +208,8 @@ class BrowserEngine:
         return json.dumps({"completion": reply.to_openai(), "restored": restored})
 
     async def next_chunk(self, handle: int) -> str:
-        """The next chunk of stream ``handle`` (OpenAI's ``chat.completion.chunk`` JSON), "" once it ended."""
+        """The next chunk of stream ``handle`` (OpenAI's ``chat.completion.chunk`` JSON, or a plain completion's
+        ``text_completion``), "" once it ended."""
         stream = self._streams.get(handle)
         if stream is None:
             raise FieldError("stream", f"an open stream handle {sorted(self._streams)}", handle)

@@ -2,18 +2,9 @@
 // (engine-worker.mjs: Pyodide, the model on WebGPU, an IndexedDB or OPFS store), so the page never blocks, and
 // answers OpenAI-shaped chat completions whose conversations survive a crash. Exported by kvckpt.mjs; see there.
 
+import { errorOf, fieldError } from "./errors.mjs";
+
 const here = new URL(".", import.meta.url);
-
-// An Error as kvckpt.mjs's toError makes them: `name` the kvckpt_web class, `field`, `expected`, `got` for a value.
-function errorOf(fields) {
-  const error = new Error(fields.message);
-  for (const key of ["name", "field", "expected", "got", "reason"]) if (key in fields) error[key] = fields[key];
-  return error;
-}
-
-function fieldError(field, expected, got) {
-  return errorOf({ name: "FieldError", message: `${field}: expected ${expected}, got ${got}`, field, expected, got });
-}
 
 const typeOf = (value) => (value === null ? "null" : Array.isArray(value) ? "array" : typeof value);
 
@@ -116,23 +107,24 @@ export class Engine {
     this.worker = worker;
     this.base = base;
     // {model: {url, identity, name (the file's general.name, or null), num_layers, vocab_size, max_context, bytes,
+    //  chat_template ("ChatML", "Qwen3", "Gemma", "Llama 3", or null: a base model, which answers completions only),
     //  load_ms}, weights: {source, kept, note}, context, store, config: the engine's settings (snake_case,
     //  kvckpt_web/engine/config.py), took: {boot, weights, upload, engine, kernels} (ms)}
     this.info = info;
-    this.chat = { completions: { create: (body) => this.#create(body) } };
-    // Test hooks: hold every reply's stream once it holds `tokens` tokens (0: before its prefill), until released or
-    // the worker is terminated, so that a test crashes or stops it at the point it chose.
-    this.testing = {
-      holdAfter: (tokens) => this.worker.call("hold", tokens),
-      release: () => this.worker.call("unhold"),
-    };
+    this.chat = { completions: { create: (body) => this.#create(body, "chat") } };
+    // OpenAI's legacy completions: {prompt, max_tokens, ...} continued as raw text (a base model's only way), answered
+    // as text_completion objects (choices[0].text); saved, resumed and listed as a chat's replies are.
+    this.completions = { create: (body) => this.#create(body, "completion") };
   }
 
-  async #create(body) {
-    if (typeOf(body) !== "object") throw fieldError("body", "an object of chat-completions parameters", typeOf(body));
+  async #create(body, kind) {
+    if (typeOf(body) !== "object") {
+      throw fieldError("body", `an object of ${kind === "chat" ? "chat-completions" : "completions"} parameters`,
+                       typeOf(body));
+    }
     const text = JSON.stringify(body);
-    if (!body.stream) return this.worker.call("complete", text);
-    const { stream, started } = this.worker.stream("create", text);
+    if (!body.stream) return this.worker.call("complete", text, kind);
+    const { stream, started } = this.worker.stream("create", text, kind);
     await started;
     return stream;
   }
@@ -159,7 +151,7 @@ export class Engine {
   }
 
   // Every conversation of the store, newest first: {name, title, messages, tokens, updated_ms, finished,
-  // finish_reason, same_model, settings, error}.
+  // finish_reason, same_model, settings, error, prompt (a completion's raw prompt, else null)}.
   conversations() { return this.worker.call("conversations"); }
   conversation(name) { return this.worker.call("conversation", name); }
   // Every stored generation of `name`: {name, store, generations: [{generation, error, kv_tokens, bytes, created_ms}]}.

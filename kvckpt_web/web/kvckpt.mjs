@@ -50,6 +50,8 @@
 //
 // Served by `kvckpt serve` (routes /pyodide/, /wheels/ and /wheels/index.json).
 
+import { errorOf } from "./errors.mjs";
+
 export { createEngine, Engine, savedConversations } from "./engine.mjs";
 
 const here = new URL(".", import.meta.url);
@@ -90,10 +92,8 @@ export function toError(pyodide, e) {
   const api = pyodide.pyimport("kvckpt_web.web.js_api");
   let info;
   try { info = JSON.parse(api.describe_error(e.message)); } finally { api.destroy(); }
-  const error = new Error(info.message, { cause: e });
-  error.name = info.name;
+  const error = errorOf(info, { cause: e });
   error.stack = `${info.name}: ${info.message}\n${e.message}`;   // the Python traceback, for whoever debugs
-  for (const key of ["field", "expected", "got", "reason"]) if (key in info) error[key] = info[key];
   return error;
 }
 

@@ -99,12 +99,13 @@ def camel_json(fields: dict[str, Any]) -> str:
     return json.dumps({camel(key): value for key, value in fields.items()})
 
 
-def error_fields(exc: KVCkptError) -> dict[str, Any]:
-    """A kvckpt_web error as JavaScript shows it: ``{name, message}`` (its class name, its one-line message),
-    and ``field``, ``expected``, ``got`` for a FieldError, ``reason`` for an UnusableCheckpointError."""
+def error_fields(exc: BaseException) -> dict[str, Any]:
+    """An exception as it crosses to JavaScript (``web/errors.mjs`` makes it an Error there): ``{name, message}``
+    (its class name, its one-line message), and for a kvckpt_web error ``field``, ``expected``, ``got`` of a
+    FieldError, ``reason`` of an UnusableCheckpointError."""
     fields: dict[str, Any] = {"name": type(exc).__name__, "message": str(exc)}
     for key in ("field", "expected", "got", "reason"):
-        if hasattr(exc, key):
+        if isinstance(exc, KVCkptError) and hasattr(exc, key):
             fields[key] = _plain(getattr(exc, key))
     return fields
 

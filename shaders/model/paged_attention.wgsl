@@ -24,7 +24,9 @@
 //      with DIRECT = 1: storage texture, write  out  the output as attention_merge.wgsl writes it
 //
 // The K/V of every token of the forward are in the pages already (rope.wgsl writes them first), so a token at
-// position p attends to positions 0..p of its sequence, read through its page table. Split s covers key positions
+// position p attends to positions 0..p of its sequence, read through its page table; in a sliding-window layer
+// only to those of p - window + 1..p (the pages keep every key; older ones are masked, and skipped by the loop
+// where the whole tile's window begins later). Split s covers key positions
 // [s * keys_per_split, (s + 1) * keys_per_split); a token at position p has p / keys_per_split + 1 splits.
 // Invocation i computes, for one (tile, KV head, split), all ROWS x GROUP (token, query head) rows of the tile
 // that read that KV head: each K and V word is loaded once for all of them. Keys are visited in position order,
@@ -42,6 +44,7 @@ struct Params {
   keys_per_split: u32,
   num_splits: u32,
   scale: f32,
+  window: u32,  // keys a query sees at most, itself included (a sliding-window layer), else 0xffffffff
 }
 
 @group(0) @binding(0) var<uniform> params: Params;
@@ -87,6 +90,8 @@ fn attend(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups
     return;
   }
   let key_end = min(key_begin + params.keys_per_split, last_position + 1u);
+  // the first key any row of the tile sees (rows past the window's start are masked below)
+  let key_start = max(key_begin, first.x - min(first.x, params.window - 1u));
   let heads = params.num_qo_heads + 2u * params.num_kv_heads;
   // Row n of the invocation: token tile.x + n / GROUP (rows past the tile's end repeat its last one, unwritten),
   // query head kv_head * GROUP + n % GROUP. Its Q (scaled) and V sum are WORDS pairs of vec4, the lo and hi halves
@@ -101,7 +106,7 @@ fn attend(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups
   var total{n} = 0.0;  // each n < N
   let row_words = params.page_size * WORDS;  // one (kind, KV head) block of a page, in vec4<u32>
   let v_words = params.num_kv_heads * row_words;  // from a K row to its V row
-  for (var key = key_begin; key < key_end; key++) {
+  for (var key = key_start; key < key_end; key++) {
     let page = page_table[first.z + key / params.page_size];
     let k_at = (page * 2u * params.num_kv_heads + kv_head) * row_words + (key % params.page_size) * WORDS;
     let k_word{w} = pages[k_at + {w}u];  // each w < WORDS
@@ -109,7 +114,7 @@ fn attend(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups
     let k{w}_hi = halves(k_word{w}.zw);  // each w < WORDS
     var score{n} = 0.0;  // each n < N
     score{n} += dot(q{n}_{w}_lo, k{w}_lo) + dot(q{n}_{w}_hi, k{w}_hi);  // each n < N, w < WORDS
-    let live{n} = key <= first.x + {n}u / GROUP;  // each n < N
+    let live{n} = key <= first.x + {n}u / GROUP && first.x + {n}u / GROUP - key < params.window;  // each n < N
     let new_max{n} = select(running_max{n}, max(running_max{n}, score{n}), live{n});  // each n < N
     let rescale{n} = exp(running_max{n} - new_max{n});  // each n < N
     let weight{n} = select(0.0, exp(score{n} - new_max{n}), live{n});  // each n < N

@@ -1,24 +1,24 @@
-// Quantized weight kernels: matrix-vector products (one token an invocation), tiled products (TILE tokens an
-// invocation) and row lookups over Q4_1 / Q8_0 weights in the device layout of layout.wgsl.
+// Quantized weight kernels: matrix-vector products (one token an invocation) and tiled products (TILE tokens an
+// invocation) over weights in the device layout of layout.wgsl, of one type (quant_types.wgsl, appended to this,
+// unpacks each type's blocks).
 //
 // Specialised by kvckpt_web.specialize with ROWS = 8 (rows an invocation: a tile of 64 rows is one workgroup
 // of 8 invocations, as the layout puts them), TILE (tokens an invocation of the tiled products), SAMPLED (1:
 // the textures are bound as sampled textures, 0: as read-only storage textures, whichever the adapter fetches
-// faster) and MASKED (how nibbles and bytes are unpacked, below); lines tagged "each j < ROWS" are repeated per
-// row j, so the sums live in registers.
+// faster), MASKED (how nibbles and bytes are unpacked, below) and the weight type (quant_types.wgsl); lines
+// tagged "each j < ROWS" are repeated per row j, so the sums live in registers.
 //
 // A weight matrix of `rows` x (blocks * 32) is one texture (layout.wgsl): row r = 64 T + 8 l + j is row j of
-// invocation l of workgroup T; texel p of its block b at (((T * blocks + b) * P + p) * 8 + j) * 8 + l (P = 1
-// for Q4_1, 2 for Q8_0), the scale words of its rows 4h .. 4h + 3 at scale_base + ((T * blocks + b) * 2 + h) * 8
-// + l. Weights: Q4_1 w = d * q + m (q in 0..15; a texel's byte k holds weight k low, weight 16 + k high), Q8_0
-// w = d * q (q in -128..127).
+// invocation l of workgroup T; data texel p of its unit u (a block, or a K-quant's 8) at (((T * units + u) * P +
+// p) * 8 + j) * 8 + l (P = 1 for Q4_1, 2 for Q8_0), scale word s of its rows 4h .. 4h + 3 at scale_base +
+// (((T * units + u) * S + s) * 2 + h) * 8 + l. Weights: Q4_1 w = d * q + m (q in 0..15; a texel's byte k holds
+// weight k low, weight 16 + k high), Q8_0 w = d * q (q in -128..127); the other types: quant_types.wgsl.
 //
 // Activations x are f32 in the texels of an rgba32uint texture (their bits): token t's features 4i .. 4i + 3 in
 // texel (i, t). On a CPU adapter a texel fetch loads 16 bytes a lane; the uniform buffers they were read from
 // before gathered each float lane by lane (the same values for every lane).
 //
-// Bindings (group 0), products (q4_1_matvec, q8_0_matvec, q4_1_gated, and for several tokens q4_1_matmul,
-// q4_1_gated_matmul):
+// Bindings (group 0), products (matvec, q4_1_gated, and for several tokens matmul, q4_1_gated_matmul):
 //   0  uniform                  Params
 //   1  texture (SAMPLED = 1: texture_2d<u32>, else read-only storage), weights
 //   2  texture (as binding 1)   x
@@ -28,12 +28,8 @@
 //   4  texture (as binding 1)   up      (the gated products) U
 // Each row's sum runs over the blocks in order, each block's as d * dq + m * sum(x) (Q4_1) or d * dq (Q8_0),
 // dq the dot products of the block's vec4s in a fixed order (Q4_1: the high nibbles taken as 16 q, their dot
-// products' sum times 1/16, which is exact): the same inputs give the same bits, one token an invocation or
-// TILE.
-// Row lookup (q8_0_rows, the token embedding): bindings 0-1 as above, then
-//   2  storage, read        ids     token ids
-//   3  storage, read_write  out     out[t * blocks * 32 + k] = row ids[t] of the matrix, dequantized
-// one invocation per (token, block, word of 4 weights), on a 2-D grid of 256-invocation workgroups.
+// products' sum times 1/16, which is exact; the other types: quant_types.wgsl): the same inputs give the same
+// bits, one token an invocation or TILE. The row lookup (rows) is in quant_types.wgsl.
 
 struct Params {
   rows: u32,
@@ -138,13 +134,6 @@ fn q4_1_dot(w: Q4, a: Acts) -> f32 {
   return w.dm.x * dq + w.dm.y * a.sum;
 }
 
-// Block b of a Q8_0 matrix (texels p and q, scale word d) times the block's activations a.
-fn q8_0_dot(p: vec4<u32>, q: vec4<u32>, scale: u32, a: Acts) -> f32 {
-  let dq = dot(int8s(p.x), a.v0) + dot(int8s(p.y), a.v1) + dot(int8s(p.z), a.v2) + dot(int8s(p.w), a.v3)
-         + dot(int8s(q.x), a.v4) + dot(int8s(q.y), a.v5) + dot(int8s(q.z), a.v6) + dot(int8s(q.w), a.v7);
-  return unpack2x16float(scale).x * dq;
-}
-
 // Block b of the rows of invocation l of tile T in the gate and up matrices (same shape): their first texel (the
 // same in both) and the scale texels of rows 0-3 and 4-7 of each.
 struct GatedBlock {
@@ -186,7 +175,7 @@ fn silu(v: vec4<f32>) -> vec4<f32> {
 // The products of one token: workgroup (T, t) is tile T of rows and token t, invocation l its rows 64 T + 8 l + j.
 
 @compute @workgroup_size(8)
-fn q4_1_matvec(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>) {
+fn matvec(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>) {
   let r0 = 64u * wg.x + 8u * lid.x;
   if (r0 >= params.rows) {
     return;
@@ -194,10 +183,9 @@ fn q4_1_matvec(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_i
   var s{j} = 0.0;  // each j < ROWS
   for (var b = 0u; b < params.blocks; b = b + 1u) {
     let a = acts(wg.y, b);
-    let w = first_texel(wg.x, lid.x, b, 0u, 1u);
-    let low = texel(scale_texel(wg.x, lid.x, b));
-    let high = texel(scale_texel(wg.x, lid.x, b) + 8u);
-    s{j} += q4_1_dot(q4_1(texel(w + 8u * {j}u), scale_of(low, high, {j}u)), a);  // each j < ROWS
+    let h = half_sums(a);
+    let sc = scales(wg.x, lid.x, b / UNIT);
+    s{j} += weights_dot(read_weights(wg.x, lid.x, b, {j}u, sc), a, h);  // each j < ROWS
   }
   store(r0 + {j}u, wg.y, s{j});  // each j < ROWS
 }
@@ -220,30 +208,12 @@ fn q4_1_gated(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id
                vec4<f32>(u4, u5, u6, u7));
 }
 
-@compute @workgroup_size(8)
-fn q8_0_matvec(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>) {
-  let r0 = 64u * wg.x + 8u * lid.x;
-  if (r0 >= params.rows) {
-    return;
-  }
-  var s{j} = 0.0;  // each j < ROWS
-  for (var b = 0u; b < params.blocks; b = b + 1u) {
-    let a = acts(wg.y, b);
-    let p = first_texel(wg.x, lid.x, b, 0u, 2u);
-    let q = first_texel(wg.x, lid.x, b, 1u, 2u);
-    let low = texel(scale_texel(wg.x, lid.x, b));
-    let high = texel(scale_texel(wg.x, lid.x, b) + 8u);
-    s{j} += q8_0_dot(texel(p + 8u * {j}u), texel(q + 8u * {j}u), scale_of(low, high, {j}u), a);  // each j < ROWS
-  }
-  store(r0 + {j}u, wg.y, s{j});  // each j < ROWS
-}
-
 // The tiled products (prefill): workgroup (T, g) is tile T of rows and tokens TILE g .. TILE g + TILE - 1 (each
 // clamped to the last token: its sums are then computed, not stored); each block's weights are fetched and
 // unpacked once for the TILE tokens. Per (row, token) the same sums as the products above.
 
 @compute @workgroup_size(8)
-fn q4_1_matmul(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>) {
+fn matmul(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>) {
   let r0 = 64u * wg.x + 8u * lid.x;
   if (r0 >= params.rows) {
     return;
@@ -252,11 +222,10 @@ fn q4_1_matmul(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_i
   var s{j}_{k} = 0.0;  // each j < ROWS, k < TILE
   for (var b = 0u; b < params.blocks; b = b + 1u) {
     let a{k} = acts(t{k}, b);  // each k < TILE
-    let w = first_texel(wg.x, lid.x, b, 0u, 1u);
-    let low = texel(scale_texel(wg.x, lid.x, b));
-    let high = texel(scale_texel(wg.x, lid.x, b) + 8u);
-    let w{j} = q4_1(texel(w + 8u * {j}u), scale_of(low, high, {j}u));  // each j < ROWS
-    s{j}_{k} += q4_1_dot(w{j}, a{k});  // each j < ROWS, k < TILE
+    let h{k} = half_sums(a{k});  // each k < TILE
+    let sc = scales(wg.x, lid.x, b / UNIT);
+    let w{j} = read_weights(wg.x, lid.x, b, {j}u, sc);  // each j < ROWS
+    s{j}_{k} += weights_dot(w{j}, a{k}, h{k});  // each j < ROWS, k < TILE
   }
   if (wg.y * TILE + {k}u < params.tokens) { store(r0 + {j}u, t{k}, s{j}_{k}); }  // each j < ROWS, k < TILE
 }
@@ -279,23 +248,4 @@ fn q4_1_gated_matmul(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invoca
     u{j}_{k} += q4_1_dot(v{j}, a{k});  // each j < ROWS, k < TILE
   }
   if (wg.y * TILE + {k}u < params.tokens) { store_hidden(r0, t{k}, vec4<f32>(g0_{k}, g1_{k}, g2_{k}, g3_{k}), vec4<f32>(g4_{k}, g5_{k}, g6_{k}, g7_{k}), vec4<f32>(u0_{k}, u1_{k}, u2_{k}, u3_{k}), vec4<f32>(u4_{k}, u5_{k}, u6_{k}, u7_{k})); }  // each k < TILE
-}
-
-@compute @workgroup_size(256)
-fn q8_0_rows(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
-  let i = gid.x + gid.y * nwg.x * 256u;
-  let words = params.blocks * 8u;
-  if (i >= params.tokens * words) {
-    return;
-  }
-  let token = i / words;
-  let word = i % words;
-  let r = ids[token];
-  let tile = r / 64u;
-  let l = (r % 64u) / 8u;
-  let j = r % 8u;
-  let b = word / 8u;
-  let scale = texel(scale_texel(tile, l, b) + 8u * (j / 4u))[j % 4u];
-  let q = texel(first_texel(tile, l, b, (word % 8u) / 4u, 2u) + 8u * j);
-  out[i] = unpack2x16float(scale).x * int8s(q[word % 4u]);
 }

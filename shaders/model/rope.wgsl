@@ -8,7 +8,9 @@
 //                                     head_dim] as u32 words of two halves (element 2w in the low half of word w)
 //   3  storage, read        tokens    per token: vec4(position in its sequence, cache slot = page_id * page_size
 //                                     + slot in page, offset of its sequence's page table, unused)
-//   4  storage, read        inv_freq  f32 [head_dim / 2]: rotary_scale / rotary_theta^(2i / head_dim)
+//   4  storage, read        inv_freq  f32: per layer head_dim / 2 rates, rotary_scale / rotary_theta^(2i / head_dim)
+//                                     (each divided by a frequency factor where the model has them); this layer's
+//                                     from rates_at
 //
 // RoPE is TVM's rope_mode "normal" (rotate-half, as Hugging Face llama): for i < head_dim / 2 and angle
 // a = position * inv_freq[i], x'[i] = x[i] cos a - x[i + half] sin a and x'[i + half] = x[i + half] cos a + x[i] sin a.
@@ -22,6 +24,7 @@ struct Params {
   num_kv_heads: u32,
   head_dim: u32,
   page_size: u32,
+  rates_at: u32,
 }
 
 @group(0) @binding(0) var<uniform> params: Params;
@@ -37,7 +40,7 @@ const INV_TWO_PI: f32 = 0.15915494309189535;
 
 // (cos a, sin a) for a = position * inv_freq[i].
 fn rotation(position: u32, i: u32) -> vec2<f32> {
-  let a = f32(position) * inv_freq[i];
+  let a = f32(position) * inv_freq[params.rates_at + i];
   let k = round(a * INV_TWO_PI);
   let r = (a - k * TWO_PI_HI) - k * TWO_PI_LO;
   return vec2<f32>(cos(r), sin(r));

@@ -1,8 +1,8 @@
 """Harness of the chat page tests: the page of ``examples/chat`` served with a model file the test controls (the tiny
-random llama, another tiny one, the real SmolLM2, or none), and a driver that uses it as a person would.
+random llama, another tiny one, the real SmolLM2, or none), and a driver that uses it as a person would: the browser
+benchmark's (``kvckpt_web.bench.pages.ChatPage``) with the controls only tests use.
 
-``window.demo`` (app.mjs) mirrors what the page shows; the driver waits on it and clicks what a person would. A reply
-is cut where the test chooses: ``hold_after(k)`` holds the engine's worker once the reply holds k tokens (its
+A reply is cut where the test chooses: ``hold_after(k)`` holds the engine's worker once the reply holds k tokens (its
 autosaves up to there done), and the test then crashes it, kills the browser or reloads -- never after a sleep.
 """
 
@@ -17,6 +17,8 @@ from typing import Any
 
 import pytest
 
+from kvckpt_web.bench import pages
+
 from .browser_harness import CDPChromium
 
 REPO = Path(__file__).resolve().parents[2]
@@ -25,8 +27,6 @@ sys.path.insert(0, str(REPO / "tests" / "model"))  # tiny_llama and the referenc
 
 from tiny_llama import write_tiny_llama  # noqa: E402
 
-PHASE_MS = int(__import__("os").environ.get("KVCKPT_PHASE_MS", 240_000))
-SETTLED = ("ready", "stopped", "crashed")
 CONTROL_ROLES = {"button", "textbox", "combobox", "spinbutton", "radio", "checkbox", "progressbar",
                  "DisclosureTriangle", "link"}
 
@@ -94,53 +94,9 @@ def chat_browser(browser_prereqs, playwright_instance, tmp_path) -> Iterator[CDP
         yield chromium
 
 
-class ChatPage:
-    """The chat page in a tab: open it, set its controls, send, stop, crash, read ``window.demo``."""
-
-    def __init__(self, page, url: str) -> None:
-        self.page = page
-        self.url = url
-        self.console: list[str] = []
-        page.on("console", lambda msg: self.console.append(f"{msg.type}: {msg.text}"))
-        page.on("pageerror", lambda err: self.console.append(f"pageerror: {err}"))
-
-    def open(self, *, store: str = "indexeddb", every: int = 8, fragment: str = "") -> "ChatPage":
-        """Load the page with the engine's store and autosave interval (as its settings remember them), and a
-        ``fragment`` (a link's ``#...``), and wait until it settled: ready (after what it resumed), or stopped with a
-        problem."""
-        self.page.goto(f"{self.url}?store={store}&every={every}{fragment}")
-        return self.settle()
-
-    def settle(self, timeout_ms: int = PHASE_MS) -> "ChatPage":
-        """Wait until the page is idle (no reply running) or shows a problem."""
-        self.wait(f"d => d.opened && ({list(SETTLED)}.includes(d.phase) || d.problem !== null)", timeout_ms)
-        return self
-
-    def wait(self, predicate: str, timeout_ms: int = PHASE_MS) -> None:
-        """Wait for ``predicate`` (a JS function of ``window.demo``) to hold."""
-        try:
-            self.page.wait_for_function(f"() => ({predicate})(window.demo)", timeout=timeout_ms)
-        except Exception as exc:
-            raise AssertionError(f"{predicate} never held: {exc}\nstate: {self.state()}\nconsole:\n"
-                                 + "\n".join(self.console[-20:])) from None
-
-    def state(self) -> dict[str, Any]:
-        return self.page.evaluate("() => JSON.parse(JSON.stringify(window.demo))")
-
-    def open_settings(self) -> None:
-        if not self.page.evaluate("document.getElementById('settings').open"):
-            self.page.click("#settings summary")
-
-    def configure(self, *, max_tokens: int, seed: int | None = None, system: str = "") -> None:
-        """Set the reply's settings: greedy, or seeded temperature sampling when ``seed`` is given."""
-        self.open_settings()
-        self.page.fill("#max-tokens", str(max_tokens))
-        self.page.fill("#system", system)
-        if seed is not None:
-            self.page.check("input[name=mode][value=sample]")
-            self.page.fill("#seed", str(seed))
-        else:
-            self.page.check("input[name=mode][value=greedy]")
+class ChatPage(pages.ChatPage):
+    """The chat page in a tab, as the benchmark drives it, and: restart its engine, crash and reopen it, continue on
+    another device, read its problem's actions, its accessibility tree and its conversations."""
 
     def restart_engine(self, *, store: str = "indexeddb", every: int = 8) -> None:
         """Choose the store and the autosave interval, and restart the engine with them."""
@@ -150,28 +106,10 @@ class ChatPage:
         self.page.click("#apply-engine")
         self.settle()
 
-    def send(self, text: str) -> None:
-        """Type ``text`` and press Enter (the reply starts)."""
-        if not self.page.is_enabled("#send"):
-            raise AssertionError(f"the page cannot send: {self.state()}\nconsole:\n" + "\n".join(self.console[-20:]))
-        self.page.fill("#prompt", text)
-        self.page.press("#prompt", "Enter")
-
     def reply_to(self, text: str) -> dict[str, Any]:
         """Send ``text`` and wait until the reply ends; the state then."""
         self.send(text)
         self.wait("d => d.phase === 'ready' && d.finishReason !== null")
-        return self.state()
-
-    def hold_after(self, tokens: int) -> None:
-        """The next reply holds once it holds ``tokens`` tokens (its autosaves until then done)."""
-        self.page.evaluate("(k) => window.demoHooks.holdAfter(k)", tokens)
-
-    def send_and_hold(self, text: str, tokens: int) -> dict[str, Any]:
-        """Send ``text``, and hold the reply once it holds ``tokens`` tokens; the state then."""
-        self.hold_after(tokens)
-        self.send(text)
-        self.wait(f"d => d.held !== null && d.replyIds.length >= {tokens}")
         return self.state()
 
     def crash(self) -> None:

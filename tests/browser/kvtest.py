@@ -11,10 +11,10 @@ import base64
 import hashlib
 
 from kvckpt_web import CacheLimits, KVLayout, PagedKVCache
-from kvckpt_web.model.sampler import SamplingSettings
-from kvckpt_web.model.app_state import StopRules
+from kvckpt_web.generation.app_state import StopRules
+from kvckpt_web.generation.generator import Generator
 from kvckpt_web.model.caches import new_cache
-from kvckpt_web.model.generator import Generator
+from kvckpt_web.model.sampler import SamplingSettings
 
 SMALL = dict(page_size=4, num_layers=2, num_qo_heads=4, num_kv_heads=2, qk_head_dim=8, dtype="float16",
              rope_mode="none")

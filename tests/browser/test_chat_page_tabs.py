@@ -42,7 +42,7 @@ def test_taking_over_stops_the_first_tab_and_the_second_continues_its_reply_to_t
     second.wait("d => d.readOnly === true")
     second.page.click("#take-over")
     first.wait("d => d.readOnly === true")  # it heard, and asked its worker to stop the reply
-    first.page.evaluate("() => window.demoHooks.release()")  # the held reply goes on only to stop
+    first.release()  # the held reply goes on only to stop
     second.wait("d => d.readOnly === false && d.restored !== null && d.phase === 'ready' && d.finishReason !== null")
     reply = second.state()["messages"][-1]["content"]
     first.wait(f"d => d.readOnly && d.phase === 'ready' && d.messages[d.messages.length - 1].content === {json.dumps(reply)}")

@@ -31,7 +31,7 @@ def test_crash_is_enabled_only_while_a_reply_is_generated(page):
     before = enabled(page, "#crash")
     page.send_and_hold("tell me about the sea.", 3)
     during = enabled(page, "#crash")
-    page.page.evaluate("() => window.demoHooks.release()")
+    page.release()
     page.wait("d => d.phase === 'ready' && d.finishReason !== null")
     after = enabled(page, "#crash")
     assert (before, during, after) == (False, True, False)
@@ -155,16 +155,16 @@ def test_the_focus_stays_where_the_user_was(page):
     name = page.reply_to("tell me about the sea.")["conversation"]
     page.send_and_hold("and the wind?", 3)
     page.page.click("#stop")  # Stop is disabled once the reply stopped: the focus goes on to Continue
-    page.page.evaluate("() => window.demoHooks.release()")
+    page.release()
     page.wait("d => d.phase === 'ready' && d.finishReason === 'abort'")
     after_stop = page.page.evaluate("document.activeElement.id")
     page.page.click("#continue")
     page.wait("d => d.phase === 'ready' && d.finishReason === 'length'")
     page.hold_after(3)
     page.send("and the sky?")
-    page.wait("d => d.held !== null")
+    page.wait_held()
     page.page.focus(f"#conversations li[data-name='{name}'] .inspect")
-    page.page.evaluate("() => window.demoHooks.release()")
+    page.release()
     page.wait("d => d.phase === 'ready' && d.finishReason !== null")  # the list was drawn again meanwhile
     kept = page.page.evaluate("[document.activeElement.className, document.activeElement.closest('li')?.dataset.name]")
     assert after_stop == "continue"

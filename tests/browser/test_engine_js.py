@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import pytest
 
+from kvckpt_web.bench.holding import HOLD_REPLIES
+
 from .browser_harness import BOOT_TIMEOUT_MS, CDPChromium
 
 BLANK = "<!doctype html><meta charset='utf-8'><title>engine</title>"
@@ -47,6 +49,7 @@ class JsPage:
         self.requests: list[tuple[str, str]] = []
         chromium.context.on("request", lambda r: self.requests.append((r.method, r.url.split("/")[-1])))
         self.page = chromium.context.new_page()
+        self.page.add_init_script(HOLD_REPLIES)
         self.page.route(url + "blank.html", lambda route: route.fulfill(content_type="text/html", body=BLANK))
         self.load()
 
@@ -100,6 +103,22 @@ def test_a_reply_without_stream_is_a_chat_completion(js_page):
     assert got["usage"]["completion_tokens"] == 4 and len(got["kvckpt"]["token_ids"]) == 4
 
 
+def test_a_plain_completion_streams_text_completion_chunks_mirroring_the_chat_call(js_page):
+    got = js_page.run("""
+        const info = await start();
+        const body = { prompt: "the sea is", temperature: 0, max_tokens: 8 };
+        const chunks = await chunksOf(await engine.completions.create({ ...body, stream: true }));
+        return { info, chunks, whole: await engine.completions.create(body),
+                 refused: await caught(engine.completions.create({ prompt: 7 })) };
+    """)
+    chunks, whole = got["chunks"], got["whole"]
+    assert got["info"]["model"]["chat_template"] == "ChatML"
+    assert all(c["object"] == "text_completion" for c in chunks) and whole["object"] == "text_completion"
+    assert "".join(c["choices"][0]["text"] for c in chunks) == whole["choices"][0]["text"]
+    assert chunks[-1]["usage"]["completion_tokens"] == whole["usage"]["completion_tokens"] >= 1
+    assert got["refused"]["name"] == "FieldError" and got["refused"]["field"] == "prompt"
+
+
 def test_errors_are_errors_with_the_kvckpt_class_and_the_field_expected_and_got(js_page):
     got = js_page.run("""
         const { createEngine } = await import("/kvckpt.mjs");
@@ -128,7 +147,7 @@ def test_a_reply_cut_by_the_workers_end_is_resumed_by_a_new_engine_to_the_uninte
     got = js_page.run("""
         await start();
         const want = ids(await ask("tell me about the sea."));
-        await engine.testing.holdAfter(9);
+        kvckptHold.hold(9);
         const stream = await engine.chat.completions.create({ stream: true, temperature: 0, max_tokens: 16,
           messages: [{ role: "user", content: "tell me about the sea!" }] });
         const seen = await chunksOf(stream, 9);

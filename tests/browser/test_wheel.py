@@ -18,4 +18,4 @@ def test_wheel_ships_every_shader_under_kvckpt_web_shaders_and_the_page_files(tm
     assert shaders >= {"kvckpt_web/shaders/kv/page_copy.wgsl", "kvckpt_web/shaders/kv/kv_append.wgsl"}
     assert shaders <= names, sorted(shaders - names)
     assert {"kvckpt_web/web/kvckpt.mjs", "kvckpt_web/web/engine.mjs", "kvckpt_web/web/engine-worker.mjs",
-            "kvckpt_web/web/weights.mjs", "kvckpt_web/web/index.html", "kvckpt_web/durable/FORMAT.md"} <= names
+            "kvckpt_web/web/errors.mjs", "kvckpt_web/web/weights.mjs", "kvckpt_web/web/index.html", "kvckpt_web/durable/FORMAT.md"} <= names

@@ -77,3 +77,10 @@ def test_a_context_over_the_models_is_refused_naming_it_not_clamped(monkeypatch,
     assert main(["chat", "--store", str(tmp_path / "chats"), "--model", "double.gguf", "--context", "99999999"]) == 1
     assert capsys.readouterr().err.splitlines()[-1] == (
         "kvckpt: error: --context: expected at most 96 tokens (the model's context), got 99999999")
+
+
+def test_a_base_model_is_refused_in_one_line_saying_so_before_the_chat_opens(tiny_base_path, tmp_path, capsys):
+    assert main(["chat", "--store", str(tmp_path / "chats"), "--model", str(tiny_base_path)]) == 1
+    error = capsys.readouterr().err.splitlines()[-1]
+    assert error.startswith("kvckpt: error: messages: expected a chat model") and "a base model" in error
+    assert "kvckpt generate --raw" in error

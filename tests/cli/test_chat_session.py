@@ -23,7 +23,7 @@ from kvckpt_web.model.protocol import LoadedModel
 from kvckpt_web.stores.file import FileStore
 
 from chat_records import saved, statuses
-from kvmodel import run
+from support.kvmodel import run
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "model"))
 from lm_double import DoubleLM, DoubleText  # noqa: E402
@@ -325,3 +325,15 @@ def test_a_full_context_is_one_line_naming_new_and_the_chat_goes_on(chat, store)
     done = chat(["a" * 80, "/new", "hi"], context=64)
     assert len(errors(done)) == 1 and "context" in errors(done)[0] and "/new" in errors(done)[0]
     assert len(statuses(done.err)) == 1
+
+
+def test_open_of_a_plain_completion_is_refused_in_one_line_and_the_chat_goes_on(chat, store, device):
+    engine = Engine(LoadedModel(DoubleLM(max_context=1024), DoubleText()), device, store=FileStore(store),
+                    config=ENGINE)
+    try:
+        run(engine.complete("once upon a time", conversation="story", **GREEDY))
+    finally:
+        run(engine.close())
+    done = chat(["/open story", "hello there"])
+    assert len(errors(done)) == 1 and "a plain completion's" in errors(done)[0]
+    assert done.name != "story"

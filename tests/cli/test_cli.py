@@ -85,7 +85,7 @@ def test_convert_refuses_an_existing_destination_without_force(export_dir, tmp_p
 
 
 def test_convert_of_a_tvm_export_reproduces_it_byte_for_byte(tmp_path, device, capsys):
-    tvm_reference = pytest.importorskip("tvm_reference")
+    tvm_reference = pytest.importorskip("support.tvm_reference")
     if not tvm_reference.tvm_available():
         pytest.skip("apache-tvm is not installed")
     tvm_cache = tvm_reference.TVMCache(page_size=16, num_layers=2, num_qo_heads=4, num_kv_heads=2, head_dim=32,
@@ -114,7 +114,7 @@ def test_kv_only_demo_restores_every_byte_after_the_worker_is_killed(device, tmp
                                              (["--path", "copy"], ("copy",))])
 def test_bench_measures_every_transfer_the_device_offers_unless_told_one(monkeypatch, argv, paths):
     calls = []
-    monkeypatch.setattr("kvckpt_web.cli.bench.run", lambda names, repeats, p, **kw: calls.append((names, p)))
+    monkeypatch.setattr("kvckpt_web.bench.suite.run", lambda names, repeats, p, **kw: calls.append((names, p)))
     main(["bench", "export", *argv])
     assert calls == [(["export"], paths)]
 
@@ -257,7 +257,7 @@ def test_ctrl_c_is_one_line_and_exit_status_130(device, tmp_path):
 
 @pytest.mark.parametrize("argv", [["soak", "--trials", "-3"], ["soak", "--trials", "0"], ["export", "--repeats", "0"]])
 def test_bench_refuses_counts_below_1_before_running(monkeypatch, capsys, argv):
-    monkeypatch.setattr("kvckpt_web.cli.bench.run", lambda *a, **k: pytest.fail("ran a benchmark with a bad count"))
+    monkeypatch.setattr("kvckpt_web.bench.suite.run", lambda *a, **k: pytest.fail("ran a benchmark with a bad count"))
     assert main(["bench", *argv]) == 1
     assert "expected an integer >= 1" in _one_line_error(capsys)
 

@@ -196,6 +196,15 @@ def snapshot(path: Path) -> dict[str, bytes]:
     return {str(p.relative_to(path)): p.read_bytes() for p in sorted(path.rglob("*")) if p.is_file()}
 
 
+def test_convert_to_tvm_refuses_a_checkpoint_of_sliding_window_layers_naming_why(tmp_path, make_model, capsys):
+    model = make_model(attn_kinds=("mha_sliding", "mha"), support_layer_sliding_window=True, sliding_window=8)
+    model.add(2, 23)
+    save_generation(tmp_path / "store", model)
+    assert main(["convert", str(tmp_path / "store"), str(tmp_path / "out"), "--to", "tvm"]) == 1
+    assert "TVM's checkpoints (format_version 1) do not support sliding-window" in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()
+
+
 def test_convert_to_tvm_with_force_refuses_to_replace_a_store(store_dir, capsys):
     before = snapshot(store_dir)
     assert main(["convert", str(store_dir), str(store_dir), "--to", "tvm", "--force", "--name", "a"]) == 1

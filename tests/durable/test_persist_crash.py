@@ -1,6 +1,6 @@
 """Crash consistency: a save interrupted at any point leaves exactly the previous or the new generation.
 
-The subprocess soak (kvckpt_web.cli.soak) SIGKILLs real worker processes mid-save;
+The subprocess soak (kvckpt_web.bench.soak) SIGKILLs real worker processes mid-save;
 ``kvckpt bench soak`` runs 200 trials, this suite ``KVCKPT_SOAK_TRIALS`` (default
 20). The in-process tests fail every single step of a save in turn.
 """
@@ -13,13 +13,13 @@ from pathlib import Path
 import pytest
 
 from kvckpt_web import PagedKVCache
-from kvckpt_web.cli.soak import LAYOUT, LIMITS, NAME, PAGES_PER_CHUNK, SEQ, STAGES, apply_stage, run_soak
+from kvckpt_web.bench.soak import LAYOUT, LIMITS, NAME, PAGES_PER_CHUNK, SEQ, STAGES, apply_stage, run_soak
 from kvckpt_web.durable.restore import restore
 from kvckpt_web.durable.save import save
 from kvckpt_web.durable.verify import verify
 from kvckpt_web.stores.file import FAULT_STEPS, FileStore
 
-from kvmodel import run
+from support.kvmodel import run
 
 TRIALS = int(os.environ.get("KVCKPT_SOAK_TRIALS", "20"))
 

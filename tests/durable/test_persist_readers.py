@@ -22,10 +22,10 @@ from kvckpt_web.durable.catalog import list_generations
 from kvckpt_web.durable.restore import restore
 from kvckpt_web.durable.verify import verify
 from kvckpt_web.tvm.layout import CacheLimits
-from kvckpt_web.cli.soak import LAYOUT
+from kvckpt_web.bench.soak import LAYOUT
 from kvckpt_web.stores.file import FileStore
 
-from kvmodel import run
+from support.kvmodel import run
 
 SECONDS = 4.0
 """How long the writers run once the first generation is there."""
@@ -40,7 +40,7 @@ from kvckpt_web import PagedKVCache, open_device
 from kvckpt_web.durable.retention import gc
 from kvckpt_web.durable.save import save
 from kvckpt_web.tvm.layout import CacheLimits
-from kvckpt_web.cli.soak import LAYOUT
+from kvckpt_web.bench.soak import LAYOUT
 from kvckpt_web.stores.file import FileStore
 
 LIMITS = CacheLimits(reserved_num_seqs=2, max_total_seq_len=1024, prefill_chunk_size=256)

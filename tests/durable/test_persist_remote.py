@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from kvckpt_web import PagedKVCache
-from kvckpt_web.cli.soak import LAYOUT, LIMITS, NAME, PAGES_PER_CHUNK, SEQ, STAGES, apply_stage
+from kvckpt_web.bench.soak import LAYOUT, LIMITS, NAME, PAGES_PER_CHUNK, SEQ, STAGES, apply_stage
 from kvckpt_web.durable.catalog import list_generations
 from kvckpt_web.durable.restore import restore
 from kvckpt_web.durable.retention import gc
@@ -22,7 +22,7 @@ from kvckpt_web.durable.save import save
 from kvckpt_web.durable.verify import verify
 from kvckpt_web.errors import ConflictError, CorruptionError, NotFoundError
 
-from kvmodel import run
+from support.kvmodel import run
 
 pytest.importorskip("obstore")
 from kvckpt_web.stores.objects import ObjectStore  # noqa: E402
@@ -30,7 +30,7 @@ from kvckpt_web.stores.objects import ObjectStore  # noqa: E402
 REPO = Path(__file__).resolve().parents[2]
 WORKER = r"""
 import asyncio, os, signal, sys
-from kvckpt_web.cli.soak import LAYOUT, LIMITS, NAME, PAGES_PER_CHUNK, SEQ, STAGES, apply_stage
+from kvckpt_web.bench.soak import LAYOUT, LIMITS, NAME, PAGES_PER_CHUNK, SEQ, STAGES, apply_stage
 from kvckpt_web.durable.save import save
 from kvckpt_web.gpu.open import open_device
 from kvckpt_web.kv.cache import PagedKVCache

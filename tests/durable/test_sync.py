@@ -14,12 +14,12 @@ from kvckpt_web.durable.restore import restore
 from kvckpt_web.durable.retention import DEFAULT_KEEP
 from kvckpt_web.durable.save import save
 from kvckpt_web.durable.sync import apart_name, sync
-from kvckpt_web.errors import ConflictError, CorruptionError, FieldError, NotFoundError
+from kvckpt_web.errors import CorruptionError, FieldError, NotFoundError
 from kvckpt_web.stores.file import FileStore
 from kvckpt_web.stores.memory import MemoryStore
 
-from kvmodel import KVModel, run
-from store_suite import Clock
+from support.kvmodel import KVModel, run
+from support.store_suite import Clock, try_claim
 
 SCOPE = "model-a|layout|kernels"
 
@@ -371,11 +371,7 @@ def test_a_sync_longer_than_its_lease_renews_it_so_no_other_writer_takes_the_nam
     class Destination(ObjectStore):
         async def set_if_absent(self, key: str, data: Any) -> bool:
             if key.startswith("manifests/"):  # as the sync commits, another writer asks for the name
-                try:
-                    async with ObjectStore(backing, clock=clock).claim("chat"):
-                        asked.append("taken")
-                except ConflictError:
-                    asked.append("refused")
+                asked.append(await try_claim(ObjectStore(backing, clock=clock), "chat"))
             return await super().set_if_absent(key, data)
 
     src = SlowSource()

@@ -7,7 +7,7 @@ import os
 
 import pytest
 
-from kvckpt_web.errors import FieldError, FormatError, MetadataError
+from kvckpt_web.errors import FieldError, FormatError, MetadataError, UnsupportedLayoutError
 from kvckpt_web.tvm.layout import CacheLimits, KVLayout
 from kvckpt_web.tvm.metadata import write_metadata
 from kvckpt_web.durable import tvm_export
@@ -224,3 +224,13 @@ def test_read_refuses_a_metadata_file_that_is_a_device(tmp_path):
     (tmp_path / "ckpt" / METADATA_FILE).symlink_to("/dev/zero")
     with pytest.raises(FormatError, match="character device"):
         read_tvm_export(tmp_path / "ckpt")
+
+
+def test_write_refuses_a_checkpoint_of_sliding_window_layers_which_tvm_cannot_take(tmp_path):
+    layout = KVLayout(page_size=4, num_layers=2, num_qo_heads=4, num_kv_heads=2, qk_head_dim=8,
+                      attn_kinds=("mha_sliding", "mha"), support_layer_sliding_window=True, sliding_window=8)
+    metadata = write_metadata(layout, CacheLimits(4, 64, 64), 0, 6)
+    groups = [bytes(2 * layout.page_bytes)] * 2
+    with pytest.raises(UnsupportedLayoutError, match="TVM's checkpoints .* sliding-window"):
+        write_tvm_export(tmp_path / "ckpt", metadata, groups)
+    assert not (tmp_path / "ckpt").exists()

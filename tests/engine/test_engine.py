@@ -16,8 +16,8 @@ from kvckpt_web.durable.prefix_records import PrefixKey, encode_record, prefix_r
 from kvckpt_web.engine import ChatChunk, ChatCompletion
 from kvckpt_web.errors import ContextFullError, FieldError, KVCkptError, NotFoundError
 
-from kvmodel import run
 from lm_double import EOS, DoubleLM, DoubleText
+from support.kvmodel import run
 
 USER_TURNS = ["hello there, who are you?", "tell me about the sea.", "and the wind?", "why is the sky blue?",
               "count to five.", "what is a boat?", "say something nice.", "goodbye!"]
@@ -294,6 +294,29 @@ def test_a_checkpoint_changed_behind_a_running_engine_is_no_prefix_of_the_tokens
     assert again.token_ids == run(make_engine().chat(asked, **GREEDY)).token_ids  # a cold prefill's
 
 
+@pytest.mark.parametrize("anew", [("tell me about the sky.", 3), ("tell me", 8)], ids=["other-tokens", "fewer"])
+def test_a_checkpoint_written_anew_behind_a_running_engine_is_passed_over_with_a_warning(make_engine, anew):
+    store = MemoryStore()
+    writer, engine = make_engine(store=store), make_engine(store=store)  # two processes; `engine` keeps running
+    told = [{"role": "user", "content": "tell me about the sea."}]
+    asked = [*told, {"role": "assistant", "content": "waves"}, {"role": "user", "content": "and the wind?"}]
+    cold = {"temperature": 0.0, "cache_prompt": False}
+
+    async def body():
+        await writer.chat(told, **cold, max_tokens=3, conversation="x")
+        await engine.chat(asked, **GREEDY, conversation="a")  # its prefix comes from x, whose record it keeps
+        await engine.delete("a")
+        await writer.delete("x")
+        text, max_tokens = anew
+        await writer.chat([{"role": "user", "content": text}], **cold, max_tokens=max_tokens, conversation="x")
+        return await engine.chat(asked, **GREEDY, conversation="b")
+
+    again = run(body())
+    assert len(again.warnings) == 1 and "the K/V of 'x' generation" in again.warnings[0]
+    assert "cannot be used" in again.warnings[0]
+    assert again.token_ids == run(make_engine().chat(asked, **GREEDY)).token_ids  # a cold prefill's
+
+
 def test_cache_prompt_false_prefills_everything(make_engine):
     engine = make_engine(store=MemoryStore())
 
@@ -309,7 +332,7 @@ def test_a_reply_is_recognised_by_its_text_and_its_generated_ids_are_reused(make
     class Drifting(DoubleText):
         """Encodes an assistant message's text otherwise than the model wrote it: only the generated ids match."""
 
-        def encode_message(self, role, content, *, max_tokens=None):
+        def encode_message(self, role, content, *, previous=None, max_tokens=None):
             return super().encode_message(role, content[::-1] if role == "assistant" else content, max_tokens=max_tokens)
 
     engine = make_engine(store=MemoryStore(), text=Drifting())
@@ -368,7 +391,7 @@ def test_a_huge_message_is_refused_as_too_long_without_encoding_past_the_context
     class Counting(DoubleText):
         budgets = []
 
-        def encode_message(self, role, content, *, max_tokens=None):
+        def encode_message(self, role, content, *, previous=None, max_tokens=None):
             self.budgets.append(max_tokens)
             return super().encode_message(role, content, max_tokens=max_tokens)
 

@@ -23,7 +23,7 @@ from kvckpt_web.kv.scatter import scatter_free_pages
 from kvckpt_web.gpu.device import CopyRuns, Usage
 from kvckpt_web.kv.transfer import page_runs
 
-from kvmodel import device_array_from, read_device_array, read_layer_page, run, small_layout, small_limits
+from support.kvmodel import device_array_from, read_device_array, read_layer_page, run, small_layout, small_limits
 
 TRANSFERS = ["kernel", "copy", "mapped"]
 P = 4  # page size of the small layout
@@ -1122,3 +1122,32 @@ def test_an_empty_sequence_round_trips_whether_or_not_storage_maps_in_place(devi
     finally:
         src.close()
         dst.close()
+
+
+# ----- sliding-window layers (FORMAT.md section 11) ------------------------------------------------------
+
+SLIDING_LAYOUT = dict(attn_kinds=("mha_sliding", "mha"), support_layer_sliding_window=True, sliding_window=8,
+                      sliding_rotary_theta=100.0)
+
+
+def test_a_cache_with_sliding_layers_exports_and_imports_every_page_of_every_layer(make_model):
+    model = make_model(**SLIDING_LAYOUT)
+    model.add(0, 21)  # more tokens than the window: the pages before it are kept too
+    metadata, groups = checkpoint(model, 0)
+    assert json.loads(metadata)["sliding_window"] == 8
+    twin = make_model(**SLIDING_LAYOUT)
+    import_host(twin.cache, 0, metadata, groups)
+    twin.ref[0] = model.ref[0]
+    twin.assert_holds(0)
+    assert twin.export(0) == groups == model.expected_groups(0)
+
+
+def test_a_checkpoint_of_another_window_is_refused_naming_the_field(make_model):
+    model = make_model(**SLIDING_LAYOUT)
+    model.add(0, 5)
+    metadata, _ = checkpoint(model, 0)
+    other = make_model(**{**SLIDING_LAYOUT, "sliding_window": 16})
+    with pytest.raises(MetadataError) as info:
+        other.cache.prepare_import(0, metadata)
+    assert (info.value.field, info.value.expected, info.value.got) == ("metadata.sliding_window", 16, 8)
+    assert other.cache.sequence_ids() == []

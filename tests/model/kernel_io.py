@@ -11,9 +11,10 @@ from gguf.quants import dequantize, quantize
 
 from kvckpt_web.gpu.device import Buffer, Copy, Device, Dispatch, Texture, TextureCopy, Usage
 from kvckpt_web.model import kernels
-from kvckpt_web.model.weights import Q4_1, Q8_0, QuantizedTensor, upload_tensor
+from kvckpt_web.model.weights import (BF16, DEVICE_FORMS, F16, F16_HIGH_BYTES, Q4_0, Q4_1, Q4_K, Q5_0, Q5_K, Q6_K,
+                                      Q8_0, QuantizedTensor, upload_tensor)
 
-GGML = {Q4_1: GGMLQuantizationType.Q4_1, Q8_0: GGMLQuantizationType.Q8_0}
+GGML = {t: GGMLQuantizationType(t) for t in DEVICE_FORMS}
 
 
 def random_matrix(rng: np.random.Generator, ggml_type: int, rows: int, cols: int) -> tuple[np.ndarray, np.ndarray]:
@@ -22,9 +23,53 @@ def random_matrix(rng: np.random.Generator, ggml_type: int, rows: int, cols: int
     return raw, dequantize(raw, GGML[ggml_type]).astype(np.float64)
 
 
+def random_blocks(rng: np.random.Generator, ggml_type: int, rows: int, cols: int,
+                  wild: bool = False) -> tuple[np.ndarray, np.ndarray]:
+    """A (rows, cols) matrix of random valid blocks written from the type's byte layout (gguf cannot quantize to
+    the K-quants): its GGUF bytes and ``gguf.quants.dequantize``'s float64 values. Every integer field is random
+    bits; each float16 scale or min (F16: each value) is finite: with ``wild``, random bits (zeros, subnormals and
+    the largest values included), else the float16 of N(0, 1) / 32. BF16 values: with ``wild`` random finite
+    bits, else the bfloat16 of N(0, 1)."""
+    form = DEVICE_FORMS[ggml_type]
+    raw = rng.integers(0, 256, (rows, cols // form.weights * form.gguf_bytes), np.uint8)
+    if ggml_type == BF16:
+        halves = raw.view(np.uint16)
+        if wild:
+            halves[(halves >> 7 & 0xFF) == 0xFF] &= 0xBFFF  # an exponent of all ones (infinity, NaN) made finite
+        else:
+            halves[:] = rng.standard_normal(halves.shape).astype(np.float32).view(np.uint32) >> 16
+    else:
+        size = 2 if ggml_type == F16 else form.gguf_bytes
+        blocks = raw.reshape(-1, size)
+        for high in F16_HIGH_BYTES[ggml_type].values():
+            field = blocks[:, high - 1:high + 1].copy().view(np.uint16)
+            if wild:
+                field[(field & 0x7C00) == 0x7C00] &= 0xBFFF
+            else:
+                field[:] = (rng.standard_normal(field.shape) / 32).astype(np.float16).view(np.uint16)
+            blocks[:, high - 1:high + 1] = field.view(np.uint8)
+    return raw, dequantize(raw, GGML[ggml_type]).astype(np.float64)
+
+
+QUANT_BYTES = {Q4_0: (2, 18), Q4_1: (4, 20), Q5_0: (2, 22), Q8_0: (2, 34), Q4_K: (16, 144), Q5_K: (16, 176),
+               Q6_K: (0, 192), F16: (0, 64), BF16: (0, 64)}
+"""The byte range of the integers (the values, for F16 / BF16) in a block (32 values) of each type."""
+
+
+def offsets(raw: np.ndarray, ggml_type: int) -> np.ndarray:
+    """Per weight of GGUF blocks ``raw``, the float64 value its integer would give if 0: the part of the weight that
+    does not scale with it (Q4_0's -8 d, Q4_1's m, a K-quant's -dmin * m; 0 for Q8_0, F16, BF16)."""
+    form = DEVICE_FORMS[ggml_type]
+    blocks = raw.reshape(-1, form.gguf_bytes).copy()
+    start, end = QUANT_BYTES[ggml_type]
+    blocks[:, start:end] = 0
+    return dequantize(blocks.reshape(raw.shape), GGML[ggml_type]).astype(np.float64)
+
+
 def upload_matrix(device: Device, raw: np.ndarray, ggml_type: int, name: str = "w") -> QuantizedTensor:
+    form = DEVICE_FORMS[ggml_type]
     rows = raw.shape[0]
-    cols = raw.shape[1] // {Q4_1: 20, Q8_0: 34}[ggml_type] * 32
+    cols = raw.shape[1] // form.gguf_bytes * form.weights
     return upload_tensor(device, name, ggml_type, (cols, rows), memoryview(raw.tobytes()))
 
 

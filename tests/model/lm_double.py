@@ -114,8 +114,12 @@ class DoubleText:
     def preamble(self, first_role: str) -> list[int]:
         return []
 
-    def encode_message(self, role: str, content: str, *, max_tokens: int | None = None) -> list[int]:
-        ids = [BOS] + self.encode(f"{role}\n{content}\n")
+    def encode_message(self, role: str, content: str, *, previous: str | None = None,
+                       max_tokens: int | None = None) -> list[int]:
+        return self.encode_text(f"{role}\n{content}\n", bos=True, max_tokens=max_tokens)
+
+    def encode_text(self, text: str, *, bos: bool = False, max_tokens: int | None = None) -> list[int]:
+        ids = [BOS] * bos + self.encode(text)
         if max_tokens is not None and len(ids) > max_tokens:
             raise FieldError("prompt", f"at most {max_tokens} tokens", f"{len(ids)} tokens")
         return ids

@@ -1,4 +1,5 @@
-"""A numpy float64 reference of a llama-style model (SmolLM2-135M's architecture), for tests only.
+"""A numpy float64 reference of a llama-style model (SmolLM2-135M's architecture, and the variations of Llama 3,
+Qwen2, Qwen 3 and Gemma 3 as llama.cpp's graphs compute them), for tests only.
 
 Weights are the values the GGUF dequantizes to, held as float64 (``(out_features, in_features)`` like Hugging
 Face), with attn_q/attn_k rows *un-permuted* back to Hugging Face's order, so RoPE is TVM's rope_mode "normal"
@@ -29,6 +30,22 @@ class Config:
     rope_theta: float
     rms_eps: float
     vocab: int
+    activation: str = "silu"
+    """The FFN gate's activation: "silu" or "gelu_tanh"."""
+    embedding_scale: float = 1.0
+    sliding_window: int = 0
+    """Keys a query of a sliding layer sees, itself included (0: no sliding layers)."""
+    sliding_pattern: int = 0
+    """Layer i is global where i % sliding_pattern == sliding_pattern - 1, sliding otherwise."""
+    rope_theta_local: float = 10000.0
+    """The RoPE base of sliding layers (their scale is 1)."""
+    rope_scale: float = 1.0
+    """Positions times this in global layers (linear RoPE scaling)."""
+    rope_factors: tuple[float, ...] | None = None
+    """Llama 3's frequency factors: pair i's angle divided by factor i."""
+
+    def sliding(self, layer: int) -> bool:
+        return self.sliding_window > 0 and layer % self.sliding_pattern < self.sliding_pattern - 1
 
 
 @dataclass
@@ -44,15 +61,26 @@ class LayerWeights:
     gate: np.ndarray
     up: np.ndarray
     down: np.ndarray
+    q_bias: np.ndarray | None = None
+    k_bias: np.ndarray | None = None
+    v_bias: np.ndarray | None = None
+    q_norm: np.ndarray | None = None
+    """Per-head RMSNorm weights of Q (and ``k_norm`` of K), applied before RoPE."""
+    k_norm: np.ndarray | None = None
+    post_attention_norm: np.ndarray | None = None
+    """RMSNorm of the attention's output before it joins the residual (and ``post_ffw_norm`` of the FFN's)."""
+    post_ffw_norm: np.ndarray | None = None
 
 
 @dataclass
 class Weights:
-    """A whole model: token embedding (also the output head), blocks, final norm."""
+    """A whole model: token embedding (also the output head unless ``head``), blocks, final norm."""
 
     embedding: np.ndarray
     layers: list[LayerWeights]
     output_norm: np.ndarray
+    head: np.ndarray | None = None
+    """The output head where it is not the embedding (``output.weight``)."""
 
 
 #: Per layer, K and V of every token so far: two float64 arrays ``(tokens, num_kv_heads, head_dim)`` holding
@@ -82,10 +110,13 @@ def inv_freq(head_dim: int, theta: float, scale: float = 1.0) -> np.ndarray:
     return scale / theta ** (np.arange(0, head_dim, 2, dtype=np.float64) / head_dim)
 
 
-def rope(x: np.ndarray, positions: np.ndarray, theta: float, scale: float = 1.0) -> np.ndarray:
-    """Rotate-half RoPE (Hugging Face llama, TVM "normal") of ``x`` ``(tokens, heads, head_dim)``."""
+def rope(x: np.ndarray, positions: np.ndarray, theta: float, scale: float = 1.0,
+         factors: tuple[float, ...] | None = None) -> np.ndarray:
+    """Rotate-half RoPE (Hugging Face llama, TVM "normal") of ``x`` ``(tokens, heads, head_dim)``; pair i's rate
+    divided by ``factors[i]`` where given."""
     half = x.shape[-1] // 2
-    angles = np.asarray(positions, np.float64)[:, None] * inv_freq(x.shape[-1], theta, scale)[None, :]
+    rates = inv_freq(x.shape[-1], theta, scale) / (1.0 if factors is None else np.asarray(factors, np.float64))
+    angles = np.asarray(positions, np.float64)[:, None] * rates[None, :]
     cos, sin = np.cos(angles)[:, None, :], np.sin(angles)[:, None, :]
     x = np.asarray(x, np.float64)
     x1, x2 = x[..., :half], x[..., half:]
@@ -103,14 +134,17 @@ def rope_adjacent(x: np.ndarray, positions: np.ndarray, theta: float) -> np.ndar
     return out
 
 
-def causal_attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, positions: np.ndarray) -> np.ndarray:
+def causal_attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, positions: np.ndarray,
+                     window: int = 0) -> np.ndarray:
     """Grouped-query attention of ``q`` ``(n, num_qo_heads, d)`` over ``k``/``v`` ``(T, num_kv_heads, d)``:
-    the query at position ``p`` sees keys ``0..p``; scale ``1/sqrt(d)``; float64."""
+    the query at position ``p`` sees keys ``0..p`` (with a ``window``, only ``p - window + 1..p``); scale
+    ``1/sqrt(d)``; float64."""
     group = q.shape[1] // k.shape[1]
     k = np.repeat(np.asarray(k, np.float64), group, axis=1)
     v = np.repeat(np.asarray(v, np.float64), group, axis=1)
     scores = np.einsum("nhd,thd->hnt", np.asarray(q, np.float64), k) / np.sqrt(q.shape[-1])
-    visible = np.arange(k.shape[0])[None, :] <= np.asarray(positions)[:, None]
+    distance = np.asarray(positions)[:, None] - np.arange(k.shape[0])[None, :]
+    visible = (distance >= 0) & ((distance < window) if window else True)
     scores = np.where(visible[None], scores, -np.inf)
     weights = np.exp(scores - scores.max(axis=-1, keepdims=True))
     weights /= weights.sum(axis=-1, keepdims=True)
@@ -122,6 +156,15 @@ def rms_norm(x: np.ndarray, weight: np.ndarray, eps: float) -> np.ndarray:
     return x / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + eps) * weight
 
 
+def gelu_tanh(x: np.ndarray) -> np.ndarray:
+    """GELU in its tanh approximation (ggml_gelu, Hugging Face's gelu_pytorch_tanh)."""
+    return 0.5 * x * (1 + np.tanh(np.sqrt(2 / np.pi) * (x + 0.044715 * x ** 3)))
+
+
+def silu(x: np.ndarray) -> np.ndarray:
+    return x / (1 + np.exp(-x))
+
+
 def as_cached(x: np.ndarray) -> np.ndarray:
     """``x`` rounded to float16 (what the cache stores), back in float64."""
     return x.astype(np.float16).astype(np.float64)
@@ -131,9 +174,11 @@ def as_cached(x: np.ndarray) -> np.ndarray:
 
 
 def reference_forward(weights: Weights, config: Config, tokens: list[int] | np.ndarray,
-                      past_kv: KV | None = None, *, adjacent_rope: bool = False) -> tuple[np.ndarray, KV]:
+                      past_kv: KV | None = None, *, adjacent_rope: bool = False,
+                      last_only: bool = False) -> tuple[np.ndarray, KV]:
     """Logits ``(len(tokens), vocab)`` of ``tokens`` following the tokens whose K/V are ``past_kv`` (None: none),
-    and the K/V with these tokens appended.
+    and the K/V with these tokens appended; with ``last_only`` those of the last token only, ``(1, vocab)`` (a
+    long prompt's head over a large vocabulary is most of the work).
 
     ``adjacent_rope`` rotates adjacent pairs instead (llama.cpp's way, for weights still in GGUF row order).
     """
@@ -141,26 +186,37 @@ def reference_forward(weights: Weights, config: Config, tokens: list[int] | np.n
     n = len(tokens)
     start = 0 if past_kv is None else past_kv[0][0].shape[0]
     positions = np.arange(start, start + n)
-    x = weights.embedding[np.asarray(tokens)]
+    x = weights.embedding[np.asarray(tokens)] * c.embedding_scale
     kv: KV = []
     for i, layer in enumerate(weights.layers):
         h = rms_norm(x, layer.attn_norm, c.rms_eps)
-        q = (h @ layer.q.T).reshape(n, c.num_qo_heads, c.head_dim)
-        k = (h @ layer.k.T).reshape(n, c.num_kv_heads, c.head_dim)
-        v = (h @ layer.v.T).reshape(n, c.num_kv_heads, c.head_dim)
-        rotate = rope_adjacent if adjacent_rope else rope
-        q, k = rotate(q, positions, c.rope_theta), rotate(k, positions, c.rope_theta)
+        q, k, v = (h @ w.T + (0 if b is None else b) for w, b in ((layer.q, layer.q_bias), (layer.k, layer.k_bias),
+                                                                   (layer.v, layer.v_bias)))
+        q = q.reshape(n, c.num_qo_heads, c.head_dim)
+        k = k.reshape(n, c.num_kv_heads, c.head_dim)
+        v = v.reshape(n, c.num_kv_heads, c.head_dim)
+        if layer.q_norm is not None:
+            q, k = rms_norm(q, layer.q_norm, c.rms_eps), rms_norm(k, layer.k_norm, c.rms_eps)
+        if adjacent_rope:
+            q, k = rope_adjacent(q, positions, c.rope_theta), rope_adjacent(k, positions, c.rope_theta)
+        else:
+            theta, scale = (c.rope_theta_local, 1.0) if c.sliding(i) else (c.rope_theta, c.rope_scale)
+            q, k = (rope(t, positions, theta, scale, c.rope_factors) for t in (q, k))
         k, v = as_cached(k), as_cached(v)
         if past_kv is not None:
             k, v = np.concatenate([past_kv[i][0], k]), np.concatenate([past_kv[i][1], v])
         kv.append((k, v))
-        attn = causal_attention(q, k, v, positions).reshape(n, c.num_qo_heads * c.head_dim)
-        x = x + attn @ layer.o.T
+        window = c.sliding_window if c.sliding(i) else 0
+        out = causal_attention(q, k, v, positions, window).reshape(n, c.num_qo_heads * c.head_dim) @ layer.o.T
+        x = x + (out if layer.post_attention_norm is None else rms_norm(out, layer.post_attention_norm, c.rms_eps))
         h = rms_norm(x, layer.ffn_norm, c.rms_eps)
         gate, up = h @ layer.gate.T, h @ layer.up.T
-        x = x + (gate / (1 + np.exp(-gate)) * up) @ layer.down.T
+        out = ((gelu_tanh if c.activation == "gelu_tanh" else silu)(gate) * up) @ layer.down.T
+        x = x + (out if layer.post_ffw_norm is None else rms_norm(out, layer.post_ffw_norm, c.rms_eps))
     x = rms_norm(x, weights.output_norm, c.rms_eps)
-    return x @ weights.embedding.T, kv
+    if last_only:
+        x = x[-1:]
+    return x @ (weights.embedding if weights.head is None else weights.head).T, kv
 
 
 def greedy(weights: Weights, config: Config, prompt: list[int], steps: int) -> list[int]:
@@ -216,24 +272,47 @@ def _field(path: Path, key: str):  # type: ignore[no-untyped-def]
     return field.parts[field.data[0]][0]
 
 
+def _has(path: Path, name: str) -> bool:
+    return any(t.name == name for t in gguf_reader(path).tensors)
+
+
 def load_gguf(path: Path, num_layers: int | None = None, *, permuted: bool = False) -> tuple[Weights, Config]:
-    """The dequantized weights (float64) and config of a llama GGUF, its first ``num_layers`` blocks (None: all);
-    q/k rows un-permuted to Hugging Face order unless ``permuted`` (then use ``adjacent_rope``)."""
-    heads = int(_field(path, "llama.attention.head_count"))
-    kv_heads = int(_field(path, "llama.attention.head_count_kv"))
-    hidden = int(_field(path, "llama.embedding_length"))
+    """The dequantized weights (float64) and config of a GGUF of architecture llama, qwen2, qwen3 or gemma3 (as
+    llama.cpp reads them), its first ``num_layers`` blocks (None: all); a llama's q/k rows un-permuted to Hugging
+    Face order unless ``permuted`` (then use ``adjacent_rope``)."""
+    field = gguf_reader(path).fields["general.architecture"]
+    arch = bytes(field.parts[field.data[0]]).decode()
+
+    def key(name: str, default: float | None = None) -> float:
+        if default is not None and f"{arch}.{name}" not in gguf_reader(path).fields:
+            return default
+        return float(_field(path, f"{arch}.{name}"))
+
+    heads, hidden = int(key("attention.head_count")), int(key("embedding_length"))
+    kv_heads = int(key("attention.head_count_kv", heads))
     embedding = gguf_tensor(path, "token_embd.weight")
-    config = Config(num_layers=num_layers or int(_field(path, "llama.block_count")), hidden=hidden,
-                    ffn=int(_field(path, "llama.feed_forward_length")), num_qo_heads=heads, num_kv_heads=kv_heads,
-                    head_dim=hidden // heads, rope_theta=float(_field(path, "llama.rope.freq_base")),
-                    rms_eps=float(_field(path, "llama.attention.layer_norm_rms_epsilon")), vocab=embedding.shape[0])
-    order = (lambda w, n: w) if permuted else gguf_unpermute
+    gemma = arch == "gemma3"
+    factors = tuple(gguf_tensor(path, "rope_freqs.weight")) if _has(path, "rope_freqs.weight") else None
+    config = Config(num_layers=num_layers or int(key("block_count")), hidden=hidden,
+                    ffn=int(key("feed_forward_length")), num_qo_heads=heads, num_kv_heads=kv_heads,
+                    head_dim=int(key("attention.key_length", hidden // heads)),
+                    rope_theta=key("rope.freq_base", 10000.0), rms_eps=key("attention.layer_norm_rms_epsilon"),
+                    vocab=embedding.shape[0], activation="gelu_tanh" if gemma else "silu",
+                    embedding_scale=float(np.sqrt(hidden)) if gemma else 1.0,
+                    sliding_window=int(key("attention.sliding_window")) if gemma else 0,
+                    sliding_pattern=6 if gemma else 0, rope_factors=factors)
+    order = gguf_unpermute if arch == "llama" and not permuted else (lambda w, n: w)
     layers = []
     for i in range(config.num_layers):
-        def blk(name: str) -> np.ndarray:
-            return gguf_tensor(path, f"blk.{i}.{name}.weight")  # noqa: B023 (used at once)
+        def blk(name: str, suffix: str = "weight") -> np.ndarray | None:
+            name = f"blk.{i}.{name}.{suffix}"  # noqa: B023 (used at once)
+            return gguf_tensor(path, name) if _has(path, name) else None
 
-        layers.append(LayerWeights(blk("attn_norm"), order(blk("attn_q"), heads), order(blk("attn_k"), kv_heads),
-                                   blk("attn_v"), blk("attn_output"), blk("ffn_norm"), blk("ffn_gate"), blk("ffn_up"),
-                                   blk("ffn_down")))
-    return Weights(embedding, layers, gguf_tensor(path, "output_norm.weight")), config
+        layers.append(LayerWeights(
+            blk("attn_norm"), order(blk("attn_q"), heads), order(blk("attn_k"), kv_heads), blk("attn_v"),
+            blk("attn_output"), blk("ffn_norm"), blk("ffn_gate"), blk("ffn_up"), blk("ffn_down"),
+            q_bias=blk("attn_q", "bias"), k_bias=blk("attn_k", "bias"), v_bias=blk("attn_v", "bias"),
+            q_norm=blk("attn_q_norm"), k_norm=blk("attn_k_norm"), post_attention_norm=blk("post_attention_norm"),
+            post_ffw_norm=blk("post_ffw_norm")))
+    head = gguf_tensor(path, "output.weight") if _has(path, "output.weight") else None
+    return Weights(embedding, layers, gguf_tensor(path, "output_norm.weight"), head), config

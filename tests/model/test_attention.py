@@ -108,8 +108,8 @@ class Harness:
         self.cache.end_forward()
         return qkv, rotated, out
 
-    def expected(self, lengths: dict[int, int], qkv: np.ndarray) -> np.ndarray:
-        """The float64 attention output of a forward of ``qkv``; records the sequences' new K/V."""
+    def expected(self, lengths: dict[int, int], qkv: np.ndarray, layer: int = 0) -> np.ndarray:
+        """The float64 attention output of a forward of ``qkv`` over ``layer``; records the sequences' new K/V."""
         lay = self.layout
         nq, nkv = lay.num_qo_heads, lay.num_kv_heads
         out, token = [], 0
@@ -122,14 +122,14 @@ class Harness:
                 q, k = rope(q, positions, lay.rotary_theta), rope(k, positions, lay.rotary_theta)
             k_all, v_all = np.concatenate([k_all, as_cached(k)]), np.concatenate([v_all, as_cached(v)])
             self.kv[seq_id] = (k_all, v_all)
-            out.append(causal_attention(q, k_all, v_all, positions))
+            out.append(causal_attention(q, k_all, v_all, positions, self.attention.windows[layer]))
             token += n
         return np.concatenate(out)
 
     def check(self, lengths: dict[int, int], layer: int = 0) -> np.ndarray:
         """Run a forward and assert its output matches float64 within ATTENTION_ATOL; return the output."""
         qkv, _, out = self.forward(lengths, layer)
-        np.testing.assert_allclose(out, self.expected(lengths, qkv), rtol=0, atol=ATTENTION_ATOL)
+        np.testing.assert_allclose(out, self.expected(lengths, qkv, layer), rtol=0, atol=ATTENTION_ATOL)
         return out
 
 
@@ -184,6 +184,24 @@ def test_one_prefill_of_a_whole_prompt_matches_float64(harness):
     h = harness(num_qo_heads=9, num_kv_heads=3, head_dim=64)
     h.add(0)
     h.check({0: 37})
+
+
+@pytest.mark.parametrize("keys_per_split", [None, 3, 16])
+def test_a_sliding_window_layer_attends_to_its_last_keys_only(harness, keys_per_split):
+    # a window of 7 over pages of 4, key ranges shorter and longer than it; layer 1 sees every key
+    h = harness(page_size=4, windows=[7, 0], **({} if keys_per_split is None else {"keys_per_split": keys_per_split}))
+    h.add(0)
+    for chunk in (5, 13, 1, 1):
+        h.check({0: chunk})
+    h.add(1)
+    h.check({1: 20}, layer=1)
+
+
+def test_heads_of_256_as_gemma3s_match_float64(harness):
+    h = harness(num_qo_heads=4, num_kv_heads=1, head_dim=256)
+    h.add(0)
+    h.check({0: 37})
+    h.check({0: 1})
 
 
 def test_fragmented_page_table_is_followed(harness):
@@ -288,7 +306,7 @@ def test_attention_after_rope_matches_float64_over_the_cached_k_v(harness):
     ("layout.dtype", dict(dtype="float32")),
     ("layout.qk_head_dim", dict(qk_head_dim=7)),
     ("layout.qk_head_dim", dict(qk_head_dim=12)),
-    ("layout.qk_head_dim", dict(qk_head_dim=130)),
+    ("layout.qk_head_dim", dict(qk_head_dim=264)),
     ("layout.rope_mode", dict(rope_mode="inline")),
 ])
 def test_a_layout_the_kernels_cannot_serve_is_refused(device, field, overrides):

@@ -1,4 +1,5 @@
-"""The text codec of a GGUF chat model: ChatML prompts in, reply text out, the turn's end as EOS."""
+"""The text codec of a GGUF model: chat prompts (ChatML here) or raw ones in, reply text out, the turn's end as EOS;
+a model without a chat template it renders refuses chat."""
 
 from __future__ import annotations
 
@@ -7,7 +8,9 @@ import pytest
 from kvckpt_web.errors import FieldError
 from kvckpt_web.model.chat_template import ChatTemplate
 from kvckpt_web.model.codec import ChatCodec
+from kvckpt_web.model.gguf import open_gguf
 from kvckpt_web.model.tokenizer import Tokenizer
+from tiny_llama import write_tiny_llama
 
 
 def test_a_chat_prompt_is_the_rendered_template_encoded_and_ends_with_the_assistant_turn(smollm):
@@ -58,3 +61,28 @@ def test_a_prompt_longer_than_max_tokens_is_refused_naming_the_prompt(smollm):
     assert codec.encode_chat(messages, max_tokens=n) == codec.encode_chat(messages)
     with pytest.raises(FieldError, match=f"prompt: expected at most {n - 1} tokens"):
         codec.encode_chat(messages, max_tokens=n - 1)
+
+
+def test_a_raw_prompt_is_its_text_encoded_as_is_special_tokens_included(smollm):
+    codec = ChatCodec.from_gguf(smollm)
+    text = "Paris is the capital of<|im_end|>"
+    assert codec.encode_text(text) == codec.tokenizer.encode(text)
+    assert codec.encode_text(text)[-1] in codec.eos_ids
+
+
+def test_a_base_model_refuses_chat_in_one_line_saying_so(tiny_base_path):
+    codec = ChatCodec.from_gguf(open_gguf(tiny_base_path))
+    assert not codec.can_chat and codec.eos_ids == (codec.tokenizer.eos_id,)
+    with pytest.raises(FieldError) as info:
+        codec.encode_chat([{"role": "user", "content": "hi"}])
+    message = str(info.value)
+    assert info.value.field == "messages" and len(message.splitlines()) == 1
+    assert "a base model, without a chat template" in message and "/v1/completions" in message
+
+
+def test_a_template_of_no_known_family_refuses_chat_naming_it(tmp_path):
+    write_tiny_llama(tmp_path / "odd.gguf", chat_template="{% for m in messages %}[INST] {{ m['content'] }}{% endfor %}")
+    codec = ChatCodec.from_gguf(open_gguf(tmp_path / "odd.gguf"))
+    assert codec.encode_text("the sea") == codec.tokenizer.encode("the sea")
+    with pytest.raises(FieldError, match=r"no known family: \{% for m in messages %\}\[INST\]"):
+        codec.preamble("user")

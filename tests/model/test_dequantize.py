@@ -1,8 +1,12 @@
-"""Dequantization on the GPU against ``gguf.quants.dequantize`` on blocks of the real SmolLM2 file.
+"""Dequantization on the GPU against ``gguf.quants.dequantize``: on random blocks of every type, on blocks of the
+real SmolLM2 file and of the real Gemma 3 270M file.
 
-The embedding lookup (Q8_0: d * q, one f32 product as gguf computes it) must match exactly. A Q4_1 weight comes
-out of a product with a unit vector as d * q * 1 + m * 1 in f32: gguf computes d * q + m with two roundings,
-the kernel may fuse them into one (FMA), so the two may differ by one rounding: one ulp of the weight.
+The row lookup (``kernels.embed``, quant_types.wgsl's ``rows``) computes each weight with gguf's float operations
+in gguf's order and must give its bits exactly, for every type. Where gguf computes a product and a sum (Q4_1's
+d * q + m, the K-quants' (d * sc) * q - dmin * m) the product is exact in f32 (a float16 times small integers), so
+a compiler fusing the two into an FMA cannot change the result; the random blocks (float16 fields of random bits:
+zeros, subnormals, the largest values) test it. A Q4_1 weight also comes out of its own product with a unit vector
+as d * q * 1 + m * 1 in f32, within one rounding of gguf's.
 """
 
 from __future__ import annotations
@@ -15,9 +19,10 @@ import pytest
 
 from kvckpt_web.gpu.device import Usage
 from kvckpt_web.model import kernels
-from kvckpt_web.model.weights import Q4_1, Q8_0, upload_tensor
+from kvckpt_web.model.gguf import open_gguf
+from kvckpt_web.model.weights import DEVICE_FORMS, Q4_1, Q4_K, Q5_0, Q6_K, Q8_0, upload_tensor
 
-from kernel_io import activations, floats, run
+from kernel_io import activations, floats, random_blocks, run, upload_matrix
 
 gguf = pytest.importorskip("gguf")
 
@@ -43,15 +48,48 @@ def _tensor(device, reader, name):
     return weight, gguf.quants.dequantize(data, tensor.tensor_type)
 
 
+def _rows(device, table, ids: np.ndarray) -> np.ndarray:
+    """Rows ``ids`` of ``table`` as the row lookup dequantizes them: (len(ids), cols) float32."""
+    id_buffer = device.create_buffer(4 * len(ids), Usage.STORAGE | Usage.COPY_DST, "test.ids")
+    device.write(id_buffer, 0, ids.astype(np.uint32).tobytes())
+    out = device.create_buffer(4 * len(ids) * table.cols, Usage.STORAGE | Usage.COPY_SRC, "test.out")
+    got = run(device, [kernels.embed(device, table, id_buffer, out, len(ids))], out, out.size)
+    device.destroy(id_buffer)
+    device.destroy(out)
+    return np.frombuffer(got, np.float32).reshape(len(ids), table.cols)
+
+
+def _same_bits(got: np.ndarray, want: np.ndarray) -> bool:
+    return np.array_equal(got.view(np.uint32), want.astype(np.float32).view(np.uint32))
+
+
 def test_embedding_rows_are_the_dequantized_q8_0_rows_exactly(device, flavour, reader):
     table, want = _tensor(device, reader, "token_embd.weight")
     ids = np.array([0, 1, 2, 576, 49151, 1, 30000], np.uint32)
-    id_buffer = device.create_buffer(4 * len(ids), Usage.STORAGE | Usage.COPY_DST, "test.ids")
-    device.write(id_buffer, 0, ids.tobytes())
-    out = device.create_buffer(4 * len(ids) * 576, Usage.STORAGE | Usage.COPY_SRC, "test.out")
-    got = np.frombuffer(run(device, [kernels.embed(device, table, id_buffer, out, len(ids))], out, out.size),
-                        np.float32).reshape(len(ids), 576)
-    assert np.array_equal(got, want[ids])
+    assert _same_bits(_rows(device, table, ids), want[ids])
+
+
+@pytest.mark.parametrize("ggml_type", sorted(DEVICE_FORMS), ids=lambda t: DEVICE_FORMS[t].name)
+def test_rows_are_the_gguf_dequantized_random_blocks_bit_for_bit(device, flavour, ggml_type):
+    rng = np.random.default_rng(ggml_type)
+    raw, want = random_blocks(rng, ggml_type, 70, 512, wild=True)  # two tiles, the second partial
+    ids = np.array([*range(70), 3, 69, 0])
+    assert _same_bits(_rows(device, upload_matrix(device, raw, ggml_type), ids), want[ids])
+
+
+@pytest.fixture(scope="module")
+def gemma(gemma_path):
+    return open_gguf(gemma_path)
+
+
+@pytest.mark.parametrize("ggml_type", [Q8_0, Q5_0, Q4_K, Q6_K], ids=lambda t: DEVICE_FORMS[t].name)
+def test_rows_of_the_real_gemma_tensors_are_gguf_dequantized_bit_for_bit(device, gemma, ggml_type):
+    for t in [t for t in gemma.tensors.values() if t.type == ggml_type][:3]:  # the embedding (Q8_0) among them
+        data = np.frombuffer(t.data, np.uint8).reshape(t.shape[1], -1)
+        ids = np.unique(np.linspace(0, t.shape[1] - 1, min(t.shape[1], 1024)).astype(np.int64))
+        table = upload_tensor(device, t.name, t.type, t.shape, t.data)
+        want = gguf.quants.dequantize(data[ids], gguf.GGMLQuantizationType(t.type))
+        assert _same_bits(_rows(device, table, ids), want), t.name
 
 
 @pytest.mark.parametrize("name", ["blk.0.attn_q.weight", "blk.29.ffn_down.weight"])

@@ -15,7 +15,9 @@ from kvckpt_web.model.config import LlamaConfig
 from kvckpt_web.model.gguf import GGUFFile, open_gguf
 from kvckpt_web.model.llama import check_tensors
 from kvckpt_web.model.loader import load_model
-from kvckpt_web.model.weights import F32, Q4_1, Q8_0, check_finite
+from kvckpt_web.errors import TensorError
+from kvckpt_web.model.weights import (BF16, DEVICE_FORMS, F16, F16_HIGH_BYTES, F32, Q4_1, Q8_0, check_finite,
+                                      upload_tensor)
 
 INF16, NAN16, MAX16 = b"\x00\x7c", b"\x01\x7e", b"\xff\x7b"  # little-endian float16: +inf, a NaN, 65504
 
@@ -124,3 +126,35 @@ def test_the_first_non_finite_block_is_named(block: int) -> None:
 def test_an_infinite_f32_value_is_named() -> None:
     with pytest.raises(FormatError, match="got 'inf at element 2'"):
         check_finite("f", F32, struct.pack("<3f", 1.0, -2.0, float("inf")))
+
+
+FIELDS = [pytest.param(t, field, high, id=f"{DEVICE_FORMS[t].name}-{field}")
+          for t, fields in sorted(F16_HIGH_BYTES.items()) for field, high in fields.items()]
+
+
+@pytest.mark.parametrize("ggml_type, field, high", FIELDS)
+def test_a_non_finite_float16_field_of_any_type_is_refused_naming_its_block(ggml_type, field, high) -> None:
+    size = 2 if ggml_type == F16 else DEVICE_FORMS[ggml_type].gguf_bytes
+    data = bytearray(10 * size)
+    data[5 * size + high - 1:5 * size + high + 1] = NAN16
+    with pytest.raises(FormatError, match=f"expected a finite float16 {field} in every block, got 'an infinity or "
+                                          f"NaN in block 5'"):
+        check_finite("q", ggml_type, data)
+
+
+@pytest.mark.parametrize("value, finite", [(b"\x80\x7f", False), (b"\xc1\xff", False), (b"\x7f\x7f", True),
+                                           (b"\x7f\xff", True)], ids=["inf", "nan", "max", "lowest"])
+def test_a_bf16_infinity_or_nan_is_refused_and_its_largest_values_pass(value: bytes, finite: bool) -> None:
+    data = b"\x80\x3f" * 3 + value + b"\x00\x80" * 2  # 1.0, then the value at element 3, then -0.0
+    if finite:
+        check_finite("b", BF16, data)
+    else:
+        with pytest.raises(FormatError, match="expected finite values, got 'an infinity or NaN at element 3'"):
+            check_finite("b", BF16, data)
+
+
+def test_a_matrix_of_another_type_is_refused_naming_it_its_type_and_the_supported_ones(device) -> None:
+    with pytest.raises(TensorError, match=r"blk\.0\.ffn_up\.weight: ggml type: expected one of F32 \(0\), F16 \(1\), "
+                                          r"Q4_0 \(2\), Q4_1 \(3\), Q5_0 \(6\), Q8_0 \(8\), Q4_K \(12\), Q5_K \(13\), "
+                                          r"Q6_K \(14\), BF16 \(30\), got 7"):
+        upload_tensor(device, "blk.0.ffn_up.weight", 7, (32, 4), bytes(4 * 24))

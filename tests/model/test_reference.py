@@ -1,5 +1,5 @@
-"""The float64 reference forward itself: GGUF q/k row order, RoPE conventions, prefill/decode agreement, and
-the real SmolLM2-135M-Instruct answering a question."""
+"""The float64 reference forward itself: GGUF q/k row order, RoPE conventions, prefill/decode agreement, the real
+SmolLM2-135M-Instruct answering a question and the real Gemma 3 270M completing a sentence."""
 
 from __future__ import annotations
 
@@ -81,7 +81,8 @@ def smollm_file() -> Path:
 
 
 def vocab_ids(path: Path, pieces: list[str]) -> list[int]:
-    """Token ids of vocabulary entries (GPT-2 byte-level spelling: "Ġ" a space, "Ċ" a newline)."""
+    """Token ids of vocabulary entries (GPT-2 byte-level spelling: "Ġ" a space, "Ċ" a newline; SentencePiece's: "▁"
+    a space)."""
     field = gguf_reader(path).fields["tokenizer.ggml.tokens"]
     ids = {bytes(field.parts[i]).decode(): n for n, i in enumerate(field.data)}
     return [ids[p] for p in pieces]
@@ -102,3 +103,13 @@ def test_real_model_answers_the_capital_of_france(smollm_file):
     weights, config = load_gguf(smollm_file)
     answer = greedy(weights, config, prompt, 6)  # "The capital of France is Paris"
     assert vocab_ids(smollm_file, ["ĠParis"])[0] in answer
+
+
+def test_real_gemma3_completes_the_capital_of_france(gemma_path):
+    # the base model, from <bos>: "Paris is the capital of" -> " France" (greedily: " France and is the most
+    # visited city in"); its norm weights are used as stored, its embedding scaled by sqrt(640)
+    field = gguf_reader(gemma_path).fields["tokenizer.ggml.bos_token_id"]
+    bos = int(field.parts[field.data[0]][0])
+    prompt = [bos] + vocab_ids(gemma_path, ["Paris", "▁is", "▁the", "▁capital", "▁of"])
+    weights, config = load_gguf(gemma_path)
+    assert greedy(weights, config, prompt, 1) == vocab_ids(gemma_path, ["▁France"])

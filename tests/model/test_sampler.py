@@ -1,4 +1,4 @@
-"""Sampling settings, the counter-based random numbers and the next-token picks."""
+"""Sampling settings, the counter-based random numbers, the next-token picks and how many candidates a pick needs."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from kvckpt_web.errors import FieldError
-from kvckpt_web.model.sampler import MAX_SEED, Sampler, SamplingSettings, splitmix64, uniform
+from kvckpt_web.model.sampler import MAX_SEED, Sampler, SamplingSettings, candidate_count, splitmix64, uniform
 
 # Probabilities 0.5, 0.3, 0.2 for tokens 0, 1, 2 at temperature 1.
 THREE = [(0, math.log(0.5)), (1, math.log(0.3)), (2, math.log(0.2))]
@@ -211,3 +211,31 @@ def test_from_json_refuses_other_values(state: Any, field: str) -> None:
     with pytest.raises(FieldError) as info:
         Sampler.from_json(state)
     assert info.value.field == field
+
+
+# ---------------------------------------------------------------- how many candidates a pick needs
+
+@pytest.mark.parametrize(("settings", "previous", "want"), [
+    (SamplingSettings(), [5, 5, 6], 0),
+    (SamplingSettings(repetition_penalty=1.5), [5, 5, 6], 3),
+    (SamplingSettings(temperature=1.0, top_k=4), [5, 6], 4),
+    (SamplingSettings(temperature=1.0, top_k=4, repetition_penalty=1.2), [5, 6, 6, 7], 7),
+    (SamplingSettings(temperature=1.0, top_p=0.5), [5], 35),
+    (SamplingSettings(temperature=1.0, top_k=4, repetition_penalty=0.8), [5], 35),
+])
+def test_candidate_count_covers_every_token_the_sampler_could_pick(settings: SamplingSettings, previous: list[int],
+                                                                   want: int) -> None:
+    assert candidate_count(settings, previous, 35) == want
+
+
+def test_candidate_count_picks_as_from_the_whole_vocabulary_under_a_penalty() -> None:
+    """Sampling from the shortlist gives what sampling from every logit gives, token for token."""
+    rng = random.Random(1)
+    settings = SamplingSettings(temperature=0.7, top_k=3, repetition_penalty=1.8, seed=2)
+    short, full = Sampler(settings), Sampler(settings)
+    for _ in range(200):
+        logits = [rng.gauss(0, 1) for _ in range(35)]
+        previous = [rng.randrange(35) for _ in range(6)]
+        ranked = sorted(enumerate(logits), key=lambda c: (-c[1], c[0]))
+        k = candidate_count(settings, previous, 35)
+        assert short.pick(ranked[:k], previous) == full.pick(ranked, previous)

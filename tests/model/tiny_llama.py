@@ -76,29 +76,33 @@ def tiny_tensors(seed: int = 0) -> dict[str, tuple[np.ndarray, Any]]:
 
 def write_tiny_llama(path: Path, seed: int = 0,
                      edit: Callable[[dict[str, tuple[np.ndarray, Any]]], None] | None = None,
-                     metadata: dict[str, Any] | None = None, name: str | None = None) -> Path:
-    """Write the tiny model to ``path``; ``edit`` may change its tensors and ``metadata`` its llama keys first;
-    ``name`` is its ``general.name`` (none by default)."""
+                     metadata: dict[str, Any] | None = None, name: str | None = None,
+                     chat_template: str | None = TEMPLATE, *, arch: str = "llama", config: Config = CONFIG,
+                     tensors: dict[str, tuple[np.ndarray, Any]] | None = None) -> Path:
+    """Write the tiny model to ``path``; ``edit`` may change its tensors and ``metadata`` its ``<arch>.`` keys
+    first; ``name`` is its ``general.name`` (none by default); ``chat_template`` None writes a base model, without
+    one. Another architecture ``arch`` (tests/model/tiny_archs.py) gives its ``config`` (its ``<arch>.`` keys) and
+    ``tensors`` (instead of the llama's)."""
     tokens, merges = vocabulary()
-    tensors = tiny_tensors(seed)
+    tensors = tiny_tensors(seed) if tensors is None else tensors
     if edit is not None:
         edit(tensors)
-    c = CONFIG
+    c = config
     keys: dict[str, Any] = {"block_count": c.num_layers, "context_length": CONTEXT, "embedding_length": c.hidden,
                             "feed_forward_length": c.ffn, "attention.head_count": c.num_qo_heads,
                             "attention.head_count_kv": c.num_kv_heads, "rope.dimension_count": c.head_dim,
                             "rope.freq_base": c.rope_theta, "attention.layer_norm_rms_epsilon": c.rms_eps,
                             **(metadata or {})}
-    w = gguf.GGUFWriter(path, "llama")
+    w = gguf.GGUFWriter(path, arch)
     if name is not None:
         w.add_name(name)
     for key, value in keys.items():
         if isinstance(value, float):
-            w.add_float32(f"llama.{key}", value)
+            w.add_float32(f"{arch}.{key}", value)
         elif isinstance(value, int):
-            w.add_uint32(f"llama.{key}", value)
+            w.add_uint32(f"{arch}.{key}", value)
         else:
-            w.add_string(f"llama.{key}", value)
+            w.add_string(f"{arch}.{key}", value)
     w.add_tokenizer_model("gpt2")
     w.add_tokenizer_pre("smollm")
     w.add_token_list(tokens)
@@ -107,7 +111,8 @@ def write_tiny_llama(path: Path, seed: int = 0,
     w.add_bos_token_id(0)
     w.add_eos_token_id(0)
     w.add_add_bos_token(False)
-    w.add_chat_template(TEMPLATE)
+    if chat_template is not None:
+        w.add_chat_template(chat_template)
     for name, (values, qtype) in tensors.items():
         values = np.asarray(values, np.float32)
         if qtype == F32:

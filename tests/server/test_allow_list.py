@@ -31,7 +31,7 @@ def test_the_runtime_package_serves_its_page_and_module_only(pyodide, path):
         assert status(url, path) == 404
 
 
-@pytest.mark.parametrize("module", ["engine.mjs", "engine-worker.mjs", "weights.mjs"])
+@pytest.mark.parametrize("module", ["engine.mjs", "engine-worker.mjs", "errors.mjs", "weights.mjs"])
 def test_the_modules_kvckpt_mjs_loads_are_served_as_javascript(pyodide, module):
     with serving(pyodide) as url:
         code, headers, _ = request(url, "/" + module)

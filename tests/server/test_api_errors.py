@@ -154,8 +154,8 @@ def test_a_wrong_method_is_a_405_saying_which_are_allowed(url):
 
 
 def test_an_unknown_path_under_v1_is_a_404_in_openais_shape(url):
-    status, _, body = raw(url, "POST", "/v1/completions", b"{}")
-    assert status == 404 and error_of(body)["message"] == "Invalid URL (POST /v1/completions)"
+    status, _, body = raw(url, "POST", "/v1/edits", b"{}")
+    assert status == 404 and error_of(body)["message"] == "Invalid URL (POST /v1/edits)"
 
 
 def test_an_unexpected_error_is_a_500_of_one_line_without_its_details(url, worker, capfd):

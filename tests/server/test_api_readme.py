@@ -11,8 +11,8 @@ import sys
 
 import pytest
 from api_helpers import serving_api
-from readme_snippets import NEEDS_API, snippets
 from serve_helpers import PATIENCE
+from support.readme_snippets import NEEDS_API, snippets
 
 README_URL = "http://127.0.0.1:8000/"
 PYTHON = [s for s in snippets("python") if s.startswith(NEEDS_API)]
@@ -32,13 +32,14 @@ def test_the_docs_have_an_api_snippet_of_each_kind():
 
 
 @pytest.mark.parametrize("command", CURL, ids=[f"curl{i}" for i in range(len(CURL))])
-def test_the_curl_command_gets_a_chat_completion(url, command):
+def test_the_curl_command_gets_a_chat_completion_or_a_text_completion(url, command):
     if shutil.which("curl") is None:
         pytest.skip("no curl on this machine")
     done = subprocess.run(["bash", "-c", command.replace(README_URL, url)], capture_output=True, text=True,
                           timeout=PATIENCE)
     assert done.returncode == 0, done.stderr
-    assert json.loads(done.stdout)["object"] == "chat.completion"
+    expected = "text_completion" if "/v1/completions" in command else "chat.completion"
+    assert json.loads(done.stdout)["object"] == expected
 
 
 def test_the_python_snippet_chats_two_turns_and_reports_the_history_cached(url, tmp_path):

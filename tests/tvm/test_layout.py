@@ -225,6 +225,62 @@ def test_supported_layout_passes_the_checkpointable_check():
     base().check_checkpointable()  # does not raise
 
 
+# ----- sliding-window layers (kvckpt's extension, FORMAT.md section 11) --------------------------------
+
+SLIDING = dict(num_layers=4, attn_kinds=("mha_sliding", "mha_sliding", "mha_sliding", "mha"),
+               support_layer_sliding_window=True, sliding_window=512, rotary_theta=1e6, sliding_rotary_theta=1e4)
+
+
+def test_a_layout_whose_sliding_layers_have_a_window_is_checkpointable_here():
+    KVLayout(**{**TVM_TEST_LAYOUT, **SLIDING}).check_checkpointable()  # does not raise
+
+
+def test_tvm_refuses_the_checkpoints_of_a_layout_with_sliding_layers_naming_why():
+    layout = KVLayout(**{**TVM_TEST_LAYOUT, **SLIDING})
+    with pytest.raises(UnsupportedLayoutError, match="TVM's checkpoints .* do not support sliding-window .*512 tokens"):
+        layout.check_tvm_checkpointable()
+
+
+def test_a_layout_without_sliding_layers_is_one_tvm_takes():
+    base().check_tvm_checkpointable()  # does not raise
+
+
+def test_the_hash_of_a_sliding_layout_covers_its_window_and_its_rope_base():
+    layout = KVLayout(**{**TVM_TEST_LAYOUT, **SLIDING})
+    assert layout.descriptor().endswith(";sliding_window=512;sliding_rotary_theta=10000")
+    hashes = {KVLayout(**{**TVM_TEST_LAYOUT, **SLIDING, **change}).layout_hash()
+              for change in ({}, {"sliding_window": 256}, {"sliding_rotary_theta": 2e4}, {"sliding_rotary_theta": None})}
+    assert len(hashes) == 4
+
+
+def test_a_sliding_layouts_metadata_records_its_window_and_reads_back_as_the_same_layout():
+    layout = KVLayout(**{**TVM_TEST_LAYOUT, **SLIDING})
+    metadata = json.loads(write_metadata(layout, CacheLimits(), 0, 3))
+    assert (metadata["sliding_window"], metadata["sliding_rotary_theta"]) == (512, 1e4)
+    assert layout_from_metadata(metadata) == layout
+
+
+def test_the_metadata_of_a_layout_without_sliding_layers_has_no_window_fields():
+    assert "sliding_window" not in json.loads(write_metadata(base(), CacheLimits(), 0, 3))
+
+
+BAD_SLIDING = [
+    (dict(sliding_window=512), "layout.sliding_window", 512),  # no layer slides
+    (dict(**{**SLIDING, "support_layer_sliding_window": False}), "layout.support_layer_sliding_window", False),
+    (dict(**{**SLIDING, "sliding_window": -1}), "layout.sliding_window", -1),
+    (dict(**{**SLIDING, "sliding_rotary_theta": math.inf}), "layout.sliding_rotary_theta", math.inf),
+    (dict(**{**SLIDING, "sliding_rotary_theta": "1e4"}), "layout.sliding_rotary_theta", "str"),
+    (dict(**{**SLIDING, "sliding_window": 0}), "layout.sliding_rotary_theta", 1e4),  # a base with no window
+]
+
+
+@pytest.mark.parametrize("change, field, got", BAD_SLIDING, ids=[f"{f}={g}" for _, f, g in BAD_SLIDING])
+def test_window_fields_that_disagree_with_the_sliding_layers_are_refused_naming_the_field(change, field, got):
+    with pytest.raises(FieldError) as info:
+        KVLayout(**{**TVM_TEST_LAYOUT, **change})
+    assert (info.value.field, info.value.got) == (field, got)
+
+
 # ----- constructor validation --------------------------------------------------------------------------
 
 PASSED = object()  # expected "got": the value passed

@@ -21,8 +21,8 @@ from kvckpt_web.stores.memory import MemoryStore
 from kvckpt_web.web import chat_api
 from kvckpt_web.web.chat_api import BrowserEngine
 
-from kvmodel import run
-from stores_that_fail import FullAfter
+from support.kvmodel import run
+from support.stores_that_fail import FullAfter
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "model"))
 from lm_double import DoubleLM, DoubleText  # noqa: E402
@@ -369,3 +369,32 @@ def test_a_loaded_model_is_named_as_its_file_names_it(tmp_path, name):
     finally:
         run(worker.close())
     assert got["name"] == name
+
+
+def test_a_plain_completion_streams_text_completion_chunks_and_is_saved_with_its_prompt(tab):
+    worker = tab()
+    chunks = run(chunks_of(worker, run(worker.create(json.dumps({"prompt": "once upon a time", "stream": True,
+                                                                 **GREEDY}), "completion"))))
+    assert all(c["object"] == "text_completion" for c in chunks) and chunks[-1]["usage"]["completion_tokens"] >= 1
+    whole = json.loads(run(worker.complete(json.dumps({"prompt": "once upon a time", **GREEDY}), "completion")))
+    assert whole["object"] == "text_completion"
+    assert whole["choices"][0]["text"] == "".join(c["choices"][0]["text"] for c in chunks)
+    info = json.loads(run(worker.conversation(chunks[-1]["kvckpt"]["conversation"])))
+    assert info["prompt"] == "once upon a time"
+
+
+def test_a_base_model_is_loaded_without_a_chat_template_and_refuses_chat(tiny_base_path, stores):
+    worker = BrowserEngine()
+    try:
+        got = json.loads(run(worker.load_model(tiny_base_path.read_bytes())))
+        assert got["chat_template"] is None
+        run(worker.open(OPEN))
+        with pytest.raises(FieldError, match="^messages: expected a chat model.*a base model"):
+            run(worker.create(json.dumps(body("hi"))))
+    finally:
+        run(worker.close())
+
+
+def test_a_request_of_no_known_kind_is_refused_naming_it(tab):
+    with pytest.raises(FieldError, match="^kind: expected 'chat' or 'completion'"):
+        run(tab().create(json.dumps(body("hi")), "edit"))

@@ -1,4 +1,5 @@
-"""A realm's Runtime holds the caches JavaScript drives by handle (no browser needed: the caches are desktop ones)."""
+"""A realm's Runtime holds the caches JavaScript drives by handle (no browser needed: the caches are desktop ones),
+and errors cross to JavaScript in one shape."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ import asyncio
 import pytest
 
 from kvckpt_web.errors import CheckpointStateError, FieldError
-from kvckpt_web.web.runtime import Runtime
+from kvckpt_web.web.runtime import Runtime, error_fields
 
 
 def test_handles_count_up_from_one_and_a_closed_handle_is_never_given_again(make_cache):
@@ -47,3 +48,8 @@ def test_two_runtimes_share_no_caches(make_cache):
 def test_an_unknown_store_kind_is_refused_naming_the_kinds():
     with pytest.raises(FieldError, match="store: expected 'indexeddb' or 'opfs', got 's3'"):
         asyncio.run(Runtime().open_store("s3", "x"))
+
+
+def test_an_exception_of_another_kind_crosses_to_javascript_with_its_class_and_message_only():
+    exc = UnicodeDecodeError("utf-8", b"\xff", 0, 1, "invalid start byte")  # has a `reason` of its own
+    assert error_fields(exc) == {"name": "UnicodeDecodeError", "message": str(exc)}
