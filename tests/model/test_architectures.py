@@ -105,14 +105,19 @@ def test_a_gemma3_cache_marks_its_sliding_layers_and_its_checkpoint_continues_as
 
         async def body() -> tuple[list[tuple[int, float]], list[tuple[int, float]]]:
             store, uninterrupted, restored = MemoryStore(), new_cache(model, device, page_size=8), None
-            uninterrupted.add_sequence(0)
-            await model.forward(uninterrupted, 0, PROMPT)  # more tokens than the window
-            await save(uninterrupted, 0, store, "chat")
-            want = await (await model.forward(uninterrupted, 0, [5])).top_k(4)
-            restored = new_cache(model, device, page_size=8)
-            await restore(store, "chat", restored, seq_id=0)
-            got = await (await model.forward(restored, 0, [5])).top_k(4)
-            return got, want
+            try:
+                uninterrupted.add_sequence(0)
+                await model.forward(uninterrupted, 0, PROMPT)  # more tokens than the window
+                await save(uninterrupted, 0, store, "chat")
+                want = await (await model.forward(uninterrupted, 0, [5])).top_k(4)
+                restored = new_cache(model, device, page_size=8)
+                await restore(store, "chat", restored, seq_id=0)
+                got = await (await model.forward(restored, 0, [5])).top_k(4)
+                return got, want
+            finally:  # a cache left open leaks its buffers into the device's count of live ones
+                for cache in (uninterrupted, restored):
+                    if cache is not None:
+                        cache.close()
 
         got, want = asyncio.run(body())
         assert got == want

@@ -21,6 +21,24 @@ from reference import gelu_tanh, rms_norm, silu
 ATOL = RTOL = 1e-5
 
 
+@pytest.fixture(autouse=True)
+def destroyed_after(device, monkeypatch):  # type: ignore[no-untyped-def]
+    """Every buffer and texture a test makes is destroyed after it (the device counts live ones for other tests)."""
+    made = []
+    for name in ("create_buffer", "create_texture"):
+        create = getattr(device, name)
+
+        def recording(*args, _create=create, **kwargs):  # type: ignore[no-untyped-def]
+            made.append(_create(*args, **kwargs))
+            return made[-1]
+
+        monkeypatch.setattr(device, name, recording)
+    yield
+    monkeypatch.undo()
+    for resource in made:
+        device.destroy(resource)
+
+
 def f32(values: np.ndarray) -> np.ndarray:
     return values.astype(np.float32).astype(np.float64)
 
