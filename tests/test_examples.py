@@ -1,7 +1,9 @@
-"""The scripts in examples/ run as a user would run them, and check what they claim."""
+"""The scripts in examples/ run as a user would run them, and check what they claim; the chat page's modules
+(examples/chat, driven in a browser by tests/browser) are read as text for how they are put together."""
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -42,3 +44,32 @@ def test_autosave_example_writes_only_the_changed_chunks(tmp_path):
 def test_every_example_has_a_test():
     tested = {"quickstart.py", "tvm_export.py", "autosave.py"}
     assert {p.name for p in EXAMPLES.glob("*.py")} == tested
+
+
+CHAT = EXAMPLES / "chat"
+
+
+def chat_imports() -> dict[str, set[str]]:
+    """Each module of the chat page and the page's modules it imports."""
+    return {p.name: set(re.findall(r'^import [^;]*? from "\./([\w-]+\.mjs)";', p.read_text(), re.M))
+            for p in CHAT.glob("*.mjs")}
+
+
+def test_the_chat_pages_modules_import_each_other_without_a_circle():
+    imports, done = chat_imports(), set()
+    assert imports["app.mjs"] >= {"page.mjs", "conversations.mjs", "replies.mjs"}  # the parse finds imports
+
+    def visit(name: str, path: tuple[str, ...]) -> None:
+        assert name not in path, " -> ".join((*path, name))
+        if name not in done:
+            for imported in imports[name]:
+                visit(imported, (*path, name))
+            done.add(name)
+
+    for name in imports:
+        visit(name, ())
+
+
+def test_the_chat_page_shares_no_state_through_window_but_the_page_object_it_shows_tests():
+    assigned = {name for p in CHAT.glob("*.mjs") for name in re.findall(r"window\.(\w+)\s*=[^=]", p.read_text())}
+    assert assigned == {"chatPage"}

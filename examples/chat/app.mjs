@@ -1,18 +1,24 @@
 // The chat page: kvckpt_web's engine (createEngine, in a Web Worker) behind a multi-turn chat whose conversations
-// survive a crash. On load it starts the engine and continues the newest reply a crash cut; `window.demo` mirrors what
-// the page shows (for tests).
+// survive a crash. On load it starts the engine and continues the newest reply a crash cut. The page's state is held
+// by the Page it creates here, which the other modules are given; `window.chatPage` is that Page, for tests (its
+// `state` mirrors what the page shows).
 import { createEngine, savedConversations } from "/kvckpt.mjs";
-import { drawList, closeInspect, newConversation, openConversation, refresh } from "./conversations.mjs";
+import { conversationsOf } from "./conversations.mjs";
 import { setUpDevices } from "./devices.mjs";
 import { kib, ms } from "./figures.mjs";
-import { STORE_NAME, announce, clearProblem, page, problem, setPhase, state, stopKey } from "./page.mjs";
-import { continueReply, measure, regenerate, send, sendEdited } from "./replies.mjs";
+import { STORE_NAME, Page } from "./page.mjs";
+import { repliesOf } from "./replies.mjs";
 import { Tabs } from "./tabs.mjs";
 import { $, showProgress } from "./view.mjs";
 
 const query = new URLSearchParams(location.search);   // ?store=opfs&every=8 overrides what is remembered
 const setting = (key, fallback) => query.get(key) ?? localStorage.getItem(`kvckpt-chat:${key}`) ?? fallback;
-page.sendEdited = sendEdited;
+
+const page = new Page({ sendEdited: (index, text) => replies.sendEdited(index, text) });
+const { state } = page;
+const conversations = conversationsOf(page, { continueReply: (info, options) => replies.continueReply(info, options) });
+const replies = repliesOf(page, conversations);
+window.chatPage = page;
 
 // ----- the engine ---------------------------------------------------------------------------------------------------
 
@@ -22,17 +28,17 @@ function onEvent(e) {
     $("committed").textContent = `last committed: ${e.store} · generation ${e.generation} of ` +
       `${e.conversation} · ${e.tokens} tokens · ${kib(e.bytes)} written in ${ms(e.ms)}`;
     page.tabs?.saved(e.conversation);
-    if (state.problem?.kind === "quota" || state.problem?.kind === "save") clearProblem();  // saved again
+    if (state.problem?.kind === "quota" || state.problem?.kind === "save") page.clearProblem();  // saved again
     const row = state.conversations.find((r) => r.name === e.conversation);
-    if (!row) refresh();   // a new one: list it
+    if (!row) conversations.refresh();   // a new one: list it
     else if (e.tokens > (row.tokens ?? 0)) {   // the list keeps up with the commit line while a reply runs
       Object.assign(row, { tokens: e.tokens, updated_ms: Date.now() });
-      drawList();
+      conversations.drawList();
     }
   } else if (e.type === "save_failed") {
     const quota = e.error.message.toLowerCase().includes("quota");
-    problem(quota ? "quota" : "save", "Saving failed", { ...e.error, message: `${e.store}: ${e.error.message}. The ` +
-      "reply goes on and the last committed generation stays; the next autosave tries again (deleting " +
+    page.problem(quota ? "quota" : "save", "Saving failed", { ...e.error, message: `${e.store}: ${e.error.message}. ` +
+      "The reply goes on and the last committed generation stays; the next autosave tries again (deleting " +
       "conversations frees space)." });
   }
 }
@@ -49,14 +55,14 @@ async function open() {
 }
 
 async function start() {
-  clearProblem();
+  page.clearProblem();
   page.engine?.terminate();
   page.engine = null;
   page.tabs?.close();
   const store = $("store").value;
   page.tabs = new Tabs(store, STORE_NAME, { onLost, onSaved });
   state.model = null;
-  setPhase("starting", "starting the engine");
+  page.setPhase("starting", "starting the engine");
   page.started.at = performance.now();
   page.started.origin = page.started.runs++ ? page.started.at : 0;   // a restart is timed from itself
   try {
@@ -81,34 +87,34 @@ async function start() {
     `${page.started.origin ? "the engine was started again" : "the page opened"} (weights ` +
     `${page.engine.info.weights.source === "cache" ? "from the browser's cache" : "downloaded"})` +
     (page.engine.info.weights.note ? `; ${page.engine.info.weights.note}` : "");
-  setPhase("ready", "ready");
-  announce("The model is ready");
-  await refresh();
+  page.setPhase("ready", "ready");
+  page.announce("The model is ready");
+  await conversations.refresh();
   // A reply a crash cut goes on (the one on screen first, after Reopen); a stopped one waits for Continue.
   const unfinished = await page.engine.unfinished();
   unfinished.sort((a, b) => (b.name === state.conversation) - (a.name === state.conversation));
   for (const row of unfinished) {
-    if (localStorage.getItem(stopKey(row.name)) === null && await page.tabs.claim(row.name)) {
-      return continueReply(row, { timeline: true });
+    if (localStorage.getItem(page.stopKey(row.name)) === null && await page.tabs.claim(row.name)) {
+      return replies.continueReply(row, { timeline: true });
     }
   }
-  if (state.conversation) await openConversation(state.conversation);   // a restarted page.engine: where the user was
+  if (state.conversation) await conversations.openConversation(state.conversation);   // restarted: where it was
 }
 
 async function failedStart(error) {
   state.errors.push(error);
-  setPhase("stopped", "not running");
+  page.setPhase("stopped", "not running");
   $("load-text").textContent = "the engine did not start";
   const retry = { id: "retry", label: "Retry", run: open };
   if (error.name === "DeviceError") {
-    problem("webgpu", "No WebGPU in this browser", { ...error, message: `${error.message}. Saved conversations are ` +
-      "kept." });
+    page.problem("webgpu", "No WebGPU in this browser", { ...error, message: `${error.message}. Saved conversations ` +
+      "are kept." });
   } else if (error.name === "ModelUnavailableError") {
     const info = await fetch("/model.json").then((r) => r.json()).catch(() => null);
     const hint = info && !info.available ? ` (the server expects ${info.expected}: ${info.hint})` : "";
-    problem("model-missing", "The model cannot be loaded", { ...error, message: error.message + hint }, [retry]);
+    page.problem("model-missing", "The model cannot be loaded", { ...error, message: error.message + hint }, [retry]);
   } else {
-    problem("start", "The engine did not start", error, [retry]);
+    page.problem("start", "The engine did not start", error, [retry]);
   }
   try {
     state.conversations = await savedConversations({ store: $("store").value, storeName: STORE_NAME });
@@ -116,12 +122,12 @@ async function failedStart(error) {
     state.errors.push(listing);
     state.conversations = [];
   }
-  drawList();
+  conversations.drawList();
 }
 
 function onSaved(name) {
-  refresh();
-  if (state.readOnly && state.conversation === name) openConversation(name);
+  conversations.refresh();
+  if (state.readOnly && state.conversation === name) conversations.openConversation(name);
 }
 
 // Another tab took the conversation over: stop writing it and let it go.
@@ -132,29 +138,29 @@ async function onLost(name) {
   await page.engine.release(name).catch((error) => state.errors.push(error));
   $("figures").textContent = "";   // the other tab's reply is not this one's to measure
   $("restored").hidden = true;
-  setPhase("ready", "read-only");
-  announce("Another tab took this conversation over");
+  page.setPhase("ready", "read-only");
+  page.announce("Another tab took this conversation over");
 }
 
 // ----- the controls ------------------------------------------------------------------------------------------------
 
-$("composer").onsubmit = (e) => { e.preventDefault(); send($("prompt").value); };
+$("composer").onsubmit = (e) => { e.preventDefault(); replies.send($("prompt").value); };
 $("prompt").onkeydown = (e) => {
   if (e.key === "Enter" && !e.shiftKey && !e.isComposing) { e.preventDefault(); $("composer").requestSubmit(); }
 };
 $("stop").onclick = () => {
   page.stopping = true;   // a new conversation is named by the reply's first chunk: its end marks it stopped
-  if (state.conversation) localStorage.setItem(stopKey(state.conversation), "1");
+  if (state.conversation) localStorage.setItem(page.stopKey(state.conversation), "1");
   page.engine.interrupt();
 };
-$("continue").onclick = async () => continueReply(await page.engine.conversation(state.conversation));
-$("regenerate").onclick = regenerate;
+$("continue").onclick = async () => replies.continueReply(await page.engine.conversation(state.conversation));
+$("regenerate").onclick = () => replies.regenerate();
 $("crash").onclick = () => {
   page.engine.terminate();
   page.engine = null;
-  setPhase("crashed", "crashed: the worker was terminated");
-  problem("crashed", "Crashed", { message: "The model's worker was terminated without saving. Reopen to start it " +
-    "again: the reply goes on from the last checkpoint, as in a reopened tab." },
+  page.setPhase("crashed", "crashed: the worker was terminated");
+  page.problem("crashed", "Crashed", { message: "The model's worker was terminated without saving. Reopen to start " +
+    "it again: the reply goes on from the last checkpoint, as in a reopened tab." },
     [{ id: "reopen", label: "Reopen", run: open }]);
   $("reopen").focus();
 };
@@ -162,23 +168,23 @@ $("take-over").onclick = async () => {
   $("owner-text").textContent = "taking over: waiting for the other tab to let go…";
   await page.tabs.takeOver(state.conversation);
   state.readOnly = false;
-  announce("This tab writes the conversation now");
+  page.announce("This tab writes the conversation now");
   const info = await page.engine.conversation(state.conversation);
-  if (!info.finished && info.same_model) return continueReply(info);
-  await openConversation(state.conversation);
+  if (!info.finished && info.same_model) return replies.continueReply(info);
+  await conversations.openConversation(state.conversation);
   $("prompt").focus();
 };
-$("new-chat").onclick = newConversation;
-$("inspect-close").onclick = closeInspect;
-$("measure").onclick = measure;
+$("new-chat").onclick = () => conversations.newConversation();
+$("inspect-close").onclick = () => conversations.closeInspect();
+$("measure").onclick = () => replies.measure();
 $("store").value = setting("store", "indexeddb");
 $("every").value = setting("every", "");
 $("apply-engine").onclick = () => {
   localStorage.setItem("kvckpt-chat:store", $("store").value);
   localStorage.setItem("kvckpt-chat:every", $("every").value);
   state.conversation = null;
-  newConversation();
+  conversations.newConversation();
   open();
 };
-setUpDevices();
+setUpDevices(page, conversations);
 open();

@@ -2,9 +2,9 @@
 kvckpt_web in Pyodide (:class:`PyPage`), and the chat page of ``examples/chat`` used as a person would
 (:class:`ChatPage`).
 
-``window.demo`` (the chat page's app.mjs) mirrors what the chat page shows; the driver waits on it and clicks what a
-person would. A reply is cut where the caller chooses: ``hold_after(k)`` holds the engine's worker once the reply
-holds k tokens (its autosaves up to there done; :mod:`.holding`) -- never after a sleep.
+``window.chatPage.state`` (the chat page's app.mjs) mirrors what the chat page shows; the driver waits on it and
+clicks what a person would. A reply is cut where the caller chooses: ``hold_after(k)`` holds the engine's worker
+once the reply holds k tokens (its autosaves up to there done; :mod:`.holding`) -- never after a sleep.
 """
 
 from __future__ import annotations
@@ -68,7 +68,7 @@ class PyPage:
 
 class ChatPage:
     """The chat page in a tab: open it, set its reply's settings, send, hold a reply and release it, read
-    ``window.demo``."""
+    ``window.chatPage.state``."""
 
     def __init__(self, page: Any, url: str) -> None:
         self.page = page
@@ -89,15 +89,16 @@ class ChatPage:
         return self
 
     def wait(self, predicate: str, timeout_ms: int = PHASE_MS) -> None:
-        """Wait for ``predicate`` (a JS function of ``window.demo``) to hold."""
+        """Wait for ``predicate`` (a JS function of ``window.chatPage.state``) to hold."""
         try:
-            self.page.wait_for_function(f"() => ({predicate})(window.demo)", timeout=timeout_ms)
+            self.page.wait_for_function(f"() => window.chatPage && ({predicate})(window.chatPage.state)",
+                                        timeout=timeout_ms)
         except Exception as exc:
             raise AssertionError(f"{predicate} never held: {exc}\nstate: {self.state()}\nconsole:\n"
                                  + "\n".join(self.console[-20:])) from None
 
     def state(self) -> dict[str, Any]:
-        return self.page.evaluate("() => JSON.parse(JSON.stringify(window.demo))")
+        return self.page.evaluate("() => JSON.parse(JSON.stringify(window.chatPage?.state ?? null))")
 
     def open_settings(self) -> None:
         if not self.page.evaluate("document.getElementById('settings').open"):
