@@ -27,8 +27,8 @@ from kvckpt_web.gpu.device import Device
 from kvckpt_web.kv import kernels
 from kvckpt_web.model.model_cache import GEMMA_ENV, gemma_path as cached_gemma_path
 
-from kvmodel import KVModel, small_layout, small_limits
-from s3_server import s3_server  # noqa: F401 - the S3 server fixture, shared by store, CLI and server tests
+from support.kvmodel import KVModel, small_layout, small_limits
+from support.s3_server import s3_server  # noqa: F401 - the S3 server fixture, shared by store, CLI and server tests
 
 SMOLLM_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 MODEL_TESTS = Path(__file__).parent / "model"

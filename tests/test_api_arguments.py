@@ -25,7 +25,7 @@ from kvckpt_web.durable.catalog import load_manifest
 from kvckpt_web.durable.retention import delete_name
 from kvckpt_web.gpu.device import Buffer, Usage
 
-from kvmodel import KVModel, names_field, run
+from support.kvmodel import KVModel, names_field, run
 
 
 @dataclass

@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from readme_snippets import NEEDS_API, PAGES, README, REPO, snippets
+from support.readme_snippets import NEEDS_API, PAGES, README, REPO, snippets
 
 PYTHON = [s for s in snippets("python") if not s.startswith(NEEDS_API)]
 NOTES = sorted((REPO / "bench" / "notes").glob("*.md"))

@@ -17,7 +17,7 @@ import weakref
 from collections import OrderedDict
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from ..errors import FieldError, KVCkptError
 from ..stores.base import check_store
@@ -52,6 +52,8 @@ class Saved:
     tails: dict[int, tuple[int, HashState]]
     """Per group, the chunk a save hashed last and the SHA-256 state over its full pages (immutable once
     full), from which the next save's digest of that chunk, grown by new pages, continues."""
+    conversation: Any = None
+    """The ``conversation`` its ``app_state`` records (FORMAT.md section 4), None if it records none."""
 
 
 class Ledger:
@@ -94,7 +96,8 @@ class Ledger:
         chunk_keys = frozenset(manifest.chunk_keys())
         self._keep_refs(hashlib.sha256(envelope).digest(), chunk_keys)
         self._saved[manifest.name] = Saved(manifest.key, envelope, state, manifest.page_bytes,
-                                           manifest.pages_per_chunk, manifest.chunks, chunk_keys, tails or {})
+                                           manifest.pages_per_chunk, manifest.chunks, chunk_keys, tails or {},
+                                           manifest.app_state.get("conversation"))
 
     def forget(self, name: str | None = None) -> None:
         """Forget the last generation of ``name`` (the next save of it reads every page) or, with None,

@@ -36,7 +36,7 @@ from ..stores.base import check_store
 from .catalog import manifest_keys, newest_readable
 from .container import MAX_MANIFEST_BYTES, ChunkRef, Manifest, encode_manifest, plan_chunks
 from .keys import CHUNKS, chunk_key, validate_name
-from .ledger import Ledger, ledger_for
+from .ledger import Ledger, Saved, ledger_for
 from .pipeline import IO_CONCURRENCY, HashState, MappedBatches, run_bounded
 from .prefix_index import commit_record
 from .prefix_records import PrefixKey, prefix_record
@@ -100,8 +100,8 @@ async def save(cache: "PagedKVCache", seq_id: int, store: "Store", name: str, *,
         metadata = cache.get_checkpoint_metadata(seq_id)
         npages = lay.num_logical_pages(state.length)
         plan = plan_chunks(npages, ppc)
-        existing, reuse = await _reusable(store, ledger, cache, seq_id, name, ppc, len(plan))
-        await _check_conversation(store, name, existing, app_state)  # before anything is written
+        existing, reuse, known = await _reusable(store, ledger, cache, seq_id, name, ppc, len(plan))
+        await _check_conversation(store, name, existing, app_state, known)  # before anything is written
         generation = existing[-1][1] + 1 if existing else 1
         record = prefix_record(prefix, name, generation, state.length, lay.page_size)  # nothing written yet
         written_before = store.bytes_written
@@ -197,10 +197,11 @@ async def _bytes_of(store: "Store", key: str) -> bytes | None:
 
 
 async def _reusable(store: "Store", ledger: Ledger, cache: "PagedKVCache", seq_id: int, name: str, ppc: int,
-                    num_chunks: int) -> tuple[list[tuple[str, int, str]], _Reuse]:
-    """The manifest keys of ``name`` (listed under the lock the save holds) and what the save can keep from
+                    num_chunks: int) -> tuple[list[tuple[str, int, str]], _Reuse, Saved | None]:
+    """The manifest keys of ``name`` (listed under the lock the save holds), what the save can keep from
     ``ledger``'s last save of it: chunks whose pages are all unchanged, if the store still holds that save's
-    manifest (read while the manifests are listed) and the ledger still trusts each chunk it uses."""
+    manifest (read while the manifests are listed) and the ledger still trusts each chunk it uses; and that
+    generation if the store still holds its manifest as the ledger knows it."""
     lay = cache.layout
     prev = ledger.last_saved(name)
     if prev is not None and (prev.page_bytes, prev.pages_per_chunk, len(prev.chunks)) != (lay.page_bytes, ppc,
@@ -208,26 +209,30 @@ async def _reusable(store: "Store", ledger: Ledger, cache: "PagedKVCache", seq_i
         prev = None
     existing, kept = await asyncio.gather(manifest_keys(store, name),
                                           _bytes_of(store, prev.key) if prev is not None else _nothing())
-    if prev is None or kept != prev.envelope or not ledger.trusts_all(prev.chunk_keys):
+    known = prev if prev is not None and kept == prev.envelope else None
+    if known is None or not ledger.trusts_all(known.chunk_keys):
         # nothing to go by, its chunks may be gone, or a restore or verify found one of them damaged since
-        return existing, _Reuse(0, ((),) * lay.num_layers, frozenset(), {})
+        return existing, _Reuse(0, ((),) * lay.num_layers, frozenset(), {}), known
     unchanged_pages = cache.unchanged_prefix(seq_id, prev.state) // lay.page_size
     reuse = min(unchanged_pages // ppc, len(prev.chunks[0]), num_chunks)
     # a chunk that grew since then: its digest continues from the state over its unchanged full pages
     starts = {(i, g): start for g, (i, start) in prev.tails.items()
               if reuse <= i < num_chunks and i * ppc + start.nbytes // lay.page_bytes <= unchanged_pages}
-    return existing, _Reuse(reuse, prev.chunks, prev.chunk_keys, starts)
+    return existing, _Reuse(reuse, prev.chunks, prev.chunk_keys, starts), known
 
 
 async def _check_conversation(store: "Store", name: str, existing: list[tuple[str, int, str]],
-                              app_state: dict[str, Any]) -> None:
+                              app_state: dict[str, Any], known: Saved | None) -> None:
     """Refuse a save whose ``app_state`` records a conversation (FORMAT.md section 4) unless ``name`` holds no
     generation (``existing``, listed under the save's lock) or its newest readable one records the same: a
-    generation is committed only on top of its own conversation's, never another writer's. ConflictError naming
-    the name, the conversation expected and the one found."""
+    generation is committed only on top of its own conversation's, never another writer's. The newest is not
+    read again if it is ``known`` (a generation whose stored manifest was just found as the ledger knows it).
+    ConflictError naming the name, the conversation expected and the one found."""
     if "conversation" not in app_state or not existing:
         return
     ours = app_state["conversation"]
+    if known is not None and known.key == existing[-1][2] and known.conversation == ours:
+        return
     newest = await newest_readable(store, name, existing)
     theirs = None if newest is None else newest.app_state.get("conversation")
     if theirs == ours:

@@ -21,7 +21,7 @@ from ..durable.ledger import Ledger
 from ..durable.prefix_index import PrefixIndex
 from ..durable.results import Progress, SaveResult
 from ..durable.retention import delete_name
-from ..errors import ConflictError, ContextFullError, FieldError, KVCkptError, NotFoundError, StoreError, is_int
+from ..errors import ConflictError, ContextFullError, FieldError, KVCkptError, NotFoundError, is_int
 from ..kv.cache import PagedKVCache
 from ..generation.app_state import StopRules
 from ..generation.autosave import Autosave
@@ -37,12 +37,12 @@ from .prompt import Prompt, build_prompt, raw_prompt
 from .record import ChatExtra
 from .request import ChatRequest, CompletionRequest
 from .responses import ChatChunk, ChatCompletion, ChatStream
-from .slots import UNUSABLE_KV, PrefixSource, Slot, Slots
+from .placement import Placement
+from .slots import Slot, Slots
 from .sources import Sources
 from .turn import Turn, committed
 
 if TYPE_CHECKING:
-    from ..durable.container import Manifest
     from ..gpu.device import Device
     from ..model.protocol import LoadedModel
     from ..stores.base import Store
@@ -91,6 +91,7 @@ class Engine:
         self.cache_lock = CacheLock()
         index = PrefixIndex(store, self.scope, config.page_size) if store is not None else None
         self.sources = Sources(self.slots, store, index, config.page_size, self._reply_text, self.model.identity)
+        self.placement = Placement(self.slots, self.sources, store, self.model.identity)
         self._turns: list[Turn] = []
 
     # ----- chat ---------------------------------------------------------------------------------
@@ -131,20 +132,15 @@ class Engine:
         name = (request.conversation or await self.sources.continued(prompt.tokens)
                 or _new_name("completion" if completion else "chat"))
         warnings: list[str] = []
-        conversation, owner = await self._conversation_of(name, warnings)
+        conversation = await self.placement.conversation_of(name, warnings)
         max_tokens = min(request.max_tokens or self.context, self.context - len(prompt.tokens))
-        slot, source, restore_s = await self._kv_for(name, prompt.tokens, request.cache_prompt, max_tokens, warnings)
-        gen, extra = await self._start(request, prompt, name, slot, source.length, max_tokens, conversation, owner)
+        slot, source, restore_s = await self.placement.kv_for(name, prompt.tokens, request.cache_prompt, max_tokens,
+                                                              warnings)
+        gen, extra = await self._start(request, prompt, name, slot, source.length, max_tokens, conversation)
         slot.tokens, slot.kv_length, slot.replies = list(prompt.tokens[:source.length]), source.length, prompt.replies
         slot.named = request.conversation is not None
         turn = self._track(Turn(gen, slot, extra.completion_id, extra.created, len(prompt.tokens), source.length,
                                 restore_s, started, warnings=tuple(warnings), text_completion=completion))
-        if gen.autosave is not None:  # the messages are committed before the prefill: a crash during it keeps them
-            try:
-                await gen.save()
-            except (StoreError, OSError) as exc:
-                if gen.on_save_error is not None:
-                    gen.on_save_error(exc)
         return turn
 
     async def _prompt(self, request: ChatRequest | CompletionRequest) -> Prompt:
@@ -170,22 +166,12 @@ class Engine:
                                    f"{self.context} tokens, and the reply needs at least one)", exc.got) from None
         return prompt
 
-    async def _kv_for(self, name: str, tokens: list[int], cache_prompt: bool, max_tokens: int, warnings: list[str]
-                      ) -> tuple[Slot, PrefixSource, float]:
-        """A slot for conversation ``name`` with room for ``tokens`` and ``max_tokens`` more, holding the longest
-        prefix of them (all but the last; none without ``cache_prompt``) whose K/V can be had: the slot, where
-        its K/V came from, and the seconds spent restoring them from the store."""
-        n = len(tokens)
-        restore_begin = time.perf_counter()
-        slot, source = await self._place(name, tokens[:n - 1] if cache_prompt else [], n + max_tokens, warnings)
-        restore_s = time.perf_counter() - restore_begin if source.record is not None else 0.0
-        return slot, source, restore_s
-
     async def _start(self, request: ChatRequest | CompletionRequest, prompt: Prompt, name: str, slot: Slot, kv_length: int,
-                     max_tokens: int, conversation: Conversation | None, owner: "Manifest | None"
-                     ) -> tuple[Generator, ChatExtra]:
+                     max_tokens: int, conversation: Conversation | None) -> tuple[Generator, ChatExtra]:
         """The generator of ``request``'s reply in ``slot`` (whose first ``kv_length`` tokens of ``prompt`` hold
-        their K/V), and what its checkpoints record of the request; the slot is dropped if it cannot start."""
+        their K/V), and what its checkpoints record of the request, saved once before the prefill (with a store:
+        the messages are committed, so a crash during the prefill keeps them); the slot is dropped if it cannot
+        start."""
         seed = request.seed if request.seed is not None else secrets.randbelow(MAX_SEED + 1)
         settings = {**request.settings_json(), "seed": seed}  # its conversation: the one it named, or null
         sampling = SamplingSettings(request.temperature, request.top_k, request.top_p, request.repetition_penalty, seed)
@@ -196,62 +182,11 @@ class Engine:
                 stop=StopRules(max_tokens, self.codec.eos_ids, request.stop), seq_id=slot.seq_id,
                 prefill_chunk=self.prefill_chunk, autosave=self._autosave(name), decode=self.codec.decode,
                 progress=self.progress, kv_length=kv_length, replies=prompt.replies, extra=extra.to_json(),
-                conversation=conversation, context=self.context, owner=owner, **self._save_callbacks(name))
+                conversation=conversation, context=self.context, save_first=True, **self._save_callbacks(name))
         except BaseException:
             await self.slots.drop(slot)
             raise
         return gen, extra
-
-    async def _place(self, name: str, tokens: list[int], room: int, warnings: list[str]) -> tuple[Slot, PrefixSource]:
-        """A slot for conversation ``name`` (room for ``room`` tokens) holding the longest prefix of ``tokens``
-        whose K/V can be had. A checkpoint whose K/V cannot be used (a damaged or missing chunk or manifest) is
-        passed over for the next longest prefix, or none (the prompt is prefilled): ``warnings`` says so."""
-        unusable: dict[tuple[str, int], KVCkptError] = {}
-        while True:
-            source = await self.sources.longest_prefix(tokens, skip=unusable) if tokens else PrefixSource(0)
-            try:
-                slot = await self.slots.place(name, source, room)
-            except UNUSABLE_KV as exc:
-                if source.record is None:
-                    raise
-                unusable[(source.record.name, source.record.generation)] = exc
-                self.sources.forget(source.record.name)  # what was read of it may be stale
-                continue
-            break
-        if unusable:
-            instead = (f"restored {source.length} tokens of {source.record.name!r} generation "
-                       f"{source.record.generation} instead" if source.record is not None
-                       else f"reused {source.length} tokens held in the cache instead" if source.slot is not None
-                       else "prefilled the prompt instead")
-            warnings += [f"the K/V of {other!r} generation {generation} cannot be used ({exc}); {instead}"
-                         for (other, generation), exc in unusable.items()]
-        return slot, source
-
-    async def _conversation_of(self, name: str, warnings: list[str]) -> tuple[Conversation | None, Manifest | None]:
-        """The identity of conversation ``name`` if it exists (None: a new one), from its newest generation that
-        can be read (``warnings`` says when newer ones cannot), and that generation's manifest if it was read (its
-        writer's ownership check reads it no more); refuses a name another model's conversation, or checkpoints
-        none of which is a chat's that can be read, hold."""
-        own = self.slots.of_conversation(name)
-        if own is not None and own.gen is not None:
-            return own.gen.conversation, None
-        if self.store is None:
-            return None, None
-        view = await self.sources.view(name)
-        if not view.generations:
-            return None, None
-        record = view.record
-        if record is None:
-            raise ConflictError(f"conversation: expected a chat conversation named {name!r} or a new name, got "
-                                "checkpoints none of which is a chat's that can be read: pass another name")
-        newest = view.generations[-1]
-        if newest != record.generation:
-            warnings.append(f"conversation {name!r}: generation {newest} cannot be read (damaged, or not a chat's); "
-                            f"continued from generation {record.generation}, the newest that can")
-        if record.saved.model != self.model.identity:
-            raise FieldError("conversation", f"a conversation of this model ({self.model.identity[:16]}...)",
-                             name, f"it was written by model {record.saved.model[:16]}...")
-        return record.saved.conversation, view.manifest
 
     def _autosave(self, name: str) -> Autosave | None:
         if self.store is None:

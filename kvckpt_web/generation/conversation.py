@@ -69,23 +69,18 @@ def conversation_of(app_state: Any) -> Conversation | None:
         return None
 
 
-async def check_owner(store: "Store", name: str, conversation: Conversation | None,
-                      newest: Manifest | None = None) -> None:
+async def check_owner(store: "Store", name: str, conversation: Conversation | None) -> None:
     """Refuse to write ``conversation`` under ``name`` in ``store`` (None: a conversation no generation is of yet)
     unless the name holds no generation or its newest readable one is of that conversation.
 
     Raises :class:`ConflictError` naming the name, what it holds (when that conversation started, its tokens)
     and what to do. Hold the name's claim (:meth:`~kvckpt_web.stores.base.Store.claim`) while checking and
-    writing, so the answer stays true. ``newest`` is the name's newest readable manifest as the caller read it
-    (say, to learn its conversation): it is not read again while the name's newest generation is that one.
+    writing, so the answer stays true.
     """
     keys = await manifest_keys(store, name)
     if not keys:
         return
-    if newest is not None and newest.key == keys[-1][2]:
-        manifest: Manifest | None = newest
-    else:
-        manifest = await newest_readable(store, name, keys)
+    manifest = await newest_readable(store, name, keys)
     if manifest is None:
         raise ConflictError(f"name {name!r} in {store.location} holds {len(keys)} generations, none of them readable: "
                             "write under another name, or delete them")

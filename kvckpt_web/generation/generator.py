@@ -27,8 +27,7 @@ from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import AsyncExitStack
 from typing import TYPE_CHECKING, Any
 
-from ..checks import check_callable, check_instance, check_int
-from ..durable.container import Manifest
+from ..checks import check_bool, check_callable, check_instance, check_int
 from ..durable.prefix_records import PrefixKey
 from ..durable.results import Progress, SaveResult
 from ..durable.retention import DEFAULT_KEEP
@@ -119,7 +118,7 @@ class Generator:
                     on_save_error: Callable[[Exception], None] | None = None,
                     progress: Progress | None = None, kv_length: int = 0, replies: Sequence[tuple[int, int]] = (),
                     extra: dict[str, Any] | None = None, conversation: Conversation | None = None,
-                    context: int | None = None, owner: Manifest | None = None) -> "Generator":
+                    context: int | None = None, save_first: bool = False) -> "Generator":
         """A generation of ``prompt`` (token ids) in sequence ``seq_id`` of ``cache``: a new sequence, or with
         ``kv_length`` > 0 the existing one, which holds the K/V of ``prompt[:kv_length]`` (an earlier turn's,
         or a prefix restored or forked), so only the rest is prefilled.
@@ -132,9 +131,10 @@ class Generator:
         replay), ``extra`` the caller's JSON object saved with every checkpoint. The reply belongs to
         ``conversation`` (None: a new one): with ``autosave``, ConflictError (nothing written) while another
         writer holds the name, or if the name holds generations of another conversation (resume it, or use
-        another name, or delete it); the generator holds the name's claim until :meth:`close`. ``owner`` is the
-        name's newest readable manifest as the caller read it: the check does not read it again while the name's
-        newest generation is still that one.
+        another name, or delete it); the generator holds the name's claim until :meth:`close`. With
+        ``save_first`` it is saved once before it returns (a prompt's messages committed before its prefill, so a
+        crash during it keeps them; a failure in the store goes to ``on_save_error``), and that save's own check
+        of the name, at its commit under the store's lock, is the check of the conversation it holds.
         ``on_save_error`` hears of each autosave that failed (generation goes on; see :meth:`step`).
         """
         check_run_options(model, cache, seq_id, autosave)
@@ -143,8 +143,7 @@ class Generator:
         check_callbacks(decode=decode, on_token=on_token, on_save=on_save, progress=progress)
         if conversation is not None:
             check_instance("conversation", conversation, Conversation, "a Conversation or None")
-        if owner is not None:
-            check_instance("owner", owner, Manifest, "a Manifest (the name's newest readable one) or None")
+        check_bool("save_first", save_first)
         if extra is not None:
             check_instance("extra", extra, dict, "a JSON object or None")
         prompt = check_token_ids("prompt", prompt)
@@ -170,26 +169,30 @@ class Generator:
                                 replies=check_replies("replies", replies, len(prompt)), extra=dict(extra or {}))
         gen = cls(model, cache, seq_id, saved, autosave=autosave, decode=decode, on_token=on_token,
                   on_save=on_save, on_save_error=on_save_error, progress=progress)
-        await gen._hold_name(check=True, owner=owner)
+        await gen._hold_name(check=not save_first)
         try:
             if not kv_length:
                 cache.add_sequence(seq_id)
+            if save_first and autosave is not None:
+                await gen._autosave()
         except BaseException:
             await gen.close()
+            if not kv_length and seq_id in cache.sequence_ids():
+                cache.remove_sequence(seq_id)  # the sequence this call added
             raise
         return gen
 
-    async def _hold_name(self, check: bool, owner: Manifest | None = None) -> None:
+    async def _hold_name(self, check: bool) -> None:
         """Claim the autosave name until :meth:`close` (ConflictError at once while another writer holds it);
-        with ``check``, refuse a name that holds another conversation than this one (ConflictError; ``owner``:
-        its newest readable manifest as read already, see :func:`check_owner`)."""
+        with ``check``, refuse a name that holds another conversation than this one (ConflictError, see
+        :func:`check_owner`)."""
         if self.autosave is None:
             return
         store, name = self.autosave.store, self.autosave.name
         await self._held.enter_async_context(store.claim(name))
         if check:
             try:
-                await check_owner(store, name, self.conversation, owner)
+                await check_owner(store, name, self.conversation)
             except BaseException:
                 await self.close()
                 raise

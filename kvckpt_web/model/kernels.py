@@ -19,7 +19,7 @@ from ..errors import TensorError
 from ..gpu.device import Buffer, Device, Dispatch, Kernel, Texture
 from ..gpu.specialize import specialize
 from ..gpu.wgsl import pack_params, source
-from .weights import BLOCK, DEVICE_FORMS, Q4_1, Q8_0, TILE_ROWS, DenseTensor, QuantizedTensor
+from .weights import BLOCK, DEVICE_FORMS, Q4_1, Q4_K, Q5_K, Q8_0, TILE_ROWS, DenseTensor, QuantizedTensor
 
 ROWS = 8
 """Rows per invocation of the products (``ROWS`` in quant.wgsl); 8 invocations make a workgroup, a tile of
@@ -158,6 +158,7 @@ def _quant_source(rows: int, tile: int, name: str, ggml_type: int) -> str:
     form = DEVICE_FORMS[ggml_type]
     types = {f"IS_{f.name}": int(t == ggml_type) for t, f in DEVICE_FORMS.items()}
     types["BLOCKED"] = int(ggml_type not in (Q4_1, Q8_0))
+    types["HAS_MIN"] = int(ggml_type in (Q4_1, Q4_K, Q5_K))
     return specialize(source("model", "quant") + source("model", "quant_types"),
                       dict(ROWS=rows, TILE=tile, **FLAVOURS[name], UNIT=form.weights // BLOCK, TEXELS=form.texels,
                            WORDS=form.words, **types))

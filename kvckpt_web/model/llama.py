@@ -31,8 +31,8 @@ from . import kernels, row_kernels
 from .attention import PagedAttention, rope_inv_freq
 from .config import LlamaConfig
 from .gguf import GGML_TYPES, GGUFFile, GGUFTensor
-from .weights import (F32, Q4_1, Q8_0, DenseTensor, DeviceTensor, QuantizedTensor, check_finite, destroy_tensor,
-                      upload_stacked, upload_tensor)
+from .weights import (DEVICE_FORMS, F32, Q4_1, DenseTensor, DeviceTensor, QuantizedTensor, check_finite,
+                      destroy_tensor, upload_stacked, upload_tensor)
 
 if TYPE_CHECKING:
     from ..kv.cache import PagedKVCache
@@ -53,10 +53,11 @@ class TensorSpec:
 def tensor_specs(c: LlamaConfig, has_output: bool, has_rope_freqs: bool = False) -> dict[str, TensorSpec]:
     """Every tensor a GGUF of configuration ``c`` holds (``output.weight`` if ``has_output``, Llama 3's
     ``rope_freqs.weight`` if ``has_rope_freqs``)."""
-    specs = {"token_embd.weight": TensorSpec((c.hidden, c.vocab), (Q8_0,)),
+    matrix = tuple(DEVICE_FORMS)
+    specs = {"token_embd.weight": TensorSpec((c.hidden, c.vocab), matrix),
              "output_norm.weight": TensorSpec((c.hidden,), (F32,))}
     if has_output:
-        specs["output.weight"] = TensorSpec((c.hidden, c.vocab), (Q8_0, Q4_1))
+        specs["output.weight"] = TensorSpec((c.hidden, c.vocab), matrix)
     if has_rope_freqs:
         specs["rope_freqs.weight"] = TensorSpec((c.head_dim // 2,), (F32,))
     shapes = {"attn_q": (c.hidden, c.q_rows), "attn_k": (c.hidden, c.kv_rows), "attn_v": (c.hidden, c.kv_rows),
@@ -73,7 +74,7 @@ def tensor_specs(c: LlamaConfig, has_output: bool, has_rope_freqs: bool = False)
         for name, shape in vectors.items():
             specs[f"blk.{i}.{name}"] = TensorSpec(shape, (F32,))
         for name, shape in shapes.items():
-            specs[f"blk.{i}.{name}.weight"] = TensorSpec(shape, (Q4_1,))
+            specs[f"blk.{i}.{name}.weight"] = TensorSpec(shape, matrix)
     return specs
 
 
@@ -129,12 +130,13 @@ def _rows(t: GGUFTensor, order: list[int]) -> bytes:
 @dataclass(frozen=True)
 class _Layer:
     attn_norm: DenseTensor
-    qkv: QuantizedTensor
+    qkv: tuple[QuantizedTensor, ...]
+    """Q, K and V rows: one stacked matrix where they share a type, else each its own (see :func:`_fused`)."""
     attn_output: QuantizedTensor
     ffn_norm: DenseTensor
-    ffn_gate: QuantizedTensor
-    """The gate rows; with GeGLU the gate rows, then the up rows (one product)."""
-    ffn_up: QuantizedTensor | None
+    gate_up: tuple[QuantizedTensor, ...]
+    """The gate rows, then the up rows, as ``qkv``; with ``gated`` the two Q4_1 matrices of the SwiGLU product."""
+    gated: bool
     ffn_down: QuantizedTensor
     qkv_bias: DenseTensor | None = None
     qk_norm: DenseTensor | None = None
@@ -143,16 +145,24 @@ class _Layer:
     post_ffw_norm: DenseTensor | None = None
 
     def tensors(self) -> list[DeviceTensor]:
-        return [t for t in (self.attn_norm, self.qkv, self.attn_output, self.ffn_norm, self.ffn_gate, self.ffn_up,
-                            self.ffn_down, self.qkv_bias, self.qk_norm, self.post_attention_norm, self.post_ffw_norm)
+        return [t for t in (self.attn_norm, *self.qkv, self.attn_output, self.ffn_norm, *self.gate_up, self.ffn_down,
+                            self.qkv_bias, self.qk_norm, self.post_attention_norm, self.post_ffw_norm)
                 if t is not None]
+
+
+def _fused(device: Device, name: str, parts: list[tuple[GGUFTensor, bytes]]) -> tuple[QuantizedTensor, ...]:
+    """Matrices (a tensor of the file and its rows' bytes) whose rows one product writes one after another: one
+    stacked matrix where they share a type, else each its own, their products placed side by side."""
+    if len({t.type for t, _ in parts}) == 1:
+        return (upload_stacked(device, name, [(t.type, t.shape, data) for t, data in parts]),)
+    return tuple(upload_tensor(device, t.name, t.type, t.shape, data) for t, data in parts)  # type: ignore[misc]
 
 
 class _Scratch:
     """The activations of forwards of up to ``tokens`` tokens: buffers where the products write, textures where
     they read (``kernels.activation_texture``)."""
 
-    def __init__(self, device: Device, c: LlamaConfig, tokens: int) -> None:
+    def __init__(self, device: Device, c: LlamaConfig, tokens: int, gate_up: bool, parts: bool) -> None:
         self.tokens = tokens
         self.ids = device.create_buffer(4 * tokens, Usage.STORAGE | Usage.COPY_DST, "llama.ids")
         self.residual = device.create_buffer(4 * tokens * c.hidden, Usage.STORAGE, "llama.residual")
@@ -160,15 +170,17 @@ class _Scratch:
         self.normed = kernels.activation_texture(device, c.hidden, tokens, "llama.normed")
         self.attn = kernels.activation_texture(device, c.q_rows, tokens, "llama.attn")
         self.ffn = kernels.activation_texture(device, c.ffn, tokens, "llama.ffn")
-        # a block's output before its norm (post norms), the stacked gate/up rows (GeGLU)
+        # a block's output before its norm (post norms), the gate/up rows (unless the SwiGLU product makes ffn), one
+        # matrix's product before it is placed beside the others' (matrices of several types)
         self.block_out = device.create_buffer(4 * tokens * c.hidden, Usage.STORAGE, "llama.block_out") \
             if c.post_norms else None
-        self.gate_up = device.create_buffer(8 * tokens * c.ffn, Usage.STORAGE, "llama.gate_up") \
-            if c.activation == "gelu_tanh" else None
+        self.gate_up = device.create_buffer(8 * tokens * c.ffn, Usage.STORAGE, "llama.gate_up") if gate_up else None
+        self.part = device.create_buffer(4 * tokens * max(c.q_rows, c.ffn), Usage.STORAGE, "llama.part") \
+            if parts else None
 
     def destroy(self, device: Device) -> None:
         for resource in (self.ids, self.residual, self.qkv, self.normed, self.attn, self.ffn, self.block_out,
-                         self.gate_up):
+                         self.gate_up, self.part):
             if resource is not None:
                 device.destroy(resource)
 
@@ -201,22 +213,16 @@ class LlamaModel:
         q_order, k_order = (hf_row_order(n, c.head_dim) if c.permuted_qk else list(range(n)) for n in rows)
         self.layers: list[_Layer] = []
         for i in range(c.num_layers):
-            q, k, v = (f.tensors[f"blk.{i}.{n}.weight"] for n in ("attn_q", "attn_k", "attn_v"))
-            parts = [(Q4_1, q.shape, _rows(q, q_order)), (Q4_1, k.shape, _rows(k, k_order)), (Q4_1, v.shape, v.data)]
             blk = f"blk.{i}"
-            if c.activation == "gelu_tanh":
-                gate, up = (f.tensors[f"{blk}.{n}.weight"] for n in ("ffn_gate", "ffn_up"))
-                ffn_gate = upload_stacked(device, f"{blk}.ffn_gate_up",
-                                          [(gate.type, gate.shape, gate.data), (up.type, up.shape, up.data)])
-                ffn_up = None
-            else:
-                ffn_gate, ffn_up = upload(f"{blk}.ffn_gate.weight"), upload(f"{blk}.ffn_up.weight")
+            q, k, v = (f.tensors[f"{blk}.{n}.weight"] for n in ("attn_q", "attn_k", "attn_v"))
+            qkv = _fused(device, f"{blk}.attn_qkv", [(q, _rows(q, q_order)), (k, _rows(k, k_order)), (v, v.data)])
+            gate, up = (f.tensors[f"{blk}.{n}.weight"] for n in ("ffn_gate", "ffn_up"))
+            gated = c.activation == "silu" and gate.type == up.type == Q4_1  # the fused SwiGLU product
+            gate_up = tuple(upload(t.name) for t in (gate, up)) if gated \
+                else _fused(device, f"{blk}.ffn_gate_up", [(gate, gate.data), (up, up.data)])
             self.layers.append(_Layer(
-                upload(f"{blk}.attn_norm.weight"),  # type: ignore[arg-type]
-                upload_stacked(device, f"{blk}.attn_qkv", parts),
-                upload(f"{blk}.attn_output.weight"),  # type: ignore[arg-type]
-                upload(f"{blk}.ffn_norm.weight"),  # type: ignore[arg-type]
-                ffn_gate, ffn_up,  # type: ignore[arg-type]
+                upload(f"{blk}.attn_norm.weight"), qkv, upload(f"{blk}.attn_output.weight"),  # type: ignore[arg-type]
+                upload(f"{blk}.ffn_norm.weight"), gate_up, gated,  # type: ignore[arg-type]
                 upload(f"{blk}.ffn_down.weight"),  # type: ignore[arg-type]
                 qkv_bias=dense(f"{blk}.attn_qkv.bias", tuple(f"{blk}.attn_{n}.bias" for n in "qkv"))
                 if c.qkv_bias else None,
@@ -323,7 +329,9 @@ class LlamaModel:
         if self._scratch is None or self._scratch.tokens < tokens:
             if self._scratch is not None:
                 self._scratch.destroy(self.device)
-            self._scratch = _Scratch(self.device, self.config, tokens)
+            layers = self.layers
+            self._scratch = _Scratch(self.device, self.config, tokens, any(not layer.gated for layer in layers),
+                                     any(len(layer.qkv) > 1 or len(layer.gate_up) > 1 for layer in layers))
         return self._scratch
 
     def _encode(self, attention: PagedAttention, s: _Scratch, n: int, last: bool) -> list[Command]:
@@ -335,7 +343,7 @@ class LlamaModel:
             commands.append(row_kernels.scale(d, s.residual, n, c.hidden, c.embedding_scale))
         for i, layer in enumerate(self.layers):
             commands.append(kernels.rms_norm(d, s.residual, layer.attn_norm, s.normed, n, eps))
-            commands += kernels.matvec(d, layer.qkv, s.normed, s.qkv, n)
+            commands += self._rows_product(layer.qkv, s.qkv, s, n)
             if layer.qkv_bias is not None:
                 commands.append(row_kernels.add_bias(d, s.qkv, layer.qkv_bias, n))
             if layer.qk_norm is not None:
@@ -345,17 +353,31 @@ class LlamaModel:
             commands += attention.attend(i, s.qkv, s.attn)
             commands += self._into_residual(layer.attn_output, s.attn, layer.post_attention_norm, s, n)
             commands.append(kernels.rms_norm(d, s.residual, layer.ffn_norm, s.normed, n, eps))
-            if layer.ffn_up is None:  # GeGLU: the stacked gate/up product, then the activation
+            if layer.gated:
+                commands += kernels.gated(d, *layer.gate_up, s.normed, s.ffn, n)
+            else:  # the gate/up rows, then the activation
                 assert s.gate_up is not None
-                commands += kernels.matvec(d, layer.ffn_gate, s.normed, s.gate_up, n)
-                commands.append(row_kernels.geglu(d, s.gate_up, s.ffn, n, c.ffn))
-            else:
-                commands += kernels.gated(d, layer.ffn_gate, layer.ffn_up, s.normed, s.ffn, n)
+                commands += self._rows_product(layer.gate_up, s.gate_up, s, n)
+                commands.append(row_kernels.glu(d, s.gate_up, s.ffn, n, c.ffn, c.activation))
             commands += self._into_residual(layer.ffn_down, s.ffn, layer.post_ffw_norm, s, n)
         if last:  # the last token's row only
             commands.append(kernels.rms_norm(d, s.residual, self.output_norm, s.normed, 1, eps,  # type: ignore[arg-type]
                                              first=n - 1))
             commands += kernels.matvec(d, self.head, s.normed, self.logits)  # type: ignore[arg-type]
+        return commands
+
+    def _rows_product(self, parts: tuple[QuantizedTensor, ...], out: Buffer, s: _Scratch, n: int) -> list[Command]:
+        """The product of ``parts`` (:func:`_fused`) and the normalized rows, into ``out``: each token's rows of the
+        parts side by side."""
+        if len(parts) == 1:
+            return kernels.matvec(self.device, parts[0], s.normed, out, n)
+        assert s.part is not None
+        commands: list[Command] = []
+        width, offset = sum(part.rows for part in parts), 0
+        for part in parts:
+            commands += kernels.matvec(self.device, part, s.normed, s.part, n)
+            commands.append(row_kernels.place(self.device, out, s.part, n, width, offset, part.rows))
+            offset += part.rows
         return commands
 
     def _into_residual(self, weight: QuantizedTensor, x: Texture, post_norm: DenseTensor | None, s: _Scratch,

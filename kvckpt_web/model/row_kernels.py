@@ -1,9 +1,11 @@
 """Dispatch builders of the row-wise kernels that the architectures add to the llama block
-(``shaders/model/rows.wgsl``, ``shaders/model/geglu.wgsl``): Qwen2's q/k/v biases, the per-head RMSNorm of Q and K
-(Qwen 3, Gemma 3), Gemma 3's embedding scale, its norms after attention and the FFN, and GeGLU.
+(``shaders/model/rows.wgsl``, ``shaders/model/glu.wgsl``): Qwen2's q/k/v biases, the per-head RMSNorm of Q and K
+(Qwen 3, Gemma 3), Gemma 3's embedding scale, its norms after attention and the FFN, GeGLU (and SwiGLU where the
+fused Q4_1 product does not serve), and the placing of one matrix's product beside those of other types (q, k
+and v of a file that quantizes them differently).
 
 Each takes f32 storage buffers of ``tokens`` rows (the residual, the fused q/k/v rows, a product's output) and
-changes them in place, except :func:`geglu`, which writes the activation texture the down product reads.
+changes them in place, except :func:`glu`, which writes the activation texture the down product reads.
 """
 
 from __future__ import annotations
@@ -20,8 +22,9 @@ def _kernel(device: Device, entry: str) -> Kernel:
     return device.kernel("model.rows", source("model", "rows"), entry)
 
 
-def _params(tokens: int, width: int, heads: int = 0, head_dim: int = 0, q_heads: int = 0, value: float = 0.0) -> bytes:
-    return struct.pack("<5If12x", tokens, width, heads, head_dim, q_heads, value)
+def _params(tokens: int, width: int, heads: int = 0, head_dim: int = 0, q_heads: int = 0, value: float = 0.0,
+            offset: int = 0, part: int = 0) -> bytes:
+    return struct.pack("<5If2I", tokens, width, heads, head_dim, q_heads, value, offset, part)
 
 
 def _check(name: str, buffer: Buffer, needed: int) -> None:
@@ -70,13 +73,30 @@ def norm_add(device: Device, x: Buffer, weight: DenseTensor, y: Buffer, tokens: 
                     keep_bindings=True)
 
 
-def geglu(device: Device, gate_up: Buffer, hidden: Texture, tokens: int, ffn: int) -> Dispatch:
-    """``hidden[t] = gelu_tanh(G x_t) * (U x_t)`` from ``gate_up``'s rows (``ffn`` gate values, then ``ffn`` up
-    values per token: the stacked gate/up product)."""
+def place(device: Device, x: Buffer, part: Buffer, tokens: int, width: int, offset: int, rows: int) -> Dispatch:
+    """``x[t, offset:offset + rows] = part[t]`` for each of ``tokens`` rows of ``rows`` values of ``part`` (rows of
+    ``width`` values of ``x``)."""
+    if offset + rows > width:
+        raise TensorError("offset + rows", f"at most the width {width}", offset + rows)
+    _check("x", x, 4 * tokens * width)
+    _check("part", part, 4 * tokens * rows)
+    return Dispatch(_kernel(device, "place"), _params(tokens, width, offset=offset, part=rows), (x, part),
+                    tokens * rows, keep_bindings=True)
+
+
+ACTIVATIONS = ("silu", "gelu_tanh")
+"""The gate activations of :func:`glu`."""
+
+
+def glu(device: Device, gate_up: Buffer, hidden: Texture, tokens: int, ffn: int, activation: str) -> Dispatch:
+    """``hidden[t] = act(G x_t) * (U x_t)`` from ``gate_up``'s rows (``ffn`` gate values, then ``ffn`` up values per
+    token), ``act`` SiLU (``activation`` "silu") or GELU's tanh approximation ("gelu_tanh")."""
+    if activation not in ACTIVATIONS:
+        raise TensorError("activation", " or ".join(map(repr, ACTIVATIONS)), activation)
     _check("gate_up", gate_up, 8 * tokens * ffn)
     if ffn % 4 or hidden.width * 4 < ffn or hidden.height < tokens or hidden.channels != 4:
         raise TensorError("hidden: texture", f"{tokens} rows of {ffn} activations",
                           f"{hidden.width} x {hidden.height} of {hidden.channels}")
-    kernel = device.kernel("model.geglu", source("model", "geglu"), "geglu")
-    return Dispatch(kernel, struct.pack("<2I8x", tokens, ffn), (gate_up, hidden), tokens * ffn // 4,
-                    keep_bindings=True)
+    kernel = device.kernel("model.glu", source("model", "glu"), "glu")
+    params = struct.pack("<3I4x", tokens, ffn, int(activation == "gelu_tanh"))
+    return Dispatch(kernel, params, (gate_up, hidden), tokens * ffn // 4, keep_bindings=True)

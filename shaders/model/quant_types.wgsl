@@ -1,6 +1,7 @@
 // The weight types of quant.wgsl's products (appended to it, whose bindings, fetches and unpacking they share),
 // and the row lookup. kvckpt_web.model.kernels specialises the module to one type: IS_<type> 1, BLOCKED 1 unless
-// the type is Q4_1 or Q8_0, UNIT its blocks per unit, TEXELS and WORDS its data texels and scale words per unit
+// the type is Q4_1 or Q8_0, HAS_MIN 1 if its weights add a term (Q4_1's m, a K-quant's -dmin * m), UNIT its blocks
+// per unit, TEXELS and WORDS its data texels and scale words per unit
 // (as layout.wgsl lays them out). The products read a 32-weight block of a row as the type's Weights
 // (`read_weights`) and multiply it by the block's activations (`weights_dot`): Q4_1 and Q8_0 as quant.wgsl describes,
 // the other types as Blocks.
@@ -8,10 +9,10 @@
 // A block unpacked (Block): its 32 integers q (weights 0-15 in q0-q3, weights 16-31 in q4-q7, the latter times 16
 // for the types stored as nibbles: hi16 in quant.wgsl; Q8_0: the int8; F16 / BF16: the values themselves), the
 // offset `off` they are stored with (0 unless the high half is times 16), the scale a and the added term m of each
-// half (-0.0 where there is none: x + -0.0 is x, bit for bit). Weight i is a * (q_i - off) + m (high half:
+// half (0 where there is none). Weight i is a * (q_i - off), plus m where the type has one (high half:
 // a * (q_i - 16 off) + m): in f32, in the order gguf.quants.dequantize computes it (its d * q - dm is d * q + (-dm),
 // the same bits; a product of a and the integers rounds once, exact as it is for most types), so `rows` gives
-// gguf's bits. The products sum a block as a * dot(q, x) + (m - a * off) * sum(x) per half: the offset and m
+// gguf's bits, the sign of a zero included (a type without m adds nothing: SwiftShader's x + -0.0 loses a -0). The products sum a block as a * dot(q, x) + (m - a * off) * sum(x) per half: the offset and m
 // cost one term per half, not one per weight.
 //
 // Entry rows (every type, through `unpack`): bindings 0-1 as the products, then
@@ -27,7 +28,7 @@ struct Block {
   q4: vec4<f32>, q5: vec4<f32>, q6: vec4<f32>, q7: vec4<f32>,
 }
 
-const NO_MIN = vec2<f32>(-0.0, -0.0);
+const NO_MIN = vec2<f32>(0.0);
 
 // Data texel p of unit u of row j of invocation l of tile t.
 fn data(t: u32, l: u32, u: u32, p: u32, j: u32) -> vec4<u32> {
@@ -222,7 +223,9 @@ fn rows(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) 
   let v = i % 8u;
   let b = (i % words) / 8u;
   let w = unpack(r / 64u, (r % 64u) / 8u, b, r % 8u, scales(r / 64u, (r % 64u) / 8u, b / UNIT));
-  let q = array<vec4<f32>, 8>(w.q0, w.q1, w.q2, w.q3, w.q4, w.q5, w.q6, w.q7)[v];
+  var q = array<vec4<f32>, 8>(w.q0, w.q1, w.q2, w.q3, w.q4, w.q5, w.q6, w.q7);
   let g = v / 4u;
-  out[i] = w.a[g] * (q - w.off * select(1.0, 16.0, g == 1u)) + w.m[g];
+  let p = w.a[g] * (q[v] - w.off * select(1.0, 16.0, g == 1u));
+  out[i] = p + w.m[g];  // if HAS_MIN
+  out[i] = p;  // unless HAS_MIN
 }

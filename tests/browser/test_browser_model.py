@@ -1,8 +1,9 @@
 """The model runner on the browser backend (Pyodide, SwiftShader WebGPU) against the desktop (wgpu-py, lavapipe).
 
-Kernels: weights are made on the host with gguf's quantizer and passed in as hex; the page uploads them with the
-same pure-Python code as the desktop (no numpy there) and runs the kernels. Tolerance of the products: f32 sums
-of K = 64 terms, 8 * K * 2^-24 * sum |w x| (as in tests/model/test_quant_products.py).
+Kernels: weights are made on the host (gguf's quantizer, or random blocks of every type) and passed in as hex;
+the page uploads them with the same pure-Python code as the desktop (no numpy there) and runs the kernels; rows
+must be gguf's bits. Tolerance of the products: f32 sums of K terms, 8 * K * 2^-24 * sum (|w| + 2 |c|) |x|, c a
+weight's offset, 0 for Q4_1 and Q8_0 (as in tests/model/test_quant_products.py).
 
 Generation: the GGUF file is written into the page's file system and loaded there with ``load_model``; the
 same ``kvtest`` helpers generate in the page and on the desktop, from the same prompt, settings and seed, and
@@ -31,6 +32,9 @@ from .browser_harness import run_desktop
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "model"))
 from tiny_llama import write_tiny_llama  # noqa: E402
+from kernel_io import offsets, random_blocks  # noqa: E402
+
+from kvckpt_web.model.weights import DEVICE_FORMS  # noqa: E402
 
 PROMPT = "tell me a story about the sea."
 REAL_PROMPT = "Tell me a story about the sea."
@@ -82,6 +86,40 @@ def test_products_embedding_and_topk_match_the_host_reference(py_page):
     best = got[3]
     assert [best[1], best[3], best[5]] == order and [best[0], best[2], best[4]] == [float(y8[i]) for i in order]
 
+
+
+def test_every_weight_type_gives_gguf_rows_bit_for_bit_and_products_within_tolerance(py_page):
+    rng = np.random.default_rng(1)
+    blocks = {t: random_blocks(rng, t, 5, DEVICE_FORMS[t].weights) for t in sorted(DEVICE_FORMS)}
+    x = rng.standard_normal(256).astype(np.float32)
+    got = py_page.run(f"""
+        import struct
+        from kvckpt_web.gpu.device import Copy, Usage
+        from kvckpt_web.model import kernels
+        from kvckpt_web.model.weights import upload_tensor
+        result = {{}}
+        for t, cols, raw in {[(t, DEVICE_FORMS[t].weights, raw.tobytes().hex()) for t, (raw, _) in blocks.items()]!r}:
+            w = upload_tensor(dev, "w", t, (cols, 5), bytes.fromhex(raw))
+            x = kernels.activation_texture(dev, cols, 1, "x")
+            dev.write_texture(x, bytes.fromhex({x.tobytes().hex()!r})[:4 * cols])
+            y = dev.create_buffer(4 * 5, Usage.STORAGE | Usage.COPY_SRC, "y")
+            ids = dev.create_buffer(4 * 5, Usage.STORAGE | Usage.COPY_DST, "ids")
+            dev.write(ids, 0, struct.pack("<5I", 0, 1, 2, 3, 4))
+            rows = dev.create_buffer(4 * 5 * cols, Usage.STORAGE | Usage.COPY_SRC, "rows")
+            staging = dev.create_buffer(20 + 20 * cols, Usage.MAP_READ | Usage.COPY_DST, "staging")
+            dev.submit([*kernels.matvec(dev, w, x, y), kernels.embed(dev, w, ids, rows, 5), Copy(y, 0, staging, 0, 20),
+                        Copy(rows, 0, staging, 20, 20 * cols)])
+            result[t] = bytes(await dev.read(staging, 0, 20 + 20 * cols)).hex()
+    """)
+    for t, (raw, w) in blocks.items():
+        data = bytes.fromhex(got[str(t)])  # JSON keys are strings
+        products = np.frombuffer(data[:20], np.float32).astype(np.float64)
+        rows = np.frombuffer(data[20:], np.float32).reshape(5, -1)
+        assert np.array_equal(rows.view(np.uint32), w.astype(np.float32).view(np.uint32)), DEVICE_FORMS[t].name
+        xs = x[:w.shape[1]].astype(np.float64)
+        # as tests/model/test_quant_products.py: 8 * K * 2^-24 * sum (|w| + 2 |c|) |x|
+        bound = 8 * w.shape[1] * 2.0 ** -24 * ((np.abs(w) + 2 * np.abs(offsets(raw, t))) @ np.abs(xs))
+        assert np.all(np.abs(products - w @ xs) <= bound), DEVICE_FORMS[t].name
 
 
 # ----- generation: the same tokens in the browser as on the desktop -----------------------------------------

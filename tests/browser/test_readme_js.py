@@ -6,7 +6,7 @@ from __future__ import annotations
 import re
 
 import pytest
-from readme_snippets import snippets
+from support.readme_snippets import snippets
 
 from .browser_harness import BOOT_TIMEOUT_MS, run_desktop
 from .chat_page import chat_served

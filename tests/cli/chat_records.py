@@ -10,7 +10,7 @@ from kvckpt_web.durable.catalog import list_names, load_manifest
 from kvckpt_web.engine.record import ChatRecord
 from kvckpt_web.stores.file import FileStore
 
-from kvmodel import run
+from support.kvmodel import run
 
 STATUS = re.compile(r"^\((?P<name>[A-Za-z0-9._-]+) · (?:(?P<prompt>\d+) prompt tokens, (?P<cached>\d+) cached"
                     r"|resumed after (?P<resumed>\d+) reply tokens)(?P<restored> \(restored from the store in "

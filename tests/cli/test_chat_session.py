@@ -23,7 +23,7 @@ from kvckpt_web.model.protocol import LoadedModel
 from kvckpt_web.stores.file import FileStore
 
 from chat_records import saved, statuses
-from kvmodel import run
+from support.kvmodel import run
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "model"))
 from lm_double import DoubleLM, DoubleText  # noqa: E402

@@ -85,7 +85,7 @@ def test_convert_refuses_an_existing_destination_without_force(export_dir, tmp_p
 
 
 def test_convert_of_a_tvm_export_reproduces_it_byte_for_byte(tmp_path, device, capsys):
-    tvm_reference = pytest.importorskip("tvm_reference")
+    tvm_reference = pytest.importorskip("support.tvm_reference")
     if not tvm_reference.tvm_available():
         pytest.skip("apache-tvm is not installed")
     tvm_cache = tvm_reference.TVMCache(page_size=16, num_layers=2, num_qo_heads=4, num_kv_heads=2, head_dim=32,

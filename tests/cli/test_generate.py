@@ -29,7 +29,7 @@ from kvckpt_web.model.protocol import LoadedModel
 from kvckpt_web.model.sampler import SamplingSettings
 from kvckpt_web.stores.file import FileStore
 
-from kvmodel import run
+from support.kvmodel import run
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "model"))
 from lm_double import DoubleLM, DoubleLogits, DoubleText  # noqa: E402

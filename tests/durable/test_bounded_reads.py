@@ -24,7 +24,7 @@ from kvckpt_web.durable.verify import verify
 from kvckpt_web.errors import CorruptionError
 from kvckpt_web.stores.file import FileStore
 
-from kvmodel import KVModel, run, small_limits
+from support.kvmodel import KVModel, run, small_limits
 
 PPC = 4
 LIMITS = small_limits(max_total_seq_len=256, prefill_chunk_size=256)

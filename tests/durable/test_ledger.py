@@ -20,7 +20,7 @@ from kvckpt_web.durable.save import save
 from kvckpt_web.durable.verify import verify
 from kvckpt_web.stores.memory import MemoryStore
 
-from kvmodel import KVModel, run
+from support.kvmodel import KVModel, run
 
 PPC = 4  # pages per chunk: 16 tokens with the small layout
 TOKENS = 4 * PPC * 3 + 1  # three full chunks and one holding a partial page only

@@ -18,7 +18,7 @@ from kvckpt_web.durable.prefix_records import (MAX_RECORD_BYTES, PrefixKey, Pref
 from kvckpt_web.errors import FieldError, FormatError, StoreError
 from kvckpt_web.stores.memory import MemoryStore
 
-from kvmodel import run
+from support.kvmodel import run
 
 SCOPE = "model-a|layout-00ff|kernels-1"
 PAGE = 4

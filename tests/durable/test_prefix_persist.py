@@ -21,7 +21,7 @@ from kvckpt_web.durable.verify import verify
 from kvckpt_web.errors import FieldError, StoreError
 from kvckpt_web.stores.memory import MemoryStore
 
-from kvmodel import KVModel, run
+from support.kvmodel import KVModel, run
 
 SCOPE = "model-a|layout|kernels"
 PAGE = 4  # the small layout's page size

@@ -8,7 +8,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from counting_store import CountingStore, count
+from support.counting_store import CountingStore, count
 from kvckpt_web.durable.catalog import load_manifest
 from kvckpt_web.durable.container import decode_manifest
 from kvckpt_web.durable.ledger import Ledger
@@ -18,7 +18,7 @@ from kvckpt_web.errors import CorruptionError, FieldError
 from kvckpt_web.stores.memory import MemoryStore
 from kvckpt_web.tvm.metadata import write_metadata
 
-from kvmodel import KVModel, run, small_limits
+from support.kvmodel import KVModel, run, small_limits
 
 LENGTH = 37  # 10 pages of 4 tokens
 PPC = 2  # pages per chunk: 5 chunks per group, the last of 2 pages (pages 8-9)

@@ -23,7 +23,7 @@ from kvckpt_web.durable.verify import verify
 from kvckpt_web.errors import CorruptionError
 from kvckpt_web.stores.memory import MemoryStore
 
-from kvmodel import KVModel, run, small_limits
+from support.kvmodel import KVModel, run, small_limits
 
 PPC = 4  # pages per chunk: 16 tokens per chunk with the small layout
 LIMITS = small_limits(max_total_seq_len=256, prefill_chunk_size=256)

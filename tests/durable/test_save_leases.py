@@ -9,8 +9,8 @@ import pytest
 
 from kvckpt_web.durable.save import save
 
-from kvmodel import KVModel, run, small_limits
-from store_suite import LEASE_RUN_OUT, Clock, try_claim
+from support.kvmodel import KVModel, run, small_limits
+from support.store_suite import LEASE_RUN_OUT, Clock, try_claim
 
 obstore = pytest.importorskip("obstore")
 from kvckpt_web.stores.leases import DEFAULT_LEASE_SECONDS  # noqa: E402

@@ -18,8 +18,8 @@ from kvckpt_web.errors import CorruptionError, FieldError, NotFoundError
 from kvckpt_web.stores.file import FileStore
 from kvckpt_web.stores.memory import MemoryStore
 
-from kvmodel import KVModel, run
-from store_suite import Clock, try_claim
+from support.kvmodel import KVModel, run
+from support.store_suite import Clock, try_claim
 
 SCOPE = "model-a|layout|kernels"
 

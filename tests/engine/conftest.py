@@ -17,8 +17,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "model"))
 from kvckpt_web.engine import Engine, EngineConfig  # noqa: E402
 from kvckpt_web.model.protocol import LoadedModel  # noqa: E402
 
-from kvmodel import run  # noqa: E402
 from lm_double import DoubleLM, DoubleText  # noqa: E402
+from support.kvmodel import run  # noqa: E402
 
 SMALL = EngineConfig(context=768, sequences=3, page_size=4, prefill_chunk=8, autosave_every=5, chunk_tokens=16)
 """The tests' engine: small pages and chunks, so that a few words span several."""

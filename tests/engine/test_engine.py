@@ -16,8 +16,8 @@ from kvckpt_web.durable.prefix_records import PrefixKey, encode_record, prefix_r
 from kvckpt_web.engine import ChatChunk, ChatCompletion
 from kvckpt_web.errors import ContextFullError, FieldError, KVCkptError, NotFoundError
 
-from kvmodel import run
 from lm_double import EOS, DoubleLM, DoubleText
+from support.kvmodel import run
 
 USER_TURNS = ["hello there, who are you?", "tell me about the sea.", "and the wind?", "why is the sky blue?",
               "count to five.", "what is a boat?", "say something nice.", "goodbye!"]

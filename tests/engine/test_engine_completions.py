@@ -15,8 +15,8 @@ from kvckpt_web.engine import ChatChunk, ChatCompletion, Engine
 from kvckpt_web.errors import ContextFullError, FieldError
 from kvckpt_web.model.loader import load_model
 
-from kvmodel import run
 from lm_double import DoubleText
+from support.kvmodel import run
 
 PROMPT = "once upon a time"
 GREEDY = {"temperature": 0.0, "max_tokens": 12}

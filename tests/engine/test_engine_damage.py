@@ -16,8 +16,8 @@ from kvckpt_web import MemoryStore
 from kvckpt_web.durable.catalog import load_manifest, manifest_keys
 from kvckpt_web.durable.prefix_records import record_key, scope_id
 
-from kvmodel import run
 from lm_double import DoubleLM
+from support.kvmodel import run
 
 GREEDY = {"temperature": 0.0, "max_tokens": 12}
 TURNS = ["hello there, tell me about the sea.", "and the wind?", "why is the sky blue?"]

@@ -14,8 +14,8 @@ from kvckpt_web import MemoryStore
 from kvckpt_web.durable.catalog import manifest_keys
 from kvckpt_web.errors import ConflictError, FieldError, NotFoundError
 
-from kvmodel import run
-from stores_that_fail import FullAfter
+from support.kvmodel import run
+from support.stores_that_fail import FullAfter
 from tiny_llama import write_tiny_llama
 
 MESSAGES = [{"role": "user", "content": "tell me about the sea."}]

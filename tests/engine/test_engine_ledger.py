@@ -11,7 +11,7 @@ from kvckpt_web import MemoryStore
 from kvckpt_web.durable.ledger import Ledger
 from kvckpt_web.generation import generator
 
-from kvmodel import run
+from support.kvmodel import run
 
 GREEDY = {"temperature": 0.0, "max_tokens": 12}
 FIRST = [{"role": "user", "content": "hello there, who are you? tell me about the sea and the wind."}]

@@ -14,7 +14,7 @@ from kvckpt_web import MemoryStore
 from kvckpt_web.durable.catalog import manifest_keys
 from kvckpt_web.errors import FieldError, NotFoundError, StoreError
 
-from kvmodel import run
+from support.kvmodel import run
 
 GREEDY = {"temperature": 0.0, "max_tokens": 12}
 HELLO = [{"role": "user", "content": "hello there, tell me about the sea."}]

@@ -9,7 +9,7 @@ import pytest
 
 from kvckpt_web import MemoryStore
 
-from kvmodel import run
+from support.kvmodel import run
 
 GREEDY = {"temperature": 0.0, "max_tokens": 10}
 A = [{"role": "user", "content": "tell me about the sea."}]

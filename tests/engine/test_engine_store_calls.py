@@ -1,10 +1,11 @@
 """How often a request asks the store (a :class:`CountingStore` counts): before the first token of a stored
 conversation's next turn in a restarted process (its K/V come from the store), until the turn's first save (which
 commits its messages before the prefill; its commit and retention are not the request's questions), the
-conversation's manifests are listed once for the request's view of it, once for the ownership check under the
-name's claim and once for the save's own check that the newest generation is still its conversation's; each of
-the three reads the newest manifest once, and no listing of every chunk or every manifest is made. The prefix
-index is listed again only at a miss."""
+conversation's manifests are listed and its newest manifest read once for the request's view of it, and once
+more by the save, under its lock, whose check that the name's newest generation is still its conversation's is
+the only ownership check (the ledger knows that generation's conversation: it reads the manifest only to see
+that it is unchanged); no listing of every chunk or every manifest is made. The prefix index is listed again
+only at a miss."""
 
 from __future__ import annotations
 
@@ -12,10 +13,10 @@ from collections import Counter
 
 import pytest
 
-from counting_store import CountingStore, count
+from support.counting_store import CountingStore, count
 from kvckpt_web.durable.catalog import manifest_keys
 
-from kvmodel import run
+from support.kvmodel import run
 
 GREEDY = {"temperature": 0.0, "max_tokens": 6}
 FIRST = [{"role": "user", "content": "hello there, who are you? tell me about the sea and the wind."}]
@@ -42,12 +43,11 @@ async def _next_turn(make_engine, named: bool) -> tuple[str, int, Counter]:
 
 
 @pytest.mark.parametrize("named", [True, False], ids=["named", "unnamed"])
-def test_a_stored_conversations_next_turn_lists_its_manifests_for_its_view_and_its_two_ownership_checks_only(
-        make_engine, named):
+def test_a_stored_conversations_next_turn_lists_its_manifests_for_its_view_and_its_save_only(make_engine, named):
     name, newest, calls = run(_next_turn(make_engine, named))
-    assert count(calls, "list", f"manifests/{name}/") == 3  # the view, the check under the claim, the save's check
-    assert calls["get", f"manifests/{name}/{newest:020d}"] == 3
-    assert count(calls, "list", "chunks/") == 0 and count(calls, "list", "manifests/") == 3
+    assert count(calls, "list", f"manifests/{name}/") == 2  # the view; the save's, under its lock
+    assert calls["get", f"manifests/{name}/{newest:020d}"] == 2  # the view's; the save's check that it is unchanged
+    assert count(calls, "list", "chunks/") == 0 and count(calls, "list", "manifests/") == 2
 
 
 @pytest.mark.parametrize("named", [True, False], ids=["named", "unnamed"])

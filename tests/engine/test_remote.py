@@ -15,8 +15,8 @@ from kvckpt_web.engine import pull, push
 from kvckpt_web.errors import ConflictError, FieldError, NotFoundError
 from kvckpt_web.stores.file import FileStore
 
-from kvmodel import run
 from lm_double import DoubleLM
+from support.kvmodel import run
 from test_engine import GREEDY, converse
 
 pytest.importorskip("starlette")

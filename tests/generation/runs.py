@@ -13,8 +13,8 @@ from kvckpt_web.generation.generator import Generator
 from kvckpt_web.generation.resume import resume
 from kvckpt_web.model.sampler import SamplingSettings
 
-from kvmodel import run
 from lm_double import DoubleLM, DoubleText
+from support.kvmodel import run
 
 TEXT = DoubleText()
 PROMPT = TEXT.encode_chat([{"role": "user", "content": "tell me about the sea, please."}])

@@ -16,9 +16,9 @@ from kvckpt_web.errors import FieldError, FormatError
 from kvckpt_web.generation.app_state import APP_FORMAT, APP_VERSION, StopRules
 from kvckpt_web.generation.autosave import Autosave
 
-from kvmodel import run
 from lm_double import EOS, DoubleLM
 from runs import PROMPT, TOP_P, start
+from support.kvmodel import run
 
 
 def test_each_save_records_the_kv_length_of_its_checkpoint_and_the_pending_tokens(make_cache):

@@ -21,9 +21,9 @@ from kvckpt_web.generation.autosave import Autosave
 from kvckpt_web.generation.resume import resume
 from kvckpt_web.stores.memory import MemoryStore
 
-from kvmodel import run
 from lm_double import DoubleLM
 from runs import PROMPT, TEXT, TOP_P, interrupted, start, uninterrupted
+from support.kvmodel import run
 
 
 class FailingStore(MemoryStore):

@@ -23,10 +23,10 @@ from kvckpt_web.model.sampler import SamplingSettings
 from kvckpt_web.stores.file import FileStore
 from kvckpt_web.stores.http import HTTPStore
 
-from counting_store import CountingStore, count
-from kvmodel import run
 from lm_double import DoubleLM, DoubleText
-from store_suite import LEASE_RUN_OUT, Clock
+from support.counting_store import CountingStore, count
+from support.kvmodel import run
+from support.store_suite import LEASE_RUN_OUT, Clock
 
 TEXT = DoubleText()
 PROMPT = TEXT.encode_chat([{"role": "user", "content": "tell me about the sea, please."}])
@@ -311,24 +311,34 @@ def test_a_generator_without_autosave_claims_no_name(make_cache):
     run(reader.close())
 
 
-def test_a_reply_given_the_names_newest_manifest_as_read_checks_ownership_without_reading_it_again(make_cache):
+def test_a_reply_saved_first_commits_its_prompt_before_any_token(make_cache):
+    store = MemoryStore()
+    gen = start(make_cache, store, save_first=True)
+    manifest, _ = run(load_manifest(store, "chat"))
+    assert (manifest.generation, manifest.app_state["prompt_tokens"], manifest.app_state["generated_tokens"]) == \
+        (1, PROMPT, [])
+    finished(gen)
+
+
+def test_a_reply_saved_first_checks_the_names_conversation_once_at_that_saves_commit(make_cache):
     store = CountingStore()
     finished(start(make_cache, store))
     manifest, _ = run(load_manifest(store, "chat"))
     store.reset()
-    gen = start(make_cache, store, conversation=conversation_of(manifest.app_state), owner=manifest)
+    gen = start(make_cache, store, conversation=conversation_of(manifest.app_state), save_first=True)
     calls = store.calls.copy()
     finished(gen)
-    assert count(calls, "get", "manifests/") == 0 and count(calls, "list", "manifests/chat/") == 1
+    assert count(calls, "list", "manifests/chat/") == 1  # the save's, under its lock: no check of its own
 
 
-def test_a_reply_given_a_manifest_no_longer_the_newest_reads_the_newest_to_check_ownership(make_cache):
-    store = CountingStore()
+def test_a_reply_saved_first_on_a_name_of_another_conversation_is_refused_leaving_store_and_cache(make_cache):
+    store = MemoryStore()
     finished(start(make_cache, store))
-    oldest = run(list_generations(store, "chat"))[0]
-    stale, _ = run(load_manifest(store, "chat", oldest.generation))
-    newest, _ = run(load_manifest(store, "chat"))
-    store.reset()
-    with pytest.raises(ConflictError, match="another conversation"):
-        start(make_cache, store, conversation=Conversation.new(), owner=stale)
-    assert count(store.calls, "get", "manifests/") == count(store.calls, "get", newest.key) == 1
+    before = snapshot(store)
+    model = DoubleLM()
+    cache = make_cache(model)
+    with pytest.raises(ConflictError, match="another writer's"):
+        run(Generator.start(model, cache, PROMPT, SETTINGS, stop=StopRules(20), prefill_chunk=8,
+                            autosave=Autosave(store, "chat", 4, 2), decode=TEXT.decode, save_first=True))
+    assert snapshot(store) == before and cache.sequence_ids() == []
+    finished(start(make_cache, store, conversation=conversation_of(run(load_manifest(store, "chat"))[0].app_state)))

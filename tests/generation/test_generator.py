@@ -19,9 +19,9 @@ from kvckpt_web.generation.resume import resume
 from kvckpt_web.model.caches import new_cache
 from kvckpt_web.model.sampler import Sampler, SamplingSettings
 
-from kvmodel import names_field, run
 from lm_double import DoubleLM
 from runs import GREEDY, PROMPT, TEXT, TOP_P, resumed, start, uninterrupted
+from support.kvmodel import names_field, run
 
 
 def test_after_a_failed_forward_the_generator_refuses_to_go_on_and_its_last_checkpoint_resumes(make_cache):
@@ -142,7 +142,7 @@ WRONG_ARGUMENTS = [
     ("start on_token=list", lambda m, c, s: Generator.start(m, c, PROMPT, GREEDY, on_token=[]), "on_token"),
     ("start on_save=int", lambda m, c, s: Generator.start(m, c, PROMPT, GREEDY, on_save=1), "on_save"),
     ("start progress=int", lambda m, c, s: Generator.start(m, c, PROMPT, GREEDY, progress=1), "progress"),
-    ("start owner=dict", lambda m, c, s: Generator.start(m, c, PROMPT, GREEDY, owner={}), "owner"),
+    ("start save_first=int", lambda m, c, s: Generator.start(m, c, PROMPT, GREEDY, save_first=1), "save_first"),
     ("resume store=None", lambda m, c, s: resume(None, "chat", m, c), "store"),
     ("resume name=None", lambda m, c, s: resume(s, None, m, c), "name"),
     ("resume model=None", lambda m, c, s: resume(s, "chat", None, c), "model"),

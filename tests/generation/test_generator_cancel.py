@@ -16,9 +16,9 @@ from kvckpt_web.generation.autosave import Autosave
 from kvckpt_web.generation.resume import resume
 from kvckpt_web.stores.memory import MemoryStore
 
-from kvmodel import run
 from lm_double import DoubleLM, DoubleLogits
 from runs import TEXT, TOP_P, start, uninterrupted
+from support.kvmodel import run
 
 
 @pytest.fixture

@@ -16,9 +16,9 @@ from kvckpt_web.generation.app_state import StopRules
 from kvckpt_web.generation.autosave import Autosave
 from kvckpt_web.generation.resume import resume
 
-from kvmodel import run
 from lm_double import DoubleLM
 from runs import GREEDY, PROMPT, TEXT, TOP_K_PENALTY, TOP_P, interrupted, resumed, start, uninterrupted
+from support.kvmodel import run
 
 
 # ----- resume identity ------------------------------------------------------------------------------

@@ -11,7 +11,7 @@ from kvckpt_web import (CapacityError, CheckpointStateError, HostTensor, MemoryS
                         TensorError, restore, save)
 from kvckpt_web.gpu.device import Clear, Usage
 
-from kvmodel import run, small_layout, small_limits
+from support.kvmodel import run, small_layout, small_limits
 
 P = 4  # page size of the small layout
 

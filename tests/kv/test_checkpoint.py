@@ -23,7 +23,7 @@ from kvckpt_web.kv.scatter import scatter_free_pages
 from kvckpt_web.gpu.device import CopyRuns, Usage
 from kvckpt_web.kv.transfer import page_runs
 
-from kvmodel import device_array_from, read_device_array, read_layer_page, run, small_layout, small_limits
+from support.kvmodel import device_array_from, read_device_array, read_layer_page, run, small_layout, small_limits
 
 TRANSFERS = ["kernel", "copy", "mapped"]
 P = 4  # page size of the small layout

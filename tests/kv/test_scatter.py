@@ -5,7 +5,7 @@ from __future__ import annotations
 from kvckpt_web.kv.cache import PagedKVCache
 from kvckpt_web.kv.scatter import scatter_free_pages
 
-from kvmodel import small_layout, small_limits
+from support.kvmodel import small_layout, small_limits
 
 
 def test_scatter_free_pages_leaves_every_other_page_free_for_the_next_sequence(device):

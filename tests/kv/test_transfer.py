@@ -12,7 +12,7 @@ from kvckpt_web.gpu.device import Buffer, Region, Usage
 from kvckpt_web.kv import kernels
 from kvckpt_web.kv.transfer import CPU_COPY_PIECE_BYTES, PATHS, PageMover, in_pieces, measure_path
 
-from kvmodel import small_layout, small_limits
+from support.kvmodel import small_layout, small_limits
 
 
 def as_adapter(monkeypatch, device, is_cpu: bool):

@@ -41,7 +41,7 @@ def compare_decode(loaded, device, weights, config, prompt, steps, *, chunk, pag
         got, got_tokens = asyncio.run(ours())
     finally:
         cache.close()
-    ref, kv = reference_forward(weights, config, prompt)
+    ref, kv = reference_forward(weights, config, prompt, last_only=True)
     want, want_tokens = [ref[-1]], [int(np.argmax(ref[-1]))]
     for _ in range(steps):
         ref, kv = reference_forward(weights, config, [want_tokens[-1]], kv)

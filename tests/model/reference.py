@@ -174,9 +174,11 @@ def as_cached(x: np.ndarray) -> np.ndarray:
 
 
 def reference_forward(weights: Weights, config: Config, tokens: list[int] | np.ndarray,
-                      past_kv: KV | None = None, *, adjacent_rope: bool = False) -> tuple[np.ndarray, KV]:
+                      past_kv: KV | None = None, *, adjacent_rope: bool = False,
+                      last_only: bool = False) -> tuple[np.ndarray, KV]:
     """Logits ``(len(tokens), vocab)`` of ``tokens`` following the tokens whose K/V are ``past_kv`` (None: none),
-    and the K/V with these tokens appended.
+    and the K/V with these tokens appended; with ``last_only`` those of the last token only, ``(1, vocab)`` (a
+    long prompt's head over a large vocabulary is most of the work).
 
     ``adjacent_rope`` rotates adjacent pairs instead (llama.cpp's way, for weights still in GGUF row order).
     """
@@ -212,6 +214,8 @@ def reference_forward(weights: Weights, config: Config, tokens: list[int] | np.n
         out = ((gelu_tanh if c.activation == "gelu_tanh" else silu)(gate) * up) @ layer.down.T
         x = x + (out if layer.post_ffw_norm is None else rms_norm(out, layer.post_ffw_norm, c.rms_eps))
     x = rms_norm(x, weights.output_norm, c.rms_eps)
+    if last_only:
+        x = x[-1:]
     return x @ (weights.embedding if weights.head is None else weights.head).T, kv
 
 

@@ -5,8 +5,9 @@ same dequantized weights: a prefill in chunks, then greedy decode steps.
 Tolerances as in test_llama.py: float32 sums against float64 ones and float16 K/V on both sides. Measured largest
 differences of logits over the prefill and five decode steps: 1.6e-4 (llama3), 2.5e-4 (qwen2), 1.2e-4 (qwen3),
 4.8e-4 (gemma3, logits up to ~14). The bound leaves a margin of 6x over those and stays far under what a missing
-bias, norm, window or RoPE factor moves (the last test shows that those this prompt exercises move the logits by
-0.6 to 12).
+bias, norm, window or RoPE factor moves (a test below shows that those this prompt exercises move the logits by
+0.6 to 12). The same on files whose q/k/v or gate/up matrices are of several types, and (``real_model``) on the
+real Gemma 3 270M Q4_K_M file, past its 512-token window.
 """
 
 from __future__ import annotations
@@ -21,12 +22,16 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
 from greedy_check import compare_decode  # noqa: E402
-from reference import reference_forward  # noqa: E402
+from reference import load_gguf, reference_forward  # noqa: E402
 from tiny_archs import KINDS, write_tiny_arch  # noqa: E402
+from tiny_llama import Q4_1, Q8_0  # noqa: E402
 
 from kvckpt_web.model.loader import load_model  # noqa: E402
 
 LOGIT_ATOL = 3e-3
+REAL_LOGIT_ATOL = 2e-2
+"""The real Gemma 3 270M Q4_K_M: measured largest differences 3.9e-3 (logits up to ~40) over both prompts and three
+decode steps; 5x that."""
 PROMPT = [int(t) for t in np.random.default_rng(7).integers(3, 300, 37)]
 """37 tokens: more than a Gemma window (5) and than two key ranges of the attention (16 keys each)."""
 STEPS = 5
@@ -46,6 +51,24 @@ def test_each_architecture_prefills_and_decodes_as_the_float64_reference(device,
     # prefill chunks of 12 over pages of 8: chunks start mid-page
     got, want, got_tokens, want_tokens = compare_decode(loaded, device, weights, config, PROMPT, STEPS, chunk=12,
                                                         page_size=8)
+    for step, (g, w) in enumerate(zip(got, want)):
+        np.testing.assert_allclose(g, w, rtol=0, atol=LOGIT_ATOL, err_msg=f"{kind}, step {step}")
+    assert got_tokens == want_tokens
+
+
+@pytest.mark.parametrize("kind, types", [
+    ("llama3", {"attn_v.weight": Q8_0, "ffn_up.weight": Q8_0}),  # mixed q/k/v and gate/up of a SwiGLU model
+    ("qwen3", {"ffn_gate.weight": Q8_0, "ffn_up.weight": Q8_0, "token_embd.weight": Q4_1}),  # SwiGLU, not Q4_1
+    ("gemma3", {"attn_q.weight": Q8_0, "ffn_gate.weight": Q8_0}),  # mixed q/k/v and gate/up of a GeGLU model
+])
+def test_matrices_of_several_types_in_one_product_follow_the_float64_reference(device, tmp_path, kind, types):
+    path, config, weights = write_tiny_arch(tmp_path / "m.gguf", kind, types=types)
+    loaded = load_model(path, device)
+    try:
+        got, want, got_tokens, want_tokens = compare_decode(loaded, device, weights, config, PROMPT, 2, chunk=12,
+                                                            page_size=8)
+    finally:
+        loaded.model.close()
     for step, (g, w) in enumerate(zip(got, want)):
         np.testing.assert_allclose(g, w, rtol=0, atol=LOGIT_ATOL, err_msg=f"{kind}, step {step}")
     assert got_tokens == want_tokens
@@ -82,16 +105,42 @@ def test_a_gemma3_cache_marks_its_sliding_layers_and_its_checkpoint_continues_as
 
         async def body() -> tuple[list[tuple[int, float]], list[tuple[int, float]]]:
             store, uninterrupted, restored = MemoryStore(), new_cache(model, device, page_size=8), None
-            uninterrupted.add_sequence(0)
-            await model.forward(uninterrupted, 0, PROMPT)  # more tokens than the window
-            await save(uninterrupted, 0, store, "chat")
-            want = await (await model.forward(uninterrupted, 0, [5])).top_k(4)
-            restored = new_cache(model, device, page_size=8)
-            await restore(store, "chat", restored, seq_id=0)
-            got = await (await model.forward(restored, 0, [5])).top_k(4)
-            return got, want
+            try:
+                uninterrupted.add_sequence(0)
+                await model.forward(uninterrupted, 0, PROMPT)  # more tokens than the window
+                await save(uninterrupted, 0, store, "chat")
+                want = await (await model.forward(uninterrupted, 0, [5])).top_k(4)
+                restored = new_cache(model, device, page_size=8)
+                await restore(store, "chat", restored, seq_id=0)
+                got = await (await model.forward(restored, 0, [5])).top_k(4)
+                return got, want
+            finally:  # a cache left open leaks its buffers into the device's count of live ones
+                for cache in (uninterrupted, restored):
+                    if cache is not None:
+                        cache.close()
 
         got, want = asyncio.run(body())
         assert got == want
     finally:
         loaded.model.close()
+
+
+GEMMA_PROMPTS = ["Paris is the capital of",
+                 "The lighthouse keeper climbed the stairs every evening to light the lamp for the ships. " * 40]
+"""A short prompt, and one of ~700 tokens: past Gemma 3's 512-token window, so its sliding layers mask keys."""
+
+
+@pytest.mark.real_model
+@pytest.mark.parametrize("text", GEMMA_PROMPTS, ids=["short", "past-the-window"])
+def test_the_real_gemma3_decodes_greedily_as_the_float64_reference(device, gemma_path, text):
+    loaded = load_model(gemma_path, device)
+    try:
+        prompt = loaded.text.encode_text(text)
+        weights, config = load_gguf(gemma_path)
+        got, want, got_tokens, want_tokens = compare_decode(loaded, device, weights, config, prompt, 3, chunk=128,
+                                                            page_size=16)
+    finally:
+        loaded.model.close()
+    for step, (g, w) in enumerate(zip(got, want)):
+        np.testing.assert_allclose(g, w, rtol=0, atol=REAL_LOGIT_ATOL, err_msg=f"step {step}")
+    assert got_tokens == want_tokens

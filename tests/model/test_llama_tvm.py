@@ -1,5 +1,5 @@
 """A checkpoint the llama runner autosaved mid-generation loads in Apache TVM 0.27's real PagedAttentionKVCache
-(tests/tvm_reference.py), declares the model's RoPE and layout, and holds in TVM the K/V a float64 forward of
+(tests/support/tvm_reference.py), declares the model's RoPE and layout, and holds in TVM the K/V a float64 forward of
 the un-permuted weights with rotate-half RoPE computes: the K/V a TVM build of the model would keep.
 """
 
@@ -17,7 +17,7 @@ pytest.importorskip("tvm", reason="Apache TVM is not installed (CI installs it)"
 
 sys.path.insert(0, str(Path(__file__).parent))
 sys.path.insert(0, str(Path(__file__).parent.parent))
-import tvm_reference as ref  # noqa: E402
+from support import tvm_reference as ref  # noqa: E402
 from reference import load_gguf, reference_forward  # noqa: E402
 from tiny_llama import CONFIG  # noqa: E402
 

@@ -1,4 +1,4 @@
-"""The row kernels the architectures add (kvckpt_web.model.row_kernels: shaders/model/rows.wgsl, geglu.wgsl) against
+"""The row kernels the architectures add (kvckpt_web.model.row_kernels: shaders/model/rows.wgsl, glu.wgsl) against
 float64 numpy.
 
 Tolerance: each is a few f32 operations per value, or (the norms) an f32 sum of at most a few hundred squares:
@@ -16,9 +16,27 @@ from kvckpt_web.model import kernels, row_kernels
 from kvckpt_web.model.weights import F32, upload_tensor
 
 from kernel_io import floats, rows, run, run_texture
-from reference import gelu_tanh, rms_norm
+from reference import gelu_tanh, rms_norm, silu
 
 ATOL = RTOL = 1e-5
+
+
+@pytest.fixture(autouse=True)
+def destroyed_after(device, monkeypatch):  # type: ignore[no-untyped-def]
+    """Every buffer and texture a test makes is destroyed after it (the device counts live ones for other tests)."""
+    made = []
+    for name in ("create_buffer", "create_texture"):
+        create = getattr(device, name)
+
+        def recording(*args, _create=create, **kwargs):  # type: ignore[no-untyped-def]
+            made.append(_create(*args, **kwargs))
+            return made[-1]
+
+        monkeypatch.setattr(device, name, recording)
+    yield
+    monkeypatch.undo()
+    for resource in made:
+        device.destroy(resource)
 
 
 def f32(values: np.ndarray) -> np.ndarray:
@@ -68,15 +86,27 @@ def test_norm_add_adds_the_normalized_rows_into_the_residual(device):
     np.testing.assert_allclose(got, x + rms_norm(y, w, 1e-6), rtol=RTOL, atol=ATOL)
 
 
-def test_geglu_multiplies_the_tanh_gelu_of_the_gate_rows_by_the_up_rows(device):
+@pytest.mark.parametrize("activation, act", [("gelu_tanh", gelu_tanh), ("silu", silu)])
+def test_glu_multiplies_the_activated_gate_rows_by_the_up_rows(device, activation, act):
     rng = np.random.default_rng(5)
     tokens, ffn = 3, 64
     gate_up = f32(rng.standard_normal((tokens, 2 * ffn)) * 4)
     gate_up[0, :4] = [-40.0, 40.0, -9.0, 9.0]  # where tanh is +-1 in f32
     hidden = kernels.activation_texture(device, ffn, tokens, "test.hidden")
-    got = run_texture(device, [row_kernels.geglu(device, rows(device, gate_up), hidden, tokens, ffn)], hidden)
-    want = gelu_tanh(gate_up[:, :ffn]) * gate_up[:, ffn:]
-    np.testing.assert_allclose(got.astype(np.float64), want, rtol=RTOL, atol=ATOL)
+    got = run_texture(device, [row_kernels.glu(device, rows(device, gate_up), hidden, tokens, ffn, activation)],
+                      hidden)
+    np.testing.assert_allclose(got.astype(np.float64), act(gate_up[:, :ffn]) * gate_up[:, ffn:], rtol=RTOL, atol=ATOL)
+
+
+def test_place_writes_a_part_into_its_columns_of_each_row_and_leaves_the_rest(device):
+    rng = np.random.default_rng(6)
+    x, part = f32(rng.standard_normal((4, 80))), f32(rng.standard_normal((4, 24)))
+    buffer = rows(device, x)
+    got = floats(run(device, [row_kernels.place(device, buffer, rows(device, part), 4, 80, 40, 24)], buffer,
+                     4 * x.size)).reshape(x.shape)
+    want = x.copy()
+    want[:, 40:64] = part
+    np.testing.assert_array_equal(got, want)
 
 
 def test_head_norm_weights_of_another_size_are_refused(device):

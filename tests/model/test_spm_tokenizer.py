@@ -110,6 +110,11 @@ def test_gemma_flags_are_the_files(tokenizer: SentencePieceTokenizer) -> None:
     assert tokenizer.vocab_size == 262144
 
 
+def test_gemma_known_ids_are_llama_cpps(tokenizer: SentencePieceTokenizer) -> None:
+    # llama.cpp's ids (bench/notes/2026-12-07-tokenizer-vs-llama-cpp.md)
+    assert tokenizer.encode("Paris is the capital of") == [2, 50429, 563, 506, 5279, 529]
+
+
 def test_gemma_puts_bos_first_by_default(tokenizer: SentencePieceTokenizer) -> None:
     assert tokenizer.encode("Paris is the capital of") == [2] + tokenizer.encode("Paris is the capital of",
                                                                                   add_bos=False)

@@ -60,10 +60,11 @@ def stored(values: np.ndarray, qtype: Any) -> np.ndarray:
     return gguf.quants.dequantize(gguf.quants.quantize(values, qtype), qtype).astype(np.float64)
 
 
-def tiny_arch(kind: str, seed: int = 0) -> tuple[str, Config, dict[str, Any], dict[str, tuple[np.ndarray, Any]],
-                                                 Weights]:
+def tiny_arch(kind: str, seed: int = 0, types: dict[str, Any] | None = None) -> tuple[
+        str, Config, dict[str, Any], dict[str, tuple[np.ndarray, Any]], Weights]:
     """(architecture, config, metadata, GGUF tensors as (float32 values in GGUF row order, type), and the float64
-    weights they dequantize to) of the tiny model ``kind`` of :data:`KINDS`."""
+    weights they dequantize to) of the tiny model ``kind`` of :data:`KINDS`; ``types`` changes the type of the
+    tensors whose names end in its keys."""
     arch, config, metadata = KINDS[kind]
     c = replace(config, vocab=len(vocabulary()[0]))
     w = random_model(c, seed)
@@ -91,6 +92,11 @@ def tiny_arch(kind: str, seed: int = 0) -> tuple[str, Config, dict[str, Any], di
             for name in ("post_attention_norm", "post_ffw_norm"):
                 tensors[f"{blk}.{name}.weight"] = (1 + 0.3 * rng.standard_normal(c.hidden), F32)
 
+    for name, (values, _) in list(tensors.items()):
+        for suffix, qtype in (types or {}).items():
+            if name.endswith(suffix):
+                tensors[name] = (values, qtype)
+
     def get(name: str) -> np.ndarray | None:
         return stored(*tensors[name]) if name in tensors else None
 
@@ -114,10 +120,10 @@ def tiny_arch(kind: str, seed: int = 0) -> tuple[str, Config, dict[str, Any], di
     return arch, c, metadata, tensors, weights
 
 
-def write_tiny_arch(path: Path, kind: str, seed: int = 0, metadata: dict[str, Any] | None = None) -> tuple[Path, Config,
-                                                                                                            Weights]:
-    """Write the tiny model ``kind`` to ``path`` (``metadata`` changing its ``<arch>.`` keys); (path, the
-    reference's config and weights)."""
-    arch, config, keys, tensors, weights = tiny_arch(kind, seed)
+def write_tiny_arch(path: Path, kind: str, seed: int = 0, metadata: dict[str, Any] | None = None,
+                    types: dict[str, Any] | None = None) -> tuple[Path, Config, Weights]:
+    """Write the tiny model ``kind`` to ``path`` (``metadata`` changing its ``<arch>.`` keys, ``types`` the types of
+    tensors as :func:`tiny_arch`); (path, the reference's config and weights)."""
+    arch, config, keys, tensors, weights = tiny_arch(kind, seed, types)
     write_tiny_llama(path, arch=arch, config=config, tensors=tensors, metadata={**keys, **(metadata or {})})
     return path, config, weights

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-# The shared helpers (store_suite, kvmodel, ...) import by name, as pyproject's ``pythonpath`` makes them on
-# desktop; pyproject is not mounted here.
+# The shared helpers (support.store_suite, support.kvmodel, ...) import from tests/, as pyproject's ``pythonpath``
+# makes them on desktop; pyproject is not mounted here.
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 
@@ -29,7 +29,7 @@ def make_model(device):
 
 
 def _stub_kvmodel() -> None:
-    """tests/kvmodel.py needs numpy (absent here); its helpers serve GPU tests only, which skip anyway."""
+    """tests/support/kvmodel.py needs numpy (absent here); its helpers serve GPU tests only, which skip anyway."""
     import asyncio
     import sys
     import types
@@ -39,16 +39,16 @@ def _stub_kvmodel() -> None:
         return
     except ImportError:
         pass
-    stub = types.ModuleType("kvmodel", "numpy-free stand-in for tests/kvmodel.py inside Pyodide")
+    stub = types.ModuleType("support.kvmodel", "numpy-free stand-in for tests/support/kvmodel.py inside Pyodide")
     stub.run = asyncio.run
 
     def _missing(name):
         def helper(*args, **kwargs):
-            pytest.skip(f"kvmodel.{name} needs numpy (not in Pyodide)")
+            pytest.skip(f"support.kvmodel.{name} needs numpy (not in Pyodide)")
         return helper
 
     stub.__getattr__ = _missing
-    sys.modules.setdefault("kvmodel", stub)
+    sys.modules.setdefault("support.kvmodel", stub)
 
 
 _stub_kvmodel()

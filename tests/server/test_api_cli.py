@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 from api_helpers import SEEDED, USER, api_serving, client, raw, serving_api
-from kvmodel import run
 from serve_helpers import PATIENCE
+from support.kvmodel import run
 
 from kvckpt_web import FileStore
 from kvckpt_web.cli.main import main

@@ -11,8 +11,8 @@ import sys
 
 import pytest
 from api_helpers import serving_api
-from readme_snippets import NEEDS_API, snippets
 from serve_helpers import PATIENCE
+from support.readme_snippets import NEEDS_API, snippets
 
 README_URL = "http://127.0.0.1:8000/"
 PYTHON = [s for s in snippets("python") if s.startswith(NEEDS_API)]

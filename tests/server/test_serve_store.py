@@ -24,7 +24,7 @@ from kvckpt_web.stores.file import FileStore
 from kvckpt_web.stores.http import HTTPStore
 from kvckpt_web.stores.memory import MemoryStore
 
-from kvmodel import run, small_limits
+from support.kvmodel import run, small_limits
 
 REPO = Path(__file__).resolve().parents[2]
 TOKEN = "push-pull-token-0123456789"

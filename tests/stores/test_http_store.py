@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from store_suite import LEASE_RUN_OUT, Clock, StoreTests, run
+from support.store_suite import LEASE_RUN_OUT, Clock, StoreTests, run
 
 pytest.importorskip("starlette")
 

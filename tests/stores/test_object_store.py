@@ -14,8 +14,8 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
-from s3_server import BUCKET, NO_RETRIES
-from store_suite import LEASE_RUN_OUT, Clock, StoreTests, run
+from support.s3_server import BUCKET, NO_RETRIES
+from support.store_suite import LEASE_RUN_OUT, Clock, StoreTests, run
 
 from kvckpt_web.errors import ConflictError, FieldError, StoreError
 from kvckpt_web.stores.base import Store

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from store_suite import StoreTests, needs_direct_io, run, spy_writes
+from support.store_suite import StoreTests, needs_direct_io, run, spy_writes
 
 from kvckpt_web.errors import ConflictError, FieldError, FormatError, StoreError
 from kvckpt_web.gpu.tensors import zeroed

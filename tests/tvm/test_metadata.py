@@ -15,7 +15,7 @@ import pytest
 from kvckpt_web import CacheLimits, CheckpointStateError, KVLayout, LayoutHashMismatch, MetadataError
 from kvckpt_web.tvm.metadata import dump_tvm_json, parse_metadata, tvm_json_double, validate_import, write_metadata
 
-from kvmodel import device_array_from, run
+from support.kvmodel import device_array_from, run
 
 # ----- TVM's test configuration (tests/python/relax/test_runtime_builtin_kv_cache_checkpoint.py) ---------
 

@@ -32,7 +32,7 @@ tvm = pytest.importorskip("tvm", reason="Apache TVM is not installed (CI install
 from kvckpt_web import CacheLimits, KVLayout, PagedKVCache  # noqa: E402
 from kvckpt_web.errors import BadValueError, KVCkptError, LayoutHashMismatch  # noqa: E402
 
-import tvm_reference as ref
+from support import tvm_reference as ref
 
 PAGE_SIZE = 4
 NUM_LAYERS = 2

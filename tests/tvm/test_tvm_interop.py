@@ -1,6 +1,6 @@
 """Wire compatibility with Apache TVM's real PagedAttentionKVCache, over a grid of layouts.
 
-Each case drives TVM's cache (``tests/tvm_reference.py``, CPU) and ours (WebGPU)
+Each case drives TVM's cache (``tests/support/tvm_reference.py``, CPU) and ours (WebGPU)
 through the same operations (add / append / fork / popn), then checks that
 
 * both report the same layout hash and the same checkpoint metadata text,
@@ -31,7 +31,7 @@ pytest.importorskip("tvm", reason="Apache TVM is not installed (CI installs it)"
 from kvckpt_web import CacheLimits, KVLayout, PagedKVCache  # noqa: E402
 from kvckpt_web.kv.scatter import scatter_free_pages  # noqa: E402
 
-import tvm_reference as ref
+from support import tvm_reference as ref
 
 ROPE_NAMES = {ref.ROPE_NONE: "none", ref.ROPE_NORMAL: "normal", ref.ROPE_INLINE: "inline"}
 RESERVED_NUM_SEQS = 4

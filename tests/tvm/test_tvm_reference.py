@@ -1,4 +1,4 @@
-"""Self-tests of the TVM reference harness (``tests/tvm_reference.py``).
+"""Self-tests of the TVM reference harness (``tests/support/tvm_reference.py``).
 
 These drive Apache TVM's real PagedAttentionKVCache on CPU. They are skipped
 only when ``import tvm`` fails; CI installs TVM, so there they always run.
@@ -13,7 +13,7 @@ import pytest
 
 tvm = pytest.importorskip("tvm", reason="Apache TVM is not installed (CI installs it)")
 
-import tvm_reference as ref
+from support import tvm_reference as ref
 
 
 def _random_kv(cache: ref.TVMCache, n: int, seed: int) -> tuple[np.ndarray, np.ndarray]:

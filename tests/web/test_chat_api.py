@@ -21,8 +21,8 @@ from kvckpt_web.stores.memory import MemoryStore
 from kvckpt_web.web import chat_api
 from kvckpt_web.web.chat_api import BrowserEngine
 
-from kvmodel import run
-from stores_that_fail import FullAfter
+from support.kvmodel import run
+from support.stores_that_fail import FullAfter
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "model"))
 from lm_double import DoubleLM, DoubleText  # noqa: E402

@@ -14,7 +14,7 @@ import pytest
 from kvckpt_web.errors import ConflictError, FieldError, NotFoundError, StoreError
 from kvckpt_web.stores.file import FileStore
 
-from kvmodel import run
+from support.kvmodel import run
 from test_chat_api import chunks_of, cut, ids_of, reply, stores, tab, text_of  # noqa: F401 - fixtures and helpers
 
 pytest.importorskip("starlette")

@@ -25,7 +25,7 @@ from kvckpt_web.tvm.layout import CacheLimits
 from kvckpt_web.bench.soak import LAYOUT
 from kvckpt_web.stores.file import FileStore
 
-from kvmodel import run
+from support.kvmodel import run
 
 SECONDS = 4.0
 """How long the writers run once the first generation is there."""

@@ -9,7 +9,7 @@ from kvckpt_web.cli.main import main
 from kvckpt_web.engine import PRESETS, Engine
 from kvckpt_web.model.loader import load_model
 
-from kvmodel import run
+from support.kvmodel import run
 
 PROMPT = "the theory of the thing is that"
 

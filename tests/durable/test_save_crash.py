@@ -19,7 +19,7 @@ from kvckpt_web.durable.save import save
 from kvckpt_web.durable.verify import verify
 from kvckpt_web.stores.file import FAULT_STEPS, FileStore
 
-from kvmodel import run
+from support.kvmodel import run
 
 TRIALS = int(os.environ.get("KVCKPT_SOAK_TRIALS", "20"))
 

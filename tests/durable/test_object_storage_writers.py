@@ -22,7 +22,7 @@ from kvckpt_web.durable.save import save
 from kvckpt_web.durable.verify import verify
 from kvckpt_web.errors import ConflictError, CorruptionError, NotFoundError
 
-from kvmodel import run
+from support.kvmodel import run
 
 pytest.importorskip("obstore")
 from kvckpt_web.stores.objects import ObjectStore  # noqa: E402

@@ -1,6 +1,7 @@
-// GeGLU's hidden activations from the stacked gate/up product (kvckpt_web/model/row_kernels.py):
-// hidden[t, r] = gelu(g[t, r]) * u[t, r], GELU in its tanh approximation (ggml_gelu, Gemma's gelu_pytorch_tanh):
-// gelu(g) = 0.5 g (1 + tanh(sqrt(2 / pi) (g + 0.044715 g^3))).
+// The gated FFN's hidden activations from the gate/up rows (kvckpt_web/model/row_kernels.py), where no fused product
+// makes them: hidden[t, r] = act(g[t, r]) * u[t, r], act SiLU (SwiGLU: silu(g) = g / (1 + exp(-g))) or GELU in its
+// tanh approximation (GeGLU: ggml_gelu, Gemma's gelu_pytorch_tanh: gelu(g) = 0.5 g (1 + tanh(sqrt(2 / pi) (g +
+// 0.044715 g^3)))).
 //
 // Bindings (group 0):
 //   0  uniform                  Params
@@ -11,7 +12,8 @@
 
 struct Params {
   tokens: u32,
-  ffn: u32,  // a multiple of 4
+  ffn: u32,   // a multiple of 4
+  gelu: u32,  // 1: GeGLU, 0: SwiGLU
 }
 
 @group(0) @binding(0) var<uniform> params: Params;
@@ -27,8 +29,12 @@ fn gelu(g: vec4<f32>) -> vec4<f32> {
   return 0.5 * g * (1.0 + (e - 1.0) / (e + 1.0));
 }
 
+fn silu(g: vec4<f32>) -> vec4<f32> {
+  return g / (1.0 + exp(-g));
+}
+
 @compute @workgroup_size(256)
-fn geglu(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
+fn glu(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
   let i = gid.x + gid.y * nwg.x * 256u;
   let quads = params.ffn / 4u;
   if (i >= params.tokens * quads) {
@@ -37,5 +43,10 @@ fn geglu(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups)
   let t = i / quads;
   let q = i % quads;
   let row = t * 2u * quads;
-  textureStore(hidden, vec2<u32>(q, t), bitcast<vec4<u32>>(gelu(gate_up[row + q]) * gate_up[row + quads + q]));
+  let g = gate_up[row + q];
+  var a = silu(g);
+  if (params.gelu == 1u) {
+    a = gelu(g);
+  }
+  textureStore(hidden, vec2<u32>(q, t), bitcast<vec4<u32>>(a * gate_up[row + quads + q]));
 }

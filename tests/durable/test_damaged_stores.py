@@ -26,7 +26,7 @@ from kvckpt_web.durable.save import save
 from kvckpt_web.durable.verify import verify
 from kvckpt_web.stores.memory import MemoryStore
 
-from kvmodel import KVModel, run, small_layout, small_limits
+from support.kvmodel import KVModel, run, small_layout, small_limits
 
 LIMITS = small_limits(max_total_seq_len=256, prefill_chunk_size=256)
 PPC = 2

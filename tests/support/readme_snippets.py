@@ -6,7 +6,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 README = REPO / "README.md"
 PAGES = (README, *sorted((REPO / "docs").glob("*.md")), REPO / "examples" / "chat" / "README.md")
 """Every page whose snippets the tests run: the README first (its first Python block is the quick start), then the

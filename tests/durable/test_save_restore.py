@@ -31,8 +31,8 @@ from kvckpt_web.stores.base import Store
 from kvckpt_web.stores.file import FileStore
 from kvckpt_web.stores.memory import MemoryStore
 
-from kvmodel import KVModel, run, small_limits
-from store_suite import needs_direct_io, spy_writes
+from support.kvmodel import KVModel, run, small_limits
+from support.store_suite import needs_direct_io, spy_writes
 
 PPC = 4  # pages per chunk in these tests: 16 tokens, 1 KiB per chunk with the small layout
 BIG = small_limits(max_total_seq_len=2 * 4160 + 64, prefill_chunk_size=4096)
