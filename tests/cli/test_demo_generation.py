@@ -92,3 +92,11 @@ def test_kvckpt_demo_resumes_smollm2_identically_after_sigkill(smollm_path):
     assert "killed with SIGKILL" in result.stdout and "(K/V restored)" in result.stdout
     assert "identical: the " in result.stdout, result.stdout
 
+
+@pytest.mark.real_model
+def test_kvckpt_demo_model_resumes_the_gemma_base_models_completion_identically_after_sigkill(gemma_path):
+    result = subprocess.run([sys.executable, "-m", "kvckpt_web.cli.main", "demo", "--model", str(gemma_path),
+                             "--max-tokens", "12", "--kill-after", "5"], capture_output=True, text=True, timeout=900)
+    assert result.returncode == 0, result.stderr
+    assert "killed with SIGKILL" in result.stdout and "(K/V restored)" in result.stdout
+    assert "identical: the 12 tokens" in result.stdout, result.stdout
