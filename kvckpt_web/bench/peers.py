@@ -1,5 +1,6 @@
 """``make bench-peers``: kvckpt_web (lavapipe) and llama.cpp (llama-cpp-python, CPU) side by side on the same
-machine, the same GGUF and the same token ids, in one run.
+machine, the same GGUF and the same token ids, in one run: SmolLM2 (the default model) and Gemma 3 270M (where
+``make setup`` assembled it), or the GGUFs ``--model`` names.
 
 llama.cpp runs in a worker process of its own venv (``peer_llama.py``, run by its path; ``make bench-peers``
 builds llama-cpp-python 0.3.36 into ``build/peers-venv``), this project in this process. Every round runs each case on
@@ -10,7 +11,9 @@ context, prefill of 300 and of 1024 tokens, and resume of the 1024-token context
 chunk's SHA-256 checked) + import, against llama.cpp's ``llama_state_load_file`` of the same context (which
 checks nothing), ``llama_state_set_data`` and ``Llama.load_state``; and what the check costs (the same restore
 without it, the SHA-256 alone). Each row prints both medians, the ratio of the rounds (llama.cpp's time over
-this project's: 1.00 is parity, above is faster) with its range, and the 1-minute load average over the rounds.
+this project's: 1.00 is parity, above is faster) with its range, the CPU's vector width (the widest of AVX2 and
+AVX-512 in ``/proc/cpuinfo``, and the bits llvmpipe's adapter name says it computes with) and the 1-minute load
+average over the rounds.
 
 Run from the repository root:
 ``.venv/bin/python -m kvckpt_web.bench.peers --peer-python build/peers-venv/bin/python``.
@@ -22,6 +25,7 @@ import argparse
 import asyncio
 import json
 import os
+import re
 import statistics
 import subprocess
 import sys
@@ -30,7 +34,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from ..model.loader import default_model_path
+from ..gpu.open import open_device
+from ..model.loader import default_model_path, load_model
+from ..model.model_cache import gemma_path
 from .generate import GenerationRunner, Timing
 from .rows import load_average, load_range
 
@@ -39,6 +45,29 @@ SHORT = 8
 PROMPT = 300
 DECODE = 32
 WORKER = Path(__file__).with_name("peer_llama.py")
+
+
+def vector_width(cpu_flags: set[str], adapter: str) -> str:
+    """The CPU's widest vector instructions of AVX2 and AVX-512 (``cpu_flags``: /proc/cpuinfo's), and llvmpipe's
+    vector width from its adapter name (``llvmpipe (LLVM 15.0.6, 256 bits)``) where it is llvmpipe."""
+    cpu = "AVX-512" if "avx512f" in cpu_flags else "AVX2" if "avx2" in cpu_flags else "no AVX2"
+    bits = re.search(r"llvmpipe \(.*?(\d+) bits\)", adapter)
+    return f"{cpu}, llvmpipe {bits.group(1)} bits" if bits else f"{cpu}, {adapter}"
+
+
+def cpu_flags() -> set[str]:
+    """The flags of the first processor in /proc/cpuinfo (none where there is no such file)."""
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return set()
+    flags = re.search(r"^flags\s*:(.*)$", text, re.MULTILINE)
+    return set(flags.group(1).split()) if flags else set()
+
+
+def bench_models() -> list[Path]:
+    """The models benchmarked by default: SmolLM2, and Gemma 3 270M where it is assembled."""
+    return [default_model_path()] + [path for path in (gemma_path(),) if path.is_file()]
 
 
 class PeerProcess:
@@ -76,7 +105,8 @@ class PeerProcess:
 class Rows:
     """Per case, the timings of each side in each counted round, and the load average of each round."""
 
-    def __init__(self) -> None:
+    def __init__(self, width: str) -> None:
+        self.width = width
         self.ours: dict[str, list[Timing]] = {}
         self.theirs: dict[str, list[Timing]] = {}
         self.loads: list[float] = []
@@ -98,7 +128,7 @@ class Rows:
             return f"{tokens / seconds:.1f} tokens/s, CPU {statistics.median(t.cpu for t in timings) / tokens * 1e3:.1f} ms"
 
         return (f"| {what} | {show(ours)} | {show(theirs)} | {statistics.median(ratios):.2f} "
-                f"({min(ratios):.2f}-{max(ratios):.2f}) | {load_range(self.loads)} |")
+                f"({min(ratios):.2f}-{max(ratios):.2f}) | {self.width} | {load_range(self.loads)} |")
 
 
 def timing(answer: dict[str, Any]) -> Timing:
@@ -160,14 +190,24 @@ async def one_round(runner: GenerationRunner, peer: PeerProcess, root: Path, sta
     return got
 
 
-async def bench_peers(peer_python: str, rounds: int, threads: int, echo: Callable[[str], None] = print) -> None:
-    model = default_model_path()
-    runner = GenerationRunner.open()
+async def bench_peers(peer_python: str, rounds: int, threads: int, models: list[Path],
+                      echo: Callable[[str], None] = print) -> None:
+    """The table of each model in ``models``, one after the other on one device."""
+    device = open_device()
+    for model in models:
+        await bench_model(GenerationRunner(load_model(model, device), device), model, peer_python, rounds, threads,
+                          echo)
+
+
+async def bench_model(runner: GenerationRunner, model: Path, peer_python: str, rounds: int, threads: int,
+                      echo: Callable[[str], None]) -> None:
+    """One model's table: every case on both sides, ``rounds`` times after a warm-up round."""
     peer = PeerProcess(peer_python, model, threads, n_ctx=2 * len(runner.context) + DECODE)
-    echo(f"model {model.name}; kvckpt_web on {runner.device.info.adapter} ({runner.device.info.backend}); "
+    width = vector_width(cpu_flags(), runner.device.info.adapter)
+    echo(f"\nmodel {model.name}; kvckpt_web on {runner.device.info.adapter} ({runner.device.info.backend}); "
          f"llama-cpp-python {peer.hello['ready']}, {threads} threads, OMP_WAIT_POLICY=passive "
-         f"({peer.hello['system'].strip()}); {os.cpu_count()} CPUs")
-    rows = Rows()
+         f"({peer.hello['system'].strip()}); {os.cpu_count()} CPUs ({width})")
+    rows = Rows(width)
     try:
         with tempfile.TemporaryDirectory(prefix="kvckpt-bench-peers-") as folder:
             root, state_file = Path(folder) / "store", Path(folder) / "llama.state"
@@ -191,7 +231,7 @@ async def bench_peers(peer_python: str, rounds: int, threads: int, echo: Callabl
         runner.close()
     n = len(runner.context)
     echo(f"| {rounds} rounds, medians (CPU: all threads of the process, a token) | kvckpt_web | llama.cpp | "
-         "llama.cpp time / kvckpt_web time (range) | load average |\n|---|---|---|---|---|")
+         "llama.cpp time / kvckpt_web time (range) | CPU vector width | load average |\n|---|---|---|---|---|---|")
     echo(rows.line(f"decode after {SHORT + 1} tokens ({DECODE} greedy tokens)", "short", tokens=DECODE))
     echo(rows.line(f"decode after {n} tokens ({DECODE} greedy tokens)", "long", tokens=DECODE))
     echo(rows.line(f"prefill of {PROMPT} tokens", "prompt", tokens=PROMPT))
@@ -210,8 +250,10 @@ def main() -> None:
                         help="python of the venv llama-cpp-python is installed in (default build/peers-venv)")
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--threads", type=int, default=2, help="llama.cpp threads (default 2)")
+    parser.add_argument("--model", action="append", type=Path,
+                        help="a GGUF to benchmark, repeatable (default: SmolLM2, and Gemma 3 270M where assembled)")
     args = parser.parse_args()
-    asyncio.run(bench_peers(args.peer_python, args.rounds, args.threads))
+    asyncio.run(bench_peers(args.peer_python, args.rounds, args.threads, args.model or bench_models()))
 
 
 if __name__ == "__main__":

@@ -1,13 +1,15 @@
 """A chat engine in a worker process, driven over pipes: what ``kvckpt demo`` (and the crash tests) SIGKILL.
 
-``python -m kvckpt_web.cli.chat_worker CONFIG_JSON`` opens the GPU, builds the model with the factory the
-config names (``"module:function"``, called with the device), and runs an :class:`~kvckpt_web.engine.Engine`
+``python -m kvckpt_web.cli.chat_worker CONFIG_JSON`` opens the GPU, loads the GGUF file the config names or builds
+the model with the factory it names (``"module:function"``, called with the device), and runs an :class:`~kvckpt_web.engine.Engine`
 on a FileStore (or on none). It reads commands from stdin and answers on stdout, one JSON object a line:
 
 - ``{"op": "chat", "messages": [...], "settings": {...}}``: a ``chunk`` event for each chunk of the streamed
   reply (``token_ids``, ``text``; on the first chunk of a resumed reply ``resumed``, how its K/V came back),
   then ``done`` (the reply's ``conversation``, ``token_ids``, ``text``, ``finish_reason`` and ``usage``);
   with ``"scratch": true`` the reply runs on a second engine of the same model without a store;
+- ``{"op": "complete", "prompt": ..., "settings": {...}}``: the same, for :meth:`Engine.complete` (a plain
+  completion of the raw ``prompt``, what a base model answers);
 - ``{"op": "resume", "name": ..., "generation": null}``: the same, for :meth:`Engine.resume`;
 - ``{"op": "unfinished"}``: ``{"event": "unfinished", "names": [...]}``.
 
@@ -37,6 +39,7 @@ from typing import Any
 from ..engine import PRESETS, Engine
 from ..errors import FieldError, KVCkptError, ModelUnavailableError
 from ..gpu.open import open_device
+from ..model.loader import load_model
 from ..model.protocol import LoadedModel
 from ..stores.file import FileStore
 
@@ -55,6 +58,8 @@ class WorkerConfig:
     """The fields of the ``desktop`` preset its :class:`Engine` replaces (context, sequences, page_size,
     prefill_chunk, ...: :class:`~kvckpt_web.engine.EngineConfig`'s)."""
     lockstep: bool = False
+    model: str | None = None
+    """A GGUF file to load instead of calling ``factory``."""
 
 
 def resolve_factory(spec: str) -> Callable[[Any], LoadedModel]:
@@ -71,7 +76,7 @@ def resolve_factory(spec: str) -> Callable[[Any], LoadedModel]:
 async def _serve(config: WorkerConfig, read_line: Callable[[], str], emit: Callable[[Event], None]) -> None:
     start = time.perf_counter()
     device = open_device()
-    loaded = resolve_factory(config.factory)(device)
+    loaded = load_model(config.model, device) if config.model else resolve_factory(config.factory)(device)
     hold = read_line if config.lockstep else lambda: ""
 
     def saved(name: str, result: Any) -> None:
@@ -91,16 +96,19 @@ async def _serve(config: WorkerConfig, read_line: Callable[[], str], emit: Calla
             if op == "unfinished":
                 emit({"event": "unfinished", "names": [info.name for info in await engine.unfinished()]})
                 continue
-            if op == "chat":
+            if op in ("chat", "complete"):
                 target = engine
                 if command.get("scratch"):
                     scratch = scratch or Engine(loaded, device, config=settings)
                     target = scratch
-                stream = await target.chat(command["messages"], stream=True, **command.get("settings", {}))
+                if op == "chat":
+                    stream = await target.chat(command["messages"], stream=True, **command.get("settings", {}))
+                else:
+                    stream = await target.complete(command["prompt"], stream=True, **command.get("settings", {}))
             elif op == "resume":
                 stream = await engine.resume(command["name"], generation=command.get("generation"), stream=True)
             else:
-                raise FieldError("op", "'chat', 'resume' or 'unfinished'", op)
+                raise FieldError("op", "'chat', 'complete', 'resume' or 'unfinished'", op)
             ids, text = [], []
             async for chunk in stream:
                 ids += chunk.token_ids

@@ -4,7 +4,8 @@ Three worker processes (:mod:`.chat_worker`: a chat engine each, the model built
 ``"module:function"``) answer the same prompt: one uninterrupted (the reference); one autosaving into a
 FileStore, held after ``kill_after`` reply tokens and killed with SIGKILL there; a fresh one that resumes the
 reply from the store and finishes it. The demo prints the reply, whether its tokens equal the reference's, and
-the time the resume took to bring the K/V back next to a cold prefill of the prompt alone in that process.
+the time the resume took to bring the K/V back next to a cold prefill of the prompt alone in that process. A base
+model (``raw``: no chat template) continues the prompt as a plain completion instead of answering it.
 """
 
 from __future__ import annotations
@@ -38,14 +39,21 @@ class DemoConfig:
     engine: dict[str, Any] = field(default_factory=lambda: {"context": 1024, "sequences": 1, "cache_tokens": 1024,
                                                             "prefill_chunk": 256, "page_size": 16,
                                                             "autosave_every": 8})
+    model: str | None = None
+    """A GGUF file the workers load instead of calling ``factory``."""
+    raw: bool = False
+    """Whether the prompt is continued as a plain completion (a base model's) rather than answered in a chat."""
 
     def worker(self, store: Path | None = None, lockstep: bool = False) -> WorkerConfig:
-        return WorkerConfig(self.factory, None if store is None else str(store), self.engine, lockstep)
+        return WorkerConfig(self.factory, None if store is None else str(store), self.engine, lockstep, self.model)
 
-    def chat(self) -> dict[str, Any]:
-        """The demo's chat command: its prompt, saved as conversation NAME."""
-        return {"messages": [{"role": "user", "content": self.prompt}],
-                "settings": {"max_tokens": self.max_tokens, **self.sampler, "conversation": NAME}}
+    def request(self, **settings: Any) -> dict[str, Any]:
+        """The worker command of the demo's turn (``op`` and its arguments): its prompt with the demo's settings,
+        saved as conversation NAME, or with ``settings`` instead."""
+        settings = settings or {"max_tokens": self.max_tokens, **self.sampler, "conversation": NAME}
+        if self.raw:
+            return {"op": "complete", "prompt": self.prompt, "settings": settings}
+        return {"op": "chat", "messages": [{"role": "user", "content": self.prompt}], "settings": settings}
 
 
 @dataclass(frozen=True)
@@ -77,11 +85,11 @@ def run_generation_demo(config: DemoConfig = DemoConfig(), *, kill_after: int = 
         store = directory or Path(tmp) / "store"
         echo(f"reference: generating up to {config.max_tokens} tokens uninterrupted in a worker ...")
         with ChatProcess(config.worker()) as worker:
-            reference = done(worker.run("chat", **config.chat()))
+            reference = done(worker.run(**config.request()))
         echo(f"worker: generating with autosave every {config.engine['autosave_every']} tokens into {store}; "
              f"SIGKILL after {kill_after} reply tokens ...")
         with ChatProcess(config.worker(store, lockstep=True)) as worker:
-            worker.run("chat", until=after_tokens(kill_after), **config.chat())
+            worker.run(until=after_tokens(kill_after), **config.request())
             worker.kill()
         killed = {"generated": kill_after, **asyncio.run(_newest(store))}
         echo(f"worker: killed with SIGKILL after {kill_after} generated tokens; its last checkpoint, generation "
@@ -89,8 +97,7 @@ def run_generation_demo(config: DemoConfig = DemoConfig(), *, kill_after: int = 
              "generated tokens)")
         with ChatProcess(config.worker(store)) as worker:
             events = worker.run("resume", name=NAME)
-            cold = done(worker.run("chat", scratch=True, messages=config.chat()["messages"],
-                                   settings={"max_tokens": 1, "temperature": 0.0, "cache_prompt": False}))
+            cold = done(worker.run(scratch=True, **config.request(max_tokens=1, temperature=0.0, cache_prompt=False)))
     first = events[0]
     resumed = {**first["resumed"], "generated": len(first["token_ids"])}
     result = {**done(events), "prefill_s": cold["usage"]["timings"]["prefill_s"],

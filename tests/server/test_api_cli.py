@@ -1,6 +1,7 @@
 """``kvckpt serve --api``: flags checked before the model loads and before listening, the base URL printed, and a
 server killed with SIGKILL mid-reply that restarts on its store: the history comes from the persistent prefix and
-the cut reply resumes to the tokens an uninterrupted server gives."""
+the cut reply resumes to the tokens an uninterrupted server gives; SmolLM2 chatting and Gemma 3 270M (a base model)
+completing over the API."""
 
 from __future__ import annotations
 
@@ -192,3 +193,17 @@ def test_the_api_runs_the_desktop_preset_with_its_flags_fields_fitted_to_the_mod
     monkeypatch.setattr(api, "make_api_server", lambda engine, **kwargs: NotServing("127.0.0.1"))
     assert main(["serve", "--api", "--model", str(tiny_llama_path), *flags]) == 0
     assert built[0].config == PRESETS["desktop"].replace(**fields).fitted(96)
+
+
+@pytest.mark.real_model
+def test_gemma3_completes_over_the_api_streaming_the_greedy_continuation_generate_gives(gemma_path, tmp_path, capsys):
+    prompt = "Paris is the capital of"
+    assert main(["generate", "--model", str(gemma_path), "--raw", "--prompt", prompt, "--temperature", "0",
+                 "--max-tokens", "12", "--store", str(tmp_path / "generated")]) == 0
+    want = capsys.readouterr().out.removesuffix("\n")
+    with serving_api("--model", str(gemma_path), "--store", str(tmp_path / "store")) as (url, _):
+        api = client(url)
+        model = api.models.list().data[0].id
+        chunks = list(api.completions.create(model=model, prompt=prompt, max_tokens=12, temperature=0, stream=True))
+    assert model == gemma_path.name.removesuffix(".gguf")
+    assert "".join(c.choices[0].text for c in chunks if c.choices) == want
