@@ -1,7 +1,7 @@
 """``kvckpt serve --api``: flags checked before the model loads and before listening, the base URL printed, and a
 server killed with SIGKILL mid-reply that restarts on its store: the history comes from the persistent prefix and
-the cut reply resumes to the tokens an uninterrupted server gives; SmolLM2 chatting and Gemma 3 270M (a base model)
-completing over the API."""
+the cut reply resumes to the tokens an uninterrupted server gives (with the tiny llama, and with Gemma 3 270M, a
+base model, through plain completions); SmolLM2 chatting and Gemma completing over the API."""
 
 from __future__ import annotations
 
@@ -207,3 +207,28 @@ def test_gemma3_completes_over_the_api_streaming_the_greedy_continuation_generat
         chunks = list(api.completions.create(model=model, prompt=prompt, max_tokens=12, temperature=0, stream=True))
     assert model == gemma_path.name.removesuffix(".gguf")
     assert "".join(c.choices[0].text for c in chunks if c.choices) == want
+
+
+@pytest.mark.real_model
+def test_a_gemma3_server_killed_mid_completion_restarts_on_its_store_and_resumes_it_to_the_uninterrupted_tokens(
+        gemma_path, tmp_path):
+    settings = {"prompt": "Paris is the capital of", "max_tokens": 12, "temperature": 0.9, "top_p": 0.9, "seed": 7}
+
+    def serving(store):
+        return serving_api("--model", str(gemma_path), "--model-name", "gemma", "--store", str(tmp_path / store))
+
+    with serving("uninterrupted") as (url, _):
+        want = client(url).completions.create(model="gemma", **settings)
+    with serving("store") as (url, server):
+        stream = client(url).completions.create(model="gemma", stream=True, **settings)
+        chunks = iter(stream)
+        name = [next(chunks) for _ in range(5)][0].kvckpt["conversation"]
+        server.kill()  # SIGKILL, mid-completion: no save or clean-up runs
+        server.wait(PATIENCE)
+        stream.response.close()
+    with serving("store") as (url, _):
+        status, _, body = raw(url, "POST", f"/v1/kvckpt/conversations/{name}/resume")
+    resumed = json.loads(body)
+    assert status == 200 and resumed["object"] == "text_completion"
+    assert resumed["kvckpt"]["token_ids"] == want.kvckpt["token_ids"] and len(want.kvckpt["token_ids"]) == 12
+    assert resumed["choices"][0]["text"] == want.choices[0].text
