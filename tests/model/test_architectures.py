@@ -46,14 +46,19 @@ def tiny_arch(request, device, tmp_path_factory):  # type: ignore[no-untyped-def
     loaded.model.close()
 
 
+def assert_as_the_reference(compared: tuple, atol: float, what: str) -> None:
+    """The logits of each step within ``atol`` of the reference's, and the same greedy tokens."""
+    got, want, got_tokens, want_tokens = compared
+    for step, (g, w) in enumerate(zip(got, want)):
+        np.testing.assert_allclose(g, w, rtol=0, atol=atol, err_msg=f"{what}, step {step}")
+    assert got_tokens == want_tokens
+
+
 def test_each_architecture_prefills_and_decodes_as_the_float64_reference(device, tiny_arch):
     kind, loaded, config, weights = tiny_arch
     # prefill chunks of 12 over pages of 8: chunks start mid-page
-    got, want, got_tokens, want_tokens = compare_decode(loaded, device, weights, config, PROMPT, STEPS, chunk=12,
-                                                        page_size=8)
-    for step, (g, w) in enumerate(zip(got, want)):
-        np.testing.assert_allclose(g, w, rtol=0, atol=LOGIT_ATOL, err_msg=f"{kind}, step {step}")
-    assert got_tokens == want_tokens
+    assert_as_the_reference(compare_decode(loaded, device, weights, config, PROMPT, STEPS, chunk=12, page_size=8),
+                            LOGIT_ATOL, kind)
 
 
 @pytest.mark.parametrize("kind, types", [
@@ -65,13 +70,10 @@ def test_matrices_of_several_types_in_one_product_follow_the_float64_reference(d
     path, config, weights = write_tiny_arch(tmp_path / "m.gguf", kind, types=types)
     loaded = load_model(path, device)
     try:
-        got, want, got_tokens, want_tokens = compare_decode(loaded, device, weights, config, PROMPT, 2, chunk=12,
-                                                            page_size=8)
+        compared = compare_decode(loaded, device, weights, config, PROMPT, 2, chunk=12, page_size=8)
     finally:
         loaded.model.close()
-    for step, (g, w) in enumerate(zip(got, want)):
-        np.testing.assert_allclose(g, w, rtol=0, atol=LOGIT_ATOL, err_msg=f"{kind}, step {step}")
-    assert got_tokens == want_tokens
+    assert_as_the_reference(compared, LOGIT_ATOL, kind)
 
 
 @pytest.mark.parametrize("kind, without", [
@@ -137,10 +139,7 @@ def test_the_real_gemma3_decodes_greedily_as_the_float64_reference(device, gemma
     try:
         prompt = loaded.text.encode_text(text)
         weights, config = load_gguf(gemma_path)
-        got, want, got_tokens, want_tokens = compare_decode(loaded, device, weights, config, prompt, 3, chunk=128,
-                                                            page_size=16)
+        compared = compare_decode(loaded, device, weights, config, prompt, 3, chunk=128, page_size=16)
     finally:
         loaded.model.close()
-    for step, (g, w) in enumerate(zip(got, want)):
-        np.testing.assert_allclose(g, w, rtol=0, atol=REAL_LOGIT_ATOL, err_msg=f"step {step}")
-    assert got_tokens == want_tokens
+    assert_as_the_reference(compared, REAL_LOGIT_ATOL, "gemma3")
