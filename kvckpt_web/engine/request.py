@@ -172,15 +172,49 @@ class RequestSettings:
                 "conversation": self.conversation}
 
 
-def _openai_settings(body: Any, what: str, own: tuple[str, ...]) -> dict[str, Any]:
-    """The settings of the OpenAI ``what`` body ``body`` whose own keys (beside the settings) are ``own``: unknown
-    keys and values the engine cannot honour (``n`` other than 1, non-zero frequency or presence penalties) are
+_CHAT_NEUTRAL: dict[str, tuple[str, tuple[Any, ...]]] = {
+    "logprobs": ("false or null (no log probabilities are returned)", (False,)),
+    "top_logprobs": ("0 or null (no log probabilities are returned)", (0,)),
+    "response_format": ('{"type": "text"} or null (replies are plain text)', ({"type": "text"},)),
+    "tools": ("[] or null (no tools are called)", ([],)),
+    "tool_choice": ('"none" or null (no tools are called)', ("none",)),
+    "parallel_tool_calls": ("true, false or null (no tools are called)", (True, False)),
+    "metadata": ("an object or null (it is not stored)", (dict,)),
+    "logit_bias": ("{} or null (no biases are applied)", ({},)),
+}
+"""Keys of OpenAI's chat-completions body accepted only with a value that changes nothing (or null): what that is,
+and the values (of the same JSON type), or the type of any value, that do."""
+
+_COMPLETION_NEUTRAL: dict[str, tuple[str, tuple[Any, ...]]] = {
+    "echo": ("false or null (the prompt is not echoed)", (False,)),
+    "logprobs": ("null (no log probabilities are returned)", ()),
+    "suffix": ("null (no text after the completion)", ()),
+    "best_of": ("1 or null (one completion is made)", (1,)),
+}
+"""The same for OpenAI's (legacy) completions body."""
+
+
+def _changes_nothing(value: Any, neutral: tuple[Any, ...]) -> bool:
+    """Whether ``value`` is one of ``neutral`` (of its JSON type: ``false`` is no ``0``) or of a type in it."""
+    return any(isinstance(value, n) if isinstance(n, type) else type(value) is type(n) and value == n
+               for n in neutral)
+
+
+def _openai_settings(body: Any, what: str, own: tuple[str, ...],
+                     neutral: dict[str, tuple[str, tuple[Any, ...]]]) -> dict[str, Any]:
+    """The settings of the OpenAI ``what`` body ``body`` whose own keys (beside the settings) are ``own`` and whose
+    keys ``neutral`` are accepted with a value that changes nothing: unknown keys and values the engine cannot
+    honour (``n`` other than 1, non-zero frequency or presence penalties, a ``neutral`` key of another value) are
     refused, naming the key."""
     if not isinstance(body, Mapping):
         raise FieldError("body", "a JSON object", type(body).__name__)
     for key in body:
-        if key not in _IGNORED and key not in _SETTINGS and key not in own:
+        if key not in _IGNORED and key not in _SETTINGS and key not in own and key not in neutral:
             raise FieldError(key, f"a supported {what} parameter", "an unknown or unsupported key")
+    for key, (expected, values) in neutral.items():
+        value = body.get(key)
+        if value is not None and not _changes_nothing(value, values):
+            raise FieldError(key, f"{expected}: not supported otherwise", value)
     if not is_int(body.get("n", 1), 1, 1):  # a bool is not an int here: true is refused, not taken for 1
         raise FieldError("n", "1 (one choice per request)", body.get("n"))
     for key in ("frequency_penalty", "presence_penalty"):
@@ -202,9 +236,11 @@ class ChatRequest(RequestSettings):
     @classmethod
     def from_openai(cls, body: Any) -> "ChatRequest":
         """The request in an OpenAI chat-completions body (plus ``top_k``, ``repetition_penalty``,
-        ``cache_prompt`` and ``conversation``); unknown keys and values the engine cannot honour (``n`` other
-        than 1, non-zero frequency or presence penalties, tools) are refused, naming the key."""
-        given = _openai_settings(body, "chat-completions", ("messages", "max_completion_tokens"))
+        ``cache_prompt`` and ``conversation``); the standard parameters with a value that changes nothing
+        (``logprobs`` false, ``tools`` [], ``response_format`` text, ...: ``_CHAT_NEUTRAL``) are accepted; unknown
+        keys and values the engine cannot honour (``n`` other than 1, non-zero frequency or presence penalties,
+        tools, log probabilities, a JSON response format) are refused, naming the key."""
+        given = _openai_settings(body, "chat-completions", ("messages", "max_completion_tokens"), _CHAT_NEUTRAL)
         if "max_tokens" in body and "max_completion_tokens" in body:
             raise FieldError("max_completion_tokens", "not together with max_tokens", body["max_completion_tokens"])
         if body.get("max_completion_tokens") is not None:
@@ -216,10 +252,6 @@ class ChatRequest(RequestSettings):
 
 OPENAI_COMPLETION_MAX_TOKENS = 16
 """The ``max_tokens`` of an OpenAI completions body that gives none (OpenAI's default)."""
-
-_NEUTRAL: dict[str, Any] = {"echo": False, "logprobs": None, "suffix": None, "best_of": 1}
-"""Keys of OpenAI's completions body accepted only with the value that changes nothing (or null)."""
-
 
 @dataclass(frozen=True)
 class CompletionRequest(RequestSettings):
@@ -241,11 +273,7 @@ class CompletionRequest(RequestSettings):
         (default 16, as OpenAI's), the sampling settings, plus ``top_k``, ``repetition_penalty``, ``cache_prompt``
         and ``conversation``; ``echo``, ``logprobs``, ``suffix`` and ``best_of`` only with their neutral values,
         unknown keys refused, naming the key."""
-        given = _openai_settings(body, "completions", ("prompt", *_NEUTRAL))
-        for key, neutral in _NEUTRAL.items():
-            value = body.get(key)
-            if value is not None and not (type(value) is type(neutral) and value == neutral):
-                raise FieldError(key, f"{'null' if neutral is None else neutral} (not supported)", value)
+        given = _openai_settings(body, "completions", ("prompt",), _COMPLETION_NEUTRAL)
         given.setdefault("max_tokens", OPENAI_COMPLETION_MAX_TOKENS)
         prompt = body.get("prompt")
         if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):

@@ -51,7 +51,7 @@ def create(url, **body):
     ({"messages": []}, "messages"),
     ({"max_tokens": 0}, "max_tokens"),
     ({"temperature": 3}, "temperature"),
-    ({"extra_body": {"tools": []}}, "tools"),
+    ({"extra_body": {"functions": []}}, "functions"),
     ({"stream_options": {"include_usage": True}}, "stream_options"),
     ({"n": True}, "n"),
 ], ids=["role", "no messages", "max_tokens", "temperature", "unknown key", "stream_options without stream", "n true"])

@@ -1,0 +1,47 @@
+"""OpenAI request bodies: the standard parameters a client sends with a value that changes nothing are accepted,
+any other value of them refused naming the key."""
+
+from __future__ import annotations
+
+import pytest
+
+from kvckpt_web.engine.request import ChatRequest, CompletionRequest
+from kvckpt_web.errors import FieldError
+
+CHAT = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "temperature": 0}
+
+NEUTRAL_CHAT = {"logprobs": False, "top_logprobs": 0, "response_format": {"type": "text"}, "tools": [],
+                "tool_choice": "none", "parallel_tool_calls": True, "metadata": {"tag": "a"}, "logit_bias": {}}
+
+
+@pytest.mark.parametrize("key", NEUTRAL_CHAT)
+def test_a_standard_parameter_that_changes_nothing_is_accepted(key):
+    assert ChatRequest.from_openai({**CHAT, key: NEUTRAL_CHAT[key]}) == ChatRequest.from_openai(CHAT)
+
+
+@pytest.mark.parametrize("key", NEUTRAL_CHAT)
+def test_a_standard_parameter_given_as_null_is_accepted(key):
+    assert ChatRequest.from_openai({**CHAT, key: None}) == ChatRequest.from_openai(CHAT)
+
+
+CANNOT_HONOUR = [("logprobs", True), ("top_logprobs", 2), ("top_logprobs", False),
+                 ("response_format", {"type": "json_object"}), ("tools", [{"type": "function"}]),
+                 ("tool_choice", "auto"), ("parallel_tool_calls", "yes"), ("metadata", "tag"),
+                 ("logit_bias", {"42": 5}), ("store", False)]  # store: not until a request can keep nothing
+
+
+@pytest.mark.parametrize("key, value", CANNOT_HONOUR, ids=[f"{k}={v}" for k, v in CANNOT_HONOUR])
+def test_a_value_the_engine_cannot_honour_is_refused_naming_the_key(key, value):
+    with pytest.raises(FieldError) as info:
+        ChatRequest.from_openai({**CHAT, key: value})
+    assert info.value.field == key
+
+
+def test_a_completions_neutral_values_are_accepted_and_others_refused_naming_the_key():
+    body = {"model": "m", "prompt": "Paris is", "max_tokens": 4}
+    neutral = {"echo": False, "best_of": 1, "logprobs": None, "suffix": None}
+    assert CompletionRequest.from_openai({**body, **neutral}) == CompletionRequest.from_openai(body)
+    for key, value in {"echo": True, "best_of": 2, "logprobs": 0, "suffix": "!"}.items():
+        with pytest.raises(FieldError) as info:
+            CompletionRequest.from_openai({**body, key: value})
+        assert info.value.field == key
