@@ -2,7 +2,7 @@
 store, and replies that survive a crash (see :mod:`kvckpt_web.engine.engine`)."""
 
 from .config import PRESETS, EngineConfig
-from .conversations import ConversationInfo
+from .listing import ConversationInfo
 from .engine import Engine
 from .remote import pull, push
 from .request import ChatRequest, CompletionRequest, Message

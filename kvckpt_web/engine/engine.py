@@ -32,7 +32,7 @@ from ..model.sampler import MAX_SEED, SamplingSettings
 from ..tvm.layout import CacheLimits
 from .cache_lock import CacheLock
 from .config import PRESETS, EngineConfig
-from .conversations import ConversationInfo, describe
+from .listing import ConversationInfo, describe
 from .prompt import Prompt, build_prompt, raw_prompt
 from .record import ChatExtra
 from .request import ChatRequest, CompletionRequest

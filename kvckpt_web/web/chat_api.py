@@ -28,7 +28,7 @@ from ..durable.catalog import list_generations, list_names, load_manifest
 from ..durable.keys import parse_manifest_key
 from ..durable.results import GenerationInfo, SaveResult, SyncResult
 from ..engine import PRESETS, ChatRequest, ChatStream, CompletionRequest, Engine, pull, push
-from ..engine.conversations import describe
+from ..engine.listing import describe
 from ..engine.record import ChatRecord
 from ..errors import FieldError, KVCkptError, NotFoundError, is_int
 from ..generation.results import ResumeReport
