@@ -51,8 +51,6 @@ class ConversationView:
     """Every generation the store holds, oldest first (empty: a new conversation)."""
     record: ChatRecord | None
     """The newest generation whose chat record can be read; None if none can."""
-    manifest: "Manifest | None"
-    """That generation's manifest, as read."""
 
 
 class Sources:
@@ -118,11 +116,11 @@ class Sources:
         if name in self._views:
             return self._views[name]
         keys = await manifest_keys(self.store, name) if self.store is not None else []
-        view = ConversationView(name, tuple(generation for _, generation, _ in keys), None, None)
+        view = ConversationView(name, tuple(generation for _, generation, _ in keys), None)
         for _, generation, _ in reversed(keys):
             read = await self._read(name, generation)
             if read is not None:
-                view = ConversationView(name, view.generations, read[0], read[1])
+                view = ConversationView(name, view.generations, read[0])
                 break
         self._views[name] = view
         return view
