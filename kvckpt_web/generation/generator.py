@@ -36,8 +36,8 @@ from ..errors import CheckpointStateError, FieldError, StoreError
 from ..kv.cache import check_cache
 from ..kv.pool import check_seq_id
 from ..model.caches import check_chunk, context_of
-from ..model.protocol import CausalLM, Logits
-from ..model.sampler import Sampler, SamplingSettings, candidate_count
+from ..model.protocol import CausalLM, Logits, choose
+from ..model.sampler import Sampler, SamplingSettings
 from .app_state import SavedGeneration, StopRules, check_replies, check_token_ids
 from .autosave import DEFAULT_AUTOSAVE_EVERY, Autosave
 from .conversation import Conversation, check_owner
@@ -340,11 +340,7 @@ class Generator:
         return logits
 
     async def _pick(self, logits: Logits) -> int:
-        tokens = self.tokens
-        k = candidate_count(self.saved.sampler.settings, tokens, self.model.vocab_size)
-        if k == 0:
-            return await logits.argmax()
-        return self.saved.sampler.pick(await logits.top_k(k), tokens)
+        return await choose(logits, self.saved.sampler, self.tokens)
 
     async def step(self) -> TokenEvent | None:
         """Run the next forward (a prefill chunk or the pending token); the token it produced, if any.

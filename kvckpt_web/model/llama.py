@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import heapq
 import struct
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -31,6 +31,8 @@ from . import kernels, row_kernels
 from .attention import PagedAttention, rope_inv_freq
 from .config import LlamaConfig
 from .gguf import GGML_TYPES, GGUFFile, GGUFTensor
+from .sampler import Sampler
+from .shortlist import Shortlist
 from .weights import (DEVICE_FORMS, F32, Q4_1, DenseTensor, DeviceTensor, QuantizedTensor, check_finite,
                       destroy_tensor, upload_stacked, upload_tensor)
 
@@ -245,6 +247,7 @@ class LlamaModel:
         self._best = device.create_buffer(8 * kernels.TOPK_MAX, Usage.STORAGE | Usage.COPY_SRC, "llama.topk")
         self._readback = device.create_buffer(4 * max(c.vocab, 2 * kernels.TOPK_MAX),
                                               Usage.MAP_READ | Usage.COPY_DST, "llama.readback")
+        self._shortlist = Shortlist(device, c.vocab)
         self._scratch: _Scratch | None = None
         self._attention: PagedAttention | None = None
         self.forwards = 0
@@ -267,6 +270,7 @@ class LlamaModel:
             destroy_tensor(self.device, tensor)
         for buffer in (self.logits, self._candidates, self._best, self._readback):
             self.device.destroy(buffer)
+        self._shortlist.close()
         if self._scratch is not None:
             self._scratch.destroy(self.device)
         if self._attention is not None:
@@ -402,6 +406,12 @@ class LlamaModel:
         values = struct.unpack(f"<{n}f", await self._read([], self.logits, 4 * n))
         return [(i, values[i]) for i in heapq.nsmallest(k, range(n), key=lambda i: (-values[i], i))]
 
+    async def pick(self, sampler: Sampler, previous: Sequence[int]) -> int:
+        """The token ``sampler`` chooses from the logits of the last forward after ``previous``
+        (:class:`~kvckpt_web.model.shortlist.Shortlist`)."""
+        self._check_open("pick")
+        return await self._shortlist.pick(self.logits, sampler, previous)
+
     async def _read(self, commands: list[Command], src: Buffer, size: int) -> memoryview:
         """Run ``commands``, then read back ``size`` bytes of ``src``."""
         self.device.submit(commands + [Copy(src, 0, self._readback, 0, size)])
@@ -425,7 +435,15 @@ class GPULogits:
 
     async def top_k(self, k: int) -> list[tuple[int, float]]:
         """The ``k`` largest logits as (token id, logit), largest first, ties lower id first."""
+        self._check_current()
+        return await self._model.top_k(k)
+
+    async def pick(self, sampler: Sampler, previous: Sequence[int]) -> int:
+        """The token ``sampler`` chooses from these logits after ``previous``, on the GPU."""
+        self._check_current()
+        return await self._model.pick(sampler, previous)
+
+    def _check_current(self) -> None:
         if self._model.forwards != self._forward:
             raise CheckpointStateError(f"logits: expected those of the model's last forward ({self._model.forwards}), "
                                        f"got those of forward {self._forward}")
-        return await self._model.top_k(k)

@@ -12,6 +12,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
+from .sampler import Sampler
+
 if TYPE_CHECKING:
     from ..kv.cache import PagedKVCache
     from ..tvm.layout import KVLayout
@@ -28,6 +30,19 @@ class Logits(Protocol):
         """The ``k`` largest logits (all of them if ``k`` is at least the vocabulary) as (token id, logit),
         largest first (ties: lower id first)."""
         ...
+
+    async def pick(self, sampler: Sampler, previous: Sequence[int]) -> int:
+        """The token ``sampler`` chooses from these logits after ``previous`` (the prompt and the tokens generated
+        so far): what :meth:`Sampler.pick` gives from all of them."""
+        ...
+
+
+async def choose(logits: Logits, sampler: Sampler, previous: Sequence[int]) -> int:
+    """The next token ``sampler`` picks from ``logits`` after ``previous``: their argmax when greedy without penalties
+    (no random draw), else :meth:`Logits.pick`."""
+    if sampler.settings.greedy and not sampler.penalizes:
+        return await logits.argmax()
+    return await logits.pick(sampler, previous)
 
 
 @runtime_checkable

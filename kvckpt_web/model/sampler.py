@@ -7,8 +7,8 @@ and the whole state of a :class:`Sampler` is a small JSON value that a checkpoin
 
 from __future__ import annotations
 
-import heapq
 import math
+import struct
 from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
@@ -16,10 +16,13 @@ from typing import Any
 from ..checks import check_collection, check_instance
 from ..errors import FieldError, is_int
 
-__all__ = ["MAX_SEED", "Sampler", "SamplingSettings", "candidate_count", "splitmix64", "uniform"]
+__all__ = ["MAX_SEED", "SAMPLER_VERSION", "Sampler", "SamplingSettings", "rank", "splitmix64", "uniform"]
 
 MAX_SEED = 2**64 - 1
 """Largest seed: seeds are 64-bit unsigned integers."""
+
+SAMPLER_VERSION = 2
+"""The version of the rules :meth:`Sampler.draw` follows, recorded in its state (``APP_STATE.md`` §4)."""
 
 _MASK = 2**64 - 1
 _GAMMA = 0x9E3779B97F4A7C15
@@ -42,8 +45,22 @@ def _is_real(value: Any) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
-def _rank(candidate: tuple[int, float]) -> tuple[float, int]:
-    """Sort key: highest logit first, lowest token id first among equal logits."""
+def _f32(value: float) -> float:
+    """``value`` rounded to the nearest f32 (ties to even)."""
+    return struct.unpack("<f", struct.pack("<f", value))[0]
+
+
+def _sum(values: list[float]) -> float:
+    """The float64 sum of ``values`` added left to right (Python 3.12's ``sum`` compensates: the browser's
+    Pyodide would sum otherwise than the desktop)."""
+    total = 0.0
+    for value in values:
+        total += value
+    return total
+
+
+def rank(candidate: tuple[int, float]) -> tuple[float, int]:
+    """Sort key of (token id, score) pairs: highest score first, lowest token id first among equal logits."""
     return -candidate[1], candidate[0]
 
 
@@ -54,8 +71,9 @@ class SamplingSettings:
     ``temperature`` 0 is greedy (the highest logit, lowest token id on ties, no random draw); above 0 the
     logits are divided by it and a token is drawn. ``top_k`` (0: off) keeps the k most likely tokens;
     ``top_p`` (1: off) keeps the fewest most likely tokens whose probabilities sum to at least ``top_p``;
-    ``repetition_penalty`` (1: off) divides a positive logit of an already seen token by the penalty and
-    multiplies a negative one by it (CTRL / HF transformers), also when greedy. ``seed`` starts the draws.
+    ``repetition_penalty`` (1: off) divides a positive logit of an already seen token by the penalty (times the
+    f32 of its inverse) and multiplies a negative one by it (CTRL / HF transformers), also when greedy. ``seed``
+    starts the draws.
     """
 
     temperature: float = 0.0
@@ -87,6 +105,11 @@ class Sampler:
 
     Each sampled token takes exactly one draw; a greedy pick takes none. ``to_json`` / ``from_json`` carry
     the settings and the counter, so a restored sampler continues the same sequence of draws.
+
+    How a token is chosen is version :data:`SAMPLER_VERSION` of the rules (``APP_STATE.md`` §4): the penalized
+    scores are f32 (:meth:`penalized`), ranked highest first (lowest id first among equal ones); the weights
+    ``exp((score - top) / temperature)`` are float64, summed left to right; without ``top_k`` the mass ``top_p`` is
+    a part of is ``total``, the device's f32 sum of the weights of the whole vocabulary (:meth:`draw`).
     """
 
     def __init__(self, settings: SamplingSettings | None = None, counter: int = 0) -> None:
@@ -96,41 +119,88 @@ class Sampler:
             "settings", settings, SamplingSettings, "a SamplingSettings or None")
         self.counter = counter
 
-    def pick(self, candidates: Iterable[tuple[int, float]], previous: Iterable[int] = ()) -> int:
-        """The next token id chosen among ``candidates``, (token id, logit) pairs.
+    @property
+    def penalizes(self) -> bool:
+        """Whether any penalty changes a score."""
+        return self.settings.repetition_penalty != 1
 
-        ``candidates`` may be the whole vocabulary or only its highest logits (e.g. a GPU top-k); with a
-        repetition penalty, a shortlist must hold the top ``top_k`` plus every token of ``previous`` that
-        could rank among them, since only listed tokens can be chosen. ``previous`` are the token ids seen
-        so far (the prompt and what was generated), for the repetition penalty.
+    def penalty_factors(self) -> tuple[float, float]:
+        """The f32 factors of the repetition penalty: of a score above 0 (1 / penalty) and at or below 0."""
+        penalty = self.settings.repetition_penalty
+        return _f32(1 / penalty), _f32(penalty)
+
+    def penalized(self, token_id: int, score: float, seen: bool) -> float:
+        """``score`` (an f32 logit) of ``token_id`` after the penalties, as f32 arithmetic gives it (what the device
+        computes): times :meth:`penalty_factors` if ``seen``."""
+        if seen and self.settings.repetition_penalty != 1:
+            above, below = self.penalty_factors()
+            score = _f32(score * (above if score > 0 else below))  # an f32 product is exact in float64
+        return score
+
+    def pick(self, candidates: Iterable[tuple[int, float]], previous: Iterable[int] = ()) -> int:
+        """The next token id chosen among ``candidates``, (token id, logit) pairs: the whole vocabulary, or for a
+        greedy pick or ``top_k`` at least the highest scores after the penalties. ``previous`` are the token ids
+        seen so far (the prompt and what was generated), for the repetition penalty. The weights' ``total`` is
+        their float64 sum here (the device's f32 one in :meth:`draw` from a shortlist)."""
+        ranked = sorted(self._penalized(candidates, previous), key=rank)
+        top, temperature = ranked[0][1], self.settings.temperature
+        total = _sum([math.exp((score - top) / temperature) for _, score in ranked]) if temperature else 0.0
+        token = self.draw(ranked, total, complete=True)
+        assert token is not None
+        return token
+
+    def mass_needed(self, total: float) -> float:
+        """How much of ``total`` (the weights of the whole vocabulary) a shortlist must hold for :meth:`draw` to pick
+        from it without ``top_k``: the ``top_p`` part, or without ``top_p`` the next draw's part."""
+        s = self.settings
+        return s.top_p * total if s.top_p < 1 else uniform(s.seed, self.counter) * total
+
+    def draw(self, ranked: Sequence[tuple[int, float]], total: float, complete: bool) -> int | None:
+        """The next token id from ``ranked``: (token id, score) pairs after the penalties, highest first (lowest id
+        first among equal scores), the first of the whole vocabulary's ranking; all of it if ``complete``, and at
+        least the top ``top_k`` with ``top_k``. ``total`` is the sum of the whole vocabulary's weights (used without
+        ``top_k``). None, without drawing, when the tokens past ``ranked`` could be chosen: the caller asks again
+        with more.
+
+        Greedy takes the first. Otherwise the weights are those of the top ``top_k`` (or all); ``top_p`` keeps
+        the fewest first ones whose running sum reaches ``top_p`` times their mass (``total`` without ``top_k``),
+        and a draw in [0, 1) times the kept weights' sum (``total`` if all are kept without ``top_k``) falls in
+        the first whose running sum passes it; rounding past the last falls on the last kept.
         """
         s = self.settings
-        penalized = self._penalized(candidates, previous)
         if s.greedy:
-            return min(penalized, key=_rank)[0]
-        ranked = heapq.nsmallest(s.top_k, penalized, key=_rank) if s.top_k else sorted(penalized, key=_rank)
-        top = ranked[0][1]
-        weights = [math.exp((logit - top) / s.temperature) for _, logit in ranked]
+            return ranked[0][0]
+        pool = list(ranked[:s.top_k] if s.top_k else ranked)
+        complete = complete or bool(s.top_k)
+        top = pool[0][1]
+        weights = [math.exp((score - top) / s.temperature) for _, score in pool]
+        mass = _sum(weights) if s.top_k else total
         if s.top_p < 1:
-            total, limit, kept = sum(weights), 0.0, 0
-            while kept < len(weights) and limit < s.top_p * total:
+            limit, kept = 0.0, 0
+            while kept < len(weights) and limit < s.top_p * mass:
                 limit += weights[kept]
                 kept += 1
-            del ranked[kept:], weights[kept:]
-        target = uniform(s.seed, self.counter) * sum(weights)
-        self.counter += 1
+            if limit >= s.top_p * mass:
+                del pool[kept:], weights[kept:]
+                mass, complete = _sum(weights), True
+            elif not complete:
+                return None
+        target = uniform(s.seed, self.counter) * mass
         cumulative = 0.0
-        for (token_id, _), weight in zip(ranked, weights):
+        for (token_id, _), weight in zip(pool, weights):
             cumulative += weight
             if target < cumulative:
+                self.counter += 1
                 return token_id
-        return ranked[-1][0]  # rounding left target at the very top of the last interval
+        if not complete:
+            return None
+        self.counter += 1
+        return pool[-1][0]  # rounding left target at the very top of the last interval
 
     def _penalized(self, candidates: Iterable[tuple[int, float]], previous: Iterable[int]) -> list[tuple[int, float]]:
         """The candidates as a list, validated, with seen tokens' logits penalized."""
-        penalty = self.settings.repetition_penalty
         check_collection("previous", previous, "the token ids seen so far")
-        seen = set(previous) if penalty != 1 else set()
+        seen = set(previous) if self.penalizes else set()
         out = []
         for i, candidate in enumerate(check_collection("candidates", candidates, "(token id, logit) pairs")):
             try:
@@ -141,42 +211,28 @@ class Sampler:
                 raise FieldError(f"candidates[{i}] token id", "an integer >= 0", token_id)
             if not _is_real(logit):
                 raise FieldError(f"candidates[{i}] logit", "a finite number", logit)
-            if token_id in seen:
-                logit = logit / penalty if logit > 0 else logit * penalty
-            out.append((token_id, logit))
+            out.append((token_id, self.penalized(token_id, logit, token_id in seen)))
         if not out:
             raise FieldError("candidates", "at least one (token id, logit) pair", "none")
         return out
 
     def to_json(self) -> dict[str, Any]:
         """The sampler's whole state as a JSON-serializable value."""
-        return {"settings": asdict(self.settings), "counter": self.counter}
+        return {"version": SAMPLER_VERSION, "settings": asdict(self.settings), "counter": self.counter}
 
     @classmethod
     def from_json(cls, state: Any) -> Sampler:
-        """A sampler in the state ``to_json`` returned; refuses anything else with a FieldError."""
-        if not isinstance(state, dict) or set(state) != {"settings", "counter"}:
-            raise FieldError("sampler state", "an object with keys 'settings' and 'counter'",
+        """A sampler in the state ``to_json`` returned, or a version 1 state (no ``version``: it goes on under
+        these rules); refuses anything else with a FieldError."""
+        keys = {"settings", "counter"}
+        if not isinstance(state, dict) or set(state) - {"version"} != keys:
+            raise FieldError("sampler state", "an object with keys 'settings', 'counter' and 'version'",
                              sorted(state) if isinstance(state, dict) else type(state).__name__)
+        if state.get("version", 1) not in (1, SAMPLER_VERSION):
+            raise FieldError("sampler state.version", f"1 or {SAMPLER_VERSION}", state.get("version"))
         settings = state["settings"]
         fields = {"temperature", "top_k", "top_p", "repetition_penalty", "seed"}
         if not isinstance(settings, dict) or set(settings) != fields:
             raise FieldError("sampler state.settings", f"an object with keys {sorted(fields)}",
                              sorted(settings) if isinstance(settings, dict) else type(settings).__name__)
         return cls(SamplingSettings(**settings), state["counter"])
-
-
-def candidate_count(settings: SamplingSettings, previous: Sequence[int], vocab_size: int) -> int:
-    """How many of the largest logits :meth:`Sampler.pick` needs to choose as it would from all of them;
-    0 when the argmax is the choice (greedy, no repetition penalty).
-
-    A penalty above 1 only lowers seen tokens, so the ``n`` best after it are among the ``n`` best before
-    it plus the distinct seen tokens; a penalty below 1 can lift any seen token: all logits then.
-    """
-    penalty = settings.repetition_penalty
-    if settings.greedy and penalty == 1:
-        return 0
-    if penalty < 1 or (settings.top_k == 0 and not settings.greedy):
-        return vocab_size
-    keep = 1 if settings.greedy else settings.top_k
-    return min(vocab_size, keep + (len(set(previous)) if penalty > 1 else 0))

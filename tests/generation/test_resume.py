@@ -161,6 +161,10 @@ class LazyLM(DoubleLM):
                 model.pending = 0
                 return await logits.top_k(k)
 
+            async def pick(self, sampler, previous):
+                model.pending = 0
+                return await logits.pick(sampler, previous)
+
         return Read()
 
 

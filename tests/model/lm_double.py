@@ -40,6 +40,9 @@ class DoubleLogits:
         order = np.lexsort((ids, -self.values))[:k]
         return [(int(i), float(self.values[i])) for i in order]
 
+    async def pick(self, sampler: Any, previous: Sequence[int]) -> int:
+        return sampler.pick(await self.top_k(len(self.values)), previous)
+
 
 class DoubleLM:
     """A deterministic 2-layer model over a paged cache; ``name`` changes its identity, not its outputs."""

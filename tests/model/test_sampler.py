@@ -1,19 +1,26 @@
-"""Sampling settings, the counter-based random numbers, the next-token picks and how many candidates a pick needs."""
+"""Sampling settings, the counter-based random numbers, the next-token picks and picks from a shortlist."""
 
 from __future__ import annotations
 
 import json
 import math
 import random
+import struct
 from typing import Any
 
 import pytest
 
 from kvckpt_web.errors import FieldError
-from kvckpt_web.model.sampler import MAX_SEED, Sampler, SamplingSettings, candidate_count, splitmix64, uniform
+from kvckpt_web.model.sampler import MAX_SEED, Sampler, SamplingSettings, rank, splitmix64, uniform
+
+from sampler_v1 import pick_v1
 
 # Probabilities 0.5, 0.3, 0.2 for tokens 0, 1, 2 at temperature 1.
 THREE = [(0, math.log(0.5)), (1, math.log(0.3)), (2, math.log(0.2))]
+
+
+def f32(value: float) -> float:
+    return struct.unpack("<f", struct.pack("<f", value))[0]
 
 
 def sampled(settings: SamplingSettings, candidates: list[tuple[int, float]], n: int) -> list[int]:
@@ -194,13 +201,21 @@ def test_state_round_trip_continues_the_same_sequence() -> None:
 
 def test_state_is_small_json() -> None:
     state = Sampler(SamplingSettings(temperature=1.0, seed=3), counter=12).to_json()
-    assert state == {"settings": {"temperature": 1.0, "top_k": 0, "top_p": 1.0, "repetition_penalty": 1.0,
-                                  "seed": 3}, "counter": 12}
+    assert state == {"version": 2, "settings": {"temperature": 1.0, "top_k": 0, "top_p": 1.0,
+                                                "repetition_penalty": 1.0, "seed": 3}, "counter": 12}
+
+
+def test_a_version_1_state_goes_on_under_version_2() -> None:
+    state = Sampler(SamplingSettings(temperature=1.0, seed=3), counter=12).to_json()
+    del state["version"]
+    assert Sampler.from_json(state).to_json()["version"] == 2
 
 
 @pytest.mark.parametrize(("state", "field"), [
     ([], "sampler state"),
     ({"counter": 0}, "sampler state"),
+    ({"version": 3, "settings": {"temperature": 1, "top_k": 0, "top_p": 1, "repetition_penalty": 1, "seed": 0},
+      "counter": 0}, "sampler state.version"),
     ({"settings": {"seed": 1}, "counter": 0}, "sampler state.settings"),
     ({"settings": {"temperature": -1, "top_k": 0, "top_p": 1, "repetition_penalty": 1, "seed": 0}, "counter": 0},
      "temperature"),
@@ -213,29 +228,55 @@ def test_from_json_refuses_other_values(state: Any, field: str) -> None:
     assert info.value.field == field
 
 
-# ---------------------------------------------------------------- how many candidates a pick needs
+# ---------------------------------------------------------------- picks from a shortlist
 
-@pytest.mark.parametrize(("settings", "previous", "want"), [
-    (SamplingSettings(), [5, 5, 6], 0),
-    (SamplingSettings(repetition_penalty=1.5), [5, 5, 6], 3),
-    (SamplingSettings(temperature=1.0, top_k=4), [5, 6], 4),
-    (SamplingSettings(temperature=1.0, top_k=4, repetition_penalty=1.2), [5, 6, 6, 7], 7),
-    (SamplingSettings(temperature=1.0, top_p=0.5), [5], 35),
-    (SamplingSettings(temperature=1.0, top_k=4, repetition_penalty=0.8), [5], 35),
-])
-def test_candidate_count_covers_every_token_the_sampler_could_pick(settings: SamplingSettings, previous: list[int],
-                                                                   want: int) -> None:
-    assert candidate_count(settings, previous, 35) == want
+def test_a_penalized_score_is_the_f32_product_with_the_f32_factor() -> None:
+    sampler = Sampler(SamplingSettings(repetition_penalty=1.1))
+    above, below = sampler.penalty_factors()
+    assert (above, below) == (f32(1 / 1.1), f32(1.1))
+    assert sampler.penalized(3, 3.0, seen=True) == f32(3.0 * above)
+    assert sampler.penalized(3, -3.0, seen=True) == f32(-3.0 * below)
+    assert sampler.penalized(3, 3.0, seen=False) == 3.0
 
 
-def test_candidate_count_picks_as_from_the_whole_vocabulary_under_a_penalty() -> None:
-    """Sampling from the shortlist gives what sampling from every logit gives, token for token."""
-    rng = random.Random(1)
-    settings = SamplingSettings(temperature=0.7, top_k=3, repetition_penalty=1.8, seed=2)
-    short, full = Sampler(settings), Sampler(settings)
-    for _ in range(200):
-        logits = [rng.gauss(0, 1) for _ in range(35)]
-        previous = [rng.randrange(35) for _ in range(6)]
-        ranked = sorted(enumerate(logits), key=lambda c: (-c[1], c[0]))
-        k = candidate_count(settings, previous, 35)
-        assert short.pick(ranked[:k], previous) == full.pick(ranked, previous)
+def test_a_draw_from_a_prefix_of_the_ranking_picks_as_from_the_whole_vocabulary_or_asks_for_more() -> None:
+    rng = random.Random(3)
+    ranked = sorted(((i, rng.gauss(0, 3)) for i in range(3000)), key=rank)
+    total = sum(math.exp(score - ranked[0][1]) for _, score in ranked)
+    for settings in (SamplingSettings(temperature=1.0, top_p=0.9, seed=5), SamplingSettings(temperature=1.0, seed=6)):
+        whole, short = Sampler(settings), Sampler(settings)
+        asked = 0
+        for _ in range(300):
+            want = whole.draw(ranked, total, complete=True)
+            for size in (5, 50, 500, 3000):
+                got = short.draw(ranked[:size], total, complete=size == 3000)
+                if got is not None:
+                    break
+                asked += 1
+            assert got == want and short.counter == whole.counter
+        assert asked > 0
+
+
+def test_a_draw_past_every_weight_falls_on_the_last_token_of_the_whole_vocabulary() -> None:
+    """A total above the weights' own sum (the device's f32 rounding) can leave the draw past the last of them."""
+    ranked = [(7, 0.0), (3, -1.0), (9, -2.0)]
+    sampler = Sampler(SamplingSettings(temperature=1.0, seed=0))
+    assert sampler.draw(ranked[:2], 1e9, complete=False) is None and sampler.counter == 0
+    assert sampler.draw(ranked, 1e9, complete=True) == 9 and sampler.counter == 1
+
+
+@pytest.mark.parametrize("settings", [
+    SamplingSettings(temperature=0.8, seed=1), SamplingSettings(temperature=1.0, top_p=0.9, seed=2),
+    SamplingSettings(temperature=0.7, top_k=40, seed=3), SamplingSettings(temperature=1.3, top_k=5, top_p=0.8, seed=4),
+    SamplingSettings(repetition_penalty=1.3), SamplingSettings(temperature=1.0, top_p=0.95, repetition_penalty=0.8,
+                                                               seed=5),
+    SamplingSettings(temperature=1e-6, seed=6), SamplingSettings(temperature=50.0, top_p=0.5, seed=7),
+], ids=lambda s: f"t{s.temperature}-k{s.top_k}-p{s.top_p}-r{s.repetition_penalty}")
+def test_the_version_2_pick_gives_the_version_1_tokens(settings: SamplingSettings) -> None:
+    rng = random.Random(8)
+    sampler, counter = Sampler(settings), 0
+    for step in range(200):
+        logits = [(i, f32(rng.gauss(0, 4))) for i in range(500)]
+        previous = [rng.randrange(500) for _ in range(20)]
+        want, counter = pick_v1(settings, counter, logits, previous)
+        assert sampler.pick(logits, previous) == want, step

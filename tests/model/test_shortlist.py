@@ -1,0 +1,89 @@
+"""Sampled picks on the GPU (kvckpt_web/model/shortlist.py, shaders/model/shortlist.wgsl): the tokens of the
+sampler's version 1 pick over the whole vocabulary (tests/model/sampler_v1.py), from a window of the scores."""
+
+from __future__ import annotations
+
+import asyncio
+
+import numpy as np
+import pytest
+
+from kvckpt_web.gpu.device import Usage
+from kvckpt_web.model.sampler import Sampler, SamplingSettings
+from kvckpt_web.model.shortlist import Shortlist
+
+from sampler_v1 import pick_v1
+
+VOCAB = 5000  # not a multiple of the chunk
+SETTINGS = [
+    SamplingSettings(temperature=1.0, top_p=0.9, seed=1),
+    SamplingSettings(temperature=0.8, seed=2),
+    SamplingSettings(temperature=0.7, top_k=40, seed=3),
+    SamplingSettings(temperature=1.0, top_k=200, top_p=0.95, seed=4),
+    SamplingSettings(repetition_penalty=1.3),
+    SamplingSettings(temperature=0.9, top_p=0.9, repetition_penalty=1.2, seed=5),
+    SamplingSettings(temperature=1.0, top_p=0.9, repetition_penalty=0.7, seed=6),
+    SamplingSettings(temperature=1e-30, top_p=0.9, seed=7),
+    SamplingSettings(temperature=1e6, top_p=0.5, seed=8),
+]
+
+
+class Logits:
+    """A logits buffer on the device, and the shortlist that picks from it."""
+
+    def __init__(self, device, vocab: int) -> None:
+        self.device = device
+        self.buffer = device.create_buffer(4 * vocab, Usage.STORAGE | Usage.COPY_SRC | Usage.COPY_DST, "test.logits")
+        self.shortlist = Shortlist(device, vocab)
+
+    def close(self) -> None:
+        self.shortlist.close()
+        self.device.destroy(self.buffer)
+
+    def pick(self, values: np.ndarray, sampler: Sampler, previous: list[int]) -> int:
+        self.device.write(self.buffer, 0, values.astype(np.float32).tobytes())
+        return asyncio.run(self.shortlist.pick(self.buffer, sampler, previous))
+
+
+@pytest.fixture
+def logits(device):
+    made = Logits(device, VOCAB)
+    yield made
+    made.close()
+
+
+def language_like(rng: np.random.Generator, vocab: int) -> np.ndarray:
+    """Logits shaped as a model's: a broad body and a few tokens far above it."""
+    values = rng.normal(0, 3, vocab)
+    values[rng.choice(vocab, 8, replace=False)] += rng.uniform(5, 20, 8)
+    return values.astype(np.float32)
+
+
+@pytest.mark.parametrize("settings", SETTINGS, ids=lambda s: f"t{s.temperature}-k{s.top_k}-p{s.top_p}-r"
+                                                             f"{s.repetition_penalty}")
+def test_the_gpu_pick_gives_the_version_1_tokens(logits, settings):
+    rng = np.random.default_rng(11)
+    sampler, counter = Sampler(settings), 0
+    for step in range(60):
+        values = language_like(rng, VOCAB)
+        previous = [int(t) for t in rng.integers(0, VOCAB, 30)]
+        want, counter = pick_v1(settings, counter, list(enumerate(values.astype(np.float64).tolist())), previous)
+        assert logits.pick(values, sampler, previous) == want, step
+        assert sampler.counter == counter
+
+
+def test_equal_top_scores_go_to_the_lowest_id(logits):
+    values = np.zeros(VOCAB, np.float32)
+    values[[4000, 17, 2500]] = 9.0
+    assert logits.pick(values, Sampler(SamplingSettings(repetition_penalty=1.5)), [5]) == 17
+
+
+def test_a_flat_distribution_reads_the_whole_vocabulary(logits):
+    """Every score within the widest window of the top: the draw needs all of them."""
+    values = np.full(VOCAB, 1.5, np.float32)
+    values[123] = 2.0
+    settings = SamplingSettings(temperature=1.0, seed=9)
+    sampler, counter = Sampler(settings), 0
+    for _ in range(20):
+        want, counter = pick_v1(settings, counter, list(enumerate(values.astype(np.float64).tolist())))
+        assert logits.pick(values, sampler, []) == want
