@@ -102,8 +102,8 @@ class Engine:
         call): a :class:`ChatCompletion`, or with ``stream`` a :class:`ChatStream` of :class:`ChatChunk`.
 
         ``settings`` are :class:`ChatRequest`'s (``max_tokens``, ``temperature``, ``top_p``, ``top_k``,
-        ``seed``, ``stop``, ``repetition_penalty``, ``cache_prompt``, ``conversation``). Bad input and a
-        prompt the context cannot answer raise here, before anything changes.
+        ``seed``, ``stop``, ``repetition_penalty``, ``presence_penalty``, ``frequency_penalty``, ``cache_prompt``,
+        ``conversation``). Bad input and a prompt the context cannot answer raise here, before anything changes.
         """
         return await self.create(ChatRequest(messages, **settings), stream=stream)
 
@@ -174,7 +174,8 @@ class Engine:
         start."""
         seed = request.seed if request.seed is not None else secrets.randbelow(MAX_SEED + 1)
         settings = {**request.settings_json(), "seed": seed}  # its conversation: the one it named, or null
-        sampling = SamplingSettings(request.temperature, request.top_k, request.top_p, request.repetition_penalty, seed)
+        sampling = SamplingSettings(request.temperature, request.top_k, request.top_p, request.repetition_penalty, seed,
+                                    request.presence_penalty, request.frequency_penalty)
         extra = ChatExtra.of(request, settings)
         try:
             gen = await Generator.start(

@@ -340,7 +340,7 @@ class Generator:
         return logits
 
     async def _pick(self, logits: Logits) -> int:
-        return await choose(logits, self.saved.sampler, self.tokens)
+        return await choose(logits, self.saved.sampler, self.tokens, self.generated_tokens)
 
     async def step(self) -> TokenEvent | None:
         """Run the next forward (a prefill chunk or the pending token); the token it produced, if any.

@@ -406,11 +406,11 @@ class LlamaModel:
         values = struct.unpack(f"<{n}f", await self._read([], self.logits, 4 * n))
         return [(i, values[i]) for i in heapq.nsmallest(k, range(n), key=lambda i: (-values[i], i))]
 
-    async def pick(self, sampler: Sampler, previous: Sequence[int]) -> int:
-        """The token ``sampler`` chooses from the logits of the last forward after ``previous``
-        (:class:`~kvckpt_web.model.shortlist.Shortlist`)."""
+    async def pick(self, sampler: Sampler, previous: Sequence[int], generated: Sequence[int]) -> int:
+        """The token ``sampler`` chooses from the logits of the last forward after ``previous`` (``generated`` this
+        reply's part; :class:`~kvckpt_web.model.shortlist.Shortlist`)."""
         self._check_open("pick")
-        return await self._shortlist.pick(self.logits, sampler, previous)
+        return await self._shortlist.pick(self.logits, sampler, previous, generated)
 
     async def _read(self, commands: list[Command], src: Buffer, size: int) -> memoryview:
         """Run ``commands``, then read back ``size`` bytes of ``src``."""
@@ -438,10 +438,11 @@ class GPULogits:
         self._check_current()
         return await self._model.top_k(k)
 
-    async def pick(self, sampler: Sampler, previous: Sequence[int]) -> int:
-        """The token ``sampler`` chooses from these logits after ``previous``, on the GPU."""
+    async def pick(self, sampler: Sampler, previous: Sequence[int], generated: Sequence[int]) -> int:
+        """The token ``sampler`` chooses from these logits after ``previous`` (``generated`` this reply's part),
+        on the GPU."""
         self._check_current()
-        return await self._model.pick(sampler, previous)
+        return await self._model.pick(sampler, previous, generated)
 
     def _check_current(self) -> None:
         if self._model.forwards != self._forward:

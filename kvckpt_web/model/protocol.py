@@ -31,18 +31,18 @@ class Logits(Protocol):
         largest first (ties: lower id first)."""
         ...
 
-    async def pick(self, sampler: Sampler, previous: Sequence[int]) -> int:
+    async def pick(self, sampler: Sampler, previous: Sequence[int], generated: Sequence[int]) -> int:
         """The token ``sampler`` chooses from these logits after ``previous`` (the prompt and the tokens generated
-        so far): what :meth:`Sampler.pick` gives from all of them."""
+        so far), ``generated`` those of this reply: what :meth:`Sampler.pick` gives from all of them."""
         ...
 
 
-async def choose(logits: Logits, sampler: Sampler, previous: Sequence[int]) -> int:
-    """The next token ``sampler`` picks from ``logits`` after ``previous``: their argmax when greedy without penalties
-    (no random draw), else :meth:`Logits.pick`."""
+async def choose(logits: Logits, sampler: Sampler, previous: Sequence[int], generated: Sequence[int]) -> int:
+    """The next token ``sampler`` picks from ``logits`` after ``previous`` (``generated`` the reply's part of them):
+    their argmax when greedy without penalties (no random draw), else :meth:`Logits.pick`."""
     if sampler.settings.greedy and not sampler.penalizes:
         return await logits.argmax()
-    return await logits.pick(sampler, previous)
+    return await logits.pick(sampler, previous, generated)
 
 
 @runtime_checkable

@@ -72,8 +72,10 @@ class SamplingSettings:
     logits are divided by it and a token is drawn. ``top_k`` (0: off) keeps the k most likely tokens;
     ``top_p`` (1: off) keeps the fewest most likely tokens whose probabilities sum to at least ``top_p``;
     ``repetition_penalty`` (1: off) divides a positive logit of an already seen token by the penalty (times the
-    f32 of its inverse) and multiplies a negative one by it (CTRL / HF transformers), also when greedy. ``seed``
-    starts the draws.
+    f32 of its inverse) and multiplies a negative one by it (CTRL / HF transformers), also when greedy.
+    ``presence_penalty`` and ``frequency_penalty`` (0: off, each in [-2, 2]) then subtract ``presence_penalty +
+    frequency_penalty * count`` from the logit of a token generated ``count`` > 0 times in this reply (OpenAI's),
+    also when greedy. ``seed`` starts the draws.
     """
 
     temperature: float = 0.0
@@ -81,6 +83,8 @@ class SamplingSettings:
     top_p: float = 1.0
     repetition_penalty: float = 1.0
     seed: int = 0
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
 
     def __post_init__(self) -> None:
         if not _is_real(self.temperature) or self.temperature < 0:
@@ -93,6 +97,10 @@ class SamplingSettings:
             raise FieldError("repetition_penalty", "a finite number > 0 (1: off)", self.repetition_penalty)
         if not is_int(self.seed, 0, MAX_SEED):
             raise FieldError("seed", f"an integer in [0, {MAX_SEED}]", self.seed)
+        for name in ("presence_penalty", "frequency_penalty"):
+            value = getattr(self, name)
+            if not _is_real(value) or not -2 <= value <= 2:
+                raise FieldError(name, "a number in [-2, 2] (0: off)", value)
 
     @property
     def greedy(self) -> bool:
@@ -122,27 +130,44 @@ class Sampler:
     @property
     def penalizes(self) -> bool:
         """Whether any penalty changes a score."""
-        return self.settings.repetition_penalty != 1
+        s = self.settings
+        return s.repetition_penalty != 1 or s.presence_penalty != 0 or s.frequency_penalty != 0
+
+    def offsets(self, generated: Sequence[int]) -> dict[int, float]:
+        """The f32 amount the presence and frequency penalties subtract from the score of each token of
+        ``generated`` (this reply's tokens) whose score they change."""
+        s = self.settings
+        if not (s.presence_penalty or s.frequency_penalty):
+            return {}
+        counts: dict[int, int] = {}
+        for token_id in generated:
+            counts[token_id] = counts.get(token_id, 0) + 1
+        offsets = {t: _f32(s.presence_penalty + s.frequency_penalty * n) for t, n in counts.items()}
+        return {t: offset for t, offset in offsets.items() if offset}
 
     def penalty_factors(self) -> tuple[float, float]:
         """The f32 factors of the repetition penalty: of a score above 0 (1 / penalty) and at or below 0."""
         penalty = self.settings.repetition_penalty
         return _f32(1 / penalty), _f32(penalty)
 
-    def penalized(self, token_id: int, score: float, seen: bool) -> float:
-        """``score`` (an f32 logit) of ``token_id`` after the penalties, as f32 arithmetic gives it (what the device
-        computes): times :meth:`penalty_factors` if ``seen``."""
+    def penalized(self, score: float, seen: bool, offset: float = 0.0) -> float:
+        """``score`` (an f32 logit) after the penalties, as f32 arithmetic gives it (what the device computes):
+        times :meth:`penalty_factors` if its token was ``seen``, then less its ``offset`` (:meth:`offsets`)."""
         if seen and self.settings.repetition_penalty != 1:
             above, below = self.penalty_factors()
             score = _f32(score * (above if score > 0 else below))  # an f32 product is exact in float64
+        if offset:
+            score = _f32(score - offset)  # rounded twice only where the f32 result is the larger operand
         return score
 
-    def pick(self, candidates: Iterable[tuple[int, float]], previous: Iterable[int] = ()) -> int:
+    def pick(self, candidates: Iterable[tuple[int, float]], previous: Iterable[int] = (),
+             generated: Sequence[int] = ()) -> int:
         """The next token id chosen among ``candidates``, (token id, logit) pairs: the whole vocabulary, or for a
         greedy pick or ``top_k`` at least the highest scores after the penalties. ``previous`` are the token ids
-        seen so far (the prompt and what was generated), for the repetition penalty. The weights' ``total`` is
-        their float64 sum here (the device's f32 one in :meth:`draw` from a shortlist)."""
-        ranked = sorted(self._penalized(candidates, previous), key=rank)
+        seen so far (the prompt and what was generated), for the repetition penalty, ``generated`` this reply's,
+        for the presence and frequency penalties. The weights' ``total`` is their float64 sum here (the device's f32
+        one in :meth:`draw` from a shortlist)."""
+        ranked = sorted(self._penalized(candidates, previous, generated), key=rank)
         top, temperature = ranked[0][1], self.settings.temperature
         total = _sum([math.exp((score - top) / temperature) for _, score in ranked]) if temperature else 0.0
         token = self.draw(ranked, total, complete=True)
@@ -197,10 +222,12 @@ class Sampler:
         self.counter += 1
         return pool[-1][0]  # rounding left target at the very top of the last interval
 
-    def _penalized(self, candidates: Iterable[tuple[int, float]], previous: Iterable[int]) -> list[tuple[int, float]]:
+    def _penalized(self, candidates: Iterable[tuple[int, float]], previous: Iterable[int],
+                   generated: Sequence[int]) -> list[tuple[int, float]]:
         """The candidates as a list, validated, with seen tokens' logits penalized."""
         check_collection("previous", previous, "the token ids seen so far")
-        seen = set(previous) if self.penalizes else set()
+        offsets = self.offsets(check_collection("generated", generated, "this reply's token ids"))
+        seen = set(previous) if self.settings.repetition_penalty != 1 else set()
         out = []
         for i, candidate in enumerate(check_collection("candidates", candidates, "(token id, logit) pairs")):
             try:
@@ -211,7 +238,7 @@ class Sampler:
                 raise FieldError(f"candidates[{i}] token id", "an integer >= 0", token_id)
             if not _is_real(logit):
                 raise FieldError(f"candidates[{i}] logit", "a finite number", logit)
-            out.append((token_id, self.penalized(token_id, logit, token_id in seen)))
+            out.append((token_id, self.penalized(logit, token_id in seen, offsets.get(token_id, 0.0))))
         if not out:
             raise FieldError("candidates", "at least one (token id, logit) pair", "none")
         return out
@@ -232,7 +259,8 @@ class Sampler:
             raise FieldError("sampler state.version", f"1 or {SAMPLER_VERSION}", state.get("version"))
         settings = state["settings"]
         fields = {"temperature", "top_k", "top_p", "repetition_penalty", "seed"}
-        if not isinstance(settings, dict) or set(settings) != fields:
+        optional = {"presence_penalty", "frequency_penalty"}  # absent: 0, the same tokens
+        if not isinstance(settings, dict) or not fields <= set(settings) <= fields | optional:
             raise FieldError("sampler state.settings", f"an object with keys {sorted(fields)}",
                              sorted(settings) if isinstance(settings, dict) else type(settings).__name__)
         return cls(SamplingSettings(**settings), state["counter"])

@@ -56,24 +56,24 @@ class Shortlist:
                                                 "shortlist.topk_candidates")
         self._best = device.create_buffer(8 * kernels.TOPK_MAX, storage | Usage.COPY_SRC, "shortlist.topk")
         self._readback = device.create_buffer(4 * (_STRIDE + 1) + 8 + 8 * vocab, Usage.MAP_READ | Usage.COPY_DST, "shortlist.readback")
-        self._listed: Buffer | None = None
+        self._listed: list[Buffer | None] = [None, None]  # the ids of the scale pass, the (id, offset) pairs of shift
 
     def close(self) -> None:
         """Release the device buffers."""
         for buffer in (self.scores, self._maxima, self._partial, self._stats, self._count, self._pairs,
-                       self._candidates, self._best, self._readback, self._listed):
+                       self._candidates, self._best, self._readback, *self._listed):
             if buffer is not None:
                 self.device.destroy(buffer)
-        self._listed = None
+        self._listed = [None, None]
 
-    async def pick(self, logits: Buffer, sampler: Sampler, previous: Sequence[int]) -> int:
+    async def pick(self, logits: Buffer, sampler: Sampler, previous: Sequence[int], generated: Sequence[int]) -> int:
         """The token ``sampler`` chooses from the ``vocab`` f32 logits at the start of ``logits``, after
-        ``previous`` (the token ids seen so far)."""
+        ``previous`` (the token ids seen so far; ``generated`` this reply's)."""
         s, n = sampler.settings, self.vocab
         inv_t = min(1 / s.temperature, _F32_MAX) if s.temperature else 0.0
         commands: list[Command] = [Copy(logits, 0, self.scores, 0, 4 * n)]
         if sampler.penalizes:
-            commands += self._penalties(sampler, sorted(set(previous)))
+            commands += self._penalties(sampler, previous, generated)
         if s.greedy or s.top_k <= kernels.TOPK_MAX and s.top_k:
             k = 1 if s.greedy else min(s.top_k, n)
             data = await self._read(commands + kernels.topk(self.device, self.scores, n, k, self._candidates,
@@ -99,18 +99,35 @@ class Shortlist:
                 factors: tuple[float, float] = (1.0, 1.0), top_k: int = 0) -> bytes:
         return struct.pack("<4I4f4I", self.vocab, CHUNK, self.chunks, listed, inv_t, fraction, *factors, top_k, 0, 0, 0)
 
-    def _penalties(self, sampler: Sampler, seen: list[int]) -> list[Command]:
-        """The dispatch that applies the repetition penalty to the scores of ``seen``."""
-        if self._listed is None or self._listed.size < 4 * len(seen):
-            if self._listed is not None:
-                self.device.destroy(self._listed)
-            self._listed = self.device.create_buffer(4 * max(len(seen), 256), Usage.STORAGE | Usage.COPY_DST,
-                                                     "shortlist.listed")
-        if not seen:
-            return []
-        self.device.write(self._listed, 0, struct.pack(f"<{len(seen)}I", *seen))
-        params = self._params(listed=len(seen), factors=sampler.penalty_factors())
-        return [self._dispatch("scale", params, (self.scores, self._listed), -(-len(seen) // kernels.WORKGROUP))]
+    def _penalties(self, sampler: Sampler, previous: Sequence[int], generated: Sequence[int]) -> list[Command]:
+        """The dispatches that apply the repetition penalty to the scores of the tokens of ``previous``, then the
+        presence and frequency penalties to those of ``generated``: each its own dispatch, so no device fuses the
+        product and the difference into one rounding."""
+        seen = sorted(set(previous)) if sampler.settings.repetition_penalty != 1 else []
+        offsets = sampler.offsets(generated)
+        commands: list[Command] = []
+        if seen:
+            params = self._params(listed=len(seen), factors=sampler.penalty_factors())
+            commands.append(self._dispatch("scale", params, (self.scores, self._upload(0, "<I", seen)),
+                                           -(-len(seen) // kernels.WORKGROUP)))
+        if offsets:
+            pairs = [v for t, offset in sorted(offsets.items()) for v in (t, _bits(offset))]
+            commands.append(self._dispatch("shift", self._params(listed=len(offsets)),
+                                           (self.scores, self._upload(1, "<I", pairs)),
+                                           -(-len(offsets) // kernels.WORKGROUP)))
+        return commands
+
+    def _upload(self, which: int, kind: str, values: list[int]) -> Buffer:
+        """Listed buffer ``which`` (grown as needed) holding ``values``."""
+        buffer = self._listed[which]
+        if buffer is None or buffer.size < 4 * len(values):
+            if buffer is not None:
+                self.device.destroy(buffer)
+            buffer = self.device.create_buffer(4 * max(len(values), 256), Usage.STORAGE | Usage.COPY_DST,
+                                               f"shortlist.listed{which}")
+            self._listed[which] = buffer
+        self.device.write(buffer, 0, struct.pack(f"{kind[0]}{len(values)}{kind[1]}", *values))
+        return buffer
 
     def _sums(self, inv_t: float, fraction: float, top_k: int) -> list[Command]:
         """The dispatches that leave the total, the windows' counts and masses and the window to read in the stats
@@ -139,3 +156,8 @@ class Shortlist:
         """Run ``commands``, then read back ``size`` bytes of ``src``."""
         self.device.submit(commands + [Copy(src, 0, self._readback, 0, size)])
         return await self.device.read(self._readback, 0, size)
+
+
+def _bits(value: float) -> int:
+    """The bits of the f32 ``value``."""
+    return struct.unpack("<I", struct.pack("<f", value))[0]

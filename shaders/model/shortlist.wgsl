@@ -5,6 +5,9 @@
 // reads the scores. Passes (one dispatch each, in this order):
 //   scale:       scores[id] *= (scores[id] > 0 ? params.above : params.below) for each listed id (repetition
 //                penalty: one correctly rounded f32 product, which the host reproduces)
+//   shift:       scores[id] -= offset for each listed (id, f32 bits of offset) (presence and frequency penalties:
+//                one correctly rounded f32 difference, in a dispatch of its own so that no compiler fuses it
+//                with the product into one rounding)
 //   chunk_max:   invocation c: the largest of scores[c * chunk ..] into maxima[c]
 //   chunk_sums:  invocation c: with top the largest of all maxima and d = (top - score) * inv_t per score of its
 //                chunk, the sum of exp(-d) over the chunk and, per window j, how many scores have
@@ -18,6 +21,7 @@
 // Every sum runs in index order in one invocation. Counts are f32 (exact below 2^24).
 // Bindings (group 0):
 //   scale:       0 uniform Params, 1 storage read_write scores_rw (n) f32, 2 storage read listed (u32 ids)
+//   shift:       0 uniform Params, 1 storage read_write scores_rw (n) f32, 2 storage read shifted (vec2<u32>)
 //   chunk_max:   0 uniform Params, 1 storage read scores, 2 storage read_write maxima (chunks) f32
 //   chunk_sums:  0 uniform Params, 1 storage read scores, 2 storage read maxima_in, 3 storage read_write partial
 //   merge:       0 uniform Params, 1 storage read partial_in, 2 storage read_write stats (STRIDE + 1) f32
@@ -28,7 +32,7 @@ struct Params {
   n: u32,
   chunk: u32,
   chunks: u32,
-  listed: u32,    // scale: how many ids are listed
+  listed: u32,    // scale, shift: how many ids are listed
   inv_t: f32,     // 1 / temperature, clamped to finite f32
   fraction: f32,  // merge: the part of the total the pick needs (with the slack)
   above: f32,     // scale: the factor of a score above 0
@@ -43,6 +47,7 @@ const STRIDE: u32 = 17u;  // 1 + 2 * WINDOW_COUNT
 @group(0) @binding(0) var<uniform> params: Params;
 @group(0) @binding(1) var<storage, read_write> scores_rw: array<f32>;
 @group(0) @binding(2) var<storage, read> listed: array<u32>;
+@group(0) @binding(2) var<storage, read> shifted: array<vec2<u32>>;
 @group(0) @binding(1) var<storage, read> scores: array<f32>;
 @group(0) @binding(2) var<storage, read_write> maxima: array<f32>;
 @group(0) @binding(2) var<storage, read> maxima_in: array<f32>;
@@ -61,6 +66,15 @@ fn scale(@builtin(global_invocation_id) gid: vec3<u32>) {
   let id = listed[gid.x];
   let s = scores_rw[id];
   scores_rw[id] = s * select(params.below, params.above, s > 0.0);
+}
+
+@compute @workgroup_size(64)
+fn shift(@builtin(global_invocation_id) gid: vec3<u32>) {
+  if (gid.x >= params.listed) {
+    return;
+  }
+  let pair = shifted[gid.x];
+  scores_rw[pair.x] = scores_rw[pair.x] - bitcast<f32>(pair.y);
 }
 
 @compute @workgroup_size(64)

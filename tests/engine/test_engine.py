@@ -57,6 +57,15 @@ def test_a_reply_carries_its_text_ids_finish_reason_and_usage(make_engine):
     assert wire["usage"]["prompt_tokens_details"]["cached_tokens"] == 0
 
 
+def test_a_frequency_penalty_steers_a_greedy_reply_off_the_tokens_it_repeated(make_engine):
+    engine = make_engine()
+    messages = [{"role": "user", "content": "hello"}]
+    plain = run(engine.chat(messages, **GREEDY, cache_prompt=False)).token_ids
+    penalized = run(engine.chat(messages, **GREEDY, cache_prompt=False, frequency_penalty=2.0)).token_ids
+    assert len(set(plain)) < len(plain) and penalized[0] == plain[0]
+    assert penalized != plain and len(set(penalized)) > len(set(plain))
+
+
 def test_a_streamed_reply_is_the_same_reply_in_chunks(make_engine):
     whole = run(make_engine().chat([{"role": "user", "content": "hello"}], **GREEDY))
 

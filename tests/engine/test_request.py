@@ -45,3 +45,20 @@ def test_a_completions_neutral_values_are_accepted_and_others_refused_naming_the
         with pytest.raises(FieldError) as info:
             CompletionRequest.from_openai({**body, key: value})
         assert info.value.field == key
+
+
+def test_presence_and_frequency_penalties_are_read_from_chat_and_completion_bodies():
+    penalties = {"presence_penalty": 0.5, "frequency_penalty": -1}
+    chat = ChatRequest.from_openai({**CHAT, **penalties})
+    completion = CompletionRequest.from_openai({"model": "m", "prompt": "Paris is", **penalties})
+    for request in (chat, completion):
+        assert (request.presence_penalty, request.frequency_penalty) == (0.5, -1.0)
+        assert request.settings_json()["frequency_penalty"] == -1.0
+
+
+@pytest.mark.parametrize("key", ["presence_penalty", "frequency_penalty"])
+@pytest.mark.parametrize("value", [2.5, -2.1, "1", True])
+def test_a_penalty_outside_minus_2_to_2_is_refused_naming_the_key(key, value):
+    with pytest.raises(FieldError) as info:
+        ChatRequest.from_openai({**CHAT, key: value})
+    assert info.value.field == key

@@ -161,9 +161,9 @@ class LazyLM(DoubleLM):
                 model.pending = 0
                 return await logits.top_k(k)
 
-            async def pick(self, sampler, previous):
+            async def pick(self, sampler, previous, generated):
                 model.pending = 0
-                return await logits.pick(sampler, previous)
+                return await logits.pick(sampler, previous, generated)
 
         return Read()
 

@@ -40,8 +40,8 @@ class DoubleLogits:
         order = np.lexsort((ids, -self.values))[:k]
         return [(int(i), float(self.values[i])) for i in order]
 
-    async def pick(self, sampler: Any, previous: Sequence[int]) -> int:
-        return sampler.pick(await self.top_k(len(self.values)), previous)
+    async def pick(self, sampler: Any, previous: Sequence[int], generated: Sequence[int]) -> int:
+        return sampler.pick(await self.top_k(len(self.values)), previous, generated)
 
 
 class DoubleLM:

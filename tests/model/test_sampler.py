@@ -160,6 +160,27 @@ def test_repetition_penalty_multiplies_a_negative_logit_of_a_seen_token() -> Non
     assert sampler.pick([(0, -1.0), (1, -1.5)], previous=[0, 0]) == 1  # -1.0 * 2 = -2.0 < -1.5
 
 
+def test_presence_and_frequency_penalties_subtract_from_the_logits_of_the_replys_tokens() -> None:
+    sampler = Sampler(SamplingSettings(presence_penalty=0.5, frequency_penalty=0.25))
+    candidates = [(0, 2.0), (1, 1.2), (2, 1.0)]
+    assert sampler.pick(candidates, previous=[0, 1], generated=[0]) == 0  # 2.0 - 0.75 = 1.25 > 1.2
+    assert sampler.pick(candidates, previous=[0, 0, 1], generated=[0, 0]) == 1  # 2.0 - 1.0 = 1.0 < 1.2
+    assert sampler.pick(candidates, previous=[0, 0], generated=[]) == 0  # the prompt's tokens are not counted
+
+
+def test_a_negative_presence_penalty_lifts_a_generated_token() -> None:
+    sampler = Sampler(SamplingSettings(presence_penalty=-2.0))
+    assert sampler.pick([(0, 2.0), (1, 0.5)], previous=[1], generated=[1]) == 1
+
+
+@pytest.mark.parametrize("name", ["presence_penalty", "frequency_penalty"])
+@pytest.mark.parametrize("value", [2.5, -2.01, math.nan, True])
+def test_presence_and_frequency_penalties_are_refused_outside_minus_2_to_2(name: str, value: Any) -> None:
+    with pytest.raises(FieldError) as info:
+        SamplingSettings(**{name: value})
+    assert info.value.field == name
+
+
 def test_repetition_penalty_off_ignores_previous_tokens() -> None:
     assert Sampler().pick([(0, 2.0), (1, 1.5)], previous=[0]) == 0
 
@@ -202,7 +223,14 @@ def test_state_round_trip_continues_the_same_sequence() -> None:
 def test_state_is_small_json() -> None:
     state = Sampler(SamplingSettings(temperature=1.0, seed=3), counter=12).to_json()
     assert state == {"version": 2, "settings": {"temperature": 1.0, "top_k": 0, "top_p": 1.0,
-                                                "repetition_penalty": 1.0, "seed": 3}, "counter": 12}
+                                                "repetition_penalty": 1.0, "seed": 3, "presence_penalty": 0.0,
+                                                "frequency_penalty": 0.0}, "counter": 12}
+
+
+def test_a_state_without_presence_and_frequency_penalties_has_them_off() -> None:
+    state = Sampler(SamplingSettings(temperature=1.0, seed=3)).to_json()
+    del state["settings"]["presence_penalty"], state["settings"]["frequency_penalty"]
+    assert Sampler.from_json(state).settings == SamplingSettings(temperature=1.0, seed=3)
 
 
 def test_a_version_1_state_goes_on_under_version_2() -> None:
@@ -234,9 +262,9 @@ def test_a_penalized_score_is_the_f32_product_with_the_f32_factor() -> None:
     sampler = Sampler(SamplingSettings(repetition_penalty=1.1))
     above, below = sampler.penalty_factors()
     assert (above, below) == (f32(1 / 1.1), f32(1.1))
-    assert sampler.penalized(3, 3.0, seen=True) == f32(3.0 * above)
-    assert sampler.penalized(3, -3.0, seen=True) == f32(-3.0 * below)
-    assert sampler.penalized(3, 3.0, seen=False) == 3.0
+    assert sampler.penalized(3.0, seen=True) == f32(3.0 * above)
+    assert sampler.penalized(-3.0, seen=True) == f32(-3.0 * below)
+    assert sampler.penalized(3.0, seen=False) == 3.0
 
 
 def test_a_draw_from_a_prefix_of_the_ranking_picks_as_from_the_whole_vocabulary_or_asks_for_more() -> None:

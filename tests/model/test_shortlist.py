@@ -40,9 +40,9 @@ class Logits:
         self.shortlist.close()
         self.device.destroy(self.buffer)
 
-    def pick(self, values: np.ndarray, sampler: Sampler, previous: list[int]) -> int:
+    def pick(self, values: np.ndarray, sampler: Sampler, previous: list[int], generated: list[int] = ()) -> int:
         self.device.write(self.buffer, 0, values.astype(np.float32).tobytes())
-        return asyncio.run(self.shortlist.pick(self.buffer, sampler, previous))
+        return asyncio.run(self.shortlist.pick(self.buffer, sampler, previous, generated))
 
 
 @pytest.fixture
@@ -70,6 +70,29 @@ def test_the_gpu_pick_gives_the_version_1_tokens(logits, settings):
         want, counter = pick_v1(settings, counter, list(enumerate(values.astype(np.float64).tolist())), previous)
         assert logits.pick(values, sampler, previous) == want, step
         assert sampler.counter == counter
+
+
+@pytest.mark.parametrize("settings", [
+    SamplingSettings(presence_penalty=1.5, frequency_penalty=0.3),
+    SamplingSettings(temperature=1.0, top_p=0.9, presence_penalty=-2.0, seed=1),
+    SamplingSettings(temperature=0.8, top_k=20, frequency_penalty=-0.7, repetition_penalty=1.2, seed=2),
+    SamplingSettings(temperature=1.0, presence_penalty=0.4, frequency_penalty=2.0, repetition_penalty=0.9, seed=3),
+], ids=lambda s: f"t{s.temperature}-k{s.top_k}-pres{s.presence_penalty}-freq{s.frequency_penalty}")
+def test_the_gpu_pick_under_presence_and_frequency_penalties_is_the_pick_from_all_logits(logits, settings):
+    rng = np.random.default_rng(12)
+    on_gpu, on_host = Sampler(settings), Sampler(settings)
+    for step in range(40):
+        values = language_like(rng, VOCAB)
+        generated = [int(t) for t in rng.integers(0, VOCAB, 12)] + [int(np.argmax(values))] * 3
+        previous = [int(t) for t in rng.integers(0, VOCAB, 20)] + generated
+        want = on_host.pick(list(enumerate(values.astype(np.float64).tolist())), previous, generated)
+        assert logits.pick(values, on_gpu, previous, generated) == want, step
+
+
+def test_a_negative_presence_penalty_lifts_a_generated_token_from_far_below(logits):
+    values = np.zeros(VOCAB, np.float32)
+    values[10], values[4321] = 1.5, 0.0  # 4321 is 1.5 below the top: -2 lifts it above
+    assert logits.pick(values, Sampler(SamplingSettings(presence_penalty=-2.0)), [4321], [4321]) == 4321
 
 
 def test_equal_top_scores_go_to_the_lowest_id(logits):
