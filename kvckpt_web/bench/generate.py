@@ -28,9 +28,10 @@ from ..gpu.device import Device
 from ..gpu.open import open_device
 from ..model.loader import default_model_path, load_model
 from ..model.caches import new_cache
-from ..model.protocol import LoadedModel
+from ..model.protocol import LoadedModel, choose
+from ..model.sampler import Sampler, SamplingSettings
 from ..stores.file import FileStore
-from .rows import Probe, load_average
+from .rows import Probe, cpu_flags, load_average, vector_width
 
 CONTEXT = 1024
 DECODE_TOKENS = 32
@@ -102,6 +103,18 @@ class GenerationRunner:
             token = await (await self.model.forward(self.cache, self.GENERATE, [token])).argmax()
         return start.until_now()
 
+    async def decode_sampled(self, token: int, steps: int) -> Timing:
+        """The time of ``steps`` decode steps of sequence 0 from ``token`` after the short context, each token drawn
+        at OpenAI's default temperature 1 with top_p 0.9, no top_k (seed 7)."""
+        sampler = Sampler(SamplingSettings(temperature=1.0, top_p=0.9, seed=7))
+        tokens = list(self.context[:8]) + [token]
+        start = Timing.now()
+        for _ in range(steps):
+            token = await choose(await self.model.forward(self.cache, self.GENERATE, [token]), sampler, tokens,
+                                 tokens[9:])
+            tokens.append(token)
+        return start.until_now()
+
     async def save_context(self, root: Path) -> int:
         """Prefill the context as sequence 1, save it as :data:`CHECKPOINT` in a FileStore at ``root`` and drop
         the sequence; the bytes written."""
@@ -169,18 +182,24 @@ async def bench_generate(device: Device | None = None, repeats: int = 5, paths: 
     runner = GenerationRunner.open(device)
     dev = runner.device
     out(f"model {default_model_path().name}: loaded and uploaded in {time.perf_counter() - start:.1f} s "
-        f"on {dev.info.adapter} ({dev.info.backend}); medians (ranges) of {repeats} rounds\n")
+        f"on {dev.info.adapter} ({dev.info.backend}), CPU {vector_width(cpu_flags(), dev.info.adapter)}; medians "
+        f"(ranges) of {repeats} rounds\n")
     out("| what | tokens | median (range) | load average |\n|---|---|---|---|")
     try:
         with tempfile.TemporaryDirectory(prefix="kvckpt-bench-generate-") as folder:
             root = Path(folder)
             nbytes = await runner.save_context(root)
-            rows: dict[str, list[float]] = {k: [] for k in ("short", "prefill", "long", "restore", "unverified",
-                                                              "hash", "load")}
+            rows: dict[str, list[float]] = {k: [] for k in ("short", "sampled", "prefill", "long", "restore",
+                                                              "unverified", "hash", "load")}
             for round_ in range(repeats + 1):  # round 0 warms up (compiles every pipeline)
                 load = load_average()
-                _, token = await runner.prefill(runner.context[:8])
-                short = (await runner.decode(token, DECODE_TOKENS)).seconds
+                short = sampled = 0.0
+                for greedy in (True, False) if round_ % 2 else (False, True):  # which goes first alternates
+                    _, token = await runner.prefill(runner.context[:8])
+                    if greedy:
+                        short = (await runner.decode(token, DECODE_TOKENS)).seconds
+                    else:
+                        sampled = (await runner.decode_sampled(token, DECODE_TOKENS)).seconds
                 timing, token = await runner.prefill(runner.context)
                 prefill = timing.seconds
                 long = (await runner.decode(token, DECODE_TOKENS)).seconds
@@ -188,14 +207,17 @@ async def bench_generate(device: Device | None = None, repeats: int = 5, paths: 
                 unverified = await runner.import_unverified(root)
                 hashed = await runner.hash_checkpoint(root)
                 if round_:
-                    for key, value in (("short", short), ("prefill", prefill), ("long", long), ("restore", restored),
-                                       ("unverified", unverified), ("hash", hashed), ("load", load)):
+                    for key, value in (("short", short), ("sampled", sampled), ("prefill", prefill), ("long", long),
+                                       ("restore", restored), ("unverified", unverified), ("hash", hashed),
+                                       ("load", load)):
                         rows[key].append(value)
         load = f"{min(rows['load']):.1f}-{max(rows['load']):.1f}"
         rate = lambda n, key: [n / s for s in rows[key]]  # noqa: E731
         context = len(runner.context)
         out(f"| decode (greedy) after 9 tokens of context, tokens/s | {DECODE_TOKENS} | "
             f"{spread(rate(DECODE_TOKENS, 'short'))} | {load} |")
+        out(f"| decode (temperature 1, top_p 0.9, no top_k, seeded) after 9 tokens of context, tokens/s | "
+            f"{DECODE_TOKENS} | {spread(rate(DECODE_TOKENS, 'sampled'))} | {load} |")
         out(f"| prefill of a {context}-token context, tokens/s | {context} | {spread(rate(context, 'prefill'))} | "
             f"{load} |")
         out(f"| decode (greedy) after the {context}-token context, tokens/s | {DECODE_TOKENS} | "
@@ -206,6 +228,8 @@ async def bench_generate(device: Device | None = None, repeats: int = 5, paths: 
             f"{spread(rows['unverified'], 1e3)} | {load} |")
         out(f"| SHA-256 of the checkpoint's chunks alone, one thread, ms | {context} | {spread(rows['hash'], 1e3)} | "
             f"{load} |")
+        ratios = [g / s for g, s in zip(rows["short"], rows["sampled"])]
+        out(f"\nsampled vs greedy decode after 9 tokens, same rounds: {spread(ratios, digits=2)}x greedy's tokens/s")
         ratios = [p / r for p, r in zip(rows["prefill"], rows["restore"])]
         out(f"\nresume vs re-prefill of the same {context}-token context, same rounds: {spread(ratios, digits=0)}x "
             "faster")

@@ -25,7 +25,6 @@ import argparse
 import asyncio
 import json
 import os
-import re
 import statistics
 import subprocess
 import sys
@@ -38,31 +37,13 @@ from ..gpu.open import open_device
 from ..model.loader import default_model_path, load_model
 from ..model.model_cache import gemma_path
 from .generate import GenerationRunner, Timing
-from .rows import load_average, load_range
+from .rows import cpu_flags, load_average, load_range, vector_width
 
 SHORT = 8
 """Tokens of the short context (the decode after it starts from its 9th)."""
 PROMPT = 300
 DECODE = 32
 WORKER = Path(__file__).with_name("peer_llama.py")
-
-
-def vector_width(cpu_flags: set[str], adapter: str) -> str:
-    """The CPU's widest vector instructions of AVX2 and AVX-512 (``cpu_flags``: /proc/cpuinfo's), and llvmpipe's
-    vector width from its adapter name (``llvmpipe (LLVM 15.0.6, 256 bits)``) where it is llvmpipe."""
-    cpu = "AVX-512" if "avx512f" in cpu_flags else "AVX2" if "avx2" in cpu_flags else "no AVX2"
-    bits = re.search(r"llvmpipe \(.*?(\d+) bits\)", adapter)
-    return f"{cpu}, llvmpipe {bits.group(1)} bits" if bits else f"{cpu}, {adapter}"
-
-
-def cpu_flags() -> set[str]:
-    """The flags of the first processor in /proc/cpuinfo (none where there is no such file)."""
-    try:
-        text = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return set()
-    flags = re.search(r"^flags\s*:(.*)$", text, re.MULTILINE)
-    return set(flags.group(1).split()) if flags else set()
 
 
 def bench_models() -> list[Path]:

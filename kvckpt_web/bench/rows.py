@@ -7,9 +7,11 @@ adapter, interleaved with it, so machine noise hits both alike.
 from __future__ import annotations
 
 import os
+import re
 import statistics
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Awaitable, Callable
 
 from ..errors import FieldError
@@ -130,3 +132,21 @@ def emit(rows: list[Row], row: Row, echo: Callable[[str], None]) -> Row:
     rows.append(row)
     echo(row.format())
     return row
+
+
+def vector_width(cpu_flags: set[str], adapter: str) -> str:
+    """The CPU's widest vector instructions of AVX2 and AVX-512 (``cpu_flags``: /proc/cpuinfo's), and llvmpipe's
+    vector width from its adapter name (``llvmpipe (LLVM 15.0.6, 256 bits)``) where it is llvmpipe."""
+    cpu = "AVX-512" if "avx512f" in cpu_flags else "AVX2" if "avx2" in cpu_flags else "no AVX2"
+    bits = re.search(r"llvmpipe \(.*?(\d+) bits\)", adapter)
+    return f"{cpu}, llvmpipe {bits.group(1)} bits" if bits else f"{cpu}, {adapter}"
+
+
+def cpu_flags() -> set[str]:
+    """The flags of the first processor in /proc/cpuinfo (none where there is no such file)."""
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return set()
+    flags = re.search(r"^flags\s*:(.*)$", text, re.MULTILINE)
+    return set(flags.group(1).split()) if flags else set()
