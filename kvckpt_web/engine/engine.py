@@ -28,6 +28,7 @@ from ..generation.autosave import Autosave
 from ..generation.conversation import Conversation
 from ..generation.generator import Generator
 from ..generation.resume import resume
+from ..model.protocol import MAX_TOP_LOGPROBS, TokenLogprob
 from ..model.sampler import MAX_SEED, SamplingSettings
 from ..tvm.layout import CacheLimits
 from .cache_lock import CacheLock
@@ -36,7 +37,7 @@ from .listing import ConversationInfo, describe
 from .prompt import Prompt, build_prompt, raw_prompt
 from .record import ChatExtra
 from .request import ChatRequest, CompletionRequest
-from .responses import ChatChunk, ChatCompletion, ChatStream
+from .responses import ChatChunk, ChatCompletion, ChatStream, TokenLogprobs
 from .placement import Placement
 from .slots import Slot, Slots
 from .sources import Sources
@@ -187,6 +188,7 @@ class Engine:
         except BaseException:
             await self.slots.drop(slot)
             raise
+        gen.logprobs = request.logprobs
         return gen, extra
 
     def _autosave(self, name: str) -> Autosave | None:
@@ -221,6 +223,7 @@ class Engine:
     async def _stream(self, turn: Turn) -> AsyncGenerator[ChatChunk, None]:
         gen, first, kind = turn.gen, True, turn.text_completion
         model_name, name = self.model_name, turn.slot.conversation
+        offset = len(gen.text)  # where the next token's text starts (for a plain completion's logprobs)
         try:
             if gen.generated_tokens or turn.resumed is not None:  # a resumed reply: what it had written first
                 yield ChatChunk(turn.completion_id, turn.created, model_name, name, gen.text,
@@ -236,8 +239,11 @@ class Engine:
                 turn.first_token_at = turn.first_token_at or now
                 turn.last_token_at = now
                 turn.made += 1
+                logprobs = None if event.logprob is None else (self._token_logprobs(event.logprob, offset),)
+                offset += 0 if logprobs is None else len(logprobs[0].text)
                 yield ChatChunk(turn.completion_id, turn.created, model_name, name, event.text, (event.token,),
-                                first=first, warnings=turn.warnings if first else (), text_completion=kind)
+                                first=first, warnings=turn.warnings if first else (), text_completion=kind,
+                                logprobs=logprobs)
                 first = False
             await self._save_stopped(gen)
             yield ChatChunk(turn.completion_id, turn.created, model_name, name,
@@ -250,6 +256,16 @@ class Engine:
                 except (KVCkptError, OSError):
                     pass  # nobody to tell: the slot stays uncommitted, so it is not evicted unsaved
             await self._end(turn)
+
+    def _token_logprobs(self, logprob: TokenLogprob, offset: int) -> TokenLogprobs:
+        """A token's log probabilities with the text of it and of its alternatives (their bytes as UTF-8, bytes
+        that are not valid UTF-8 read as U+FFFD)."""
+        def text(token: int) -> tuple[str, bytes]:
+            raw = self.codec.token_bytes(token)
+            return raw.decode("utf-8", errors="replace"), raw
+
+        return TokenLogprobs(*text(logprob.token), logprob.logprob,
+                             tuple((*text(t), lp) for t, lp in logprob.top), offset)
 
     async def _save_stopped(self, gen: Generator) -> None:
         """Save a reply that stopped unfinished, unless the store holds its state already."""
@@ -332,6 +348,8 @@ class Engine:
             slot = self.slots.add(Slot(seq_id, gen.tokens, gen.kv_length, conversation=name))
         extra = ChatExtra.from_json(gen.extra)
         slot.named = extra.named
+        logprobs = extra.settings.get("logprobs")  # as the request asked (a record of before them: none)
+        gen.logprobs = logprobs if is_int(logprobs, 0, MAX_TOP_LOGPROBS) else None
         return self._track(Turn(gen, slot, extra.completion_id, extra.created, len(gen.prompt_tokens),
                                  len(gen.prompt_tokens), restore_s, started,
                                  resumed=gen.resume_report if slot is not own else None,

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from ..generation.results import ResumeReport
 
-__all__ = ["FINISH_REASONS", "ChatChunk", "ChatCompletion", "ChatStream", "Timings", "Usage"]
+__all__ = ["FINISH_REASONS", "ChatChunk", "ChatCompletion", "ChatStream", "Timings", "TokenLogprobs", "Usage"]
 
 FINISH_REASONS = ("stop", "length", "abort")
 """Why a reply ended, as OpenAI's ``finish_reason`` says it: an end-of-turn token or a stop string, the token
@@ -63,6 +63,36 @@ class Usage:
 
 
 @dataclass(frozen=True)
+class TokenLogprobs:
+    """One reply token's log probability, as text: the token's ``text`` and ``bytes``, its ``logprob`` (the
+    log-softmax of the model's raw logits: temperature 1, before any penalty), the ``top`` alternatives as (text,
+    bytes, logprob), most likely first, and where its text starts in the reply (``offset``, in characters)."""
+
+    text: str
+    bytes: bytes
+    logprob: float
+    top: tuple[tuple[str, bytes, float], ...]
+    offset: int
+
+    def to_openai(self) -> dict[str, Any]:
+        """A chat's ``logprobs.content`` entry."""
+        return {"token": self.text, "logprob": self.logprob, "bytes": list(self.bytes),
+                "top_logprobs": [{"token": t, "logprob": lp, "bytes": list(b)} for t, b, lp in self.top]}
+
+
+def _logprobs(entries: "tuple[TokenLogprobs, ...] | None", text_completion: bool) -> dict[str, Any] | None:
+    """A choice's ``logprobs``: a chat's ``{"content", "refusal"}``, a plain completion's legacy ``{"tokens",
+    "token_logprobs", "top_logprobs", "text_offset"}``; None when they were not asked for."""
+    if entries is None:
+        return None
+    if not text_completion:
+        return {"content": [e.to_openai() for e in entries], "refusal": None}
+    return {"tokens": [e.text for e in entries], "token_logprobs": [e.logprob for e in entries],
+            "top_logprobs": [{t: lp for t, _, lp in e.top} for e in entries],
+            "text_offset": [e.offset for e in entries]}
+
+
+@dataclass(frozen=True)
 class ChatChunk:
     """A piece of a streamed reply: new text and the token ids that made it final; the last chunk has the
     ``finish_reason`` and the ``usage``."""
@@ -85,10 +115,13 @@ class ChatChunk:
     manifest), and what was done instead (an older generation restored, the prompt prefilled)."""
     text_completion: bool = False
     """A plain completion's chunk (OpenAI's ``text_completion`` on the wire), not a chat's."""
+    logprobs: tuple[TokenLogprobs, ...] | None = None
+    """The log probabilities of ``token_ids`` where the request asked for them (None: it did not)."""
 
     def to_openai(self) -> dict[str, Any]:
         if self.text_completion:
-            out = _text_completion(self.id, self.created, self.model, self.text, self.finish_reason)
+            out = _text_completion(self.id, self.created, self.model, self.text, self.finish_reason,
+                                   _logprobs(self.logprobs, True))
             out["kvckpt"] = _kvckpt(self.conversation, self.token_ids, self.warnings)
             if self.usage is not None:
                 out["usage"] = self.usage.to_openai()
@@ -97,7 +130,8 @@ class ChatChunk:
         if self.text or self.first:
             delta["content"] = self.text
         out = {"id": self.id, "object": "chat.completion.chunk", "created": self.created, "model": self.model,
-               "choices": [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": self.finish_reason}],
+               "choices": [{"index": 0, "delta": delta, "logprobs": _logprobs(self.logprobs, False),
+                            "finish_reason": self.finish_reason}],
                "kvckpt": _kvckpt(self.conversation, self.token_ids, self.warnings)}
         if self.usage is not None:
             out["usage"] = self.usage.to_openai()
@@ -123,22 +157,27 @@ class ChatCompletion:
     :attr:`ChatChunk.resumed`); None when they did not come from the store."""
     text_completion: bool = False
     """A plain completion (OpenAI's ``text_completion`` on the wire), not a chat's reply."""
+    logprobs: tuple[TokenLogprobs, ...] | None = None
+    """The log probabilities of ``token_ids`` where the request asked for them (None: it did not)."""
 
     @classmethod
     def from_chunks(cls, chunks: Sequence[ChatChunk]) -> "ChatCompletion":
         """The whole reply that ``chunks`` (a whole stream, its final chunk last) tell in pieces."""
         last = chunks[-1]
+        asked = any(c.logprobs is not None for c in chunks)
         return cls(last.id, last.created, last.model, last.conversation, "".join(c.text for c in chunks),
                    tuple(t for c in chunks for t in c.token_ids), last.finish_reason, last.usage,
-                   tuple(w for c in chunks for w in c.warnings), chunks[0].resumed, last.text_completion)
+                   tuple(w for c in chunks for w in c.warnings), chunks[0].resumed, last.text_completion,
+                   tuple(e for c in chunks for e in c.logprobs or ()) if asked else None)
 
     def to_openai(self) -> dict[str, Any]:
         if self.text_completion:
-            return {**_text_completion(self.id, self.created, self.model, self.text, self.finish_reason),
+            return {**_text_completion(self.id, self.created, self.model, self.text, self.finish_reason,
+                                       _logprobs(self.logprobs, True)),
                     "usage": self.usage.to_openai(), "kvckpt": _kvckpt(self.conversation, self.token_ids, self.warnings)}
         return {"id": self.id, "object": "chat.completion", "created": self.created, "model": self.model,
                 "choices": [{"index": 0, "message": {"role": "assistant", "content": self.text},
-                             "logprobs": None, "finish_reason": self.finish_reason}],
+                             "logprobs": _logprobs(self.logprobs, False), "finish_reason": self.finish_reason}],
                 "usage": self.usage.to_openai(),
                 "kvckpt": _kvckpt(self.conversation, self.token_ids, self.warnings)}
 
@@ -164,10 +203,11 @@ class ChatStream:
         await self._chunks.aclose()
 
 
-def _text_completion(id: str, created: int, model: str, text: str, finish_reason: str | None) -> dict[str, Any]:
+def _text_completion(id: str, created: int, model: str, text: str, finish_reason: str | None,
+                     logprobs: dict[str, Any] | None) -> dict[str, Any]:
     """OpenAI's ``text_completion`` object (a whole completion, or a chunk of a streamed one), without usage."""
     return {"id": id, "object": "text_completion", "created": created, "model": model,
-            "choices": [{"text": text, "index": 0, "logprobs": None, "finish_reason": finish_reason}]}
+            "choices": [{"text": text, "index": 0, "logprobs": logprobs, "finish_reason": finish_reason}]}
 
 
 def _kvckpt(conversation: str, token_ids: Sequence[int], warnings: Sequence[str]) -> dict[str, Any]:

@@ -36,7 +36,7 @@ from ..errors import CheckpointStateError, FieldError, StoreError
 from ..kv.cache import check_cache
 from ..kv.pool import check_seq_id
 from ..model.caches import check_chunk, context_of
-from ..model.protocol import CausalLM, Logits, choose
+from ..model.protocol import CausalLM, Logits, TokenLogprob, choose
 from ..model.sampler import Sampler, SamplingSettings
 from .app_state import SavedGeneration, StopRules, check_replies, check_token_ids
 from .autosave import DEFAULT_AUTOSAVE_EVERY, Autosave
@@ -98,6 +98,9 @@ class Generator:
         self.save_error: Exception | None = None
         """Why the last save failed (a StoreError or OSError); None once a save succeeds."""
         self.resume_report: ResumeReport | None = None
+        self.logprobs: int | None = None
+        """With how many most likely alternatives each token's log probability goes into its event (0 to
+        :data:`~kvckpt_web.model.protocol.MAX_TOP_LOGPROBS`); None: none are computed."""
         self._tried_at = saved.kv_length  # the kv_length of the last save or failed try: autosave counts from it
         self._failed: BaseException | None = None
         self._held = AsyncExitStack()  # the autosave name's claim
@@ -366,13 +369,14 @@ class Generator:
             logits = await self._forward([self.generated_tokens[-1]])
         try:
             token = await self._pick(logits)
+            logprob = None if self.logprobs is None else await logits.logprobs(token, self.logprobs)
         except BaseException as exc:
             # cancelled (Ctrl-C under asyncio.run) or failed once the forward ran: the sequence holds the K/V of
             # every known token and no token follows them, a state no checkpoint may record
             self._failed = exc
             raise
         self.saved.generated.append(token)
-        event = self._finish_check(token)
+        event = self._finish_check(token, logprob)
         if self.on_token is not None:
             self.on_token(event)
         if self.autosave is not None and (len(self.generated_tokens) == 1 or self.finish_reason is not None
@@ -380,14 +384,14 @@ class Generator:
             await self._autosave()
         return event
 
-    def _finish_check(self, token: int) -> TokenEvent:
+    def _finish_check(self, token: int, logprob: TokenLogprob | None = None) -> TokenEvent:
         """Record why the generation ends after ``token``, if it does; the token's event."""
         saved = self.saved
         reason = ("eos" if token in saved.stop.eos_ids else "length" if len(saved.generated) >= saved.stop.max_tokens
                   else "context" if saved.kv_length >= saved.context else None)
         text, stopped = self._text.push(saved.generated, reason is not None)
         saved.finish_reason = "stop" if stopped else reason
-        return TokenEvent(token, len(saved.generated) - 1, text)
+        return TokenEvent(token, len(saved.generated) - 1, text, logprob)
 
     async def __aiter__(self) -> AsyncIterator[TokenEvent]:
         while self.finish_reason is None:

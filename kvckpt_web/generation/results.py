@@ -6,6 +6,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ..model.protocol import TokenLogprob
+
 __all__ = ["GenerationResult", "ResumeReport", "TokenEvent"]
 
 
@@ -19,6 +21,8 @@ class TokenEvent:
     text: str
     """The reply text that became final with this token (text that may still turn into a stop string or an
     incomplete UTF-8 character waits for later tokens)."""
+    logprob: TokenLogprob | None = None
+    """The token's log probability (and its alternatives') where :attr:`Generator.logprobs` asked for them."""
 
 
 @dataclass(frozen=True)

@@ -103,3 +103,7 @@ class ChatCodec:
     def decode(self, tokens: Sequence[int]) -> str:
         """The text of ``tokens`` without special tokens; incomplete UTF-8 at the end decodes to U+FFFD."""
         return self.tokenizer.decode(tokens, skip_special=True)
+
+    def token_bytes(self, token_id: int) -> bytes:
+        """The bytes token ``token_id`` stands for (a special token: its text in UTF-8)."""
+        return self.tokenizer.token_bytes(token_id)

@@ -31,6 +31,7 @@ from . import kernels, row_kernels
 from .attention import PagedAttention, rope_inv_freq
 from .config import LlamaConfig
 from .gguf import GGML_TYPES, GGUFFile, GGUFTensor
+from .protocol import MAX_TOP_LOGPROBS, TokenLogprob
 from .sampler import Sampler
 from .shortlist import Shortlist
 from .weights import (DEVICE_FORMS, F32, Q4_1, DenseTensor, DeviceTensor, QuantizedTensor, check_finite,
@@ -412,6 +413,11 @@ class LlamaModel:
         self._check_open("pick")
         return await self._shortlist.pick(self.logits, sampler, previous, generated)
 
+    async def logprobs(self, token: int, top: int) -> TokenLogprob:
+        """The log probabilities of ``token`` and of the ``top`` most likely tokens after the last forward."""
+        self._check_open("logprobs")
+        return await self._shortlist.logprobs(self.logits, token, top)
+
     async def _read(self, commands: list[Command], src: Buffer, size: int) -> memoryview:
         """Run ``commands``, then read back ``size`` bytes of ``src``."""
         self.device.submit(commands + [Copy(src, 0, self._readback, 0, size)])
@@ -443,6 +449,15 @@ class GPULogits:
         on the GPU."""
         self._check_current()
         return await self._model.pick(sampler, previous, generated)
+
+    async def logprobs(self, token: int, top: int) -> TokenLogprob:
+        """The log probability of ``token`` and of the ``top`` most likely tokens (log-softmax on the GPU)."""
+        self._check_current()
+        if isinstance(token, bool) or not isinstance(token, int) or not 0 <= token < self._model.vocab_size:
+            raise FieldError("token", f"a token id in [0, {self._model.vocab_size})", token)
+        if isinstance(top, bool) or not isinstance(top, int) or not 0 <= top <= MAX_TOP_LOGPROBS:
+            raise FieldError("top", f"an integer in [0, {MAX_TOP_LOGPROBS}]", top)
+        return await self._model.logprobs(token, top)
 
     def _check_current(self) -> None:
         if self._model.forwards != self._forward:

@@ -19,6 +19,20 @@ if TYPE_CHECKING:
     from ..tvm.layout import KVLayout
 
 
+MAX_TOP_LOGPROBS = 20
+"""The most alternatives :meth:`Logits.logprobs` lists (OpenAI's ``top_logprobs`` bound)."""
+
+
+@dataclass(frozen=True)
+class TokenLogprob:
+    """A token's log probability under the model: the raw logits' log-softmax (temperature 1, before any penalty),
+    and the ``top`` most likely tokens' as (token id, log probability), most likely first."""
+
+    token: int
+    logprob: float
+    top: tuple[tuple[int, float], ...] = ()
+
+
 class Logits(Protocol):
     """The next-token logits of the last token a forward ran."""
 
@@ -29,6 +43,10 @@ class Logits(Protocol):
     async def top_k(self, k: int) -> list[tuple[int, float]]:
         """The ``k`` largest logits (all of them if ``k`` is at least the vocabulary) as (token id, logit),
         largest first (ties: lower id first)."""
+        ...
+
+    async def logprobs(self, token: int, top: int) -> TokenLogprob:
+        """The log probability of ``token`` and of the ``top`` (0 to :data:`MAX_TOP_LOGPROBS`) most likely tokens."""
         ...
 
     async def pick(self, sampler: Sampler, previous: Sequence[int], generated: Sequence[int]) -> int:
@@ -112,6 +130,10 @@ class TextCodec(Protocol):
 
     def decode(self, tokens: Sequence[int]) -> str:
         """The text of ``tokens``; an incomplete UTF-8 sequence at the end decodes to U+FFFD."""
+        ...
+
+    def token_bytes(self, token_id: int) -> bytes:
+        """The bytes one token stands for (a special token: its text in UTF-8)."""
         ...
 
 

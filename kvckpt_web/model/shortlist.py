@@ -20,6 +20,7 @@ from collections.abc import Sequence
 from ..gpu.device import Buffer, Clear, Command, Copy, Device, Dispatch, Usage
 from ..gpu.wgsl import source
 from . import kernels
+from .protocol import TokenLogprob
 from .sampler import Sampler, rank
 
 __all__ = ["WINDOWS", "Shortlist"]
@@ -91,6 +92,20 @@ class Shortlist:
             self.device.write(self._stats, 4 * _STRIDE, struct.pack("<f", edge))
             _, _, ranked = await self._collect(inv_t, [])
 
+    async def logprobs(self, logits: Buffer, token: int, top: int) -> TokenLogprob:
+        """The log-softmax of the ``vocab`` f32 logits at the start of ``logits`` (the device's f32 sum of
+        ``exp(logit - max)`` over all of them) at ``token`` and at the ``top`` largest logits."""
+        k, head = max(top, 1), 4 * (_STRIDE + 1)
+        commands = [Copy(logits, 0, self.scores, 0, 4 * self.vocab), *self._sums(1.0, 0.0, 0),
+                    *kernels.topk(self.device, logits, self.vocab, k, self._candidates, self._best),
+                    Copy(self._stats, 0, self._readback, 0, 4), Copy(logits, 4 * token, self._readback, 4, 4),
+                    Copy(self._best, 0, self._readback, 8, 8 * k)]
+        data = await self._read(commands, None, 8 + 8 * k)
+        total, logit = struct.unpack_from("<2f", data)
+        best = list(struct.iter_unpack("<fI", data[8:]))
+        base = best[0][0] + math.log(total)  # the log of the sum of exp(logit) over the vocabulary
+        return TokenLogprob(token, logit - base, tuple((i, score - base) for score, i in best[:top]))
+
     def _dispatch(self, entry: str, params: bytes, buffers: tuple[Buffer, ...], workgroups: int) -> Dispatch:
         kernel = self.device.kernel("model.shortlist", source("model", "shortlist"), entry)
         return Dispatch(kernel, params, buffers, workgroups=(workgroups, 1, 1), keep_bindings=True)
@@ -152,9 +167,9 @@ class Shortlist:
         data = await self.device.read(self._readback, head, 8 * count) if count else b""
         return stats[0], stats[_STRIDE], sorted(((i, score) for score, i in struct.iter_unpack("<fI", data)), key=rank)
 
-    async def _read(self, commands: list[Command], src: Buffer, size: int) -> memoryview:
-        """Run ``commands``, then read back ``size`` bytes of ``src``."""
-        self.device.submit(commands + [Copy(src, 0, self._readback, 0, size)])
+    async def _read(self, commands: list[Command], src: Buffer | None, size: int) -> memoryview:
+        """Run ``commands``, then read back ``size`` bytes of ``src`` (None: the readback buffer as they leave it)."""
+        self.device.submit(commands + ([] if src is None else [Copy(src, 0, self._readback, 0, size)]))
         return await self.device.read(self._readback, 0, size)
 
 

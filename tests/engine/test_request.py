@@ -24,7 +24,7 @@ def test_a_standard_parameter_given_as_null_is_accepted(key):
     assert ChatRequest.from_openai({**CHAT, key: None}) == ChatRequest.from_openai(CHAT)
 
 
-CANNOT_HONOUR = [("logprobs", True), ("top_logprobs", 2), ("top_logprobs", False),
+CANNOT_HONOUR = [("top_logprobs", False),
                  ("response_format", {"type": "json_object"}), ("tools", [{"type": "function"}]),
                  ("tool_choice", "auto"), ("parallel_tool_calls", "yes"), ("metadata", "tag"),
                  ("logit_bias", {"42": 5}), ("store", False)]  # store: not until a request can keep nothing
@@ -41,7 +41,7 @@ def test_a_completions_neutral_values_are_accepted_and_others_refused_naming_the
     body = {"model": "m", "prompt": "Paris is", "max_tokens": 4}
     neutral = {"echo": False, "best_of": 1, "logprobs": None, "suffix": None}
     assert CompletionRequest.from_openai({**body, **neutral}) == CompletionRequest.from_openai(body)
-    for key, value in {"echo": True, "best_of": 2, "logprobs": 0, "suffix": "!"}.items():
+    for key, value in {"echo": True, "best_of": 2, "suffix": "!"}.items():
         with pytest.raises(FieldError) as info:
             CompletionRequest.from_openai({**body, key: value})
         assert info.value.field == key
@@ -62,3 +62,27 @@ def test_a_penalty_outside_minus_2_to_2_is_refused_naming_the_key(key, value):
     with pytest.raises(FieldError) as info:
         ChatRequest.from_openai({**CHAT, key: value})
     assert info.value.field == key
+
+
+def test_chat_logprobs_with_top_logprobs_ask_for_that_many_alternatives():
+    assert ChatRequest.from_openai({**CHAT, "logprobs": True, "top_logprobs": 3}).logprobs == 3
+    assert ChatRequest.from_openai({**CHAT, "logprobs": True}).logprobs == 0
+    assert ChatRequest.from_openai({**CHAT, "logprobs": False, "top_logprobs": 0}).logprobs is None
+
+
+@pytest.mark.parametrize("body, key", [
+    ({"top_logprobs": 2}, "top_logprobs"), ({"logprobs": True, "top_logprobs": 21}, "top_logprobs"),
+    ({"logprobs": 1}, "logprobs"), ({"logprobs": "yes"}, "logprobs"),
+], ids=["top-without-logprobs", "top-21", "logprobs-1", "logprobs-str"])
+def test_chat_logprobs_the_engine_cannot_give_are_refused_naming_the_key(body, key):
+    with pytest.raises(FieldError) as info:
+        ChatRequest.from_openai({**CHAT, **body})
+    assert info.value.field == key
+
+
+def test_a_completions_logprobs_count_is_read_and_bounded():
+    body = {"model": "m", "prompt": "Paris is"}
+    assert CompletionRequest.from_openai({**body, "logprobs": 2}).logprobs == 2
+    with pytest.raises(FieldError) as info:
+        CompletionRequest.from_openai({**body, "logprobs": 21})
+    assert info.value.field == "logprobs"

@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 
 from kvckpt_web import FieldError, KVLayout
-from kvckpt_web.model.protocol import LoadedModel
+from kvckpt_web.model.protocol import LoadedModel, TokenLogprob
 
 ALPHABET = "abcdefghijklmnopqrstuvwxyz .,!?'\n"
 EOS, BOS = 0, 1
@@ -39,6 +39,13 @@ class DoubleLogits:
         ids = np.arange(len(self.values))
         order = np.lexsort((ids, -self.values))[:k]
         return [(int(i), float(self.values[i])) for i in order]
+
+    async def logprobs(self, token: int, top: int) -> TokenLogprob:
+        """The float64 log-softmax of the logits."""
+        logprobs = self.values - self.values.max()
+        logprobs = logprobs - np.log(np.exp(logprobs).sum())
+        best = [(i, float(logprobs[i])) for i, _ in await self.top_k(top)] if top else []
+        return TokenLogprob(token, float(logprobs[token]), tuple(best))
 
     async def pick(self, sampler: Any, previous: Sequence[int], generated: Sequence[int]) -> int:
         return sampler.pick(await self.top_k(len(self.values)), previous, generated)
@@ -135,6 +142,9 @@ class DoubleText:
 
     def decode(self, tokens: Sequence[int]) -> str:
         return "".join(ALPHABET[t - 2] if t >= 2 else "" for t in tokens)
+
+    def token_bytes(self, token_id: int) -> bytes:
+        return self.decode([token_id]).encode()
 
 
 def load(device: Any) -> LoadedModel:

@@ -110,3 +110,18 @@ def test_a_flat_distribution_reads_the_whole_vocabulary(logits):
     for _ in range(20):
         want, counter = pick_v1(settings, counter, list(enumerate(values.astype(np.float64).tolist())))
         assert logits.pick(values, sampler, []) == want
+
+
+@pytest.mark.parametrize("top", [0, 5, 20])
+def test_log_probabilities_are_the_raw_logits_log_softmax(logits, top):
+    """The device's f32 sum of the weights: within 1e-5 of the float64 log-softmax, penalties and temperature aside."""
+    rng = np.random.default_rng(13)
+    values = language_like(rng, VOCAB)
+    logits.device.write(logits.buffer, 0, values.tobytes())
+    got = asyncio.run(logits.shortlist.logprobs(logits.buffer, 77, top))
+    exact = values.astype(np.float64) - values.max()
+    exact -= np.log(np.exp(exact).sum())
+    assert got.token == 77 and abs(got.logprob - exact[77]) < 1e-5
+    order = np.lexsort((np.arange(VOCAB), -values))[:top]
+    assert [i for i, _ in got.top] == order.tolist()
+    assert np.allclose([lp for _, lp in got.top], exact[order], rtol=0, atol=1e-5)

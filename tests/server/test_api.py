@@ -42,6 +42,20 @@ def test_a_streamed_completion_is_the_same_reply_in_chunks_without_usage(url, ma
     assert all(c.usage is None and "usage" not in c.model_dump(exclude_unset=True) for c in chunks)
 
 
+def test_logprobs_come_in_openais_shape_whole_and_in_each_streamed_chunk(url, make_worker):
+    body = {"model": "tiny", "messages": [USER], "logprobs": True, "top_logprobs": 2, **SEEDED}
+    whole = client(url).chat.completions.create(**body)
+    content = whole.choices[0].logprobs.content
+    assert len(content) == len(whole.kvckpt["token_ids"])
+    assert all(e.logprob <= 0 and len(e.top_logprobs) == 2 for e in content)
+    assert all(e.top_logprobs[0].logprob >= max(e.top_logprobs[1].logprob, e.logprob) for e in content)
+    with api_serving(make_worker()) as fresh:
+        chunks = list(client(fresh).chat.completions.create(stream=True, **body))
+    streamed = [e for c in chunks if c.choices[0].logprobs is not None for e in c.choices[0].logprobs.content]
+    assert [(e.token, e.bytes) for e in streamed] == [(e.token, e.bytes) for e in content]
+    assert [e.logprob for e in streamed] == [e.logprob for e in content]
+
+
 def test_include_usage_adds_a_last_chunk_with_no_choices_and_the_usage(url):
     chunks = list(client(url).chat.completions.create(model="tiny", messages=[USER], stream=True,
                                                       stream_options={"include_usage": True}, **SEEDED))

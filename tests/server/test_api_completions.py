@@ -52,6 +52,14 @@ def test_a_streamed_completion_is_the_same_completion_in_chunks(url, make_worker
     assert all(c.choices[0].finish_reason is None and c.usage is None for c in chunks[:-1])
 
 
+def test_a_completions_logprobs_are_the_legacy_lists(url):
+    reply = complete(url, logprobs=3)
+    logprobs = reply.choices[0].logprobs
+    assert len(logprobs.tokens) == len(logprobs.token_logprobs) == len(reply.kvckpt["token_ids"])
+    # tokens of the same text are one key of a legacy top_logprobs object
+    assert all(1 <= len(top) <= 3 for top in logprobs.top_logprobs) and logprobs.text_offset[0] == 0
+
+
 def test_include_usage_adds_a_last_chunk_with_no_choices_and_the_usage(url):
     *replies, last = list(complete(url, stream=True, stream_options={"include_usage": True}))
     assert last.choices == [] and last.usage.completion_tokens == sum(len(c.kvckpt["token_ids"]) for c in replies)
