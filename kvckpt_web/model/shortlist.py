@@ -60,7 +60,8 @@ class Shortlist:
         self._candidates = device.create_buffer(kernels.topk_candidates_bytes(vocab, kernels.TOPK_MAX), storage,
                                                 "shortlist.topk_candidates")
         self._best = device.create_buffer(8 * kernels.TOPK_MAX, storage | Usage.COPY_SRC, "shortlist.topk")
-        self._readback = device.create_buffer(4 * (_STRIDE + 1) + 8 + 8 * vocab, Usage.MAP_READ | Usage.COPY_DST, "shortlist.readback")
+        self._readback = device.create_buffer(4 * (_STRIDE + 1) + 8 + 8 * vocab, Usage.MAP_READ | Usage.COPY_DST,
+                                              "shortlist.readback")
         self._listed: list[Buffer | None] = [None, None]  # the ids of the scale pass, the (id, offset) pairs of shift
 
     def close(self) -> None:
@@ -99,7 +100,7 @@ class Shortlist:
     async def logprobs(self, logits: Buffer, token: int, top: int) -> TokenLogprob:
         """The log-softmax of the ``vocab`` f32 logits at the start of ``logits`` (the device's f32 sum of
         ``exp(logit - max)`` over all of them) at ``token`` and at the ``top`` largest logits."""
-        k, head = max(top, 1), 4 * (_STRIDE + 1)
+        k = max(top, 1)
         commands = [Copy(logits, 0, self.scores, 0, 4 * self.vocab), *self._sums(1.0, 0.0, 0),
                     *kernels.topk(self.device, logits, self.vocab, k, self._candidates, self._best),
                     Copy(self._stats, 0, self._readback, 0, 4), Copy(logits, 4 * token, self._readback, 4, 4),
