@@ -29,7 +29,7 @@ from ..generation.conversation import Conversation
 from ..generation.generator import Generator
 from ..generation.resume import resume
 from ..model.protocol import MAX_TOP_LOGPROBS, TokenLogprob
-from ..model.sampler import MAX_SEED, SamplingSettings
+from ..model.sampler import MAX_SEED, Sampler, SamplingSettings
 from ..tvm.layout import CacheLimits
 from .cache_lock import CacheLock
 from .config import PRESETS, EngineConfig
@@ -394,7 +394,7 @@ class Engine:
 
     async def warm_up(self) -> None:
         """Run what a turn runs through the model in a free sequence of the cache, reading the logits as a reply does
-        (the best id, the best few), so that a device that builds its kernels on first use builds every one of them
+        (the best id; a sampled, penalized pick; log probabilities), so that a device that builds its kernels on first use builds every one of them
         now, not during a reply: a short prompt and a token after it (attention over one range of keys), then a
         prompt chunk (:attr:`prefill_chunk` tokens, or as many as the context allows) and a token after it
         (attention split over ranges of keys). The cache is as it was afterwards; nothing if every sequence is
@@ -409,7 +409,9 @@ class Engine:
                 for n in (2, 1, chunk, 1) if chunk >= 1 else (1,):
                     logits = await self.model.forward(self.cache, seq_id, [0] * n)
                     await logits.argmax()
-                await logits.top_k(2)
+                await logits.pick(Sampler(SamplingSettings(temperature=1.0, top_p=0.5, repetition_penalty=1.1,
+                                                           presence_penalty=0.1)), [0], [0])
+                await logits.logprobs(0, 2)
             finally:
                 self.cache.remove_sequence(seq_id)
 
