@@ -15,8 +15,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from ..durable.locations import open_location
+from ..checks import check_int
 from ..errors import FieldError
 from ..model.loader import default_model_path
+from ..server.worker import DEFAULT_QUEUE
 from .serving import serve_until_interrupted
 from .engine_flags import DESKTOP, engine_config
 from .store_commands import check_context, check_store_target
@@ -26,7 +28,7 @@ if TYPE_CHECKING:
 
 RUNTIME_FLAGS = {"page": "--page", "pyodide": "--pyodide", "wheels": "--wheels", "open": "--open", "token": "--token"}
 """The flags of the browser runtime and of a served store, which ``--api`` does not serve."""
-API_FLAGS = {"model_name": "--model-name", "context": "--context"}
+API_FLAGS = {"model_name": "--model-name", "context": "--context", "queue": "--queue"}
 """The flags only ``--api`` takes."""
 
 
@@ -39,6 +41,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         "model file's name without .gguf)")
     parser.add_argument("--context", type=int, default=None, help="with --api: most tokens of one conversation "
                         f"(default {DESKTOP.context}, or the model's context if smaller)")
+    parser.add_argument("--queue", type=int, default=None, help="with --api: requests that may wait while as many "
+                        f"run as the cache holds conversations ({DESKTOP.sequences}); beyond them a request is "
+                        f"answered 503 with Retry-After (default {DEFAULT_QUEUE})")
 
 
 def check_flags(args: argparse.Namespace) -> None:
@@ -93,13 +98,14 @@ def cmd_serve_api(args: argparse.Namespace) -> None:
     from ..server.static import check_model_file
 
     config = engine_config(args, ("context",))
+    queue = DEFAULT_QUEUE if args.queue is None else check_int("--queue", args.queue, 0)
     path = check_model_file(args.model, "--model") if args.model is not None else default_model_path()
     name = _model_name(args, path)
     if args.store is not None:
         check_store_target("--store", args.store)
     address = hosts.bind_address(args.host, args.port, args.allow_remote, field="--host", consent="--allow-remote")
     print(f"loading model {path} ...", file=sys.stderr, flush=True)
-    engine = worker.EngineWorker(lambda: _build(path, args.store, name, config, args.context))
+    engine = worker.EngineWorker(lambda: _build(path, args.store, name, config, args.context), queue=queue)
     try:
         server = make_api_server(engine, host=args.host, port=args.port, allow_remote=args.allow_remote)
         announce = f"kvckpt_web OpenAI-compatible API on {server.url}v1 (model {name!r}, Ctrl-C to stop)"

@@ -8,6 +8,7 @@ Each exception maps to one status, as OpenAI's API (or HTTP itself) answers it:
 * :class:`~kvckpt_web.errors.ConflictError` (the conversation is busy, or another writer holds its name): 409;
 * :class:`~kvckpt_web.errors.NotFoundError` (no such conversation): 404;
 * :class:`~kvckpt_web.errors.CapacityError` (the cache has no room now) and a server stopping: 503;
+* a request beyond the queue (:class:`~.worker.Busy`): 503 with the code ``queue_full`` and ``Retry-After``;
 * :class:`~kvckpt_web.errors.DataError` (a stored checkpoint damaged or off its format: a
   :class:`~kvckpt_web.errors.FormatError`, :class:`~kvckpt_web.errors.MetadataError` or
   :class:`~kvckpt_web.errors.CorruptionError`): 500 ``server_error`` with the code ``damaged_data``, its message
@@ -29,7 +30,7 @@ from starlette.responses import JSONResponse
 
 from ..errors import (CapacityError, ConflictError, ContextFullError, DataError, FieldError, KVCkptError,
                       NotFoundError)
-from .worker import ShuttingDown
+from .worker import Busy, ShuttingDown
 
 __all__ = ["ApiError", "api_error", "error_body", "error_response"]
 
@@ -60,6 +61,9 @@ def api_error(exc: BaseException) -> ApiError:
         return ApiError(409, message, code="conflict")
     if isinstance(exc, NotFoundError):
         return ApiError(404, message, code="not_found")
+    if isinstance(exc, Busy):
+        return ApiError(503, message, type="server_error", code="queue_full",
+                        headers={"retry-after": str(exc.retry_after)})
     if isinstance(exc, (CapacityError, ShuttingDown)):
         return ApiError(503, message, type="server_error", code="unavailable")
     if isinstance(exc, DataError):
