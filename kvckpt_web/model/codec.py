@@ -13,7 +13,7 @@ from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING
 
 from ..errors import FieldError, FormatError
-from .chat_template import FAMILIES, TEMPLATE_KEY, ChatTemplate, Pieces
+from .chat_template import FAMILIES, TEMPLATE_KEY, ChatTemplate, Pieces, template_role
 from .tokenizer_base import BaseTokenizer
 from .tokenizer_kinds import tokenizer_from_gguf
 
@@ -70,13 +70,15 @@ class ChatCodec:
         default system turn unless the message is a system message."""
         template = self.chat_template()
         bos = [self.tokenizer.bos_id] if self.tokenizer.add_bos else []
-        return bos + self._encode(template.preamble_pieces(first_role), None)
+        return bos + self._encode(template.preamble_pieces(template_role(first_role)), None)
 
     def encode_message(self, role: str, content: str, *, previous: str | None = None,
                        max_tokens: int | None = None) -> list[int]:
         """The ids of one message's turn after a message of role ``previous`` (None: the first), its content
-        encoded as text (FieldError naming ``prompt`` beyond ``max_tokens``, as :meth:`encode_chat`)."""
-        return self._encode(self.chat_template().message_pieces(role, content, previous), max_tokens)
+        encoded as text (FieldError naming ``prompt`` beyond ``max_tokens``, as :meth:`encode_chat`); a
+        ``developer`` message is the template's system turn."""
+        previous = None if previous is None else template_role(previous)
+        return self._encode(self.chat_template().message_pieces(template_role(role), content, previous), max_tokens)
 
     def reply_opening(self) -> list[int]:
         """The ids that open the assistant's turn: the model writes its reply after them."""

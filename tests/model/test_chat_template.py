@@ -104,6 +104,15 @@ def test_render_equals_jinja_of_plain_chatml(messages: list[dict[str, str]], add
     assert ours == jinja_render(PLAIN_CHATML, messages, add_generation_prompt)
 
 
+@pytest.mark.parametrize("name", ["qwen2", "qwen2.5", "qwen3", "gemma-3", "llama-3", "llama-3.2", "smollm"])
+def test_a_developer_message_renders_as_the_system_turn(name: str, smollm_template: str) -> None:
+    template = smollm_template if name == "smollm" else published(name)
+    chat = [{"role": "system", "content": "Answer in French."}, {"role": "user", "content": "Hello"}]
+    as_developer = [{"role": "developer", "content": "Answer in French."}, chat[1]]
+    ours = ChatTemplate.from_text(template).render(as_developer, add_generation_prompt=True)
+    assert ours == jinja_render(template, chat, True)
+
+
 def test_default_system_turn_comes_first() -> None:
     text = ChatML("Be brief.").render([{"role": "user", "content": "Hi"}], add_generation_prompt=True)
     assert text == ("<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n"
