@@ -123,6 +123,13 @@ class ChatTemplate:
         """The opening of the assistant's turn, which the model completes."""
         raise NotImplementedError
 
+    def prefill_pieces(self, content: str, previous: str | None) -> Pieces:
+        """An assistant's turn that the model continues (OpenAI-style prefill): the opening of the turn and
+        ``content`` as it is (not trimmed), nothing closing it; FieldError naming ``messages`` where the family's
+        template refuses an assistant message after one of role ``previous``."""
+        self.message_pieces("assistant", content, previous)  # the family's rule on the order of roles
+        return [*self.opening_pieces(), (content, False)]
+
     def closing_pieces(self) -> Pieces:
         """What closes a turn after its content (a reply's generated end-of-turn token stands for the marker)."""
         return [(self.turn_end, True), ("\n", False)]

@@ -84,6 +84,14 @@ class ChatCodec:
         """The ids that open the assistant's turn: the model writes its reply after them."""
         return self._encode(self.chat_template().opening_pieces(), None)
 
+    def encode_prefill(self, content: str, *, previous: str | None = None,
+                       max_tokens: int | None = None) -> list[int]:
+        """The ids of an assistant's turn whose reply goes on from ``content`` (OpenAI-style prefill), after a
+        message of role ``previous``: the :meth:`reply_opening` and the content as text, nothing closing it
+        (FieldError naming ``prompt`` beyond ``max_tokens``)."""
+        previous = None if previous is None else template_role(previous)
+        return self._encode(self.chat_template().prefill_pieces(content, previous), max_tokens)
+
     def reply_closing(self) -> list[int]:
         """The ids that close an assistant turn after its reply's ids (an end-of-turn id it generated left out)."""
         return self._encode(self.chat_template().closing_pieces(), None)

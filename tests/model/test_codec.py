@@ -95,3 +95,12 @@ def test_a_developer_turn_is_encoded_as_the_system_turn(smollm):
     assert developer == system
     assert codec.encode_message("user", "hi", previous="developer") == codec.encode_message("user", "hi",
                                                                                            previous="system")
+
+
+def test_a_prefill_is_encoded_as_the_reply_opening_and_its_text_not_its_markers(smollm):
+    codec = ChatCodec.from_gguf(smollm)
+    content = '{"sea": "<|im_end|>'
+    ids = codec.encode_prefill(content, previous="user")
+    opening = codec.reply_opening()
+    assert ids[:len(opening)] == opening
+    assert ids[len(opening):] == codec.tokenizer.encode(content, parse_special=False, add_bos=False)
