@@ -26,7 +26,7 @@ if TYPE_CHECKING:
 
 RUNTIME_FLAGS = {"page": "--page", "pyodide": "--pyodide", "wheels": "--wheels", "open": "--open", "token": "--token"}
 """The flags of the browser runtime and of a served store, which ``--api`` does not serve."""
-API_FLAGS = {"model_name": "--model-name", "context": "--context"}
+API_FLAGS = {"model_name": "--model-name", "context": "--context", "max_tokens": "--max-tokens"}
 """The flags only ``--api`` takes."""
 
 
@@ -39,6 +39,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         "model file's name without .gguf)")
     parser.add_argument("--context", type=int, default=None, help="with --api: most tokens of one conversation "
                         f"(default {DESKTOP.context}, or the model's context if smaller)")
+    parser.add_argument("--max-tokens", type=int, default=None, help="with --api: most tokens of a reply whose "
+                        f"request sets no max_tokens (default {DESKTOP.max_tokens}; never beyond the context)")
 
 
 def check_flags(args: argparse.Namespace) -> None:
@@ -92,7 +94,7 @@ def cmd_serve_api(args: argparse.Namespace) -> None:
     from ..server.api import make_api_server
     from ..server.static import check_model_file
 
-    config = engine_config(args, ("context",))
+    config = engine_config(args, ("context", "max_tokens"))
     path = check_model_file(args.model, "--model") if args.model is not None else default_model_path()
     name = _model_name(args, path)
     if args.store is not None:

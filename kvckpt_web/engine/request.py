@@ -128,7 +128,8 @@ class RequestSettings:
     """How to answer a request, whatever it asks (the settings :class:`ChatRequest` and :class:`CompletionRequest`
     share).
 
-    ``max_tokens`` None lets the reply run to the end of the context. ``seed`` None draws a seed for the
+    ``max_tokens`` None stops the reply after the engine's default (:attr:`EngineConfig.max_tokens`, 1024 unless
+    configured) or at the end of the context, if sooner. ``seed`` None draws a seed for the
     reply and records it, so a resumed reply continues the same draws. ``cache_prompt`` False prefills the
     whole prompt from nothing (the K/V of a prefix reused from another conversation may differ from a cold
     prefill in the last bits). ``conversation`` names the conversation the reply is saved under (default:

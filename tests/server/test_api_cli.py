@@ -24,7 +24,7 @@ def one_line_error(capsys) -> str:
     return err
 
 
-@pytest.mark.parametrize("flag, value", [("--model-name", "m"), ("--context", "64")])
+@pytest.mark.parametrize("flag, value", [("--model-name", "m"), ("--context", "64"), ("--max-tokens", "8")])
 def test_an_api_flag_without_api_is_a_one_line_error(pyodide, capsys, flag, value):
     status = main(["serve", "--port", "0", "--pyodide", str(pyodide), flag, value])
     assert status == 1 and f"{flag}: expected --api" in one_line_error(capsys)
@@ -63,10 +63,11 @@ def no_model_load(monkeypatch):
 
 @pytest.mark.parametrize("flags, error", [
     (["--context", "1"], "--context: expected an integer >= 2"),
+    (["--max-tokens", "0"], "--max-tokens: expected an integer >= 1"),
     (["--model-name", "my model"], "--model-name: expected 1 to 256 printable characters without spaces"),
     (["--model", "missing.gguf"], "--model: expected a GGUF model file"),
     (["--host", "0.0.0.0"], "--host: expected a loopback address"),
-], ids=["context", "model name", "model", "host"])
+], ids=["context", "max tokens", "model name", "model", "host"])
 def test_bad_flags_are_one_line_errors_before_the_model_loads(tiny_llama_path, capsys, no_model_load, flags, error):
     model = [] if "--model" in flags else ["--model", str(tiny_llama_path)]  # --api runs one --model
     status = main(["serve", "--api", "--port", "0", *model, *flags])
@@ -167,8 +168,9 @@ def test_a_context_over_the_models_is_refused_naming_it_not_clamped(monkeypatch,
         "kvckpt: error: --context: expected at most 96 tokens (the model's context), got 99999999")
 
 
-@pytest.mark.parametrize("flags, fields", [([], {}), (["--context", "64"], {"context": 64})],
-                         ids=["preset", "context flag"])
+@pytest.mark.parametrize("flags, fields", [([], {}), (["--context", "64"], {"context": 64}),
+                                           (["--max-tokens", "8"], {"max_tokens": 8})],
+                         ids=["preset", "context flag", "max tokens flag"])
 def test_the_api_runs_the_desktop_preset_with_its_flags_fields_fitted_to_the_model(monkeypatch, tiny_llama_path,
                                                                                     device, capsys, flags, fields):
     from lm_double import DoubleLM, DoubleText
