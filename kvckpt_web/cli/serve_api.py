@@ -19,6 +19,8 @@ from ..checks import check_int
 from ..errors import FieldError
 from ..model.loader import default_model_path
 from ..server.worker import DEFAULT_QUEUE
+from ..stores.objects import SCHEMES as OBJECT_SCHEMES
+from ..stores.leases import CLOCK_SKEW_SECONDS, DEFAULT_LEASE_SECONDS, check_lease_seconds
 from .serving import serve_until_interrupted
 from .engine_flags import DESKTOP, engine_config
 from .store_commands import check_context, check_store_target
@@ -28,7 +30,8 @@ if TYPE_CHECKING:
 
 RUNTIME_FLAGS = {"page": "--page", "pyodide": "--pyodide", "wheels": "--wheels", "open": "--open", "token": "--token"}
 """The flags of the browser runtime and of a served store, which ``--api`` does not serve."""
-API_FLAGS = {"model_name": "--model-name", "context": "--context", "queue": "--queue"}
+API_FLAGS = {"model_name": "--model-name", "context": "--context", "max_tokens": "--max-tokens", "lease": "--lease",
+             "queue": "--queue"}
 """The flags only ``--api`` takes."""
 
 
@@ -41,6 +44,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         "model file's name without .gguf)")
     parser.add_argument("--context", type=int, default=None, help="with --api: most tokens of one conversation "
                         f"(default {DESKTOP.context}, or the model's context if smaller)")
+    parser.add_argument("--max-tokens", type=int, default=None, help="with --api: most tokens of a reply whose "
+                        f"request sets no max_tokens (default {DESKTOP.max_tokens}; never beyond the context)")
+    parser.add_argument("--lease", type=float, default=None, help="with --api and an object storage --store URL "
+                        "(replicas sharing one store): seconds a replica's claim of a conversation it writes runs "
+                        f"unless renewed (default {DEFAULT_LEASE_SECONDS:g}; renewed while it writes); another "
+                        f"replica takes over a killed one's conversations {CLOCK_SKEW_SECONDS:g} s after that")
     parser.add_argument("--queue", type=int, default=None, help="with --api: requests that may wait while as many "
                         f"run as the cache holds conversations ({DESKTOP.sequences}); beyond them a request is "
                         f"answered 503 with Retry-After (default {DEFAULT_QUEUE})")
@@ -67,7 +76,8 @@ def _model_name(args: argparse.Namespace, path: Path) -> str:
     return name
 
 
-def _build(path: Path, store: str | None, name: str, config: "EngineConfig", context: int | None) -> "Engine":
+def _build(path: Path, store: str | None, name: str, config: "EngineConfig", context: int | None,
+           lease: float | None) -> "Engine":
     """The engine of ``config`` (run on the engine's own thread): the device opened, the model loaded (``--context``
     ``context`` no more than its context), the store opened."""
     from ..engine import Engine
@@ -79,7 +89,8 @@ def _build(path: Path, store: str | None, name: str, config: "EngineConfig", con
     loaded = load_model(path, device)
     if context is not None:
         check_context(context, loaded.model.max_context)
-    opened = open_location(store, read_only=False, new=True, field="--store") if store is not None else None
+    opened = (open_location(store, read_only=False, new=True, field="--store", lease_seconds=lease)
+              if store is not None else None)
     engine = Engine(loaded, device, store=opened, model_name=name, config=config)
     print(f"model loaded in {time.perf_counter() - start:.2f} s", file=sys.stderr, flush=True)
     return engine
@@ -97,15 +108,21 @@ def cmd_serve_api(args: argparse.Namespace) -> None:
     from ..server.api import make_api_server
     from ..server.static import check_model_file
 
-    config = engine_config(args, ("context",))
+    config = engine_config(args, ("context", "max_tokens"))
     queue = DEFAULT_QUEUE if args.queue is None else check_int("--queue", args.queue, 0)
     path = check_model_file(args.model, "--model") if args.model is not None else default_model_path()
     name = _model_name(args, path)
+    if args.lease is not None:
+        check_lease_seconds("--lease", args.lease)
+        if args.store is None or args.store.partition("://")[0].lower() not in OBJECT_SCHEMES:
+            raise FieldError("--lease", "an object storage --store URL beside it (s3://bucket/prefix: the claims of a "
+                             "directory store are locks, held until released)", args.lease)
     if args.store is not None:
         check_store_target("--store", args.store)
     address = hosts.bind_address(args.host, args.port, args.allow_remote, field="--host", consent="--allow-remote")
     print(f"loading model {path} ...", file=sys.stderr, flush=True)
-    engine = worker.EngineWorker(lambda: _build(path, args.store, name, config, args.context), queue=queue)
+    engine = worker.EngineWorker(lambda: _build(path, args.store, name, config, args.context, args.lease),
+                                 queue=queue)
     try:
         server = make_api_server(engine, host=args.host, port=args.port, allow_remote=args.allow_remote)
         announce = f"kvckpt_web OpenAI-compatible API on {server.url}v1 (model {name!r}, Ctrl-C to stop)"

@@ -136,7 +136,7 @@ class Engine:
                 or _new_name("completion" if completion else "chat"))
         warnings: list[str] = []
         conversation = await self.placement.conversation_of(name, warnings)
-        max_tokens = min(request.max_tokens or self.context, self.context - len(prompt.tokens))
+        max_tokens = min(request.max_tokens or self.config.max_tokens, self.context - len(prompt.tokens))
         slot, source, restore_s = await self.placement.kv_for(name, prompt.tokens, request.cache_prompt, max_tokens,
                                                               warnings)
         gen, extra = await self._start(request, prompt, name, slot, source.length, max_tokens, conversation)

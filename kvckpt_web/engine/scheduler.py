@@ -112,8 +112,8 @@ class Scheduler:
         runs = []
         for gen in batch:
             try:
-                tokens = gen.next_run()
-            except Exception as exc:  # closed, or failed before
+                tokens = await gen.next_run()
+            except Exception as exc:  # closed, failed before, or its name taken over
                 outcomes[gen] = exc
                 continue
             if tokens:

@@ -350,13 +350,17 @@ class Generator:
             return await logits.argmax()
         return self.saved.sampler.pick(await logits.top_k(k), tokens)
 
-    def next_run(self) -> list[int]:
+    async def next_run(self) -> list[int]:
         """The tokens the next step runs after the K/V the sequence holds (the rest of the prefill chunk, or the
         pending token); none once finished. A scheduler runs them (in one forward, alone or with other sequences')
-        and hands their logits to :meth:`take`."""
+        and hands their logits to :meth:`take`. With autosave, it first renews the name's claim when due (a lease
+        past half its time), so it holds between saves for as long as the reply runs; ConflictError, before the step
+        runs, if another writer took it over."""
         self._check_usable()
         if self.finish_reason is not None:
             return []
+        if self.autosave is not None:
+            await self.autosave.store.renew_claim(self.autosave.name)
         prompt_len = len(self.prompt_tokens)
         if self.kv_length < prompt_len:
             end = min(prompt_len, (self.kv_length // self.saved.prefill_chunk + 1) * self.saved.prefill_chunk)
@@ -410,8 +414,8 @@ class Generator:
         Autosaves when due; a save that fails in the store (StoreError, OSError) is reported to
         ``on_save_error`` and kept in ``save_error``, and the generation goes on. A save refused because the name is
         no longer this reply's (another writer took its claim over, or committed another conversation there) raises
-        ConflictError: nothing is saved under the name any more."""
-        tokens = self.next_run()
+        ConflictError: nothing is saved under the name any more. The claim is renewed as :meth:`next_run` says."""
+        tokens = await self.next_run()
         if not tokens:
             return None
         event = await self.take(tokens, await self._forward(tokens))

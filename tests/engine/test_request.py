@@ -45,3 +45,9 @@ def test_a_completions_neutral_values_are_accepted_and_others_refused_naming_the
         with pytest.raises(FieldError) as info:
             CompletionRequest.from_openai({**body, key: value})
         assert info.value.field == key
+
+
+def test_a_developer_message_is_accepted():
+    request = ChatRequest.from_openai({"messages": [{"role": "developer", "content": "Be brief."},
+                                                    {"role": "user", "content": "hi"}]})
+    assert request.messages[0].role == "developer"

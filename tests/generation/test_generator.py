@@ -215,7 +215,7 @@ def test_generators_whose_runs_a_scheduler_takes_in_turn_give_the_tokens_and_sav
     async def scheduled():
         while not all(g.finished for g in gens.values()):
             for gen in gens.values():
-                if tokens := gen.next_run():
+                if tokens := await gen.next_run():
                     await gen.take(tokens, await model.forward(cache, gen.seq_id, tokens))
             for gen in gens.values():
                 await gen.save_if_due()

@@ -25,7 +25,8 @@ def one_line_error(capsys) -> str:
     return err
 
 
-@pytest.mark.parametrize("flag, value", [("--model-name", "m"), ("--context", "64"), ("--queue", "2")])
+@pytest.mark.parametrize("flag, value", [("--model-name", "m"), ("--context", "64"), ("--max-tokens", "8"),
+                                         ("--lease", "5"), ("--queue", "2")])
 def test_an_api_flag_without_api_is_a_one_line_error(pyodide, capsys, flag, value):
     status = main(["serve", "--port", "0", "--pyodide", str(pyodide), flag, value])
     assert status == 1 and f"{flag}: expected --api" in one_line_error(capsys)
@@ -64,11 +65,14 @@ def no_model_load(monkeypatch):
 
 @pytest.mark.parametrize("flags, error", [
     (["--context", "1"], "--context: expected an integer >= 2"),
+    (["--max-tokens", "0"], "--max-tokens: expected an integer >= 1"),
     (["--queue", "-1"], "--queue: expected an integer >= 0"),
     (["--model-name", "my model"], "--model-name: expected 1 to 256 printable characters without spaces"),
     (["--model", "missing.gguf"], "--model: expected a GGUF model file"),
     (["--host", "0.0.0.0"], "--host: expected a loopback address"),
-], ids=["context", "queue", "model name", "model", "host"])
+    (["--lease", "0", "--store", "s3://bucket/chats"], "--lease: expected a lease of more than 0 and at most 3600"),
+    (["--lease", "5"], "--lease: expected an object storage --store URL beside it"),
+], ids=["context", "max tokens", "queue", "model name", "model", "host", "lease", "lease without an object store"])
 def test_bad_flags_are_one_line_errors_before_the_model_loads(tiny_llama_path, capsys, no_model_load, flags, error):
     model = [] if "--model" in flags else ["--model", str(tiny_llama_path)]  # --api runs one --model
     status = main(["serve", "--api", "--port", "0", *model, *flags])
@@ -169,9 +173,11 @@ def test_a_context_over_the_models_is_refused_naming_it_not_clamped(monkeypatch,
         "kvckpt: error: --context: expected at most 96 tokens (the model's context), got 99999999")
 
 
-@pytest.mark.parametrize("flags, fields, queue", [([], {}, DEFAULT_QUEUE), (["--context", "64"], {"context": 64}, 16),
+@pytest.mark.parametrize("flags, fields, queue", [([], {}, DEFAULT_QUEUE),
+                                                  (["--context", "64"], {"context": 64}, DEFAULT_QUEUE),
+                                                  (["--max-tokens", "8"], {"max_tokens": 8}, DEFAULT_QUEUE),
                                                   (["--queue", "0"], {}, 0)],
-                         ids=["preset", "context flag", "queue flag"])
+                         ids=["preset", "context flag", "max tokens flag", "queue flag"])
 def test_the_api_runs_the_desktop_preset_with_its_flags_fields_fitted_to_the_model(monkeypatch, tiny_llama_path,
                                                                                     device, capsys, flags, fields,
                                                                                     queue):
