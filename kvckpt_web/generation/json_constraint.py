@@ -115,7 +115,7 @@ class JsonConstraint:
 
     def state(self, generated: Sequence[int]) -> State | None:
         """The state after the reply's tokens ``generated`` (those seen before are not run again); None once it
-        ended (an end-of-sequence id)."""
+        ended (an end-of-sequence id) or took a token the format does not allow."""
         pieces = self.vocabulary.pieces()
         for token in generated[self._seen:]:
             self._state = None if token in self.eos_ids or self._state is None else feed(self._state, pieces[token])
@@ -134,7 +134,8 @@ class JsonConstraint:
         from ``logits``, among the allowed ones, as ``sampler`` picks."""
         state = self.state(generated)
         if state is None:
-            raise FieldError("generated", "a reply that has not ended", "an end-of-sequence id")
+            raise FieldError("generated", "a reply the response_format allows, not ended",
+                             "an end-of-sequence id or a token the format does not allow")
         if not state:
             return self.eos_ids[0]  # the value is complete: the reply ends
         settings = sampler.settings
