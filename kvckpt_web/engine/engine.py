@@ -141,6 +141,8 @@ class Engine:
         slot.named = request.conversation is not None
         turn = self._track(Turn(gen, slot, extra.completion_id, extra.created, len(prompt.tokens), source.length,
                                 restore_s, started, warnings=tuple(warnings), text_completion=completion))
+        if gen.last_save is not None:  # its messages, committed as it started: before the first token
+            turn.save_s = turn.save_before_s = gen.last_save.seconds
         return turn
 
     async def _prompt(self, request: ChatRequest | CompletionRequest) -> Prompt:
@@ -207,11 +209,13 @@ class Engine:
                 "on_save_error": None if on_save_error is None else lambda exc: on_save_error(name, exc)}
 
     def _saved(self, name: str, result: SaveResult) -> None:
-        """Conversation ``name`` committed ``result``: its reply's saves after the first token are timed apart, the
-        prefix index learns the checkpoint's tokens, and ``on_save`` hears of it."""
+        """Conversation ``name`` committed ``result``: its reply's time is told apart from its saves, the prefix index
+        learns the checkpoint's tokens, and ``on_save`` hears of it."""
         for turn in self._turns:
-            if turn.slot.conversation == name and turn.first_token_at is not None:
+            if turn.slot.conversation == name:
                 turn.save_s += result.seconds
+                if turn.first_token_at is None:
+                    turn.save_before_s += result.seconds
         if result.prefix_record is not None:
             self.sources.index.note(result.prefix_record)
         if self.on_save is not None:
@@ -240,8 +244,8 @@ class Engine:
                 first = False
             await self._save_stopped(gen)
             yield ChatChunk(turn.completion_id, turn.created, model_name, name,
-                            finish_reason=_FINISH.get(gen.finish_reason, "abort"), usage=turn.usage(),
-                            first=first, warnings=turn.warnings if first else (), text_completion=kind)
+                            finish_reason=_FINISH.get(gen.finish_reason, "abort"),
+                            usage=turn.usage(time.perf_counter()), first=first, warnings=turn.warnings if first else (), text_completion=kind)
         finally:
             if not gen.failed:  # a consumer that went away stops the reply as an interrupt does
                 try:
