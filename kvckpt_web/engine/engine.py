@@ -182,7 +182,8 @@ class Engine:
             gen = await Generator.start(
                 self.model, self.cache, prompt.tokens, sampling,
                 stop=StopRules(max_tokens, self.codec.eos_ids, request.stop), seq_id=slot.seq_id,
-                prefill_chunk=self.prefill_chunk, autosave=self._autosave(name), decode=self.codec.decode,
+                prefill_chunk=self.prefill_chunk, autosave=self._autosave(name) if request.store else None,
+                decode=self.codec.decode,
                 progress=self.progress, kv_length=kv_length, replies=prompt.replies, extra=extra.to_json(),
                 conversation=conversation, context=self.context, save_first=True, **self._save_callbacks(name))
         except BaseException:
