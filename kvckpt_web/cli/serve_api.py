@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from ..durable.locations import open_location
+from ..engine.unnamed import DEFAULT_UNNAMED_MAX_BYTES, DEFAULT_UNNAMED_TTL_S, UnnamedRetention
 from ..errors import FieldError
 from ..model.loader import default_model_path
 from .serving import serve_until_interrupted
@@ -26,7 +27,8 @@ if TYPE_CHECKING:
 
 RUNTIME_FLAGS = {"page": "--page", "pyodide": "--pyodide", "wheels": "--wheels", "open": "--open", "token": "--token"}
 """The flags of the browser runtime and of a served store, which ``--api`` does not serve."""
-API_FLAGS = {"model_name": "--model-name", "context": "--context", "max_tokens": "--max-tokens"}
+API_FLAGS = {"model_name": "--model-name", "context": "--context", "max_tokens": "--max-tokens",
+             "unnamed_ttl": "--unnamed-ttl", "unnamed_max_bytes": "--unnamed-max-bytes"}
 """The flags only ``--api`` takes."""
 
 
@@ -41,6 +43,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         f"(default {DESKTOP.context}, or the model's context if smaller)")
     parser.add_argument("--max-tokens", type=int, default=None, help="with --api: most tokens of a reply whose "
                         f"request sets no max_tokens (default {DESKTOP.max_tokens}; never beyond the context)")
+    parser.add_argument("--unnamed-ttl", type=float, default=None, metavar="SECONDS", help="with --api: delete a "
+                        "conversation no request named once it was last written this long ago (default "
+                        f"{DEFAULT_UNNAMED_TTL_S:g}, a day), at start and after each reply")
+    parser.add_argument("--unnamed-max-bytes", type=int, default=None, metavar="N", help="with --api: then delete "
+                        "the oldest conversations no request named while together they hold more than N bytes of "
+                        f"the store (default {DEFAULT_UNNAMED_MAX_BYTES}, 1 GiB)")
 
 
 def check_flags(args: argparse.Namespace) -> None:
@@ -55,6 +63,17 @@ def check_flags(args: argparse.Namespace) -> None:
         if given:
             raise FieldError(given[0], "--api (it is a flag of the API server)",
                              getattr(args, given[0].lstrip("-").replace("-", "_")))
+
+
+def _retention(args: argparse.Namespace) -> UnnamedRetention:
+    """The policy for conversations nobody named that ``--unnamed-ttl`` and ``--unnamed-max-bytes`` give;
+    FieldError naming the flag."""
+    given = {"ttl_s": args.unnamed_ttl, "max_bytes": args.unnamed_max_bytes}
+    try:
+        return UnnamedRetention(**{key: value for key, value in given.items() if value is not None})
+    except FieldError as exc:
+        flag = {"ttl_s": "--unnamed-ttl", "max_bytes": "--unnamed-max-bytes"}[exc.field]
+        raise FieldError(flag, exc.expected, exc.got) from None
 
 
 def _model_name(args: argparse.Namespace, path: Path) -> str:
@@ -97,13 +116,15 @@ def cmd_serve_api(args: argparse.Namespace) -> None:
     config = engine_config(args, ("context", "max_tokens"))
     path = check_model_file(args.model, "--model") if args.model is not None else default_model_path()
     name = _model_name(args, path)
+    retention = _retention(args)
     if args.store is not None:
         check_store_target("--store", args.store)
     address = hosts.bind_address(args.host, args.port, args.allow_remote, field="--host", consent="--allow-remote")
     print(f"loading model {path} ...", file=sys.stderr, flush=True)
     engine = worker.EngineWorker(lambda: _build(path, args.store, name, config, args.context))
     try:
-        server = make_api_server(engine, host=args.host, port=args.port, allow_remote=args.allow_remote)
+        server = make_api_server(engine, host=args.host, port=args.port, allow_remote=args.allow_remote,
+                                 retention=retention)
         announce = f"kvckpt_web OpenAI-compatible API on {server.url}v1 (model {name!r}, Ctrl-C to stop)"
         serve_until_interrupted(server, address, lambda: print(announce, flush=True),
                                 exposure=lambda port: _exposure(args.host, port))
