@@ -102,7 +102,7 @@ class Engine:
         call): a :class:`ChatCompletion`, or with ``stream`` a :class:`ChatStream` of :class:`ChatChunk`.
 
         ``settings`` are :class:`ChatRequest`'s (``max_tokens``, ``temperature``, ``top_p``, ``top_k``,
-        ``seed``, ``stop``, ``repetition_penalty``, ``cache_prompt``, ``conversation``). Bad input and a
+        ``seed``, ``stop``, ``repetition_penalty``, ``cache_prompt``, ``conversation``, ``store``). Bad input and a
         prompt the context cannot answer raise here, before anything changes.
         """
         return await self.create(ChatRequest(messages, **settings), stream=stream)

@@ -89,3 +89,19 @@ def test_a_policy_of_a_negative_ttl_or_bound_is_refused_naming_the_field():
         UnnamedRetention(ttl_s=-1)
     with pytest.raises(FieldError, match="max_bytes"):
         UnnamedRetention(max_bytes=-1)
+
+
+def test_the_chunks_a_deleted_conversation_shares_with_a_kept_one_stay(make_engine, clock):
+    store = MemoryStore()
+    engine = make_engine(store=store)
+    text = "tell me about the sea, the wind and the ships on it."
+    ask(engine, text)
+    mine = run(engine.chat([{"role": "user", "content": text}], conversation="mine", cache_prompt=False, **GREEDY))
+    clock.now += 2 * HOUR
+    run(enforce(engine, UnnamedRetention(ttl_s=HOUR), clock.now))
+    following = [{"role": "user", "content": text}, {"role": "assistant", "content": mine.text},
+                 {"role": "user", "content": "and the wind?"}]
+    want = run(make_engine(store=MemoryStore()).chat(following, **GREEDY))
+    again = run(make_engine(store=store).chat(following, conversation="mine", **GREEDY))  # from the store
+    assert names(engine) == ["mine"] and again.usage.timings.restore_s > 0 and not again.warnings
+    assert again.token_ids == want.token_ids
