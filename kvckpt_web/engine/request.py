@@ -34,7 +34,7 @@ _IGNORED = frozenset({"model", "user", "n", "stream", "stream_options", "frequen
 neutral value only (``n`` 1, penalties 0): the rest of the API."""
 
 _SETTINGS = ("max_tokens", "temperature", "top_p", "top_k", "seed", "stop", "repetition_penalty", "cache_prompt",
-             "conversation")
+             "conversation", "store")
 
 
 @dataclass(frozen=True)
@@ -135,7 +135,10 @@ class RequestSettings:
     whole prompt from nothing (the K/V of a prefix reused from another conversation may differ from a cold
     prefill in the last bits). ``conversation`` names the conversation the reply is saved under (default:
     the conversation the prompt continues that no request named, the one used last of several, else a new
-    one: a request that names none is never saved into a conversation another request named).
+    one: a request that names none is never saved into a conversation another request named). ``store`` False
+    answers without writing anything to the engine's store for the reply (no checkpoint, no prefix index record:
+    it cannot be resumed, and a next turn reuses its K/V only while the cache holds them); it names no
+    conversation then.
     """
 
     max_tokens: int | None = None
@@ -147,6 +150,7 @@ class RequestSettings:
     repetition_penalty: float = 1.0
     cache_prompt: bool = True
     conversation: str | None = None
+    store: bool = True
 
     def __post_init__(self) -> None:
         if self.max_tokens is not None and not is_int(self.max_tokens, 1):
@@ -167,9 +171,13 @@ class RequestSettings:
                 raise FieldError("conversation", "a conversation name (string) or null",
                                  type(self.conversation).__name__)
             validate_name(self.conversation)
+        if not isinstance(self.store, bool):
+            raise FieldError("store", "true or false", self.store)
+        if not self.store and self.conversation is not None:
+            raise FieldError("store", "true when conversation names one (a named conversation is saved)", False)
 
     def settings_json(self) -> dict[str, Any]:
-        """The request's settings (everything but the messages or prompt) as JSON."""
+        """The request's settings (everything but the messages or prompt, and ``store``) as JSON."""
         return {"max_tokens": self.max_tokens, "temperature": self.temperature, "top_p": self.top_p,
                 "top_k": self.top_k, "seed": self.seed, "stop": list(self.stop),
                 "repetition_penalty": self.repetition_penalty, "cache_prompt": self.cache_prompt,

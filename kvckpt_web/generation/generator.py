@@ -385,6 +385,7 @@ class Generator:
                 self.progress("prefill", self.kv_length, prompt_len)
             if self.kv_length < prompt_len:
                 if self.autosave is not None and self.kv_length - self._tried_at >= self.autosave.every:
+                    await logits.argmax()  # the chunk run on the device first: the save's time is its own
                     await self._autosave()
                 return None
         else:

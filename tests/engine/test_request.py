@@ -27,7 +27,7 @@ def test_a_standard_parameter_given_as_null_is_accepted(key):
 CANNOT_HONOUR = [("logprobs", True), ("top_logprobs", 2), ("top_logprobs", False),
                  ("tools", [{"type": "function"}]),
                  ("tool_choice", "auto"), ("parallel_tool_calls", "yes"), ("metadata", "tag"),
-                 ("logit_bias", {"42": 5}), ("store", False)]  # store: not until a request can keep nothing
+                 ("logit_bias", {"42": 5}), ("store", "no")]
 
 
 @pytest.mark.parametrize("key, value", CANNOT_HONOUR, ids=[f"{k}={v}" for k, v in CANNOT_HONOUR])
@@ -73,3 +73,14 @@ def test_a_json_response_format_with_a_prefill_is_refused():
     with pytest.raises(FieldError) as info:
         ChatRequest.from_openai(body)
     assert info.value.field == "response_format"
+
+
+@pytest.mark.parametrize("value, stored", [(True, True), (None, True), (False, False)])
+def test_store_says_whether_the_reply_is_written_to_the_store(value, stored):
+    assert ChatRequest.from_openai({**CHAT, "store": value}).store is stored
+
+
+def test_store_false_with_a_named_conversation_is_refused_naming_store():
+    with pytest.raises(FieldError) as error:
+        ChatRequest.from_openai({**CHAT, "store": False, "conversation": "mine"})
+    assert error.value.field == "store"
