@@ -19,6 +19,7 @@ from kvckpt_web.stores.leases import CLOCK_SKEW_SECONDS, DEFAULT_LEASE_SECONDS
 pytest.importorskip("obstore")
 
 SECOND = {"role": "user", "content": "and the wind?"}
+THIRD = {"role": "user", "content": "and then?"}
 
 
 @pytest.fixture
@@ -38,18 +39,22 @@ def chat(url, messages, **kwargs):
                                                                                    **kwargs})
 
 
-def test_a_turn_written_by_one_replica_is_continued_by_another_from_the_records_it_wrote_since(s3_server, replica):
+def test_turns_alternating_between_replicas_come_from_each_others_checkpoints_found_by_index_records(
+        s3_server, replica):
     store = s3_server.new_url()
     with replica(store) as (a, _), replica(store) as (b, _):
         chat(b, [{"role": "user", "content": "hello"}])  # B has read the prefix index, which held nothing then
         first = chat(a, [USER])
         messages = [USER, {"role": "assistant", "content": first.choices[0].message.content}, SECOND]
         second = chat(b, messages)
-    assert second.kvckpt["conversation"] == first.kvckpt["conversation"]
-    history = first.usage.prompt_tokens + first.usage.completion_tokens  # A's reply ended without an EOS
-    assert first.choices[0].finish_reason == "length"
-    assert second.usage.prompt_tokens_details.cached_tokens == history - 1  # its last token has no K/V yet
-    assert second.usage.timings["restore_s"] > 0  # from A's checkpoint in the store, found by A's index record
+        messages += [{"role": "assistant", "content": second.choices[0].message.content}, THIRD]
+        third = chat(a, messages)  # back on A, whose cache holds the first turn: B's turn comes from the store
+    assert first.kvckpt["conversation"] == second.kvckpt["conversation"] == third.kvckpt["conversation"]
+    assert first.choices[0].finish_reason == second.choices[0].finish_reason == "length"  # no EOS to leave out
+    # the history's K/V from the other replica's checkpoint (all but the last token, whose K/V come with the turn)
+    assert second.usage.prompt_tokens_details.cached_tokens == first.usage.total_tokens - 1
+    assert third.usage.prompt_tokens_details.cached_tokens == second.usage.total_tokens - 1
+    assert second.usage.timings["restore_s"] > 0 and third.usage.timings["restore_s"] > 0
 
 
 def test_a_conversation_one_replica_writes_is_refused_by_another_with_409_naming_it_until_its_reply_ends(
