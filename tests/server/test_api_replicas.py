@@ -84,11 +84,11 @@ def test_a_conversation_one_replica_writes_is_refused_by_another_with_409_naming
 
 def test_a_reply_cut_by_kill_9_of_one_replica_is_resumed_by_another_once_its_lease_ran_out(s3_server, replica):
     with replica(s3_server.new_url()) as (url, _):
-        want = chat(url, [USER], max_tokens=48)
-    assert len(want.kvckpt["token_ids"]) == 48  # the reply outlasts the kill point
+        want = chat(url, [USER], max_tokens=80)
+    assert len(want.kvckpt["token_ids"]) == 80  # the reply outlasts the kill point by far
     store = s3_server.new_url()
     with replica(store, "--lease", "1") as (a, a_process), replica(store, "--lease", "1") as (b, _):
-        stream = chat(a, [USER], stream=True, max_tokens=48)
+        stream = chat(a, [USER], stream=True, max_tokens=80)
         chunks = iter(stream)
         name = [next(chunks) for _ in range(5)][0].kvckpt["conversation"]
         a_process.kill()  # SIGKILL, mid-reply: no save, no release of its claim
