@@ -138,6 +138,11 @@ class Side:
     def rates(self, clients: int) -> list[float]:
         return [b.rate for b in self.bursts[clients]]
 
+    def refused(self) -> int:
+        """503 answers to the counted requests."""
+        return (sum(r.refused for bursts in self.bursts.values() for b in bursts for r in b.replies)
+                + sum(p.alone.refused + p.loaded.refused for p in self.probes))
+
 
 def percentile(values: list[float], q: int) -> float:
     """The ``q``-th percentile of ``values`` (inclusive: between the smallest and the largest)."""
@@ -187,25 +192,29 @@ def ttft_row(side: Side, cpu: str) -> tuple[float, str]:
                    f"{', '.join(counts)} | {text} | {load_range(side.loads['ttft'])} | {cpu} |")
 
 
-def report(ours: Side, peer: Side | None, cpu: str, echo: Callable[[str], None]) -> None:
-    """The tables and the two goals."""
+def report(sides: list[Side], cpu: str, echo: Callable[[str], None]) -> None:
+    """The tables and the two goals of ``sides`` (this project's first, then llama.cpp's where it ran)."""
+    ours, peer = sides[0], sides[1] if len(sides) > 1 else None
     echo(HEADER)
-    for clients in sorted(ours.bursts):
-        for side in (ours, peer) if peer else (ours,):
+    for clients in CLIENTS:
+        for side in sides:
             echo(burst_row(side, clients, peer if side is ours else None, cpu))
     echo("\n" + TTFT_HEADER)
-    ttft = {side.name: ttft_row(side, cpu) for side in ((ours, peer) if peer else (ours,))}
-    for _, row in ttft.values():
+    ttft = [ttft_row(side, cpu) for side in sides]
+    for _, row in ttft:
         echo(row)
     echo("")
-    if 4 in ours.bursts:
-        for side in (ours, peer) if peer else (ours,):
-            value, text = ratio(side.rates(4), side.rates(1))
-            echo(f"goal, 4 clients' aggregate >= {AGGREGATE_TARGET:g}x one client's: {side.name} {text}: "
-                 f"{verdict(value, AGGREGATE_TARGET, True)}")
-    for name, (value, _) in ttft.items():
-        echo(f"goal, a new request's TTFT while {RUNNING} others decode <= {TTFT_TARGET:g}x its TTFT alone: {name} "
-             f"{value:.2f}x: {verdict(value, TTFT_TARGET, False)}")
+    for side in sides:
+        if side.refused():
+            echo(f"{side.name} answered 503 (a full queue) {side.refused()} times: those requests were sent again "
+                 "after its Retry-After, their time to first token counted from the first attempt")
+    for side in sides:
+        value, text = ratio(side.rates(4), side.rates(1))
+        echo(f"goal, 4 clients' aggregate >= {AGGREGATE_TARGET:g}x one client's: {side.name} {text}: "
+             f"{verdict(value, AGGREGATE_TARGET, True)}")
+    for side, (value, _) in zip(sides, ttft):
+        echo(f"goal, a new request's TTFT while {RUNNING} others decode <= {TTFT_TARGET:g}x its TTFT alone: "
+             f"{side.name} {value:.2f}x: {verdict(value, TTFT_TARGET, False)}")
 
 
 def bench_serve(repeats: int = 5, echo: Callable[[str], None] = print, *, model: Path | None = None,
@@ -244,8 +253,7 @@ def bench_serve(repeats: int = 5, echo: Callable[[str], None] = print, *, model:
     finally:
         for server in servers:
             server.close()
-    ours, peer = sides[0], sides[1] if len(sides) > 1 else None
     echo("")
-    report(ours, peer, cpu, echo)
-    return ours, peer
+    report(sides, cpu, echo)
+    return sides[0], sides[1] if len(sides) > 1 else None
 

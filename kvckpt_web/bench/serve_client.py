@@ -35,6 +35,8 @@ class Reply:
     tokens: int
     """Tokens of the reply: the usage's ``completion_tokens`` where the server sent a usage, else the chunks that
     carried text (one a token on the servers benchmarked)."""
+    refused: int = 0
+    """503 answers (a full queue) before the request was taken."""
 
     @property
     def ttft(self) -> float:
@@ -65,33 +67,40 @@ def events(lines: Iterator[bytes]) -> Iterator[dict[str, Any]]:
 
 def stream_chat(base_url: str, prompt: str, max_tokens: int, on_token: Callable[[int], None] = lambda n: None
                 ) -> Reply:
-    """Send one streamed chat completion to the server at ``base_url`` (``http://host:port``) and time it;
-    ``on_token(n)`` is called as the ``n``-th chunk with text arrives. KVCkptError if the server answers other
-    than 200."""
+    """Send one streamed chat completion to the server at ``base_url`` (``http://host:port``) and time it from the
+    first attempt; ``on_token(n)`` is called as the ``n``-th chunk with text arrives. A 503 (a full queue) is sent
+    again after its ``Retry-After`` (1 s without one); KVCkptError if the server answers anything else but 200."""
     parts = urllib.parse.urlsplit(base_url)
-    conn = http.client.HTTPConnection(parts.hostname, parts.port, timeout=PATIENCE)
-    try:
-        body = json.dumps(chat_body(prompt, max_tokens))
-        sent = time.perf_counter()
-        conn.request("POST", "/v1/chat/completions", body=body, headers={"Content-Type": "application/json"})
-        response = conn.getresponse()
-        if response.status != 200:
-            raise KVCkptError(f"POST {base_url}/v1/chat/completions: expected 200, got {response.status}: "
-                              f"{response.read()[:500]!r}")
-        first, chunks, usage = 0.0, 0, None
-        for event in events(iter(response.readline, b"")):
-            usage = event.get("usage") or usage
-            if any(choice.get("delta", {}).get("content") for choice in event.get("choices") or ()):
-                chunks += 1
-                if chunks == 1:
-                    first = time.perf_counter()
-                on_token(chunks)
-        done = time.perf_counter()
-    finally:
-        conn.close()
-    if not chunks:
-        raise KVCkptError(f"POST {base_url}/v1/chat/completions: expected a reply of at least one token, got none")
-    return Reply(sent, first, done, usage["completion_tokens"] if usage else chunks)
+    body = json.dumps(chat_body(prompt, max_tokens))
+    sent, refused = time.perf_counter(), 0
+    while True:
+        conn = http.client.HTTPConnection(parts.hostname, parts.port, timeout=PATIENCE)
+        try:
+            conn.request("POST", "/v1/chat/completions", body=body, headers={"Content-Type": "application/json"})
+            response = conn.getresponse()
+            if response.status == 503:
+                response.read()
+                refused += 1
+                time.sleep(float(response.getheader("Retry-After") or 1))
+                continue
+            if response.status != 200:
+                raise KVCkptError(f"POST {base_url}/v1/chat/completions: expected 200, got {response.status}: "
+                                  f"{response.read()[:500]!r}")
+            first, chunks, usage = 0.0, 0, None
+            for event in events(iter(response.readline, b"")):
+                usage = event.get("usage") or usage
+                if any(choice.get("delta", {}).get("content") for choice in event.get("choices") or ()):
+                    chunks += 1
+                    if chunks == 1:
+                        first = time.perf_counter()
+                    on_token(chunks)
+            done = time.perf_counter()
+        finally:
+            conn.close()
+        if not chunks:
+            raise KVCkptError(f"POST {base_url}/v1/chat/completions: expected a reply of at least one token, got "
+                              "none")
+        return Reply(sent, first, done, usage["completion_tokens"] if usage else chunks, refused)
 
 
 @dataclass(frozen=True)
