@@ -74,7 +74,8 @@ class Probe:
 
 
 def probe(url: str, tag: str, tokens: int, alone_first: bool) -> Probe:
-    """The TTFT case on the server at ``url``, its two requests in the order ``alone_first`` says."""
+    """The TTFT case on the server at ``url``, its two requests (prompts of one length) in the order ``alone_first``
+    says."""
     lock = threading.Condition()
     streaming, finished = [False] * RUNNING, [False] * RUNNING
 
@@ -99,16 +100,16 @@ def probe(url: str, tag: str, tokens: int, alone_first: bool) -> Probe:
                                   "s, got none")
             decoding = sum(s and not f for s, f in zip(streaming, finished))
             left = finished.count(False)
-        reply = stream_chat(url, prompt(tag, RUNNING), tokens)
+        reply = stream_chat(url, prompt(f"{tag}b", RUNNING), tokens)
         clients.join()
         return reply, decoding, left
 
     if alone_first:
-        alone = stream_chat(url, prompt(tag, RUNNING + 1), tokens)
+        alone = stream_chat(url, prompt(f"{tag}a", RUNNING), tokens)
         reply, decoding, left = loaded()
     else:
         reply, decoding, left = loaded()
-        alone = stream_chat(url, prompt(tag, RUNNING + 1), tokens)
+        alone = stream_chat(url, prompt(f"{tag}a", RUNNING), tokens)
     return Probe(alone, reply, decoding, left)
 
 
