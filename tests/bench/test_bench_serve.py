@@ -10,7 +10,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 
 from kvckpt_web.bench.serve import CLIENTS, RUNNING, WARM_TOKENS, bench_serve
-from kvckpt_web.bench.serve_client import events, stream_chat
+from kvckpt_web.bench.serve_client import Endpoint, events, stream_reply
 from kvckpt_web.bench.serve_servers import llama_support
 from kvckpt_web.errors import KVCkptError
 
@@ -19,6 +19,7 @@ def test_the_quick_mode_times_every_client_count_and_the_new_request_on_our_serv
     lines: list[str] = []
     ours, peer = bench_serve(echo=lines.append, model=tiny_llama_path, peer_python=None, quick=True)
     assert peer is None and lines[1] == "llama.cpp: not benchmarked: not asked for (no peer python)"
+    assert ours.endpoint.chat
     assert sorted(ours.bursts) == list(CLIENTS)
     assert all(len(ours.bursts[n]) == 1 and len(ours.bursts[n][0].replies) == n for n in CLIENTS)
     assert all(0 < r.tokens <= WARM_TOKENS for b in ours.bursts.values() for r in b[0].replies)
@@ -27,6 +28,13 @@ def test_the_quick_mode_times_every_client_count_and_the_new_request_on_our_serv
     assert rows[:len(CLIENTS)] == [["| kvckpt_web", str(n)] for n in CLIENTS] and len(rows) == len(CLIENTS) + 1
     goals = [line for line in lines if line.startswith("goal, ")]
     assert len(goals) == 2 and all(line.endswith((": met", ": not met")) for line in goals)
+
+
+def test_a_base_model_is_benchmarked_over_plain_completions(device, tiny_base_path):
+    lines: list[str] = []
+    ours, _ = bench_serve(echo=lines.append, model=tiny_base_path, peer_python=None, quick=True)
+    assert not ours.endpoint.chat and "greedy, plain completions (a base model)" in lines[0]
+    assert sorted(ours.bursts) == list(CLIENTS) and len(ours.probes) == 1
 
 
 def test_a_missing_peers_venv_is_the_reason_llama_cpp_is_not_benchmarked(tmp_path):
@@ -74,7 +82,7 @@ def test_a_request_refused_by_a_full_queue_is_sent_again_after_its_retry_after()
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
     try:
-        reply = stream_chat(f"http://127.0.0.1:{server.server_port}", "a story", 8)
+        reply = stream_reply(Endpoint(f"http://127.0.0.1:{server.server_port}"), "a story", 8)
     finally:
         server.shutdown()
         server.server_close()
