@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 
 from ..durable.locations import open_location
 from ..checks import check_int
+from ..engine.unnamed import DEFAULT_UNNAMED_MAX_BYTES, DEFAULT_UNNAMED_TTL_S, UnnamedRetention
 from ..errors import FieldError
 from ..model.loader import default_model_path
 from ..server.worker import DEFAULT_QUEUE
@@ -31,6 +32,7 @@ if TYPE_CHECKING:
 RUNTIME_FLAGS = {"page": "--page", "pyodide": "--pyodide", "wheels": "--wheels", "open": "--open", "token": "--token"}
 """The flags of the browser runtime and of a served store, which ``--api`` does not serve."""
 API_FLAGS = {"model_name": "--model-name", "context": "--context", "max_tokens": "--max-tokens", "lease": "--lease",
+             "unnamed_ttl": "--unnamed-ttl", "unnamed_max_bytes": "--unnamed-max-bytes",
              "queue": "--queue"}
 """The flags only ``--api`` takes."""
 
@@ -50,6 +52,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         "(replicas sharing one store): seconds a replica's claim of a conversation it writes runs "
                         f"unless renewed (default {DEFAULT_LEASE_SECONDS:g}; renewed while it writes); another "
                         f"replica takes over a killed one's conversations {CLOCK_SKEW_SECONDS:g} s after that")
+    parser.add_argument("--unnamed-ttl", type=float, default=None, metavar="SECONDS", help="with --api: delete a "
+                        "conversation no request named once it was last written this long ago (default "
+                        f"{DEFAULT_UNNAMED_TTL_S:g}, a day), at start and after each reply")
+    parser.add_argument("--unnamed-max-bytes", type=int, default=None, metavar="N", help="with --api: then delete "
+                        "the oldest conversations no request named while together they hold more than N bytes of "
+                        f"the store (default {DEFAULT_UNNAMED_MAX_BYTES}, 1 GiB)")
     parser.add_argument("--queue", type=int, default=None, help="with --api: requests that may wait while as many "
                         f"run as the cache holds conversations ({DESKTOP.sequences}); beyond them a request is "
                         f"answered 503 with Retry-After (default {DEFAULT_QUEUE})")
@@ -67,6 +75,17 @@ def check_flags(args: argparse.Namespace) -> None:
         if given:
             raise FieldError(given[0], "--api (it is a flag of the API server)",
                              getattr(args, given[0].lstrip("-").replace("-", "_")))
+
+
+def _retention(args: argparse.Namespace) -> UnnamedRetention:
+    """The policy for conversations nobody named that ``--unnamed-ttl`` and ``--unnamed-max-bytes`` give;
+    FieldError naming the flag."""
+    given = {"ttl_s": args.unnamed_ttl, "max_bytes": args.unnamed_max_bytes}
+    try:
+        return UnnamedRetention(**{key: value for key, value in given.items() if value is not None})
+    except FieldError as exc:
+        flag = {"ttl_s": "--unnamed-ttl", "max_bytes": "--unnamed-max-bytes"}[exc.field]
+        raise FieldError(flag, exc.expected, exc.got) from None
 
 
 def _model_name(args: argparse.Namespace, path: Path) -> str:
@@ -117,6 +136,7 @@ def cmd_serve_api(args: argparse.Namespace) -> None:
         if args.store is None or args.store.partition("://")[0].lower() not in OBJECT_SCHEMES:
             raise FieldError("--lease", "an object storage --store URL beside it (s3://bucket/prefix: the claims of a "
                              "directory store are locks, held until released)", args.lease)
+    retention = _retention(args)
     if args.store is not None:
         check_store_target("--store", args.store)
     address = hosts.bind_address(args.host, args.port, args.allow_remote, field="--host", consent="--allow-remote")
@@ -124,7 +144,8 @@ def cmd_serve_api(args: argparse.Namespace) -> None:
     engine = worker.EngineWorker(lambda: _build(path, args.store, name, config, args.context, args.lease),
                                  queue=queue)
     try:
-        server = make_api_server(engine, host=args.host, port=args.port, allow_remote=args.allow_remote)
+        server = make_api_server(engine, host=args.host, port=args.port, allow_remote=args.allow_remote,
+                                 retention=retention)
         announce = f"kvckpt_web OpenAI-compatible API on {server.url}v1 (model {name!r}, Ctrl-C to stop)"
         serve_until_interrupted(server, address, lambda: print(announce, flush=True),
                                 exposure=lambda port: _exposure(args.host, port))

@@ -27,6 +27,7 @@ from ..generation.app_state import StopRules
 from ..generation.autosave import Autosave
 from ..generation.conversation import Conversation
 from ..generation.generator import Generator
+from ..generation.json_constraint import Vocabulary
 from ..generation.resume import resume
 from ..model.sampler import MAX_SEED, SamplingSettings
 from ..tvm.layout import CacheLimits
@@ -78,6 +79,8 @@ class Engine:
         self.on_save = check_callable("on_save", on_save)
         self.on_save_error = check_callable("on_save_error", on_save_error)
         self.model, self.codec = loaded.model, loaded.text
+        #: The model's tokens as replies held to a JSON response_format are checked against (read on first use).
+        self.vocabulary = Vocabulary(self.codec.token_pieces)
         self.model_name = model_name
         #: The settings it runs with: ``config`` with the context no more than the model's.
         self.config = config = config.fitted(self.model.max_context)
@@ -105,7 +108,8 @@ class Engine:
         call): a :class:`ChatCompletion`, or with ``stream`` a :class:`ChatStream` of :class:`ChatChunk`.
 
         ``settings`` are :class:`ChatRequest`'s (``max_tokens``, ``temperature``, ``top_p``, ``top_k``,
-        ``seed``, ``stop``, ``repetition_penalty``, ``cache_prompt``, ``conversation``). Bad input and a
+        ``seed``, ``stop``, ``repetition_penalty``, ``cache_prompt``, ``conversation``, ``response_format``,
+        ``store``). Bad input and a
         prompt the context cannot answer raise here, before anything changes.
         """
         return await self.create(ChatRequest(messages, **settings), stream=stream)
@@ -144,6 +148,8 @@ class Engine:
         slot.named = request.conversation is not None
         turn = self._track(Turn(gen, slot, extra.completion_id, extra.created, len(prompt.tokens), source.length,
                                 restore_s, started, warnings=tuple(warnings), text_completion=completion))
+        if gen.last_save is not None:  # its messages, committed as it started: before the first token
+            turn.save_s = turn.save_before_s = gen.last_save.seconds
         return turn
 
     async def _prompt(self, request: ChatRequest | CompletionRequest) -> Prompt:
@@ -183,9 +189,12 @@ class Engine:
             gen = await Generator.start(
                 self.model, self.cache, prompt.tokens, sampling,
                 stop=StopRules(max_tokens, self.codec.eos_ids, request.stop), seq_id=slot.seq_id,
-                prefill_chunk=self.prefill_chunk, autosave=self._autosave(name), decode=self.codec.decode,
+                prefill_chunk=self.prefill_chunk, autosave=self._autosave(name) if request.store else None,
+                decode=self.codec.decode,
                 progress=self.progress, kv_length=kv_length, replies=prompt.replies, extra=extra.to_json(),
-                conversation=conversation, context=self.context, save_first=True, **self._save_callbacks(name))
+                conversation=conversation, context=self.context, save_first=True,
+                response_format=request.response_format if isinstance(request, ChatRequest) else None,
+                vocabulary=self.vocabulary, **self._save_callbacks(name))
         except BaseException:
             await self.slots.drop(slot)
             raise
@@ -211,11 +220,13 @@ class Engine:
                 "on_save_error": None if on_save_error is None else lambda exc: on_save_error(name, exc)}
 
     def _saved(self, name: str, result: SaveResult) -> None:
-        """Conversation ``name`` committed ``result``: its reply's saves after the first token are timed apart, the
-        prefix index learns the checkpoint's tokens, and ``on_save`` hears of it."""
+        """Conversation ``name`` committed ``result``: its reply's time is told apart from its saves, the prefix index
+        learns the checkpoint's tokens, and ``on_save`` hears of it."""
         for turn in self._turns:
-            if turn.slot.conversation == name and turn.first_token_at is not None:
+            if turn.slot.conversation == name:
                 turn.save_s += result.seconds
+                if turn.first_token_at is None:
+                    turn.save_before_s += result.seconds
         if result.prefix_record is not None:
             self.sources.index.note(result.prefix_record)
         if self.on_save is not None:
@@ -243,8 +254,8 @@ class Engine:
                 first = False
             await self._save_stopped(gen)
             yield ChatChunk(turn.completion_id, turn.created, model_name, name,
-                            finish_reason=_FINISH.get(gen.finish_reason, "abort"), usage=turn.usage(),
-                            first=first, warnings=turn.warnings if first else (), text_completion=kind)
+                            finish_reason=_FINISH.get(gen.finish_reason, "abort"),
+                            usage=turn.usage(time.perf_counter()), first=first, warnings=turn.warnings if first else (), text_completion=kind)
         finally:
             if not gen.failed:  # a consumer that went away stops the reply as an interrupt does
                 try:
@@ -334,7 +345,8 @@ class Engine:
             await self.slots.reserve(self.context, keep=())
             gen = await resume(self.store, name, self.model, self.cache, seq_id=seq_id, generation=record.generation,
                                autosave=self._autosave(name), decode=self.codec.decode, context=self.context,
-                               progress=self.progress, ledger=self.ledger, **self._save_callbacks(name))
+                               progress=self.progress, ledger=self.ledger, vocabulary=self.vocabulary,
+                               **self._save_callbacks(name))
             restore_s = gen.resume_report.restore_s + gen.resume_report.replay_s
             slot = self.slots.add(Slot(seq_id, gen.tokens, gen.kv_length, conversation=name))
         extra = ChatExtra.from_json(gen.extra)

@@ -19,6 +19,9 @@
   ``GET`` / ``DELETE /v1/kvckpt/conversations/{name}``: one of them, or delete it;
   ``POST /v1/kvckpt/conversations/{name}/resume``: continue a reply cut by a crash, a disconnect or a stop,
   answered as a completion (``{"stream": true}`` streams it); the first chunk holds the text written before.
+* ``GET /v1/kvckpt/retention``: the server's policy for conversations nobody named (``engine/unnamed.py``) and what
+  it decides for each conversation of the store, the oldest first; it is enforced when the server starts and
+  after each reply.
 
 A client that disconnects stops its reply after the current token: the reply is saved, and listed as
 unfinished. Errors are OpenAI's error objects (``api_errors.py``); a stream that fails once started ends with
@@ -44,6 +47,7 @@ from starlette.types import Receive, Scope, Send
 
 from ..durable.keys import validate_name
 from ..engine import ChatChunk, ChatCompletion, ChatRequest, CompletionRequest
+from ..engine.unnamed import UnnamedRetention, enforce, judge
 from ..errors import FieldError, is_int
 from .api_body import DEFAULT_BODY_TIMEOUT, DEFAULT_MAX_BODY, read_json
 from .api_errors import ApiError, error_body, error_response
@@ -75,10 +79,11 @@ def _wire_chunks(chunk: ChatChunk, include_usage: bool) -> list[dict[str, Any]]:
 
 class Answer:
     """The answer to a request for a reply (a completion or a resume) whose work is queued on the engine:
-    JSON or server-sent events. A client that goes away cancels the work."""
+    JSON or server-sent events. A client that goes away cancels the work. ``after()`` is called once the work
+    is done, before the answer's end is sent (or once the work is cancelled)."""
 
-    def __init__(self, job: Job, stream: bool, include_usage: bool) -> None:
-        self.job, self.stream, self.include_usage = job, stream, include_usage
+    def __init__(self, job: Job, stream: bool, include_usage: bool, after: Callable[[], Any]) -> None:
+        self.job, self.stream, self.include_usage, self.after = job, stream, include_usage, after
         self._done = False
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -89,6 +94,11 @@ class Answer:
             watcher.cancel()
             if not self._done:
                 self.job.cancel()
+                self._finished()
+
+    def _finished(self) -> None:
+        self._done = True
+        self.after()
 
     async def _watch(self, receive: Receive) -> None:
         while (await receive())["type"] != "http.disconnect":
@@ -102,10 +112,10 @@ class Answer:
             if not self.stream:
                 chunks = [chunk async for chunk in self.job.items()]
         except Exception as exc:
-            self._done = True
+            self._finished()
             return await error_response(exc)(scope, _no_receive, send)
         if not self.stream:
-            self._done = True
+            self._finished()
             return await JSONResponse(ChatCompletion.from_chunks(chunks).to_openai())(scope, _no_receive, send)
         await send({"type": "http.response.start", "status": 200,
                     "headers": [(b"content-type", b"text/event-stream; charset=utf-8")]})
@@ -116,7 +126,7 @@ class Answer:
             end = _event("[DONE]")
         except Exception as exc:
             end = _event(error_body(exc))
-        self._done = True
+        self._finished()
         await send({"type": "http.response.body", "body": end, "more_body": False})
 
 
@@ -150,10 +160,12 @@ async def _http_error(request: Request, exc: Exception) -> Response:
 
 class Api:
     """The routes of the API over the engine ``worker`` runs; bodies of at most ``max_body`` bytes, each
-    arriving within ``body_timeout`` seconds."""
+    arriving within ``body_timeout`` seconds; the conversations nobody named kept as ``retention`` says (None: all
+    kept), at the time ``clock`` (seconds since the epoch) reads."""
 
     def __init__(self, worker: EngineWorker, *, max_body: int = DEFAULT_MAX_BODY,
-                 body_timeout: float = DEFAULT_BODY_TIMEOUT) -> None:
+                 body_timeout: float = DEFAULT_BODY_TIMEOUT, retention: UnnamedRetention | None = None,
+                 clock: Callable[[], float] = time.time) -> None:
         if not is_int(max_body, 1):
             raise FieldError("max_body", "an integer >= 1 (bytes)", max_body)
         if isinstance(body_timeout, bool) or not isinstance(body_timeout, (int, float)) or not body_timeout > 0:
@@ -161,8 +173,30 @@ class Api:
         self.worker = worker
         self.model_name = worker.engine.model_name
         self.context = worker.engine.context
+        if retention is not None and not isinstance(retention, UnnamedRetention):
+            raise FieldError("retention", "an UnnamedRetention or None", type(retention).__name__)
+        if not callable(clock):
+            raise FieldError("clock", "a function of no arguments giving seconds since the epoch", clock)
         self.max_body, self.body_timeout = max_body, body_timeout
+        self.retention, self.clock = retention, clock
         self.created = int(time.time())
+
+    def retain(self) -> Job | None:
+        """Queue the deletion of what the retention policy does not keep now, behind the requests queued before
+        (called on the server's loop); its job, None without a policy."""
+        policy, now = self.retention, self.clock()
+        if policy is None:
+            return None
+        return self.worker.submit(lambda engine: enforce(engine, policy, now))
+
+    def retain_now(self) -> None:
+        """:meth:`retain`, returning once it is done (called where no event loop runs, before the server serves)."""
+        async def retained() -> None:
+            job = self.retain()
+            if job is not None:
+                await job.result()
+
+        asyncio.run(retained())
 
     def routes(self) -> list[BaseRoute]:
         """One mount, ``/v1``, whose unknown paths and methods are answered in OpenAI's shape."""
@@ -172,7 +206,8 @@ class Api:
                   Route("/models/{model:path}", _answering(self._model), methods=["GET"]),
                   Route("/kvckpt/conversations", _answering(self._conversations), methods=["GET"]),
                   Route("/kvckpt/conversations/{name}", _answering(self._conversation), methods=["GET", "DELETE"]),
-                  Route("/kvckpt/conversations/{name}/resume", _answering(self._resume), methods=["POST"])]
+                  Route("/kvckpt/conversations/{name}/resume", _answering(self._resume), methods=["POST"]),
+                  Route("/kvckpt/retention", _answering(self._retention), methods=["GET"])]
         return [Mount("/v1", app=Starlette(routes=routes, exception_handlers={HTTPException: _http_error}))]
 
     # ----- models -------------------------------------------------------------------------------
@@ -226,13 +261,14 @@ class Api:
         body = await read_json(request, self.max_body, self.body_timeout)
         stream, usage = self._how(body) if isinstance(body, Mapping) else (False, False)
         chat = ChatRequest.from_openai(body)
-        return Answer(self.worker.submit(lambda engine: engine.create(chat, stream=True)), stream, usage)
+        return Answer(self.worker.submit(lambda engine: engine.create(chat, stream=True)), stream, usage, self.retain)
 
     async def _text_completions(self, request: Request) -> Answer:
         body = await read_json(request, self.max_body, self.body_timeout)
         stream, usage = self._how(body) if isinstance(body, Mapping) else (False, False)
         completion = CompletionRequest.from_openai(body)
-        return Answer(self.worker.submit(lambda engine: engine.create(completion, stream=True)), stream, usage)
+        return Answer(self.worker.submit(lambda engine: engine.create(completion, stream=True)), stream, usage,
+                      self.retain)
 
     async def _resume(self, request: Request) -> Answer:
         name = validate_name(request.path_params["name"])
@@ -244,7 +280,8 @@ class Api:
                 raise FieldError(key, f"one of {list(_STREAM_KEYS)} (the saved request says the rest)",
                                  "an unknown key")
         stream, usage = self._how(body)
-        return Answer(self.worker.submit(lambda engine: engine.resume(name, stream=True)), stream, usage)
+        return Answer(self.worker.submit(lambda engine: engine.resume(name, stream=True)), stream, usage,
+                      self.retain)
 
     # ----- conversations ------------------------------------------------------------------------
 
@@ -252,6 +289,13 @@ class Api:
         infos = await self.worker.submit(lambda engine: engine.conversations()).result()
         return JSONResponse({"object": "list", "data": [{"object": "kvckpt.conversation", **info.to_json()}
                                                         for info in infos]})
+
+    async def _retention(self, request: Request) -> Response:
+        policy = self.retention
+        judged = [] if policy is None else await self.worker.submit(
+            lambda engine: judge(engine, policy, self.clock())).result()
+        return JSONResponse({"object": "kvckpt.retention", "policy": None if policy is None else policy.to_json(),
+                             "data": [{"object": "kvckpt.retained", **r.to_json()} for r in judged]})
 
     async def _conversation(self, request: Request) -> Response:
         name = validate_name(request.path_params["name"])
@@ -263,9 +307,12 @@ class Api:
 
 
 def make_api_server(worker: EngineWorker, *, max_body: int = DEFAULT_MAX_BODY,
-                    body_timeout: float = DEFAULT_BODY_TIMEOUT, **listening: Any) -> Server:
+                    body_timeout: float = DEFAULT_BODY_TIMEOUT, retention: UnnamedRetention | None = None,
+                    clock: Callable[[], float] = time.time, **listening: Any) -> Server:
     """A listening, not yet serving, server of the API alone over ``worker``'s engine, which a signal that stops
-    the server stops at once (:meth:`EngineWorker.stop`); ``listening`` are :func:`~.run.listen`'s ``host``,
-    ``port``, ``allow_remote``, ``idle_timeout`` and ``max_connections``."""
-    api = Api(worker, max_body=max_body, body_timeout=body_timeout)
+    the server stops at once (:meth:`EngineWorker.stop`); ``retention`` (enforced at once, then after each reply)
+    and ``clock`` as :class:`Api`'s; ``listening`` are :func:`~.run.listen`'s ``host``, ``port``,
+    ``allow_remote``, ``idle_timeout`` and ``max_connections``."""
+    api = Api(worker, max_body=max_body, body_timeout=body_timeout, retention=retention, clock=clock)
+    api.retain_now()
     return listen(lambda address: create_app(None, address, api.routes()), on_exit=worker.stop, **listening)

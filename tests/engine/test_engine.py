@@ -480,3 +480,15 @@ def test_a_request_without_max_tokens_stops_at_the_engines_default_max_tokens(ma
     reply = run(engine.chat([{"role": "user", "content": USER_TURNS[0]}], temperature=0.0))
     assert EOS not in want.token_ids  # the reply would have gone on
     assert reply.token_ids == want.token_ids[:5] and reply.finish_reason == "length"
+
+
+def test_a_reply_with_store_false_writes_nothing_to_the_store_and_its_kv_stay_in_the_cache(make_engine):
+    store = MemoryStore()
+    engine = make_engine(store=store)
+    want = run(make_engine(store=MemoryStore()).chat([{"role": "user", "content": USER_TURNS[0]}], **GREEDY))
+    reply = run(engine.chat([{"role": "user", "content": USER_TURNS[0]}], store=False, **GREEDY))
+    following = [{"role": "user", "content": USER_TURNS[0]}, {"role": "assistant", "content": reply.text},
+                 {"role": "user", "content": USER_TURNS[1]}]
+    again = run(engine.chat(following, store=False, **GREEDY))
+    assert reply.token_ids == want.token_ids and run(store.list_prefix("")) == []
+    assert again.usage.cached_tokens > 0 and again.usage.timings.save_s == 0
