@@ -2,8 +2,9 @@
 
 Each reply asks for its next step (:meth:`Scheduler.step`) when its reader wants the next token. The scheduler
 waits until every running reply asks (or no more come while the event loop runs what is ready: a reader that
-holds its reply does not stall the others), then, holding the cache, runs in one forward the pending token of
-every reply that decodes and at most one prefill chunk (of the reply that asked first), so that the replies
+holds its reply does not stall the others), then, holding the cache, runs in one forward (``forward_batch``; a few
+when their tokens pass the cache's prefill chunk) the pending token of every reply that decodes and at most one
+prefill chunk (of the reply that asked first), so that the replies
 running go on streaming while a new prompt is prefilled chunk by chunk. It hands each reply its logits (each picks
 its token), then runs the autosaves that came due, each after every token of the step was picked, and answers
 each reply. A request is admitted, a restore or a placement run, between two steps: they take the cache lock too.
@@ -146,16 +147,18 @@ class Scheduler:
 
     async def _forward(self, group: list[tuple[Generator, list[int]]],
                        outcomes: dict[Generator, TokenEvent | None | BaseException]) -> None:
-        """Run ``group``'s forwards and hand each generator its logits (its outcome: the event, or what raised)."""
-        for gen, tokens in group:
-            before = self.cache.sequence_state(gen.seq_id)
-            try:
-                logits = await self.model.forward(self.cache, gen.seq_id, tokens)
-            except Exception as exc:
-                gen.forward_failed(exc, before)
+        """Run ``group`` in one :meth:`~kvckpt_web.model.protocol.CausalLM.forward_batch` and hand each generator its
+        row's logits (its outcome: the event, or what raised)."""
+        before = [self.cache.sequence_state(gen.seq_id) for gen, _ in group]
+        try:
+            logits = await self.model.forward_batch(self.cache, [(gen.seq_id, tokens) for gen, tokens in group])
+        except Exception as exc:
+            for (gen, _), state in zip(group, before):
+                gen.forward_failed(exc, state)
                 outcomes[gen] = exc
-                continue
+            return
+        for (gen, tokens), row in zip(group, logits):
             try:
-                outcomes[gen] = await gen.take(tokens, logits)
+                outcomes[gen] = await gen.take(tokens, row)
             except Exception as exc:
                 outcomes[gen] = exc
