@@ -21,8 +21,9 @@ from ..model.sampler import MAX_SEED
 
 __all__ = ["ROLES", "ChatRequest", "CompletionRequest", "Message", "RequestSettings", "check_messages"]
 
-ROLES = ("system", "user", "assistant")
-"""The roles a message may have."""
+ROLES = ("system", "developer", "user", "assistant")
+"""The roles a message may have (``developer``: OpenAI's newer name for ``system``, rendered as the template's system
+turn)."""
 
 MAX_STOP_STRINGS = 4
 """Most stop strings a request may give (as OpenAI's API allows)."""
@@ -83,16 +84,17 @@ def _message(value: Any, i: int) -> Message:
 
 
 def check_messages(messages: Any) -> tuple[Message, ...]:
-    """``messages`` as :class:`Message` objects: a non-empty list of system / user / assistant messages whose
-    last one is the user's; FieldError naming the first bad field."""
+    """``messages`` as :class:`Message` objects: a non-empty list of system / developer / user / assistant
+    messages whose last one is the user's (answered) or the assistant's (its reply continued from that text);
+    FieldError naming the first bad field."""
     if isinstance(messages, (str, bytes, Mapping)) or not isinstance(messages, Sequence):
         raise FieldError("messages", "a list of {'role', 'content'} messages", type(messages).__name__)
     if not messages:
         raise FieldError("messages", "at least one message", "an empty list")
     checked = tuple(_message(m, i) for i, m in enumerate(messages))
-    if checked[-1].role != "user":
-        raise FieldError(f"messages[{len(checked) - 1}].role", "'user' (the last message is the one answered)",
-                         checked[-1].role)
+    if checked[-1].role not in ("user", "assistant"):
+        raise FieldError(f"messages[{len(checked) - 1}].role", "'user' (the last message is the one answered) or "
+                         "'assistant' (its reply is continued)", checked[-1].role)
     return checked
 
 

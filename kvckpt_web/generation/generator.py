@@ -352,10 +352,14 @@ class Generator:
         Autosaves when due; a save that fails in the store (StoreError, OSError) is reported to
         ``on_save_error`` and kept in ``save_error``, and the generation goes on. A save refused because the name is
         no longer this reply's (another writer took its claim over, or committed another conversation there) raises
-        ConflictError: nothing is saved under the name any more."""
+        ConflictError: nothing is saved under the name any more. With autosave, each step first renews the name's
+        claim when due (a lease past half its time), so it holds between saves for as long as the reply runs;
+        ConflictError, before the step runs, if another writer took it over."""
         self._check_usable()
         if self.finish_reason is not None:
             return None
+        if self.autosave is not None:
+            await self.autosave.store.renew_claim(self.autosave.name)
         prompt_len = len(self.prompt_tokens)
         if self.kv_length < prompt_len:
             end = min(prompt_len, (self.kv_length // self.saved.prefill_chunk + 1) * self.saved.prefill_chunk)

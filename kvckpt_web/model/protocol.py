@@ -86,6 +86,12 @@ class TextCodec(Protocol):
         """The ids that open the assistant's turn; the model writes its reply after them."""
         ...
 
+    def encode_prefill(self, content: str, *, previous: str | None = None,
+                       max_tokens: int | None = None) -> list[int]:
+        """The ids of an assistant's turn the model continues from ``content`` (a chat's last message, the
+        assistant's): the :meth:`reply_opening` and the content as text, nothing closing it."""
+        ...
+
     def reply_closing(self) -> list[int]:
         """The ids that close an assistant turn after the reply's ids (an end-of-turn id left out)."""
         ...

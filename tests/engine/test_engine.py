@@ -366,9 +366,9 @@ def test_conversations_beyond_the_cache_are_evicted_least_recently_used_and_come
 @pytest.mark.parametrize("messages, field", [
     ([], "messages"), ("hello", "messages"), ([{"role": "robot", "content": "x"}], "messages[0].role"),
     ([{"role": "user"}], "messages[0].content"), ([{"role": "user", "content": 5}], "messages[0].content"),
-    ([{"role": "user", "content": "x"}, {"role": "assistant", "content": "y"}], "messages[1].role"),
+    ([{"role": "user", "content": "x"}, {"role": "system", "content": "y"}], "messages[1].role"),
     ([{"role": "user", "content": "x", "tool_calls": []}], "messages[0].tool_calls"),
-], ids=["empty", "string", "unknown role", "no content", "content not text", "last not user", "unknown key"])
+], ids=["empty", "string", "unknown role", "no content", "content not text", "last a system message", "unknown key"])
 def test_bad_messages_are_refused_naming_the_field_and_nothing_is_stored(make_engine, messages, field):
     store = MemoryStore()
     engine = make_engine(store=store)

@@ -47,6 +47,12 @@ def test_a_completions_neutral_values_are_accepted_and_others_refused_naming_the
         assert info.value.field == key
 
 
+def test_a_developer_message_is_accepted():
+    request = ChatRequest.from_openai({"messages": [{"role": "developer", "content": "Be brief."},
+                                                    {"role": "user", "content": "hi"}]})
+    assert request.messages[0].role == "developer"
+
+
 @pytest.mark.parametrize("value, stored", [(True, True), (None, True), (False, False)])
 def test_store_says_whether_the_reply_is_written_to_the_store(value, stored):
     assert ChatRequest.from_openai({**CHAT, "store": value}).store is stored

@@ -127,6 +127,13 @@ class DoubleText:
     def reply_opening(self) -> list[int]:
         return [BOS] + self.encode("assistant\n")
 
+    def encode_prefill(self, content: str, *, previous: str | None = None,
+                       max_tokens: int | None = None) -> list[int]:
+        ids = self.reply_opening() + self.encode(content)
+        if max_tokens is not None and len(ids) > max_tokens:
+            raise FieldError("prompt", f"at most {max_tokens} tokens", f"{len(ids)} tokens")
+        return ids
+
     def reply_closing(self) -> list[int]:
         return self.encode("\n")
 

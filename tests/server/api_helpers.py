@@ -39,11 +39,11 @@ def api_serving(worker: EngineWorker, **kwargs: Any) -> Iterator[str]:
 
 
 @contextmanager
-def serving_api(*args: str) -> Iterator[tuple[str, subprocess.Popen]]:
-    """``kvckpt serve --api --port 0 ARGS`` in a process of its own: its base URL (read from its stdout) and the
-    process."""
+def serving_api(*args: str, env: dict[str, str] | None = None) -> Iterator[tuple[str, subprocess.Popen]]:
+    """``kvckpt serve --api --port 0 ARGS`` in a process of its own (its environment ``env``, default this
+    process's): its base URL (read from its stdout) and the process."""
     server = subprocess.Popen([sys.executable, "-m", "kvckpt_web.cli", "serve", "--api", "--port", "0", *args],
-                              stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+                              stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=env)
     try:
         line = server.stdout.readline()
         assert "/v1 " in line, f"no URL printed, exit status {server.poll()}"
