@@ -27,6 +27,7 @@ from ..generation.app_state import StopRules
 from ..generation.autosave import Autosave
 from ..generation.conversation import Conversation
 from ..generation.generator import Generator
+from ..generation.json_constraint import Vocabulary
 from ..generation.resume import resume
 from ..model.sampler import MAX_SEED, SamplingSettings
 from ..tvm.layout import CacheLimits
@@ -77,6 +78,8 @@ class Engine:
         self.on_save = check_callable("on_save", on_save)
         self.on_save_error = check_callable("on_save_error", on_save_error)
         self.model, self.codec = loaded.model, loaded.text
+        #: The model's tokens as replies held to a JSON response_format are checked against (read on first use).
+        self.vocabulary = Vocabulary(self.codec.token_pieces)
         self.model_name = model_name
         #: The settings it runs with: ``config`` with the context no more than the model's.
         self.config = config = config.fitted(self.model.max_context)
@@ -102,8 +105,8 @@ class Engine:
         call): a :class:`ChatCompletion`, or with ``stream`` a :class:`ChatStream` of :class:`ChatChunk`.
 
         ``settings`` are :class:`ChatRequest`'s (``max_tokens``, ``temperature``, ``top_p``, ``top_k``,
-        ``seed``, ``stop``, ``repetition_penalty``, ``cache_prompt``, ``conversation``, ``store``). Bad input and a
-        prompt the context cannot answer raise here, before anything changes.
+        ``seed``, ``stop``, ``repetition_penalty``, ``cache_prompt``, ``conversation``, ``response_format``,
+        ``store``). Bad input and a prompt the context cannot answer raise here, before anything changes.
         """
         return await self.create(ChatRequest(messages, **settings), stream=stream)
 
@@ -185,7 +188,9 @@ class Engine:
                 prefill_chunk=self.prefill_chunk, autosave=self._autosave(name) if request.store else None,
                 decode=self.codec.decode,
                 progress=self.progress, kv_length=kv_length, replies=prompt.replies, extra=extra.to_json(),
-                conversation=conversation, context=self.context, save_first=True, **self._save_callbacks(name))
+                conversation=conversation, context=self.context, save_first=True,
+                response_format=request.response_format if isinstance(request, ChatRequest) else None,
+                vocabulary=self.vocabulary, **self._save_callbacks(name))
         except BaseException:
             await self.slots.drop(slot)
             raise
@@ -332,7 +337,8 @@ class Engine:
             await self.slots.reserve(self.context, keep=())
             gen = await resume(self.store, name, self.model, self.cache, seq_id=seq_id, generation=record.generation,
                                autosave=self._autosave(name), decode=self.codec.decode, context=self.context,
-                               progress=self.progress, ledger=self.ledger, **self._save_callbacks(name))
+                               progress=self.progress, ledger=self.ledger, vocabulary=self.vocabulary,
+                               **self._save_callbacks(name))
             restore_s = gen.resume_report.restore_s + gen.resume_report.replay_s
             slot = self.slots.add(Slot(seq_id, gen.tokens, gen.kv_length, conversation=name))
         extra = ChatExtra.from_json(gen.extra)

@@ -17,6 +17,7 @@ from typing import Any
 
 from ..durable.keys import validate_name
 from ..errors import FieldError, is_int
+from ..generation.json_schema import response_shape
 from ..model.sampler import MAX_SEED
 
 __all__ = ["ROLES", "ChatRequest", "CompletionRequest", "Message", "RequestSettings", "check_messages"]
@@ -186,7 +187,6 @@ class RequestSettings:
 _CHAT_NEUTRAL: dict[str, tuple[str, tuple[Any, ...]]] = {
     "logprobs": ("false or null (no log probabilities are returned)", (False,)),
     "top_logprobs": ("0 or null (no log probabilities are returned)", (0,)),
-    "response_format": ('{"type": "text"} or null (replies are plain text)', ({"type": "text"},)),
     "tools": ("[] or null (no tools are called)", ([],)),
     "tool_choice": ('"none" or null (no tools are called)', ("none",)),
     "parallel_tool_calls": ("true, false or null (no tools are called)", (True, False)),
@@ -236,12 +236,23 @@ def _openai_settings(body: Any, what: str, own: tuple[str, ...],
 
 @dataclass(frozen=True)
 class ChatRequest(RequestSettings):
-    """What to answer (the whole conversation's ``messages``) and how (:class:`RequestSettings`)."""
+    """What to answer (the whole conversation's ``messages``) and how (:class:`RequestSettings`).
+
+    ``response_format`` is OpenAI's: ``{"type": "json_object"}`` or ``{"type": "json_schema", ...}`` hold the
+    reply to a JSON value of that shape (:mod:`~kvckpt_web.generation.json_schema` says which schemas);
+    ``{"type": "text"}`` is as None, free text (and is kept as None).
+    """
 
     messages: tuple[Message, ...]
+    response_format: dict[str, Any] | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "messages", check_messages(self.messages))
+        if response_shape(self.response_format) is None:
+            object.__setattr__(self, "response_format", None)
+        elif self.messages[-1].role == "assistant":
+            raise FieldError("response_format", "free text with a last assistant message (its reply continues a "
+                             "text, not a JSON value)", self.response_format["type"])
         super().__post_init__()
 
     @classmethod
@@ -250,15 +261,16 @@ class ChatRequest(RequestSettings):
         ``cache_prompt`` and ``conversation``); the standard parameters with a value that changes nothing
         (``logprobs`` false, ``tools`` [], ``response_format`` text, ...: ``_CHAT_NEUTRAL``) are accepted; unknown
         keys and values the engine cannot honour (``n`` other than 1, non-zero frequency or presence penalties,
-        tools, log probabilities, a JSON response format) are refused, naming the key."""
-        given = _openai_settings(body, "chat-completions", ("messages", "max_completion_tokens"), _CHAT_NEUTRAL)
+        tools, log probabilities, a JSON schema of keywords not held to) are refused, naming the key."""
+        given = _openai_settings(body, "chat-completions", ("messages", "max_completion_tokens", "response_format"),
+                                 _CHAT_NEUTRAL)
         if "max_tokens" in body and "max_completion_tokens" in body:
             raise FieldError("max_completion_tokens", "not together with max_tokens", body["max_completion_tokens"])
         if body.get("max_completion_tokens") is not None:
             given["max_tokens"] = body["max_completion_tokens"]
         if "messages" not in body:
             raise FieldError("messages", "a list of {'role', 'content'} messages", "none")
-        return cls(body["messages"], **given)
+        return cls(body["messages"], body.get("response_format"), **given)
 
 
 OPENAI_COMPLETION_MAX_TOKENS = 16

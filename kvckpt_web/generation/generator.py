@@ -41,6 +41,7 @@ from ..model.sampler import Sampler, SamplingSettings, candidate_count
 from .app_state import SavedGeneration, StopRules, check_replies, check_token_ids
 from .autosave import DEFAULT_AUTOSAVE_EVERY, Autosave
 from .conversation import Conversation, check_owner
+from .json_constraint import JsonConstraint, Vocabulary
 from .reply_text import ReplyText
 from .results import GenerationResult, ResumeReport, TokenEvent
 
@@ -76,7 +77,8 @@ class Generator:
     def __init__(self, model: CausalLM, cache: "PagedKVCache", seq_id: int, saved: SavedGeneration, *,
                  autosave: Autosave | None, decode: Callable[[Sequence[int]], str] | None,
                  on_token: Callable[[TokenEvent], None] | None, on_save: Callable[[SaveResult], None] | None,
-                 on_save_error: Callable[[Exception], None] | None, progress: Progress | None) -> None:
+                 on_save_error: Callable[[Exception], None] | None, progress: Progress | None,
+                 vocabulary: Vocabulary | None = None) -> None:
         self.model = model
         self.cache = cache
         self.seq_id = seq_id
@@ -105,6 +107,13 @@ class Generator:
         if saved.stop.stop_strings and decode is None:
             raise FieldError("stop_strings", "a decode function to match them against", "none")
         self._text = ReplyText(decode, saved.stop)
+        self.constraint: JsonConstraint | None = None
+        """What holds the reply to its ``response_format`` (None: free text)."""
+        if saved.response_format is not None:
+            if vocabulary is None:
+                raise FieldError("vocabulary", "the model's token vocabulary, to hold the reply to its response_format",
+                                 "none")
+            self.constraint = JsonConstraint(saved.response_format, vocabulary, saved.stop.eos_ids)
         if saved.generated:
             self._text.push(saved.generated, saved.finish_reason is not None)
 
@@ -118,7 +127,9 @@ class Generator:
                     on_save_error: Callable[[Exception], None] | None = None,
                     progress: Progress | None = None, kv_length: int = 0, replies: Sequence[tuple[int, int]] = (),
                     extra: dict[str, Any] | None = None, conversation: Conversation | None = None,
-                    context: int | None = None, save_first: bool = False) -> "Generator":
+                    context: int | None = None, save_first: bool = False,
+                    response_format: dict[str, Any] | None = None,
+                    vocabulary: Vocabulary | None = None) -> "Generator":
         """A generation of ``prompt`` (token ids) in sequence ``seq_id`` of ``cache``: a new sequence, or with
         ``kv_length`` > 0 the existing one, which holds the K/V of ``prompt[:kv_length]`` (an earlier turn's,
         or a prefix restored or forked), so only the rest is prefilled.
@@ -136,6 +147,8 @@ class Generator:
         crash during it keeps them; a failure in the store goes to ``on_save_error``), and that save's own check
         of the name, at its commit under the store's lock, is the check of the conversation it holds.
         ``on_save_error`` hears of each autosave that failed (generation goes on; see :meth:`step`).
+        ``response_format`` (OpenAI's, a JSON one; None: free text) holds the reply to a JSON value of its shape
+        (:mod:`~kvckpt_web.generation.json_constraint`, over the tokens of ``vocabulary``), resumed replies too.
         """
         check_run_options(model, cache, seq_id, autosave)
         check_instance("sampler", sampler, (Sampler, SamplingSettings), "a Sampler or SamplingSettings")
@@ -166,9 +179,10 @@ class Generator:
             sampler = Sampler(sampler)
         saved = SavedGeneration(model.identity, prompt, [], kv_length, chunk, sampler, stop, None,
                                 conversation or Conversation.new(), context,
-                                replies=check_replies("replies", replies, len(prompt)), extra=dict(extra or {}))
+                                replies=check_replies("replies", replies, len(prompt)), extra=dict(extra or {}),
+                                response_format=response_format)
         gen = cls(model, cache, seq_id, saved, autosave=autosave, decode=decode, on_token=on_token,
-                  on_save=on_save, on_save_error=on_save_error, progress=progress)
+                  on_save=on_save, on_save_error=on_save_error, progress=progress, vocabulary=vocabulary)
         await gen._hold_name(check=not save_first)
         try:
             if not kv_length:
@@ -341,6 +355,9 @@ class Generator:
 
     async def _pick(self, logits: Logits) -> int:
         tokens = self.tokens
+        if self.constraint is not None:
+            return await self.constraint.pick(logits, self.saved.sampler, tokens, self.generated_tokens,
+                                              self.model.vocab_size)
         k = candidate_count(self.saved.sampler.settings, tokens, self.model.vocab_size)
         if k == 0:
             return await logits.argmax()

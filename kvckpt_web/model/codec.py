@@ -110,6 +110,11 @@ class ChatCodec:
         ``prompt`` beyond ``max_tokens``."""
         return self.tokenizer.encode_pieces([(text, True)], max_tokens=max_tokens, field="prompt")
 
+    def token_pieces(self) -> list[bytes]:
+        """The bytes each token id stands for in a reply's text, empty for a special token."""
+        tokenizer = self.tokenizer
+        return [b"" if i in tokenizer.special_ids else tokenizer.token_bytes(i) for i in range(tokenizer.vocab_size)]
+
     def decode(self, tokens: Sequence[int]) -> str:
         """The text of ``tokens`` without special tokens; incomplete UTF-8 at the end decodes to U+FFFD."""
         return self.tokenizer.decode(tokens, skip_special=True)

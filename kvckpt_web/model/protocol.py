@@ -105,6 +105,11 @@ class TextCodec(Protocol):
         """The text of ``tokens``; an incomplete UTF-8 sequence at the end decodes to U+FFFD."""
         ...
 
+    def token_pieces(self) -> list[bytes]:
+        """The bytes of the text each token id stands for, empty for a special token (text never holds one): what
+        a reply held to a JSON format is checked against."""
+        ...
+
 
 @dataclass(frozen=True)
 class LoadedModel:

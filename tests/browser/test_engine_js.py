@@ -4,6 +4,8 @@ weights kept in the browser (a new engine reads them from the Cache API; a chang
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from kvckpt_web.bench.holding import HOLD_REPLIES
@@ -219,3 +221,22 @@ def test_a_missing_model_file_rejects_naming_its_url(js_page, chat_server):
     got = js_page.run("return await caught(start());")
     assert got["name"] == "ModelUnavailableError" and got["field"] == "model"
     assert got["expected"].endswith("/model.gguf") and got["got"] == "HTTP 404"
+
+
+def test_a_json_object_response_format_gives_a_reply_that_parses_streamed_and_whole(js_page):
+    got = js_page.run("""
+        await start();
+        const body = { messages: [{ role: "user", content: "tell me about the sea." }], temperature: 0,
+                       max_tokens: 64, response_format: { type: "json_object" } };
+        const chunks = await chunksOf(await engine.chat.completions.create({ ...body, stream: true }));
+        const whole = await engine.chat.completions.create(body);
+        const refused = await caught(engine.chat.completions.create({ ...body, response_format: { type: "json_schema",
+          json_schema: { name: "a", schema: { type: "string", pattern: "^a" } } } }));
+        return { streamed: chunks.map((c) => c.choices[0].delta.content ?? "").join(""),
+                 finish: chunks[chunks.length - 1].choices[0].finish_reason, whole, refused };
+    """)
+    assert got["finish"] == "stop" and got["whole"]["choices"][0]["finish_reason"] == "stop"
+    assert isinstance(json.loads(got["streamed"]), dict)
+    assert isinstance(json.loads(got["whole"]["choices"][0]["message"]["content"]), dict)
+    assert got["refused"]["name"] == "FieldError"
+    assert got["refused"]["field"] == "response_format.json_schema.schema.pattern"

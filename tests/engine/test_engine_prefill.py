@@ -3,6 +3,8 @@ holds the continuation only, and the prefill and continuation sent back are a hi
 
 from __future__ import annotations
 
+import pytest
+
 from kvckpt_web import MemoryStore
 
 from lm_double import DoubleText
@@ -39,11 +41,17 @@ class Drifting(DoubleText):
         return super().encode_message(role, content[::-1] if role == "assistant" else content, max_tokens=max_tokens)
 
 
-def test_the_prefill_and_its_continuation_sent_back_are_a_history_the_next_turn_reuses(make_engine):
-    engine = make_engine(store=MemoryStore(), text=Drifting())
+@pytest.mark.parametrize("restarted", [False, True], ids=["same engine", "restarted engine"])
+def test_the_prefill_and_its_continuation_sent_back_are_a_history_the_next_turn_reuses(make_engine, restarted):
+    store = MemoryStore()
+    engine = make_engine(store=store, text=Drifting())
 
     async def body():
+        nonlocal engine
         first = await engine.chat([USER, PREFILL], **GREEDY)
+        if restarted:
+            await engine.close()
+            engine = make_engine(store=store, text=Drifting())
         history = [USER, {"role": "assistant", "content": PREFILL["content"] + first.text},
                    {"role": "user", "content": "and the wind?"}]
         return first, await engine.chat(history, **GREEDY)

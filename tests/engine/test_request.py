@@ -25,7 +25,7 @@ def test_a_standard_parameter_given_as_null_is_accepted(key):
 
 
 CANNOT_HONOUR = [("logprobs", True), ("top_logprobs", 2), ("top_logprobs", False),
-                 ("response_format", {"type": "json_object"}), ("tools", [{"type": "function"}]),
+                 ("tools", [{"type": "function"}]),
                  ("tool_choice", "auto"), ("parallel_tool_calls", "yes"), ("metadata", "tag"),
                  ("logit_bias", {"42": 5}), ("store", "no")]
 
@@ -51,6 +51,28 @@ def test_a_developer_message_is_accepted():
     request = ChatRequest.from_openai({"messages": [{"role": "developer", "content": "Be brief."},
                                                     {"role": "user", "content": "hi"}]})
     assert request.messages[0].role == "developer"
+
+
+def test_a_json_response_format_is_kept_and_text_is_none():
+    assert ChatRequest.from_openai({**CHAT, "response_format": {"type": "json_object"}}).response_format == {
+        "type": "json_object"}
+    assert ChatRequest.from_openai({**CHAT, "response_format": {"type": "text"}}).response_format is None
+
+
+def test_a_schema_keyword_not_held_to_is_refused_naming_it():
+    schema = {"type": "object", "properties": {"n": {"type": "integer", "maximum": 3}}}
+    with pytest.raises(FieldError) as info:
+        ChatRequest.from_openai({**CHAT, "response_format": {"type": "json_schema",
+                                                             "json_schema": {"name": "a", "schema": schema}}})
+    assert info.value.field == "response_format.json_schema.schema.properties.n.maximum"
+
+
+def test_a_json_response_format_with_a_prefill_is_refused():
+    body = {**CHAT, "messages": [*CHAT["messages"], {"role": "assistant", "content": "{"}],
+            "response_format": {"type": "json_object"}}
+    with pytest.raises(FieldError) as info:
+        ChatRequest.from_openai(body)
+    assert info.value.field == "response_format"
 
 
 @pytest.mark.parametrize("value, stored", [(True, True), (None, True), (False, False)])

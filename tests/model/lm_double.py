@@ -140,6 +140,9 @@ class DoubleText:
     def decode(self, tokens: Sequence[int]) -> str:
         return "".join(ALPHABET[t - 2] if t >= 2 else "" for t in tokens)
 
+    def token_pieces(self) -> list[bytes]:
+        return [b"", b""] + [c.encode() for c in ALPHABET]
+
 
 def load(device: Any) -> LoadedModel:
     """The demo's model factory: the double and its codec."""
