@@ -1,8 +1,9 @@
-"""The clients of :mod:`kvckpt_web.bench.serve`: a streamed chat completion over the standard library's HTTP client,
-timed from the request to its first token and to its last, and several of them started at once on threads.
+"""The clients of :mod:`kvckpt_web.bench.serve`: a streamed chat completion (or plain completion, for a base model)
+over the standard library's HTTP client, timed from the request to its first token and to its last, and several
+of them started at once on threads.
 
-Only OpenAI's streaming surface is used (``POST /v1/chat/completions`` with ``stream: true``, server-sent events,
-``data: [DONE]`` last), so the same client times any server that speaks it.
+Only OpenAI's streaming surface is used (``POST /v1/chat/completions`` or ``/v1/completions`` with ``stream: true``,
+server-sent events, ``data: [DONE]`` last), so the same client times any server that speaks it.
 """
 
 from __future__ import annotations
@@ -35,6 +36,8 @@ class Reply:
     tokens: int
     """Tokens of the reply: the usage's ``completion_tokens`` where the server sent a usage, else the chunks that
     carried text (one a token on the servers benchmarked)."""
+    refused: int = 0
+    """503 answers (a full queue) before the request was taken."""
 
     @property
     def ttft(self) -> float:
@@ -42,11 +45,29 @@ class Reply:
         return self.first - self.sent
 
 
-def chat_body(prompt: str, max_tokens: int) -> dict[str, Any]:
-    """The request of one client: a one-message conversation answered greedily, ``max_tokens`` at most, streamed
-    with its usage."""
-    return {"messages": [{"role": "user", "content": prompt}], "max_tokens": max_tokens, "temperature": 0.0,
-            "stream": True, "stream_options": {"include_usage": True}}
+@dataclass(frozen=True)
+class Endpoint:
+    """Where a server takes the benchmark's requests: ``http://host:port`` and whether its model chats (a base model,
+    without a chat template, is sent plain completions)."""
+
+    url: str
+    chat: bool = True
+
+    @property
+    def path(self) -> str:
+        return "/v1/chat/completions" if self.chat else "/v1/completions"
+
+    def body(self, prompt: str, max_tokens: int) -> dict[str, Any]:
+        """The request of one client: ``prompt`` as a one-message conversation (or as a completion's prompt),
+        answered greedily, ``max_tokens`` at most, streamed with its usage."""
+        asked = {"messages": [{"role": "user", "content": prompt}]} if self.chat else {"prompt": prompt}
+        return {**asked, "max_tokens": max_tokens, "temperature": 0.0, "stream": True,
+                "stream_options": {"include_usage": True}}
+
+
+def text_of(choice: dict[str, Any]) -> str:
+    """The text a streamed choice carries: a chat chunk's ``delta.content``, a completion chunk's ``text``."""
+    return (choice.get("delta") or {}).get("content") or choice.get("text") or ""
 
 
 def events(lines: Iterator[bytes]) -> Iterator[dict[str, Any]]:
@@ -63,35 +84,41 @@ def events(lines: Iterator[bytes]) -> Iterator[dict[str, Any]]:
     raise KVCkptError("a streamed reply ended without data: [DONE]")
 
 
-def stream_chat(base_url: str, prompt: str, max_tokens: int, on_token: Callable[[int], None] = lambda n: None
-                ) -> Reply:
-    """Send one streamed chat completion to the server at ``base_url`` (``http://host:port``) and time it;
-    ``on_token(n)`` is called as the ``n``-th chunk with text arrives. KVCkptError if the server answers other
-    than 200."""
-    parts = urllib.parse.urlsplit(base_url)
-    conn = http.client.HTTPConnection(parts.hostname, parts.port, timeout=PATIENCE)
-    try:
-        body = json.dumps(chat_body(prompt, max_tokens))
-        sent = time.perf_counter()
-        conn.request("POST", "/v1/chat/completions", body=body, headers={"Content-Type": "application/json"})
-        response = conn.getresponse()
-        if response.status != 200:
-            raise KVCkptError(f"POST {base_url}/v1/chat/completions: expected 200, got {response.status}: "
-                              f"{response.read()[:500]!r}")
-        first, chunks, usage = 0.0, 0, None
-        for event in events(iter(response.readline, b"")):
-            usage = event.get("usage") or usage
-            if any(choice.get("delta", {}).get("content") for choice in event.get("choices") or ()):
-                chunks += 1
-                if chunks == 1:
-                    first = time.perf_counter()
-                on_token(chunks)
-        done = time.perf_counter()
-    finally:
-        conn.close()
-    if not chunks:
-        raise KVCkptError(f"POST {base_url}/v1/chat/completions: expected a reply of at least one token, got none")
-    return Reply(sent, first, done, usage["completion_tokens"] if usage else chunks)
+def stream_reply(endpoint: Endpoint, prompt: str, max_tokens: int, on_token: Callable[[int], None] = lambda n: None
+                 ) -> Reply:
+    """Send one streamed request to ``endpoint`` and time it from the first attempt; ``on_token(n)`` is called as
+    the ``n``-th chunk with text arrives. A 503 (a full queue) is sent again after its ``Retry-After`` (1 s without
+    one); KVCkptError if the server answers anything else but 200."""
+    parts = urllib.parse.urlsplit(endpoint.url)
+    body = json.dumps(endpoint.body(prompt, max_tokens))
+    sent, refused = time.perf_counter(), 0
+    while True:
+        conn = http.client.HTTPConnection(parts.hostname, parts.port, timeout=PATIENCE)
+        try:
+            conn.request("POST", endpoint.path, body=body, headers={"Content-Type": "application/json"})
+            response = conn.getresponse()
+            if response.status == 503:
+                response.read()
+                refused += 1
+                time.sleep(float(response.getheader("Retry-After") or 1))
+                continue
+            if response.status != 200:
+                raise KVCkptError(f"POST {endpoint.url}{endpoint.path}: expected 200, got {response.status}: "
+                                  f"{response.read()[:500]!r}")
+            first, chunks, usage = 0.0, 0, None
+            for event in events(iter(response.readline, b"")):
+                usage = event.get("usage") or usage
+                if any(text_of(choice) for choice in event.get("choices") or ()):
+                    chunks += 1
+                    if chunks == 1:
+                        first = time.perf_counter()
+                    on_token(chunks)
+            done = time.perf_counter()
+        finally:
+            conn.close()
+        if not chunks:
+            raise KVCkptError(f"POST {endpoint.url}{endpoint.path}: expected a reply of at least one token, got none")
+        return Reply(sent, first, done, usage["completion_tokens"] if usage else chunks, refused)
 
 
 @dataclass(frozen=True)
@@ -144,10 +171,10 @@ class Clients:
         return [self.replies[i] for i in range(len(self.threads))]
 
 
-def burst(base_url: str, prompts: list[str], max_tokens: int) -> Burst:
+def burst(endpoint: Endpoint, prompts: list[str], max_tokens: int) -> Burst:
     """Every prompt sent at once, each by a client of its own (started together at a barrier)."""
     barrier = threading.Barrier(len(prompts))
     clients = Clients()
     for prompt in prompts:
-        clients.start(lambda prompt=prompt: (barrier.wait(), stream_chat(base_url, prompt, max_tokens))[1])
+        clients.start(lambda prompt=prompt: (barrier.wait(), stream_reply(endpoint, prompt, max_tokens))[1])
     return Burst(tuple(clients.join()))

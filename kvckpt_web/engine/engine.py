@@ -106,7 +106,8 @@ class Engine:
 
         ``settings`` are :class:`ChatRequest`'s (``max_tokens``, ``temperature``, ``top_p``, ``top_k``,
         ``seed``, ``stop``, ``repetition_penalty``, ``cache_prompt``, ``conversation``, ``response_format``,
-        ``store``). Bad input and a prompt the context cannot answer raise here, before anything changes.
+        ``store``). Bad input and a
+        prompt the context cannot answer raise here, before anything changes.
         """
         return await self.create(ChatRequest(messages, **settings), stream=stream)
 

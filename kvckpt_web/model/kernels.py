@@ -18,7 +18,7 @@ import struct
 from ..errors import TensorError
 from ..gpu.device import Buffer, Device, Dispatch, Kernel, Texture
 from ..gpu.specialize import specialize
-from ..gpu.wgsl import pack_params, source
+from ..gpu.wgsl import source
 from .weights import BLOCK, DEVICE_FORMS, Q4_1, Q4_K, Q5_K, Q8_0, TILE_ROWS, DenseTensor, QuantizedTensor
 
 ROWS = 8
@@ -95,18 +95,20 @@ def topk_candidates_bytes(n: int, k: int) -> int:
     return 8 * k * -(-n // TOPK_CHUNK)
 
 
-def topk(device: Device, values: Buffer, n: int, k: int, candidates: Buffer, best: Buffer) -> list[Dispatch]:
-    """The two dispatches that write the top ``k`` of ``n`` f32 ``values`` to ``best``: k (f32 bits, u32 index)
-    pairs, larger values first, the lower index first among equal ones (k = 1: the argmax).
+def topk(device: Device, values: Buffer, n: int, k: int, candidates: Buffer, best: Buffer,
+         first: int = 0) -> list[Dispatch]:
+    """The two dispatches that write the top ``k`` of ``n`` f32 ``values`` (from value ``first``: one row of
+    several) to ``best``: k (f32 bits, u32 index from ``first``) pairs, larger values first, the lower index first
+    among equal ones (k = 1: the argmax).
 
     ``candidates`` is scratch of :func:`topk_candidates_bytes` bytes."""
     if not 1 <= k <= min(TOPK_MAX, n):
         raise TensorError("k", f"1..{min(TOPK_MAX, n)}", k)
-    _check_size("values", values, 4 * n)
+    _check_size("values", values, 4 * (first + n))
     _check_size("candidates", candidates, topk_candidates_bytes(n, k))
     _check_size("best", best, 8 * k)
     chunks = -(-n // TOPK_CHUNK)
-    params = pack_params(n, k, TOPK_CHUNK, chunks)
+    params = struct.pack("<5I12x", n, k, TOPK_CHUNK, chunks, first)
     shader = source("model", "topk")
     return [Dispatch(device.kernel("model.topk", shader, "chunk_topk"), params, (values, candidates),
                      workgroups=(-(-chunks // WORKGROUP), 1, 1), keep_bindings=True),

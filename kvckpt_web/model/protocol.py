@@ -53,6 +53,14 @@ class CausalLM(Protocol):
         it (one forward pass of the cache) and return the last token's logits."""
         ...
 
+    async def forward_batch(self, cache: "PagedKVCache", runs: list[tuple[int, list[int]]]) -> list[Logits]:
+        """Run each (seq_id, tokens) of ``runs`` after what its sequence holds, in one forward pass of the cache
+        (one ``begin_forward`` over all the seq_ids, one weight fetch for all rows), and return each run's
+        last-token logits in the order of ``runs``, valid until the model's next forward. All the runs' tokens
+        together fit one forward (decode tokens, prefill chunks: at most the cache's prefill_chunk_size). A run's
+        logits and K/V are the bits of :meth:`forward` of that run alone, whatever else the batch holds."""
+        ...
+
     def close(self) -> None:
         """Release the model's GPU memory (idempotent); it cannot run afterwards."""
         ...

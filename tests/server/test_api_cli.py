@@ -65,15 +65,15 @@ def no_model_load(monkeypatch):
 @pytest.mark.parametrize("flags, error", [
     (["--context", "1"], "--context: expected an integer >= 2"),
     (["--max-tokens", "0"], "--max-tokens: expected an integer >= 1"),
+    (["--unnamed-ttl", "-1"], "--unnamed-ttl: expected a finite number of seconds >= 0"),
+    (["--unnamed-max-bytes", "-1"], "--unnamed-max-bytes: expected an integer >= 0"),
     (["--model-name", "my model"], "--model-name: expected 1 to 256 printable characters without spaces"),
     (["--model", "missing.gguf"], "--model: expected a GGUF model file"),
     (["--host", "0.0.0.0"], "--host: expected a loopback address"),
     (["--lease", "0", "--store", "s3://bucket/chats"], "--lease: expected a lease of more than 0 and at most 3600"),
     (["--lease", "5"], "--lease: expected an object storage --store URL beside it"),
-    (["--unnamed-ttl", "-1"], "--unnamed-ttl: expected a finite number of seconds >= 0"),
-    (["--unnamed-max-bytes", "-1"], "--unnamed-max-bytes: expected an integer >= 0"),
-], ids=["context", "max tokens", "model name", "model", "host", "lease", "lease without an object store", "unnamed ttl",
-        "unnamed max bytes"])
+], ids=["context", "max tokens", "unnamed ttl", "unnamed max bytes", "model name", "model", "host", "lease",
+        "lease without an object store"])
 def test_bad_flags_are_one_line_errors_before_the_model_loads(tiny_llama_path, capsys, no_model_load, flags, error):
     model = [] if "--model" in flags else ["--model", str(tiny_llama_path)]  # --api runs one --model
     status = main(["serve", "--api", "--port", "0", *model, *flags])

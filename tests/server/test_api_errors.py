@@ -111,6 +111,7 @@ def test_a_conversation_another_writer_holds_is_a_409(url, store_dir):
         loop.run_until_complete(claim.__aexit__(None, None, None))
         loop.close()
     assert error.status_code == 409 and error.body["code"] == "conflict" and "talk" in error.body["message"]
+    assert "retry-after" not in error.response.headers  # a directory's claim is a lock: held until released
 
 
 def test_a_body_that_is_not_json_is_a_400(url):
