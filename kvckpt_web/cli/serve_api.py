@@ -15,9 +15,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from ..durable.locations import open_location
+from ..checks import check_int
 from ..engine.unnamed import DEFAULT_UNNAMED_MAX_BYTES, DEFAULT_UNNAMED_TTL_S, UnnamedRetention
 from ..errors import FieldError
 from ..model.loader import default_model_path
+from ..server.worker import DEFAULT_QUEUE
 from ..stores.objects import SCHEMES as OBJECT_SCHEMES
 from ..stores.leases import CLOCK_SKEW_SECONDS, DEFAULT_LEASE_SECONDS, check_lease_seconds
 from .serving import serve_until_interrupted
@@ -30,7 +32,8 @@ if TYPE_CHECKING:
 RUNTIME_FLAGS = {"page": "--page", "pyodide": "--pyodide", "wheels": "--wheels", "open": "--open", "token": "--token"}
 """The flags of the browser runtime and of a served store, which ``--api`` does not serve."""
 API_FLAGS = {"model_name": "--model-name", "context": "--context", "max_tokens": "--max-tokens", "lease": "--lease",
-             "unnamed_ttl": "--unnamed-ttl", "unnamed_max_bytes": "--unnamed-max-bytes"}
+             "unnamed_ttl": "--unnamed-ttl", "unnamed_max_bytes": "--unnamed-max-bytes",
+             "queue": "--queue"}
 """The flags only ``--api`` takes."""
 
 
@@ -55,6 +58,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--unnamed-max-bytes", type=int, default=None, metavar="N", help="with --api: then delete "
                         "the oldest conversations no request named while together they hold more than N bytes of "
                         f"the store (default {DEFAULT_UNNAMED_MAX_BYTES}, 1 GiB)")
+    parser.add_argument("--queue", type=int, default=None, help="with --api: requests that may wait while as many "
+                        f"run as the cache holds conversations ({DESKTOP.sequences}); beyond them a request is "
+                        f"answered 503 with Retry-After (default {DEFAULT_QUEUE})")
 
 
 def check_flags(args: argparse.Namespace) -> None:
@@ -122,6 +128,7 @@ def cmd_serve_api(args: argparse.Namespace) -> None:
     from ..server.static import check_model_file
 
     config = engine_config(args, ("context", "max_tokens"))
+    queue = DEFAULT_QUEUE if args.queue is None else check_int("--queue", args.queue, 0)
     path = check_model_file(args.model, "--model") if args.model is not None else default_model_path()
     name = _model_name(args, path)
     if args.lease is not None:
@@ -134,7 +141,8 @@ def cmd_serve_api(args: argparse.Namespace) -> None:
         check_store_target("--store", args.store)
     address = hosts.bind_address(args.host, args.port, args.allow_remote, field="--host", consent="--allow-remote")
     print(f"loading model {path} ...", file=sys.stderr, flush=True)
-    engine = worker.EngineWorker(lambda: _build(path, args.store, name, config, args.context, args.lease))
+    engine = worker.EngineWorker(lambda: _build(path, args.store, name, config, args.context, args.lease),
+                                 queue=queue)
     try:
         server = make_api_server(engine, host=args.host, port=args.port, allow_remote=args.allow_remote,
                                  retention=retention)

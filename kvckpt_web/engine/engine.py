@@ -39,6 +39,7 @@ from .record import ChatExtra
 from .request import ChatRequest, CompletionRequest
 from .responses import ChatChunk, ChatCompletion, ChatStream
 from .placement import Placement
+from .scheduler import Scheduler
 from .slots import Slot, Slots
 from .sources import Sources
 from .turn import Turn, committed
@@ -92,6 +93,8 @@ class Engine:
         self.slots = Slots(self.cache, config.sequences, self.model.identity, store, self.ledger)
         self.scope = f"{self.model.identity}/{self.cache.get_layout_hash()}/{self.model.kernels}"
         self.cache_lock = CacheLock()
+        #: Steps every running reply together (continuous batching).
+        self.scheduler = Scheduler(self.model, self.cache, self.cache_lock)
         index = PrefixIndex(store, self.scope, config.page_size) if store is not None else None
         self.sources = Sources(self.slots, store, index, config.page_size, self._reply_text, self.model.identity)
         self.placement = Placement(self.slots, self.sources, store, self.model.identity)
@@ -207,6 +210,7 @@ class Engine:
         turn.slot.busy = True
         turn.slot.gen = turn.gen
         self._turns.append(turn)
+        self.scheduler.admit(turn.gen)
         return turn
 
     def _save_callbacks(self, name: str) -> dict[str, Any]:
@@ -238,8 +242,7 @@ class Engine:
                                 text_completion=kind)
                 first = False
             while gen.finish_reason is None and not turn.interrupted:
-                async with self.cache_lock.hold():
-                    event = await gen.step()
+                event = await self.scheduler.step(gen)
                 if event is None:
                     continue
                 now = time.perf_counter()
@@ -279,6 +282,7 @@ class Engine:
         slot, gen = turn.slot, turn.gen
         if turn in self._turns:
             self._turns.remove(turn)
+        self.scheduler.retire(gen)
         slot.busy = False
         if gen.failed:  # its K/V may hold part of a forward: nothing can follow it
             await self.slots.drop(slot)
@@ -290,10 +294,14 @@ class Engine:
         slot.committed = committed(gen)
         self.slots.touch(slot)
 
-    def interrupt(self) -> None:
-        """Stop every reply being generated after its current token; each stays resumable (:meth:`resume`)."""
+    def interrupt(self, name: str | None = None) -> None:
+        """Stop the reply being generated in conversation ``name`` after its current token (nothing if none is), or
+        without ``name`` every reply; each stays resumable (:meth:`resume`)."""
+        if name is not None and not isinstance(name, str):
+            raise FieldError("name", "a conversation's name or None", type(name).__name__)
         for turn in self._turns:
-            turn.interrupted = True
+            if name is None or turn.slot.conversation == name:
+                turn.interrupted = True
 
     def _reply_text(self, ids: list[int]) -> str:
         ended = bool(ids) and ids[-1] in self.codec.eos_ids

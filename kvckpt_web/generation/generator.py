@@ -345,13 +345,17 @@ class Generator:
         try:
             logits = await self.model.forward(self.cache, self.seq_id, tokens)
         except BaseException as exc:
-            # refused before it touched the sequence (an import in progress, no free page): the step can be
-            # taken again; otherwise the sequence may hold part of this forward and nothing can follow it
-            if self.cache.closed or self.cache.sequence_state(self.seq_id) != before:
-                self._failed = exc
+            self.forward_failed(exc, before)
             raise
-        self.saved.kv_length += len(tokens)
         return logits
+
+    def forward_failed(self, exc: BaseException, before: object) -> None:
+        """The forward of :meth:`next_run` raised ``exc``; ``before`` is the sequence's
+        :meth:`~kvckpt_web.kv.cache.PagedKVCache.sequence_state` from before it. Refused before it touched the
+        sequence (an import in progress, no free page), the step can be taken again; otherwise the sequence may hold
+        part of that forward and nothing can follow it (:attr:`failed`)."""
+        if self.cache.closed or self.cache.sequence_state(self.seq_id) != before:
+            self._failed = exc
 
     async def _pick(self, logits: Logits) -> int:
         tokens = self.tokens
@@ -363,33 +367,38 @@ class Generator:
             return await logits.argmax()
         return self.saved.sampler.pick(await logits.top_k(k), tokens)
 
-    async def step(self) -> TokenEvent | None:
-        """Run the next forward (a prefill chunk or the pending token); the token it produced, if any.
-
-        Autosaves when due; a save that fails in the store (StoreError, OSError) is reported to
-        ``on_save_error`` and kept in ``save_error``, and the generation goes on. A save refused because the name is
-        no longer this reply's (another writer took its claim over, or committed another conversation there) raises
-        ConflictError: nothing is saved under the name any more. With autosave, each step first renews the name's
-        claim when due (a lease past half its time), so it holds between saves for as long as the reply runs;
-        ConflictError, before the step runs, if another writer took it over."""
+    async def next_run(self) -> list[int]:
+        """The tokens the next step runs after the K/V the sequence holds (the rest of the prefill chunk, or the
+        pending token); none once finished. A scheduler runs them (in one forward, alone or with other sequences')
+        and hands their logits to :meth:`take`. With autosave, it first renews the name's claim when due (a lease
+        past half its time), so it holds between saves for as long as the reply runs; ConflictError, before the step
+        runs, if another writer took it over."""
         self._check_usable()
         if self.finish_reason is not None:
-            return None
+            return []
         if self.autosave is not None:
             await self.autosave.store.renew_claim(self.autosave.name)
         prompt_len = len(self.prompt_tokens)
         if self.kv_length < prompt_len:
             end = min(prompt_len, (self.kv_length // self.saved.prefill_chunk + 1) * self.saved.prefill_chunk)
-            logits = await self._forward(self.prompt_tokens[self.kv_length:end])
+            return self.prompt_tokens[self.kv_length:end]
+        return [self.generated_tokens[-1]]
+
+    async def take(self, ran: list[int], logits: Logits) -> TokenEvent | None:
+        """The forward of ``ran`` (what :meth:`next_run` gave) ran and gave ``logits``: its K/V are the sequence's;
+        after the prompt's last chunk or a reply's token, the next token is picked and its event returned (None
+        while the prompt is prefilled). Saves nothing: :meth:`save_if_due` does, once every logits of the forward
+        were read."""
+        prompt_len = len(self.prompt_tokens)
+        prefill = self.kv_length < prompt_len
+        self.saved.kv_length += len(ran)
+        if prefill:
             if self.progress is not None:
                 self.progress("prefill", self.kv_length, prompt_len)
             if self.kv_length < prompt_len:
-                if self.autosave is not None and self.kv_length - self._tried_at >= self.autosave.every:
+                if self.save_due:
                     await logits.argmax()  # the chunk run on the device first: the save's time is its own
-                    await self._autosave()
                 return None
-        else:
-            logits = await self._forward([self.generated_tokens[-1]])
         try:
             token = await self._pick(logits)
         except BaseException as exc:
@@ -401,9 +410,35 @@ class Generator:
         event = self._finish_check(token)
         if self.on_token is not None:
             self.on_token(event)
-        if self.autosave is not None and (len(self.generated_tokens) == 1 or self.finish_reason is not None
-                                          or self.kv_length - self._tried_at >= self.autosave.every):
+        return event
+
+    @property
+    def save_due(self) -> bool:
+        """Whether an autosave is due now: every ``Autosave.every`` tokens, after the first token and at the end."""
+        if self.autosave is None or self._tried_at >= self.kv_length:
+            return False
+        interval = self.kv_length - self._tried_at >= self.autosave.every
+        if self.kv_length < len(self.prompt_tokens):
+            return interval
+        return interval or len(self.generated_tokens) == 1 or self.finish_reason is not None
+
+    async def save_if_due(self) -> None:
+        """Autosave if :attr:`save_due`; a save that fails in the store goes to ``on_save_error`` (see :meth:`step`)."""
+        if self.save_due:
             await self._autosave()
+
+    async def step(self) -> TokenEvent | None:
+        """Run the next forward (a prefill chunk or the pending token); the token it produced, if any.
+
+        Autosaves when due; a save that fails in the store (StoreError, OSError) is reported to
+        ``on_save_error`` and kept in ``save_error``, and the generation goes on. A save refused because the name is
+        no longer this reply's (another writer took its claim over, or committed another conversation there) raises
+        ConflictError: nothing is saved under the name any more. The claim is renewed as :meth:`next_run` says."""
+        tokens = await self.next_run()
+        if not tokens:
+            return None
+        event = await self.take(tokens, await self._forward(tokens))
+        await self.save_if_due()
         return event
 
     def _finish_check(self, token: int) -> TokenEvent:
@@ -437,7 +472,9 @@ class Generator:
         self.saved.kv_length = 0
         logits = None
         while self.kv_length < target:
-            logits = await self._forward(tokens[self.kv_length:self.saved.call_end(self.kv_length, target)])
+            run = tokens[self.kv_length:self.saved.call_end(self.kv_length, target)]
+            logits = await self._forward(run)
+            self.saved.kv_length += len(run)
             if self.progress is not None:
                 self.progress("replay", self.kv_length, target)
         if logits is not None:

@@ -26,7 +26,8 @@
 A client that disconnects stops its reply after the current token: the reply is saved, and listed as
 unfinished. Errors are OpenAI's error objects (``api_errors.py``); a stream that fails once started ends with
 an error event (``data: {"error": ...}``) and no ``[DONE]``. Bodies are JSON, bounded in size and time
-(``api_body.py``). Requests run one at a time in arrival order, on the engine's own thread (``worker.py``).
+(``api_body.py``). Requests run concurrently up to the cache's sequences, then queue, on the engine's own
+thread (``worker.py``).
 """
 
 from __future__ import annotations

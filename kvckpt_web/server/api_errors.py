@@ -9,6 +9,7 @@ Each exception maps to one status, as OpenAI's API (or HTTP itself) answers it:
   with ``Retry-After`` (seconds) when the name is held by a lease that another replica may take over then;
 * :class:`~kvckpt_web.errors.NotFoundError` (no such conversation): 404;
 * :class:`~kvckpt_web.errors.CapacityError` (the cache has no room now) and a server stopping: 503;
+* a request beyond the queue (:class:`~.worker.Busy`): 503 with the code ``queue_full`` and ``Retry-After``;
 * :class:`~kvckpt_web.errors.DataError` (a stored checkpoint damaged or off its format: a
   :class:`~kvckpt_web.errors.FormatError`, :class:`~kvckpt_web.errors.MetadataError` or
   :class:`~kvckpt_web.errors.CorruptionError`): 500 ``server_error`` with the code ``damaged_data``, its message
@@ -32,7 +33,7 @@ from starlette.responses import JSONResponse
 
 from ..errors import (CapacityError, ConflictError, ContextFullError, DataError, FieldError, KVCkptError,
                       NotFoundError)
-from .worker import ShuttingDown
+from .worker import Busy, ShuttingDown
 
 __all__ = ["ApiError", "api_error", "error_body", "error_response"]
 
@@ -64,6 +65,9 @@ def api_error(exc: BaseException) -> ApiError:
         return ApiError(409, message, code="conflict", headers=retry)
     if isinstance(exc, NotFoundError):
         return ApiError(404, message, code="not_found")
+    if isinstance(exc, Busy):
+        return ApiError(503, message, type="server_error", code="queue_full",
+                        headers={"retry-after": str(exc.retry_after)})
     if isinstance(exc, (CapacityError, ShuttingDown)):
         return ApiError(503, message, type="server_error", code="unavailable")
     if isinstance(exc, DataError):
