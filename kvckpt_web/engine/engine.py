@@ -255,7 +255,8 @@ class Engine:
             await self._save_stopped(gen)
             yield ChatChunk(turn.completion_id, turn.created, model_name, name,
                             finish_reason=_FINISH.get(gen.finish_reason, "abort"),
-                            usage=turn.usage(time.perf_counter()), first=first, warnings=turn.warnings if first else (), text_completion=kind)
+                            usage=turn.usage(time.perf_counter()), first=first,
+                            warnings=turn.warnings if first else (), text_completion=kind)
         finally:
             if not gen.failed:  # a consumer that went away stops the reply as an interrupt does
                 try:

@@ -3,10 +3,10 @@
 ``chat.completion`` (``chat.completion.chunk``), or a plain completion's ``text_completion``.
 
 Beyond OpenAI's fields, ``usage`` carries ``timings`` (seconds of restoring K/V, of prefill, of saves and of
-decode, measured once the GPU work has finished and adding up to the call's time, and the rates they give), and a top-level ``kvckpt`` object names
-the conversation the reply is saved under and the reply's token ids, and, only when there are some,
-``warnings``: what the reply did without (K/V in the store that could not be used, and what was done instead).
-Clients that do not know them ignore them.
+decode, measured once the GPU work has finished and adding up to the call's time, and the rates they give), and
+a top-level ``kvckpt`` object names the conversation the reply is saved under and the reply's token ids, and,
+only when there are some, ``warnings``: what the reply did without (K/V in the store that could not be used, and
+what was done instead). Clients that do not know them ignore them.
 """
 
 from __future__ import annotations

@@ -52,7 +52,8 @@ def matvec(device: Device, weight: QuantizedTensor, x: Texture, y: Buffer, token
     rows of ``x``, ``W`` a matrix of any :data:`~kvckpt_web.model.weights.DEVICE_FORMS` type (the tied embedding
     as the output head)."""
     _check_size("y", y, 4 * tokens * weight.rows)
-    return _products(device, "matvec", (weight,), x, y, tokens, accumulate, "matmul")
+    entry = "q8_0_matvec" if weight.ggml_type == Q8_0 else "matvec"
+    return _products(device, entry, (weight,), x, y, tokens, accumulate, "matmul")
 
 
 def gated(device: Device, gate: QuantizedTensor, up: QuantizedTensor, x: Texture, hidden: Texture,
@@ -119,12 +120,15 @@ def topk(device: Device, values: Buffer, n: int, k: int, candidates: Buffer, bes
 def _products(device: Device, entry: str, weights: tuple[QuantizedTensor, ...], x: Texture, y: Buffer | Texture,
               tokens: int, accumulate: bool, tiled: str | None = None) -> list[Dispatch]:
     """The dispatch of product ``entry`` of ``weights`` over ``tokens`` rows of ``x``; of its ``tiled`` form
-    (:data:`TILE` tokens an invocation) for several tokens."""
+    (:data:`TILE` tokens an invocation, fewer where the product has fewer: a decode step of 2 or 3 sequences
+    computes no sums for tokens it does not have) for several tokens. Each (row, token) sum has the same bits
+    whichever form and tile compute it."""
     first = weights[0]
     _check_texture("x", x, first.cols, tokens)
     if tiled is not None and tokens > 1:
-        kernel, groups = quant_kernel(device, tiled, first.ggml_type), (-(-first.rows // TILE_ROWS),
-                                                                         -(-tokens // TILE), 1)
+        tile = min(TILE, tokens)
+        kernel, groups = quant_kernel(device, tiled, first.ggml_type, tile), (-(-first.rows // TILE_ROWS),
+                                                                               -(-tokens // tile), 1)
     else:
         kernel, groups = quant_kernel(device, entry, first.ggml_type), (-(-first.rows // TILE_ROWS), tokens, 1)
     params = struct.pack("<6I8x", first.rows, first.blocks, tokens, int(accumulate), first.shift, first.scale_base)
@@ -149,10 +153,10 @@ def flavour(device: Device) -> str:
     return str(device.choices.setdefault(FLAVOUR, "browser" if device.info.backend.startswith("browser") else "desktop"))
 
 
-def quant_kernel(device: Device, entry: str, ggml_type: int = Q4_1) -> Kernel:
-    """Entry ``entry`` of quant.wgsl with quant_types.wgsl, specialised to :data:`ROWS`, :data:`TILE`, the device's
-    :func:`flavour` and weights of ``ggml_type``."""
-    return device.kernel("model.quant", _quant_source(ROWS, TILE, flavour(device), ggml_type), entry)
+def quant_kernel(device: Device, entry: str, ggml_type: int = Q4_1, tile: int = TILE) -> Kernel:
+    """Entry ``entry`` of quant.wgsl with quant_types.wgsl, specialised to :data:`ROWS`, ``tile`` tokens an
+    invocation of the tiled products, the device's :func:`flavour` and weights of ``ggml_type``."""
+    return device.kernel("model.quant", _quant_source(ROWS, tile, flavour(device), ggml_type), entry)
 
 
 @functools.cache
