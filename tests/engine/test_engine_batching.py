@@ -9,7 +9,7 @@ import asyncio
 import pytest
 
 from kvckpt_web import MemoryStore
-from kvckpt_web.errors import CapacityError
+from kvckpt_web.errors import CapacityError, FieldError
 
 from support.kvmodel import run
 
@@ -156,3 +156,9 @@ def test_a_request_whose_prefix_is_in_the_only_idle_slot_takes_that_slot_beside_
 
     first, again, running = run(body())
     assert again.token_ids == first.token_ids and running[-1].finish_reason is not None
+
+
+def test_interrupt_refuses_a_name_that_is_not_a_string_naming_it(make_engine):
+    with pytest.raises(FieldError) as raised:
+        make_engine().interrupt(7)
+    assert raised.value.field == "name"
