@@ -160,10 +160,12 @@ class Scheduler:
         before = [self.cache.sequence_state(gen.seq_id) for gen, _ in group]
         try:
             logits = await self.model.forward_batch(self.cache, [(gen.seq_id, tokens) for gen, tokens in group])
-        except Exception as exc:
+        except BaseException as exc:  # cancelled too: each row's sequence may hold part of the forward
             for (gen, _), state in zip(group, before):
                 gen.forward_failed(exc, state)
                 outcomes[gen] = exc
+            if not isinstance(exc, Exception):
+                raise
             return
         for (gen, tokens), row in zip(group, logits):
             try:

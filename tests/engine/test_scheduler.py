@@ -20,7 +20,7 @@ PROMPT = DoubleText().encode_chat([{"role": "user", "content": "tell me about th
 
 def test_a_reply_that_saves_nothing_has_its_token_while_another_replys_autosave_of_that_step_runs(device):
     model = DoubleLM(max_context=256)
-    cache = new_cache(model, device, max_tokens=512, prefill_chunk=8, page_size=4)
+    cache = new_cache(model, device, max_tokens=256, prefill_chunk=8, page_size=4, num_seqs=2)
 
     async def body():
         saving = await Generator.start(model, cache, PROMPT, SamplingSettings(), seq_id=0,
@@ -56,4 +56,27 @@ def test_a_reply_that_saves_nothing_has_its_token_while_another_replys_autosave_
 
     answered_while_held, saved = run(body())
     assert answered_while_held and saved is not None
+    cache.close()
+
+
+def test_a_batched_forward_that_fails_part_way_fails_the_step_of_every_reply_in_it(device):
+    model = DoubleLM(max_context=256)
+    cache = new_cache(model, device, max_tokens=256, prefill_chunk=8, page_size=4, num_seqs=2)
+    real = model.forward_batch
+
+    async def failing(cache, runs):
+        await real(cache, runs)
+        raise RuntimeError("device lost")
+
+    async def body():
+        gens = [await Generator.start(model, cache, [1, 5, 6], SamplingSettings(), seq_id=i) for i in range(2)]
+        scheduler = Scheduler(model, cache, CacheLock())
+        for gen in gens:
+            scheduler.admit(gen)
+        await asyncio.gather(*(scheduler.step(gen) for gen in gens))  # each prompt is one chunk: both decode now
+        model.forward_batch = failing
+        return await asyncio.gather(*(scheduler.step(gen) for gen in gens), return_exceptions=True), gens
+
+    outcomes, gens = run(body())
+    assert [type(o) for o in outcomes] == [RuntimeError, RuntimeError] and all(gen.failed for gen in gens)
     cache.close()
