@@ -48,12 +48,12 @@ from starlette.types import Receive, Scope, Send
 from ..durable.keys import validate_name
 from ..engine import ChatChunk, ChatCompletion, ChatRequest, CompletionRequest
 from ..engine.unnamed import UnnamedRetention, enforce, judge
-from ..errors import FieldError, is_int
+from ..errors import FieldError, KVCkptError, is_int
 from .api_body import DEFAULT_BODY_TIMEOUT, DEFAULT_MAX_BODY, read_json
 from .api_errors import ApiError, error_body, error_response
 from .app import create_app
 from .run import Server, listen
-from .worker import EngineWorker, Job
+from .worker import Busy, EngineWorker, Job
 
 __all__ = ["Api", "make_api_server"]
 
@@ -80,9 +80,10 @@ def _wire_chunks(chunk: ChatChunk, include_usage: bool) -> list[dict[str, Any]]:
 class Answer:
     """The answer to a request for a reply (a completion or a resume) whose work is queued on the engine:
     JSON or server-sent events. A client that goes away cancels the work. ``after()`` is called once the work
-    is done, before the answer's end is sent (or once the work is cancelled)."""
+    is done, and the answer's end is sent once the job it returns (if any) ran (or it is called once the work is
+    cancelled)."""
 
-    def __init__(self, job: Job, stream: bool, include_usage: bool, after: Callable[[], Any]) -> None:
+    def __init__(self, job: Job, stream: bool, include_usage: bool, after: Callable[[], Job | None]) -> None:
         self.job, self.stream, self.include_usage, self.after = job, stream, include_usage, after
         self._done = False
 
@@ -96,9 +97,22 @@ class Answer:
                 self.job.cancel()
                 self._finished()
 
-    def _finished(self) -> None:
+    def _finished(self) -> Job | None:
         self._done = True
-        self.after()
+        try:
+            return self.after()
+        except Busy:
+            return None  # the queue is full: a later reply's end runs it
+
+    async def _finish(self) -> None:
+        """:meth:`_finished`, returning once the job ``after()`` gave ran: requests run concurrently, so the client's
+        next request sees what it did (the retention policy's deletions)."""
+        job = self._finished()
+        if job is not None:
+            try:
+                await job.result()
+            except (KVCkptError, OSError):
+                pass  # the reply stands; the next reply's end tries again
 
     async def _watch(self, receive: Receive) -> None:
         while (await receive())["type"] != "http.disconnect":
@@ -112,10 +126,10 @@ class Answer:
             if not self.stream:
                 chunks = [chunk async for chunk in self.job.items()]
         except Exception as exc:
-            self._finished()
+            await self._finish()
             return await error_response(exc)(scope, _no_receive, send)
         if not self.stream:
-            self._finished()
+            await self._finish()
             return await JSONResponse(ChatCompletion.from_chunks(chunks).to_openai())(scope, _no_receive, send)
         await send({"type": "http.response.start", "status": 200,
                     "headers": [(b"content-type", b"text/event-stream; charset=utf-8")]})
@@ -126,7 +140,7 @@ class Answer:
             end = _event("[DONE]")
         except Exception as exc:
             end = _event(error_body(exc))
-        self._finished()
+        await self._finish()
         await send({"type": "http.response.body", "body": end, "more_body": False})
 
 
