@@ -59,7 +59,8 @@ class Engine:
 
     ``config`` sets its context, cache and autosaves (:class:`EngineConfig`, default its ``desktop`` preset);
     :attr:`config` is what it runs with (the context no more than the model's). The cache evicts the least
-    recently used idle conversation when full (its K/V are committed to the store already).
+    recently used idle conversation when full, once its K/V are committed to the store (an unfinished reply whose
+    save had failed is saved first), never one whose reply is running.
 
     ``progress(phase, done, total)`` hears how a prompt's prefill (phase "prefill") or a resume's replay of
     tokens whose K/V could not be used ("replay") advances; ``on_save(conversation, result)`` hears of each

@@ -4,10 +4,11 @@ Each reply asks for its next step (:meth:`Scheduler.step`) when its reader wants
 waits until every running reply asks (or no more come while the event loop runs what is ready: a reader that
 holds its reply does not stall the others), then, holding the cache, runs in one forward (``forward_batch``; a few
 when their tokens pass the cache's prefill chunk) the pending token of every reply that decodes and at most one
-prefill chunk (of the reply that asked first), so that the replies
-running go on streaming while a new prompt is prefilled chunk by chunk. It hands each reply its logits (each picks
-its token), then runs the autosaves that came due, each after every token of the step was picked, and answers
-each reply. A request is admitted, a restore or a placement run, between two steps: they take the cache lock too.
+prefill chunk (of the reply that asked first), so that the replies running go on streaming while a new prompt is
+prefilled chunk by chunk. It hands each reply its logits (each picks its token) and answers each reply whose step
+saves nothing; then it runs the autosaves that came due, one after the other, each after every token of the step
+was picked, and answers their replies (a reply's token is out once its checkpoint is). A request is admitted, a
+restore or a placement run, between two steps: they take the cache lock too.
 
 What one step runs never changes a reply's tokens: each run is the forward its generator would run alone (prefill
 chunks at the same multiples), and a row's bits do not depend on the others in the step.
@@ -16,6 +17,7 @@ chunks at the same multiples), and a row's bits do not depend on the others in t
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from ..generation.generator import Generator
@@ -26,7 +28,11 @@ if TYPE_CHECKING:
     from ..kv.cache import PagedKVCache
     from ..model.protocol import CausalLM
 
-__all__ = ["Scheduler"]
+__all__ = ["IDLE_PASSES", "Scheduler"]
+
+IDLE_PASSES = 4
+"""Passes of the event loop without a new reply asking after which a step runs without the replies that have not
+asked (a reader that holds its reply, or one whose way back to :meth:`Scheduler.step` takes more hops)."""
 
 
 class Scheduler:
@@ -71,27 +77,25 @@ class Scheduler:
             try:
                 async with self.cache_lock.hold():
                     outcomes = await self._take(batch)
-            except BaseException as exc:
+                    # each reply whose step saves nothing has its token while the others' saves run
+                    _answer(batch, outcomes, lambda gen: not gen.save_due)
+                    await self._save(outcomes)
+            except BaseException:
                 for future in batch.values():
                     if not future.done():
                         future.cancel()
                 raise
             self.steps += 1
-            for gen, future in batch.items():
-                if not future.done():
-                    outcome = outcomes[gen]
-                    if isinstance(outcome, BaseException):
-                        future.set_exception(outcome)
-                    else:
-                        future.set_result(outcome)
+            _answer(batch, outcomes, lambda gen: True)
 
     async def _gather(self) -> None:
-        """Let the event loop run until every running reply waits for its step, or one pass brings no more."""
-        while len(self._waiting) < len(self._running):
+        """Let the event loop run until every running reply waits for its step, or :data:`IDLE_PASSES` passes in a
+        row bring no more."""
+        idle = 0
+        while len(self._waiting) < len(self._running) and idle < IDLE_PASSES:
             before = len(self._waiting)
             await asyncio.sleep(0)
-            if len(self._waiting) == before:
-                return
+            idle = 0 if len(self._waiting) > before else idle + 1
 
     def _batch(self) -> dict[Generator, asyncio.Future[TokenEvent | None]]:
         """The replies the next step runs, taken out of the waiting ones: every one that decodes, and the first that
@@ -107,8 +111,8 @@ class Scheduler:
 
     async def _take(self, batch: dict[Generator, asyncio.Future[TokenEvent | None]]
                     ) -> dict[Generator, TokenEvent | None | BaseException]:
-        """Run ``batch``'s forwards, pick each one's token, then the saves due: what each reply gets (an event, or
-        the exception its step raised)."""
+        """Run ``batch``'s forwards and pick each one's token: what each reply gets (an event, or the exception its
+        step raised)."""
         outcomes: dict[Generator, TokenEvent | None | BaseException] = {}
         runs = []
         for gen in batch:
@@ -123,14 +127,18 @@ class Scheduler:
                 outcomes[gen] = None
         for group in self._groups(runs):
             await self._forward(group, outcomes)
-        for gen, _ in runs:
-            if isinstance(outcomes[gen], BaseException):
+        return outcomes
+
+    @staticmethod
+    async def _save(outcomes: dict[Generator, TokenEvent | None | BaseException]) -> None:
+        """The autosaves due after a step, one reply after the other (a save's failure is its reply's outcome)."""
+        for gen, outcome in outcomes.items():
+            if isinstance(outcome, BaseException):
                 continue
             try:
                 await gen.save_if_due()
             except Exception as exc:
                 outcomes[gen] = exc
-        return outcomes
 
     def _groups(self, runs: list[tuple[Generator, list[int]]]) -> list[list[tuple[Generator, list[int]]]]:
         """``runs`` in forwards of at most the cache's prefill chunk of tokens each, in order."""
@@ -152,13 +160,28 @@ class Scheduler:
         before = [self.cache.sequence_state(gen.seq_id) for gen, _ in group]
         try:
             logits = await self.model.forward_batch(self.cache, [(gen.seq_id, tokens) for gen, tokens in group])
-        except Exception as exc:
+        except BaseException as exc:  # cancelled too: each row's sequence may hold part of the forward
             for (gen, _), state in zip(group, before):
                 gen.forward_failed(exc, state)
                 outcomes[gen] = exc
+            if not isinstance(exc, Exception):
+                raise
             return
         for (gen, tokens), row in zip(group, logits):
             try:
                 outcomes[gen] = await gen.take(tokens, row)
             except Exception as exc:
                 outcomes[gen] = exc
+
+
+def _answer(batch: dict[Generator, asyncio.Future[TokenEvent | None]],
+            outcomes: dict[Generator, TokenEvent | None | BaseException], ready: Callable[[Generator], bool]) -> None:
+    """Give each reply of ``batch`` not answered yet whose step failed, or which is ``ready``, its outcome."""
+    for gen, future in batch.items():
+        outcome = outcomes[gen]
+        if future.done() or not (isinstance(outcome, BaseException) or ready(gen)):
+            continue
+        if isinstance(outcome, BaseException):
+            future.set_exception(outcome)
+        else:
+            future.set_result(outcome)

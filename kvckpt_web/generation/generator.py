@@ -328,6 +328,11 @@ class Generator:
                 self.on_save_error(exc)
 
     @property
+    def closed(self) -> bool:
+        """Whether :meth:`close` released the autosave name: the generator steps and saves no more."""
+        return self._closed
+
+    @property
     def failed(self) -> bool:
         """Whether a step failed part-way (a forward, or the pick of the token after it): the sequence may hold K/V
         the known tokens do not account for, and this generator cannot go on or save (resume its last checkpoint)."""

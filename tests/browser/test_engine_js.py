@@ -196,6 +196,26 @@ def test_interrupt_ends_the_reply_with_abort_and_it_is_listed_unfinished(js_page
     assert got["last"]["choices"][0]["finish_reason"] == "abort" and got["open"] == [False]
 
 
+def test_two_streams_run_together_and_interrupt_by_name_stops_one_alone(js_page):
+    got = js_page.run("""
+        await start();
+        const ask = (content) => engine.chat.completions.create({ stream: true, temperature: 0, max_tokens: 16,
+          messages: [{ role: "user", content }] });
+        const streams = [await ask("tell me about the sea."), await ask("what is a boat?")];
+        const readers = streams.map((s) => s[Symbol.asyncIterator]());
+        const first = (await readers[0].next()).value;
+        await engine.interrupt(first.kvckpt.conversation);
+        const last = [];
+        for (const reader of readers) {
+          let end = null;
+          for (let r = await reader.next(); !r.done; r = await reader.next()) end = r.value;
+          last.push(end.choices[0].finish_reason);
+        }
+        return { last, open: (await engine.unfinished()).map((o) => o.name), name: first.kvckpt.conversation };
+    """)
+    assert got["last"][0] == "abort" and got["last"][1] != "abort" and got["open"] == [got["name"]]
+
+
 def test_a_new_engine_reads_the_weights_from_the_browser_and_not_from_the_server(js_page):
     first = js_page.run("return (await start()).weights;")
     gets = js_page.model_gets()

@@ -9,9 +9,10 @@ import asyncio
 import pytest
 
 from kvckpt_web import MemoryStore
-from kvckpt_web.errors import CapacityError
+from kvckpt_web.errors import CapacityError, FieldError
 
 from support.kvmodel import run
+from support.stores_that_fail import FullAfter
 
 GREEDY = {"temperature": 0.0}
 SEEDED = {"temperature": 0.9, "top_p": 0.9, "seed": 7}
@@ -156,3 +157,28 @@ def test_a_request_whose_prefix_is_in_the_only_idle_slot_takes_that_slot_beside_
 
     first, again, running = run(body())
     assert again.token_ids == first.token_ids and running[-1].finish_reason is not None
+
+
+def test_interrupt_refuses_a_name_that_is_not_a_string_naming_it(make_engine):
+    with pytest.raises(FieldError) as raised:
+        make_engine().interrupt(7)
+    assert raised.value.field == "name"
+
+
+def test_a_full_cache_saves_an_idle_reply_whose_save_failed_before_it_evicts_it(make_engine):
+    store = FullAfter(0)  # every commit fails until the disk has room again
+    engine = make_engine(store=store, sequences=2)
+
+    async def body():
+        (cut,) = await _streams(engine, 1)
+        name = (await anext(cut)).conversation
+        await cut.aclose()  # its reader went away and its save failed: its state is in the cache alone
+        store.ok = 100
+        other, settings = request(1)
+        running = await engine.chat(other, stream=True, **{**settings, "max_tokens": 40})
+        third = await engine.chat(*request(2)[:1], **request(2)[1])  # needs the cut reply's sequence
+        return name, third, await _read(running), [u.name for u in await engine.unfinished()]
+
+    name, third, running, unfinished = run(body())
+    assert third.finish_reason is not None and running[-1].finish_reason == "length"
+    assert name in unfinished

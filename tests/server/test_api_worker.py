@@ -1,6 +1,7 @@
 """The engine on its own thread: the server answers while a reply is generated, requests run concurrently up to
 the cache's sequences and then wait in a bounded queue in arrival order (503 with Retry-After beyond it), and a
-client that goes away stops its own reply, which stays resumable.
+client that goes away stops its own reply, which stays resumable; replies batched on the tiny llama give the
+tokens each gives alone.
 
 The gated model (``api_helpers.GatedModel``) holds a forward until the test opens its gate: blocking the
 engine's thread as GPU work does, or awaiting, so the engine's loop could take other work meanwhile.
@@ -166,3 +167,27 @@ def test_a_signal_that_stops_the_server_stops_the_reply_being_generated_at_once(
         server.shutdown()
         server.server_close()
     assert out[0].choices[0].finish_reason == "abort"
+
+
+def test_concurrent_requests_on_the_tiny_llama_give_the_tokens_each_gives_alone(make_worker, tiny_llama):
+    asks = [{"role": "user", "content": f"tell me story number {i} about the sea."} for i in range(4)]
+    settings = [{"temperature": 0.0, "max_tokens": 24} if i % 2 == 0 else {**SEEDED, "seed": 20 + i}
+                for i in range(4)]
+
+    def ids(url, i):
+        return client(url).chat.completions.create(model="tiny", messages=[asks[i]], extra_body={"cache_prompt": False},
+                                                   **settings[i]).kvckpt["token_ids"]
+
+    with api_serving(make_worker()) as url:
+        alone = [ids(url, i) for i in range(4)]
+    gated = GatedModel(tiny_llama.model, after=1, blocking=False)
+    worker = make_worker(model=gated)
+    started = recorded(worker)
+    with api_serving(worker) as url:
+        threads = [in_thread(lambda i=i: ids(url, i)) for i in range(4)]
+        until(lambda: len(started) == 4)  # all four placed or waiting for the cache while the first is held
+        gated.open()
+        for thread, _ in threads:
+            thread.join(PATIENCE)
+    assert [out[0] for _, out in threads] == alone
+    assert gated.forwards < sum(map(len, alone))  # one at a time, every token would be a forward of its own
