@@ -63,7 +63,7 @@ def slow_store(clock: Clock) -> MemoryStore:
 
 
 def queued_model(clock: Clock) -> DoubleLM:
-    """The double, each forward queueing :data:`FORWARD_S` of device work that reading its logits waits for."""
+    """The double, each forward pass queueing :data:`FORWARD_S` of device work that reading its logits waits for."""
 
     class Logits(DoubleLogits):
         async def argmax(self):
@@ -75,10 +75,10 @@ def queued_model(clock: Clock) -> DoubleLM:
             return await super().top_k(k)
 
     class Queued(DoubleLM):
-        async def forward(self, cache, seq_id, tokens):
-            logits = await super().forward(cache, seq_id, tokens)
+        async def forward_batch(self, cache, runs):
+            batch = await super().forward_batch(cache, runs)
             clock.queued += FORWARD_S
-            return Logits(logits.values)
+            return [Logits(logits.values) for logits in batch]
 
     return Queued(max_context=1024)
 
