@@ -52,8 +52,8 @@ def matvec(device: Device, weight: QuantizedTensor, x: Texture, y: Buffer, token
     rows of ``x``, ``W`` a matrix of any :data:`~kvckpt_web.model.weights.DEVICE_FORMS` type (the tied embedding
     as the output head)."""
     _check_size("y", y, 4 * tokens * weight.rows)
-    entry = "q8_0_matvec" if weight.ggml_type == Q8_0 else "matvec"
-    return _products(device, entry, (weight,), x, y, tokens, accumulate, "matmul")
+    form = "q8_0_" if weight.ggml_type == Q8_0 else ""  # Q8_0's own forms (quant.wgsl)
+    return _products(device, f"{form}matvec", (weight,), x, y, tokens, accumulate, f"{form}matmul")
 
 
 def gated(device: Device, gate: QuantizedTensor, up: QuantizedTensor, x: Texture, hidden: Texture,
