@@ -31,10 +31,10 @@ async def bench(path: Path, rounds: int, steps: int, context: int) -> None:
     loaded = load_model(path, device)
     model = loaded.model
     most = max(BATCHES)
-    cache = new_cache(model, device, max_tokens=context + most + steps + 1, prefill_chunk=128, num_seqs=most)
+    cache = new_cache(model, device, max_tokens=context + most + steps + 16, prefill_chunk=128, num_seqs=most)
     words = loaded.text.encode_text(TEXT * (context // 20 + 1))
     nexts = []
-    for s in range(most):  # lengths context .. context + 7: the sequences' attention differs a little
+    for s in range(most):  # lengths context .. context + 7 (pages rounded up: room for a page more each)
         cache.add_sequence(s)
         nexts.append(await (await model.forward(cache, s, words[s:s + context + s])).argmax())
     times: dict[int, list[Timing]] = {n: [] for n in BATCHES}

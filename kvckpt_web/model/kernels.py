@@ -52,8 +52,8 @@ def matvec(device: Device, weight: QuantizedTensor, x: Texture, y: Buffer, token
     rows of ``x``, ``W`` a matrix of any :data:`~kvckpt_web.model.weights.DEVICE_FORMS` type (the tied embedding
     as the output head)."""
     _check_size("y", y, 4 * tokens * weight.rows)
-    entry = "q8_0_matvec" if weight.ggml_type == Q8_0 else "matvec"
-    return _products(device, entry, (weight,), x, y, tokens, accumulate, "matmul")
+    form = "q8_0_" if weight.ggml_type == Q8_0 else ""  # Q8_0's own forms (quant.wgsl)
+    return _products(device, f"{form}matvec", (weight,), x, y, tokens, accumulate, f"{form}matmul")
 
 
 def gated(device: Device, gate: QuantizedTensor, up: QuantizedTensor, x: Texture, hidden: Texture,
@@ -77,16 +77,15 @@ def embed(device: Device, table: QuantizedTensor, ids: Buffer, out: Buffer, toke
                     keep_bindings=True)
 
 
-def rms_norm(device: Device, x: Buffer, weight: DenseTensor, out: Texture, tokens: int, eps: float,
-             first: int = 0) -> Dispatch:
-    """``out[t] = x[first + t] / sqrt(mean(x[first + t]^2) + eps) * weight`` for each of ``tokens`` rows of
-    ``x`` from row ``first``: the input of the products after an RMSNorm (one small dispatch: folded into each
+def rms_norm(device: Device, x: Buffer, weight: DenseTensor, out: Texture, tokens: int, eps: float) -> Dispatch:
+    """``out[t] = x[t] / sqrt(mean(x[t]^2) + eps) * weight`` for each of ``tokens`` rows of ``x``: the input of
+    the products after an RMSNorm (one small dispatch: folded into each
     product, every invocation recomputed the norm of its tokens, a third of their time on lavapipe)."""
     dim = weight.shape[0]
-    _check_size("x", x, 4 * (first + tokens) * dim)
+    _check_size("x", x, 4 * tokens * dim)
     _check_texture("out", out, dim, tokens)
     kernel = device.kernel("model.norm", source("model", "norm"), "rms_norm")
-    params = struct.pack("<3If", tokens, dim, first, eps)
+    params = struct.pack("<2If4x", tokens, dim, eps)
     return Dispatch(kernel, params, (x, weight.buffer, out), workgroups=(-(-tokens // WORKGROUP), 1, 1),
                     keep_bindings=True)
 

@@ -165,7 +165,9 @@ class _Scratch:
     def __init__(self, device: Device, c: LlamaConfig, tokens: int, gate_up: bool, parts: bool) -> None:
         self.tokens = tokens
         self.ids = device.create_buffer(4 * tokens, Usage.STORAGE | Usage.COPY_DST, "llama.ids")
-        self.residual = device.create_buffer(4 * tokens * c.hidden, Usage.STORAGE | Usage.COPY_SRC, "llama.residual")
+        self.residual = device.create_buffer(4 * tokens * c.hidden, Usage.STORAGE | Usage.COPY_SRC,
+                                             "llama.residual")
+        # the last rows of a forward's runs, gathered for the final norm and the head
         self.lasts = device.create_buffer(4 * tokens * c.hidden, Usage.STORAGE | Usage.COPY_DST, "llama.lasts")
         self.qkv = device.create_buffer(4 * tokens * (c.q_rows + 2 * c.kv_rows), Usage.STORAGE, "llama.qkv")
         self.normed = kernels.activation_texture(device, c.hidden, tokens, "llama.normed")
@@ -180,8 +182,8 @@ class _Scratch:
             if parts else None
 
     def destroy(self, device: Device) -> None:
-        for resource in (self.ids, self.residual, self.lasts, self.qkv, self.normed, self.attn, self.ffn, self.block_out,
-                         self.gate_up, self.part):
+        for resource in (self.ids, self.residual, self.lasts, self.qkv, self.normed, self.attn, self.ffn,
+                         self.block_out, self.gate_up, self.part):
             if resource is not None:
                 device.destroy(resource)
 
@@ -400,7 +402,8 @@ class LlamaModel:
         if lasts:  # those rows only, gathered
             row = 4 * c.hidden
             commands.append(CopyRuns(s.residual, s.lasts, tuple((r * row, i * row, row) for i, r in enumerate(lasts))))
-            commands.append(kernels.rms_norm(d, s.lasts, self.output_norm, s.normed, len(lasts), eps))  # type: ignore[arg-type]
+            commands.append(kernels.rms_norm(d, s.lasts, self.output_norm,  # type: ignore[arg-type]
+                                             s.normed, len(lasts), eps))
             commands += kernels.matvec(d, self.head, s.normed, self._logits_for(len(lasts)),  # type: ignore[arg-type]
                                        len(lasts))
         return commands

@@ -18,7 +18,7 @@ if TYPE_CHECKING:
 
 
 class Logits(Protocol):
-    """The next-token logits of the last token a forward ran."""
+    """The next-token logits of the last token a forward ran (of one run of a batched forward)."""
 
     async def argmax(self) -> int:
         """The id of the largest logit (ties: the lowest id)."""

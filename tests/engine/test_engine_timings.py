@@ -63,8 +63,7 @@ def slow_store(clock: Clock) -> MemoryStore:
 
 
 def queued_model(clock: Clock) -> DoubleLM:
-    """The double, each forward (of one sequence or a batch) queueing :data:`FORWARD_S` of device work that reading
-    its logits waits for."""
+    """The double, each forward pass queueing :data:`FORWARD_S` of device work that reading its logits waits for."""
 
     class Logits(DoubleLogits):
         async def argmax(self):
@@ -77,9 +76,9 @@ def queued_model(clock: Clock) -> DoubleLM:
 
     class Queued(DoubleLM):
         async def forward_batch(self, cache, runs):
-            rows = await super().forward_batch(cache, runs)
+            batch = await super().forward_batch(cache, runs)
             clock.queued += FORWARD_S
-            return [Logits(row.values) for row in rows]
+            return [Logits(logits.values) for logits in batch]
 
     return Queued(max_context=1024)
 
