@@ -121,7 +121,13 @@ class ContextFullError(FieldError):
 
 
 class ConflictError(KVCkptError):
-    """Another writer or another conversation holds what this call would write (a checkpoint name)."""
+    """Another writer or another conversation holds what this call would write (a checkpoint name). ``retry_at``:
+    when (Unix time, seconds) a claim held as a lease may be taken over if its holder does not renew it; None if
+    no such time is known."""
+
+    def __init__(self, message: str, *, retry_at: float | None = None) -> None:
+        self.retry_at = retry_at
+        super().__init__(message)
 
 
 class UnusableCheckpointError(KVCkptError):

@@ -33,7 +33,8 @@ UPPER = re.compile(r"_?[A-Z][A-Z0-9_]*")
 CAPWORDS = re.compile(r"_?[A-Z][A-Za-z0-9]*[a-z][A-Za-z0-9]*")
 #: Classes whose instances are values (immutable), and ContextVar, whose value is each task's own.
 VALUE_TYPES = {"Struct", "TypeVar", "Path", "Decimal", "KVLayout", "CacheLimits", "EngineConfig", "GGMLType",
-               "DeviceForm", "Architecture", "ContextVar"}
+               "DeviceForm", "Architecture", "ContextVar", "AnyNode", "ObjectNode", "ArrayNode", "StringNode",
+               "NumberNode", "LiteralNode"}
 #: Functions that return values.
 VALUE_FUNCTIONS = {"compile", "frozenset", "tuple", "max", "min", "bytes", "getattr", "object", "range", "chr",
                    "int", "calcsize", "cpu_count", "enumerate"}

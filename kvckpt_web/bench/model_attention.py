@@ -85,7 +85,7 @@ class Bench:
         print(f"{title}  (ms per layer; {rounds} rounds of {reps})")
         for label, attention in attentions:
             t = times[label]
-            print(f"  {label:16s} rows {attention._tile_rows} keys/split {attention._keys_per_split:4d} "
+            print(f"  {label:16s} rows {attention._tile_rows} "
                   f"splits {attention._num_splits:3d}  median {statistics.median(t):8.2f}  "
                   f"range {min(t):8.2f}..{max(t):8.2f}  max diff {np.abs(outputs[label] - first).max():.1e}",
                   flush=True)

@@ -137,16 +137,31 @@ def emit(rows: list[Row], row: Row, echo: Callable[[str], None]) -> Row:
 def vector_width(cpu_flags: set[str], adapter: str) -> str:
     """The CPU's widest vector instructions of AVX2 and AVX-512 (``cpu_flags``: /proc/cpuinfo's), and llvmpipe's
     vector width from its adapter name (``llvmpipe (LLVM 15.0.6, 256 bits)``) where it is llvmpipe."""
-    cpu = "AVX-512" if "avx512f" in cpu_flags else "AVX2" if "avx2" in cpu_flags else "no AVX2"
+    cpu = cpu_width(cpu_flags)
     bits = re.search(r"llvmpipe \(.*?(\d+) bits\)", adapter)
     return f"{cpu}, llvmpipe {bits.group(1)} bits" if bits else f"{cpu}, {adapter}"
 
 
-def cpu_flags() -> set[str]:
-    """The flags of the first processor in /proc/cpuinfo (none where there is no such file)."""
+def cpu_width(cpu_flags: set[str]) -> str:
+    """The CPU's widest vector instructions of AVX2 and AVX-512 (``cpu_flags``: /proc/cpuinfo's)."""
+    return "AVX-512" if "avx512f" in cpu_flags else "AVX2" if "avx2" in cpu_flags else "no AVX2"
+
+
+def cpu_description() -> str:
+    """The CPU's model name in /proc/cpuinfo and its widest vector instructions: ``AMD EPYC, AVX-512``."""
+    return f"{cpuinfo_field('model name') or 'unknown CPU'}, {cpu_width(cpu_flags())}"
+
+
+def cpuinfo_field(name: str) -> str | None:
+    """The value of ``name`` for the first processor in /proc/cpuinfo (None where there is no such file or field)."""
     try:
         text = Path("/proc/cpuinfo").read_text()
     except OSError:
-        return set()
-    flags = re.search(r"^flags\s*:(.*)$", text, re.MULTILINE)
-    return set(flags.group(1).split()) if flags else set()
+        return None
+    found = re.search(rf"^{re.escape(name)}\s*:(.*)$", text, re.MULTILINE)
+    return found.group(1).strip() if found else None
+
+
+def cpu_flags() -> set[str]:
+    """The flags of the first processor in /proc/cpuinfo (none where there is no such file)."""
+    return set((cpuinfo_field("flags") or "").split())

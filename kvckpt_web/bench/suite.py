@@ -9,13 +9,14 @@ from __future__ import annotations
 import asyncio
 import sys
 import time
-from typing import Callable
+from typing import Any, Callable
 
 from ..gpu.device import Device
 from .chat import bench_chat
 from .export import bench_export
 from .rows import Row, load_range
 from .save import bench_save
+from .serve import bench_serve
 from .soak import run_soak
 from .generate import bench_generate
 
@@ -41,9 +42,13 @@ BENCHES = {"export": bench_export, "save": bench_save, "soak": bench_soak, "gene
 
 
 def run(names: list[str], repeats: int, paths: tuple[str, ...], echo: Callable[[str], None] = print, *,
-        trials: int = 200) -> None:
-    """Run the named benchmarks and print their tables (``trials``: of the soak benchmark)."""
+        trials: int = 200, serve: dict[str, Any] | None = None) -> None:
+    """Run the named benchmarks and print their tables (``trials``: of the soak benchmark; ``serve``: the keyword
+    arguments of :func:`.serve.bench_serve`, which runs servers, not a coroutine)."""
     for name in names:
         echo(f"## kvckpt bench {name}\n")
+        if name == "serve":
+            bench_serve(repeats=repeats, echo=echo, **(serve or {}))
+            continue
         extra = {"trials": trials} if name == "soak" else {}
         asyncio.run(BENCHES[name](repeats=repeats, paths=paths, echo=echo, **extra))

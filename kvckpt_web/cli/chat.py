@@ -124,7 +124,8 @@ def add_parsers(sub: Any) -> None:
     p.add_argument("--seed", type=int, help="seed of the random draws of each reply (default: drawn per reply "
                    "and saved with it)")
     add_sampling_flags(p)
-    p.add_argument("--max-tokens", type=int, help="most tokens of each reply (default: up to the context)")
+    p.add_argument("--max-tokens", type=int, help="most tokens of each reply (default "
+                   f"{DESKTOP.max_tokens}, or up to the context if sooner)")
     p.add_argument("--autosave-every", type=int, help="save a reply every this many tokens (default "
                    f"{DESKTOP.autosave_every})")
     p.set_defaults(func=cmd_chat)

@@ -16,6 +16,7 @@ from ..durable.locations import TOKEN_VARIABLE, open_location
 from ..durable.tvm_export import read_tvm_export
 from ..errors import FieldError, KVCkptError, ModelUnavailableError
 from ..model.loader import default_model_path
+from ..model.model_cache import gemma_path
 from ..model.sampler import MAX_SEED
 from ..tvm.metadata import layout_from_metadata, limits_from_metadata, validate_import
 from ..bench import suite
@@ -99,7 +100,9 @@ def _demo_of_model(config: DemoConfig, path: str) -> DemoConfig:
 def cmd_bench(args: argparse.Namespace) -> None:
     store_commands.check_at_least("--repeats", args.repeats, 1)
     store_commands.check_at_least("--trials", args.trials, 1)
-    suite.run(args.names, args.repeats, (args.path,), trials=args.trials)
+    suite.run(args.names, args.repeats, (args.path,), trials=args.trials,
+              serve={"model": gemma_path() if args.gemma else None, "peer_python": args.peer_python,
+                     "quick": args.quick})
 
 
 SERVE_EXTRA = ("starlette", "uvicorn")
@@ -222,13 +225,20 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=store_commands.cmd_convert)
 
     p = sub.add_parser("bench", help="throughput vs raw transfers of the same bytes, measured in the same run")
-    p.add_argument("names", nargs="*", default=["export"], choices=["export", "save", "soak", "generate", "chat"],
+    p.add_argument("names", nargs="*", default=["export"], choices=["export", "save", "soak", "generate", "chat", "serve"],
                    help="benchmarks to run (soak: kill -9 trials of processes that are saving; generate: the "
                         "embedded model's prefill, decode, and resume vs re-prefill; chat: the next turn of a "
                         "2,000-token conversation with its history in the cache, restored from the store, and "
-                        "re-prefilled)")
+                        "re-prefilled; serve: kvckpt serve --api beside llama-cpp-python's server under 1, 2, 4 "
+                        "and 8 concurrent clients)")
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--trials", type=int, default=200, help="trials of the soak benchmark (default 200)")
+    p.add_argument("--quick", action="store_true", help="serve: one round of 8-token replies, no warm-up")
+    p.add_argument("--gemma", action="store_true", help="serve: the Gemma 3 270M GGUF (make setup assembles it) "
+                   "instead of SmolLM2")
+    p.add_argument("--peer-python", default="build/peers-venv/bin/python", help="serve: the python of the venv "
+                   "holding llama-cpp-python and its [server] extra (default build/peers-venv/bin/python; "
+                   "llama.cpp is skipped, saying why, where it is missing)")
     p.add_argument("--path", choices=["auto", "kernel", "copy", "mapped", "all"], default="all",
                    help="page-transfer path(s) to measure (default: all the device offers: kernel, copy, and "
                         "mapped where storage buffers map in place)")

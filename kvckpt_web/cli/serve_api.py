@@ -15,8 +15,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from ..durable.locations import open_location
+from ..checks import check_int
+from ..engine.unnamed import DEFAULT_UNNAMED_MAX_BYTES, DEFAULT_UNNAMED_TTL_S, UnnamedRetention
 from ..errors import FieldError
 from ..model.loader import default_model_path
+from ..server.worker import DEFAULT_QUEUE
+from ..stores.objects import SCHEMES as OBJECT_SCHEMES
+from ..stores.leases import CLOCK_SKEW_SECONDS, DEFAULT_LEASE_SECONDS, check_lease_seconds
 from .serving import serve_until_interrupted
 from .engine_flags import DESKTOP, engine_config
 from .store_commands import check_context, check_store_target
@@ -26,7 +31,9 @@ if TYPE_CHECKING:
 
 RUNTIME_FLAGS = {"page": "--page", "pyodide": "--pyodide", "wheels": "--wheels", "open": "--open", "token": "--token"}
 """The flags of the browser runtime and of a served store, which ``--api`` does not serve."""
-API_FLAGS = {"model_name": "--model-name", "context": "--context"}
+API_FLAGS = {"model_name": "--model-name", "context": "--context", "max_tokens": "--max-tokens", "lease": "--lease",
+             "unnamed_ttl": "--unnamed-ttl", "unnamed_max_bytes": "--unnamed-max-bytes",
+             "queue": "--queue"}
 """The flags only ``--api`` takes."""
 
 
@@ -39,6 +46,21 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         "model file's name without .gguf)")
     parser.add_argument("--context", type=int, default=None, help="with --api: most tokens of one conversation "
                         f"(default {DESKTOP.context}, or the model's context if smaller)")
+    parser.add_argument("--max-tokens", type=int, default=None, help="with --api: most tokens of a reply whose "
+                        f"request sets no max_tokens (default {DESKTOP.max_tokens}; never beyond the context)")
+    parser.add_argument("--lease", type=float, default=None, help="with --api and an object storage --store URL "
+                        "(replicas sharing one store): seconds a replica's claim of a conversation it writes runs "
+                        f"unless renewed (default {DEFAULT_LEASE_SECONDS:g}; renewed while it writes); another "
+                        f"replica takes over a killed one's conversations {CLOCK_SKEW_SECONDS:g} s after that")
+    parser.add_argument("--unnamed-ttl", type=float, default=None, metavar="SECONDS", help="with --api: delete a "
+                        "conversation no request named once it was last written this long ago (default "
+                        f"{DEFAULT_UNNAMED_TTL_S:g}, a day), at start and after each reply")
+    parser.add_argument("--unnamed-max-bytes", type=int, default=None, metavar="N", help="with --api: then delete "
+                        "the oldest conversations no request named while together they hold more than N bytes of "
+                        f"the store (default {DEFAULT_UNNAMED_MAX_BYTES}, 1 GiB)")
+    parser.add_argument("--queue", type=int, default=None, help="with --api: requests that may wait while as many "
+                        f"run as the cache holds conversations ({DESKTOP.sequences}); beyond them a request is "
+                        f"answered 503 with Retry-After (default {DEFAULT_QUEUE})")
 
 
 def check_flags(args: argparse.Namespace) -> None:
@@ -55,6 +77,17 @@ def check_flags(args: argparse.Namespace) -> None:
                              getattr(args, given[0].lstrip("-").replace("-", "_")))
 
 
+def _retention(args: argparse.Namespace) -> UnnamedRetention:
+    """The policy for conversations nobody named that ``--unnamed-ttl`` and ``--unnamed-max-bytes`` give;
+    FieldError naming the flag."""
+    given = {"ttl_s": args.unnamed_ttl, "max_bytes": args.unnamed_max_bytes}
+    try:
+        return UnnamedRetention(**{key: value for key, value in given.items() if value is not None})
+    except FieldError as exc:
+        flag = {"ttl_s": "--unnamed-ttl", "max_bytes": "--unnamed-max-bytes"}[exc.field]
+        raise FieldError(flag, exc.expected, exc.got) from None
+
+
 def _model_name(args: argparse.Namespace, path: Path) -> str:
     name = args.model_name if args.model_name is not None else path.name.removesuffix(".gguf")
     if not name or not name.isprintable() or any(c.isspace() for c in name) or len(name) > 256:
@@ -62,7 +95,8 @@ def _model_name(args: argparse.Namespace, path: Path) -> str:
     return name
 
 
-def _build(path: Path, store: str | None, name: str, config: "EngineConfig", context: int | None) -> "Engine":
+def _build(path: Path, store: str | None, name: str, config: "EngineConfig", context: int | None,
+           lease: float | None) -> "Engine":
     """The engine of ``config`` (run on the engine's own thread): the device opened, the model loaded (``--context``
     ``context`` no more than its context), the store opened."""
     from ..engine import Engine
@@ -74,7 +108,8 @@ def _build(path: Path, store: str | None, name: str, config: "EngineConfig", con
     loaded = load_model(path, device)
     if context is not None:
         check_context(context, loaded.model.max_context)
-    opened = open_location(store, read_only=False, new=True, field="--store") if store is not None else None
+    opened = (open_location(store, read_only=False, new=True, field="--store", lease_seconds=lease)
+              if store is not None else None)
     engine = Engine(loaded, device, store=opened, model_name=name, config=config)
     print(f"model loaded in {time.perf_counter() - start:.2f} s", file=sys.stderr, flush=True)
     return engine
@@ -92,16 +127,25 @@ def cmd_serve_api(args: argparse.Namespace) -> None:
     from ..server.api import make_api_server
     from ..server.static import check_model_file
 
-    config = engine_config(args, ("context",))
+    config = engine_config(args, ("context", "max_tokens"))
+    queue = DEFAULT_QUEUE if args.queue is None else check_int("--queue", args.queue, 0)
     path = check_model_file(args.model, "--model") if args.model is not None else default_model_path()
     name = _model_name(args, path)
+    if args.lease is not None:
+        check_lease_seconds("--lease", args.lease)
+        if args.store is None or args.store.partition("://")[0].lower() not in OBJECT_SCHEMES:
+            raise FieldError("--lease", "an object storage --store URL beside it (s3://bucket/prefix: the claims of a "
+                             "directory store are locks, held until released)", args.lease)
+    retention = _retention(args)
     if args.store is not None:
         check_store_target("--store", args.store)
     address = hosts.bind_address(args.host, args.port, args.allow_remote, field="--host", consent="--allow-remote")
     print(f"loading model {path} ...", file=sys.stderr, flush=True)
-    engine = worker.EngineWorker(lambda: _build(path, args.store, name, config, args.context))
+    engine = worker.EngineWorker(lambda: _build(path, args.store, name, config, args.context, args.lease),
+                                 queue=queue)
     try:
-        server = make_api_server(engine, host=args.host, port=args.port, allow_remote=args.allow_remote)
+        server = make_api_server(engine, host=args.host, port=args.port, allow_remote=args.allow_remote,
+                                 retention=retention)
         announce = f"kvckpt_web OpenAI-compatible API on {server.url}v1 (model {name!r}, Ctrl-C to stop)"
         serve_until_interrupted(server, address, lambda: print(announce, flush=True),
                                 exposure=lambda port: _exposure(args.host, port))

@@ -38,7 +38,7 @@ def is_url(location: str) -> bool:
 
 
 def open_location(location: str, *, read_only: bool, new: bool = False, field: str = "store",
-                  token: str | None = None) -> "Store":
+                  token: str | None = None, lease_seconds: float | None = None) -> "Store":
     """The checkpoint store at ``location``.
 
     * a directory path: a :class:`FileStore`; FormatError naming the path and what it holds unless it is a
@@ -49,6 +49,9 @@ def open_location(location: str, *, read_only: bool, new: bool = False, field: s
     * ``http://host:port/`` or ``https://``: an :class:`~kvckpt_web.stores.http.HTTPStore` of a store ``kvckpt
       serve --store`` serves, with bearer ``token`` (default: the variable :data:`TOKEN_VARIABLE`);
     * any other ``scheme://``: FieldError naming ``field`` and the scheme (never a directory of that name).
+
+    ``lease_seconds``, if given, is how long the claims of an object store run unless renewed (its default
+    otherwise); FieldError naming ``field`` for another store, whose claims are not leases it takes.
     """
     if not isinstance(location, str) or not location:
         raise FieldError(field, "a store directory or URL", location if isinstance(location, str) else
@@ -60,7 +63,11 @@ def open_location(location: str, *, read_only: bool, new: bool = False, field: s
         return HTTPStore(location, token=token if token is not None else os.environ.get(TOKEN_VARIABLE),
                          read_only=read_only)
     if is_url(location) and scheme in OBJECT_SCHEMES:
-        return ObjectStore.from_url(location, read_only=read_only)
+        leased = {} if lease_seconds is None else {"lease_seconds": lease_seconds}
+        return ObjectStore.from_url(location, read_only=read_only, **leased)
+    if lease_seconds is not None:
+        raise FieldError(field, f"an object storage URL ({', '.join(s + '://' for s in OBJECT_SCHEMES)}) with a "
+                         "lease: other stores' claims are not leases taken here", location)
     if is_url(location):
         schemes = ", ".join(s + "://" for s in OBJECT_SCHEMES + HTTP_SCHEMES)
         raise FieldError(field, f"a store directory or a URL of {schemes}", location,

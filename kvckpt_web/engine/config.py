@@ -32,7 +32,9 @@ class EngineConfig:
     ``sequences`` conversations and ``cache_tokens`` tokens in all (None: twice the context) in pages of
     ``page_size`` tokens; prompts are prefilled ``prefill_chunk`` tokens per forward; a reply is saved every
     ``autosave_every`` tokens, ``keep`` generations are kept, and checkpoints cut each layer into chunks of
-    ``chunk_tokens`` tokens, small enough that conversations sharing a prefix share its chunks.
+    ``chunk_tokens`` tokens, small enough that conversations sharing a prefix share its chunks. A reply whose
+    request gives no ``max_tokens`` stops after ``max_tokens`` tokens (or at the end of the context, if sooner):
+    never an unbounded reply filling a store.
     """
 
     context: int = 4096
@@ -43,10 +45,12 @@ class EngineConfig:
     autosave_every: int = 32
     keep: int = DEFAULT_KEEP
     chunk_tokens: int = 256
+    max_tokens: int = 1024
 
     def __post_init__(self) -> None:
         check_int("context", self.context, 2)
-        for name in ("sequences", "page_size", "prefill_chunk", "autosave_every", "keep", "chunk_tokens"):
+        for name in ("sequences", "page_size", "prefill_chunk", "autosave_every", "keep", "chunk_tokens",
+                     "max_tokens"):
             check_int(name, getattr(self, name), 1)
         if self.cache_tokens is not None:
             check_int("cache_tokens", self.cache_tokens, self.context)

@@ -27,6 +27,7 @@ from ..generation.app_state import StopRules
 from ..generation.autosave import Autosave
 from ..generation.conversation import Conversation
 from ..generation.generator import Generator
+from ..generation.json_constraint import Vocabulary
 from ..generation.resume import resume
 from ..model.protocol import MAX_TOP_LOGPROBS, TokenLogprob
 from ..model.sampler import MAX_SEED, Sampler, SamplingSettings
@@ -39,6 +40,7 @@ from .record import ChatExtra
 from .request import ChatRequest, CompletionRequest
 from .responses import ChatChunk, ChatCompletion, ChatStream, TokenLogprobs
 from .placement import Placement
+from .scheduler import Scheduler
 from .slots import Slot, Slots
 from .sources import Sources
 from .turn import Turn, committed
@@ -58,7 +60,8 @@ class Engine:
 
     ``config`` sets its context, cache and autosaves (:class:`EngineConfig`, default its ``desktop`` preset);
     :attr:`config` is what it runs with (the context no more than the model's). The cache evicts the least
-    recently used idle conversation when full (its K/V are committed to the store already).
+    recently used idle conversation when full, once its K/V are committed to the store (an unfinished reply whose
+    save had failed is saved first), never one whose reply is running.
 
     ``progress(phase, done, total)`` hears how a prompt's prefill (phase "prefill") or a resume's replay of
     tokens whose K/V could not be used ("replay") advances; ``on_save(conversation, result)`` hears of each
@@ -78,6 +81,8 @@ class Engine:
         self.on_save = check_callable("on_save", on_save)
         self.on_save_error = check_callable("on_save_error", on_save_error)
         self.model, self.codec = loaded.model, loaded.text
+        #: The model's tokens as replies held to a JSON response_format are checked against (read on first use).
+        self.vocabulary = Vocabulary(self.codec.token_pieces)
         self.model_name = model_name
         #: The settings it runs with: ``config`` with the context no more than the model's.
         self.config = config = config.fitted(self.model.max_context)
@@ -90,6 +95,8 @@ class Engine:
         self.slots = Slots(self.cache, config.sequences, self.model.identity, store, self.ledger)
         self.scope = f"{self.model.identity}/{self.cache.get_layout_hash()}/{self.model.kernels}"
         self.cache_lock = CacheLock()
+        #: Steps every running reply together (continuous batching).
+        self.scheduler = Scheduler(self.model, self.cache, self.cache_lock)
         index = PrefixIndex(store, self.scope, config.page_size) if store is not None else None
         self.sources = Sources(self.slots, store, index, config.page_size, self._reply_text, self.model.identity)
         self.placement = Placement(self.slots, self.sources, store, self.model.identity)
@@ -104,7 +111,8 @@ class Engine:
 
         ``settings`` are :class:`ChatRequest`'s (``max_tokens``, ``temperature``, ``top_p``, ``top_k``,
         ``seed``, ``stop``, ``repetition_penalty``, ``presence_penalty``, ``frequency_penalty``, ``cache_prompt``,
-        ``conversation``). Bad input and a prompt the context cannot answer raise here, before anything changes.
+        ``conversation``, ``response_format``, ``store``). Bad input and a prompt the context cannot answer raise
+        here, before anything changes.
         """
         return await self.create(ChatRequest(messages, **settings), stream=stream)
 
@@ -134,7 +142,7 @@ class Engine:
                 or _new_name("completion" if completion else "chat"))
         warnings: list[str] = []
         conversation = await self.placement.conversation_of(name, warnings)
-        max_tokens = min(request.max_tokens or self.context, self.context - len(prompt.tokens))
+        max_tokens = min(request.max_tokens or self.config.max_tokens, self.context - len(prompt.tokens))
         slot, source, restore_s = await self.placement.kv_for(name, prompt.tokens, request.cache_prompt, max_tokens,
                                                               warnings)
         gen, extra = await self._start(request, prompt, name, slot, source.length, max_tokens, conversation)
@@ -142,6 +150,8 @@ class Engine:
         slot.named = request.conversation is not None
         turn = self._track(Turn(gen, slot, extra.completion_id, extra.created, len(prompt.tokens), source.length,
                                 restore_s, started, warnings=tuple(warnings), text_completion=completion))
+        if gen.last_save is not None:  # its messages, committed as it started: before the first token
+            turn.save_s = turn.save_before_s = gen.last_save.seconds
         return turn
 
     async def _prompt(self, request: ChatRequest | CompletionRequest) -> Prompt:
@@ -182,9 +192,12 @@ class Engine:
             gen = await Generator.start(
                 self.model, self.cache, prompt.tokens, sampling,
                 stop=StopRules(max_tokens, self.codec.eos_ids, request.stop), seq_id=slot.seq_id,
-                prefill_chunk=self.prefill_chunk, autosave=self._autosave(name), decode=self.codec.decode,
+                prefill_chunk=self.prefill_chunk, autosave=self._autosave(name) if request.store else None,
+                decode=self.codec.decode,
                 progress=self.progress, kv_length=kv_length, replies=prompt.replies, extra=extra.to_json(),
-                conversation=conversation, context=self.context, save_first=True, **self._save_callbacks(name))
+                conversation=conversation, context=self.context, save_first=True,
+                response_format=request.response_format if isinstance(request, ChatRequest) else None,
+                vocabulary=self.vocabulary, **self._save_callbacks(name))
         except BaseException:
             await self.slots.drop(slot)
             raise
@@ -201,6 +214,7 @@ class Engine:
         turn.slot.busy = True
         turn.slot.gen = turn.gen
         self._turns.append(turn)
+        self.scheduler.admit(turn.gen)
         return turn
 
     def _save_callbacks(self, name: str) -> dict[str, Any]:
@@ -210,11 +224,13 @@ class Engine:
                 "on_save_error": None if on_save_error is None else lambda exc: on_save_error(name, exc)}
 
     def _saved(self, name: str, result: SaveResult) -> None:
-        """Conversation ``name`` committed ``result``: its reply's saves after the first token are timed apart, the
-        prefix index learns the checkpoint's tokens, and ``on_save`` hears of it."""
+        """Conversation ``name`` committed ``result``: its reply's time is told apart from its saves, the prefix index
+        learns the checkpoint's tokens, and ``on_save`` hears of it."""
         for turn in self._turns:
-            if turn.slot.conversation == name and turn.first_token_at is not None:
+            if turn.slot.conversation == name:
                 turn.save_s += result.seconds
+                if turn.first_token_at is None:
+                    turn.save_before_s += result.seconds
         if result.prefix_record is not None:
             self.sources.index.note(result.prefix_record)
         if self.on_save is not None:
@@ -231,8 +247,7 @@ class Engine:
                                 text_completion=kind)
                 first = False
             while gen.finish_reason is None and not turn.interrupted:
-                async with self.cache_lock.hold():
-                    event = await gen.step()
+                event = await self.scheduler.step(gen)
                 if event is None:
                     continue
                 now = time.perf_counter()
@@ -247,8 +262,9 @@ class Engine:
                 first = False
             await self._save_stopped(gen)
             yield ChatChunk(turn.completion_id, turn.created, model_name, name,
-                            finish_reason=_FINISH.get(gen.finish_reason, "abort"), usage=turn.usage(),
-                            first=first, warnings=turn.warnings if first else (), text_completion=kind)
+                            finish_reason=_FINISH.get(gen.finish_reason, "abort"),
+                            usage=turn.usage(time.perf_counter()), first=first,
+                            warnings=turn.warnings if first else (), text_completion=kind)
         finally:
             if not gen.failed:  # a consumer that went away stops the reply as an interrupt does
                 try:
@@ -284,6 +300,7 @@ class Engine:
         slot, gen = turn.slot, turn.gen
         if turn in self._turns:
             self._turns.remove(turn)
+        self.scheduler.retire(gen)
         slot.busy = False
         if gen.failed:  # its K/V may hold part of a forward: nothing can follow it
             await self.slots.drop(slot)
@@ -295,10 +312,14 @@ class Engine:
         slot.committed = committed(gen)
         self.slots.touch(slot)
 
-    def interrupt(self) -> None:
-        """Stop every reply being generated after its current token; each stays resumable (:meth:`resume`)."""
+    def interrupt(self, name: str | None = None) -> None:
+        """Stop the reply being generated in conversation ``name`` after its current token (nothing if none is), or
+        without ``name`` every reply; each stays resumable (:meth:`resume`)."""
+        if name is not None and not isinstance(name, str):
+            raise FieldError("name", "a conversation's name or None", type(name).__name__)
         for turn in self._turns:
-            turn.interrupted = True
+            if name is None or turn.slot.conversation == name:
+                turn.interrupted = True
 
     def _reply_text(self, ids: list[int]) -> str:
         ended = bool(ids) and ids[-1] in self.codec.eos_ids
@@ -343,7 +364,8 @@ class Engine:
             await self.slots.reserve(self.context, keep=())
             gen = await resume(self.store, name, self.model, self.cache, seq_id=seq_id, generation=record.generation,
                                autosave=self._autosave(name), decode=self.codec.decode, context=self.context,
-                               progress=self.progress, ledger=self.ledger, **self._save_callbacks(name))
+                               progress=self.progress, ledger=self.ledger, vocabulary=self.vocabulary,
+                               **self._save_callbacks(name))
             restore_s = gen.resume_report.restore_s + gen.resume_report.replay_s
             slot = self.slots.add(Slot(seq_id, gen.tokens, gen.kv_length, conversation=name))
         extra = ChatExtra.from_json(gen.extra)

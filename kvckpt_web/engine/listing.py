@@ -53,15 +53,24 @@ def describe(name: str, record: ChatRecord | None, identity: str, reply_text: Ca
             chat = ChatExtra.from_json(gen.extra)
         except KVCkptError as exc:
             return ConversationInfo(name, error=str(exc))
-        reply = (Message("assistant", reply_text(gen.generated_tokens)),) if gen.generated_tokens else ()
-        return ConversationInfo(name, title_of(chat), (*chat.messages, *reply), len(gen.tokens), None,
+        messages = _with_reply(chat.messages, reply_text(gen.generated_tokens) if gen.generated_tokens else None)
+        return ConversationInfo(name, title_of(chat), messages, len(gen.tokens), None,
                                 gen.finish_reason is not None, gen.finish_reason, True, chat.settings,
                                 prompt=chat.prompt)
     if record is None:
         return ConversationInfo(name, error="its newest checkpoint cannot be read as a chat conversation")
     same = record.saved.model == identity
-    messages = record.chat.messages
-    if same and record.saved.generated:
-        messages = (*messages, Message("assistant", reply_text(record.saved.generated)))
+    messages = _with_reply(record.chat.messages, reply_text(record.saved.generated)
+                           if same and record.saved.generated else None)
     return ConversationInfo(name, record.title, messages, len(record.tokens), record.created_ms, record.finished,
                             record.saved.finish_reason, same, record.chat.settings, prompt=record.chat.prompt)
+
+
+def _with_reply(messages: tuple[Message, ...], reply: str | None) -> tuple[Message, ...]:
+    """``messages`` and the ``reply`` to them (None: none yet): a last assistant message (a prefill) continued by
+    it, else a message of its own."""
+    if reply is None:
+        return messages
+    if messages and messages[-1].role == "assistant":
+        return (*messages[:-1], Message("assistant", messages[-1].content + reply))
+    return (*messages, Message("assistant", reply))

@@ -7,7 +7,7 @@ from __future__ import annotations
 import time
 from typing import TYPE_CHECKING
 
-from ..errors import ConflictError, FieldError, KVCkptError
+from ..errors import CapacityError, ConflictError, FieldError, KVCkptError
 from ..generation.conversation import Conversation
 from .slots import UNUSABLE_KV, PrefixSource, Slot, Slots
 from .sources import Sources
@@ -41,13 +41,20 @@ class Placement:
 
     async def _place(self, name: str, tokens: list[int], room: int, warnings: list[str]) -> tuple[Slot, PrefixSource]:
         """A slot for conversation ``name`` (room for ``room`` tokens) holding the longest prefix of ``tokens``
-        whose K/V can be had. A checkpoint whose K/V cannot be used (a damaged or missing chunk or manifest) is
+        whose K/V can be had. Where the only idle slot is the one holding that prefix, it is evicted and the next
+        longest prefix used. A checkpoint whose K/V cannot be used (a damaged or missing chunk or manifest) is
         passed over for the next longest prefix, or none (the prompt is prefilled): ``warnings`` says so."""
         unusable: dict[tuple[str, int], KVCkptError] = {}
         while True:
             source = await self.sources.longest_prefix(tokens, skip=unusable) if tokens else PrefixSource(0)
             try:
                 slot = await self.slots.place(name, source, room)
+            except CapacityError:
+                held = source.slot
+                if held is None or held.busy or not held.committed:
+                    raise
+                await self.slots.drop(held)  # the one sequence to be had holds the prefix: take it, prefix or not
+                continue
             except UNUSABLE_KV as exc:
                 if source.record is None:
                     raise

@@ -22,9 +22,10 @@ if TYPE_CHECKING:
 
 __all__ = ["KnownReply", "Prompt", "build_prompt", "raw_prompt"]
 
-KnownReply = Callable[[list[int], str], Awaitable["list[int] | None"]]
-"""``known(prefix, text)``: the ids of a reply the engine generated right after the token ids ``prefix`` whose
-text is ``text``, or None."""
+KnownReply = Callable[[list[int], str], Awaitable["tuple[list[int], int] | None"]]
+"""``known(prefix, text)``: the ids of an assistant's turn the engine wrote right after the token ids ``prefix`` whose
+text is ``text``, and how many of them lead its generated ids (a prefill the reply continued; 0 for a whole reply),
+or None."""
 
 
 @dataclass(frozen=True)
@@ -38,7 +39,8 @@ class Prompt:
 
 async def build_prompt(codec: "ChatCodec", messages: Sequence[Message], known: KnownReply,
                        max_tokens: int | None = None) -> Prompt:
-    """The prompt of ``messages`` (checked already), ending with the opening of the assistant's turn.
+    """The prompt of ``messages`` (checked already), ending with the opening of the assistant's turn, or, where the
+    last message is the assistant's, with that turn left open after its text, for the reply to continue it.
 
     With ``max_tokens``, a prompt longer than that is refused (FieldError naming ``prompt``) as soon as encoding
     shows it, without encoding the rest: a huge message costs no more than the context it cannot fit in.
@@ -47,20 +49,27 @@ async def build_prompt(codec: "ChatCodec", messages: Sequence[Message], known: K
     replies: list[tuple[int, int]] = []
     closing = len(codec.reply_opening())
     previous = None
-    for message in messages:
+    prefill = messages[-1] if messages[-1].role == "assistant" else None
+    for message in messages[:-1] if prefill is not None else messages:
         if message.role == "assistant":
             opening = tokens + codec.reply_opening()
-            ids = await known(opening, message.content)
-            if ids is not None:
+            found = await known(opening, message.content)
+            # a prefill before the generated ids is text: an end of turn among them is another turn's
+            if found is not None and not any(t in codec.eos_ids for t in found[0][:found[1]]):
+                ids, prefilled = found
                 ended = bool(ids) and ids[-1] in codec.eos_ids
                 tokens = opening + ids[:len(ids) - ended] + codec.reply_closing()
-                replies.append((len(opening), len(opening) + len(ids)))
+                replies.append((len(opening) + prefilled, len(opening) + len(ids)))
                 previous = message.role
                 continue
         room = None if max_tokens is None else max(0, max_tokens - len(tokens) - closing)
         tokens += codec.encode_message(message.role, message.content, previous=previous, max_tokens=room)
         previous = message.role
-    tokens += codec.reply_opening()
+    if prefill is None:
+        tokens += codec.reply_opening()
+    else:
+        room = None if max_tokens is None else max(0, max_tokens - len(tokens))
+        tokens += codec.encode_prefill(prefill.content, previous=previous, max_tokens=room)
     if max_tokens is not None and len(tokens) > max_tokens:
         raise FieldError("prompt", f"at most {max_tokens} tokens", f"{len(tokens)} tokens")
     return Prompt(tokens, replies)

@@ -2,11 +2,11 @@
 (:class:`ChatChunk`), with the :class:`Usage` of the call; ``to_openai()`` gives OpenAI's wire format: a chat's
 ``chat.completion`` (``chat.completion.chunk``), or a plain completion's ``text_completion``.
 
-Beyond OpenAI's fields, ``usage`` carries ``timings`` (seconds of restoring K/V, of prefill and of decode,
-measured once the GPU work has finished, and the rates they give), and a top-level ``kvckpt`` object names
-the conversation the reply is saved under and the reply's token ids, and, only when there are some,
-``warnings``: what the reply did without (K/V in the store that could not be used, and what was done instead).
-Clients that do not know them ignore them.
+Beyond OpenAI's fields, ``usage`` carries ``timings`` (seconds of restoring K/V, of prefill, of saves and of
+decode, measured once the GPU work has finished and adding up to the call's time, and the rates they give), and
+a top-level ``kvckpt`` object names the conversation the reply is saved under and the reply's token ids, and,
+only when there are some, ``warnings``: what the reply did without (K/V in the store that could not be used, and
+what was done instead). Clients that do not know them ignore them.
 """
 
 from __future__ import annotations
@@ -27,20 +27,25 @@ limit or the context, an interrupt (the reply stays resumable)."""
 
 @dataclass(frozen=True)
 class Timings:
-    """Where the time of one call went, measured when the GPU work had finished."""
+    """Where the time of one call went, measured when the GPU work had finished: ``restore_s + prefill_s + save_s +
+    decode_s`` is the time from the call to its last chunk."""
 
     restore_s: float = 0.0
     """Reading, verifying and importing K/V from the store (a persistent prefix hit or a resume)."""
     prefill_s: float = 0.0
-    """Running the prompt tokens the cache did not hold."""
+    """Running the prompt tokens the cache did not hold, to the first token (its saves apart)."""
     decode_s: float = 0.0
-    """Generating the reply after its first token (which the prefill produced)."""
+    """Generating the reply after its first token (which the prefill produced), its saves apart."""
     prefill_tokens: int = 0
     decode_tokens: int = 0
+    save_s: float = 0.0
+    """Committing the reply's checkpoints to the store (each timed once the device had run the work queued before
+    it, which is the prefill's or the decode's); 0 without a store."""
 
     def to_json(self) -> dict[str, Any]:
         rate = lambda n, s: n / s if n and s > 0 else None  # noqa: E731
-        return {"restore_s": self.restore_s, "prefill_s": self.prefill_s, "decode_s": self.decode_s,
+        return {"restore_s": self.restore_s, "prefill_s": self.prefill_s, "save_s": self.save_s,
+                "decode_s": self.decode_s,
                 "prefill_tokens_per_s": rate(self.prefill_tokens, self.prefill_s),
                 "decode_tokens_per_s": rate(self.decode_tokens, self.decode_s)}
 

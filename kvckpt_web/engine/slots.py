@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 
 from ..durable.restore import restore
 from ..errors import (CapacityError, ConflictError, CorruptionError, FieldError, FormatError, MetadataError,
-                      NotFoundError, UnusableCheckpointError)
+                      NotFoundError, StoreError, UnusableCheckpointError)
 from ..generation.app_state import parse_app_state
 
 if TYPE_CHECKING:
@@ -207,10 +207,10 @@ class Slots:
             await self._evict_one(keep, f"room for {tokens} tokens")
 
     async def _evict_one(self, keep: tuple[Slot, ...], wanted: str) -> None:
-        """Drop the least recently used idle, committed slot not in ``keep``; CapacityError (saying ``wanted``)
-        if there is none."""
+        """Drop the least recently used idle slot not in ``keep`` whose state is in the store: committed, or an
+        unfinished reply saved now (one whose save had failed); CapacityError (saying ``wanted``) if there is none."""
         for slot in self.eviction_order():
-            if slot not in keep and slot.committed:
+            if slot not in keep and (slot.committed or await _saved_now(slot)):
                 await self.drop(slot)
                 return
         raise CapacityError(f"cache: expected {wanted} after evicting idle conversations, got none evictable "
@@ -223,3 +223,17 @@ class Slots:
         if slot.seq_id in self.cache.sequence_ids():
             self.cache.remove_sequence(slot.seq_id)
         self.remove(slot)
+
+
+async def _saved_now(slot: Slot) -> bool:
+    """Save the unfinished reply ``slot`` holds (its generator still open, its state not in the store): whether it
+    is committed now."""
+    gen = slot.gen
+    if gen is None or gen.closed or gen.failed or gen.finished:
+        return False
+    try:
+        await gen.save()
+    except (StoreError, OSError):
+        return False
+    slot.committed = True
+    return True

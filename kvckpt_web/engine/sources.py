@@ -218,15 +218,16 @@ class Sources:
                 return record.name
         return None
 
-    async def known_reply(self, prefix: list[int], text: str) -> list[int] | None:
-        """The generated ids of a reply that followed exactly ``prefix`` and reads ``text``, from a slot or a
-        checkpoint; None if no source holds one."""
+    async def known_reply(self, prefix: list[int], text: str) -> tuple[list[int], int] | None:
+        """The ids of an assistant's turn that followed exactly ``prefix`` and reads ``text``, from a slot or a
+        checkpoint, and how many of them came before its generated ids (the prefill a reply continued: the ids
+        after ``prefix`` up to the first reply's generated ids); None if no source holds one."""
         spans: list[tuple[list[int], list[tuple[int, int]]]] = [(s.tokens, s.replies) for s in self.slots]
         spans += [(r.tokens, r.replies) for r in await self._candidates(prefix)]
         for tokens, replies in spans:
-            for start, end in replies:
-                if start == len(prefix) and tokens[:start] == prefix:
-                    ids = tokens[start:end]
-                    if self._decode_reply(ids) == text:
-                        return ids
+            start, end = next(((a, b) for a, b in replies if a >= len(prefix)), (-1, -1))
+            if start >= 0 and tokens[:len(prefix)] == prefix:
+                ids = tokens[len(prefix):end]
+                if self._decode_reply(ids) == text:
+                    return ids, start - len(prefix)
         return None

@@ -30,7 +30,9 @@ class Turn:
     first_token_at: float | None = None
     last_token_at: float | None = None
     save_s: float = 0.0
-    """Seconds of saves after the first token was out (those before it are part of the wait for it)."""
+    """Seconds of the reply's saves (each timed once the device had run the work queued before it)."""
+    save_before_s: float = 0.0
+    """Of :attr:`save_s`, the saves before the first token was out (the first token's own save included)."""
     interrupted: bool = False
     made: int = 0
     """Tokens this call generated (a resumed reply's earlier tokens not counted)."""
@@ -40,17 +42,16 @@ class Turn:
     text_completion: bool = False
     """A plain completion's turn (its prompt a raw text), not a chat's reply."""
 
-    def usage(self) -> Usage:
-        """The call's usage: its token counts, and where its time went. The prefill is the wait for the first token
-        after the restore, saves made meanwhile included: a save's readback may wait for the queued prefill (in the
-        browser it does), so its own time cannot be told apart. Saves after the first token are left out of the
-        decode."""
+    def usage(self, ended: float) -> Usage:
+        """The call's usage when it ``ended`` (a reading of the clock ``started`` was read from): its token counts,
+        and where its time went, the restore, the prefill (the wait for the first token less the restore and the
+        saves), the saves and the decode (the rest) adding up to ``ended - started``."""
         gen = self.gen
-        first, last = self.first_token_at, self.last_token_at
-        prefill_s = (first - self.started - self.restore_s) if first is not None else 0.0
-        decode_s = max(0.0, (last - first) - self.save_s) if first is not None and last is not None else 0.0
-        timings = Timings(self.restore_s, max(0.0, prefill_s), decode_s,
-                          self.prompt_tokens - self.cached_tokens, max(0, self.made - 1))
+        first = self.first_token_at if self.first_token_at is not None else ended
+        prefill_s = first - self.started - self.restore_s - self.save_before_s
+        decode_s = ended - first - (self.save_s - self.save_before_s)
+        timings = Timings(self.restore_s, max(0.0, prefill_s), max(0.0, decode_s),
+                          self.prompt_tokens - self.cached_tokens, max(0, self.made - 1), save_s=self.save_s)
         return Usage(self.prompt_tokens, len(gen.generated_tokens), self.cached_tokens, timings)
 
 

@@ -21,14 +21,18 @@ from ..checks import check_each, check_int, type_name
 from ..errors import FieldError, FormatError, is_int
 from ..model.sampler import Sampler
 from .conversation import Conversation
+from .json_schema import response_shape
 
-__all__ = ["APP_FORMAT", "APP_VERSION", "FINISH_REASONS", "SavedGeneration", "StopRules", "check_replies",
+__all__ = ["APP_FORMAT", "APP_VERSION", "CONSTRAINED_VERSION", "FINISH_REASONS", "SavedGeneration", "StopRules", "check_replies",
            "check_token_ids", "parse_app_state", "resume_limits"]
 
 APP_FORMAT = "kvckpt.generation"
 """The ``format`` tag of a generation's ``app_state``."""
 APP_VERSION = 1
-"""The ``version`` of the ``app_state`` schema this module writes and reads."""
+"""The ``version`` of the ``app_state`` schema this module writes for a reply of free text (and reads)."""
+CONSTRAINED_VERSION = 2
+"""The ``version`` it writes for a reply held to a ``response_format`` (and reads): a reader of version 1 alone
+would resume such a reply unconstrained, so it must refuse it."""
 FINISH_REASONS = ("eos", "stop", "length", "context")
 """Why a generation ended: an end-of-sequence id, a stop string, ``max_tokens``, the context is full."""
 
@@ -96,6 +100,8 @@ class SavedGeneration:
     autosave_keep: int | None = None
     replies: list[tuple[int, int]] = dataclasses.field(default_factory=list)
     extra: dict[str, Any] = dataclasses.field(default_factory=dict)
+    response_format: dict[str, Any] | None = None
+    """OpenAI's ``response_format`` the reply is held to (None: free text)."""
 
     def to_json(self) -> dict[str, Any]:
         """The ``app_state`` a generation saves with its K/V.
@@ -110,9 +116,11 @@ class SavedGeneration:
         without them still resumes (a conversation of unknown id, the caller's or default settings).
         ``replies`` (``[start, end)`` of each earlier reply's generated ids in the prompt: those tokens ran one per
         forward call) say how earlier turns ran, for a replay; ``extra`` is the caller's own JSON object, kept as it
-        is (both left out when empty).
+        is (both left out when empty). ``response_format`` (left out when None, and then the version is 1, else 2)
+        is the JSON format the reply is held to: a resumed reply is held to it too.
         """
-        state = {"format": APP_FORMAT, "version": APP_VERSION, "model": self.model,
+        version = APP_VERSION if self.response_format is None else CONSTRAINED_VERSION
+        state = {"format": APP_FORMAT, "version": version, "model": self.model,
                  "prompt_tokens": list(self.prompt), "generated_tokens": list(self.generated),
                  "kv_length": self.kv_length, "prefill_chunk": self.prefill_chunk, "sampler": self.sampler.to_json(),
                  "stop": self.stop.to_json(), "finish_reason": self.finish_reason}
@@ -125,6 +133,8 @@ class SavedGeneration:
             state["replies"] = [list(r) for r in self.replies]
         if self.extra:
             state["extra"] = self.extra
+        if self.response_format is not None:
+            state["response_format"] = self.response_format
         return state
 
     def call_end(self, position: int, target: int) -> int:
@@ -149,8 +159,8 @@ def parse_app_state(app_state: Any) -> SavedGeneration:
     if app_state.get("format") != APP_FORMAT:
         raise FormatError("app_state.format", repr(APP_FORMAT), app_state.get("format"),
                           "the checkpoint was not written by a generation")
-    if app_state.get("version") != APP_VERSION:
-        raise FormatError("app_state.version", APP_VERSION, app_state.get("version"))
+    if app_state.get("version") not in (APP_VERSION, CONSTRAINED_VERSION):
+        raise FormatError("app_state.version", f"{APP_VERSION} or {CONSTRAINED_VERSION}", app_state.get("version"))
     try:
         prompt = check_token_ids("app_state.prompt_tokens", app_state.get("prompt_tokens"))
         generated = check_token_ids("app_state.generated_tokens", app_state.get("generated_tokens"))
@@ -186,9 +196,19 @@ def parse_app_state(app_state: Any) -> SavedGeneration:
         replies = check_replies("app_state.replies", app_state.get("replies", []), len(prompt))
     except FieldError as exc:
         raise FormatError(exc.field, exc.expected, exc.got) from None
+    response_format = app_state.get("response_format")
+    if (response_format is None) != (app_state["version"] == APP_VERSION):
+        raise FormatError("app_state.response_format", f"present exactly in version {CONSTRAINED_VERSION}",
+                          "present" if response_format is not None else "absent")
+    if response_format is not None:
+        try:
+            if response_shape(response_format) is None:
+                raise FieldError("response_format", "a JSON response format", response_format)
+        except FieldError as exc:
+            raise FormatError(f"app_state.{exc.field}", exc.expected, exc.got) from None
     return SavedGeneration(model, prompt, generated, kv_length, prefill_chunk, sampler,
                            StopRules.from_json(app_state.get("stop"), "app_state.stop"), reason, conversation, context,
-                           every, keep, replies, extra)
+                           every, keep, replies, extra, response_format)
 
 
 def check_replies(field_name: str, replies: Any, prompt_length: int) -> list[tuple[int, int]]:

@@ -41,6 +41,7 @@ from ..model.sampler import Sampler, SamplingSettings
 from .app_state import SavedGeneration, StopRules, check_replies, check_token_ids
 from .autosave import DEFAULT_AUTOSAVE_EVERY, Autosave
 from .conversation import Conversation, check_owner
+from .json_constraint import JsonConstraint, Vocabulary
 from .reply_text import ReplyText
 from .results import GenerationResult, ResumeReport, TokenEvent
 
@@ -76,7 +77,8 @@ class Generator:
     def __init__(self, model: CausalLM, cache: "PagedKVCache", seq_id: int, saved: SavedGeneration, *,
                  autosave: Autosave | None, decode: Callable[[Sequence[int]], str] | None,
                  on_token: Callable[[TokenEvent], None] | None, on_save: Callable[[SaveResult], None] | None,
-                 on_save_error: Callable[[Exception], None] | None, progress: Progress | None) -> None:
+                 on_save_error: Callable[[Exception], None] | None, progress: Progress | None,
+                 vocabulary: Vocabulary | None = None) -> None:
         self.model = model
         self.cache = cache
         self.seq_id = seq_id
@@ -108,6 +110,13 @@ class Generator:
         if saved.stop.stop_strings and decode is None:
             raise FieldError("stop_strings", "a decode function to match them against", "none")
         self._text = ReplyText(decode, saved.stop)
+        self.constraint: JsonConstraint | None = None
+        """What holds the reply to its ``response_format`` (None: free text)."""
+        if saved.response_format is not None:
+            if vocabulary is None:
+                raise FieldError("vocabulary", "the model's token vocabulary, to hold the reply to its response_format",
+                                 "none")
+            self.constraint = JsonConstraint(saved.response_format, vocabulary, saved.stop.eos_ids)
         if saved.generated:
             self._text.push(saved.generated, saved.finish_reason is not None)
 
@@ -121,7 +130,9 @@ class Generator:
                     on_save_error: Callable[[Exception], None] | None = None,
                     progress: Progress | None = None, kv_length: int = 0, replies: Sequence[tuple[int, int]] = (),
                     extra: dict[str, Any] | None = None, conversation: Conversation | None = None,
-                    context: int | None = None, save_first: bool = False) -> "Generator":
+                    context: int | None = None, save_first: bool = False,
+                    response_format: dict[str, Any] | None = None,
+                    vocabulary: Vocabulary | None = None) -> "Generator":
         """A generation of ``prompt`` (token ids) in sequence ``seq_id`` of ``cache``: a new sequence, or with
         ``kv_length`` > 0 the existing one, which holds the K/V of ``prompt[:kv_length]`` (an earlier turn's,
         or a prefix restored or forked), so only the rest is prefilled.
@@ -139,6 +150,8 @@ class Generator:
         crash during it keeps them; a failure in the store goes to ``on_save_error``), and that save's own check
         of the name, at its commit under the store's lock, is the check of the conversation it holds.
         ``on_save_error`` hears of each autosave that failed (generation goes on; see :meth:`step`).
+        ``response_format`` (OpenAI's, a JSON one; None: free text) holds the reply to a JSON value of its shape
+        (:mod:`~kvckpt_web.generation.json_constraint`, over the tokens of ``vocabulary``), resumed replies too.
         """
         check_run_options(model, cache, seq_id, autosave)
         check_instance("sampler", sampler, (Sampler, SamplingSettings), "a Sampler or SamplingSettings")
@@ -169,9 +182,10 @@ class Generator:
             sampler = Sampler(sampler)
         saved = SavedGeneration(model.identity, prompt, [], kv_length, chunk, sampler, stop, None,
                                 conversation or Conversation.new(), context,
-                                replies=check_replies("replies", replies, len(prompt)), extra=dict(extra or {}))
+                                replies=check_replies("replies", replies, len(prompt)), extra=dict(extra or {}),
+                                response_format=response_format)
         gen = cls(model, cache, seq_id, saved, autosave=autosave, decode=decode, on_token=on_token,
-                  on_save=on_save, on_save_error=on_save_error, progress=progress)
+                  on_save=on_save, on_save_error=on_save_error, progress=progress, vocabulary=vocabulary)
         await gen._hold_name(check=not save_first)
         try:
             if not kv_length:
@@ -317,6 +331,11 @@ class Generator:
                 self.on_save_error(exc)
 
     @property
+    def closed(self) -> bool:
+        """Whether :meth:`close` released the autosave name: the generator steps and saves no more."""
+        return self._closed
+
+    @property
     def failed(self) -> bool:
         """Whether a step failed part-way (a forward, or the pick of the token after it): the sequence may hold K/V
         the known tokens do not account for, and this generator cannot go on or save (resume its last checkpoint)."""
@@ -334,39 +353,56 @@ class Generator:
         try:
             logits = await self.model.forward(self.cache, self.seq_id, tokens)
         except BaseException as exc:
-            # refused before it touched the sequence (an import in progress, no free page): the step can be
-            # taken again; otherwise the sequence may hold part of this forward and nothing can follow it
-            if self.cache.closed or self.cache.sequence_state(self.seq_id) != before:
-                self._failed = exc
+            self.forward_failed(exc, before)
             raise
-        self.saved.kv_length += len(tokens)
         return logits
 
+    def forward_failed(self, exc: BaseException, before: object) -> None:
+        """The forward of :meth:`next_run` raised ``exc``; ``before`` is the sequence's
+        :meth:`~kvckpt_web.kv.cache.PagedKVCache.sequence_state` from before it. Refused before it touched the
+        sequence (an import in progress, no free page), the step can be taken again; otherwise the sequence may hold
+        part of that forward and nothing can follow it (:attr:`failed`)."""
+        if self.cache.closed or self.cache.sequence_state(self.seq_id) != before:
+            self._failed = exc
+
     async def _pick(self, logits: Logits) -> int:
+        if self.constraint is not None:
+            return await self.constraint.pick(logits, self.saved.sampler, self.tokens, self.generated_tokens,
+                                              self.model.vocab_size)
         return await choose(logits, self.saved.sampler, self.tokens, self.generated_tokens)
 
-    async def step(self) -> TokenEvent | None:
-        """Run the next forward (a prefill chunk or the pending token); the token it produced, if any.
-
-        Autosaves when due; a save that fails in the store (StoreError, OSError) is reported to
-        ``on_save_error`` and kept in ``save_error``, and the generation goes on. A save refused because the name is
-        no longer this reply's (another writer took its claim over, or committed another conversation there) raises
-        ConflictError: nothing is saved under the name any more."""
+    async def next_run(self) -> list[int]:
+        """The tokens the next step runs after the K/V the sequence holds (the rest of the prefill chunk, or the
+        pending token); none once finished. A scheduler runs them (in one forward, alone or with other sequences')
+        and hands their logits to :meth:`take`. With autosave, it first renews the name's claim when due (a lease
+        past half its time), so it holds between saves for as long as the reply runs; ConflictError, before the step
+        runs, if another writer took it over."""
         self._check_usable()
         if self.finish_reason is not None:
-            return None
+            return []
+        if self.autosave is not None:
+            await self.autosave.store.renew_claim(self.autosave.name)
         prompt_len = len(self.prompt_tokens)
         if self.kv_length < prompt_len:
             end = min(prompt_len, (self.kv_length // self.saved.prefill_chunk + 1) * self.saved.prefill_chunk)
-            logits = await self._forward(self.prompt_tokens[self.kv_length:end])
+            return self.prompt_tokens[self.kv_length:end]
+        return [self.generated_tokens[-1]]
+
+    async def take(self, ran: list[int], logits: Logits) -> TokenEvent | None:
+        """The forward of ``ran`` (what :meth:`next_run` gave) ran and gave ``logits``: its K/V are the sequence's;
+        after the prompt's last chunk or a reply's token, the next token is picked and its event returned (None
+        while the prompt is prefilled). Saves nothing: :meth:`save_if_due` does, once every logits of the forward
+        were read."""
+        prompt_len = len(self.prompt_tokens)
+        prefill = self.kv_length < prompt_len
+        self.saved.kv_length += len(ran)
+        if prefill:
             if self.progress is not None:
                 self.progress("prefill", self.kv_length, prompt_len)
             if self.kv_length < prompt_len:
-                if self.autosave is not None and self.kv_length - self._tried_at >= self.autosave.every:
-                    await self._autosave()
+                if self.save_due:
+                    await logits.argmax()  # the chunk run on the device first: the save's time is its own
                 return None
-        else:
-            logits = await self._forward([self.generated_tokens[-1]])
         try:
             token = await self._pick(logits)
             logprob = None if self.logprobs is None else await logits.logprobs(token, self.logprobs)
@@ -379,9 +415,35 @@ class Generator:
         event = self._finish_check(token, logprob)
         if self.on_token is not None:
             self.on_token(event)
-        if self.autosave is not None and (len(self.generated_tokens) == 1 or self.finish_reason is not None
-                                          or self.kv_length - self._tried_at >= self.autosave.every):
+        return event
+
+    @property
+    def save_due(self) -> bool:
+        """Whether an autosave is due now: every ``Autosave.every`` tokens, after the first token and at the end."""
+        if self.autosave is None or self._tried_at >= self.kv_length:
+            return False
+        interval = self.kv_length - self._tried_at >= self.autosave.every
+        if self.kv_length < len(self.prompt_tokens):
+            return interval
+        return interval or len(self.generated_tokens) == 1 or self.finish_reason is not None
+
+    async def save_if_due(self) -> None:
+        """Autosave if :attr:`save_due`; a save that fails in the store goes to ``on_save_error`` (see :meth:`step`)."""
+        if self.save_due:
             await self._autosave()
+
+    async def step(self) -> TokenEvent | None:
+        """Run the next forward (a prefill chunk or the pending token); the token it produced, if any.
+
+        Autosaves when due; a save that fails in the store (StoreError, OSError) is reported to
+        ``on_save_error`` and kept in ``save_error``, and the generation goes on. A save refused because the name is
+        no longer this reply's (another writer took its claim over, or committed another conversation there) raises
+        ConflictError: nothing is saved under the name any more. The claim is renewed as :meth:`next_run` says."""
+        tokens = await self.next_run()
+        if not tokens:
+            return None
+        event = await self.take(tokens, await self._forward(tokens))
+        await self.save_if_due()
         return event
 
     def _finish_check(self, token: int, logprob: TokenLogprob | None = None) -> TokenEvent:
@@ -415,7 +477,9 @@ class Generator:
         self.saved.kv_length = 0
         logits = None
         while self.kv_length < target:
-            logits = await self._forward(tokens[self.kv_length:self.saved.call_end(self.kv_length, target)])
+            run = tokens[self.kv_length:self.saved.call_end(self.kv_length, target)]
+            logits = await self._forward(run)
+            self.saved.kv_length += len(run)
             if self.progress is not None:
                 self.progress("replay", self.kv_length, target)
         if logits is not None:

@@ -27,6 +27,7 @@ from ..stores.base import check_store
 from .app_state import SavedGeneration, StopRules, parse_app_state
 from .autosave import Autosave
 from .generator import Generator, check_callbacks, check_run_options
+from .json_constraint import Vocabulary
 from .results import ResumeReport, TokenEvent
 
 if TYPE_CHECKING:
@@ -49,7 +50,8 @@ async def resume(store: "Store", name: str, model: CausalLM, cache: "PagedKVCach
                  on_token: Callable[[TokenEvent], None] | None = None,
                  on_save: Callable[[SaveResult], None] | None = None,
                  on_save_error: Callable[[Exception], None] | None = None,
-                 progress: Progress | None = None, replay: bool = True, ledger: Ledger | None = None) -> Generator:
+                 progress: Progress | None = None, replay: bool = True, ledger: Ledger | None = None,
+                 vocabulary: Vocabulary | None = None) -> Generator:
     """The generation saved as ``name`` in ``store`` (its newest generation, or ``generation``), ready to
     continue in sequence ``seq_id`` of ``cache`` (a :class:`~kvckpt_web.generation.generator.Generator`).
 
@@ -69,7 +71,8 @@ async def resume(store: "Store", name: str, model: CausalLM, cache: "PagedKVCach
     store than ``name`` in ``store`` and that name holds another conversation.
 
     ``ledger`` remembers what the restore loaded, so that the next save writes only what changed since
-    (default: the autosave's if it saves to ``store``, else the store object's own).
+    (default: the autosave's if it saves to ``store``, else the store object's own). A reply held to a
+    ``response_format`` goes on held to it, over the tokens of ``vocabulary`` (FieldError without one).
     """
     check_store(store)
     check_run_options(model, cache, seq_id, autosave)
@@ -98,7 +101,7 @@ async def resume(store: "Store", name: str, model: CausalLM, cache: "PagedKVCach
         saved.finish_reason = ("length" if len(saved.generated) >= saved.stop.max_tokens
                                else "context" if saved.kv_length >= context_of(model, cache, saved.context) else None)
     gen = Generator(model, cache, seq_id, saved, autosave=autosave, decode=decode, on_token=on_token,
-                    on_save=on_save, on_save_error=on_save_error, progress=progress)
+                    on_save=on_save, on_save_error=on_save_error, progress=progress, vocabulary=vocabulary)
     # continuing the name it was saved as needs no check: the checkpoint read is that name's conversation
     await gen._hold_name(check=autosave is not None and (autosave.store is not store or autosave.name != name))
     try:

@@ -12,8 +12,10 @@ keys are masked). The dispatches bind the same buffers every time, so the device
 
 How the work is cut (measured on lavapipe, see bench/notes/2026-12-05-model-attention.md): an invocation serves a
 tile of up to ``rows_per_tile`` consecutive tokens of one sequence and every query head of one KV head, so each K/V
-word it loads serves ``rows_per_tile * group`` rows; keys are split into ranges so that a decode step still has
-:data:`MIN_INVOCATIONS` invocations (and so that none runs past llvmpipe's loop budget).
+word it loads serves ``rows_per_tile * group`` rows; each sequence's keys are split into ranges so that its tiles
+alone (a decode step: one) make :data:`MIN_INVOCATIONS` invocations (and so that none runs past llvmpipe's loop
+budget). The split is a function of the sequence alone, never of the rest of the forward, so a row's sums are the
+same bits whether its sequence runs alone or beside others (the batch of a continuous-batching step).
 
 Q/K/V come in TVM's fused layout: one f32 buffer ``qkv`` of ``[num_tokens, num_qo_heads + 2 * num_kv_heads,
 head_dim]``, tokens in the order of :class:`~kvckpt_web.kv.cache.ForwardPass`.
@@ -53,7 +55,7 @@ ROW_HEADS = 12
 MAX_ROW_HEADS = 24
 #: Tokens per tile at most.
 MAX_ROWS_PER_TILE = 8
-#: Key ranges are split until a dispatch has this many invocations (a decode step has one tile per sequence).
+#: A sequence's key range is split until its tiles make this many invocations (a decode step: one tile).
 MIN_INVOCATIONS = 96
 #: ... but no range is cut shorter than this many keys (each split costs a partial record per row and a merge step).
 MIN_KEYS_PER_SPLIT = 16
@@ -143,7 +145,6 @@ class PagedAttention:
         self._workgroup = WORKGROUP
         self._num_tiles = 0
         self._tile_rows = 0
-        self._keys_per_split = 0
         self._num_splits = 0
 
     @property
@@ -170,23 +171,24 @@ class PagedAttention:
         tiles: list[int] = []
         token = 0
         self._tile_rows = 1 if max(fwd.lengths, default=1) == 1 else self.rows_per_tile
+        splits = []
         for seq_id, length in zip(fwd.seq_ids, fwd.lengths):
             offset = len(table)
             table += self.cache.page_table(seq_id)
             for row in range(0, length, self._tile_rows):
                 tiles += (token + row, min(self._tile_rows, length - row))
+            keys = fwd.positions[token + length - 1] + 1
+            keys_per_split = self._split_of(keys, -(-length // self.rows_per_tile))
+            splits.append(-(-keys // keys_per_split))
             for _ in range(length):
-                records += (fwd.positions[token], fwd.slots[token], offset, 0)
+                records += (fwd.positions[token], fwd.slots[token], offset, keys_per_split)
                 token += 1
         device = self.cache.device
         device.write(self._tokens, 0, struct.pack(f"<{len(records)}I", *records))
         device.write(self._page_table, 0, struct.pack(f"<{len(table)}I", *table))
         device.write(self._tiles, 0, struct.pack(f"<{len(tiles)}I", *tiles))
         self._num_tiles = len(tiles) // 2
-        keys = max(fwd.positions) + 1 if fwd.num_tokens else 1
-        wanted_splits = -(-MIN_INVOCATIONS // (self._num_tiles * self.layout.num_kv_heads)) if tiles else 1
-        self._keys_per_split = min(self._max_keys_per_split, max(self._min_keys_per_split, -(-keys // wanted_splits)))
-        self._num_splits = -(-keys // self._keys_per_split)
+        self._num_splits = max(splits, default=1)
         need = max(1, fwd.num_tokens) * self.layout.num_qo_heads * self._num_splits * self._record_bytes
         if self._partial is None or self._partial.size < need:
             if self._partial is not None:
@@ -194,6 +196,13 @@ class PagedAttention:
             self._partial = device.create_buffer(need, Usage.STORAGE, "attention.partial")
         self._uploaded = fwd
         return fwd
+
+    def _split_of(self, keys: int, tiles: int) -> int:
+        """The keys per split of a sequence's ``keys`` keys, read by ``tiles`` tiles: enough splits that its tiles
+        alone make :data:`MIN_INVOCATIONS` invocations. A function of the sequence alone, so that its rows get the
+        same bits whatever else the forward runs."""
+        wanted_splits = -(-MIN_INVOCATIONS // (tiles * self.layout.num_kv_heads))
+        return min(self._max_keys_per_split, max(self._min_keys_per_split, -(-keys // wanted_splits)))
 
     @property
     def _record_bytes(self) -> int:
@@ -238,8 +247,8 @@ class PagedAttention:
             raise TensorError("out: texture", f"{fwd.num_tokens} rows of {lay.num_qo_heads * lay.head_dim} "
                                               "activations", f"{out.width} x {out.height} of {out.channels}")
         splits = self._num_splits
-        params = struct.pack("<6IfI", self._num_tiles, lay.num_qo_heads, lay.num_kv_heads, lay.page_size,
-                             self._keys_per_split, splits, self.scale, self.windows[layer] or 0xFFFFFFFF)
+        params = struct.pack("<4I4xIfI", self._num_tiles, lay.num_qo_heads, lay.num_kv_heads, lay.page_size, splits,
+                             self.scale, self.windows[layer] or 0xFFFFFFFF)
         invocations = self._num_tiles * lay.num_kv_heads * splits
         tables = (qkv, pages, self._tokens, self._page_table, self._tiles)
         if splits == 1:
@@ -249,8 +258,7 @@ class PagedAttention:
         # the whole partial buffer is bound (not the forward's share of it), so its bind group can be kept
         return [Dispatch(self._kernel("partial", self._tile_rows), params, tables + (self._partial,), invocations,
                          keep_bindings=True, workgroup_size=self._workgroup),
-                Dispatch(self._kernel("merge"), struct.pack("<4I", out_rows, lay.num_qo_heads, self._keys_per_split,
-                                                            splits),
+                Dispatch(self._kernel("merge"), struct.pack("<2I4xI", out_rows, lay.num_qo_heads, splits),
                          (self._partial, self._tokens, out), out_rows * lay.head_dim // 4, keep_bindings=True,
                          workgroup_size=self._workgroup)]
 

@@ -25,10 +25,15 @@ from ..errors import FieldError, FormatError
 if TYPE_CHECKING:
     from .gguf import GGUFFile
 
-__all__ = ["FAMILIES", "TEMPLATE_KEY", "ChatML", "ChatTemplate", "Gemma", "Llama3", "Qwen3"]
+__all__ = ["FAMILIES", "ROLE_ALIASES", "TEMPLATE_KEY", "ChatML", "ChatTemplate", "Gemma", "Llama3", "Qwen3",
+           "template_role"]
 
 TEMPLATE_KEY = "tokenizer.chat_template"
 """The GGUF metadata key holding the Jinja chat template."""
+
+ROLE_ALIASES = {"developer": "system"}
+"""Roles every family renders as another: OpenAI's ``developer`` (its newer name for ``system``) is the template's
+system turn."""
 
 Pieces = list[tuple[str, bool]]
 """Text as ``(text, is_marker)`` pieces: markers are the template's own special tokens; every other piece is
@@ -96,7 +101,7 @@ class ChatTemplate:
         pieces: Pieces = []
         previous = None
         for i, message in enumerate(messages):
-            role, content = _role(message, i), _content(message, i)
+            role, content = template_role(_role(message, i)), _content(message, i)
             if i == 0:
                 pieces += self.preamble_pieces(role)
             pieces += self.message_pieces(role, content, previous)
@@ -117,6 +122,13 @@ class ChatTemplate:
     def opening_pieces(self) -> Pieces:
         """The opening of the assistant's turn, which the model completes."""
         raise NotImplementedError
+
+    def prefill_pieces(self, content: str, previous: str | None) -> Pieces:
+        """An assistant's turn that the model continues (OpenAI-style prefill): the opening of the turn and
+        ``content`` as it is (not trimmed), nothing closing it; FieldError naming ``messages`` where the family's
+        template refuses an assistant message after one of role ``previous``."""
+        self.message_pieces("assistant", content, previous)  # the family's rule on the order of roles
+        return [*self.opening_pieces(), (content, False)]
 
     def closing_pieces(self) -> Pieces:
         """What closes a turn after its content (a reply's generated end-of-turn token stands for the marker)."""
@@ -223,6 +235,11 @@ class Llama3(ChatTemplate):
 
 FAMILIES = ("ChatML", "Qwen3", "Gemma", "Llama 3")
 """The template families rendered here."""
+
+
+def template_role(role: str) -> str:
+    """The role a family's template renders ``role`` as (see :data:`ROLE_ALIASES`)."""
+    return ROLE_ALIASES.get(role, role)
 
 
 def _role(message: Mapping[str, str], i: int) -> str:

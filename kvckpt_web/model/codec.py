@@ -13,7 +13,7 @@ from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING
 
 from ..errors import FieldError, FormatError
-from .chat_template import FAMILIES, TEMPLATE_KEY, ChatTemplate, Pieces
+from .chat_template import FAMILIES, TEMPLATE_KEY, ChatTemplate, Pieces, template_role
 from .tokenizer_base import BaseTokenizer
 from .tokenizer_kinds import tokenizer_from_gguf
 
@@ -70,17 +70,27 @@ class ChatCodec:
         default system turn unless the message is a system message."""
         template = self.chat_template()
         bos = [self.tokenizer.bos_id] if self.tokenizer.add_bos else []
-        return bos + self._encode(template.preamble_pieces(first_role), None)
+        return bos + self._encode(template.preamble_pieces(template_role(first_role)), None)
 
     def encode_message(self, role: str, content: str, *, previous: str | None = None,
                        max_tokens: int | None = None) -> list[int]:
         """The ids of one message's turn after a message of role ``previous`` (None: the first), its content
-        encoded as text (FieldError naming ``prompt`` beyond ``max_tokens``, as :meth:`encode_chat`)."""
-        return self._encode(self.chat_template().message_pieces(role, content, previous), max_tokens)
+        encoded as text (FieldError naming ``prompt`` beyond ``max_tokens``, as :meth:`encode_chat`); a
+        ``developer`` message is the template's system turn."""
+        previous = None if previous is None else template_role(previous)
+        return self._encode(self.chat_template().message_pieces(template_role(role), content, previous), max_tokens)
 
     def reply_opening(self) -> list[int]:
         """The ids that open the assistant's turn: the model writes its reply after them."""
         return self._encode(self.chat_template().opening_pieces(), None)
+
+    def encode_prefill(self, content: str, *, previous: str | None = None,
+                       max_tokens: int | None = None) -> list[int]:
+        """The ids of an assistant's turn whose reply goes on from ``content`` (OpenAI-style prefill), after a
+        message of role ``previous``: the :meth:`reply_opening` and the content as text, nothing closing it
+        (FieldError naming ``prompt`` beyond ``max_tokens``)."""
+        previous = None if previous is None else template_role(previous)
+        return self._encode(self.chat_template().prefill_pieces(content, previous), max_tokens)
 
     def reply_closing(self) -> list[int]:
         """The ids that close an assistant turn after its reply's ids (an end-of-turn id it generated left out)."""
@@ -99,6 +109,11 @@ class ChatCodec:
         as is, special tokens written in it included (as llama.cpp reads a raw prompt). FieldError naming
         ``prompt`` beyond ``max_tokens``."""
         return self.tokenizer.encode_pieces([(text, True)], max_tokens=max_tokens, field="prompt")
+
+    def token_pieces(self) -> list[bytes]:
+        """The bytes each token id stands for in a reply's text, empty for a special token."""
+        tokenizer = self.tokenizer
+        return [b"" if i in tokenizer.special_ids else tokenizer.token_bytes(i) for i in range(tokenizer.vocab_size)]
 
     def decode(self, tokens: Sequence[int]) -> str:
         """The text of ``tokens`` without special tokens; incomplete UTF-8 at the end decodes to U+FFFD."""

@@ -18,7 +18,7 @@ import struct
 from ..errors import TensorError
 from ..gpu.device import Buffer, Device, Dispatch, Kernel, Texture
 from ..gpu.specialize import specialize
-from ..gpu.wgsl import pack_params, source
+from ..gpu.wgsl import source
 from .weights import BLOCK, DEVICE_FORMS, Q4_1, Q4_K, Q5_K, Q8_0, TILE_ROWS, DenseTensor, QuantizedTensor
 
 ROWS = 8
@@ -52,7 +52,8 @@ def matvec(device: Device, weight: QuantizedTensor, x: Texture, y: Buffer, token
     rows of ``x``, ``W`` a matrix of any :data:`~kvckpt_web.model.weights.DEVICE_FORMS` type (the tied embedding
     as the output head)."""
     _check_size("y", y, 4 * tokens * weight.rows)
-    return _products(device, "matvec", (weight,), x, y, tokens, accumulate, "matmul")
+    form = "q8_0_" if weight.ggml_type == Q8_0 else ""  # Q8_0's own forms (quant.wgsl)
+    return _products(device, f"{form}matvec", (weight,), x, y, tokens, accumulate, f"{form}matmul")
 
 
 def gated(device: Device, gate: QuantizedTensor, up: QuantizedTensor, x: Texture, hidden: Texture,
@@ -76,16 +77,15 @@ def embed(device: Device, table: QuantizedTensor, ids: Buffer, out: Buffer, toke
                     keep_bindings=True)
 
 
-def rms_norm(device: Device, x: Buffer, weight: DenseTensor, out: Texture, tokens: int, eps: float,
-             first: int = 0) -> Dispatch:
-    """``out[t] = x[first + t] / sqrt(mean(x[first + t]^2) + eps) * weight`` for each of ``tokens`` rows of
-    ``x`` from row ``first``: the input of the products after an RMSNorm (one small dispatch: folded into each
+def rms_norm(device: Device, x: Buffer, weight: DenseTensor, out: Texture, tokens: int, eps: float) -> Dispatch:
+    """``out[t] = x[t] / sqrt(mean(x[t]^2) + eps) * weight`` for each of ``tokens`` rows of ``x``: the input of
+    the products after an RMSNorm (one small dispatch: folded into each
     product, every invocation recomputed the norm of its tokens, a third of their time on lavapipe)."""
     dim = weight.shape[0]
-    _check_size("x", x, 4 * (first + tokens) * dim)
+    _check_size("x", x, 4 * tokens * dim)
     _check_texture("out", out, dim, tokens)
     kernel = device.kernel("model.norm", source("model", "norm"), "rms_norm")
-    params = struct.pack("<3If", tokens, dim, first, eps)
+    params = struct.pack("<2If4x", tokens, dim, eps)
     return Dispatch(kernel, params, (x, weight.buffer, out), workgroups=(-(-tokens // WORKGROUP), 1, 1),
                     keep_bindings=True)
 
@@ -95,18 +95,20 @@ def topk_candidates_bytes(n: int, k: int) -> int:
     return 8 * k * -(-n // TOPK_CHUNK)
 
 
-def topk(device: Device, values: Buffer, n: int, k: int, candidates: Buffer, best: Buffer) -> list[Dispatch]:
-    """The two dispatches that write the top ``k`` of ``n`` f32 ``values`` to ``best``: k (f32 bits, u32 index)
-    pairs, larger values first, the lower index first among equal ones (k = 1: the argmax).
+def topk(device: Device, values: Buffer, n: int, k: int, candidates: Buffer, best: Buffer,
+         first: int = 0) -> list[Dispatch]:
+    """The two dispatches that write the top ``k`` of ``n`` f32 ``values`` (from value ``first``: one row of
+    several) to ``best``: k (f32 bits, u32 index from ``first``) pairs, larger values first, the lower index first
+    among equal ones (k = 1: the argmax).
 
     ``candidates`` is scratch of :func:`topk_candidates_bytes` bytes."""
     if not 1 <= k <= min(TOPK_MAX, n):
         raise TensorError("k", f"1..{min(TOPK_MAX, n)}", k)
-    _check_size("values", values, 4 * n)
+    _check_size("values", values, 4 * (first + n))
     _check_size("candidates", candidates, topk_candidates_bytes(n, k))
     _check_size("best", best, 8 * k)
     chunks = -(-n // TOPK_CHUNK)
-    params = pack_params(n, k, TOPK_CHUNK, chunks)
+    params = struct.pack("<5I12x", n, k, TOPK_CHUNK, chunks, first)
     shader = source("model", "topk")
     return [Dispatch(device.kernel("model.topk", shader, "chunk_topk"), params, (values, candidates),
                      workgroups=(-(-chunks // WORKGROUP), 1, 1), keep_bindings=True),
@@ -117,12 +119,15 @@ def topk(device: Device, values: Buffer, n: int, k: int, candidates: Buffer, bes
 def _products(device: Device, entry: str, weights: tuple[QuantizedTensor, ...], x: Texture, y: Buffer | Texture,
               tokens: int, accumulate: bool, tiled: str | None = None) -> list[Dispatch]:
     """The dispatch of product ``entry`` of ``weights`` over ``tokens`` rows of ``x``; of its ``tiled`` form
-    (:data:`TILE` tokens an invocation) for several tokens."""
+    (:data:`TILE` tokens an invocation, fewer where the product has fewer: a decode step of 2 or 3 sequences
+    computes no sums for tokens it does not have) for several tokens. Each (row, token) sum has the same bits
+    whichever form and tile compute it."""
     first = weights[0]
     _check_texture("x", x, first.cols, tokens)
     if tiled is not None and tokens > 1:
-        kernel, groups = quant_kernel(device, tiled, first.ggml_type), (-(-first.rows // TILE_ROWS),
-                                                                         -(-tokens // TILE), 1)
+        tile = min(TILE, tokens)
+        kernel, groups = quant_kernel(device, tiled, first.ggml_type, tile), (-(-first.rows // TILE_ROWS),
+                                                                               -(-tokens // tile), 1)
     else:
         kernel, groups = quant_kernel(device, entry, first.ggml_type), (-(-first.rows // TILE_ROWS), tokens, 1)
     params = struct.pack("<6I8x", first.rows, first.blocks, tokens, int(accumulate), first.shift, first.scale_base)
@@ -147,10 +152,10 @@ def flavour(device: Device) -> str:
     return str(device.choices.setdefault(FLAVOUR, "browser" if device.info.backend.startswith("browser") else "desktop"))
 
 
-def quant_kernel(device: Device, entry: str, ggml_type: int = Q4_1) -> Kernel:
-    """Entry ``entry`` of quant.wgsl with quant_types.wgsl, specialised to :data:`ROWS`, :data:`TILE`, the device's
-    :func:`flavour` and weights of ``ggml_type``."""
-    return device.kernel("model.quant", _quant_source(ROWS, TILE, flavour(device), ggml_type), entry)
+def quant_kernel(device: Device, entry: str, ggml_type: int = Q4_1, tile: int = TILE) -> Kernel:
+    """Entry ``entry`` of quant.wgsl with quant_types.wgsl, specialised to :data:`ROWS`, ``tile`` tokens an
+    invocation of the tiled products, the device's :func:`flavour` and weights of ``ggml_type``."""
+    return device.kernel("model.quant", _quant_source(ROWS, tile, flavour(device), ggml_type), entry)
 
 
 @functools.cache

@@ -23,9 +23,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from ..errors import CheckpointStateError, FieldError, FormatError, SequenceError
+from ..errors import CapacityError, CheckpointStateError, FieldError, FormatError, SequenceError
 from ..gpu import wgsl
-from ..gpu.device import Buffer, Command, Copy, Device, Texture, Usage
+from ..gpu.device import Buffer, Command, Copy, CopyRuns, Device, Texture, Usage
 from ..tvm.layout import KVLayout
 from . import kernels, row_kernels
 from .attention import PagedAttention, rope_inv_freq
@@ -168,7 +168,10 @@ class _Scratch:
     def __init__(self, device: Device, c: LlamaConfig, tokens: int, gate_up: bool, parts: bool) -> None:
         self.tokens = tokens
         self.ids = device.create_buffer(4 * tokens, Usage.STORAGE | Usage.COPY_DST, "llama.ids")
-        self.residual = device.create_buffer(4 * tokens * c.hidden, Usage.STORAGE, "llama.residual")
+        self.residual = device.create_buffer(4 * tokens * c.hidden, Usage.STORAGE | Usage.COPY_SRC,
+                                             "llama.residual")
+        # the last rows of a forward's runs, gathered for the final norm and the head
+        self.lasts = device.create_buffer(4 * tokens * c.hidden, Usage.STORAGE | Usage.COPY_DST, "llama.lasts")
         self.qkv = device.create_buffer(4 * tokens * (c.q_rows + 2 * c.kv_rows), Usage.STORAGE, "llama.qkv")
         self.normed = kernels.activation_texture(device, c.hidden, tokens, "llama.normed")
         self.attn = kernels.activation_texture(device, c.q_rows, tokens, "llama.attn")
@@ -182,8 +185,8 @@ class _Scratch:
             if parts else None
 
     def destroy(self, device: Device) -> None:
-        for resource in (self.ids, self.residual, self.qkv, self.normed, self.attn, self.ffn, self.block_out,
-                         self.gate_up, self.part):
+        for resource in (self.ids, self.residual, self.lasts, self.qkv, self.normed, self.attn, self.ffn,
+                         self.block_out, self.gate_up, self.part):
             if resource is not None:
                 device.destroy(resource)
 
@@ -297,28 +300,63 @@ class LlamaModel:
     async def forward(self, cache: "PagedKVCache", seq_id: int, tokens: list[int]) -> "GPULogits":
         """Run ``tokens`` after what ``seq_id`` holds, in chunks of the cache's prefill_chunk_size, and return
         the last token's logits (on the GPU)."""
-        self._check_open("forward")
-        if not tokens:
-            raise SequenceError("tokens: expected at least one token id, got none")
+        self._check_run("forward", cache, "tokens", tokens)
+        chunk = self._chunk(cache)
+        for start in range(0, len(tokens), chunk):
+            self._run(cache, [(seq_id, tokens[start:start + chunk])], head=start + chunk >= len(tokens))
+        return GPULogits(self, self.forwards, 0)
+
+    async def forward_batch(self, cache: "PagedKVCache", runs: list[tuple[int, list[int]]]) -> list["GPULogits"]:
+        """Run each (seq_id, tokens) of ``runs`` after what its sequence holds, in one forward pass of the cache,
+        and return each run's last-token logits (on the GPU), in the order of ``runs``: the same bits as a
+        :meth:`forward` of that run alone. All the runs' tokens together fit one forward (the cache's
+        prefill_chunk_size)."""
+        if not isinstance(runs, list) or not runs:
+            raise SequenceError(f"runs: expected a non-empty list of (seq_id, tokens), got {runs!r}")
+        for r, run in enumerate(runs):
+            if not isinstance(run, tuple) or len(run) != 2:
+                raise SequenceError(f"runs[{r}]: expected a (seq_id, tokens) pair, got {run!r}")
+            self._check_run("forward_batch", cache, f"runs[{r}].tokens", run[1])
+        total, chunk = sum(len(tokens) for _, tokens in runs), self._chunk(cache)
+        if total > chunk:
+            raise CapacityError(f"runs: expected at most {chunk} tokens in all (one forward of the cache), "
+                                f"got {total}")
+        self._run(cache, runs, head=True)
+        return [GPULogits(self, self.forwards, row) for row in range(len(runs))]
+
+    def _check_run(self, operation: str, cache: "PagedKVCache", name: str, tokens: list[int]) -> None:
+        """Errors unless the model is open, ``tokens`` (named ``name``) are token ids, at least one, and ``cache``
+        has this model's layout."""
+        self._check_open(operation)
+        if not isinstance(tokens, list) or not tokens:
+            raise SequenceError(f"{name}: expected at least one token id, got {tokens!r}")
         for i, t in enumerate(tokens):
             if isinstance(t, bool) or not isinstance(t, int) or not 0 <= t < self.vocab_size:
-                raise SequenceError(f"tokens[{i}]: expected a token id in [0, {self.vocab_size}), got {t!r}")
+                raise SequenceError(f"{name}[{i}]: expected a token id in [0, {self.vocab_size}), got {t!r}")
         if cache.layout != self.kv_layout(cache.layout.page_size):
             raise FieldError("cache.layout", f"this model's {self.kv_layout(cache.layout.page_size)}", cache.layout)
-        chunk = min(cache.limits.prefill_chunk_size, self.device.info.max_texture_dim)  # a token a texture row
+
+    def _chunk(self, cache: "PagedKVCache") -> int:
+        """The most tokens of one forward: the cache's prefill_chunk_size, a token a texture row."""
+        return min(cache.limits.prefill_chunk_size, self.device.info.max_texture_dim)
+
+    def _run(self, cache: "PagedKVCache", runs: list[tuple[int, list[int]]], head: bool) -> None:
+        """One forward pass of ``runs`` (their tokens one after another), with the logits of each run's last token
+        if ``head``."""
         attention = self._attention_for(cache)
-        for start in range(0, len(tokens), chunk):
-            part = tokens[start:start + chunk]
-            scratch = self._scratch_for(len(part))
-            cache.begin_forward([seq_id], [len(part)])
-            try:
-                self.device.write(scratch.ids, 0, struct.pack(f"<{len(part)}I", *part))
-                commands = self._encode(attention, scratch, len(part), last=start + chunk >= len(tokens))
-                self.device.submit(commands)
-            finally:
-                cache.end_forward()
-            self.forwards += 1
-        return GPULogits(self, self.forwards)
+        ids = [t for _, tokens in runs for t in tokens]
+        scratch = self._scratch_for(len(ids))
+        cache.begin_forward([seq_id for seq_id, _ in runs], [len(tokens) for _, tokens in runs])
+        try:
+            self.device.write(scratch.ids, 0, struct.pack(f"<{len(ids)}I", *ids))
+            lasts, row = [], -1
+            for _, tokens in runs if head else ():
+                row += len(tokens)
+                lasts.append(row)
+            self.device.submit(self._encode(attention, scratch, len(ids), lasts))
+        finally:
+            cache.end_forward()
+        self.forwards += 1
 
     def _attention_for(self, cache: "PagedKVCache") -> PagedAttention:
         if self._attention is None or self._attention.cache is not cache:
@@ -339,8 +377,9 @@ class LlamaModel:
                                      any(len(layer.qkv) > 1 or len(layer.gate_up) > 1 for layer in layers))
         return self._scratch
 
-    def _encode(self, attention: PagedAttention, s: _Scratch, n: int, last: bool) -> list[Command]:
-        """The commands of one forward pass of ``n`` tokens (with the final norm and head if ``last``)."""
+    def _encode(self, attention: PagedAttention, s: _Scratch, n: int, lasts: list[int]) -> list[Command]:
+        """The commands of one forward pass of ``n`` tokens, then the final norm and the head of rows ``lasts``
+        (logits row i: row ``lasts[i]``)."""
         c, d = self.config, self.device
         eps = c.rms_eps
         commands: list[Command] = [kernels.embed(d, self.embedding, s.ids, s.residual, n)]  # type: ignore[arg-type]
@@ -365,11 +404,22 @@ class LlamaModel:
                 commands += self._rows_product(layer.gate_up, s.gate_up, s, n)
                 commands.append(row_kernels.glu(d, s.gate_up, s.ffn, n, c.ffn, c.activation))
             commands += self._into_residual(layer.ffn_down, s.ffn, layer.post_ffw_norm, s, n)
-        if last:  # the last token's row only
-            commands.append(kernels.rms_norm(d, s.residual, self.output_norm, s.normed, 1, eps,  # type: ignore[arg-type]
-                                             first=n - 1))
-            commands += kernels.matvec(d, self.head, s.normed, self.logits)  # type: ignore[arg-type]
+        if lasts:  # those rows only, gathered
+            row = 4 * c.hidden
+            commands.append(CopyRuns(s.residual, s.lasts, tuple((r * row, i * row, row) for i, r in enumerate(lasts))))
+            commands.append(kernels.rms_norm(d, s.lasts, self.output_norm,  # type: ignore[arg-type]
+                                             s.normed, len(lasts), eps))
+            commands += kernels.matvec(d, self.head, s.normed, self._logits_for(len(lasts)),  # type: ignore[arg-type]
+                                       len(lasts))
         return commands
+
+    def _logits_for(self, rows: int) -> Buffer:
+        """The logits buffer, grown to ``rows`` rows of the vocabulary if smaller."""
+        if self.logits.size < 4 * rows * self.vocab_size:
+            self.device.destroy(self.logits)
+            self.logits = self.device.create_buffer(4 * rows * self.vocab_size, Usage.STORAGE | Usage.COPY_SRC,
+                                                    "llama.logits")
+        return self.logits
 
     def _rows_product(self, parts: tuple[QuantizedTensor, ...], out: Buffer, s: _Scratch, n: int) -> list[Command]:
         """The product of ``parts`` (:func:`_fused`) and the normalized rows, into ``out``: each token's rows of the
@@ -394,33 +444,34 @@ class LlamaModel:
         return kernels.matvec(self.device, weight, x, s.block_out, n) + \
             [row_kernels.norm_add(self.device, s.residual, post_norm, s.block_out, n, self.config.rms_eps)]
 
-    async def top_k(self, k: int) -> list[tuple[int, float]]:
-        """The ``k`` largest logits of the last forward as (token id, logit), largest first, ties lower id first:
-        picked on the GPU up to :data:`kernels.TOPK_MAX`, beyond that from all logits read back."""
+    async def top_k(self, k: int, row: int = 0) -> list[tuple[int, float]]:
+        """The ``k`` largest logits of row ``row`` of the last forward as (token id, logit), largest first, ties
+        lower id first: picked on the GPU up to :data:`kernels.TOPK_MAX`, beyond that from all logits read back."""
         self._check_open("top_k")
         n = self.vocab_size
         k = max(1, min(k, n))
         if k <= kernels.TOPK_MAX:
-            picks = kernels.topk(self.device, self.logits, n, k, self._candidates, self._best)
-            pairs = struct.unpack(f"<{2 * k}I", await self._read(picks, self._best, 8 * k))
+            picks = kernels.topk(self.device, self.logits, n, k, self._candidates, self._best, first=row * n)
+            pairs = struct.unpack(f"<{2 * k}I", await self._read(picks, self._best, 0, 8 * k))
             return [(pairs[2 * j + 1], _f32(pairs[2 * j])) for j in range(k)]
-        values = struct.unpack(f"<{n}f", await self._read([], self.logits, 4 * n))
+        values = struct.unpack(f"<{n}f", await self._read([], self.logits, 4 * row * n, 4 * n))
         return [(i, values[i]) for i in heapq.nsmallest(k, range(n), key=lambda i: (-values[i], i))]
 
-    async def pick(self, sampler: Sampler, previous: Sequence[int], generated: Sequence[int]) -> int:
-        """The token ``sampler`` chooses from the logits of the last forward after ``previous`` (``generated`` this
-        reply's part; :class:`~kvckpt_web.model.shortlist.Shortlist`)."""
+    async def pick(self, sampler: Sampler, previous: Sequence[int], generated: Sequence[int], row: int = 0) -> int:
+        """The token ``sampler`` chooses from row ``row`` of the logits of the last forward after ``previous``
+        (``generated`` this reply's part; :class:`~kvckpt_web.model.shortlist.Shortlist`)."""
         self._check_open("pick")
-        return await self._shortlist.pick(self.logits, sampler, previous, generated)
+        return await self._shortlist.pick(self.logits, sampler, previous, generated, row)
 
-    async def logprobs(self, token: int, top: int) -> TokenLogprob:
-        """The log probabilities of ``token`` and of the ``top`` most likely tokens after the last forward."""
+    async def logprobs(self, token: int, top: int, row: int = 0) -> TokenLogprob:
+        """The log probabilities of ``token`` and of the ``top`` most likely tokens in row ``row`` of the last
+        forward."""
         self._check_open("logprobs")
-        return await self._shortlist.logprobs(self.logits, token, top)
+        return await self._shortlist.logprobs(self.logits, token, top, row)
 
-    async def _read(self, commands: list[Command], src: Buffer, size: int) -> memoryview:
-        """Run ``commands``, then read back ``size`` bytes of ``src``."""
-        self.device.submit(commands + [Copy(src, 0, self._readback, 0, size)])
+    async def _read(self, commands: list[Command], src: Buffer, offset: int, size: int) -> memoryview:
+        """Run ``commands``, then read back ``size`` bytes of ``src`` from ``offset``."""
+        self.device.submit(commands + [Copy(src, offset, self._readback, 0, size)])
         return await self.device.read(self._readback, 0, size)
 
 
@@ -429,11 +480,13 @@ def _f32(bits: int) -> float:
 
 
 class GPULogits:
-    """The logits of a model's last forward, in its ``logits`` buffer; valid until its next forward."""
+    """The logits of one run of a model's last forward, row ``row`` of its ``logits`` buffer; valid until its next
+    forward."""
 
-    def __init__(self, model: LlamaModel, forward: int) -> None:
+    def __init__(self, model: LlamaModel, forward: int, row: int) -> None:
         self._model = model
         self._forward = forward
+        self._row = row
 
     async def argmax(self) -> int:
         """The id of the largest logit (ties: the lowest id), found on the GPU."""
@@ -442,13 +495,13 @@ class GPULogits:
     async def top_k(self, k: int) -> list[tuple[int, float]]:
         """The ``k`` largest logits as (token id, logit), largest first, ties lower id first."""
         self._check_current()
-        return await self._model.top_k(k)
+        return await self._model.top_k(k, self._row)
 
     async def pick(self, sampler: Sampler, previous: Sequence[int], generated: Sequence[int]) -> int:
         """The token ``sampler`` chooses from these logits after ``previous`` (``generated`` this reply's part),
         on the GPU."""
         self._check_current()
-        return await self._model.pick(sampler, previous, generated)
+        return await self._model.pick(sampler, previous, generated, self._row)
 
     async def logprobs(self, token: int, top: int) -> TokenLogprob:
         """The log probability of ``token`` and of the ``top`` most likely tokens (log-softmax on the GPU)."""
@@ -457,7 +510,7 @@ class GPULogits:
             raise FieldError("token", f"a token id in [0, {self._model.vocab_size})", token)
         if isinstance(top, bool) or not isinstance(top, int) or not 0 <= top <= MAX_TOP_LOGPROBS:
             raise FieldError("top", f"an integer in [0, {MAX_TOP_LOGPROBS}]", top)
-        return await self._model.logprobs(token, top)
+        return await self._model.logprobs(token, top, self._row)
 
     def _check_current(self) -> None:
         if self._model.forwards != self._forward:

@@ -34,7 +34,7 @@ class TokenLogprob:
 
 
 class Logits(Protocol):
-    """The next-token logits of the last token a forward ran."""
+    """The next-token logits of the last token a forward ran (of one run of a batched forward)."""
 
     async def argmax(self) -> int:
         """The id of the largest logit (ties: the lowest id)."""
@@ -86,6 +86,14 @@ class CausalLM(Protocol):
         it (one forward pass of the cache) and return the last token's logits."""
         ...
 
+    async def forward_batch(self, cache: "PagedKVCache", runs: list[tuple[int, list[int]]]) -> list[Logits]:
+        """Run each (seq_id, tokens) of ``runs`` after what its sequence holds, in one forward pass of the cache
+        (one ``begin_forward`` over all the seq_ids, one weight fetch for all rows), and return each run's
+        last-token logits in the order of ``runs``, valid until the model's next forward. All the runs' tokens
+        together fit one forward (decode tokens, prefill chunks: at most the cache's prefill_chunk_size). A run's
+        logits and K/V are the bits of :meth:`forward` of that run alone, whatever else the batch holds."""
+        ...
+
     def close(self) -> None:
         """Release the model's GPU memory (idempotent); it cannot run afterwards."""
         ...
@@ -119,6 +127,12 @@ class TextCodec(Protocol):
         """The ids that open the assistant's turn; the model writes its reply after them."""
         ...
 
+    def encode_prefill(self, content: str, *, previous: str | None = None,
+                       max_tokens: int | None = None) -> list[int]:
+        """The ids of an assistant's turn the model continues from ``content`` (a chat's last message, the
+        assistant's): the :meth:`reply_opening` and the content as text, nothing closing it."""
+        ...
+
     def reply_closing(self) -> list[int]:
         """The ids that close an assistant turn after the reply's ids (an end-of-turn id left out)."""
         ...
@@ -134,6 +148,11 @@ class TextCodec(Protocol):
 
     def token_bytes(self, token_id: int) -> bytes:
         """The bytes one token stands for (a special token: its text in UTF-8)."""
+        ...
+
+    def token_pieces(self) -> list[bytes]:
+        """The bytes of the text each token id stands for, empty for a special token (text never holds one): what
+        a reply held to a JSON format is checked against."""
         ...
 
 

@@ -16,7 +16,8 @@ from typing import Any
 from ..checks import check_collection, check_instance
 from ..errors import FieldError, is_int
 
-__all__ = ["MAX_SEED", "SAMPLER_VERSION", "Sampler", "SamplingSettings", "rank", "splitmix64", "uniform"]
+__all__ = ["MAX_SEED", "SAMPLER_VERSION", "Sampler", "SamplingSettings", "candidate_count", "rank", "splitmix64",
+           "uniform"]
 
 MAX_SEED = 2**64 - 1
 """Largest seed: seeds are 64-bit unsigned integers."""
@@ -264,3 +265,24 @@ class Sampler:
             raise FieldError("sampler state.settings", f"an object with keys {sorted(fields)}",
                              sorted(settings) if isinstance(settings, dict) else type(settings).__name__)
         return cls(SamplingSettings(**settings), state["counter"])
+
+
+def candidate_count(settings: SamplingSettings, previous: Sequence[int], generated: Sequence[int],
+                    vocab_size: int) -> int:
+    """How many of the largest logits :meth:`Sampler.pick` needs to choose as it would from all of them after
+    ``previous`` (``generated`` the reply's part); 0 when the argmax is the choice (greedy, no penalty).
+
+    A repetition penalty above 1 only lowers seen tokens, and presence and frequency penalties of 0 or more only
+    lower generated ones, so the ``n`` best after them are among the ``n`` best before plus the distinct tokens
+    they lower; a penalty that can lift a token (a repetition penalty below 1, a negative presence or frequency
+    penalty) needs all logits, as sampling without ``top_k`` does.
+    """
+    penalty, presence, frequency = settings.repetition_penalty, settings.presence_penalty, settings.frequency_penalty
+    if settings.greedy and penalty == 1 and presence == 0 and frequency == 0:
+        return 0
+    if penalty < 1 or presence < 0 or frequency < 0 or (settings.top_k == 0 and not settings.greedy):
+        return vocab_size
+    lowered = set(previous) if penalty > 1 else set()
+    if presence or frequency:
+        lowered.update(generated)
+    return min(vocab_size, (1 if settings.greedy else settings.top_k) + len(lowered))

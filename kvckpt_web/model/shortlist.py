@@ -72,12 +72,13 @@ class Shortlist:
                 self.device.destroy(buffer)
         self._listed = [None, None]
 
-    async def pick(self, logits: Buffer, sampler: Sampler, previous: Sequence[int], generated: Sequence[int]) -> int:
-        """The token ``sampler`` chooses from the ``vocab`` f32 logits at the start of ``logits``, after
+    async def pick(self, logits: Buffer, sampler: Sampler, previous: Sequence[int], generated: Sequence[int],
+                   row: int = 0) -> int:
+        """The token ``sampler`` chooses from row ``row`` of ``logits`` (``vocab`` f32 logits a row), after
         ``previous`` (the token ids seen so far; ``generated`` this reply's)."""
         s, n = sampler.settings, self.vocab
         inv_t = min(1 / s.temperature, _F32_MAX) if s.temperature else 0.0
-        commands: list[Command] = [Copy(logits, 0, self.scores, 0, 4 * n)]
+        commands: list[Command] = [Copy(logits, 4 * row * n, self.scores, 0, 4 * n)]
         if sampler.penalizes:
             commands += self._penalties(sampler, previous, generated)
         if s.greedy or s.top_k <= kernels.TOPK_MAX and s.top_k:
@@ -97,13 +98,13 @@ class Shortlist:
             self.device.write(self._stats, 4 * _STRIDE, struct.pack("<f", edge))
             _, _, ranked = await self._collect(inv_t, [])
 
-    async def logprobs(self, logits: Buffer, token: int, top: int) -> TokenLogprob:
-        """The log-softmax of the ``vocab`` f32 logits at the start of ``logits`` (the device's f32 sum of
+    async def logprobs(self, logits: Buffer, token: int, top: int, row: int = 0) -> TokenLogprob:
+        """The log-softmax of row ``row`` of ``logits`` (``vocab`` f32 logits a row; the device's f32 sum of
         ``exp(logit - max)`` over all of them) at ``token`` and at the ``top`` largest logits."""
-        k = max(top, 1)
-        commands = [Copy(logits, 0, self.scores, 0, 4 * self.vocab), *self._sums(1.0, 0.0, 0),
-                    *kernels.topk(self.device, logits, self.vocab, k, self._candidates, self._best),
-                    Copy(self._stats, 0, self._readback, 0, 4), Copy(logits, 4 * token, self._readback, 4, 4),
+        k, first = max(top, 1), row * self.vocab
+        commands = [Copy(logits, 4 * first, self.scores, 0, 4 * self.vocab), *self._sums(1.0, 0.0, 0),
+                    *kernels.topk(self.device, logits, self.vocab, k, self._candidates, self._best, first=first),
+                    Copy(self._stats, 0, self._readback, 0, 4), Copy(logits, 4 * (first + token), self._readback, 4, 4),
                     Copy(self._best, 0, self._readback, 8, 8 * k)]
         data = await self._read(commands, None, 8 + 8 * k)
         total, logit = struct.unpack_from("<2f", data)

@@ -13,5 +13,6 @@ and ES module as files.
 * ``wheel.py``: the kvckpt_web wheel of a source checkout, built at start;
 * ``api.py``: ``kvckpt serve --api``, the OpenAI-compatible API over the chat engine, with its bodies
   (``api_body.py``: JSON, bounded in size and time) and errors (``api_errors.py``: OpenAI's shape);
-* ``worker.py``: the engine on a thread and event loop of its own, one request at a time.
+* ``worker.py``: the engine on a thread and event loop of its own, requests run concurrently up to its cache's
+  sequences, then queued (bounded).
 """

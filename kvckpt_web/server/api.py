@@ -19,11 +19,15 @@
   ``GET`` / ``DELETE /v1/kvckpt/conversations/{name}``: one of them, or delete it;
   ``POST /v1/kvckpt/conversations/{name}/resume``: continue a reply cut by a crash, a disconnect or a stop,
   answered as a completion (``{"stream": true}`` streams it); the first chunk holds the text written before.
+* ``GET /v1/kvckpt/retention``: the server's policy for conversations nobody named (``engine/unnamed.py``) and what
+  it decides for each conversation of the store, the oldest first; it is enforced when the server starts and
+  after each reply.
 
 A client that disconnects stops its reply after the current token: the reply is saved, and listed as
 unfinished. Errors are OpenAI's error objects (``api_errors.py``); a stream that fails once started ends with
 an error event (``data: {"error": ...}``) and no ``[DONE]``. Bodies are JSON, bounded in size and time
-(``api_body.py``). Requests run one at a time in arrival order, on the engine's own thread (``worker.py``).
+(``api_body.py``). Requests run concurrently up to the cache's sequences, then queue, on the engine's own
+thread (``worker.py``).
 """
 
 from __future__ import annotations
@@ -43,12 +47,13 @@ from starlette.types import Receive, Scope, Send
 
 from ..durable.keys import validate_name
 from ..engine import ChatChunk, ChatCompletion, ChatRequest, CompletionRequest
-from ..errors import FieldError, is_int
+from ..engine.unnamed import UnnamedRetention, enforce, judge
+from ..errors import FieldError, KVCkptError, is_int
 from .api_body import DEFAULT_BODY_TIMEOUT, DEFAULT_MAX_BODY, read_json
 from .api_errors import ApiError, error_body, error_response
 from .app import create_app
 from .run import Server, listen
-from .worker import EngineWorker, Job
+from .worker import Busy, EngineWorker, Job
 
 __all__ = ["Api", "make_api_server"]
 
@@ -74,10 +79,12 @@ def _wire_chunks(chunk: ChatChunk, include_usage: bool) -> list[dict[str, Any]]:
 
 class Answer:
     """The answer to a request for a reply (a completion or a resume) whose work is queued on the engine:
-    JSON or server-sent events. A client that goes away cancels the work."""
+    JSON or server-sent events. A client that goes away cancels the work. ``after()`` is called once the work
+    is done, and the answer's end is sent once the job it returns (if any) ran (or it is called once the work is
+    cancelled)."""
 
-    def __init__(self, job: Job, stream: bool, include_usage: bool) -> None:
-        self.job, self.stream, self.include_usage = job, stream, include_usage
+    def __init__(self, job: Job, stream: bool, include_usage: bool, after: Callable[[], Job | None]) -> None:
+        self.job, self.stream, self.include_usage, self.after = job, stream, include_usage, after
         self._done = False
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -88,6 +95,24 @@ class Answer:
             watcher.cancel()
             if not self._done:
                 self.job.cancel()
+                self._finished()
+
+    def _finished(self) -> Job | None:
+        self._done = True
+        try:
+            return self.after()
+        except Busy:
+            return None  # the queue is full: a later reply's end runs it
+
+    async def _finish(self) -> None:
+        """:meth:`_finished`, returning once the job ``after()`` gave ran: requests run concurrently, so the client's
+        next request sees what it did (the retention policy's deletions)."""
+        job = self._finished()
+        if job is not None:
+            try:
+                await job.result()
+            except (KVCkptError, OSError):
+                pass  # the reply stands; the next reply's end tries again
 
     async def _watch(self, receive: Receive) -> None:
         while (await receive())["type"] != "http.disconnect":
@@ -101,10 +126,10 @@ class Answer:
             if not self.stream:
                 chunks = [chunk async for chunk in self.job.items()]
         except Exception as exc:
-            self._done = True
+            await self._finish()
             return await error_response(exc)(scope, _no_receive, send)
         if not self.stream:
-            self._done = True
+            await self._finish()
             return await JSONResponse(ChatCompletion.from_chunks(chunks).to_openai())(scope, _no_receive, send)
         await send({"type": "http.response.start", "status": 200,
                     "headers": [(b"content-type", b"text/event-stream; charset=utf-8")]})
@@ -115,7 +140,7 @@ class Answer:
             end = _event("[DONE]")
         except Exception as exc:
             end = _event(error_body(exc))
-        self._done = True
+        await self._finish()
         await send({"type": "http.response.body", "body": end, "more_body": False})
 
 
@@ -149,10 +174,12 @@ async def _http_error(request: Request, exc: Exception) -> Response:
 
 class Api:
     """The routes of the API over the engine ``worker`` runs; bodies of at most ``max_body`` bytes, each
-    arriving within ``body_timeout`` seconds."""
+    arriving within ``body_timeout`` seconds; the conversations nobody named kept as ``retention`` says (None: all
+    kept), at the time ``clock`` (seconds since the epoch) reads."""
 
     def __init__(self, worker: EngineWorker, *, max_body: int = DEFAULT_MAX_BODY,
-                 body_timeout: float = DEFAULT_BODY_TIMEOUT) -> None:
+                 body_timeout: float = DEFAULT_BODY_TIMEOUT, retention: UnnamedRetention | None = None,
+                 clock: Callable[[], float] = time.time) -> None:
         if not is_int(max_body, 1):
             raise FieldError("max_body", "an integer >= 1 (bytes)", max_body)
         if isinstance(body_timeout, bool) or not isinstance(body_timeout, (int, float)) or not body_timeout > 0:
@@ -160,8 +187,30 @@ class Api:
         self.worker = worker
         self.model_name = worker.engine.model_name
         self.context = worker.engine.context
+        if retention is not None and not isinstance(retention, UnnamedRetention):
+            raise FieldError("retention", "an UnnamedRetention or None", type(retention).__name__)
+        if not callable(clock):
+            raise FieldError("clock", "a function of no arguments giving seconds since the epoch", clock)
         self.max_body, self.body_timeout = max_body, body_timeout
+        self.retention, self.clock = retention, clock
         self.created = int(time.time())
+
+    def retain(self) -> Job | None:
+        """Queue the deletion of what the retention policy does not keep now, behind the requests queued before
+        (called on the server's loop); its job, None without a policy."""
+        policy, now = self.retention, self.clock()
+        if policy is None:
+            return None
+        return self.worker.submit(lambda engine: enforce(engine, policy, now))
+
+    def retain_now(self) -> None:
+        """:meth:`retain`, returning once it is done (called where no event loop runs, before the server serves)."""
+        async def retained() -> None:
+            job = self.retain()
+            if job is not None:
+                await job.result()
+
+        asyncio.run(retained())
 
     def routes(self) -> list[BaseRoute]:
         """One mount, ``/v1``, whose unknown paths and methods are answered in OpenAI's shape."""
@@ -171,7 +220,8 @@ class Api:
                   Route("/models/{model:path}", _answering(self._model), methods=["GET"]),
                   Route("/kvckpt/conversations", _answering(self._conversations), methods=["GET"]),
                   Route("/kvckpt/conversations/{name}", _answering(self._conversation), methods=["GET", "DELETE"]),
-                  Route("/kvckpt/conversations/{name}/resume", _answering(self._resume), methods=["POST"])]
+                  Route("/kvckpt/conversations/{name}/resume", _answering(self._resume), methods=["POST"]),
+                  Route("/kvckpt/retention", _answering(self._retention), methods=["GET"])]
         return [Mount("/v1", app=Starlette(routes=routes, exception_handlers={HTTPException: _http_error}))]
 
     # ----- models -------------------------------------------------------------------------------
@@ -225,13 +275,14 @@ class Api:
         body = await read_json(request, self.max_body, self.body_timeout)
         stream, usage = self._how(body) if isinstance(body, Mapping) else (False, False)
         chat = ChatRequest.from_openai(body)
-        return Answer(self.worker.submit(lambda engine: engine.create(chat, stream=True)), stream, usage)
+        return Answer(self.worker.submit(lambda engine: engine.create(chat, stream=True)), stream, usage, self.retain)
 
     async def _text_completions(self, request: Request) -> Answer:
         body = await read_json(request, self.max_body, self.body_timeout)
         stream, usage = self._how(body) if isinstance(body, Mapping) else (False, False)
         completion = CompletionRequest.from_openai(body)
-        return Answer(self.worker.submit(lambda engine: engine.create(completion, stream=True)), stream, usage)
+        return Answer(self.worker.submit(lambda engine: engine.create(completion, stream=True)), stream, usage,
+                      self.retain)
 
     async def _resume(self, request: Request) -> Answer:
         name = validate_name(request.path_params["name"])
@@ -243,7 +294,8 @@ class Api:
                 raise FieldError(key, f"one of {list(_STREAM_KEYS)} (the saved request says the rest)",
                                  "an unknown key")
         stream, usage = self._how(body)
-        return Answer(self.worker.submit(lambda engine: engine.resume(name, stream=True)), stream, usage)
+        return Answer(self.worker.submit(lambda engine: engine.resume(name, stream=True)), stream, usage,
+                      self.retain)
 
     # ----- conversations ------------------------------------------------------------------------
 
@@ -251,6 +303,13 @@ class Api:
         infos = await self.worker.submit(lambda engine: engine.conversations()).result()
         return JSONResponse({"object": "list", "data": [{"object": "kvckpt.conversation", **info.to_json()}
                                                         for info in infos]})
+
+    async def _retention(self, request: Request) -> Response:
+        policy = self.retention
+        judged = [] if policy is None else await self.worker.submit(
+            lambda engine: judge(engine, policy, self.clock())).result()
+        return JSONResponse({"object": "kvckpt.retention", "policy": None if policy is None else policy.to_json(),
+                             "data": [{"object": "kvckpt.retained", **r.to_json()} for r in judged]})
 
     async def _conversation(self, request: Request) -> Response:
         name = validate_name(request.path_params["name"])
@@ -262,9 +321,12 @@ class Api:
 
 
 def make_api_server(worker: EngineWorker, *, max_body: int = DEFAULT_MAX_BODY,
-                    body_timeout: float = DEFAULT_BODY_TIMEOUT, **listening: Any) -> Server:
+                    body_timeout: float = DEFAULT_BODY_TIMEOUT, retention: UnnamedRetention | None = None,
+                    clock: Callable[[], float] = time.time, **listening: Any) -> Server:
     """A listening, not yet serving, server of the API alone over ``worker``'s engine, which a signal that stops
-    the server stops at once (:meth:`EngineWorker.stop`); ``listening`` are :func:`~.run.listen`'s ``host``,
-    ``port``, ``allow_remote``, ``idle_timeout`` and ``max_connections``."""
-    api = Api(worker, max_body=max_body, body_timeout=body_timeout)
+    the server stops at once (:meth:`EngineWorker.stop`); ``retention`` (enforced at once, then after each reply)
+    and ``clock`` as :class:`Api`'s; ``listening`` are :func:`~.run.listen`'s ``host``, ``port``,
+    ``allow_remote``, ``idle_timeout`` and ``max_connections``."""
+    api = Api(worker, max_body=max_body, body_timeout=body_timeout, retention=retention, clock=clock)
+    api.retain_now()
     return listen(lambda address: create_app(None, address, api.routes()), on_exit=worker.stop, **listening)

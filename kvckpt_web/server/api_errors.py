@@ -5,9 +5,11 @@ Each exception maps to one status, as OpenAI's API (or HTTP itself) answers it:
 * :class:`~kvckpt_web.errors.FieldError` (bad messages or settings): 400 ``invalid_request_error``, ``param``
   naming the field (``messages[1].role``, ``max_tokens``); a :class:`~kvckpt_web.errors.ContextFullError`
   has the code ``context_length_exceeded``;
-* :class:`~kvckpt_web.errors.ConflictError` (the conversation is busy, or another writer holds its name): 409;
+* :class:`~kvckpt_web.errors.ConflictError` (the conversation is busy, or another writer holds its name): 409,
+  with ``Retry-After`` (seconds) when the name is held by a lease that another replica may take over then;
 * :class:`~kvckpt_web.errors.NotFoundError` (no such conversation): 404;
 * :class:`~kvckpt_web.errors.CapacityError` (the cache has no room now) and a server stopping: 503;
+* a request beyond the queue (:class:`~.worker.Busy`): 503 with the code ``queue_full`` and ``Retry-After``;
 * :class:`~kvckpt_web.errors.DataError` (a stored checkpoint damaged or off its format: a
   :class:`~kvckpt_web.errors.FormatError`, :class:`~kvckpt_web.errors.MetadataError` or
   :class:`~kvckpt_web.errors.CorruptionError`): 500 ``server_error`` with the code ``damaged_data``, its message
@@ -21,7 +23,9 @@ The message is one line. :class:`ApiError` carries any other answer (a body too 
 
 from __future__ import annotations
 
+import math
 import sys
+import time
 import traceback
 from typing import Any
 
@@ -29,7 +33,7 @@ from starlette.responses import JSONResponse
 
 from ..errors import (CapacityError, ConflictError, ContextFullError, DataError, FieldError, KVCkptError,
                       NotFoundError)
-from .worker import ShuttingDown
+from .worker import Busy, ShuttingDown
 
 __all__ = ["ApiError", "api_error", "error_body", "error_response"]
 
@@ -57,9 +61,13 @@ def api_error(exc: BaseException) -> ApiError:
         code = "context_length_exceeded" if isinstance(exc, ContextFullError) else None
         return ApiError(400, message, param=exc.field, code=code)
     if isinstance(exc, ConflictError):
-        return ApiError(409, message, code="conflict")
+        retry = {} if exc.retry_at is None else {"retry-after": str(max(1, math.ceil(exc.retry_at - time.time())))}
+        return ApiError(409, message, code="conflict", headers=retry)
     if isinstance(exc, NotFoundError):
         return ApiError(404, message, code="not_found")
+    if isinstance(exc, Busy):
+        return ApiError(503, message, type="server_error", code="queue_full",
+                        headers={"retry-after": str(exc.retry_after)})
     if isinstance(exc, (CapacityError, ShuttingDown)):
         return ApiError(503, message, type="server_error", code="unavailable")
     if isinstance(exc, DataError):

@@ -6,13 +6,12 @@ on accepting connections and answering ``GET /v1/models``, static files and time
 generated. Work reaches the engine's loop through :func:`asyncio.run_coroutine_threadsafe`; what it yields
 (a streamed reply's chunks, or a result) comes back through a queue on the server's loop.
 
-Requests run one at a time, whole, in the order they arrived (:class:`asyncio.Lock` is FIFO), although the
-engine's cache lock would let replies take turns token by token (as llama.cpp's slots do): on one GPU, or on
-two CPU cores, interleaved replies each run at a fraction of the speed and none finishes sooner; a request
-waits for the previous one instead of racing it for cache room it may evict (``cached_tokens`` then says
-what a lone request gets); and :meth:`Job.cancel` can stop exactly its own reply with
-:meth:`~kvckpt_web.engine.Engine.interrupt`, which stops every reply running. WebLLM serves one request at
-a time too.
+Requests run concurrently, as many as the engine's cache holds conversations (``EngineConfig.sequences``): the
+engine's scheduler decodes every running reply in one forward and prefills a new prompt chunk by chunk between
+them. Beyond that, requests wait in arrival order, at most ``queue`` of them (:data:`DEFAULT_QUEUE`); beyond the
+queue a request is refused at once with :class:`Busy` (503 with ``Retry-After``), so that the wait a client sees
+stays bounded. A client that goes away stops exactly its own reply (its stream is closed after its current
+token, saved and resumable); a stopping server interrupts every reply.
 """
 
 from __future__ import annotations
@@ -23,16 +22,29 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from concurrent.futures import Future
 from typing import TYPE_CHECKING, Any
 
+from ..checks import check_int
 from ..errors import KVCkptError
 
 if TYPE_CHECKING:
     from ..engine import Engine
 
-__all__ = ["EngineWorker", "Job", "ShuttingDown"]
+__all__ = ["DEFAULT_QUEUE", "RETRY_AFTER_S", "Busy", "EngineWorker", "Job", "ShuttingDown"]
+
+DEFAULT_QUEUE = 16
+"""Requests that may wait for a running one to end, beyond those running (``kvckpt serve --api --queue``)."""
+RETRY_AFTER_S = 1
+"""The ``Retry-After`` seconds of a request refused because the queue is full."""
 
 
 class ShuttingDown(KVCkptError):
     """The server is stopping: the request was not run."""
+
+
+class Busy(KVCkptError):
+    """Every sequence of the cache runs a request and the queue is full: the request was not run; try again
+    after :attr:`retry_after` seconds."""
+
+    retry_after = RETRY_AFTER_S
 
 
 class Job:
@@ -45,7 +57,6 @@ class Job:
         self._server_loop = asyncio.get_running_loop()
         self._queue: asyncio.Queue[tuple[str, Any]] = asyncio.Queue()
         self._cancelled = False  # read and written on the engine's loop only
-        self._running = False
 
     async def result(self) -> Any:
         """What the work returned (an async iterator's items then come from :meth:`items`); raises what it
@@ -73,9 +84,7 @@ class Job:
     # ----- on the engine's loop -----------------------------------------------------------------
 
     def _stop(self) -> None:
-        self._cancelled = True
-        if self._running:
-            self._worker.engine.interrupt()  # one request runs at a time: it is this one's reply
+        self._cancelled = True  # a reply being streamed stops after its current token (see _run)
 
     def _put(self, kind: str, value: Any = None) -> None:
         try:
@@ -84,48 +93,56 @@ class Job:
             pass
 
     async def _run(self, engine: "Engine") -> None:
-        self._running = True
         try:
-            try:
-                value = await self._work(engine)
-            except Exception as exc:
-                return self._put("error", exc)
-            self._put("value", value)
-            if not isinstance(value, AsyncIterator):
-                return
-            if self._cancelled:  # cancelled while its reply was being placed: stop it at its first token
-                engine.interrupt()
-            try:
-                async for item in value:
-                    self._put("item", item)
-            except Exception as exc:
-                return self._put("error", exc)
-            self._put("end")
-        finally:
-            self._running = False
+            value = await self._work(engine)
+        except Exception as exc:
+            return self._put("error", exc)
+        self._put("value", value)
+        if not isinstance(value, AsyncIterator):
+            return
+        try:
+            async for item in value:
+                self._put("item", item)
+                if self._cancelled:  # the client went away: its reply alone stops (saved, resumable)
+                    await value.aclose()
+                    break
+        except Exception as exc:
+            return self._put("error", exc)
+        self._put("end")
 
 
 class EngineWorker:
-    """An engine built and run on a daemon thread; :meth:`submit` gives it work from the server's loop."""
+    """An engine built and run on a daemon thread; :meth:`submit` gives it work from the server's loop, run as the
+    module says: up to the cache's sequences at once, then ``queue`` waiting (:data:`DEFAULT_QUEUE`)."""
 
-    def __init__(self, build: Callable[[], "Engine"]) -> None:
+    def __init__(self, build: Callable[[], "Engine"], *, queue: int = DEFAULT_QUEUE) -> None:
         """Start the thread and build the engine there with ``build`` (opening the device, loading the model);
         raises what ``build`` raised."""
+        self.queue = check_int("queue", queue, 0)
         self._loop = asyncio.new_event_loop()
-        self._turn: asyncio.Lock | None = None
+        self._slots: asyncio.Semaphore | None = None
+        self._serving: set[asyncio.Future[None]] = set()  # on the engine's loop
         self._closing = False
-        self.queued = 0
-        """Requests waiting for the one being answered to end."""
+        self._admitted = 0  # requests submitted and not ended, under _count
+        self._count = threading.Lock()
         built: Future[Engine] = Future()
         self._thread = threading.Thread(target=self._main, args=(build, built), daemon=True, name="kvckpt-engine")
         self._thread.start()
         self.engine: Engine = built.result()
+        self.concurrent = self.engine.config.sequences
+        """Requests that run at once: one a sequence of the cache."""
+
+    @property
+    def queued(self) -> int:
+        """Requests waiting for a running one to end."""
+        with self._count:
+            return max(0, self._admitted - self.concurrent)
 
     def _main(self, build: Callable[[], "Engine"], built: "Future[Engine]") -> None:
         asyncio.set_event_loop(self._loop)
         try:
             engine = build()
-            self._turn = asyncio.Lock()
+            self._slots = asyncio.Semaphore(engine.config.sequences)
         except BaseException as exc:
             built.set_exception(exc)
             self._loop.close()
@@ -143,23 +160,34 @@ class EngineWorker:
             pass
 
     def submit(self, work: Callable[["Engine"], Awaitable[Any]]) -> Job:
-        """Queue ``work(engine)`` behind the requests before it (called on the server's loop)."""
+        """Queue ``work(engine)`` behind the requests before it (called on the server's loop); :class:`Busy` if
+        the queue is full."""
+        with self._count:
+            if self._admitted >= self.concurrent + self.queue:
+                raise Busy(f"serve: expected a free place among {self.concurrent} running and {self.queue} queued "
+                           f"requests, got none; try again in {RETRY_AFTER_S} s")
+            self._admitted += 1
         job = Job(self, work)
         asyncio.run_coroutine_threadsafe(self._serve(job), self._loop)
         return job
 
     async def _serve(self, job: Job) -> None:
-        self.queued += 1
-        async with self._turn:
-            self.queued -= 1
-            if self._closing:
-                return job._put("error", ShuttingDown("serve: the server is stopping; the request was not run"))
-            if job._cancelled:
-                return job._put("error", KVCkptError("serve: the client went away before its request ran"))
-            await job._run(self.engine)
+        task = asyncio.current_task()
+        self._serving.add(task)
+        try:
+            async with self._slots:
+                if self._closing:
+                    return job._put("error", ShuttingDown("serve: the server is stopping; the request was not run"))
+                if job._cancelled:
+                    return job._put("error", KVCkptError("serve: the client went away before its request ran"))
+                await job._run(self.engine)
+        finally:
+            self._serving.discard(task)
+            with self._count:
+                self._admitted -= 1
 
     def stop(self) -> None:
-        """Stop the reply being generated after its current token (it is saved, resumable) and refuse every
+        """Stop every reply being generated after its current token (each is saved, resumable) and refuse every
         request from now on (those queued too). Callable from any thread, and from a signal handler."""
         self._call_soon(self._stop)
 
@@ -168,15 +196,16 @@ class EngineWorker:
         self.engine.interrupt()
 
     def close(self) -> None:
-        """:meth:`stop`, then close the engine (its cache's GPU memory) and end the thread. Call it from another
-        thread than the engine's."""
+        """:meth:`stop`, then close the engine (its cache's GPU memory) once every request ended, and end the
+        thread. Call it from another thread than the engine's."""
         if not self._thread.is_alive():
             return
 
         async def close() -> None:
             self._stop()
-            async with self._turn:
-                await self.engine.close()
+            while self._serving:
+                await asyncio.gather(*self._serving, return_exceptions=True)
+            await self.engine.close()
 
         try:
             asyncio.run_coroutine_threadsafe(close(), self._loop).result()

@@ -11,8 +11,10 @@ unchanged since it was read (conditional PUTs): ``kvckpt_web/durable/FORMAT.md``
 from __future__ import annotations
 
 import json
+import os
 import re
 import secrets
+import socket
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
@@ -22,8 +24,9 @@ from ..errors import FieldError, is_int
 from ..jsontext import unique_keys
 
 __all__ = ["CLAIM_FORMAT", "CLAIM_VERSION", "CLOCK_SKEW_SECONDS", "DEFAULT_LEASE_SECONDS", "MAX_CLAIM_BYTES",
-           "MAX_LEASE_SECONDS", "ClaimValue", "Lease", "Leases", "check_lease_seconds", "claim_runs_until",
-           "decode_claim", "encode_claim", "is_holder", "new_holder"]
+           "MAX_LEASE_SECONDS", "MAX_WRITER_CHARS", "ClaimValue", "Lease", "Leases", "check_lease_seconds",
+           "check_writer", "claim_runs_until", "decode_claim", "default_writer", "encode_claim", "is_holder",
+           "is_writer", "new_holder"]
 
 DEFAULT_LEASE_SECONDS = 30.0
 """How long a claim held as a lease runs unless renewed."""
@@ -40,6 +43,9 @@ CLAIM_VERSION = 1
 MAX_CLAIM_BYTES = 1024
 """The longest claim object a claimer reads; a longer one is no claim of this version."""
 
+MAX_WRITER_CHARS = 128
+"""The longest ``writer`` a claim object names (in characters)."""
+
 _HOLDER_RE = re.compile(r"[0-9a-f]{32}")
 _KEYS = frozenset({"expires_ms", "format", "holder", "name", "version"})
 
@@ -54,6 +60,23 @@ def is_holder(value: Any) -> bool:
     return isinstance(value, str) and _HOLDER_RE.fullmatch(value) is not None
 
 
+def default_writer() -> str:
+    """Who a claim names as its writer unless told: this machine's host name and this process's id."""
+    return f"{socket.gethostname()} pid {os.getpid()}"[:MAX_WRITER_CHARS]
+
+
+def is_writer(value: Any) -> bool:
+    """Whether ``value`` can be a claim's ``writer``: 1 to :data:`MAX_WRITER_CHARS` printable characters."""
+    return isinstance(value, str) and 0 < len(value) <= MAX_WRITER_CHARS and value.isprintable()
+
+
+def check_writer(field: str, value: Any) -> str:
+    """``value`` if it can be a claim's ``writer`` (see :func:`is_writer`)."""
+    if not is_writer(value):
+        raise FieldError(field, f"1 to {MAX_WRITER_CHARS} printable characters (who holds a claim)", value)
+    return value
+
+
 def check_lease_seconds(field: str, value: Any) -> float:
     """``value`` as a float if it is a lease length: more than 0 and at most :data:`MAX_LEASE_SECONDS`."""
     seconds = check_seconds(field, value)
@@ -64,34 +87,40 @@ def check_lease_seconds(field: str, value: Any) -> float:
 
 @dataclass(frozen=True)
 class ClaimValue:
-    """What a claim object says: whose the claim of ``name`` is, and until when (Unix time, milliseconds)."""
+    """What a claim object says: whose the claim of ``name`` is, and until when (Unix time, milliseconds);
+    ``writer`` names the process that holds it for people (None: a claim that names none)."""
 
     name: str
     holder: str
     expires_ms: int
+    writer: str | None = None
 
 
 def encode_claim(value: ClaimValue) -> bytes:
     """The bytes of a claim object: compact JSON, keys sorted, UTF-8."""
     body = {"expires_ms": value.expires_ms, "format": CLAIM_FORMAT, "holder": value.holder, "name": value.name,
             "version": CLAIM_VERSION}
+    if value.writer is not None:
+        body["writer"] = value.writer
     return json.dumps(body, sort_keys=True, separators=(",", ":")).encode()
 
 
 def decode_claim(name: str, data: bytes) -> ClaimValue | None:
     """The claim of ``name`` that ``data`` holds; None if it is none by the rules of version 1 (too long, not
-    UTF-8 JSON of exactly the keys, another format, version or name, a field that breaks its rule)."""
+    UTF-8 JSON of exactly the keys, ``writer`` optional, another format, version or name, a field that breaks its
+    rule)."""
     if len(data) > MAX_CLAIM_BYTES:
         return None
     try:
         body = json.loads(data.decode("utf-8"), object_pairs_hook=unique_keys)
     except ValueError:  # UnicodeDecodeError and duplicate keys included
         return None
-    if (not isinstance(body, dict) or body.keys() != _KEYS or body["format"] != CLAIM_FORMAT
+    if (not isinstance(body, dict) or body.keys() - {"writer"} != _KEYS or body["format"] != CLAIM_FORMAT
             or not is_int(body["version"], CLAIM_VERSION, CLAIM_VERSION) or body["name"] != name
-            or not is_holder(body["holder"]) or not is_int(body["expires_ms"], 0, 2**53 - 1)):
+            or not is_holder(body["holder"]) or not is_int(body["expires_ms"], 0, 2**53 - 1)
+            or ("writer" in body and not is_writer(body["writer"]))):
         return None
-    return ClaimValue(name, body["holder"], body["expires_ms"])
+    return ClaimValue(name, body["holder"], body["expires_ms"], body.get("writer"))
 
 
 def claim_runs_until(value: ClaimValue | None, last_modified: float) -> float:

@@ -33,6 +33,7 @@ from __future__ import annotations
 import asyncio
 import os
 import time
+from datetime import datetime, timezone
 from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import AbstractAsyncContextManager
@@ -40,10 +41,11 @@ from functools import partial
 from typing import Any
 
 from ..checks import check_callable, check_instance, check_seconds
-from ..errors import FieldError, StoreError
+from ..errors import ConflictError, FieldError, StoreError
 from .base import CLAIM_PREFIX, DEFAULT_LOCK_TIMEOUT, LocalLock, Store, check_value_size
 from .leases import (CLOCK_SKEW_SECONDS, DEFAULT_LEASE_SECONDS, MAX_CLAIM_BYTES, ClaimValue, Lease, Leases,
-                     check_lease_seconds, claim_runs_until, decode_claim, encode_claim, new_holder)
+                     check_lease_seconds, check_writer, claim_runs_until, decode_claim, default_writer, encode_claim,
+                     new_holder)
 
 __all__ = ["DEFAULT_GRACE_SECONDS", "FAULT_STEPS", "REQUEST_THREADS", "SETTLE_CONCURRENCY", "ObjectStore"]
 
@@ -88,7 +90,8 @@ class ObjectStore(Store):
     ``store`` is an obstore store object (``obstore.store.S3Store(...)``, ``from_url(...)``); keys are paths
     under it (its ``prefix``, if any, in front). :meth:`from_url` opens one from a URL, with the endpoint and
     credentials from the usual environment variables. ``grace_seconds`` is the period of :meth:`settled`,
-    ``lease_seconds`` how long a claim runs unless renewed; ``clock`` (default ``time.time``) is what ages and
+    ``lease_seconds`` how long a claim runs unless renewed, ``writer`` who its claims say holds them (default
+    :func:`~.leases.default_writer`: the host name and process id); ``clock`` (default ``time.time``) is what ages and
     leases are measured with; ``fault``, if given, is called with
     each step name of :data:`FAULT_STEPS` before that request, for fault-injection tests.
 
@@ -100,8 +103,8 @@ class ObjectStore(Store):
 
     def __init__(self, store: Any, *, url: str | None = None, read_only: bool = False,
                  lock_timeout: float = DEFAULT_LOCK_TIMEOUT, grace_seconds: float = DEFAULT_GRACE_SECONDS,
-                 lease_seconds: float = DEFAULT_LEASE_SECONDS, clock: Callable[[], float] | None = None,
-                 fault: Callable[[str], None] | None = None) -> None:
+                 lease_seconds: float = DEFAULT_LEASE_SECONDS, writer: str | None = None,
+                 clock: Callable[[], float] | None = None, fault: Callable[[str], None] | None = None) -> None:
         super().__init__(read_only=read_only, lock_timeout=lock_timeout)
         obstore = _obstore()
         self._obs = obstore
@@ -111,6 +114,7 @@ class ObjectStore(Store):
         self._clock = check_callable("clock", clock) or time.time
         self.fault = check_callable("fault", fault)
         self.lease_seconds = check_lease_seconds("lease_seconds", lease_seconds)
+        self.writer = default_writer() if writer is None else check_writer("writer", writer)
         self._lock_flag = LocalLock(f"{self!r} (this object's)")
         self._leases = Leases(self._clock)
         self._threads: ThreadPoolExecutor | None = None
@@ -299,7 +303,7 @@ class ObjectStore(Store):
         the lease still runs (after that, another writer may have taken it over: it is left to them)."""
         key = CLAIM_PREFIX + name
         lease = Lease(new_holder(), self._clock(), self.lease_seconds, None)
-        value = encode_claim(ClaimValue(name, lease.holder, lease.expires_ms()))
+        value = encode_claim(ClaimValue(name, lease.holder, lease.expires_ms(), self.writer))
         lease.tag = await self._put_claim(key, value, "create")
         if lease.tag is None:
             lease.tag = await self._take_over(name, key, value)
@@ -323,17 +327,27 @@ class ObjectStore(Store):
         else:
             meta = answer.meta
             found = decode_claim(name, await self._body(key, answer)) if meta["size"] <= MAX_CLAIM_BYTES else None
-            if self._clock() <= claim_runs_until(found, meta["last_modified"].timestamp()) + CLOCK_SKEW_SECONDS:
-                raise self._claimed(name)
+            runs_until = claim_runs_until(found, meta["last_modified"].timestamp())
+            if self._clock() <= runs_until + CLOCK_SKEW_SECONDS:
+                raise self._held_by(name, found, runs_until)
             tag = await self._put_claim(key, value, {"e_tag": meta["e_tag"]})
         if tag is None:
             raise self._claimed(name)
         return tag
 
+    def _held_by(self, name: str, found: ClaimValue | None, runs_until: float) -> ConflictError:
+        """The error of a claim of ``name`` that the claim object ``found`` holds until ``runs_until``: who holds it
+        and until when, and from when another writer may take it over if it is not renewed (``retry_at``)."""
+        who = "another writer" if found is None or found.writer is None else f"writer {found.writer!r}"
+        retry_at = runs_until + CLOCK_SKEW_SECONDS
+        return ConflictError(f"claim {name!r} of {self.location}: held by {who} of that name until {_utc(runs_until)} "
+                             f"unless renewed (another writer may take it over from {_utc(retry_at)}); nothing was "
+                             "written", retry_at=retry_at)
+
     async def _renew_claim(self, name: str) -> None:
         async def put(lease: Lease) -> bool:
             started = self._clock()
-            value = encode_claim(ClaimValue(name, lease.holder, int((started + lease.seconds) * 1000)))
+            value = encode_claim(ClaimValue(name, lease.holder, int((started + lease.seconds) * 1000), self.writer))
             tag = await self._put_claim(CLAIM_PREFIX + name, value, {"e_tag": lease.tag})
             if tag is not None:
                 lease.started, lease.tag = started, tag
@@ -357,6 +371,11 @@ class ObjectStore(Store):
         except (self._obs.exceptions.BaseError, OSError) as exc:
             raise self._error("claim", key, exc) from exc
         return answer["e_tag"]
+
+
+def _utc(seconds: float) -> str:
+    """Unix time ``seconds`` as an ISO 8601 UTC time to the second."""
+    return datetime.fromtimestamp(seconds, timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def _location(obstore: Any, store: Any) -> str:

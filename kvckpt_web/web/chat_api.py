@@ -229,10 +229,11 @@ class BrowserEngine:
         if stream is not None:
             await stream.aclose()
 
-    def interrupt(self) -> None:
-        """Stop every reply being generated after its current token (each stays resumable)."""
+    def interrupt(self, name: str | None = None) -> None:
+        """Stop the reply being generated in conversation ``name`` (without it, every reply) after its current token
+        (each stays resumable)."""
         if self.engine is not None:
-            self.engine.interrupt()
+            self.engine.interrupt(name)
 
     # ----- conversations --------------------------------------------------------------------------
 

@@ -156,7 +156,7 @@ export class EngineWorker {
   // Stop reading stream `id` (its reply stops as an interrupt stops it); resolves once it stopped.
   cancel(id) { return this.reading.get(id)?.cancel() ?? null; }
 
-  interrupt() { this.api.interrupt(); return null; }
+  interrupt(name) { this.api.interrupt(name ?? undefined); return null; }
   async conversations() { return JSON.parse(await this.api.conversations()); }
   async unfinished() { return JSON.parse(await this.api.unfinished()); }
   async conversation(name) { return JSON.parse(await this.api.conversation(name)); }

@@ -129,9 +129,9 @@ export class Engine {
     return stream;
   }
 
-  // Stop every reply being generated after its current token; each ends with finish_reason "abort" and stays
-  // resumable.
-  interrupt() { return this.worker.call("interrupt"); }
+  // Stop the reply being generated in conversation `name` (without it, every reply) after its current token; it ends
+  // with finish_reason "abort" and stays resumable.
+  interrupt(name) { return this.worker.call("interrupt", name); }
 
   // Conversations whose last reply was cut by a crash or stopped (ConversationInfo objects, newest first).
   unfinished() { return this.worker.call("unfinished"); }

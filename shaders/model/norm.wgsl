@@ -1,8 +1,8 @@
-// RMSNorm: out[t, i] = x[first + t, i] / sqrt(mean_i(x[first + t, :]^2) + eps) * weight[i], for each token t.
+// RMSNorm: out[t, i] = x[t, i] / sqrt(mean_i(x[t, :]^2) + eps) * weight[i], for each token t.
 //
 // Bindings (group 0):
 //   0  uniform                  Params
-//   1  storage, read            x       (first + tokens, dim) f32, row-major
+//   1  storage, read            x       (tokens, dim) f32, row-major
 //   2  storage, read            weight  (dim) f32
 //   3  storage texture, write   out     token t's features 4i .. 4i + 3 in texel (i, t), as f32 bits (the input of
 //                                       the products: quant.wgsl)
@@ -12,7 +12,6 @@
 struct Params {
   tokens: u32,
   dim: u32,
-  first: u32,
   eps: f32,
 }
 
@@ -27,7 +26,7 @@ fn rms_norm(@builtin(global_invocation_id) gid: vec3<u32>) {
   if (t >= params.tokens) {
     return;
   }
-  let base = (params.first + t) * params.dim;
+  let base = t * params.dim;
   var squares = 0.0;
   for (var i = 0u; i < params.dim; i = i + 1u) {
     squares = squares + x[base + i] * x[base + i];

@@ -15,7 +15,7 @@
 //   2  storage, read        pages       one layer of the cache, float16 [num_total_pages, 2, num_kv_heads, page_size,
 //                                       head_dim] as vec4<u32> of eight halves (element 2w in the low half of word w)
 //   3  storage, read        tokens      per token: vec4(position in its sequence, cache slot, offset of its
-//                                       sequence's page table in page_table, unused)
+//                                       sequence's page table in page_table, its sequence's keys per split)
 //   4  storage, read        page_table  u32: the page tables of the forward's sequences, back to back
 //   5  storage, read        tiles       per tile: vec2(first token, rows): up to ROWS consecutive tokens of one
 //                                       sequence
@@ -27,7 +27,9 @@
 // position p attends to positions 0..p of its sequence, read through its page table; in a sliding-window layer
 // only to those of p - window + 1..p (the pages keep every key; older ones are masked, and skipped by the loop
 // where the whole tile's window begins later). Split s covers key positions
-// [s * keys_per_split, (s + 1) * keys_per_split); a token at position p has p / keys_per_split + 1 splits.
+// [s * keys_per_split, (s + 1) * keys_per_split), keys_per_split its sequence's (chosen from that sequence alone,
+// so a row's sums are the same whatever else the forward runs); a token at position p has p / keys_per_split + 1
+// splits, num_splits the most any token has.
 // Invocation i computes, for one (tile, KV head, split), all ROWS x GROUP (token, query head) rows of the tile
 // that read that KV head: each K and V word is loaded once for all of them. Keys are visited in position order,
 // with a running maximum and f32 sums; no atomics, no reductions across invocations, so the result is the same
@@ -41,7 +43,7 @@ struct Params {
   num_qo_heads: u32,
   num_kv_heads: u32,
   page_size: u32,
-  keys_per_split: u32,
+  unused: u32,
   num_splits: u32,
   scale: f32,
   window: u32,  // keys a query sees at most, itself included (a sliding-window layer), else 0xffffffff
@@ -84,12 +86,13 @@ fn attend(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups
   let kv_head = (i / params.num_splits) % params.num_kv_heads;
   let tile = tiles[i / (params.num_splits * params.num_kv_heads)];
   let first = tokens[tile.x];
-  let key_begin = split * params.keys_per_split;
+  let keys_per_split = first.w;
+  let key_begin = split * keys_per_split;
   let last_position = first.x + tile.y - 1u;
   if (key_begin > last_position) {
     return;
   }
-  let key_end = min(key_begin + params.keys_per_split, last_position + 1u);
+  let key_end = min(key_begin + keys_per_split, last_position + 1u);
   // the first key any row of the tile sees (rows past the window's start are masked below)
   let key_start = max(key_begin, first.x - min(first.x, params.window - 1u));
   let heads = params.num_qo_heads + 2u * params.num_kv_heads;

@@ -18,7 +18,8 @@
 // texel (i, t). On a CPU adapter a texel fetch loads 16 bytes a lane; the uniform buffers they were read from
 // before gathered each float lane by lane (the same values for every lane).
 //
-// Bindings (group 0), products (matvec, q4_1_gated, and for several tokens matmul, q4_1_gated_matmul):
+// Bindings (group 0), products (matvec, q4_1_gated, and for several tokens matmul, q4_1_gated_matmul; the Q8_0
+// forms of the products q8_0_matvec and q8_0_matmul):
 //   0  uniform                  Params
 //   1  texture (SAMPLED = 1: texture_2d<u32>, else read-only storage), weights
 //   2  texture (as binding 1)   x
@@ -190,6 +191,34 @@ fn matvec(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id) li
   store(r0 + {j}u, wg.y, s{j});  // each j < ROWS
 }
 
+// matvec of Q8_0 weights, each block in halves: weights 0-15 of the 8 rows with activations 0-15, then weights
+// 16-31 with activations 16-31, so that 4 of a block's 8 activation texels are live at a time (llvmpipe, given all
+// 32 activations and 8 rows' weights at once, spilled registers: the Gemma head's product took 1.25x the CPU time,
+// bench/notes/2026-12-07-gemma-head.md). The same sums as matvec's (q8_0_dot's halves, quant_types.wgsl).
+
+@compute @workgroup_size(8)
+fn q8_0_matvec(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>) {
+  let r0 = 64u * wg.x + 8u * lid.x;
+  if (r0 >= params.rows) {
+    return;
+  }
+  var s{j} = 0.0;  // each j < ROWS
+  for (var b = 0u; b < params.blocks; b = b + 1u) {
+    let v0 = x_at(8u * b, wg.y);
+    let v1 = x_at(8u * b + 1u, wg.y);
+    let v2 = x_at(8u * b + 2u, wg.y);
+    let v3 = x_at(8u * b + 3u, wg.y);
+    let low{j} = q8_0_low(int8s4(data(wg.x, lid.x, b, 0u, {j}u)), v0, v1, v2, v3);  // each j < ROWS
+    let v4 = x_at(8u * b + 4u, wg.y);
+    let v5 = x_at(8u * b + 5u, wg.y);
+    let v6 = x_at(8u * b + 6u, wg.y);
+    let v7 = x_at(8u * b + 7u, wg.y);
+    let sc = scales(wg.x, lid.x, b);
+    s{j} += unpack2x16float(scale_word(sc, 0u, {j}u)).x * q8_0_high(low{j}, int8s4(data(wg.x, lid.x, b, 1u, {j}u)), v4, v5, v6, v7);  // each j < ROWS
+  }
+  store(r0 + {j}u, wg.y, s{j});  // each j < ROWS
+}
+
 @compute @workgroup_size(8)
 fn q4_1_gated(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>) {
   let r0 = 64u * wg.x + 8u * lid.x;
@@ -226,6 +255,35 @@ fn matmul(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id) li
     let sc = scales(wg.x, lid.x, b / UNIT);
     let w{j} = read_weights(wg.x, lid.x, b, {j}u, sc);  // each j < ROWS
     s{j}_{k} += weights_dot(w{j}, a{k}, h{k});  // each j < ROWS, k < TILE
+  }
+  if (wg.y * TILE + {k}u < params.tokens) { store(r0 + {j}u, t{k}, s{j}_{k}); }  // each j < ROWS, k < TILE
+}
+
+// matmul of Q8_0 weights, each block in halves as q8_0_matvec (the same sums as matmul's).
+
+@compute @workgroup_size(8)
+fn q8_0_matmul(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>) {
+  let r0 = 64u * wg.x + 8u * lid.x;
+  if (r0 >= params.rows) {
+    return;
+  }
+  let t{k} = min(wg.y * TILE + {k}u, params.tokens - 1u);  // each k < TILE
+  var s{j}_{k} = 0.0;  // each j < ROWS, k < TILE
+  for (var b = 0u; b < params.blocks; b = b + 1u) {
+    let v0_{k} = x_at(8u * b, t{k});  // each k < TILE
+    let v1_{k} = x_at(8u * b + 1u, t{k});  // each k < TILE
+    let v2_{k} = x_at(8u * b + 2u, t{k});  // each k < TILE
+    let v3_{k} = x_at(8u * b + 3u, t{k});  // each k < TILE
+    let p{j} = int8s4(data(wg.x, lid.x, b, 0u, {j}u));  // each j < ROWS
+    let low{j}_{k} = q8_0_low(p{j}, v0_{k}, v1_{k}, v2_{k}, v3_{k});  // each j < ROWS, k < TILE
+    let v4_{k} = x_at(8u * b + 4u, t{k});  // each k < TILE
+    let v5_{k} = x_at(8u * b + 5u, t{k});  // each k < TILE
+    let v6_{k} = x_at(8u * b + 6u, t{k});  // each k < TILE
+    let v7_{k} = x_at(8u * b + 7u, t{k});  // each k < TILE
+    let sc = scales(wg.x, lid.x, b);
+    let q{j} = int8s4(data(wg.x, lid.x, b, 1u, {j}u));  // each j < ROWS
+    let d{j} = unpack2x16float(scale_word(sc, 0u, {j}u)).x;  // each j < ROWS
+    s{j}_{k} += d{j} * q8_0_high(low{j}_{k}, q{j}, v4_{k}, v5_{k}, v6_{k}, v7_{k});  // each j < ROWS, k < TILE
   }
   if (wg.y * TILE + {k}u < params.tokens) { store(r0 + {j}u, t{k}, s{j}_{k}); }  // each j < ROWS, k < TILE
 }

@@ -177,14 +177,33 @@ struct Q8 {
   q4: vec4<f32>, q5: vec4<f32>, q6: vec4<f32>, q7: vec4<f32>,
 }
 
+// The 16 int8 of a texel (one int8s each word).
+struct Int8x16 {
+  q0: vec4<f32>, q1: vec4<f32>, q2: vec4<f32>, q3: vec4<f32>,
+}
+
+fn int8s4(w: vec4<u32>) -> Int8x16 {
+  return Int8x16(int8s(w.x), int8s(w.y), int8s(w.z), int8s(w.w));
+}
+
 fn q8_0(p: vec4<u32>, q: vec4<u32>, scale: u32) -> Q8 {
-  return Q8(unpack2x16float(scale).x, int8s(p.x), int8s(p.y), int8s(p.z), int8s(p.w), int8s(q.x), int8s(q.y),
-            int8s(q.z), int8s(q.w));
+  let low = int8s4(p);
+  let high = int8s4(q);
+  return Q8(unpack2x16float(scale).x, low.q0, low.q1, low.q2, low.q3, high.q0, high.q1, high.q2, high.q3);
+}
+
+// A block's dot product dq in two halves: weights 0-15 (`low`), then on from it weights 16-31.
+fn q8_0_low(q: Int8x16, v0: vec4<f32>, v1: vec4<f32>, v2: vec4<f32>, v3: vec4<f32>) -> f32 {
+  return dot(q.q0, v0) + dot(q.q1, v1) + dot(q.q2, v2) + dot(q.q3, v3);
+}
+
+fn q8_0_high(low: f32, q: Int8x16, v4: vec4<f32>, v5: vec4<f32>, v6: vec4<f32>, v7: vec4<f32>) -> f32 {
+  return low + dot(q.q0, v4) + dot(q.q1, v5) + dot(q.q2, v6) + dot(q.q3, v7);
 }
 
 fn q8_0_dot(w: Q8, a: Acts) -> f32 {
-  return w.d * (dot(w.q0, a.v0) + dot(w.q1, a.v1) + dot(w.q2, a.v2) + dot(w.q3, a.v3) + dot(w.q4, a.v4)
-                + dot(w.q5, a.v5) + dot(w.q6, a.v6) + dot(w.q7, a.v7));
+  return w.d * q8_0_high(q8_0_low(Int8x16(w.q0, w.q1, w.q2, w.q3), a.v0, a.v1, a.v2, a.v3),
+                         Int8x16(w.q4, w.q5, w.q6, w.q7), a.v4, a.v5, a.v6, a.v7);
 }
 
 // The products' view of block b of row j of invocation l of tile t (scale texels sc), and its product with the

@@ -3,7 +3,8 @@
 // Order: larger values first; among equal values the lower index first (so k = 1 is argmax, lowest index
 // winning ties): a total order, so the result depends neither on scheduling nor on the order of the offers.
 // Two passes with the same insertion rule:
-//   chunk_topk: invocation c keeps the top k of values[c * chunk .. (c + 1) * chunk) (scanned in index order)
+//   chunk_topk: invocation c keeps the top k of values[c * chunk .. (c + 1) * chunk) (scanned in index order; value
+//               i is values[first + i]: one row of a buffer of several)
 //               and writes them to candidates[c * k ..], best first (slots past the chunk's size: index
 //               0xffffffff, which marks an empty slot; merge_topk skips them)
 //   merge_topk: one invocation offers all candidates and writes the top k to `best`
@@ -17,6 +18,7 @@ struct Params {
   k: u32,
   chunk: u32,
   chunks: u32,
+  first: u32,
 }
 
 const K_MAX: u32 = 64u;
@@ -69,7 +71,7 @@ fn chunk_topk(@builtin(global_invocation_id) gid: vec3<u32>) {
   clear_top();
   let end = min(params.n, (c + 1u) * params.chunk);
   for (var i = c * params.chunk; i < end; i = i + 1u) {
-    offer(values[i], i);
+    offer(values[params.first + i], i);
   }
   for (var j = 0u; j < params.k; j = j + 1u) {
     candidates[c * params.k + j] = vec2<u32>(bitcast<u32>(top_value[j]), top_index[j]);

@@ -4,6 +4,8 @@ weights kept in the browser (a new engine reads them from the Cache API; a chang
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from kvckpt_web.bench.holding import HOLD_REPLIES
@@ -194,6 +196,26 @@ def test_interrupt_ends_the_reply_with_abort_and_it_is_listed_unfinished(js_page
     assert got["last"]["choices"][0]["finish_reason"] == "abort" and got["open"] == [False]
 
 
+def test_two_streams_run_together_and_interrupt_by_name_stops_one_alone(js_page):
+    got = js_page.run("""
+        await start();
+        const ask = (content) => engine.chat.completions.create({ stream: true, temperature: 0, max_tokens: 16,
+          messages: [{ role: "user", content }] });
+        const streams = [await ask("tell me about the sea."), await ask("what is a boat?")];
+        const readers = streams.map((s) => s[Symbol.asyncIterator]());
+        const first = (await readers[0].next()).value;
+        await engine.interrupt(first.kvckpt.conversation);
+        const last = [];
+        for (const reader of readers) {
+          let end = null;
+          for (let r = await reader.next(); !r.done; r = await reader.next()) end = r.value;
+          last.push(end.choices[0].finish_reason);
+        }
+        return { last, open: (await engine.unfinished()).map((o) => o.name), name: first.kvckpt.conversation };
+    """)
+    assert got["last"][0] == "abort" and got["last"][1] != "abort" and got["open"] == [got["name"]]
+
+
 def test_a_new_engine_reads_the_weights_from_the_browser_and_not_from_the_server(js_page):
     first = js_page.run("return (await start()).weights;")
     gets = js_page.model_gets()
@@ -219,3 +241,22 @@ def test_a_missing_model_file_rejects_naming_its_url(js_page, chat_server):
     got = js_page.run("return await caught(start());")
     assert got["name"] == "ModelUnavailableError" and got["field"] == "model"
     assert got["expected"].endswith("/model.gguf") and got["got"] == "HTTP 404"
+
+
+def test_a_json_object_response_format_gives_a_reply_that_parses_streamed_and_whole(js_page):
+    got = js_page.run("""
+        await start();
+        const body = { messages: [{ role: "user", content: "tell me about the sea." }], temperature: 0,
+                       max_tokens: 64, response_format: { type: "json_object" } };
+        const chunks = await chunksOf(await engine.chat.completions.create({ ...body, stream: true }));
+        const whole = await engine.chat.completions.create(body);
+        const refused = await caught(engine.chat.completions.create({ ...body, response_format: { type: "json_schema",
+          json_schema: { name: "a", schema: { type: "string", pattern: "^a" } } } }));
+        return { streamed: chunks.map((c) => c.choices[0].delta.content ?? "").join(""),
+                 finish: chunks[chunks.length - 1].choices[0].finish_reason, whole, refused };
+    """)
+    assert got["finish"] == "stop" and got["whole"]["choices"][0]["finish_reason"] == "stop"
+    assert isinstance(json.loads(got["streamed"]), dict)
+    assert isinstance(json.loads(got["whole"]["choices"][0]["message"]["content"]), dict)
+    assert got["refused"]["name"] == "FieldError"
+    assert got["refused"]["field"] == "response_format.json_schema.schema.pattern"

@@ -119,6 +119,17 @@ def test_bench_measures_every_transfer_the_device_offers_unless_told_one(monkeyp
     assert calls == [(["export"], paths)]
 
 
+@pytest.mark.parametrize(("argv", "model"), [([], None), (["--gemma"], "gemma")])
+def test_bench_serve_takes_quick_the_gemma_model_and_the_peers_python(monkeypatch, tmp_path, argv, model):
+    monkeypatch.setenv("KVCKPT_GEMMA_GGUF", str(tmp_path / "gemma.gguf"))
+    calls = []
+    monkeypatch.setattr("kvckpt_web.bench.suite.run",
+                        lambda names, repeats, p, **kw: calls.append((names, kw["serve"])))
+    main(["bench", "serve", "--quick", "--peer-python", "/venv/bin/python", *argv])
+    expected = {"model": tmp_path / "gemma.gguf" if model else None, "peer_python": "/venv/bin/python", "quick": True}
+    assert calls == [(["serve"], expected)]
+
+
 def _fail_with(monkeypatch, name: str, errno_: int, under) -> None:
     """Make ``os.<name>`` (and ``open`` for ``"open"``) raise ``errno_`` for every path under ``under``."""
     import builtins

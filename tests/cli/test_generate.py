@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import socket
 import sys
 import tempfile
 from pathlib import Path
@@ -166,7 +167,7 @@ def test_generate_on_s3_is_refused_while_a_process_on_another_machine_writes_the
     finally:
         run(held.__aexit__(None, None, None))
     error = one_line_error(capsys)
-    assert "'story'" in error and "held by another writer" in error
+    assert "'story'" in error and f"held by writer '{socket.gethostname()} pid {os.getpid()}'" in error
     assert run(s3_server.store(url).list_prefix("")) == []
 
 

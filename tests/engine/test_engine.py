@@ -375,9 +375,9 @@ def test_conversations_beyond_the_cache_are_evicted_least_recently_used_and_come
 @pytest.mark.parametrize("messages, field", [
     ([], "messages"), ("hello", "messages"), ([{"role": "robot", "content": "x"}], "messages[0].role"),
     ([{"role": "user"}], "messages[0].content"), ([{"role": "user", "content": 5}], "messages[0].content"),
-    ([{"role": "user", "content": "x"}, {"role": "assistant", "content": "y"}], "messages[1].role"),
+    ([{"role": "user", "content": "x"}, {"role": "system", "content": "y"}], "messages[1].role"),
     ([{"role": "user", "content": "x", "tool_calls": []}], "messages[0].tool_calls"),
-], ids=["empty", "string", "unknown role", "no content", "content not text", "last not user", "unknown key"])
+], ids=["empty", "string", "unknown role", "no content", "content not text", "last a system message", "unknown key"])
 def test_bad_messages_are_refused_naming_the_field_and_nothing_is_stored(make_engine, messages, field):
     store = MemoryStore()
     engine = make_engine(store=store)
@@ -481,3 +481,23 @@ def test_history_lists_the_messages_and_the_reply(make_engine):
 def test_a_kvckpterror_subclass_is_raised_for_a_wrong_request_object(make_engine):
     with pytest.raises(KVCkptError):
         run(make_engine().create({"messages": []}))
+
+
+def test_a_request_without_max_tokens_stops_at_the_engines_default_max_tokens(make_engine):
+    engine = make_engine(store=MemoryStore(), max_tokens=5)
+    want = run(engine.chat([{"role": "user", "content": USER_TURNS[0]}], temperature=0.0, max_tokens=6))
+    reply = run(engine.chat([{"role": "user", "content": USER_TURNS[0]}], temperature=0.0))
+    assert EOS not in want.token_ids  # the reply would have gone on
+    assert reply.token_ids == want.token_ids[:5] and reply.finish_reason == "length"
+
+
+def test_a_reply_with_store_false_writes_nothing_to_the_store_and_its_kv_stay_in_the_cache(make_engine):
+    store = MemoryStore()
+    engine = make_engine(store=store)
+    want = run(make_engine(store=MemoryStore()).chat([{"role": "user", "content": USER_TURNS[0]}], **GREEDY))
+    reply = run(engine.chat([{"role": "user", "content": USER_TURNS[0]}], store=False, **GREEDY))
+    following = [{"role": "user", "content": USER_TURNS[0]}, {"role": "assistant", "content": reply.text},
+                 {"role": "user", "content": USER_TURNS[1]}]
+    again = run(engine.chat(following, store=False, **GREEDY))
+    assert reply.token_ids == want.token_ids and run(store.list_prefix("")) == []
+    assert again.usage.cached_tokens > 0 and again.usage.timings.save_s == 0

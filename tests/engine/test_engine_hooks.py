@@ -146,27 +146,6 @@ def test_a_warm_up_runs_a_short_prompt_and_a_prompt_chunk_each_with_a_token_afte
     assert run(engine.chat(MESSAGES, **GREEDY)).token_ids == want.token_ids
 
 
-def test_the_prefill_time_is_the_wait_for_the_first_token_saves_included_and_the_decode_leaves_its_saves_out(
-        make_engine, monkeypatch):
-    clock = [0.0]
-
-    def perf_counter():
-        clock[0] += 0.001  # every reading of the clock is a millisecond of work
-        return clock[0]
-
-    class SlowManifests(MemoryStore):
-        async def _set(self, key, data):
-            if key.startswith("manifests/"):
-                clock[0] += 10.0  # each commit takes ten seconds
-            await super()._set(key, data)
-
-    monkeypatch.setattr("time.perf_counter", perf_counter)
-    engine = make_engine(store=SlowManifests(), autosave_every=5)
-    long_prompt = [{"role": "user", "content": "tell me about the sea, the wind and the ships on it."}]
-    timings = run(engine.chat(long_prompt, **GREEDY)).usage.timings
-    assert timings.prefill_s > 10 and 0 < timings.decode_s < 10  # commits made during the prefill were waited for
-
-
 def test_after_a_warm_up_no_turn_builds_a_kernel(tmp_path):
     import wgpu
 

@@ -24,10 +24,9 @@ def test_a_standard_parameter_given_as_null_is_accepted(key):
     assert ChatRequest.from_openai({**CHAT, key: None}) == ChatRequest.from_openai(CHAT)
 
 
-CANNOT_HONOUR = [("top_logprobs", False),
-                 ("response_format", {"type": "json_object"}), ("tools", [{"type": "function"}]),
+CANNOT_HONOUR = [("top_logprobs", False), ("tools", [{"type": "function"}]),
                  ("tool_choice", "auto"), ("parallel_tool_calls", "yes"), ("metadata", "tag"),
-                 ("logit_bias", {"42": 5}), ("store", False)]  # store: not until a request can keep nothing
+                 ("logit_bias", {"42": 5}), ("store", "no")]
 
 
 @pytest.mark.parametrize("key, value", CANNOT_HONOUR, ids=[f"{k}={v}" for k, v in CANNOT_HONOUR])
@@ -86,3 +85,42 @@ def test_a_completions_logprobs_count_is_read_and_bounded():
     with pytest.raises(FieldError) as info:
         CompletionRequest.from_openai({**body, "logprobs": 21})
     assert info.value.field == "logprobs"
+
+
+def test_a_developer_message_is_accepted():
+    request = ChatRequest.from_openai({"messages": [{"role": "developer", "content": "Be brief."},
+                                                    {"role": "user", "content": "hi"}]})
+    assert request.messages[0].role == "developer"
+
+
+def test_a_json_response_format_is_kept_and_text_is_none():
+    assert ChatRequest.from_openai({**CHAT, "response_format": {"type": "json_object"}}).response_format == {
+        "type": "json_object"}
+    assert ChatRequest.from_openai({**CHAT, "response_format": {"type": "text"}}).response_format is None
+
+
+def test_a_schema_keyword_not_held_to_is_refused_naming_it():
+    schema = {"type": "object", "properties": {"n": {"type": "integer", "maximum": 3}}}
+    with pytest.raises(FieldError) as info:
+        ChatRequest.from_openai({**CHAT, "response_format": {"type": "json_schema",
+                                                             "json_schema": {"name": "a", "schema": schema}}})
+    assert info.value.field == "response_format.json_schema.schema.properties.n.maximum"
+
+
+def test_a_json_response_format_with_a_prefill_is_refused():
+    body = {**CHAT, "messages": [*CHAT["messages"], {"role": "assistant", "content": "{"}],
+            "response_format": {"type": "json_object"}}
+    with pytest.raises(FieldError) as info:
+        ChatRequest.from_openai(body)
+    assert info.value.field == "response_format"
+
+
+@pytest.mark.parametrize("value, stored", [(True, True), (None, True), (False, False)])
+def test_store_says_whether_the_reply_is_written_to_the_store(value, stored):
+    assert ChatRequest.from_openai({**CHAT, "store": value}).store is stored
+
+
+def test_store_false_with_a_named_conversation_is_refused_naming_store():
+    with pytest.raises(FieldError) as error:
+        ChatRequest.from_openai({**CHAT, "store": False, "conversation": "mine"})
+    assert error.value.field == "store"

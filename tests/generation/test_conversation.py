@@ -22,6 +22,7 @@ from kvckpt_web.generation.resume import resume
 from kvckpt_web.model.sampler import SamplingSettings
 from kvckpt_web.stores.file import FileStore
 from kvckpt_web.stores.http import HTTPStore
+from kvckpt_web.stores.leases import DEFAULT_LEASE_SECONDS
 
 from lm_double import DoubleLM, DoubleText
 from support.counting_store import CountingStore, count
@@ -248,7 +249,7 @@ def test_a_second_process_is_refused_while_the_first_writes_and_takes_over_once_
     first_store, second_store, clock = two_writers
     first = start(make_cache, first_store)
     run(first.step())
-    with pytest.raises(ConflictError, match="'chat'.*held by another writer"):
+    with pytest.raises(ConflictError, match="'chat'.*held by"):
         start(make_cache, second_store, prompt=OTHER_PROMPT)
     clock.offset = LEASE_RUN_OUT  # the first writer stalled past its lease: the second resumes its reply
     model = DoubleLM()
@@ -263,6 +264,21 @@ def test_a_second_process_is_refused_while_the_first_writes_and_takes_over_once_
     assert infos[-1].app_state["generated_tokens"] == list(done.generated_tokens)
     assert {i.app_state["conversation"]["id"] for i in infos} == {first.conversation.id}
     run(first.close())
+
+
+def test_a_reply_keeps_its_name_between_saves_by_renewing_its_lease_as_it_steps(make_cache, two_writers):
+    first_store, second_store, clock = two_writers
+    first = start(make_cache, first_store, every=1000)  # saved at its first token and at its end only
+    while not first.generated_tokens:
+        run(first.step())
+    before = snapshot(first_store)
+    for _ in range(4):  # 2.4 leases pass, no save among the steps
+        clock.offset += DEFAULT_LEASE_SECONDS * 0.6
+        run(first.step())
+    assert clock.offset > LEASE_RUN_OUT and snapshot(first_store) == before
+    with pytest.raises(ConflictError, match="'chat'"):
+        start(make_cache, second_store, prompt=OTHER_PROMPT)
+    finished(first)
 
 
 def test_resume_by_a_second_writer_is_refused_at_once_and_changes_nothing(make_cache, tmp_path):

@@ -191,3 +191,34 @@ def test_a_wrong_argument_is_refused_naming_it_before_the_cache_or_store_changes
     assert cache.sequence_ids() == [5] and cache.get_sequence_length(5) == 0
     assert {key: run(store.get(key)) for key in run(store.list_prefix(""))} == stored
 
+
+
+# ----- stepped by a scheduler --------------------------------------------------------------------------
+
+
+def test_generators_whose_runs_a_scheduler_takes_in_turn_give_the_tokens_and_saves_each_gives_alone(make_cache):
+    settings = {"a": GREEDY, "b": TOP_P}
+
+    def started(model, cache, name, seq_id, saves):
+        return start(model, cache, settings[name], seq_id=seq_id, autosave=Autosave(MemoryStore(), name, every=5),
+                     on_save=lambda result: saves.append(result.seq_length))
+
+    alone = {}
+    for name in settings:
+        model, saves = DoubleLM(), []
+        alone[name] = run(started(model, make_cache(model), name, 0, saves).run()), saves
+    model = DoubleLM()
+    cache = make_cache(model, max_tokens=2 * model.max_context)
+    saves = {name: [] for name in settings}
+    gens = {name: started(model, cache, name, i, saves[name]) for i, name in enumerate(settings)}
+
+    async def scheduled():
+        while not all(g.finished for g in gens.values()):
+            for gen in gens.values():
+                if tokens := await gen.next_run():
+                    await gen.take(tokens, await model.forward(cache, gen.seq_id, tokens))
+            for gen in gens.values():
+                await gen.save_if_due()
+
+    run(scheduled())
+    assert {name: (gen.result(), saves[name]) for name, gen in gens.items()} == alone

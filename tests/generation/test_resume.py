@@ -147,25 +147,28 @@ class LazyLM(DoubleLM):
         super().__init__(**kwargs)
         self.pending = 0
 
-    async def forward(self, cache, seq_id, tokens):
-        logits = await super().forward(cache, seq_id, tokens)
+    async def forward_batch(self, cache, runs):
+        logits = await super().forward_batch(cache, runs)
         self.pending += 1
         model = self
 
         class Read:
+            def __init__(self, of):
+                self.of = of
+
             async def argmax(self):
                 model.pending = 0
-                return await logits.argmax()
+                return await self.of.argmax()
 
             async def top_k(self, k):
                 model.pending = 0
-                return await logits.top_k(k)
+                return await self.of.top_k(k)
 
             async def pick(self, sampler, previous, generated):
                 model.pending = 0
-                return await logits.pick(sampler, previous, generated)
+                return await self.of.pick(sampler, previous, generated)
 
-        return Read()
+        return [Read(of) for of in logits]
 
 
 def test_a_replay_has_run_on_the_device_when_resume_returns_so_its_time_is_its_own(make_cache):

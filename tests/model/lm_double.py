@@ -64,7 +64,7 @@ class DoubleLM:
         self.freq = rng.uniform(0.05, 1.0, (LAYERS, 2, KV_HEADS, HEAD_DIM)).astype(np.float32)
         self.head = rng.standard_normal((VOCAB, LAYERS * KV_HEADS * HEAD_DIM)) * 1.5
         self.forwards: list[int] = []
-        """The length of every forward call, in order."""
+        """The length of every run of every forward call, in order."""
 
     def close(self) -> None:
         """Nothing to release: the double keeps its weights on the host."""
@@ -80,16 +80,24 @@ class DoubleLM:
         return np.ascontiguousarray(kv.transpose(1, 2, 0, 3, 4))
 
     async def forward(self, cache: Any, seq_id: int, tokens: list[int]) -> DoubleLogits:
-        start = cache.get_sequence_length(seq_id)
-        kv = self.kv(tokens, start)
-        cache.begin_forward([seq_id], [len(tokens)])
+        return (await self.forward_batch(cache, [(seq_id, tokens)]))[0]
+
+    async def forward_batch(self, cache: Any, runs: list[tuple[int, list[int]]]) -> list[DoubleLogits]:
+        """Each run's K/V appended in one forward pass of the cache, then each run's logits."""
+        starts = [cache.get_sequence_length(seq_id) for seq_id, _ in runs]
+        kv = np.concatenate([self.kv(tokens, start) for (_, tokens), start in zip(runs, starts)], axis=2)
+        cache.begin_forward([seq_id for seq_id, _ in runs], [len(tokens) for _, tokens in runs])
         try:
             for layer in range(LAYERS):
                 cache.append_kv(layer, kv[layer, 0], kv[layer, 1])
         finally:
             cache.end_forward()
-        self.forwards.append(len(tokens))
-        end = start + len(tokens)
+        self.forwards += [len(tokens) for _, tokens in runs]
+        return [await self._logits(cache, seq_id, start + len(tokens))
+                for (seq_id, tokens), start in zip(runs, starts)]
+
+    async def _logits(self, cache: Any, seq_id: int, end: int) -> DoubleLogits:
+        """The logits after the first ``end`` tokens of ``seq_id``."""
         k, v = await cache.debug_get_kv(seq_id, 0, end)
         keys = np.frombuffer(k.data, np.float32).reshape(k.shape).astype(np.float64)
         values = np.frombuffer(v.data, np.float32).reshape(v.shape).astype(np.float64)
@@ -137,6 +145,13 @@ class DoubleText:
     def reply_opening(self) -> list[int]:
         return [BOS] + self.encode("assistant\n")
 
+    def encode_prefill(self, content: str, *, previous: str | None = None,
+                       max_tokens: int | None = None) -> list[int]:
+        ids = self.reply_opening() + self.encode(content)
+        if max_tokens is not None and len(ids) > max_tokens:
+            raise FieldError("prompt", f"at most {max_tokens} tokens", f"{len(ids)} tokens")
+        return ids
+
     def reply_closing(self) -> list[int]:
         return self.encode("\n")
 
@@ -145,6 +160,9 @@ class DoubleText:
 
     def token_bytes(self, token_id: int) -> bytes:
         return self.decode([token_id]).encode()
+
+    def token_pieces(self) -> list[bytes]:
+        return [b"", b""] + [c.encode() for c in ALPHABET]
 
 
 def load(device: Any) -> LoadedModel:

@@ -104,6 +104,31 @@ def test_render_equals_jinja_of_plain_chatml(messages: list[dict[str, str]], add
     assert ours == jinja_render(PLAIN_CHATML, messages, add_generation_prompt)
 
 
+@pytest.mark.parametrize("name", ["qwen2", "qwen2.5", "qwen3", "gemma-3", "llama-3", "llama-3.2", "smollm"])
+def test_a_developer_message_renders_as_the_system_turn(name: str, smollm_template: str) -> None:
+    template = smollm_template if name == "smollm" else published(name)
+    chat = [{"role": "system", "content": "Answer in French."}, {"role": "user", "content": "Hello"}]
+    as_developer = [{"role": "developer", "content": "Answer in French."}, chat[1]]
+    ours = ChatTemplate.from_text(template).render(as_developer, add_generation_prompt=True)
+    assert ours == jinja_render(template, chat, True)
+
+
+@pytest.mark.parametrize("content", ["The sea is", " {\n  \"name\": ", ""])
+@pytest.mark.parametrize("name", ["qwen2", "qwen2.5", "qwen3", "gemma-3", "llama-3", "llama-3.2", "smollm"])
+def test_a_prefill_is_the_opened_assistant_turn_and_its_text_as_it_is(name: str, content: str,
+                                                                       smollm_template: str) -> None:
+    template = smollm_template if name == "smollm" else published(name)
+    history = [{"role": "user", "content": "Describe the sea."}]
+    family = ChatTemplate.from_text(template)
+    ours = family.render(history) + "".join(text for text, _ in family.prefill_pieces(content, "user"))
+    assert ours == jinja_render(template, history, True) + content
+
+
+def test_gemma_refuses_a_prefill_after_an_assistant_message() -> None:
+    with pytest.raises(FieldError, match="messages: expected roles alternating"):
+        Gemma().prefill_pieces("more", "assistant")
+
+
 def test_default_system_turn_comes_first() -> None:
     text = ChatML("Be brief.").render([{"role": "user", "content": "Hi"}], add_generation_prompt=True)
     assert text == ("<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n"

@@ -86,3 +86,21 @@ def test_a_template_of_no_known_family_refuses_chat_naming_it(tmp_path):
     assert codec.encode_text("the sea") == codec.tokenizer.encode("the sea")
     with pytest.raises(FieldError, match=r"no known family: \{% for m in messages %\}\[INST\]"):
         codec.preamble("user")
+
+
+def test_a_developer_turn_is_encoded_as_the_system_turn(smollm):
+    codec = ChatCodec.from_gguf(smollm)
+    system = codec.preamble("system") + codec.encode_message("system", "Be brief.")
+    developer = codec.preamble("developer") + codec.encode_message("developer", "Be brief.")
+    assert developer == system
+    assert codec.encode_message("user", "hi", previous="developer") == codec.encode_message("user", "hi",
+                                                                                           previous="system")
+
+
+def test_a_prefill_is_encoded_as_the_reply_opening_and_its_text_not_its_markers(smollm):
+    codec = ChatCodec.from_gguf(smollm)
+    content = '{"sea": "<|im_end|>'
+    ids = codec.encode_prefill(content, previous="user")
+    opening = codec.reply_opening()
+    assert ids[:len(opening)] == opening
+    assert ids[len(opening):] == codec.tokenizer.encode(content, parse_special=False, add_bos=False)

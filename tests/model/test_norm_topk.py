@@ -31,26 +31,14 @@ def test_rms_norm_matches_float64_per_token(device):
     assert np.all(np.abs(got - want) <= 2 * (dim / 2 + 4) * 2.0 ** -24 * np.abs(want))
 
 
-
-def test_rms_norm_from_a_later_row_writes_that_rows_norm_first(device):
-    rng = np.random.default_rng(6)
-    tokens, dim, eps = 5, 64, 1e-5
-    x = rng.standard_normal((tokens, dim))
-    weight = upload_tensor(device, "norm", F32, (dim,), memoryview(np.ones(dim, np.float32).tobytes()))
-    out = kernels.activation_texture(device, dim, 2, "test.out")
-    got = run_texture(device, [kernels.rms_norm(device, rows(device, x), weight, out, 2, eps, first=3)], out)
-    x32 = x[3:].astype(np.float32).astype(np.float64)
-    want = x32 / np.sqrt((x32 ** 2).mean(axis=1, keepdims=True) + eps)
-    assert np.all(np.abs(got - want) <= 2 * (dim / 2 + 4) * 2.0 ** -24 * np.abs(want))
-
-
-def _topk(device, values: np.ndarray, k: int) -> list[tuple[float, int]]:
-    n = len(values)
-    buffer = device.create_buffer(4 * n, Usage.STORAGE | Usage.COPY_DST, "test.values")
+def _topk(device, values: np.ndarray, k: int, first: int = 0) -> list[tuple[float, int]]:
+    """The top ``k`` of ``values`` from value ``first`` on."""
+    n = len(values) - first
+    buffer = device.create_buffer(4 * len(values), Usage.STORAGE | Usage.COPY_DST, "test.values")
     device.write(buffer, 0, values.astype(np.float32).tobytes())
     candidates = device.create_buffer(kernels.topk_candidates_bytes(n, k), Usage.STORAGE, "test.candidates")
     best = device.create_buffer(8 * k, Usage.STORAGE | Usage.COPY_SRC, "test.best")
-    data = run(device, kernels.topk(device, buffer, n, k, candidates, best), best, 8 * k)
+    data = run(device, kernels.topk(device, buffer, n, k, candidates, best, first=first), best, 8 * k)
     return [(v, i) for v, i in struct.iter_unpack("<fI", data)]
 
 
@@ -75,6 +63,12 @@ def test_argmax_of_equal_maxima_is_the_lowest_index(device):
 def test_topk_orders_ties_by_index_across_and_within_chunks(device):
     values = np.random.default_rng(6).integers(-3, 4, 5000).astype(np.float64)  # many equal values
     assert _topk(device, values, 50) == _reference(values, 50)
+
+
+def test_topk_of_a_later_row_reads_that_row_and_counts_indices_from_its_start(device):
+    values = np.random.default_rng(8).standard_normal(3 * 1000)
+    values[500] = 10.0  # the largest of row 0, which the top k of row 2 must not see
+    assert _topk(device, values, 7, first=2000) == _reference(values[2000:], 7)
 
 
 def test_topk_gives_the_same_result_twice(device):

@@ -133,11 +133,13 @@ def test_stacking_matrices_of_different_widths_is_refused(device):
 
 @pytest.mark.parametrize("ggml_type,gate", [pytest.param(t, False, id=f.name) for t, f in sorted(DEVICE_FORMS.items())]
                          + [pytest.param(Q4_1, True, id="Q4_1-gated")])
+@pytest.mark.parametrize("tokens", [2, 3, 6])
 def test_a_product_over_several_tokens_gives_each_token_the_bits_of_its_own_product(device, flavour, ggml_type,
-                                                                                    gate):
+                                                                                    gate, tokens):
     rng = np.random.default_rng(13)
-    # three tiles of rows, the last partial; two token tiles, the second partial
-    rows, cols, tokens = 136, 3 * DEVICE_FORMS[ggml_type].weights, 6
+    # three tiles of rows, the last partial; tiles of 2 or 3 tokens (a decode step of 2 or 3 sequences), or two
+    # token tiles, the second partial
+    rows, cols = 136, 3 * DEVICE_FORMS[ggml_type].weights
     weights = [upload_matrix(device, random_blocks(rng, ggml_type, rows, cols)[0], ggml_type, f"w{i}")
                for i in range(2)]
     x = rng.standard_normal((tokens, cols))

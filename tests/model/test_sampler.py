@@ -11,7 +11,8 @@ from typing import Any
 import pytest
 
 from kvckpt_web.errors import FieldError
-from kvckpt_web.model.sampler import MAX_SEED, Sampler, SamplingSettings, rank, splitmix64, uniform
+from kvckpt_web.model.sampler import (MAX_SEED, Sampler, SamplingSettings, candidate_count, rank, splitmix64,
+                                     uniform)
 
 from sampler_v1 import pick_v1
 
@@ -254,6 +255,42 @@ def test_from_json_refuses_other_values(state: Any, field: str) -> None:
     with pytest.raises(FieldError) as info:
         Sampler.from_json(state)
     assert info.value.field == field
+
+
+# ---------------------------------------------------------------- how many candidates a pick needs
+
+@pytest.mark.parametrize(("settings", "previous", "generated", "want"), [
+    (SamplingSettings(), [5, 5, 6], [6], 0),
+    (SamplingSettings(repetition_penalty=1.5), [5, 5, 6], [6], 3),
+    (SamplingSettings(temperature=1.0, top_k=4), [5, 6], [6], 4),
+    (SamplingSettings(temperature=1.0, top_k=4, repetition_penalty=1.2), [5, 6, 6, 7], [7], 7),
+    (SamplingSettings(temperature=1.0, top_k=4, presence_penalty=0.5), [5, 6, 6, 7], [6, 7], 6),
+    (SamplingSettings(frequency_penalty=1.0, repetition_penalty=1.2), [5, 6, 7], [7, 8], 5),
+    (SamplingSettings(temperature=1.0, top_p=0.5), [5], [], 35),
+    (SamplingSettings(temperature=1.0, top_k=4, repetition_penalty=0.8), [5], [], 35),
+    (SamplingSettings(temperature=1.0, top_k=4, presence_penalty=-0.5), [5], [5], 35),
+    (SamplingSettings(frequency_penalty=-0.1), [5], [5], 35),
+])
+def test_candidate_count_covers_every_token_the_sampler_could_pick(settings: SamplingSettings, previous: list[int],
+                                                                   generated: list[int], want: int) -> None:
+    assert candidate_count(settings, previous, generated, 35) == want
+
+
+@pytest.mark.parametrize("settings", [
+    SamplingSettings(temperature=0.7, top_k=3, repetition_penalty=1.8, seed=2),
+    SamplingSettings(temperature=0.7, top_k=3, presence_penalty=1.5, frequency_penalty=0.5, seed=3),
+    SamplingSettings(presence_penalty=2.0),
+], ids=["repetition", "presence-frequency", "greedy-presence"])
+def test_candidate_count_picks_as_from_the_whole_vocabulary_under_a_penalty(settings: SamplingSettings) -> None:
+    """Sampling from the shortlist gives what sampling from every logit gives, token for token."""
+    rng = random.Random(1)
+    short, full = Sampler(settings), Sampler(settings)
+    for _ in range(200):
+        logits = [rng.gauss(0, 1) for _ in range(35)]
+        previous = [rng.randrange(35) for _ in range(6)]
+        ranked = sorted(enumerate(logits), key=lambda c: (-c[1], c[0]))
+        k = candidate_count(settings, previous, previous[3:], 35)
+        assert short.pick(ranked[:k], previous, previous[3:]) == full.pick(ranked, previous, previous[3:])
 
 
 # ---------------------------------------------------------------- picks from a shortlist

@@ -39,11 +39,11 @@ def api_serving(worker: EngineWorker, **kwargs: Any) -> Iterator[str]:
 
 
 @contextmanager
-def serving_api(*args: str) -> Iterator[tuple[str, subprocess.Popen]]:
-    """``kvckpt serve --api --port 0 ARGS`` in a process of its own: its base URL (read from its stdout) and the
-    process."""
+def serving_api(*args: str, env: dict[str, str] | None = None) -> Iterator[tuple[str, subprocess.Popen]]:
+    """``kvckpt serve --api --port 0 ARGS`` in a process of its own (its environment ``env``, default this
+    process's): its base URL (read from its stdout) and the process."""
     server = subprocess.Popen([sys.executable, "-m", "kvckpt_web.cli", "serve", "--api", "--port", "0", *args],
-                              stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+                              stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=env)
     try:
         line = server.stdout.readline()
         assert "/v1 " in line, f"no URL printed, exit status {server.poll()}"
@@ -109,6 +109,15 @@ class GatedModel:
         self._gate.set()
 
     async def forward(self, cache: Any, seq_id: int, tokens: list[int]) -> Any:
+        await self._pass()
+        return await self._model.forward(cache, seq_id, tokens)
+
+    async def forward_batch(self, cache: Any, runs: list[tuple[int, list[int]]]) -> Any:
+        await self._pass()
+        return await self._model.forward_batch(cache, runs)
+
+    async def _pass(self) -> None:
+        """Count a forward; past the first ``after``, wait at the gate until it opens."""
         self.forwards += 1
         if self.forwards > self.after and not self._gate.is_set():
             self.reached.set()
@@ -116,4 +125,3 @@ class GatedModel:
                 self._gate.wait(PATIENCE)
             else:
                 await asyncio.to_thread(self._gate.wait, PATIENCE)
-        return await self._model.forward(cache, seq_id, tokens)

@@ -10,7 +10,7 @@ import pytest
 from kvckpt_web.engine import PRESETS, Engine
 from kvckpt_web.model.loader import load_model
 from kvckpt_web.model.protocol import LoadedModel
-from kvckpt_web.server.worker import EngineWorker
+from kvckpt_web.server.worker import DEFAULT_QUEUE, EngineWorker
 
 
 @pytest.fixture
@@ -39,15 +39,16 @@ def tiny_llama(tiny_llama_path: Path, device) -> LoadedModel:
 
 @pytest.fixture
 def make_worker(tiny_llama: LoadedModel, device):
-    """``make_worker(store=None, model=None, **settings)``: an engine named ``tiny`` on the tiny llama (or
+    """``make_worker(store=None, model=None, queue=DEFAULT_QUEUE, **settings)``: an engine named ``tiny`` on the tiny llama (or
     ``model``, e.g. a gated one) on its own thread, its ``settings`` over the ``desktop`` preset's (what
     ``kvckpt serve --api`` runs); closed after the test."""
     made = []
 
-    def make(store=None, model=None, **settings):
+    def make(store=None, model=None, queue=DEFAULT_QUEUE, **settings):
         loaded = LoadedModel(model or tiny_llama.model, tiny_llama.text)
         config = PRESETS["desktop"].replace(**settings)
-        made.append(EngineWorker(lambda: Engine(loaded, device, store=store, model_name="tiny", config=config)))
+        made.append(EngineWorker(lambda: Engine(loaded, device, store=store, model_name="tiny", config=config),
+                                 queue=queue))
         return made[-1]
 
     yield make

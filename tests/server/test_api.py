@@ -66,6 +66,12 @@ def test_include_usage_adds_a_last_chunk_with_no_choices_and_the_usage(url):
     assert all("usage" in c.model_dump(exclude_unset=True) and c.usage is None for c in replies)
 
 
+def test_a_body_without_max_tokens_is_answered_with_at_most_the_servers_default(make_worker):
+    with api_serving(make_worker(max_tokens=5)) as url:
+        reply = client(url).chat.completions.create(model="tiny", messages=[USER], temperature=0.9, seed=7)
+    assert reply.usage.completion_tokens == 5 and reply.choices[0].finish_reason == "length"
+
+
 def test_the_events_are_data_lines_ending_with_done(url):
     body = b'{"messages": [{"role": "user", "content": "hi"}], "stream": true, "max_tokens": 3}'
     status, headers, events = raw(url, "POST", "/v1/chat/completions", body)

@@ -16,6 +16,7 @@ from support.kvmodel import run
 from kvckpt_web import FileStore
 from kvckpt_web.cli.main import main
 from kvckpt_web.model import loader
+from kvckpt_web.server.worker import DEFAULT_QUEUE
 
 
 def one_line_error(capsys) -> str:
@@ -24,7 +25,9 @@ def one_line_error(capsys) -> str:
     return err
 
 
-@pytest.mark.parametrize("flag, value", [("--model-name", "m"), ("--context", "64")])
+@pytest.mark.parametrize("flag, value", [("--model-name", "m"), ("--context", "64"), ("--max-tokens", "8"),
+                                         ("--lease", "5"), ("--unnamed-ttl", "60"), ("--unnamed-max-bytes", "1000"),
+                                         ("--queue", "2")])
 def test_an_api_flag_without_api_is_a_one_line_error(pyodide, capsys, flag, value):
     status = main(["serve", "--port", "0", "--pyodide", str(pyodide), flag, value])
     assert status == 1 and f"{flag}: expected --api" in one_line_error(capsys)
@@ -63,10 +66,17 @@ def no_model_load(monkeypatch):
 
 @pytest.mark.parametrize("flags, error", [
     (["--context", "1"], "--context: expected an integer >= 2"),
+    (["--max-tokens", "0"], "--max-tokens: expected an integer >= 1"),
+    (["--unnamed-ttl", "-1"], "--unnamed-ttl: expected a finite number of seconds >= 0"),
+    (["--unnamed-max-bytes", "-1"], "--unnamed-max-bytes: expected an integer >= 0"),
+    (["--queue", "-1"], "--queue: expected an integer >= 0"),
     (["--model-name", "my model"], "--model-name: expected 1 to 256 printable characters without spaces"),
     (["--model", "missing.gguf"], "--model: expected a GGUF model file"),
     (["--host", "0.0.0.0"], "--host: expected a loopback address"),
-], ids=["context", "model name", "model", "host"])
+    (["--lease", "0", "--store", "s3://bucket/chats"], "--lease: expected a lease of more than 0 and at most 3600"),
+    (["--lease", "5"], "--lease: expected an object storage --store URL beside it"),
+], ids=["context", "max tokens", "unnamed ttl", "unnamed max bytes", "queue", "model name", "model", "host", "lease",
+        "lease without an object store"])
 def test_bad_flags_are_one_line_errors_before_the_model_loads(tiny_llama_path, capsys, no_model_load, flags, error):
     model = [] if "--model" in flags else ["--model", str(tiny_llama_path)]  # --api runs one --model
     status = main(["serve", "--api", "--port", "0", *model, *flags])
@@ -85,7 +95,7 @@ def test_allow_remote_serves_the_api_beyond_loopback_with_a_loud_warning(monkeyp
     from kvckpt_web.server import api, worker
 
     class NoEngine:
-        def __init__(self, build) -> None:
+        def __init__(self, build, **settings) -> None:
             pass
 
         def close(self) -> None:
@@ -167,10 +177,14 @@ def test_a_context_over_the_models_is_refused_naming_it_not_clamped(monkeypatch,
         "kvckpt: error: --context: expected at most 96 tokens (the model's context), got 99999999")
 
 
-@pytest.mark.parametrize("flags, fields", [([], {}), (["--context", "64"], {"context": 64})],
-                         ids=["preset", "context flag"])
+@pytest.mark.parametrize("flags, fields, queue", [([], {}, DEFAULT_QUEUE),
+                                                  (["--context", "64"], {"context": 64}, DEFAULT_QUEUE),
+                                                  (["--max-tokens", "8"], {"max_tokens": 8}, DEFAULT_QUEUE),
+                                                  (["--queue", "0"], {}, 0)],
+                         ids=["preset", "context flag", "max tokens flag", "queue flag"])
 def test_the_api_runs_the_desktop_preset_with_its_flags_fields_fitted_to_the_model(monkeypatch, tiny_llama_path,
-                                                                                    device, capsys, flags, fields):
+                                                                                    device, capsys, flags, fields,
+                                                                                    queue):
     from lm_double import DoubleLM, DoubleText
 
     from kvckpt_web.engine import PRESETS
@@ -178,11 +192,12 @@ def test_the_api_runs_the_desktop_preset_with_its_flags_fields_fitted_to_the_mod
     from kvckpt_web.model.protocol import LoadedModel
     from kvckpt_web.server import api, worker
 
-    built = []
+    built, queues = [], []
 
     class Built:  # the engine built at once, on this thread
-        def __init__(self, build) -> None:
+        def __init__(self, build, queue) -> None:
             built.append(build())
+            queues.append(queue)
 
         def close(self) -> None:
             run(built[0].close())
@@ -193,6 +208,7 @@ def test_the_api_runs_the_desktop_preset_with_its_flags_fields_fitted_to_the_mod
     monkeypatch.setattr(api, "make_api_server", lambda engine, **kwargs: NotServing("127.0.0.1"))
     assert main(["serve", "--api", "--model", str(tiny_llama_path), *flags]) == 0
     assert built[0].config == PRESETS["desktop"].replace(**fields).fitted(96)
+    assert queues == [queue]
 
 
 @pytest.mark.real_model
@@ -232,3 +248,29 @@ def test_a_gemma3_server_killed_mid_completion_restarts_on_its_store_and_resumes
     assert status == 200 and resumed["object"] == "text_completion"
     assert resumed["kvckpt"]["token_ids"] == want.kvckpt["token_ids"] and len(want.kvckpt["token_ids"]) == 12
     assert resumed["choices"][0]["text"] == want.choices[0].text
+
+
+def test_a_server_killed_with_four_replies_running_leaves_each_resumable_to_its_uninterrupted_tokens(
+        tiny_llama_path, make_worker, tmp_path):
+    asks = [[{"role": "user", "content": f"tell me story number {i} about the sea."}] for i in range(4)]
+    settings = [{**SEEDED, "seed": 10 + i, "max_tokens": 160} for i in range(4)]
+
+    def chat(url, i, **kwargs):
+        return client(url).chat.completions.create(model="tiny", messages=asks[i], **settings[i], **kwargs)
+
+    with api_serving(make_worker(store=FileStore(tmp_path / "uninterrupted"))) as url:  # the CLI's settings
+        want = [chat(url, i).kvckpt["token_ids"] for i in range(4)]
+    assert all(len(ids) > 8 for ids in want)  # each reply outlasts the kill point
+    store = str(tmp_path / "store")
+    with serving_api("--model", str(tiny_llama_path), "--model-name", "tiny", "--store", store) as (url, server):
+        streams = [chat(url, i, stream=True) for i in range(4)]  # all four running at once
+        names = [[next(iter(stream)) for _ in range(3)][0].kvckpt["conversation"] for stream in streams]
+        server.kill()  # SIGKILL, four replies mid-way: no save or clean-up runs
+        server.wait(PATIENCE)
+        for stream in streams:
+            stream.response.close()
+    with serving_api("--model", str(tiny_llama_path), "--model-name", "tiny", "--store", store) as (url, server):
+        cut = {c["name"]: c["finished"] for c in client(url).get("/kvckpt/conversations", cast_to=object)["data"]}
+        assert cut == {name: False for name in names}
+        resumed = [json.loads(raw(url, "POST", f"/v1/kvckpt/conversations/{name}/resume")[2]) for name in names]
+    assert [r["kvckpt"]["token_ids"] for r in resumed] == want

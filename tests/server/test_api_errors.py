@@ -54,7 +54,11 @@ def create(url, **body):
     ({"extra_body": {"functions": []}}, "functions"),
     ({"stream_options": {"include_usage": True}}, "stream_options"),
     ({"n": True}, "n"),
-], ids=["role", "no messages", "max_tokens", "temperature", "unknown key", "stream_options without stream", "n true"])
+    ({"response_format": {"type": "json_schema", "json_schema": {"name": "a", "schema": {
+        "type": "object", "properties": {"age": {"type": "integer", "minimum": 0}}}}}},
+     "response_format.json_schema.schema.properties.age.minimum"),
+], ids=["role", "no messages", "max_tokens", "temperature", "unknown key", "stream_options without stream", "n true",
+        "schema keyword"])
 def test_a_bad_field_is_a_400_naming_it_and_nothing_is_stored(url, store_dir, body, param):
     error = failed(lambda: create(url, **body))
     assert error.status_code == 400 and error.body["param"] == param
@@ -107,6 +111,7 @@ def test_a_conversation_another_writer_holds_is_a_409(url, store_dir):
         loop.run_until_complete(claim.__aexit__(None, None, None))
         loop.close()
     assert error.status_code == 409 and error.body["code"] == "conflict" and "talk" in error.body["message"]
+    assert "retry-after" not in error.response.headers  # a directory's claim is a lock: held until released
 
 
 def test_a_body_that_is_not_json_is_a_400(url):

@@ -1,5 +1,7 @@
-"""The engine on its own thread: the server answers while a reply is generated, requests run one at a time in
-arrival order, and a client that goes away stops its reply, which stays resumable.
+"""The engine on its own thread: the server answers while a reply is generated, requests run concurrently up to
+the cache's sequences and then wait in a bounded queue in arrival order (503 with Retry-After beyond it), and a
+client that goes away stops its own reply, which stays resumable; replies batched on the tiny llama give the
+tokens each gives alone.
 
 The gated model (``api_helpers.GatedModel``) holds a forward until the test opens its gate: blocking the
 engine's thread as GPU work does, or awaiting, so the engine's loop could take other work meanwhile.
@@ -63,9 +65,8 @@ def test_models_and_static_files_are_answered_while_the_engine_thread_is_busy(ma
         server.server_close()
 
 
-def test_requests_run_one_at_a_time_in_arrival_order(make_worker, tiny_llama):
-    gated = GatedModel(tiny_llama.model, after=1, blocking=False)
-    worker = make_worker(model=gated)
+def recorded(worker) -> list:
+    """The conversations of the requests ``worker``'s engine has begun to answer, in order."""
     started, create = [], worker.engine.create
 
     async def recording(request, stream=False):
@@ -73,17 +74,41 @@ def test_requests_run_one_at_a_time_in_arrival_order(make_worker, tiny_llama):
         return await create(request, stream=stream)
 
     worker.engine.create = recording
+    return started
+
+
+def test_requests_run_concurrently_up_to_the_caches_sequences_then_wait_in_arrival_order(make_worker, tiny_llama):
+    gated = GatedModel(tiny_llama.model, after=1, blocking=False)
+    worker = make_worker(model=gated, sequences=2)
+    started = recorded(worker)
     with api_serving(worker) as url:
         threads = [in_thread(lambda: reply(url, "a"))[0]]
         assert gated.reached.wait(PATIENCE)  # a's reply waits at the gate, the engine's loop is free
-        for i, name in enumerate("bc", start=1):
+        threads.append(in_thread(lambda: reply(url, "b"))[0])
+        until(lambda: started == ["a", "b"])
+        for i, name in enumerate("cd", start=1):
             threads.append(in_thread(lambda name=name: reply(url, name))[0])
             until(lambda i=i: worker.queued == i)
-        assert started == ["a"]
+        assert started == ["a", "b"]
         gated.open()
         for thread in threads:
             thread.join(PATIENCE)
-    assert started == ["a", "b", "c"]
+    assert started == ["a", "b", "c", "d"]
+
+
+def test_a_request_beyond_the_queue_is_refused_503_with_retry_after(make_worker, tiny_llama):
+    gated = GatedModel(tiny_llama.model, after=1, blocking=False)
+    worker = make_worker(model=gated, sequences=1, queue=1)
+    with api_serving(worker) as url:
+        running = in_thread(lambda: reply(url, "a"))[0]
+        assert gated.reached.wait(PATIENCE)
+        queued = in_thread(lambda: reply(url, "b"))[0]
+        until(lambda: worker.queued == 1)
+        status, headers, body = raw(url, "POST", "/v1/chat/completions", json.dumps({"messages": [USER]}).encode())
+        gated.open()
+        running.join(PATIENCE)
+        queued.join(PATIENCE)
+    assert status == 503 and error_of(body)["code"] == "queue_full" and int(headers["retry-after"]) >= 1
 
 
 def test_a_client_that_goes_away_mid_stream_stops_its_reply_which_resumes_to_the_uninterrupted_tokens(
@@ -93,14 +118,14 @@ def test_a_client_that_goes_away_mid_stream_stops_its_reply_which_resumes_to_the
     assert len(want.kvckpt["token_ids"]) > 6
     gated = GatedModel(tiny_llama.model, after=5, blocking=False)  # the prefill, then 4 more tokens
     worker = make_worker(store=FileStore(tmp_path / "store"), model=gated)
-    interrupted, interrupt = threading.Event(), worker.engine.interrupt
-    worker.engine.interrupt = lambda: (interrupt(), interrupted.set())
+    jobs, submit = [], worker.submit
+    worker.submit = lambda work: jobs.append(submit(work)) or jobs[-1]
     with api_serving(worker) as url:
         stream = reply(url, max_tokens=40, stream=True)
         chunks = iter(stream)
         got = [next(chunks) for _ in range(3)]
         stream.close()
-        assert interrupted.wait(PATIENCE)  # the server saw the client go and stopped the reply
+        until(lambda: jobs[0]._cancelled)  # the server saw the client go: its reply stops after this token
         gated.open()
         [cut] = client(url).get("/kvckpt/conversations", cast_to=object)["data"]  # answered once the reply ended
         assert cut["name"] == got[0].kvckpt["conversation"] and not cut["finished"]
@@ -112,7 +137,7 @@ def test_a_client_that_goes_away_mid_stream_stops_its_reply_which_resumes_to_the
 
 def test_a_stopping_server_stops_the_reply_being_generated_and_refuses_the_queued_ones_503(make_worker, tiny_llama):
     gated = GatedModel(tiny_llama.model, after=1, blocking=False)
-    worker = make_worker(model=gated)
+    worker = make_worker(model=gated, sequences=1)
     with api_serving(worker) as url:
         running, first = in_thread(lambda: reply(url, max_tokens=40))
         assert gated.reached.wait(PATIENCE)
@@ -142,3 +167,27 @@ def test_a_signal_that_stops_the_server_stops_the_reply_being_generated_at_once(
         server.shutdown()
         server.server_close()
     assert out[0].choices[0].finish_reason == "abort"
+
+
+def test_concurrent_requests_on_the_tiny_llama_give_the_tokens_each_gives_alone(make_worker, tiny_llama):
+    asks = [{"role": "user", "content": f"tell me story number {i} about the sea."} for i in range(4)]
+    settings = [{"temperature": 0.0, "max_tokens": 24} if i % 2 == 0 else {**SEEDED, "seed": 20 + i}
+                for i in range(4)]
+
+    def ids(url, i):
+        return client(url).chat.completions.create(model="tiny", messages=[asks[i]], extra_body={"cache_prompt": False},
+                                                   **settings[i]).kvckpt["token_ids"]
+
+    with api_serving(make_worker()) as url:
+        alone = [ids(url, i) for i in range(4)]
+    gated = GatedModel(tiny_llama.model, after=1, blocking=False)
+    worker = make_worker(model=gated)
+    started = recorded(worker)
+    with api_serving(worker) as url:
+        threads = [in_thread(lambda i=i: ids(url, i)) for i in range(4)]
+        until(lambda: len(started) == 4)  # all four placed or waiting for the cache while the first is held
+        gated.open()
+        for thread, _ in threads:
+            thread.join(PATIENCE)
+    assert [out[0] for _, out in threads] == alone
+    assert gated.forwards < sum(map(len, alone))  # one at a time, every token would be a forward of its own

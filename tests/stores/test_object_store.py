@@ -6,9 +6,11 @@ from __future__ import annotations
 import json
 import os
 import re
+import socket
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 from collections.abc import Callable
 from typing import Any
@@ -19,6 +21,7 @@ from support.store_suite import LEASE_RUN_OUT, Clock, StoreTests, run
 
 from kvckpt_web.errors import ConflictError, FieldError, StoreError
 from kvckpt_web.stores.base import Store
+from kvckpt_web.stores.leases import CLOCK_SKEW_SECONDS
 
 obstore = pytest.importorskip("obstore")
 
@@ -233,15 +236,16 @@ def claim_object(backing: Any, name: str = "chat") -> tuple[bytes, Any]:
     return bytes(answer.bytes()), answer.meta
 
 
-def test_a_claim_is_an_object_beside_the_keys_holding_its_holder_and_when_its_lease_runs_out():
+def test_a_claim_is_an_object_beside_the_keys_holding_its_holder_its_writer_and_when_its_lease_runs_out():
     backing, clock = obstore.store.MemoryStore(), Clock()
     store = ObjectStore(backing, clock=clock, lease_seconds=30)
     held = store.claim("chat")
     before = clock()
     run(held.__aenter__())
     value = json.loads(claim_object(backing)[0])
-    assert sorted(value) == ["expires_ms", "format", "holder", "name", "version"]
+    assert sorted(value) == ["expires_ms", "format", "holder", "name", "version", "writer"]
     assert (value["format"], value["version"], value["name"]) == ("kvckpt.claim", 1, "chat")
+    assert value["writer"] == f"{socket.gethostname()} pid {os.getpid()}"
     assert re.fullmatch(r"[0-9a-f]{32}", value["holder"])
     assert int((before + 30) * 1000) <= value["expires_ms"] <= int((clock() + 30) * 1000)
     assert run(store.list_prefix("")) == []
@@ -252,7 +256,9 @@ def test_a_claim_is_an_object_beside_the_keys_holding_its_holder_and_when_its_le
 
 @pytest.mark.parametrize("value", [b"not json", b'{"format":"kvckpt.claim","version":2}', b"x" * 2000,
                                    b'{"expires_ms":99999999999999,"format":"kvckpt.claim","holder":"'
-                                   + b"a" * 32 + b'","name":"chat","version":1}'])
+                                   + b"a" * 32 + b'","name":"chat","version":1}',
+                                   b'{"expires_ms":1,"format":"kvckpt.claim","holder":"' + b"a" * 32
+                                   + b'","name":"chat","version":1,"writer":""}'])
 def test_a_claim_object_that_is_none_or_runs_for_longer_holds_its_name_an_hour_after_it_was_written(value):
     backing, clock = obstore.store.MemoryStore(), Clock()
     obstore.put(backing, "~kvckpt.claim.chat", value)
@@ -263,6 +269,25 @@ def test_a_claim_object_that_is_none_or_runs_for_longer_holds_its_name_an_hour_a
     assert claim_object(backing)[0] == value
     clock.offset = 3600 + LEASE_RUN_OUT
     run(store.claim("chat").__aenter__())
+
+
+def test_a_claim_held_by_another_writer_is_refused_naming_that_writer_until_when_and_when_to_retry():
+    backing, clock = obstore.store.MemoryStore(), Clock()
+    first = ObjectStore(backing, clock=clock, lease_seconds=20, writer="replica-a")
+    run(first.claim("chat").__aenter__())
+    expires = json.loads(claim_object(backing)[0])["expires_ms"] / 1000
+    with pytest.raises(ConflictError) as info:
+        run(ObjectStore(backing, clock=clock, writer="replica-b").claim("chat").__aenter__())
+    until = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(expires))
+    assert f"held by writer 'replica-a' of that name until {until} unless renewed" in str(info.value)
+    assert info.value.retry_at == expires + CLOCK_SKEW_SECONDS
+
+
+@pytest.mark.parametrize("writer", ["", "x" * 129, "tab\there", 7])
+def test_a_claims_writer_must_be_1_to_128_printable_characters(writer):
+    with pytest.raises(FieldError) as info:
+        ObjectStore(obstore.store.MemoryStore(), writer=writer)
+    assert info.value.field == "writer"
 
 
 def test_a_claim_on_storage_without_conditional_updates_is_taken_and_released_but_not_taken_over(tmp_path):

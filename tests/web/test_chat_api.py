@@ -294,6 +294,27 @@ def test_a_cancelled_stream_leaves_its_reply_unfinished_and_resumable(tab):
         run(worker.next_chunk(handle))
 
 
+def test_two_streams_run_together_and_interrupting_one_by_name_stops_it_alone(tab):
+    worker = tab()
+
+    async def body_():
+        handles = [json.loads(await worker.create(json.dumps(body(text, max_tokens=30))))["stream"]
+                   for text in ("tell me about the sea.", "what is a boat?")]
+        first = [json.loads(await worker.next_chunk(h)) for h in handles]
+        worker.interrupt(first[0]["kvckpt"]["conversation"])
+        rest = [[json.loads(t) async for t in _chunks(worker, h)] for h in handles]
+        return [c[-1]["choices"][0]["finish_reason"] for c in rest], first[0]["kvckpt"]["conversation"]
+
+    (stopped, other), name = run(body_())
+    assert stopped == "abort" and other == "length"
+    assert [c["name"] for c in json.loads(run(worker.unfinished()))] == [name]
+
+
+async def _chunks(worker, handle):
+    while text := await worker.next_chunk(handle):
+        yield text
+
+
 def test_a_bad_request_names_the_field_and_stores_nothing(tab, stores):
     worker = tab()
     with pytest.raises(FieldError, match=r"messages\[0\].role"):

@@ -1,0 +1,72 @@
+"""``kvckpt serve --api``'s policy for conversations nobody named: enforced when the server starts and after each
+reply, and listed by ``GET /v1/kvckpt/retention``. The server's clock is the test's, which also dates the
+checkpoints."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from api_helpers import USER, api_serving, client, raw
+
+from kvckpt_web import FileStore
+from kvckpt_web.engine.unnamed import UnnamedRetention
+
+from support.clocks import WallClock
+
+HOUR = 3600.0
+SHORT = {"temperature": 0.0, "max_tokens": 3}
+
+
+@pytest.fixture
+def clock(monkeypatch):
+    return WallClock.dating_checkpoints(monkeypatch)
+
+
+def got(url: str, path: str) -> dict:
+    status, _, body = raw(url, "GET", path)
+    assert status == 200, body
+    return json.loads(body)
+
+
+def names(url: str) -> list[str]:
+    return [c["name"] for c in got(url, "/v1/kvckpt/conversations")["data"]]
+
+
+def ask(url: str, text: str = USER["content"], **settings) -> str:
+    return client(url).chat.completions.create(model="tiny", messages=[{"role": "user", "content": text}], **SHORT,
+                                               **settings).kvckpt["conversation"]
+
+
+def test_after_a_reply_unnamed_conversations_older_than_the_ttl_are_deleted(make_worker, tmp_path, clock):
+    with api_serving(make_worker(store=FileStore(tmp_path / "s")), retention=UnnamedRetention(ttl_s=HOUR),
+                     clock=clock) as url:
+        old = ask(url)
+        mine = ask(url, extra_body={"conversation": "mine"})
+        clock.now += 2 * HOUR
+        new = ask(url, "what is a boat?")
+        assert sorted(names(url)) == sorted([mine, new]) and old not in names(url)
+
+
+def test_the_retention_call_lists_the_policy_and_what_it_keeps_and_why(make_worker, tmp_path, clock):
+    policy = UnnamedRetention(ttl_s=HOUR, max_bytes=10 << 20)
+    with api_serving(make_worker(store=FileStore(tmp_path / "s")), retention=policy, clock=clock) as url:
+        old = ask(url)
+        ask(url, extra_body={"conversation": "mine"})
+        clock.now += 2 * HOUR
+        listing = got(url, "/v1/kvckpt/retention")
+    assert listing["object"] == "kvckpt.retention" and listing["policy"] == {"ttl_s": HOUR, "max_bytes": 10 << 20}
+    rows = {row["name"]: row for row in listing["data"]}
+    assert rows[old]["keep"] is False and "more than 3600 s ago" in rows[old]["reason"]
+    assert rows["mine"]["keep"] is True and rows["mine"]["named"] is True and rows["mine"]["bytes"] > 0
+
+
+def test_when_the_server_starts_it_deletes_what_the_policy_does_not_keep(make_worker, tmp_path, clock):
+    store = tmp_path / "s"
+    with api_serving(make_worker(store=FileStore(store))) as url:
+        old = ask(url)
+        assert names(url) == [old]
+    clock.now += 2 * HOUR
+    with api_serving(make_worker(store=FileStore(store)), retention=UnnamedRetention(ttl_s=HOUR),
+                     clock=clock) as url:
+        assert names(url) == []
