@@ -1,6 +1,7 @@
 """Continuous batching: replies generated together give the tokens each gives alone, share the engine's steps, and
 stop one by one (an interrupt of their name, their reader going away, their stop sequence); a running reply's
-slot is never evicted."""
+slot is never evicted. A sampled reply's tokens and log probabilities on the tiny llama (the GPU's picks from each
+run's row of a batched forward) are those it has alone."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import pytest
 
 from kvckpt_web import MemoryStore
 from kvckpt_web.errors import CapacityError, FieldError
+from kvckpt_web.model.loader import load_model
 
 from support.kvmodel import run
 from support.stores_that_fail import FullAfter
@@ -182,3 +184,38 @@ def test_a_full_cache_saves_an_idle_reply_whose_save_failed_before_it_evicts_it(
     name, third, running, unfinished = run(body())
     assert third.finish_reason is not None and running[-1].finish_reason == "length"
     assert name in unfinished
+
+
+@pytest.fixture(scope="module")
+def tiny(device, tiny_llama_path):
+    loaded = load_model(tiny_llama_path, device)
+    yield loaded
+    loaded.model.close()
+
+
+def test_a_sampled_reply_and_its_logprobs_beside_three_others_on_the_gpu_are_those_it_has_alone(make_engine, tiny):
+    """Its picks (top_p 0.9 at temperature 1, drawn from the shortlist of its row of the logits) and log
+    probabilities are the same values whether it ran alone or in steps with 3 other replies, in any row."""
+    sampled = {"temperature": 1.0, "top_p": 0.9, "seed": 11, "max_tokens": 12, "logprobs": 3, "cache_prompt": False}
+    others = [{"temperature": 0.0, "max_tokens": 16, "cache_prompt": False},
+              {"temperature": 0.8, "top_k": 5, "seed": 3, "max_tokens": 9, "cache_prompt": False},
+              {"temperature": 1.0, "seed": 5, "presence_penalty": 0.5, "max_tokens": 14, "cache_prompt": False}]
+
+    def engine():
+        return make_engine(model=tiny.model, text=tiny.text, sequences=4)
+
+    def reply(result):
+        return result.token_ids, result.to_openai()["choices"][0]["logprobs"]["content"]
+
+    want = reply(run(engine().chat(request(0)[0], **sampled)))
+    asks = [(request(i)[0], settings) for i, settings in enumerate(others, 1)]
+    for place in range(4):  # the sampled reply asks first, second, ...: its run takes each row of the batches
+        batch = engine()
+
+        async def together():
+            order = [*asks[:place], (request(0)[0], sampled), *asks[place:]]
+            return await asyncio.gather(*(batch.chat(messages, **settings) for messages, settings in order))
+
+        replies = run(together())
+        assert reply(replies[place]) == want, f"asked in place {place}"
+        assert batch.scheduler.steps < sum(len(r.token_ids) for r in replies)  # the replies shared steps
