@@ -71,6 +71,12 @@ def test_a_sampled_pick_takes_one_draw_as_an_unconstrained_one():
     assert sampler.counter == 1
 
 
+def test_a_greedy_pick_under_a_presence_penalty_takes_the_best_allowed_token_after_it():
+    generated = [12, 10]  # '{ ': the whitespace token was generated, and is allowed again
+    assert pick(constraint(), Logits(ranked(10, 11, 7)), generated) == 10
+    assert pick(constraint(), Logits(ranked(10, 11, 7)), generated, SamplingSettings(presence_penalty=2.0)) == 11
+
+
 def test_the_allowed_set_is_the_tokens_the_grammar_takes():
     vocabulary = Vocabulary(lambda: PIECES)
     state = initial(response_shape(OBJECT))
