@@ -416,11 +416,11 @@ class Engine:
 
     async def warm_up(self) -> None:
         """Run what a turn runs through the model in a free sequence of the cache, reading the logits as a reply does
-        (the best id; a sampled, penalized pick; log probabilities), so that a device that builds its kernels on first use builds every one of them
-        now, not during a reply: a short prompt and a token after it (attention over one range of keys), then a
-        prompt chunk (:attr:`prefill_chunk` tokens, or as many as the context allows) and a token after it
-        (attention split over ranges of keys). The cache is as it was afterwards; nothing if every sequence is
-        taken."""
+        (the best id; a sampled, penalized pick; log probabilities), so that a device that builds its kernels on
+        first use builds every one of them now, not during a reply: a short prompt and a token after it (attention
+        over one range of keys), then a prompt chunk (:attr:`prefill_chunk` tokens, or as many as the context
+        allows) and a token after it (attention split over ranges of keys). The cache is as it was afterwards;
+        nothing if every sequence is taken."""
         async with self.cache_lock.hold():
             seq_id = self.slots.free_seq_id()
             if seq_id is None:
