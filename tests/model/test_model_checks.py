@@ -13,7 +13,7 @@ from tiny_llama import write_tiny_llama
 from kvckpt_web.errors import FormatError
 from kvckpt_web.model.config import LlamaConfig
 from kvckpt_web.model.gguf import GGUFFile, open_gguf
-from kvckpt_web.model.llama import check_tensors
+from kvckpt_web.model.llama_tensors import check_tensors
 from kvckpt_web.model.loader import load_model
 from kvckpt_web.errors import TensorError
 from kvckpt_web.model.weights import (BF16, DEVICE_FORMS, F16, F16_HIGH_BYTES, F32, Q4_1, Q8_0, check_finite,

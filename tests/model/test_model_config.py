@@ -17,7 +17,7 @@ from tiny_llama import write_tiny_llama  # noqa: E402
 from kvckpt_web.errors import FormatError  # noqa: E402
 from kvckpt_web.model.config import LlamaConfig  # noqa: E402
 from kvckpt_web.model.gguf import open_gguf  # noqa: E402
-from kvckpt_web.model.llama import rope_rates  # noqa: E402
+from kvckpt_web.model.llama_tensors import rope_rates  # noqa: E402
 
 
 def config_of(path: Path) -> LlamaConfig:
