@@ -7,7 +7,7 @@ A request that names no ``conversation`` is saved under a name the engine chose 
 they were last written more than ``ttl_s`` seconds ago, and then while together they hold more than
 ``max_bytes`` bytes of the store (each chunk counted once, a chunk they share with others too). It never deletes a
 conversation a request named, one whose newest checkpoint cannot be read as a chat, or one a reply is being
-generated in; a deletion is :meth:`Engine.delete`'s, so chunks other conversations still use stay.
+generated in; a deletion is :meth:`Engine.delete_each`'s, so chunks other conversations still use stay.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 from ..checks import check_int, check_seconds
 from ..durable.catalog import decode_at, list_names, manifest_keys
 from ..durable.container import MAX_MANIFEST_BYTES
-from ..errors import ConflictError, KVCkptError, NotFoundError
+from ..errors import KVCkptError
 
 if TYPE_CHECKING:
     from .engine import Engine
@@ -140,13 +140,9 @@ async def judge(engine: "Engine", policy: UnnamedRetention, now: float) -> list[
 
 
 async def enforce(engine: "Engine", policy: UnnamedRetention, now: float) -> list[Retained]:
-    """Delete what ``policy`` does not keep of ``engine``'s store at ``now`` (seconds since the epoch), the oldest
-    first, with :meth:`Engine.delete`; what it judged. One another writer holds, or that is gone already, is left."""
+    """Delete what ``policy`` does not keep of ``engine``'s store at ``now`` (seconds since the epoch) with
+    :meth:`Engine.delete_each` (their manifests, then one pass over the store's chunks); what it judged. One another
+    writer holds, or that is gone already, is left."""
     judged = await judge(engine, policy, now)
-    for retained in judged:
-        if not retained.keep:
-            try:
-                await engine.delete(retained.name)
-            except (ConflictError, NotFoundError):
-                pass
+    await engine.delete_each([retained.name for retained in judged if not retained.keep])
     return judged

@@ -12,10 +12,12 @@ import pytest
 
 from kvckpt_web import MemoryStore
 from kvckpt_web.durable.catalog import list_names
+from kvckpt_web.durable.keys import CHUNKS
 from kvckpt_web.engine.unnamed import UnnamedRetention, enforce, judge
 from kvckpt_web.errors import FieldError
 
 from support.clocks import WallClock
+from support.counting_store import CountingStore, count
 from support.kvmodel import run
 
 GREEDY = {"temperature": 0.0, "max_tokens": 8}
@@ -105,3 +107,16 @@ def test_the_chunks_a_deleted_conversation_shares_with_a_kept_one_stay(make_engi
     again = run(make_engine(store=store).chat(following, conversation="mine", **GREEDY))  # from the store
     assert names(engine) == ["mine"] and again.usage.timings.restore_s > 0 and not again.warnings
     assert again.token_ids == want.token_ids
+
+
+def test_many_expired_conversations_are_deleted_with_one_pass_over_the_chunks(make_engine, clock):
+    store = CountingStore()
+    engine = make_engine(store=store)
+    made = [ask(engine, text) for text in ("tell me about the sea.", "what is a boat?", "and the wind?")]
+    ask(engine, "tell me about the sea.", conversation="mine")
+    clock.now += 2 * HOUR
+    store.reset()
+    judged = run(enforce(engine, UnnamedRetention(ttl_s=HOUR), clock.now))
+    assert sorted(r.name for r in judged if not r.keep) == sorted(made) and names(engine) == ["mine"]
+    assert count(store.calls, "list", CHUNKS) == 1  # one gc for the three of them
+    assert run(engine.chat([{"role": "user", "content": "and the sky?"}], conversation="mine", **GREEDY)).text
