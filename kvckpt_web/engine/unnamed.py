@@ -23,28 +23,33 @@ from ..errors import KVCkptError
 if TYPE_CHECKING:
     from .engine import Engine
 
-__all__ = ["DEFAULT_UNNAMED_MAX_BYTES", "DEFAULT_UNNAMED_TTL_S", "Retained", "UnnamedRetention", "enforce", "judge"]
+__all__ = ["DEFAULT_UNNAMED_CHECK_EVERY_S", "DEFAULT_UNNAMED_MAX_BYTES", "DEFAULT_UNNAMED_TTL_S", "Retained", "UnnamedRetention", "enforce", "judge"]
 
 DEFAULT_UNNAMED_TTL_S = 86400.0
 """Seconds an unnamed conversation is kept after it was last written (a day)."""
 DEFAULT_UNNAMED_MAX_BYTES = 1 << 30
 """Bytes of the store the unnamed conversations may hold together (1 GiB)."""
+DEFAULT_UNNAMED_CHECK_EVERY_S = 60.0
+"""Seconds a server waits after enforcing the policy before a reply's end enforces it again (a minute)."""
 
 
 @dataclass(frozen=True)
 class UnnamedRetention:
     """How long (``ttl_s`` seconds since it was last written) and within how many bytes of the store together
-    (``max_bytes``) conversations nobody named are kept."""
+    (``max_bytes``) conversations nobody named are kept; a server enforces it when it starts and then at the end of
+    a reply at least ``check_every_s`` seconds after it last did (each enforcement reads every manifest)."""
 
     ttl_s: float = DEFAULT_UNNAMED_TTL_S
     max_bytes: int = DEFAULT_UNNAMED_MAX_BYTES
+    check_every_s: float = DEFAULT_UNNAMED_CHECK_EVERY_S
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "ttl_s", check_seconds("ttl_s", self.ttl_s))
         check_int("max_bytes", self.max_bytes, 0)
+        object.__setattr__(self, "check_every_s", check_seconds("check_every_s", self.check_every_s))
 
     def to_json(self) -> dict[str, Any]:
-        return {"ttl_s": self.ttl_s, "max_bytes": self.max_bytes}
+        return {"ttl_s": self.ttl_s, "max_bytes": self.max_bytes, "check_every_s": self.check_every_s}
 
 
 @dataclass(frozen=True)

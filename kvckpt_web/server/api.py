@@ -21,7 +21,7 @@
   answered as a completion (``{"stream": true}`` streams it); the first chunk holds the text written before.
 * ``GET /v1/kvckpt/retention``: the server's policy for conversations nobody named (``engine/unnamed.py``) and what
   it decides for each conversation of the store, the oldest first; it is enforced when the server starts and
-  after each reply.
+  then at the end of a reply once its ``check_every_s`` seconds passed since it last was.
 
 A client that disconnects stops its reply after the current token: the reply is saved, and listed as
 unfinished. Errors are OpenAI's error objects (``api_errors.py``); a stream that fails once started ends with
@@ -194,14 +194,20 @@ class Api:
         self.max_body, self.body_timeout = max_body, body_timeout
         self.retention, self.clock = retention, clock
         self.created = int(time.time())
+        self._retained_at: float | None = None  # when retain last queued the policy's deletions
 
     def retain(self) -> Job | None:
         """Queue the deletion of what the retention policy does not keep now, behind the requests queued before
-        (called on the server's loop); its job, None without a policy."""
+        (called on the server's loop), unless it was queued less than its ``check_every_s`` seconds ago; its job,
+        None without a policy or within that interval."""
         policy, now = self.retention, self.clock()
         if policy is None:
             return None
-        return self.worker.submit(lambda engine: enforce(engine, policy, now))
+        if self._retained_at is not None and now - self._retained_at < policy.check_every_s:
+            return None
+        job = self.worker.submit(lambda engine: enforce(engine, policy, now))
+        self._retained_at = now
+        return job
 
     def retain_now(self) -> None:
         """:meth:`retain`, returning once it is done (called where no event loop runs, before the server serves)."""
@@ -324,9 +330,9 @@ def make_api_server(worker: EngineWorker, *, max_body: int = DEFAULT_MAX_BODY,
                     body_timeout: float = DEFAULT_BODY_TIMEOUT, retention: UnnamedRetention | None = None,
                     clock: Callable[[], float] = time.time, **listening: Any) -> Server:
     """A listening, not yet serving, server of the API alone over ``worker``'s engine, which a signal that stops
-    the server stops at once (:meth:`EngineWorker.stop`); ``retention`` (enforced at once, then after each reply)
-    and ``clock`` as :class:`Api`'s; ``listening`` are :func:`~.run.listen`'s ``host``, ``port``,
-    ``allow_remote``, ``idle_timeout`` and ``max_connections``."""
+    the server stops at once (:meth:`EngineWorker.stop`); ``retention`` (enforced at once, then at the end of a
+    reply at least its ``check_every_s`` seconds after it last was) and ``clock`` as :class:`Api`'s; ``listening``
+    are :func:`~.run.listen`'s ``host``, ``port``, ``allow_remote``, ``idle_timeout`` and ``max_connections``."""
     api = Api(worker, max_body=max_body, body_timeout=body_timeout, retention=retention, clock=clock)
     api.retain_now()
     return listen(lambda address: create_app(None, address, api.routes()), on_exit=worker.stop, **listening)

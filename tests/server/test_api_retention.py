@@ -1,5 +1,5 @@
-"""``kvckpt serve --api``'s policy for conversations nobody named: enforced when the server starts and after each
-reply, and listed by ``GET /v1/kvckpt/retention``. The server's clock is the test's, which also dates the
+"""``kvckpt serve --api``'s policy for conversations nobody named: enforced when the server starts and at the end
+of a reply once ``check_every_s`` seconds passed since it last was, and listed by ``GET /v1/kvckpt/retention``. The server's clock is the test's, which also dates the
 checkpoints."""
 
 from __future__ import annotations
@@ -10,9 +10,11 @@ import pytest
 from api_helpers import USER, api_serving, client, raw
 
 from kvckpt_web import FileStore
+from kvckpt_web.durable.keys import manifest_prefix
 from kvckpt_web.engine.unnamed import UnnamedRetention
 
 from support.clocks import WallClock
+from support.counting_store import CountingStore
 
 HOUR = 3600.0
 SHORT = {"temperature": 0.0, "max_tokens": 3}
@@ -55,7 +57,8 @@ def test_the_retention_call_lists_the_policy_and_what_it_keeps_and_why(make_work
         ask(url, extra_body={"conversation": "mine"})
         clock.now += 2 * HOUR
         listing = got(url, "/v1/kvckpt/retention")
-    assert listing["object"] == "kvckpt.retention" and listing["policy"] == {"ttl_s": HOUR, "max_bytes": 10 << 20}
+    assert listing["object"] == "kvckpt.retention" and listing["policy"] == {"ttl_s": HOUR, "max_bytes": 10 << 20,
+                                                                                     "check_every_s": 60.0}
     rows = {row["name"]: row for row in listing["data"]}
     assert rows[old]["keep"] is False and "more than 3600 s ago" in rows[old]["reason"]
     assert rows["mine"]["keep"] is True and rows["mine"]["named"] is True and rows["mine"]["bytes"] > 0
@@ -70,3 +73,29 @@ def test_when_the_server_starts_it_deletes_what_the_policy_does_not_keep(make_wo
     with api_serving(make_worker(store=FileStore(store)), retention=UnnamedRetention(ttl_s=HOUR),
                      clock=clock) as url:
         assert names(url) == []
+
+
+def test_a_reply_within_the_interval_after_the_last_check_reads_no_manifest_for_the_policy(make_worker, clock):
+    store = CountingStore()
+    with api_serving(make_worker(store=store), retention=UnnamedRetention(ttl_s=HOUR, check_every_s=60),
+                     clock=clock) as url:
+        # a completion no chat continues: only the policy reads its manifests during a chat's reply
+        other = client(url).completions.create(model="tiny", prompt="zebra quartz", **SHORT).kvckpt["conversation"]
+        ask(url)
+        clock.now += 59
+        store.reset()
+        ask(url, "what is a boat?")
+        assert store.calls["list", manifest_prefix(other)] == 0
+        clock.now += 1
+        store.reset()
+        ask(url, "and the wind?")
+        assert store.calls["list", manifest_prefix(other)] > 0
+
+
+def test_with_no_interval_the_end_of_every_reply_checks_the_policy(make_worker, tmp_path, clock):
+    policy = UnnamedRetention(ttl_s=0, check_every_s=0)
+    with api_serving(make_worker(store=FileStore(tmp_path / "s")), retention=policy, clock=clock) as url:
+        old = ask(url)
+        clock.now += 1
+        new = ask(url, "what is a boat?")
+        assert names(url) == [new] and old != new
