@@ -133,6 +133,17 @@ class Engine:
             turn = await self._begin(request)
         return await self._reply(turn, stream)
 
+    async def continued_by(self, request: ChatRequest | CompletionRequest) -> str | None:
+        """The conversation ``request`` would continue if it ran now: the one it names, else the unnamed one its
+        prompt goes on from; None if it would start a new one (or fail)."""
+        if request.conversation is not None:
+            return request.conversation
+        async with self.cache_lock.hold():
+            try:
+                return await self.sources.continued((await self._prompt(request)).tokens)
+            except KVCkptError:
+                return None
+
     async def _begin(self, request: ChatRequest | CompletionRequest) -> Turn:
         started = time.perf_counter()
         completion = isinstance(request, CompletionRequest)

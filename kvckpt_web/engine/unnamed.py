@@ -6,12 +6,14 @@ A request that names no ``conversation`` is saved under a name the engine chose 
 ``completion-...``): stateless clients would fill the store forever. The policy deletes those, oldest first, once
 they were last written more than ``ttl_s`` seconds ago, and then while together they hold more than
 ``max_bytes`` bytes of the store (each chunk counted once, a chunk they share with others too). It never deletes a
-conversation a request named, one whose newest checkpoint cannot be read as a chat, or one a reply is being
-generated in; a deletion is :meth:`Engine.delete_each`'s, so chunks other conversations still use stay.
+conversation a request named, one whose newest checkpoint cannot be read as a chat, one a reply is being
+generated in, or one a request waiting in the queue goes on with; a deletion is :meth:`Engine.delete_each`'s, so
+chunks other conversations still use stay.
 """
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -97,9 +99,11 @@ async def _seen(engine: "Engine", name: str) -> _Seen:
     return _Seen(name, record.chat.named, record.created_ms, keys)
 
 
-async def judge(engine: "Engine", policy: UnnamedRetention, now: float) -> list[Retained]:
+async def judge(engine: "Engine", policy: UnnamedRetention, now: float, waiting: Collection[str] = ()
+                ) -> list[Retained]:
     """What ``policy`` keeps and deletes of ``engine``'s store at ``now`` (seconds since the epoch), every
-    conversation of it, the oldest first; nothing without a store."""
+    conversation of it, the oldest first; nothing without a store. ``waiting``: the conversations requests
+    queued and not started go on with, kept as those a reply is being generated in are."""
     if engine.store is None:
         return []
     seen = [await _seen(engine, name) for name in await list_names(engine.store)]
@@ -119,6 +123,9 @@ async def judge(engine: "Engine", policy: UnnamedRetention, now: float) -> list[
             continue
         if slot is not None and slot.busy:
             out[s.name] = Retained(s.name, False, s.updated_ms, size, True, "a reply is being generated in it")
+        elif s.name in waiting:
+            out[s.name] = Retained(s.name, False, s.updated_ms, size, True,
+                                   "a request waiting in the queue continues it")
         elif s.updated_ms is not None and now - s.updated_ms / 1000 > policy.ttl_s:
             out[s.name] = Retained(s.name, False, s.updated_ms, size, False,
                                    f"unnamed, last written more than {policy.ttl_s:g} s ago")
@@ -144,10 +151,12 @@ async def judge(engine: "Engine", policy: UnnamedRetention, now: float) -> list[
     return [out[s.name] for s in seen]
 
 
-async def enforce(engine: "Engine", policy: UnnamedRetention, now: float) -> list[Retained]:
-    """Delete what ``policy`` does not keep of ``engine``'s store at ``now`` (seconds since the epoch) with
+async def enforce(engine: "Engine", policy: UnnamedRetention, now: float, waiting: Collection[str] = ()
+                  ) -> list[Retained]:
+    """Delete what ``policy`` does not keep of ``engine``'s store at ``now`` (seconds since the epoch; ``waiting``
+    as :func:`judge`'s) with
     :meth:`Engine.delete_each` (their manifests, then one pass over the store's chunks); what it judged. One another
     writer holds, or that is gone already, is left."""
-    judged = await judge(engine, policy, now)
+    judged = await judge(engine, policy, now, waiting)
     await engine.delete_each([retained.name for retained in judged if not retained.keep])
     return judged

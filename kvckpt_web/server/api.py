@@ -46,8 +46,8 @@ from starlette.routing import BaseRoute, Mount, Route
 from starlette.types import Receive, Scope, Send
 
 from ..durable.keys import validate_name
-from ..engine import ChatChunk, ChatCompletion, ChatRequest, CompletionRequest
-from ..engine.unnamed import UnnamedRetention, enforce, judge
+from ..engine import ChatChunk, ChatCompletion, ChatRequest, CompletionRequest, Engine
+from ..engine.unnamed import Retained, UnnamedRetention, enforce, judge
 from ..errors import FieldError, KVCkptError, is_int
 from .api_body import DEFAULT_BODY_TIMEOUT, DEFAULT_MAX_BODY, read_json
 from .api_errors import ApiError, error_body, error_response
@@ -205,7 +205,11 @@ class Api:
             return None
         if self._retained_at is not None and now - self._retained_at < policy.check_every_s:
             return None
-        job = self.worker.submit(lambda engine: enforce(engine, policy, now))
+
+        async def enforced(engine: Engine) -> list[Retained]:
+            return await enforce(engine, policy, now, await self.worker.waiting_conversations())
+
+        job = self.worker.submit(enforced)
         self._retained_at = now
         return job
 
@@ -277,18 +281,21 @@ class Api:
             raise FieldError("stream_options.include_usage", "true or false", type(usage).__name__)
         return True, bool(usage)
 
+    def submit_reply(self, request: ChatRequest | CompletionRequest) -> Job:
+        """Queue the streamed reply to ``request`` (called on the server's loop); while it waits, the retention
+        policy keeps the conversation it would continue."""
+        return self.worker.submit(lambda engine: engine.create(request, stream=True),
+                                  continues=lambda engine: engine.continued_by(request))
+
     async def _completions(self, request: Request) -> Answer:
         body = await read_json(request, self.max_body, self.body_timeout)
         stream, usage = self._how(body) if isinstance(body, Mapping) else (False, False)
-        chat = ChatRequest.from_openai(body)
-        return Answer(self.worker.submit(lambda engine: engine.create(chat, stream=True)), stream, usage, self.retain)
+        return Answer(self.submit_reply(ChatRequest.from_openai(body)), stream, usage, self.retain)
 
     async def _text_completions(self, request: Request) -> Answer:
         body = await read_json(request, self.max_body, self.body_timeout)
         stream, usage = self._how(body) if isinstance(body, Mapping) else (False, False)
-        completion = CompletionRequest.from_openai(body)
-        return Answer(self.worker.submit(lambda engine: engine.create(completion, stream=True)), stream, usage,
-                      self.retain)
+        return Answer(self.submit_reply(CompletionRequest.from_openai(body)), stream, usage, self.retain)
 
     async def _resume(self, request: Request) -> Answer:
         name = validate_name(request.path_params["name"])
@@ -300,8 +307,11 @@ class Api:
                 raise FieldError(key, f"one of {list(_STREAM_KEYS)} (the saved request says the rest)",
                                  "an unknown key")
         stream, usage = self._how(body)
-        return Answer(self.worker.submit(lambda engine: engine.resume(name, stream=True)), stream, usage,
-                      self.retain)
+        async def continues(engine: Engine) -> str:
+            return name
+
+        return Answer(self.worker.submit(lambda engine: engine.resume(name, stream=True), continues=continues),
+                      stream, usage, self.retain)
 
     # ----- conversations ------------------------------------------------------------------------
 
@@ -312,8 +322,10 @@ class Api:
 
     async def _retention(self, request: Request) -> Response:
         policy = self.retention
-        judged = [] if policy is None else await self.worker.submit(
-            lambda engine: judge(engine, policy, self.clock())).result()
+        async def judged_now(engine: Engine) -> list[Retained]:
+            return await judge(engine, policy, self.clock(), await self.worker.waiting_conversations())
+
+        judged = [] if policy is None else await self.worker.submit(judged_now).result()
         return JSONResponse({"object": "kvckpt.retention", "policy": None if policy is None else policy.to_json(),
                              "data": [{"object": "kvckpt.retained", **r.to_json()} for r in judged]})
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import pytest
 
-from kvckpt_web import MemoryStore
+from kvckpt_web import ChatRequest, MemoryStore
 from kvckpt_web.durable.catalog import list_names
 from kvckpt_web.durable.keys import CHUNKS
 from kvckpt_web.engine.unnamed import UnnamedRetention, enforce, judge
@@ -120,3 +120,24 @@ def test_many_expired_conversations_are_deleted_with_one_pass_over_the_chunks(ma
     assert sorted(r.name for r in judged if not r.keep) == sorted(made) and names(engine) == ["mine"]
     assert count(store.calls, "list", CHUNKS) == 1  # one gc for the three of them
     assert run(engine.chat([{"role": "user", "content": "and the sky?"}], conversation="mine", **GREEDY)).text
+
+
+def test_a_conversation_a_waiting_request_goes_on_with_is_kept(make_engine, clock):
+    engine = make_engine(store=MemoryStore())
+    old = ask(engine, "tell me about the sea.")
+    clock.now += 100 * HOUR
+    [retained] = run(enforce(engine, UnnamedRetention(ttl_s=HOUR, max_bytes=0), clock.now, waiting={old}))
+    assert retained.keep and retained.reason == "a request waiting in the queue continues it"
+    assert names(engine) == [old]
+
+
+def test_the_conversation_a_request_would_continue_is_the_unnamed_one_its_messages_go_on_from(make_engine):
+    engine = make_engine(store=MemoryStore())
+    first = run(engine.chat([{"role": "user", "content": "tell me about the sea."}], **GREEDY))
+    following = ChatRequest(messages=[{"role": "user", "content": "tell me about the sea."},
+                                      {"role": "assistant", "content": first.text},
+                                      {"role": "user", "content": "and the wind?"}], **GREEDY)
+    assert run(engine.continued_by(following)) == first.conversation
+    assert run(engine.continued_by(ChatRequest(messages=[{"role": "user", "content": "what is a boat?"}]))) is None
+    assert run(engine.continued_by(ChatRequest(messages=[{"role": "user", "content": "hi"}], conversation="mine"))
+               ) == "mine"

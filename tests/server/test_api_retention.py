@@ -4,14 +4,17 @@ checkpoints."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 
 import pytest
-from api_helpers import USER, api_serving, client, raw
+from api_helpers import USER, GatedModel, api_serving, client, raw
+from serve_helpers import PATIENCE
 
-from kvckpt_web import FileStore
+from kvckpt_web import ChatCompletion, ChatRequest, FileStore
 from kvckpt_web.durable.keys import manifest_prefix
 from kvckpt_web.engine.unnamed import UnnamedRetention
+from kvckpt_web.server.api import Api
 
 from support.clocks import WallClock
 from support.counting_store import CountingStore
@@ -99,3 +102,32 @@ def test_with_no_interval_the_end_of_every_reply_checks_the_policy(make_worker, 
         clock.now += 1
         new = ask(url, "what is a boat?")
         assert names(url) == [new] and old != new
+
+
+def test_a_request_waiting_in_the_queue_keeps_the_unnamed_conversation_it_continues(make_worker, tiny_llama,
+                                                                                    tmp_path, clock):
+    gated = GatedModel(tiny_llama.model, after=1 << 30, blocking=False)
+    api = Api(make_worker(store=FileStore(tmp_path / "s"), model=gated, sequences=1),
+              retention=UnnamedRetention(ttl_s=HOUR, check_every_s=0), clock=clock)
+
+    async def replied(job):
+        await job.result()
+        return ChatCompletion.from_chunks([chunk async for chunk in job.items()])
+
+    async def body():
+        first = await replied(api.submit_reply(ChatRequest(messages=[USER], **SHORT)))
+        clock.now += 2 * HOUR
+        gated.after = gated.forwards
+        running = api.submit_reply(ChatRequest(messages=[USER], conversation="mine", **SHORT))
+        await asyncio.to_thread(gated.reached.wait, PATIENCE)  # the only sequence is taken
+        retention = api.retain()  # queued first: it runs while the request after it waits
+        following = api.submit_reply(ChatRequest(messages=[USER, {"role": "assistant", "content": first.text},
+                                                           {"role": "user", "content": "and the wind?"}], **SHORT))
+        gated.open()
+        await replied(running)
+        return first, await retention.result(), await replied(following)
+
+    first, judged, following = asyncio.run(body())
+    [retained] = [r for r in judged if r.name == first.conversation]
+    assert retained.keep and retained.reason == "a request waiting in the queue continues it"
+    assert following.conversation == first.conversation and following.usage.cached_tokens > 0
