@@ -12,7 +12,7 @@ from api_helpers import USER, GatedModel, api_serving, client, raw
 from serve_helpers import PATIENCE
 
 from kvckpt_web import ChatCompletion, ChatRequest, FileStore
-from kvckpt_web.durable.keys import manifest_prefix
+from kvckpt_web.durable.keys import CHUNKS, manifest_prefix
 from kvckpt_web.engine.unnamed import UnnamedRetention
 from kvckpt_web.server.api import Api
 
@@ -76,6 +76,17 @@ def test_when_the_server_starts_it_deletes_what_the_policy_does_not_keep(make_wo
     with api_serving(make_worker(store=FileStore(store)), retention=UnnamedRetention(ttl_s=HOUR),
                      clock=clock) as url:
         assert names(url) == []
+
+
+def test_many_expired_conversations_at_start_cost_one_pass_over_the_chunks(make_worker, clock):
+    store = CountingStore()
+    with api_serving(make_worker(store=store)) as url:
+        for text in ("tell me about the sea.", "what is a boat?", "and the wind?"):
+            ask(url, text)
+    clock.now += 2 * HOUR
+    store.reset()
+    with api_serving(make_worker(store=store), retention=UnnamedRetention(ttl_s=HOUR), clock=clock) as url:
+        assert store.calls["list", CHUNKS] == 1 and names(url) == []
 
 
 def test_a_reply_within_the_interval_after_the_last_check_reads_no_manifest_for_the_policy(make_worker, clock):
