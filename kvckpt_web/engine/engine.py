@@ -412,8 +412,8 @@ class Engine:
         async with self.cache_lock.hold():
             if self.store is None:
                 return []
-            idle = [name for name in names if not ((own := self.slots.of_conversation(name)) and own.busy)]
-            deleted = await delete_names(self.store, idle, ledger=self.ledger)
+            busy = {slot.conversation for slot in self.slots if slot.busy}
+            deleted = await delete_names(self.store, [name for name in names if name not in busy], ledger=self.ledger)
             for name in deleted:
                 self.sources.forget(name)
                 own = self.slots.of_conversation(name)

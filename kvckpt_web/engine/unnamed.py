@@ -25,7 +25,8 @@ from ..errors import KVCkptError
 if TYPE_CHECKING:
     from .engine import Engine
 
-__all__ = ["DEFAULT_UNNAMED_CHECK_EVERY_S", "DEFAULT_UNNAMED_MAX_BYTES", "DEFAULT_UNNAMED_TTL_S", "Retained", "UnnamedRetention", "enforce", "judge"]
+__all__ = ["DEFAULT_UNNAMED_CHECK_EVERY_S", "DEFAULT_UNNAMED_MAX_BYTES", "DEFAULT_UNNAMED_TTL_S", "Retained",
+           "UnnamedRetention", "enforce", "judge"]
 
 DEFAULT_UNNAMED_TTL_S = 86400.0
 """Seconds an unnamed conversation is kept after it was last written (a day)."""

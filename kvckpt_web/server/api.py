@@ -307,6 +307,7 @@ class Api:
                 raise FieldError(key, f"one of {list(_STREAM_KEYS)} (the saved request says the rest)",
                                  "an unknown key")
         stream, usage = self._how(body)
+
         async def continues(engine: Engine) -> str:
             return name
 
@@ -322,6 +323,7 @@ class Api:
 
     async def _retention(self, request: Request) -> Response:
         policy = self.retention
+
         async def judged_now(engine: Engine) -> list[Retained]:
             return await judge(engine, policy, self.clock(), await self.worker.waiting_conversations())
 

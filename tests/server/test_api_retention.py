@@ -1,6 +1,6 @@
 """``kvckpt serve --api``'s policy for conversations nobody named: enforced when the server starts and at the end
-of a reply once ``check_every_s`` seconds passed since it last was, and listed by ``GET /v1/kvckpt/retention``. The server's clock is the test's, which also dates the
-checkpoints."""
+of a reply once ``check_every_s`` seconds passed since it last was, and listed by ``GET /v1/kvckpt/retention``.
+The server's clock is the test's, which also dates the checkpoints."""
 
 from __future__ import annotations
 
