@@ -16,7 +16,8 @@ from typing import TYPE_CHECKING
 
 from ..durable.locations import open_location
 from ..checks import check_int
-from ..engine.unnamed import DEFAULT_UNNAMED_MAX_BYTES, DEFAULT_UNNAMED_TTL_S, UnnamedRetention
+from ..engine.unnamed import (DEFAULT_UNNAMED_CHECK_EVERY_S, DEFAULT_UNNAMED_MAX_BYTES, DEFAULT_UNNAMED_TTL_S,
+                              UnnamedRetention)
 from ..errors import FieldError
 from ..model.loader import default_model_path
 from ..server.worker import DEFAULT_QUEUE
@@ -33,6 +34,7 @@ RUNTIME_FLAGS = {"page": "--page", "pyodide": "--pyodide", "wheels": "--wheels",
 """The flags of the browser runtime and of a served store, which ``--api`` does not serve."""
 API_FLAGS = {"model_name": "--model-name", "context": "--context", "max_tokens": "--max-tokens", "lease": "--lease",
              "unnamed_ttl": "--unnamed-ttl", "unnamed_max_bytes": "--unnamed-max-bytes",
+             "unnamed_check_every": "--unnamed-check-every",
              "queue": "--queue"}
 """The flags only ``--api`` takes."""
 
@@ -54,10 +56,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         f"replica takes over a killed one's conversations {CLOCK_SKEW_SECONDS:g} s after that")
     parser.add_argument("--unnamed-ttl", type=float, default=None, metavar="SECONDS", help="with --api: delete a "
                         "conversation no request named once it was last written this long ago (default "
-                        f"{DEFAULT_UNNAMED_TTL_S:g}, a day), at start and after each reply")
+                        f"{DEFAULT_UNNAMED_TTL_S:g}, a day), at start and then at the end of a reply (see "
+                        "--unnamed-check-every)")
     parser.add_argument("--unnamed-max-bytes", type=int, default=None, metavar="N", help="with --api: then delete "
                         "the oldest conversations no request named while together they hold more than N bytes of "
                         f"the store (default {DEFAULT_UNNAMED_MAX_BYTES}, 1 GiB)")
+    parser.add_argument("--unnamed-check-every", type=float, default=None, metavar="SECONDS", help="with --api: "
+                        "after the check at start, check those two at the end of a reply only once this long passed "
+                        f"since the last check (default {DEFAULT_UNNAMED_CHECK_EVERY_S:g}; each check reads every "
+                        "manifest of the store)")
     parser.add_argument("--queue", type=int, default=None, help="with --api: requests that may wait while as many "
                         f"run as the cache holds conversations ({DESKTOP.sequences}); beyond them a request is "
                         f"answered 503 with Retry-After (default {DEFAULT_QUEUE})")
@@ -78,13 +85,15 @@ def check_flags(args: argparse.Namespace) -> None:
 
 
 def _retention(args: argparse.Namespace) -> UnnamedRetention:
-    """The policy for conversations nobody named that ``--unnamed-ttl`` and ``--unnamed-max-bytes`` give;
-    FieldError naming the flag."""
-    given = {"ttl_s": args.unnamed_ttl, "max_bytes": args.unnamed_max_bytes}
+    """The policy for conversations nobody named that ``--unnamed-ttl``, ``--unnamed-max-bytes`` and
+    ``--unnamed-check-every`` give; FieldError naming the flag."""
+    given = {"ttl_s": args.unnamed_ttl, "max_bytes": args.unnamed_max_bytes,
+             "check_every_s": args.unnamed_check_every}
     try:
         return UnnamedRetention(**{key: value for key, value in given.items() if value is not None})
     except FieldError as exc:
-        flag = {"ttl_s": "--unnamed-ttl", "max_bytes": "--unnamed-max-bytes"}[exc.field]
+        flag = {"ttl_s": "--unnamed-ttl", "max_bytes": "--unnamed-max-bytes",
+                "check_every_s": "--unnamed-check-every"}[exc.field]
         raise FieldError(flag, exc.expected, exc.got) from None
 
 

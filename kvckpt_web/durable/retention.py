@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from ..checks import check_callable, check_each, check_int
-from ..errors import CorruptionError, FormatError, KVCkptError, NotFoundError
+from ..errors import ConflictError, CorruptionError, FormatError, KVCkptError, NotFoundError
 from .catalog import decode_at, manifest_keys
 from .chunk_reads import read_chunk, stored_size
 from .container import MAX_MANIFEST_BYTES, ChunkRef
@@ -31,7 +31,7 @@ from .results import GcResult, Progress
 if TYPE_CHECKING:
     from ..stores.base import Store
 
-__all__ = ["DEFAULT_KEEP", "check_keep", "delete_name", "gc", "retain"]
+__all__ = ["DEFAULT_KEEP", "check_keep", "delete_name", "delete_names", "gc", "retain"]
 
 DEFAULT_KEEP = 2
 """Generations of each name a save keeps (the new one and the one before)."""
@@ -275,6 +275,19 @@ async def _still_held(store: "Store", envelopes: dict[str, bytes]) -> bool:
     return True
 
 
+async def _drop_manifests(store: "Store", name: str) -> tuple[str, ...]:
+    """Delete every manifest of ``name`` under its claim; their keys. NotFoundError if there is none,
+    ConflictError (deleting nothing) while another writer holds the name."""
+    async with store.claim(name), store.lock():
+        keys = tuple(key for _, _, key in await manifest_keys(store, name))
+        if not keys:
+            raise NotFoundError(f"name: expected a checkpoint named {name!r} in the store, got none")
+        async with store.batch():
+            for key in keys:
+                await store.delete(key)
+    return keys
+
+
 async def delete_name(store: "Store", name: str, *, progress: Progress | None = None,
                       ledger: Ledger | None = None) -> GcResult:
     """Delete every generation of ``name`` (a deletion asked for: restorable ones too), then every chunk no
@@ -284,12 +297,25 @@ async def delete_name(store: "Store", name: str, *, progress: Progress | None = 
     ledger = ledger_for(store, ledger)
     validate_name(name)
     check_callable("progress", progress)
-    async with store.claim(name), store.lock():
-        keys = tuple(key for _, _, key in await manifest_keys(store, name))
-        if not keys:
-            raise NotFoundError(f"name: expected a checkpoint named {name!r} in the store, got none")
-        async with store.batch():
-            for key in keys:
-                await store.delete(key)
+    keys = await _drop_manifests(store, name)
     ledger.forget(name)
     return dataclasses.replace(await gc(store, keep=None, progress=progress, ledger=ledger), deleted_manifests=keys)
+
+
+async def delete_names(store: "Store", names: Iterable[str], *, ledger: Ledger | None = None) -> list[str]:
+    """:func:`delete_name` of each of ``names`` (a collection: a bare str is refused), their manifests first and
+    then one pass over the store's chunks for all of them; a name that holds no generation, or that another
+    writer holds, is left. The names deleted; without one, nothing else is read."""
+    ledger = ledger_for(store, ledger)
+    names = check_each("names", names, "a list of checkpoint names", lambda field, name: validate_name(name, field))
+    deleted: list[str] = []
+    for name in names:
+        try:
+            await _drop_manifests(store, name)
+        except (ConflictError, NotFoundError):
+            continue
+        ledger.forget(name)
+        deleted.append(name)
+    if deleted:
+        await gc(store, keep=None, ledger=ledger)
+    return deleted

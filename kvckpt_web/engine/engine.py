@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import secrets
 import time
-from collections.abc import AsyncGenerator, Callable
+from collections.abc import AsyncGenerator, Callable, Iterable
 from typing import TYPE_CHECKING, Any
 
 from ..checks import check_callable, check_instance
@@ -20,7 +20,7 @@ from ..durable.catalog import list_names
 from ..durable.ledger import Ledger
 from ..durable.prefix_index import PrefixIndex
 from ..durable.results import Progress, SaveResult
-from ..durable.retention import delete_name
+from ..durable.retention import delete_name, delete_names
 from ..errors import ConflictError, ContextFullError, FieldError, KVCkptError, NotFoundError, is_int
 from ..kv.cache import PagedKVCache
 from ..generation.app_state import StopRules
@@ -133,6 +133,17 @@ class Engine:
         async with self.cache_lock.hold():
             turn = await self._begin(request)
         return await self._reply(turn, stream)
+
+    async def continued_by(self, request: ChatRequest | CompletionRequest) -> str | None:
+        """The conversation ``request`` would continue if it ran now: the one it names, else the unnamed one its
+        prompt goes on from; None if it would start a new one (or fail)."""
+        if request.conversation is not None:
+            return request.conversation
+        async with self.cache_lock.hold():
+            try:
+                return await self.sources.continued((await self._prompt(request)).tokens)
+            except KVCkptError:
+                return None
 
     async def _begin(self, request: ChatRequest | CompletionRequest) -> Turn:
         started = time.perf_counter()
@@ -413,6 +424,21 @@ class Engine:
                 raise NotFoundError(f"conversation: expected a conversation named {name!r}, got none")
             if own is not None:
                 await self.slots.drop(own)
+
+    async def delete_each(self, names: Iterable[str]) -> list[str]:
+        """:meth:`delete` of each of ``names`` in a store, with one pass over its chunks for all of them; one a reply
+        is being generated in, another writer holds, or that is gone is left. The names deleted."""
+        async with self.cache_lock.hold():
+            if self.store is None:
+                return []
+            busy = {slot.conversation for slot in self.slots if slot.busy}
+            deleted = await delete_names(self.store, [name for name in names if name not in busy], ledger=self.ledger)
+            for name in deleted:
+                self.sources.forget(name)
+                own = self.slots.of_conversation(name)
+                if own is not None:
+                    await self.slots.drop(own)
+            return deleted
 
     async def warm_up(self) -> None:
         """Run what a turn runs through the model in a free sequence of the cache, reading the logits as a reply does

@@ -21,7 +21,7 @@
   answered as a completion (``{"stream": true}`` streams it); the first chunk holds the text written before.
 * ``GET /v1/kvckpt/retention``: the server's policy for conversations nobody named (``engine/unnamed.py``) and what
   it decides for each conversation of the store, the oldest first; it is enforced when the server starts and
-  after each reply.
+  then at the end of a reply once its ``check_every_s`` seconds passed since it last was.
 
 A client that disconnects stops its reply after the current token: the reply is saved, and listed as
 unfinished. Errors are OpenAI's error objects (``api_errors.py``); a stream that fails once started ends with
@@ -46,8 +46,8 @@ from starlette.routing import BaseRoute, Mount, Route
 from starlette.types import Receive, Scope, Send
 
 from ..durable.keys import validate_name
-from ..engine import ChatChunk, ChatCompletion, ChatRequest, CompletionRequest
-from ..engine.unnamed import UnnamedRetention, enforce, judge
+from ..engine import ChatChunk, ChatCompletion, ChatRequest, CompletionRequest, Engine
+from ..engine.unnamed import Retained, UnnamedRetention, enforce, judge
 from ..errors import FieldError, KVCkptError, is_int
 from .api_body import DEFAULT_BODY_TIMEOUT, DEFAULT_MAX_BODY, read_json
 from .api_errors import ApiError, error_body, error_response
@@ -194,14 +194,24 @@ class Api:
         self.max_body, self.body_timeout = max_body, body_timeout
         self.retention, self.clock = retention, clock
         self.created = int(time.time())
+        self._retained_at: float | None = None  # when retain last queued the policy's deletions
 
     def retain(self) -> Job | None:
         """Queue the deletion of what the retention policy does not keep now, behind the requests queued before
-        (called on the server's loop); its job, None without a policy."""
+        (called on the server's loop), unless it was queued less than its ``check_every_s`` seconds ago; its job,
+        None without a policy or within that interval."""
         policy, now = self.retention, self.clock()
         if policy is None:
             return None
-        return self.worker.submit(lambda engine: enforce(engine, policy, now))
+        if self._retained_at is not None and now - self._retained_at < policy.check_every_s:
+            return None
+
+        async def enforced(engine: Engine) -> list[Retained]:
+            return await enforce(engine, policy, now, await self.worker.waiting_conversations())
+
+        job = self.worker.submit(enforced)
+        self._retained_at = now
+        return job
 
     def retain_now(self) -> None:
         """:meth:`retain`, returning once it is done (called where no event loop runs, before the server serves)."""
@@ -271,18 +281,21 @@ class Api:
             raise FieldError("stream_options.include_usage", "true or false", type(usage).__name__)
         return True, bool(usage)
 
+    def submit_reply(self, request: ChatRequest | CompletionRequest) -> Job:
+        """Queue the streamed reply to ``request`` (called on the server's loop); while it waits, the retention
+        policy keeps the conversation it would continue."""
+        return self.worker.submit(lambda engine: engine.create(request, stream=True),
+                                  continues=lambda engine: engine.continued_by(request))
+
     async def _completions(self, request: Request) -> Answer:
         body = await read_json(request, self.max_body, self.body_timeout)
         stream, usage = self._how(body) if isinstance(body, Mapping) else (False, False)
-        chat = ChatRequest.from_openai(body)
-        return Answer(self.worker.submit(lambda engine: engine.create(chat, stream=True)), stream, usage, self.retain)
+        return Answer(self.submit_reply(ChatRequest.from_openai(body)), stream, usage, self.retain)
 
     async def _text_completions(self, request: Request) -> Answer:
         body = await read_json(request, self.max_body, self.body_timeout)
         stream, usage = self._how(body) if isinstance(body, Mapping) else (False, False)
-        completion = CompletionRequest.from_openai(body)
-        return Answer(self.worker.submit(lambda engine: engine.create(completion, stream=True)), stream, usage,
-                      self.retain)
+        return Answer(self.submit_reply(CompletionRequest.from_openai(body)), stream, usage, self.retain)
 
     async def _resume(self, request: Request) -> Answer:
         name = validate_name(request.path_params["name"])
@@ -294,8 +307,12 @@ class Api:
                 raise FieldError(key, f"one of {list(_STREAM_KEYS)} (the saved request says the rest)",
                                  "an unknown key")
         stream, usage = self._how(body)
-        return Answer(self.worker.submit(lambda engine: engine.resume(name, stream=True)), stream, usage,
-                      self.retain)
+
+        async def continues(engine: Engine) -> str:
+            return name
+
+        return Answer(self.worker.submit(lambda engine: engine.resume(name, stream=True), continues=continues),
+                      stream, usage, self.retain)
 
     # ----- conversations ------------------------------------------------------------------------
 
@@ -306,8 +323,11 @@ class Api:
 
     async def _retention(self, request: Request) -> Response:
         policy = self.retention
-        judged = [] if policy is None else await self.worker.submit(
-            lambda engine: judge(engine, policy, self.clock())).result()
+
+        async def judged_now(engine: Engine) -> list[Retained]:
+            return await judge(engine, policy, self.clock(), await self.worker.waiting_conversations())
+
+        judged = [] if policy is None else await self.worker.submit(judged_now).result()
         return JSONResponse({"object": "kvckpt.retention", "policy": None if policy is None else policy.to_json(),
                              "data": [{"object": "kvckpt.retained", **r.to_json()} for r in judged]})
 
@@ -324,9 +344,9 @@ def make_api_server(worker: EngineWorker, *, max_body: int = DEFAULT_MAX_BODY,
                     body_timeout: float = DEFAULT_BODY_TIMEOUT, retention: UnnamedRetention | None = None,
                     clock: Callable[[], float] = time.time, **listening: Any) -> Server:
     """A listening, not yet serving, server of the API alone over ``worker``'s engine, which a signal that stops
-    the server stops at once (:meth:`EngineWorker.stop`); ``retention`` (enforced at once, then after each reply)
-    and ``clock`` as :class:`Api`'s; ``listening`` are :func:`~.run.listen`'s ``host``, ``port``,
-    ``allow_remote``, ``idle_timeout`` and ``max_connections``."""
+    the server stops at once (:meth:`EngineWorker.stop`); ``retention`` (enforced at once, then at the end of a
+    reply at least its ``check_every_s`` seconds after it last was) and ``clock`` as :class:`Api`'s; ``listening``
+    are :func:`~.run.listen`'s ``host``, ``port``, ``allow_remote``, ``idle_timeout`` and ``max_connections``."""
     api = Api(worker, max_body=max_body, body_timeout=body_timeout, retention=retention, clock=clock)
     api.retain_now()
     return listen(lambda address: create_app(None, address, api.routes()), on_exit=worker.stop, **listening)

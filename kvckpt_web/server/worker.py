@@ -28,12 +28,15 @@ from ..errors import KVCkptError
 if TYPE_CHECKING:
     from ..engine import Engine
 
-__all__ = ["DEFAULT_QUEUE", "RETRY_AFTER_S", "Busy", "EngineWorker", "Job", "ShuttingDown"]
+__all__ = ["DEFAULT_QUEUE", "RETRY_AFTER_S", "Busy", "Continues", "EngineWorker", "Job", "ShuttingDown"]
 
 DEFAULT_QUEUE = 16
 """Requests that may wait for a running one to end, beyond those running (``kvckpt serve --api --queue``)."""
 RETRY_AFTER_S = 1
 """The ``Retry-After`` seconds of a request refused because the queue is full."""
+
+Continues = Callable[["Engine"], Awaitable[str | None]]
+"""Which conversation a request would go on with if it ran now (None: a new one), asked on the engine's loop."""
 
 
 class ShuttingDown(KVCkptError):
@@ -49,11 +52,14 @@ class Busy(KVCkptError):
 
 class Job:
     """One request's work on the engine thread, as the server's loop sees it: its result (:meth:`result`),
-    then, if the work gave an async iterator (a streamed reply), its items (:meth:`items`)."""
+    then, if the work gave an async iterator (a streamed reply), its items (:meth:`items`). ``continues`` says
+    which conversation the work would go on with if it ran now (None: none), asked while it waits in the queue."""
 
-    def __init__(self, worker: "EngineWorker", work: Callable[["Engine"], Awaitable[Any]]) -> None:
+    def __init__(self, worker: "EngineWorker", work: Callable[["Engine"], Awaitable[Any]],
+                 continues: Continues | None = None) -> None:
         self._worker = worker
         self._work = work
+        self._continues = continues
         self._server_loop = asyncio.get_running_loop()
         self._queue: asyncio.Queue[tuple[str, Any]] = asyncio.Queue()
         self._cancelled = False  # read and written on the engine's loop only
@@ -122,6 +128,7 @@ class EngineWorker:
         self._loop = asyncio.new_event_loop()
         self._slots: asyncio.Semaphore | None = None
         self._serving: set[asyncio.Future[None]] = set()  # on the engine's loop
+        self._waiting: set[Job] = set()  # jobs queued and not started, on the engine's loop
         self._closing = False
         self._admitted = 0  # requests submitted and not ended, under _count
         self._count = threading.Lock()
@@ -159,32 +166,45 @@ class EngineWorker:
         except RuntimeError:  # the engine's loop is closed: nothing runs any more
             pass
 
-    def submit(self, work: Callable[["Engine"], Awaitable[Any]]) -> Job:
-        """Queue ``work(engine)`` behind the requests before it (called on the server's loop); :class:`Busy` if
-        the queue is full."""
+    def submit(self, work: Callable[["Engine"], Awaitable[Any]], *, continues: Continues | None = None) -> Job:
+        """Queue ``work(engine)`` behind the requests before it (called on the server's loop), ``continues`` saying
+        which conversation it goes on with (see :meth:`waiting_conversations`); :class:`Busy` if the queue is
+        full."""
         with self._count:
             if self._admitted >= self.concurrent + self.queue:
                 raise Busy(f"serve: expected a free place among {self.concurrent} running and {self.queue} queued "
                            f"requests, got none; try again in {RETRY_AFTER_S} s")
             self._admitted += 1
-        job = Job(self, work)
+        job = Job(self, work, continues)
         asyncio.run_coroutine_threadsafe(self._serve(job), self._loop)
         return job
 
     async def _serve(self, job: Job) -> None:
         task = asyncio.current_task()
         self._serving.add(task)
+        self._waiting.add(job)
         try:
             async with self._slots:
+                self._waiting.discard(job)
                 if self._closing:
                     return job._put("error", ShuttingDown("serve: the server is stopping; the request was not run"))
                 if job._cancelled:
                     return job._put("error", KVCkptError("serve: the client went away before its request ran"))
                 await job._run(self.engine)
         finally:
+            self._waiting.discard(job)
             self._serving.discard(task)
             with self._count:
                 self._admitted -= 1
+
+    async def waiting_conversations(self) -> set[str]:
+        """The conversations the requests queued and not started would go on with if they ran now (called on the
+        engine's loop)."""
+        names = set()
+        for job in list(self._waiting):
+            if job._continues is not None and (name := await job._continues(self.engine)) is not None:
+                names.add(name)
+        return names
 
     def stop(self) -> None:
         """Stop every reply being generated after its current token (each is saved, resumable) and refuse every

@@ -10,12 +10,14 @@ from __future__ import annotations
 
 import pytest
 
-from kvckpt_web import MemoryStore
+from kvckpt_web import ChatRequest, MemoryStore
 from kvckpt_web.durable.catalog import list_names
+from kvckpt_web.durable.keys import CHUNKS
 from kvckpt_web.engine.unnamed import UnnamedRetention, enforce, judge
 from kvckpt_web.errors import FieldError
 
 from support.clocks import WallClock
+from support.counting_store import CountingStore, count
 from support.kvmodel import run
 
 GREEDY = {"temperature": 0.0, "max_tokens": 8}
@@ -105,3 +107,37 @@ def test_the_chunks_a_deleted_conversation_shares_with_a_kept_one_stay(make_engi
     again = run(make_engine(store=store).chat(following, conversation="mine", **GREEDY))  # from the store
     assert names(engine) == ["mine"] and again.usage.timings.restore_s > 0 and not again.warnings
     assert again.token_ids == want.token_ids
+
+
+def test_many_expired_conversations_are_deleted_with_one_pass_over_the_chunks(make_engine, clock):
+    store = CountingStore()
+    engine = make_engine(store=store)
+    made = [ask(engine, text) for text in ("tell me about the sea.", "what is a boat?", "and the wind?")]
+    ask(engine, "tell me about the sea.", conversation="mine")
+    clock.now += 2 * HOUR
+    store.reset()
+    judged = run(enforce(engine, UnnamedRetention(ttl_s=HOUR), clock.now))
+    assert sorted(r.name for r in judged if not r.keep) == sorted(made) and names(engine) == ["mine"]
+    assert count(store.calls, "list", CHUNKS) == 1  # one gc for the three of them
+    assert run(engine.chat([{"role": "user", "content": "and the sky?"}], conversation="mine", **GREEDY)).text
+
+
+def test_a_conversation_a_waiting_request_goes_on_with_is_kept(make_engine, clock):
+    engine = make_engine(store=MemoryStore())
+    old = ask(engine, "tell me about the sea.")
+    clock.now += 100 * HOUR
+    [retained] = run(enforce(engine, UnnamedRetention(ttl_s=HOUR, max_bytes=0), clock.now, waiting={old}))
+    assert retained.keep and retained.reason == "a request waiting in the queue continues it"
+    assert names(engine) == [old]
+
+
+def test_the_conversation_a_request_would_continue_is_the_unnamed_one_its_messages_go_on_from(make_engine):
+    engine = make_engine(store=MemoryStore())
+    first = run(engine.chat([{"role": "user", "content": "tell me about the sea."}], **GREEDY))
+    following = ChatRequest(messages=[{"role": "user", "content": "tell me about the sea."},
+                                      {"role": "assistant", "content": first.text},
+                                      {"role": "user", "content": "and the wind?"}], **GREEDY)
+    assert run(engine.continued_by(following)) == first.conversation
+    assert run(engine.continued_by(ChatRequest(messages=[{"role": "user", "content": "what is a boat?"}]))) is None
+    assert run(engine.continued_by(ChatRequest(messages=[{"role": "user", "content": "hi"}], conversation="mine"))
+               ) == "mine"

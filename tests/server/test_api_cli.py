@@ -27,7 +27,7 @@ def one_line_error(capsys) -> str:
 
 @pytest.mark.parametrize("flag, value", [("--model-name", "m"), ("--context", "64"), ("--max-tokens", "8"),
                                          ("--lease", "5"), ("--unnamed-ttl", "60"), ("--unnamed-max-bytes", "1000"),
-                                         ("--queue", "2")])
+                                         ("--unnamed-check-every", "5"), ("--queue", "2")])
 def test_an_api_flag_without_api_is_a_one_line_error(pyodide, capsys, flag, value):
     status = main(["serve", "--port", "0", "--pyodide", str(pyodide), flag, value])
     assert status == 1 and f"{flag}: expected --api" in one_line_error(capsys)
@@ -69,13 +69,14 @@ def no_model_load(monkeypatch):
     (["--max-tokens", "0"], "--max-tokens: expected an integer >= 1"),
     (["--unnamed-ttl", "-1"], "--unnamed-ttl: expected a finite number of seconds >= 0"),
     (["--unnamed-max-bytes", "-1"], "--unnamed-max-bytes: expected an integer >= 0"),
+    (["--unnamed-check-every", "-1"], "--unnamed-check-every: expected a finite number of seconds >= 0"),
     (["--queue", "-1"], "--queue: expected an integer >= 0"),
     (["--model-name", "my model"], "--model-name: expected 1 to 256 printable characters without spaces"),
     (["--model", "missing.gguf"], "--model: expected a GGUF model file"),
     (["--host", "0.0.0.0"], "--host: expected a loopback address"),
     (["--lease", "0", "--store", "s3://bucket/chats"], "--lease: expected a lease of more than 0 and at most 3600"),
     (["--lease", "5"], "--lease: expected an object storage --store URL beside it"),
-], ids=["context", "max tokens", "unnamed ttl", "unnamed max bytes", "queue", "model name", "model", "host", "lease",
+], ids=["context", "max tokens", "unnamed ttl", "unnamed max bytes", "unnamed check every", "queue", "model name", "model", "host", "lease",
         "lease without an object store"])
 def test_bad_flags_are_one_line_errors_before_the_model_loads(tiny_llama_path, capsys, no_model_load, flags, error):
     model = [] if "--model" in flags else ["--model", str(tiny_llama_path)]  # --api runs one --model

@@ -119,7 +119,7 @@ def test_a_client_that_goes_away_mid_stream_stops_its_reply_which_resumes_to_the
     gated = GatedModel(tiny_llama.model, after=5, blocking=False)  # the prefill, then 4 more tokens
     worker = make_worker(store=FileStore(tmp_path / "store"), model=gated)
     jobs, submit = [], worker.submit
-    worker.submit = lambda work: jobs.append(submit(work)) or jobs[-1]
+    worker.submit = lambda work, **how: jobs.append(submit(work, **how)) or jobs[-1]
     with api_serving(worker) as url:
         stream = reply(url, max_tokens=40, stream=True)
         chunks = iter(stream)
