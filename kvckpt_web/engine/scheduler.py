@@ -6,9 +6,20 @@ holds its reply does not stall the others), then, holding the cache, runs in one
 when their tokens pass the cache's prefill chunk) the pending token of every reply that decodes and at most one
 prefill chunk (of the reply that asked first), so that the replies running go on streaming while a new prompt is
 prefilled chunk by chunk. It hands each reply its logits (each picks its token) and answers each reply whose step
-saves nothing; then it runs the autosaves that came due, one after the other, each after every token of the step
-was picked, and answers their replies (a reply's token is out once its checkpoint is). A request is admitted, a
-restore or a placement run, between two steps: they take the cache lock too.
+saves nothing. A reply whose autosave came due sits out while the save runs as its own task, started once every token
+of the step was picked: the other replies go on stepping meanwhile, and its token is out once its checkpoint is
+committed (then it asks for its next step again). Its sequence takes no token until then, so the save reads the pages
+of that step whatever forwards run beside it (a forward writes only the sequences it runs). A request is admitted, a
+restore, an eviction or a placement run, between two steps and once no save runs: they hold the cache lock without
+``beside_saves`` (:meth:`CacheLock.hold`), and a reply's clean-up that saves waits for its running save that way.
+
+What overlaps a step on the desktop (wgpu-native, Mesa lavapipe): the store's work (FileStore's writes, fsyncs and
+locks run on its threads; a MemoryStore's are instant), the hashing of a save above ``INLINE_HASH_BYTES`` (hash
+threads), and, where the cache reads pages through a staging buffer, the wait for its mapping (a worker thread).
+What cannot: lavapipe's cache maps its page buffers (``maps_pages``), so a save's readback maps them on the event
+loop, waiting until the device has run every forward submitted before, and copies the pages there; a submit waits
+for the one before it on lavapipe; a small save's hashing and the manifest's encoding run on the event loop. In the
+browser every step of a save runs on the event loop, between the awaits of the forwards.
 
 What one step runs never changes a reply's tokens: each run is the forward its generator would run alone (prefill
 chunks at the same multiples), and a row's bits do not depend on the others in the step.
@@ -47,6 +58,7 @@ class Scheduler:
         self._running: set[Generator] = set()
         self._waiting: dict[Generator, asyncio.Future[TokenEvent | None]] = {}
         self._runner: asyncio.Future[None] | None = None
+        self._saving: dict[Generator, asyncio.Future[None]] = {}
 
     def admit(self, gen: Generator) -> None:
         """``gen``'s reply runs from now on: a step waits for it to ask (until :meth:`retire`)."""
@@ -68,6 +80,9 @@ class Scheduler:
         except asyncio.CancelledError:
             if self._waiting.get(gen) is future:
                 del self._waiting[gen]  # not taken into a step yet: it will not run
+            saving = self._saving.get(gen)
+            if saving is not None:  # its reader's clean-up (a save, its name's release) comes after the save
+                await asyncio.wait([saving])
             raise
 
     async def _run(self) -> None:
@@ -75,24 +90,25 @@ class Scheduler:
             await self._gather()
             batch = self._batch()
             try:
-                async with self.cache_lock.hold():
+                async with self.cache_lock.hold(beside_saves=True):
                     outcomes = await self._take(batch)
-                    # each reply whose step saves nothing has its token while the others' saves run
-                    _answer(batch, outcomes, lambda gen: not gen.save_due)
-                    await self._save(outcomes)
+                    for gen, future in batch.items():
+                        if not isinstance(outcomes[gen], BaseException) and gen.save_due:
+                            self.cache_lock.save_started()  # before the hold ends: nothing else comes in between
+                            self._saving[gen] = asyncio.ensure_future(self._save(gen, future, outcomes[gen]))
             except BaseException:
                 for future in batch.values():
                     if not future.done():
                         future.cancel()
                 raise
             self.steps += 1
-            _answer(batch, outcomes, lambda gen: True)
+            _answer(batch, outcomes, lambda gen: gen not in self._saving)
 
     async def _gather(self) -> None:
-        """Let the event loop run until every running reply waits for its step, or :data:`IDLE_PASSES` passes in a
-        row bring no more."""
+        """Let the event loop run until every running reply not saving waits for its step, or :data:`IDLE_PASSES`
+        passes in a row bring no more."""
         idle = 0
-        while len(self._waiting) < len(self._running) and idle < IDLE_PASSES:
+        while len(self._waiting) < len(self._running.difference(self._saving)) and idle < IDLE_PASSES:
             before = len(self._waiting)
             await asyncio.sleep(0)
             idle = 0 if len(self._waiting) > before else idle + 1
@@ -129,16 +145,22 @@ class Scheduler:
             await self._forward(group, outcomes)
         return outcomes
 
-    @staticmethod
-    async def _save(outcomes: dict[Generator, TokenEvent | None | BaseException]) -> None:
-        """The autosaves due after a step, one reply after the other (a save's failure is its reply's outcome)."""
-        for gen, outcome in outcomes.items():
-            if isinstance(outcome, BaseException):
-                continue
-            try:
-                await gen.save_if_due()
-            except Exception as exc:
-                outcomes[gen] = exc
+    async def _save(self, gen: Generator, future: asyncio.Future[TokenEvent | None],
+                    outcome: TokenEvent | None) -> None:
+        """``gen``'s autosave, due after its step whose outcome was ``outcome``; then its step's answer (what the save
+        raised instead, if it failed)."""
+        result: TokenEvent | None | BaseException = outcome
+        try:
+            await gen.save_if_due()
+        except Exception as exc:
+            result = exc
+        except BaseException:  # cancelled: the reply gets no token it has not saved
+            future.cancel()
+            raise
+        finally:
+            del self._saving[gen]
+            self.cache_lock.save_ended()
+        _answer({gen: future}, {gen: result}, lambda _: True)
 
     def _groups(self, runs: list[tuple[Generator, list[int]]]) -> list[list[tuple[Generator, list[int]]]]:
         """``runs`` in forwards of at most the cache's prefill chunk of tokens each, in order."""

@@ -1,4 +1,4 @@
-"""The scheduler on its own: a reply's token does not wait for another reply's autosave in the same step."""
+"""The scheduler on its own: a reply's token does not wait for another reply's autosave, in the same step or after."""
 
 from __future__ import annotations
 
@@ -14,6 +14,9 @@ from kvckpt_web.model.sampler import SamplingSettings
 
 from lm_double import DoubleLM, DoubleText
 from support.kvmodel import run
+
+STALLED_S = 120
+"""Seconds after which a step that does not come is taken for a stalled batch."""
 
 PROMPT = DoubleText().encode_chat([{"role": "user", "content": "tell me about the sea."}])
 
@@ -56,6 +59,62 @@ def test_a_reply_that_saves_nothing_has_its_token_while_another_replys_autosave_
 
     answered_while_held, saved = run(body())
     assert answered_while_held and saved is not None
+    cache.close()
+
+
+class HeldCommits(MemoryStore):
+    """A store whose manifest writes (a save's commit) wait until the test sets ``release``."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.held, self.release = asyncio.Event(), asyncio.Event()
+
+    async def _set_if_absent(self, key, data):
+        if key.startswith("manifests/"):
+            self.held.set()
+            await self.release.wait()
+        return await super()._set_if_absent(key, data)
+
+
+def test_a_reply_streams_on_while_another_replys_save_waits_for_its_commit(device):
+    model = DoubleLM(max_context=256)
+    cache = new_cache(model, device, max_tokens=256, prefill_chunk=8, page_size=4, num_seqs=2)
+    streamed_while_held = 5
+
+    async def body():
+        store = HeldCommits()
+        saving = await Generator.start(model, cache, PROMPT, SamplingSettings(), seq_id=0,
+                                       autosave=Autosave(store, "saving", every=1000))  # at its first token
+        plain = await Generator.start(model, cache, PROMPT, SamplingSettings(), seq_id=1)
+        scheduler = Scheduler(model, cache, CacheLock())
+        for gen in (saving, plain):
+            scheduler.admit(gen)
+
+        async def until_first_token():
+            while not saving.generated_tokens:
+                await scheduler.step(saving)
+
+        async def plain_step():  # the time limit guards against a stalled batch, it synchronises nothing
+            await asyncio.wait_for(scheduler.step(plain), STALLED_S)
+
+        first = asyncio.ensure_future(until_first_token())
+        while not store.held.is_set():
+            await plain_step()
+        held_at = len(plain.generated_tokens)
+        for _ in range(streamed_while_held):
+            await plain_step()
+        streamed = len(plain.generated_tokens) - held_at
+        answered_while_held = first.done()
+        store.release.set()
+        await first
+        while len(saving.generated_tokens) < len(plain.generated_tokens):
+            await scheduler.step(saving)
+        return streamed, answered_while_held, saving, plain
+
+    streamed, answered_while_held, saving, plain = run(body())
+    assert streamed == streamed_while_held and not answered_while_held
+    assert saving.last_save is not None and saving.last_save.generation == 1
+    assert saving.generated_tokens == plain.generated_tokens
     cache.close()
 
 
