@@ -20,7 +20,7 @@ HATCHLING := hatchling>=1.21
 
 export XDG_RUNTIME_DIR ?= /tmp/kvckpt-xdg-$(shell id -u)
 
-.PHONY: setup system-deps demo test bench soak clean web-deps test-browser serve bench-browser demo-page bench-peers
+.PHONY: setup system-deps demo test bench soak clean web-deps test-browser serve bench-browser demo-page bench-peers bench-serve
 
 setup: system-deps $(STAMP) $(GEMMA_STAMP)
 
@@ -120,6 +120,16 @@ $(PEERS_STAMP):
 
 bench-peers: setup $(PEERS_STAMP)
 	$(BIN)/python -m kvckpt_web.bench.peers --peer-python $(PEERS_VENV)/bin/python
+
+# llama-cpp-python's server modules (its [server] extra without rebuilding llama.cpp), for `make bench-serve`.
+PEERS_SERVER_STAMP := $(PEERS_VENV)/.server-modules
+
+$(PEERS_SERVER_STAMP): $(PEERS_STAMP)
+	$(PEERS_VENV)/bin/python -m pip install -q fastapi uvicorn sse-starlette starlette-context pydantic-settings PyYAML
+	touch $(PEERS_SERVER_STAMP)
+
+bench-serve: setup $(PEERS_SERVER_STAMP)
+	$(BIN)/kvckpt bench serve --repeats 3 --peer-python $(PEERS_VENV)/bin/python
 
 soak: setup
 	$(BIN)/kvckpt bench soak --trials 200
