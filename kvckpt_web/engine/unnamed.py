@@ -87,14 +87,15 @@ class _Seen:
 async def _seen(engine: "Engine", name: str) -> _Seen:
     store = engine.store
     keys: dict[str, int] = {}
-    for _, _, key in await manifest_keys(store, name):
+    listed = await manifest_keys(store, name)
+    for _, _, key in listed:
         try:
             data = await store.get(key, max_bytes=MAX_MANIFEST_BYTES)
             keys[key] = len(data)
             keys.update((ref.key, ref.nbytes) for ref in decode_at(key, data).chunk_refs())
         except KVCkptError:
             continue
-    record = await engine.sources.record(name)
+    record = await engine.sources.record(name, listed[-1][1]) if listed else None  # the newest, listed once
     if record is None:
         return _Seen(name, None, None, keys)
     return _Seen(name, record.chat.named, record.created_ms, keys)
