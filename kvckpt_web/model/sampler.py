@@ -170,7 +170,9 @@ class Sampler:
         one in :meth:`draw` from a shortlist)."""
         ranked = sorted(self._penalized(candidates, previous, generated), key=rank)
         top, temperature = ranked[0][1], self.settings.temperature
-        total = _sum([math.exp((score - top) / temperature) for _, score in ranked]) if temperature else 0.0
+        # draw() reads the total only without top_k
+        total = _sum([math.exp((score - top) / temperature) for _, score in ranked]) \
+            if temperature and not self.settings.top_k else 0.0
         token = self.draw(ranked, total, complete=True)
         assert token is not None
         return token
