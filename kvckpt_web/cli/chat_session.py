@@ -12,6 +12,7 @@ from collections.abc import AsyncIterator, Awaitable
 from typing import Any
 
 from ..engine import ChatChunk, Engine, Message
+from ..engine.engine import new_name
 from ..errors import ContextFullError, FieldError, KVCkptError
 from .chat_commands import HELP, Command, parse_line
 from .chat_terminal import Terminal, conversation_row, reply_status
@@ -143,8 +144,10 @@ class ChatSession:
     # ----- replies ------------------------------------------------------------------------------
 
     async def _ask(self, messages: list[Message], conversation: str | None, **overrides: Any) -> None:
-        """The reply to ``messages``, saved as ``conversation`` (None: the engine's choice, a new name)."""
-        request = self.engine.chat(messages, stream=True, conversation=conversation, **{**self.settings, **overrides})
+        """The reply to ``messages``, saved as ``conversation`` (None: a new name, given by the session, so that the
+        conversation counts as named: a server's retention of unnamed conversations never deletes it)."""
+        name = conversation if conversation is not None else new_name("chat")
+        request = self.engine.chat(messages, stream=True, conversation=name, **{**self.settings, **overrides})
         await self._reply(request, "", resumed=False)
 
     async def _reply(self, request: Awaitable[AsyncIterator[ChatChunk]], shown: str, resumed: bool) -> None:

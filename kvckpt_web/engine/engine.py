@@ -50,7 +50,7 @@ if TYPE_CHECKING:
     from ..model.protocol import LoadedModel
     from ..stores.base import Store
 
-__all__ = ["Engine"]
+__all__ = ["Engine", "new_name"]
 
 _FINISH = {"eos": "stop", "stop": "stop", "length": "length", "context": "length"}
 
@@ -150,7 +150,7 @@ class Engine:
         completion = isinstance(request, CompletionRequest)
         prompt = await self._prompt(request)
         name = (request.conversation or await self.sources.continued(prompt.tokens)
-                or _new_name("completion" if completion else "chat"))
+                or new_name("completion" if completion else "chat"))
         warnings: list[str] = []
         conversation = await self.placement.conversation_of(name, warnings)
         max_tokens = min(request.max_tokens or self.config.max_tokens, self.context - len(prompt.tokens))
@@ -485,5 +485,6 @@ class Engine:
         self.cache.close()
 
 
-def _new_name(kind: str) -> str:
+def new_name(kind: str) -> str:
+    """A new conversation name of ``kind`` ("chat", "completion"): the UTC time and 6 random hex digits."""
     return time.strftime(f"{kind}-%Y%m%d-%H%M%S-", time.gmtime()) + secrets.token_hex(3)

@@ -111,6 +111,11 @@ def test_a_second_message_continues_the_conversation_prefilling_only_its_own_tok
                                                                                               "tell me about the sea"]
 
 
+def test_a_new_conversations_first_reply_is_saved_as_named_so_no_servers_retention_deletes_it(chat, store):
+    done = chat(["hello there"])
+    assert done.name.startswith("chat-") and saved(store)[done.name].chat.named
+
+
 def test_the_reply_goes_to_stdout_and_its_status_line_to_stderr(chat, store):
     done = chat(["hello there"])
     reply = saved(store)[done.name]
